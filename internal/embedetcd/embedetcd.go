@@ -35,7 +35,7 @@ type Config struct {
 	// TickMs and ElectionMs override etcd's raft timing (100 and 1000 by default).
 	// Smaller values start faster and lower the minimum lease TTL.
 	TickMs, ElectionMs uint
-	// LogLevel of etcd's own logger; "error" when empty.
+	// LogLevel of etcd's own logger; "panic" (quiet) when empty.
 	LogLevel string
 	// ReadyTimeout bounds the wait for the member to serve; 60 s when zero.
 	ReadyTimeout time.Duration
@@ -76,7 +76,7 @@ func Start(ctx context.Context, c Config) (*embed.Etcd, error) {
 	}
 	cfg.LogLevel = c.LogLevel
 	if cfg.LogLevel == "" {
-		cfg.LogLevel = "error"
+		cfg.LogLevel = "panic" // etcd logs expected listener errors at "error" on every Close; real failures come back from StartEtcd and Err()
 	}
 	// No metrics listener of etcd's own: allocd serves its metrics.
 	cfg.ListenMetricsUrls = nil

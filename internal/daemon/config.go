@@ -1,0 +1,250 @@
+package daemon
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+)
+
+// Config is every setting of allocd; DefaultConfig gives the defaults and
+// RegisterFlags binds it to command-line flags.
+type Config struct {
+	// etcd
+	EtcdServers                 []string
+	EtcdPrefix                  string
+	EtcdCAFile                  string
+	EtcdCertFile                string
+	EtcdKeyFile                 string
+	DataDir                     string
+	EmbeddedEtcdClientAddress   string
+	EmbeddedEtcdPeerAddress     string
+	embeddedEtcdUnsafeNoFsync   bool // tests only
+	embeddedEtcdTickMs          uint // tests only
+	embeddedEtcdElectionMs      uint // tests only
+	// ranges
+	ServiceClusterIPRange     string
+	ServiceNodePortRange      string
+	KubernetesServiceNodePort int
+	// leases
+	MasterLeasePrefix          string
+	MasterLeaseTTL             time.Duration
+	EndpointReconcilerInterval time.Duration
+	KubernetesServicePort      int
+	// repair
+	RepairInterval      time.Duration
+	RepairLeakStrikes   int
+	RepairLeakGrace     time.Duration
+	ServiceSnapshotFile string
+	// serving
+	GRPCAddress      string
+	AdvertiseAddress string
+	MetricsAddress   string
+	ShutdownTimeout  time.Duration
+	// logging
+	LogFormat string
+	LogLevel  string
+
+	// LogOutput is where logs go (os.Stderr in the daemon).
+	LogOutput io.Writer
+}
+
+// DefaultConfig returns the defaults: embedded etcd in ./allocd-data on loopback,
+// kube-apiserver's defaults for ranges, leases and repair, and loopback listeners.
+func DefaultConfig() Config {
+	return Config{
+		EtcdPrefix:                 "/allocd",
+		DataDir:                    "allocd-data",
+		EmbeddedEtcdClientAddress:  "127.0.0.1:12379",
+		EmbeddedEtcdPeerAddress:    "127.0.0.1:12380",
+		ServiceClusterIPRange:      "10.0.0.0/24",
+		ServiceNodePortRange:       "30000-32767",
+		MasterLeasePrefix:          "/masterleases/",
+		MasterLeaseTTL:             15 * time.Second,
+		EndpointReconcilerInterval: 10 * time.Second,
+		KubernetesServicePort:      6443,
+		RepairInterval:             3 * time.Minute,
+		RepairLeakStrikes:          3,
+		RepairLeakGrace:            60 * time.Second,
+		GRPCAddress:                "127.0.0.1:8080",
+		MetricsAddress:             "127.0.0.1:9090",
+		ShutdownTimeout:            5 * time.Second,
+		LogFormat:                  "text",
+		LogLevel:                   "info",
+	}
+}
+
+// flagGroup is a heading of `allocd --help` and the flags under it, in order.
+type flagGroup struct {
+	title string
+	names []string
+}
+
+var flagGroups = []flagGroup{
+	{"etcd", []string{"etcd-servers", "etcd-prefix", "etcd-cafile", "etcd-certfile", "etcd-keyfile",
+		"data-dir", "embedded-etcd-client-address", "embedded-etcd-peer-address"}},
+	{"ranges", []string{"service-cluster-ip-range", "service-node-port-range", "kubernetes-service-node-port"}},
+	{"leases", []string{"master-lease-prefix", "master-lease-ttl", "endpoint-reconciler-interval", "kubernetes-service-port"}},
+	{"repair", []string{"repair-interval", "repair-leak-strikes", "repair-leak-grace", "service-snapshot-file"}},
+	{"serving", []string{"grpc-address", "advertise-address", "metrics-address", "shutdown-timeout"}},
+	{"logging", []string{"log-format", "log-level"}},
+}
+
+// RegisterFlags binds c to fs; c's current values are the defaults shown by --help.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.Func("etcd-servers", "etcd client URLs, comma separated; empty: run an embedded etcd in --data-dir", func(s string) error {
+		c.EtcdServers = nil
+		for _, u := range strings.Split(s, ",") {
+			if u = strings.TrimSpace(u); u != "" {
+				c.EtcdServers = append(c.EtcdServers, u)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&c.EtcdPrefix, "etcd-prefix", c.EtcdPrefix, "prefix of every key allocd writes in etcd")
+	fs.StringVar(&c.EtcdCAFile, "etcd-cafile", c.EtcdCAFile, "CA bundle to verify the etcd servers (TLS)")
+	fs.StringVar(&c.EtcdCertFile, "etcd-certfile", c.EtcdCertFile, "client certificate for etcd (TLS)")
+	fs.StringVar(&c.EtcdKeyFile, "etcd-keyfile", c.EtcdKeyFile, "client key for etcd (TLS)")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data directory of the embedded etcd (created if missing)")
+	fs.StringVar(&c.EmbeddedEtcdClientAddress, "embedded-etcd-client-address", c.EmbeddedEtcdClientAddress, "host:port the embedded etcd serves clients on (etcdctl --endpoints)")
+	fs.StringVar(&c.EmbeddedEtcdPeerAddress, "embedded-etcd-peer-address", c.EmbeddedEtcdPeerAddress, "host:port of the embedded etcd's peer listener")
+	fs.StringVar(&c.ServiceClusterIPRange, "service-cluster-ip-range", c.ServiceClusterIPRange, "ClusterIP CIDRs, one or two (one per family) comma separated; the first is primary")
+	fs.StringVar(&c.ServiceNodePortRange, "service-node-port-range", c.ServiceNodePortRange, "NodePort range FIRST-LAST, inclusive")
+	fs.IntVar(&c.KubernetesServiceNodePort, "kubernetes-service-node-port", c.KubernetesServiceNodePort, "NodePort reserved for the kubernetes Service; 0: none")
+	fs.StringVar(&c.MasterLeasePrefix, "master-lease-prefix", c.MasterLeasePrefix, "key prefix of master leases, under --etcd-prefix")
+	fs.DurationVar(&c.MasterLeaseTTL, "master-lease-ttl", c.MasterLeaseTTL, "TTL of a master lease when Renew gives none")
+	fs.DurationVar(&c.EndpointReconcilerInterval, "endpoint-reconciler-interval", c.EndpointReconcilerInterval, "how often API servers are expected to renew (used by the lease client and the Endpoints resync)")
+	fs.IntVar(&c.KubernetesServicePort, "kubernetes-service-port", c.KubernetesServicePort, "port \"https\" of the kubernetes Service's Endpoints")
+	fs.DurationVar(&c.RepairInterval, "repair-interval", c.RepairInterval, "time between repair passes")
+	fs.IntVar(&c.RepairLeakStrikes, "repair-leak-strikes", c.RepairLeakStrikes, "consecutive passes an allocation must be unused before it is freed")
+	fs.DurationVar(&c.RepairLeakGrace, "repair-leak-grace", c.RepairLeakGrace, "minimum age of an allocation before it may be freed as a leak")
+	fs.StringVar(&c.ServiceSnapshotFile, "service-snapshot-file", c.ServiceSnapshotFile, "JSON Service snapshot re-read every repair pass; empty: snapshots come by PushServiceSnapshot")
+	fs.StringVar(&c.GRPCAddress, "grpc-address", c.GRPCAddress, "host:port the gRPC API listens on")
+	fs.StringVar(&c.AdvertiseAddress, "advertise-address", c.AdvertiseAddress, "host:port other replicas dial to reach this one (repair forwarding); empty: --grpc-address")
+	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port serving Prometheus /metrics; empty: no metrics listener")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful stop waits for calls in flight before it cuts them")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: text or json")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn or error (debug logs every call)")
+}
+
+// Usage writes the grouped flag help of fs to w.
+func Usage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintf(w, `allocd - etcd-native ClusterIP/NodePort allocator and master-lease service over gRPC
+
+Usage:
+  allocd [flags]                  serve (embedded etcd in --data-dir unless --etcd-servers)
+  allocd health [--grpc-address ADDR]   exit 0 when ADDR answers grpc.health.v1 SERVING
+  allocd --version                print the version and the Go and etcd client versions
+`)
+	for _, g := range flagGroups {
+		fmt.Fprintf(w, "\n%s:\n", strings.ToUpper(g.title[:1])+g.title[1:])
+		for _, n := range g.names {
+			f := fs.Lookup(n)
+			if f == nil {
+				continue
+			}
+			def := f.DefValue
+			if def == "" || def == "[]" {
+				def = `""`
+			}
+			fmt.Fprintf(w, "  --%-30s %s (default %s)\n", f.Name, f.Usage, def)
+		}
+	}
+}
+
+// Validate checks what can be checked without etcd and says what to fix.
+func (c *Config) Validate() error {
+	var errs []error
+	if _, err := c.clusterIPRanges(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, _, err := parsePortRange(c.ServiceNodePortRange); err != nil {
+		errs = append(errs, fmt.Errorf("--service-node-port-range: %w", err))
+	}
+	if !strings.HasPrefix(c.EtcdPrefix, "/") || strings.HasSuffix(c.EtcdPrefix, "/") {
+		errs = append(errs, fmt.Errorf("--etcd-prefix %q: want a path like /allocd (leading slash, no trailing slash)", c.EtcdPrefix))
+	}
+	if !strings.HasPrefix(c.MasterLeasePrefix, "/") || !strings.HasSuffix(c.MasterLeasePrefix, "/") {
+		errs = append(errs, fmt.Errorf("--master-lease-prefix %q: want a path like /masterleases/ (leading and trailing slash)", c.MasterLeasePrefix))
+	}
+	for _, a := range []struct{ flag, v string }{{"grpc-address", c.GRPCAddress}, {"metrics-address", c.MetricsAddress},
+		{"embedded-etcd-client-address", c.EmbeddedEtcdClientAddress}, {"embedded-etcd-peer-address", c.EmbeddedEtcdPeerAddress},
+		{"advertise-address", c.AdvertiseAddress}} {
+		if a.v == "" && (a.flag == "metrics-address" || a.flag == "advertise-address") {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.v); err != nil {
+			errs = append(errs, fmt.Errorf("--%s %q: want host:port", a.flag, a.v))
+		}
+	}
+	if c.MasterLeaseTTL < time.Second || c.MasterLeaseTTL > time.Hour {
+		errs = append(errs, fmt.Errorf("--master-lease-ttl %s: want 1s to 1h", c.MasterLeaseTTL))
+	}
+	if c.KubernetesServicePort < 1 || c.KubernetesServicePort > 65535 {
+		errs = append(errs, fmt.Errorf("--kubernetes-service-port %d: want 1-65535", c.KubernetesServicePort))
+	}
+	if c.KubernetesServiceNodePort < 0 || c.KubernetesServiceNodePort > 65535 {
+		errs = append(errs, fmt.Errorf("--kubernetes-service-node-port %d: want 0-65535", c.KubernetesServiceNodePort))
+	}
+	if c.RepairInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--repair-interval %s: want > 0", c.RepairInterval))
+	}
+	if c.RepairLeakStrikes < 1 {
+		errs = append(errs, fmt.Errorf("--repair-leak-strikes %d: want >= 1", c.RepairLeakStrikes))
+	}
+	if c.RepairLeakGrace < 0 {
+		errs = append(errs, fmt.Errorf("--repair-leak-grace %s: want >= 0", c.RepairLeakGrace))
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		errs = append(errs, fmt.Errorf("--log-format %q: want text or json", c.LogFormat))
+	}
+	if _, err := c.logLevel(); err != nil {
+		errs = append(errs, err)
+	}
+	if (c.EtcdCertFile == "") != (c.EtcdKeyFile == "") {
+		errs = append(errs, errors.New("--etcd-certfile and --etcd-keyfile go together"))
+	}
+	return errors.Join(errs...)
+}
+
+// clusterIPRanges parses --service-cluster-ip-range into masked prefixes.
+func (c *Config) clusterIPRanges() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range strings.Split(c.ServiceClusterIPRange, ",") {
+		s = strings.TrimSpace(s)
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("--service-cluster-ip-range %q: %q is not a CIDR like 10.0.0.0/24", c.ServiceClusterIPRange, s)
+		}
+		out = append(out, p.Masked())
+	}
+	if len(out) > 2 {
+		return nil, fmt.Errorf("--service-cluster-ip-range %q: at most two CIDRs, one per family", c.ServiceClusterIPRange)
+	}
+	return out, nil
+}
+
+// parsePortRange parses FIRST-LAST.
+func parsePortRange(s string) (first, last int, err error) {
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		return 0, 0, fmt.Errorf("%q: want FIRST-LAST, like 30000-32767", s)
+	}
+	if _, err := fmt.Sscanf(a+" "+b, "%d %d", &first, &last); err != nil || first < 1 || last > 65535 || first > last {
+		return 0, 0, fmt.Errorf("%q: want FIRST-LAST within 1-65535, like 30000-32767", s)
+	}
+	return first, last, nil
+}
+
+func (c *Config) logLevel() (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return 0, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	return l, nil
+}

@@ -1,0 +1,353 @@
+// Package daemon wires allocd together: etcd (embedded or remote), the allocator, the
+// master leases, the repair loop, the gRPC server with health and reflection, and the
+// metrics listener. cmd/allocd parses flags into a Config and calls Run; tests call
+// StartForTest.
+//
+//	d, err := daemon.Start(ctx, daemon.DefaultConfig())
+//	if err != nil { ... }
+//	defer d.Close()
+//	fmt.Println("serving on", d.GRPCAddr())
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/allocd/allocd/internal/embedetcd"
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
+	"github.com/allocd/allocd/server"
+)
+
+// Daemon is a running allocd.
+type Daemon struct {
+	cfg      Config
+	log      *slog.Logger
+	registry *prometheus.Registry
+
+	etcd   *embed.Etcd // nil with --etcd-servers
+	cli    *clientv3.Client
+	grpc   *grpc.Server
+	health *health.Server
+	lis    net.Listener
+	mlis   net.Listener
+	msrv   *http.Server
+
+	ready atomic.Bool
+	gates gates
+
+	cancel    context.CancelFunc
+	group     *errgroup.Group
+	closeOnce sync.Once
+	closeErr  error
+	done      chan struct{}
+}
+
+// gates stand in for the allocd services until their backing state is loaded: the gRPC
+// server must know every service before it serves, and it serves health and
+// reflection from the first moment. Calls before ready answer UNAVAILABLE.
+type gates struct {
+	alloc  struct{ allocdv1.AllocatorServiceServer }
+	lease  struct{ allocdv1.LeaseServiceServer }
+	repair struct{ allocdv1.RepairServiceServer }
+}
+
+// Start starts allocd and returns once it serves (health SERVING), or with an error that
+// says what to fix. Close stops it.
+func Start(ctx context.Context, cfg Config) (*Daemon, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, done: make(chan struct{})}
+	d.log = newLogger(cfg)
+	d.registry = prometheus.NewRegistry()
+	d.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	var err error
+	if d.lis, err = net.Listen("tcp", cfg.GRPCAddress); err != nil {
+		return nil, fmt.Errorf("--grpc-address %s: %w", cfg.GRPCAddress, err)
+	}
+	if cfg.MetricsAddress != "" {
+		if d.mlis, err = net.Listen("tcp", cfg.MetricsAddress); err != nil {
+			d.lis.Close()
+			return nil, fmt.Errorf("--metrics-address %s: %w", cfg.MetricsAddress, err)
+		}
+	}
+	d.grpc, d.health = server.NewGRPCServer(server.Options{
+		Logger:        d.log,
+		Registerer:    d.registry,
+		ServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(d.gateUnary), grpc.ChainStreamInterceptor(d.gateStream)},
+	})
+	d.gates.alloc.AllocatorServiceServer = allocdv1.UnimplementedAllocatorServiceServer{}
+	d.gates.lease.LeaseServiceServer = allocdv1.UnimplementedLeaseServiceServer{}
+	d.gates.repair.RepairServiceServer = allocdv1.UnimplementedRepairServiceServer{}
+	allocdv1.RegisterAllocatorServiceServer(d.grpc, &d.gates.alloc)
+	allocdv1.RegisterLeaseServiceServer(d.grpc, &d.gates.lease)
+	allocdv1.RegisterRepairServiceServer(d.grpc, &d.gates.repair)
+
+	runCtx, cancel := context.WithCancel(context.Background())
+	d.cancel = cancel
+	d.group, runCtx = errgroup.WithContext(runCtx)
+	d.group.Go(func() error {
+		if err := d.grpc.Serve(d.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("grpc: %w", err)
+		}
+		return nil
+	})
+	if d.mlis != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{Registry: d.registry}))
+		d.msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		d.group.Go(func() error {
+			if err := d.msrv.Serve(d.mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("metrics: %w", err)
+			}
+			return nil
+		})
+	}
+	d.log.Info("allocd starting", "grpc", d.lis.Addr().String(), "metrics", cfg.MetricsAddress, "etcd", d.etcdDescription())
+
+	if err := d.startEtcd(ctx); err != nil {
+		d.Close()
+		return nil, err
+	}
+	if err := d.startServices(ctx, runCtx); err != nil {
+		d.Close()
+		return nil, err
+	}
+	d.ready.Store(true)
+	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	d.group.Go(func() error { d.watchEtcdHealth(runCtx); return nil })
+	d.log.Info("allocd serving", "grpc", d.lis.Addr().String())
+	return d, nil
+}
+
+func (d *Daemon) etcdDescription() string {
+	if len(d.cfg.EtcdServers) > 0 {
+		return strings.Join(d.cfg.EtcdServers, ",")
+	}
+	return "embedded in " + d.cfg.DataDir + " at http://" + d.cfg.EmbeddedEtcdClientAddress
+}
+
+// startEtcd starts the embedded member (when no --etcd-servers) and connects to etcd.
+func (d *Daemon) startEtcd(ctx context.Context) error {
+	endpoints := d.cfg.EtcdServers
+	var tlsCfg *tls.Config
+	if len(endpoints) == 0 {
+		e, err := embedetcd.Start(ctx, embedetcd.Config{
+			Dir:           d.cfg.DataDir,
+			ClientURL:     "http://" + d.cfg.EmbeddedEtcdClientAddress,
+			PeerURL:       "http://" + d.cfg.EmbeddedEtcdPeerAddress,
+			UnsafeNoFsync: d.cfg.embeddedEtcdUnsafeNoFsync,
+			TickMs:        d.cfg.embeddedEtcdTickMs,
+			ElectionMs:    d.cfg.embeddedEtcdElectionMs,
+		})
+		if err != nil {
+			return fmt.Errorf("%w (check --data-dir and --embedded-etcd-client-address/--embedded-etcd-peer-address)", err)
+		}
+		d.etcd = e
+		endpoints = []string{"http://" + d.cfg.EmbeddedEtcdClientAddress}
+	} else if d.cfg.EtcdCAFile != "" || d.cfg.EtcdCertFile != "" {
+		info := transport.TLSInfo{CertFile: d.cfg.EtcdCertFile, KeyFile: d.cfg.EtcdKeyFile, TrustedCAFile: d.cfg.EtcdCAFile}
+		var err error
+		if tlsCfg, err = info.ClientConfig(); err != nil {
+			return fmt.Errorf("etcd TLS (--etcd-cafile/--etcd-certfile/--etcd-keyfile): %w", err)
+		}
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            endpoints,
+		TLS:                  tlsCfg,
+		DialTimeout:          5 * time.Second,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		Logger:               zap.NewNop(),
+		MaxCallSendMsgSize:   8 << 20,
+		MaxCallRecvMsgSize:   64 << 20,
+	})
+	if err != nil {
+		return fmt.Errorf("etcd client for %s: %w", strings.Join(endpoints, ","), err)
+	}
+	d.cli = cli
+	// Wait for etcd to answer a linearizable read, retrying while the caller waits.
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := cli.Get(rctx, d.cfg.EtcdPrefix+"/health", clientv3.WithCountOnly())
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("etcd %s does not answer: %w", strings.Join(endpoints, ","), err)
+		}
+		d.log.Warn("waiting for etcd", "endpoints", endpoints, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// watchEtcdHealth keeps the health status in step with etcd: NOT_SERVING while etcd does
+// not answer a linearizable read, SERVING again when it does.
+func (d *Daemon) watchEtcdHealth(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	serving := true
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := d.cli.Get(rctx, d.cfg.EtcdPrefix+"/health", clientv3.WithCountOnly())
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err != nil && serving:
+			serving = false
+			d.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+			d.log.Warn("etcd unreachable: NOT_SERVING", "err", err)
+		case err == nil && !serving:
+			serving = true
+			d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+			d.log.Info("etcd reachable again: SERVING")
+		}
+	}
+}
+
+// gateUnary answers UNAVAILABLE for allocd calls that arrive before the state is loaded.
+func (d *Daemon) gateUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if !d.ready.Load() && isAllocdMethod(info.FullMethod) {
+		return nil, notReady()
+	}
+	return h(ctx, req)
+}
+
+func (d *Daemon) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if !d.ready.Load() && isAllocdMethod(info.FullMethod) {
+		return notReady()
+	}
+	return h(srv, ss)
+}
+
+func isAllocdMethod(m string) bool { return strings.HasPrefix(m, "/allocd.") }
+
+func notReady() error {
+	st := status.New(codes.Unavailable, "allocd is starting: state not loaded yet")
+	if s, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)}); err == nil {
+		st = s
+	}
+	return st.Err()
+}
+
+// GRPCAddr is the address the gRPC server listens on.
+func (d *Daemon) GRPCAddr() string { return d.lis.Addr().String() }
+
+// MetricsAddr is the address of the metrics listener ("" when none).
+func (d *Daemon) MetricsAddr() string {
+	if d.mlis == nil {
+		return ""
+	}
+	return d.mlis.Addr().String()
+}
+
+// Client is the daemon's etcd client (for tests that look inside etcd).
+func (d *Daemon) Client() *clientv3.Client { return d.cli }
+
+// Done is closed when the daemon has stopped, by Close or because a part failed.
+func (d *Daemon) Done() <-chan struct{} { return d.done }
+
+// Wait blocks until a part of the daemon fails or Close is called, and returns the
+// first error.
+func (d *Daemon) Wait() error {
+	err := d.group.Wait()
+	return err
+}
+
+// Close stops allocd gracefully: health NOT_SERVING, GracefulStop bounded by
+// --shutdown-timeout (then Stop), the services stopped, etcd closed. It is safe to call
+// more than once.
+func (d *Daemon) Close() error {
+	d.closeOnce.Do(func() {
+		defer close(d.done)
+		d.log.Info("allocd stopping")
+		if d.health != nil {
+			d.health.Shutdown()
+		}
+		if d.grpc != nil {
+			stopped := make(chan struct{})
+			go func() { d.grpc.GracefulStop(); close(stopped) }()
+			t := time.NewTimer(d.cfg.ShutdownTimeout)
+			select {
+			case <-stopped:
+			case <-t.C:
+				d.log.Warn("graceful stop timed out; cutting calls in flight", "timeout", d.cfg.ShutdownTimeout)
+				d.grpc.Stop()
+				<-stopped
+			}
+			t.Stop()
+		}
+		if d.msrv != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			d.msrv.Shutdown(ctx)
+			cancel()
+		}
+		if d.cancel != nil {
+			d.cancel()
+		}
+		if d.group != nil {
+			if err := d.group.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+				d.closeErr = err
+			}
+		}
+		if d.cli != nil {
+			d.cli.Close()
+		}
+		if d.etcd != nil {
+			d.etcd.Close()
+		}
+		d.log.Info("allocd stopped")
+	})
+	return d.closeErr
+}
+
+func newLogger(c Config) *slog.Logger {
+	lvl, _ := c.logLevel()
+	out := c.LogOutput
+	if out == nil {
+		out = os.Stderr
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(out, opts))
+	}
+	return slog.New(slog.NewTextHandler(out, opts))
+}

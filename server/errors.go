@@ -156,6 +156,22 @@ func domainStatus(err error) error {
 	switch {
 	// Cases of the domain packages go here, one block per package, e.g.:
 	//   case errors.As(err, &allocated): return withDetails(codes.AlreadyExists, ...)
+
+	// allocator: full, held by another owner, not in range, no range of the family,
+	// not the owner, conflict, not found, invalid request (mapped by allocatorStatus
+	// in server/allocator.go).
+	case isAllocatorError(err):
+		return allocatorStatus(err)
+
+	// repair: stale snapshot, not the leader, bad snapshot or snapshot file, no
+	// snapshot (mapped by repairStatus in server/repair.go).
+	case isRepairError(err):
+		return repairStatus(err)
+
+	// masterlease: bad ip/ttl_seconds, state not ready, CAS retries exhausted (mapped
+	// by leaseStatus in server/lease.go).
+	case isLeaseError(err):
+		return leaseStatus(err)
 	}
 	return nil
 }

@@ -16,17 +16,17 @@ import (
 // RegisterFlags binds it to command-line flags.
 type Config struct {
 	// etcd
-	EtcdServers                 []string
-	EtcdPrefix                  string
-	EtcdCAFile                  string
-	EtcdCertFile                string
-	EtcdKeyFile                 string
-	DataDir                     string
-	EmbeddedEtcdClientAddress   string
-	EmbeddedEtcdPeerAddress     string
-	embeddedEtcdUnsafeNoFsync   bool // tests only
-	embeddedEtcdTickMs          uint // tests only
-	embeddedEtcdElectionMs      uint // tests only
+	EtcdServers               []string
+	EtcdPrefix                string
+	EtcdCAFile                string
+	EtcdCertFile              string
+	EtcdKeyFile               string
+	DataDir                   string
+	EmbeddedEtcdClientAddress string
+	EmbeddedEtcdPeerAddress   string
+	embeddedEtcdUnsafeNoFsync bool // tests only
+	embeddedEtcdTickMs        uint // tests only
+	embeddedEtcdElectionMs    uint // tests only
 	// ranges
 	ServiceClusterIPRange     string
 	ServiceNodePortRange      string

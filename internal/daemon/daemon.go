@@ -61,18 +61,22 @@ type Daemon struct {
 	ready atomic.Bool
 	gates gates
 
-	cancel    context.CancelFunc
-	group     *errgroup.Group
-	closeOnce sync.Once
-	closeErr  error
-	done      chan struct{}
+	cancel      context.CancelFunc
+	stopStreams context.CancelFunc // ends the server streams (WatchEndpoints) at shutdown
+	closers     []func() error     // run after the gRPC server stopped
+	group       *errgroup.Group
+	closeOnce   sync.Once
+	closeErr    error
+	done        chan struct{}
 }
 
 // gates stand in for the allocd services until their backing state is loaded: the gRPC
 // server must know every service before it serves, and it serves health and
 // reflection from the first moment. Calls before ready answer UNAVAILABLE.
 type gates struct {
-	alloc  struct{ allocdv1.AllocatorServiceServer }
+	alloc struct {
+		allocdv1.AllocatorServiceServer
+	}
 	lease  struct{ allocdv1.LeaseServiceServer }
 	repair struct{ allocdv1.RepairServiceServer }
 }
@@ -302,6 +306,9 @@ func (d *Daemon) Close() error {
 		if d.health != nil {
 			d.health.Shutdown()
 		}
+		if d.stopStreams != nil {
+			d.stopStreams()
+		}
 		if d.grpc != nil {
 			stopped := make(chan struct{})
 			go func() { d.grpc.GracefulStop(); close(stopped) }()
@@ -319,6 +326,9 @@ func (d *Daemon) Close() error {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			d.msrv.Shutdown(ctx)
 			cancel()
+		}
+		for _, c := range d.closers {
+			c()
 		}
 		if d.cancel != nil {
 			d.cancel()

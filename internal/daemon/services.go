@@ -1,10 +1,78 @@
 package daemon
 
-import "context"
+import (
+	"context"
+	"fmt"
+
+	"github.com/allocd/allocd/allocator"
+	"github.com/allocd/allocd/masterlease"
+	"github.com/allocd/allocd/repair"
+	"github.com/allocd/allocd/server"
+)
 
 // startServices builds the allocator, the master leases and the repair loop on d.cli,
 // loads their state, swaps them in for the gates, and runs their loops in d.group under
 // runCtx. ctx bounds the start.
 func (d *Daemon) startServices(ctx, runCtx context.Context) error {
+	c := d.cfg
+	ranges, err := c.clusterIPRanges()
+	if err != nil {
+		return err
+	}
+	ports, err := allocator.ParsePortRange(c.ServiceNodePortRange)
+	if err != nil {
+		return fmt.Errorf("--service-node-port-range: %w", err)
+	}
+	alloc, err := allocator.New(ctx, d.cli, allocator.Config{
+		Prefix:             c.EtcdPrefix,
+		ClusterIPRanges:    ranges,
+		NodePortRange:      ports,
+		KubernetesNodePort: c.KubernetesServiceNodePort,
+		Logger:             d.log.With("component", "allocator"),
+		Registerer:         d.registry,
+	})
+	if err != nil {
+		return err
+	}
+	leases, err := masterlease.New(ctx, d.cli, masterlease.Config{
+		Prefix:      c.EtcdPrefix + c.MasterLeasePrefix,
+		DefaultTTL:  c.MasterLeaseTTL,
+		ServicePort: c.KubernetesServicePort,
+		Logger:      d.log.With("component", "masterlease"),
+		Registerer:  d.registry,
+	})
+	if err != nil {
+		return err
+	}
+	identity := c.AdvertiseAddress
+	if identity == "" {
+		identity = d.GRPCAddr()
+	}
+	rep, err := repair.New(d.cli, alloc, repair.Config{
+		Prefix:       c.EtcdPrefix,
+		Interval:     c.RepairInterval,
+		LeakStrikes:  c.RepairLeakStrikes,
+		LeakGrace:    c.RepairLeakGrace,
+		SnapshotFile: c.ServiceSnapshotFile,
+		Identity:     identity,
+		Logger:       d.log.With("component", "repair"),
+		Registerer:   d.registry,
+	})
+	if err != nil {
+		return err
+	}
+	repairSvc := server.NewRepairService(rep, d.log)
+	d.closers = append(d.closers, repairSvc.Close)
+	d.gates.alloc.AllocatorServiceServer = server.NewAllocatorService(alloc, d.log)
+	d.gates.lease.LeaseServiceServer = server.NewLeaseService(leases, d.log)
+	d.gates.repair.RepairServiceServer = repairSvc
+
+	// The lease manager runs under its own context, cancelled first at shutdown: its
+	// WatchEndpoints streams end with it, so that GracefulStop does not wait on them.
+	leaseCtx, cancelLeases := context.WithCancel(runCtx)
+	d.stopStreams = cancelLeases
+	d.group.Go(func() error { return alloc.Run(runCtx) })
+	d.group.Go(func() error { return leases.Run(leaseCtx) })
+	d.group.Go(func() error { return rep.Run(runCtx) })
 	return nil
 }

@@ -300,7 +300,12 @@ func (x *ListLeasesResponse) GetRevision() int64 {
 type RemoveLeaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// ip of the API server.
-	Ip            string `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"`
+	Ip string `protobuf:"bytes,1,opt,name=ip,proto3" json:"ip,omitempty"`
+	// shutdown is set by the API server at ip when it removes its own lease because it
+	// shuts down cleanly. If that was the last lease, the endpoints become empty
+	// (kubernetes #115804); without it (an operator's or a restarting server's cleanup)
+	// the guard keeps the last non-empty endpoints.
+	Shutdown      bool `protobuf:"varint,2,opt,name=shutdown,proto3" json:"shutdown,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -340,6 +345,13 @@ func (x *RemoveLeaseRequest) GetIp() string {
 		return x.Ip
 	}
 	return ""
+}
+
+func (x *RemoveLeaseRequest) GetShutdown() bool {
+	if x != nil {
+		return x.Shutdown
+	}
+	return false
 }
 
 // RemoveLeaseResponse tells whether a lease was there.
@@ -777,9 +789,10 @@ const file_allocd_v1_lease_proto_rawDesc = "" +
 	"\x11ListLeasesRequest\"Z\n" +
 	"\x12ListLeasesResponse\x12(\n" +
 	"\x06leases\x18\x01 \x03(\v2\x10.allocd.v1.LeaseR\x06leases\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\"$\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"@\n" +
 	"\x12RemoveLeaseRequest\x12\x0e\n" +
-	"\x02ip\x18\x01 \x01(\tR\x02ip\"K\n" +
+	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x1a\n" +
+	"\bshutdown\x18\x02 \x01(\bR\bshutdown\"K\n" +
 	"\x13RemoveLeaseResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x01(\bR\aremoved\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"\x15\n" +

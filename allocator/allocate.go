@@ -1,0 +1,231 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Result is what Allocate allocated.
+type Result struct {
+	// ClusterIPs in the order of the requested families (or of the specific ones).
+	ClusterIPs []netip.Addr
+	// NodePorts: the specific ones first, then the dynamic ones.
+	NodePorts []int
+	// Revision is the etcd revision of the commit (0 for a dry run or an empty
+	// request).
+	Revision int64
+	// Replayed is true when this is the stored result of the owner's identical last
+	// request.
+	Replayed bool
+}
+
+// Allocate allocates what req asks for, for req.Owner, in one etcd transaction
+// together with the owner's record: all or nothing. A request identical to the
+// owner's last one returns that one's result (Replayed) while the owner still holds
+// it; another request of an existing owner allocates more. Errors: *InvalidError,
+// ErrNoRange, *NotInRangeError, *AllocatedError (a specific item another owner
+// holds), ErrFull, ErrConflict (contention outlasted the retries), etcd errors.
+func (a *Allocator) Allocate(ctx context.Context, req Request) (Result, error) {
+	start := time.Now()
+	res, err := a.allocate(ctx, req)
+	a.m.observe(time.Since(start), err)
+	return res, err
+}
+
+func (a *Allocator) allocate(ctx context.Context, req Request) (Result, error) {
+	if req.Owner.UID == "" {
+		return Result{}, &InvalidError{Field: "owner.uid", Reason: "required"}
+	}
+	picks, err := a.plan(req)
+	if err != nil {
+		return Result{}, err
+	}
+	if len(picks) == 0 {
+		return Result{}, nil
+	}
+	if req.DryRun {
+		return a.dryRun(ctx, req.Owner, picks)
+	}
+	o := &op{owner: req.Owner, ownerKey: a.ownerKey(req.Owner.UID), hash: req.hash(), picks: picks}
+	r := a.submit(ctx, o)
+	if r.err != nil {
+		return Result{}, r.err
+	}
+	return Result{ClusterIPs: r.ips, NodePorts: r.ports, Revision: r.rev, Replayed: r.replayed}, nil
+}
+
+// plan validates req and reserves (pending) the items it asks for.
+func (a *Allocator) plan(req Request) (picks []*pick, err error) {
+	defer func() {
+		if err != nil {
+			for _, p := range picks {
+				if p.pending {
+					p.r.unpend(p.off)
+				}
+			}
+			picks = nil
+		}
+	}()
+	if req.NodePortCount < 0 {
+		return nil, &InvalidError{Field: "node_port_count", Reason: "must not be negative"}
+	}
+	if n := len(req.ClusterIPs) + len(req.NodePorts) + req.NodePortCount; n > MaxItems {
+		return nil, &InvalidError{Field: "node_ports", Reason: fmt.Sprintf("%d items asked for; at most %d per request", n, MaxItems)}
+	}
+	specific := func(it Item) error {
+		r, off, err := a.locate(it)
+		if err != nil {
+			return err
+		}
+		picks = append(picks, &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.reserve(off)})
+		return nil
+	}
+	dynamic := func(r *rng) error {
+		off, ok := r.pick()
+		if !ok {
+			return &FullError{Range: r.name}
+		}
+		it := r.item(off)
+		picks = append(picks, &pick{r: r, off: off, item: it, key: a.key(it), pending: true})
+		return nil
+	}
+	if !req.NoClusterIP {
+		if len(req.ClusterIPs) > 0 {
+			if len(req.ClusterIPs) > 2 {
+				return picks, &InvalidError{Field: "cluster_ips", Reason: "at most two addresses, one per IP family"}
+			}
+			if len(req.ClusterIPs) == 2 && req.ClusterIPs[0].Is4() == req.ClusterIPs[1].Is4() {
+				return picks, &InvalidError{Field: "cluster_ips", Reason: "at most one address per IP family"}
+			}
+			for _, addr := range req.ClusterIPs {
+				if err := specific(IP(addr)); err != nil {
+					return picks, err
+				}
+			}
+		} else {
+			fams, err := a.families(req.Families, req.Policy)
+			if err != nil {
+				return picks, err
+			}
+			for _, f := range fams {
+				if err := dynamic(a.ipRange(f == IPv4)); err != nil {
+					return picks, err
+				}
+			}
+		}
+	}
+	for i, p := range req.NodePorts {
+		if slices.Contains(req.NodePorts[:i], p) {
+			return picks, &InvalidError{Field: "node_ports", Reason: "port " + strconv.Itoa(p) + " asked for twice"}
+		}
+		if err := specific(Port(p)); err != nil {
+			return picks, err
+		}
+	}
+	for range req.NodePortCount {
+		if err := dynamic(a.portRange); err != nil {
+			return picks, err
+		}
+	}
+	return picks, nil
+}
+
+// families resolves the families of a dynamic ClusterIP request, in order.
+func (a *Allocator) families(fams []Family, pol Policy) ([]Family, error) {
+	for i, f := range fams {
+		if f != IPv4 && f != IPv6 {
+			return nil, &InvalidError{Field: "ip_families", Reason: "unknown IP family " + strconv.Itoa(int(f))}
+		}
+		if slices.Contains(fams[:i], f) {
+			return nil, &InvalidError{Field: "ip_families", Reason: f.String() + " listed twice"}
+		}
+	}
+	configured := func(f Family) bool { return a.ipRange(f == IPv4) != nil }
+	primary := IPv6
+	if a.ipRanges[0].span.is4 {
+		primary = IPv4
+	}
+	order := slices.Clone(fams)
+	if len(order) == 0 {
+		order = []Family{primary}
+	}
+	if !configured(order[0]) {
+		return nil, fmt.Errorf("%s: %w", order[0], ErrNoRange)
+	}
+	other := IPv4
+	if order[0] == IPv4 {
+		other = IPv6
+	}
+	switch pol {
+	case SingleStack:
+		if len(fams) > 1 {
+			return nil, &InvalidError{Field: "ip_families", Reason: "single stack takes one family"}
+		}
+		return order[:1], nil
+	case PreferDualStack:
+		if configured(other) {
+			return []Family{order[0], other}, nil
+		}
+		return order[:1], nil
+	case RequireDualStack:
+		if !configured(other) {
+			return nil, fmt.Errorf("require dual stack: %s: %w", other, ErrNoRange)
+		}
+		return []Family{order[0], other}, nil
+	}
+	return nil, &InvalidError{Field: "ip_family_policy", Reason: "unknown policy " + strconv.Itoa(int(pol))}
+}
+
+// dryRun reports what an Allocate would do, writing nothing: specific items are
+// looked up in etcd when the index sees them used.
+func (a *Allocator) dryRun(ctx context.Context, o Owner, picks []*pick) (Result, error) {
+	var res Result
+	defer func() {
+		for _, p := range picks {
+			if p.pending {
+				p.r.unpend(p.off)
+			}
+		}
+	}()
+	for _, p := range picks {
+		if p.specific && !p.pending {
+			al, err := a.Get(ctx, p.item)
+			switch {
+			case err == nil && al.Owner.UID != o.UID:
+				return Result{}, &AllocatedError{Item: p.item, Holder: al.Owner}
+			case err != nil && err != ErrNotFound:
+				return Result{}, err
+			}
+		}
+		if p.item.Kind == KindClusterIP {
+			res.ClusterIPs = append(res.ClusterIPs, p.item.Addr)
+		} else {
+			res.NodePorts = append(res.NodePorts, p.item.Port)
+		}
+	}
+	return res, nil
+}
+
+// Assign gives the specific item it to o, and records it in o's record. It is a
+// no-op when o holds it already, and fails with a *AllocatedError when another owner
+// does.
+func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, error) {
+	if o.UID == "" {
+		return Allocation{}, &InvalidError{Field: "owner.uid", Reason: "required"}
+	}
+	r, off, err := a.locate(it)
+	if err != nil {
+		return Allocation{}, err
+	}
+	p := &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.reserve(off)}
+	res := a.submit(ctx, &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}})
+	if res.err != nil {
+		return Allocation{}, res.err
+	}
+	return Allocation{Item: it, Range: r.name, Owner: o, AllocateTime: p.at,
+		CreateRevision: p.createRev, ModRevision: p.modRev}, nil
+}

@@ -1,0 +1,275 @@
+package allocator
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// itemValue is the JSON value of <prefix>/clusterips/<ip> and <prefix>/nodeports/<port>.
+type itemValue struct {
+	Namespace string    `json:"namespace"`
+	Name      string    `json:"name"`
+	UID       string    `json:"uid"`
+	Time      time.Time `json:"time"`
+}
+
+// appendItemValue encodes an item value without reflection: it is on the hot path.
+func appendItemValue(b []byte, o Owner, t time.Time) []byte {
+	b = append(b, `{"namespace":`...)
+	b = appendJSONString(b, o.Namespace)
+	b = append(b, `,"name":`...)
+	b = appendJSONString(b, o.Name)
+	b = append(b, `,"uid":`...)
+	b = appendJSONString(b, o.UID)
+	b = append(b, `,"time":"`...)
+	b = t.UTC().AppendFormat(b, time.RFC3339Nano)
+	return append(b, `"}`...)
+}
+
+func decodeItemValue(v []byte) (Owner, time.Time, error) {
+	var iv itemValue
+	if err := json.Unmarshal(v, &iv); err != nil {
+		return Owner{}, time.Time{}, fmt.Errorf("decode allocation: %w", err)
+	}
+	return Owner{Namespace: iv.Namespace, Name: iv.Name, UID: iv.UID}, iv.Time, nil
+}
+
+// ownerRecord is the JSON value of <prefix>/owners/<uid>: every item the owner holds,
+// and its last Allocate request (hash and result) for idempotent retries.
+type ownerRecord struct {
+	Namespace  string       `json:"namespace"`
+	Name       string       `json:"name"`
+	UID        string       `json:"uid"`
+	ClusterIPs []netip.Addr `json:"clusterIPs,omitempty"`
+	NodePorts  []int        `json:"nodePorts,omitempty"`
+	Last       *lastRequest `json:"last,omitempty"`
+}
+
+// lastRequest is an owner's last Allocate request and its result.
+type lastRequest struct {
+	Hash       string       `json:"hash"`
+	ClusterIPs []netip.Addr `json:"clusterIPs,omitempty"`
+	NodePorts  []int        `json:"nodePorts,omitempty"`
+}
+
+func (r *ownerRecord) owner() Owner { return Owner{Namespace: r.Namespace, Name: r.Name, UID: r.UID} }
+
+func (r *ownerRecord) items() int { return len(r.ClusterIPs) + len(r.NodePorts) }
+
+func (r *ownerRecord) holds(it Item) bool {
+	if it.Kind == KindClusterIP {
+		return slices.Contains(r.ClusterIPs, it.Addr)
+	}
+	return slices.Contains(r.NodePorts, it.Port)
+}
+
+func (r *ownerRecord) add(it Item) {
+	if r.holds(it) {
+		return
+	}
+	if it.Kind == KindClusterIP {
+		r.ClusterIPs = append(r.ClusterIPs, it.Addr)
+	} else {
+		r.NodePorts = append(r.NodePorts, it.Port)
+	}
+}
+
+func (r *ownerRecord) remove(it Item) {
+	if it.Kind == KindClusterIP {
+		r.ClusterIPs = slices.DeleteFunc(r.ClusterIPs, func(a netip.Addr) bool { return a == it.Addr })
+	} else {
+		r.NodePorts = slices.DeleteFunc(r.NodePorts, func(p int) bool { return p == it.Port })
+	}
+}
+
+// holdsLast reports whether the record still holds everything its last request got,
+// so that replaying that result is truthful.
+func (r *ownerRecord) holdsLast() bool {
+	if r.Last == nil {
+		return false
+	}
+	for _, a := range r.Last.ClusterIPs {
+		if !slices.Contains(r.ClusterIPs, a) {
+			return false
+		}
+	}
+	for _, p := range r.Last.NodePorts {
+		if !slices.Contains(r.NodePorts, p) {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *ownerRecord) clone() *ownerRecord {
+	c := *r
+	c.ClusterIPs = slices.Clone(r.ClusterIPs)
+	c.NodePorts = slices.Clone(r.NodePorts)
+	if r.Last != nil {
+		l := *r.Last
+		c.Last = &l
+	}
+	return &c
+}
+
+// appendOwnerRecord encodes r like encoding/json would, without reflection.
+func appendOwnerRecord(b []byte, r *ownerRecord) []byte {
+	b = append(b, `{"namespace":`...)
+	b = appendJSONString(b, r.Namespace)
+	b = append(b, `,"name":`...)
+	b = appendJSONString(b, r.Name)
+	b = append(b, `,"uid":`...)
+	b = appendJSONString(b, r.UID)
+	b = appendItems(b, r.ClusterIPs, r.NodePorts)
+	if r.Last != nil {
+		b = append(b, `,"last":{"hash":`...)
+		b = appendJSONString(b, r.Last.Hash)
+		b = appendItems(b, r.Last.ClusterIPs, r.Last.NodePorts)
+		b = append(b, '}')
+	}
+	return append(b, '}')
+}
+
+func appendItems(b []byte, ips []netip.Addr, ports []int) []byte {
+	if len(ips) > 0 {
+		b = append(b, `,"clusterIPs":[`...)
+		for i, a := range ips {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, '"')
+			b = a.AppendTo(b)
+			b = append(b, '"')
+		}
+		b = append(b, ']')
+	}
+	if len(ports) > 0 {
+		b = append(b, `,"nodePorts":[`...)
+		for i, p := range ports {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, int64(p), 10)
+		}
+		b = append(b, ']')
+	}
+	return b
+}
+
+func decodeOwnerRecord(v []byte) (*ownerRecord, error) {
+	r := &ownerRecord{}
+	if err := json.Unmarshal(v, r); err != nil {
+		return nil, fmt.Errorf("decode owner record: %w", err)
+	}
+	return r, nil
+}
+
+// appendJSONString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD, as
+// encoding/json does.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c < 0x20 || c == '<' || c == '>' || c == '&':
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+		default:
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
+}
+
+// Family is an IP family.
+type Family int
+
+const (
+	// IPv4 is the IPv4 family.
+	IPv4 Family = 4
+	// IPv6 is the IPv6 family.
+	IPv6 Family = 6
+)
+
+// String returns "IPv4" or "IPv6".
+func (f Family) String() string { return "IPv" + strconv.Itoa(int(f)) }
+
+// Policy is a Service's IP family policy.
+type Policy int
+
+const (
+	// SingleStack allocates one address, of the first requested family or of the
+	// primary range.
+	SingleStack Policy = iota
+	// PreferDualStack allocates one address per configured family.
+	PreferDualStack
+	// RequireDualStack allocates one IPv4 and one IPv6 address, or nothing.
+	RequireDualStack
+)
+
+// Request is one Allocate call: for Owner, ClusterIPs (the specific ClusterIPs, or
+// one per family as Families and Policy say, or none with NoClusterIP) and NodePorts
+// (the specific NodePorts, plus NodePortCount dynamic ones).
+type Request struct {
+	Owner         Owner
+	Families      []Family
+	Policy        Policy
+	ClusterIPs    []netip.Addr
+	NodePorts     []int
+	NodePortCount int
+	NoClusterIP   bool
+	// DryRun validates and checks availability without writing.
+	DryRun bool
+}
+
+// hash identifies the request for idempotency (DryRun aside).
+func (q *Request) hash() string {
+	var sb strings.Builder
+	w := func(s string) { sb.WriteString(strconv.Quote(s)); sb.WriteByte(';') }
+	w(q.Owner.Namespace)
+	w(q.Owner.Name)
+	for _, f := range q.Families {
+		sb.WriteString(strconv.Itoa(int(f)))
+		sb.WriteByte(',')
+	}
+	sb.WriteString(";p" + strconv.Itoa(int(q.Policy)) + ";")
+	for _, a := range q.ClusterIPs {
+		sb.WriteString(a.String())
+		sb.WriteByte(',')
+	}
+	sb.WriteByte(';')
+	for _, p := range q.NodePorts {
+		sb.WriteString(strconv.Itoa(p))
+		sb.WriteByte(',')
+	}
+	sb.WriteString(";n" + strconv.Itoa(q.NodePortCount))
+	if q.NoClusterIP {
+		sb.WriteString(";none")
+	}
+	h := fnv.New64a()
+	h.Write([]byte(sb.String()))
+	return strconv.FormatUint(h.Sum64(), 16)
+}

@@ -1,0 +1,515 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// maxConflicts bounds how often one request may find its own keys taken before it
+// fails with ErrConflict; maxRounds bounds its transactions in all.
+const (
+	maxConflicts = 16
+	maxRounds    = 64
+)
+
+// txnTimeout bounds one group-commit transaction.
+const txnTimeout = 30 * time.Second
+
+// op is one request to the group committer: items for one owner, written in one
+// transaction with the owner's record.
+type op struct {
+	owner    Owner
+	ownerKey string
+	assign   bool   // Assign: do not record the request for replay
+	hash     string // Allocate: the request's idempotency hash
+	picks    []*pick
+
+	// ownerRev is the ModRevision of the owner's record, 0 when none is expected;
+	// record is that record.
+	ownerRev int64
+	record   *ownerRecord
+
+	cancel    <-chan struct{} // the caller's ctx.Done()
+	conflicts int
+	rounds    int
+	res       chan opResult // buffered 1
+}
+
+// pick is one item of an op.
+type pick struct {
+	r        *rng
+	off      uint64
+	item     Item
+	key      string
+	specific bool
+	pending  bool // the op holds the pending bit of off
+	held     bool // the owner holds it already: no compare, no put
+
+	// What etcd holds once the op is done: the key's revisions and time.
+	createRev, modRev int64
+	at                time.Time
+}
+
+type opResult struct {
+	rev      int64
+	replayed bool
+	ips      []netip.Addr
+	ports    []int
+	err      error
+}
+
+// keys is how many keys the op's transaction touches.
+func (o *op) keys() int {
+	n := 1
+	for _, p := range o.picks {
+		if !p.held {
+			n++
+		}
+	}
+	return n
+}
+
+// release drops the op's pending bits at once: nothing of it was written.
+func (o *op) release() {
+	for _, p := range o.picks {
+		if p.pending {
+			p.r.unpend(p.off)
+			p.pending = false
+		}
+	}
+}
+
+func (o *op) fail(err error) {
+	o.release()
+	o.res <- opResult{err: err}
+}
+
+// submit commits o through the group committer when Run is running, else alone.
+func (a *Allocator) submit(ctx context.Context, o *op) opResult {
+	o.cancel = ctx.Done()
+	o.res = make(chan opResult, 1)
+	a.qmu.Lock()
+	if !a.running {
+		a.qmu.Unlock()
+		a.commitAlone(ctx, o)
+	} else {
+		a.queue = append(a.queue, o)
+		a.qmu.Unlock()
+		select {
+		case a.notify <- struct{}{}:
+		default:
+		}
+	}
+	select {
+	case r := <-o.res:
+		return r
+	case <-ctx.Done():
+		// The op may still commit; a retry with the same owner replays it.
+		return opResult{err: ctx.Err()}
+	}
+}
+
+// commitAlone runs o's transactions synchronously.
+func (a *Allocator) commitAlone(ctx context.Context, o *op) {
+	batch := []*op{o}
+	for len(batch) > 0 && ctx.Err() == nil {
+		batch = a.commit(ctx, batch)
+	}
+	if len(batch) > 0 {
+		o.fail(ctx.Err())
+	}
+}
+
+// commitLoop is the group committer: it packs queued ops into transactions of at
+// most maxTxnOps keys, with up to a.conc transactions in flight. Ops wait in the
+// queue while every slot is busy, which is what groups them.
+func (a *Allocator) commitLoop(ctx context.Context) error {
+	a.qmu.Lock()
+	a.running = true
+	a.qmu.Unlock()
+	slots := make(chan struct{}, a.conc)
+	done := make(chan struct{}, a.conc)
+	inflight := 0
+	defer func() {
+		for ; inflight > 0; inflight-- {
+			<-done
+		}
+		a.qmu.Lock()
+		a.running, a.stopped = false, true
+		q := a.queue
+		a.queue = nil
+		a.qmu.Unlock()
+		for _, o := range q {
+			o.fail(ErrNotRunning)
+		}
+	}()
+	for {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		var batch []*op
+		for batch == nil {
+			// With a transaction in flight, wait for half a transaction's worth of
+			// keys (or for it to finish): big batches cost etcd less per request.
+			minKeys := 1
+			if inflight > 0 {
+				minKeys = maxTxnOps / 2
+			}
+			if batch = a.take(minKeys); batch != nil {
+				break
+			}
+			select {
+			case <-a.notify:
+			case <-done:
+				inflight--
+			case <-ctx.Done():
+				<-slots
+				return nil
+			}
+		}
+		inflight++
+		go func() {
+			defer func() { <-slots; done <- struct{}{} }()
+			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), txnTimeout)
+			retry := a.commit(tctx, batch)
+			cancel()
+			a.requeue(retry)
+		}()
+		// Collect finished transactions without blocking.
+		for more := true; more; {
+			select {
+			case <-done:
+				inflight--
+			default:
+				more = false
+			}
+		}
+	}
+}
+
+// take removes from the queue the ops of the next transaction: as many as fit in
+// maxTxnOps keys without touching a key twice, if they have minKeys keys in all.
+// Ops whose caller gave up are dropped.
+func (a *Allocator) take(minKeys int) []*op {
+	a.qmu.Lock()
+	defer a.qmu.Unlock()
+	if len(a.queue) == 0 {
+		return nil
+	}
+	if minKeys > 1 {
+		n := 0
+		for _, o := range a.queue {
+			if n += o.keys(); n >= minKeys {
+				break
+			}
+		}
+		if n < minKeys {
+			return nil
+		}
+	}
+	var batch []*op
+	var seen map[string]struct{}
+	n := 0
+	keep := a.queue[:0]
+	for i, o := range a.queue {
+		if n >= maxTxnOps {
+			keep = append(keep, a.queue[i:]...)
+			break
+		}
+		select {
+		case <-o.cancel:
+			o.fail(context.Canceled)
+			continue
+		default:
+		}
+		k := o.keys()
+		if n+k > maxTxnOps || dup(seen, o) {
+			keep = append(keep, o)
+			continue
+		}
+		if seen == nil {
+			seen = make(map[string]struct{}, 2*maxTxnOps)
+		}
+		seen[o.ownerKey] = struct{}{}
+		for _, p := range o.picks {
+			if !p.held {
+				seen[p.key] = struct{}{}
+			}
+		}
+		n += k
+		batch = append(batch, o)
+	}
+	clear(a.queue[len(keep):])
+	a.queue = keep
+	return batch
+}
+
+func dup(seen map[string]struct{}, o *op) bool {
+	if _, ok := seen[o.ownerKey]; ok {
+		return true
+	}
+	for _, p := range o.picks {
+		if _, ok := seen[p.key]; ok && !p.held {
+			return true
+		}
+	}
+	return false
+}
+
+// requeue puts ops to retry at the head of the queue.
+func (a *Allocator) requeue(ops []*op) {
+	if len(ops) == 0 {
+		return
+	}
+	a.qmu.Lock()
+	if a.stopped {
+		a.qmu.Unlock()
+		for _, o := range ops {
+			o.fail(ErrNotRunning)
+		}
+		return
+	}
+	a.queue = append(ops, a.queue...)
+	a.qmu.Unlock()
+	select {
+	case a.notify <- struct{}{}:
+	default:
+	}
+}
+
+// commit runs one transaction for batch: if every item key is absent and every
+// owner record is as expected, put them all; else read them all back, settle each op (fail, replay, or fix and retry) and return the ops to
+// retry.
+func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
+	cmps := make([]clientv3.Cmp, 0, maxTxnOps)
+	puts := make([]clientv3.Op, 0, maxTxnOps)
+	keys := make([]string, 0, maxTxnOps)
+	now := time.Now()
+	live := batch[:0:0]
+	for _, o := range batch {
+		rec, err := a.nextRecord(o)
+		if err != nil {
+			o.fail(err)
+			continue
+		}
+		if o.keys() == 1 && o.record != nil && !recordChanged(o.record, rec) {
+			// Everything is held already and the record says so: nothing to write.
+			o.release()
+			o.res <- a.result(o, a.currentRev(), false)
+			continue
+		}
+		live = append(live, o)
+		val := string(appendItemValue(make([]byte, 0, 160), o.owner, now))
+		for _, p := range o.picks {
+			if p.held {
+				continue
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(p.key), "=", 0))
+			puts = append(puts, clientv3.OpPut(p.key, val))
+			keys = append(keys, p.key)
+		}
+		if o.ownerRev == 0 {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(o.ownerKey), "=", 0))
+		} else {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(o.ownerKey), "=", o.ownerRev))
+		}
+		puts = append(puts, clientv3.OpPut(o.ownerKey, string(appendOwnerRecord(make([]byte, 0, 256), rec))))
+		keys = append(keys, o.ownerKey)
+	}
+	if len(live) == 0 {
+		return nil
+	}
+	a.m.batch(len(live))
+	resp, err := a.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+	if err != nil {
+		a.m.txn("error")
+		for _, o := range live {
+			o.fail(fmt.Errorf("allocation transaction: %w", err))
+		}
+		return nil
+	}
+	if resp.Succeeded {
+		a.m.txn("committed")
+		rev := resp.Header.Revision
+		for _, o := range live {
+			for _, p := range o.picks {
+				if p.pending {
+					a.settleAt(rev, p.r, p.off)
+					p.pending = false
+				}
+				if !p.held {
+					p.createRev, p.modRev, p.at = rev, rev, now
+					a.m.allocated(p.r, p.specific)
+				}
+			}
+			o.res <- a.result(o, rev, false)
+		}
+		return nil
+	}
+	a.m.txn("conflict")
+	// Read the batch's keys back (not in an Else branch: that would triple the size
+	// of every transaction in etcd's log, for the rare conflict).
+	gets := make([]clientv3.Op, len(keys))
+	for i, k := range keys {
+		gets[i] = clientv3.OpGet(k)
+	}
+	read, err := a.cli.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		for _, o := range live {
+			o.fail(fmt.Errorf("read back conflicting allocations: %w", err))
+		}
+		return nil
+	}
+	kvs := make(map[string]*mvccpb.KeyValue, len(gets))
+	for _, r := range read.Responses {
+		if rr := r.GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
+			kvs[string(rr.Kvs[0].Key)] = rr.Kvs[0]
+		}
+	}
+	var retry []*op
+	for _, o := range live {
+		if a.resolve(o, kvs) {
+			retry = append(retry, o)
+		}
+	}
+	return retry
+}
+
+// nextRecord is the owner record o writes: the current one plus o's items, with o's
+// request as the last one (Allocate) or the last one kept (Assign).
+func (a *Allocator) nextRecord(o *op) (*ownerRecord, error) {
+	var rec *ownerRecord
+	if o.record != nil {
+		rec = o.record.clone()
+	} else {
+		rec = &ownerRecord{}
+	}
+	rec.Namespace, rec.Name, rec.UID = o.owner.Namespace, o.owner.Name, o.owner.UID
+	var last *lastRequest
+	if !o.assign {
+		last = &lastRequest{Hash: o.hash}
+	}
+	for _, p := range o.picks {
+		rec.add(p.item)
+		if last != nil {
+			if p.item.Kind == KindClusterIP {
+				last.ClusterIPs = append(last.ClusterIPs, p.item.Addr)
+			} else {
+				last.NodePorts = append(last.NodePorts, p.item.Port)
+			}
+		}
+	}
+	if last != nil {
+		rec.Last = last
+	}
+	if rec.items() > MaxItems {
+		return nil, &InvalidError{Field: "owner", Reason: fmt.Sprintf("owner %s would hold %d items; at most %d", o.owner.UID, rec.items(), MaxItems)}
+	}
+	return rec, nil
+}
+
+func recordChanged(old, next *ownerRecord) bool {
+	return string(appendOwnerRecord(nil, old)) != string(appendOwnerRecord(nil, next))
+}
+
+// resolve learns from the Else branch's reads why the transaction failed, as far as
+// o is concerned, and reports whether o should be retried. It fails o for a specific
+// item another owner holds, replays o when its owner's last request was the same,
+// follows a changed owner record, and re-picks dynamic items that were taken.
+func (a *Allocator) resolve(o *op, kvs map[string]*mvccpb.KeyValue) bool {
+	o.rounds++
+	problem := false
+	kv := kvs[o.ownerKey]
+	switch {
+	case kv == nil && o.ownerRev != 0:
+		problem, o.ownerRev, o.record = true, 0, nil
+	case kv != nil && kv.ModRevision != o.ownerRev:
+		problem = true
+		rec, err := decodeOwnerRecord(kv.Value)
+		if err != nil {
+			a.log.Warn("undecodable owner record; rewriting it", "key", o.ownerKey, "err", err)
+			rec = &ownerRecord{}
+		}
+		o.ownerRev, o.record = kv.ModRevision, rec
+		if !o.assign && rec.Last != nil && rec.Last.Hash == o.hash && rec.holdsLast() {
+			o.release()
+			o.res <- opResult{rev: kv.ModRevision, replayed: true,
+				ips: rec.Last.ClusterIPs, ports: rec.Last.NodePorts}
+			return false
+		}
+	}
+	for _, p := range o.picks {
+		if p.held {
+			continue
+		}
+		kv := kvs[p.key]
+		if kv == nil {
+			continue
+		}
+		problem = true
+		holder, _, err := decodeItemValue(kv.Value)
+		if err != nil {
+			a.log.Warn("undecodable allocation", "key", p.key, "err", err)
+		}
+		if p.specific {
+			if holder.UID == o.owner.UID && err == nil {
+				p.held = true
+				p.createRev, p.modRev = kv.CreateRevision, kv.ModRevision
+				_, p.at, _ = decodeItemValue(kv.Value)
+				if p.pending {
+					a.settleAt(kv.ModRevision, p.r, p.off)
+					p.pending = false
+				}
+				continue
+			}
+			o.fail(&AllocatedError{Item: p.item, Holder: holder})
+			return false
+		}
+		// A dynamic pick somebody took: keep its bit busy until the watch has seen
+		// the key, and pick again.
+		if p.pending {
+			a.settleAt(kv.ModRevision, p.r, p.off)
+			p.pending = false
+		}
+		off, ok := p.r.pick()
+		if !ok {
+			o.fail(&FullError{Range: p.r.name})
+			return false
+		}
+		p.off, p.item, p.pending = off, p.r.item(off), true
+		p.key = a.key(p.item)
+	}
+	if problem {
+		o.conflicts++
+	}
+	if o.conflicts > maxConflicts || o.rounds > maxRounds {
+		o.fail(fmt.Errorf("owner %s: %d conflicting transactions: %w", o.owner.UID, o.conflicts, ErrConflict))
+		return false
+	}
+	select {
+	case <-o.cancel:
+		o.fail(context.Canceled)
+		return false
+	default:
+	}
+	return true
+}
+
+func (a *Allocator) result(o *op, rev int64, replayed bool) opResult {
+	r := opResult{rev: rev, replayed: replayed}
+	for _, p := range o.picks {
+		if p.item.Kind == KindClusterIP {
+			r.ips = append(r.ips, p.item.Addr)
+		} else {
+			r.ports = append(r.ports, p.item.Port)
+		}
+	}
+	return r
+}

@@ -1,0 +1,64 @@
+// Package allocator owns the ClusterIP ranges (IPv4, IPv6, dual-stack) and the
+// NodePort range of allocd: it allocates, assigns, releases and lists addresses and
+// ports for owners (Services), with etcd as the only source of truth.
+//
+//	a, err := allocator.New(ctx, cli, allocator.Config{
+//		Prefix:          "/allocd",
+//		ClusterIPRanges: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")},
+//		NodePortRange:   allocator.DefaultNodePortRange,
+//	})
+//	if err != nil { ... }
+//	go a.Run(ctx) // the watch and the group committer; the caller waits for it
+//	res, err := a.Allocate(ctx, allocator.Request{
+//		Owner: allocator.Owner{Namespace: "default", Name: "web", UID: "0f6c..."},
+//		NodePortCount: 1,
+//	})
+//
+// # Storage
+//
+// One etcd key per allocation, never one key per range (Kubernetes keeps a whole
+// range's bitmap in one key: 128 KiB per write for a /12, one key that serialises
+// every writer):
+//
+//	<prefix>/config/ranges          {"clusterIPRanges":["10.96.0.0/12","fd00::/108"],"nodePortRange":"30000-32767"}
+//	                                written once (CreateRevision == 0); a replica configured
+//	                                with other ranges refuses to start (*RangesMismatchError)
+//	<prefix>/clusterips/<ip>        {"namespace":..,"name":..,"uid":..,"time":RFC 3339}
+//	<prefix>/nodeports/<port>       the same; <ip> is the canonical form (netip.Addr.String)
+//	<prefix>/owners/<uid>           {"namespace","name","uid","clusterIPs":[..],"nodePorts":[..],
+//	                                 "last":{"hash","clusterIPs","nodePorts"}}
+//
+// An item key is created with a CreateRevision(key) == 0 compare: that compare, not
+// any process's memory, is what keeps two replicas from handing out the same address
+// or port. The owner record lists what the owner holds and its last Allocate request
+// (a hash of it, and its result); it is written in the same transaction as the items,
+// with CreateRevision == 0 for a new owner or ModRevision == the one read for an
+// existing one. A retry of the same request by the same owner UID finds the record
+// and returns the stored result (Replayed); a different request of an existing owner
+// allocates more. One request names at most MaxItems items, so that its keys and its
+// record fit in etcd's 128 operations per transaction.
+//
+// # Index
+//
+// In memory, each range has bitsets of offsets (github.com/bits-and-blooms/bitset):
+// used (what the watch has seen in etcd) and pending (local reservations whose
+// outcome the watch has not seen yet; cleared once the watch passes the revision
+// that settled them, or at once when the reservation failed). A dynamic pick takes
+// an offset that is neither, from a random start with wrap-around, in the upper
+// (dynamic) band first and in the lower (static) band only when the upper one is
+// full: KEP-3070's min(max(16, size/16), 256) addresses (none up to 16) and
+// KEP-3668's min(max(16, size/32), 128) ports. Offsets map to addresses through the
+// 128-bit As16 form with math/bits; ranges hold up to 2^24 addresses (2 MiB per
+// bitset). The watch starts at the listed revision + 1 and re-lists after a
+// compaction.
+//
+// # Group commit
+//
+// While Run runs, Allocate and Assign calls queue for a committer that packs as many
+// requests as fit in 128 keys into one transaction (If all compares, Then all puts,
+// Else read all keys), with a few transactions in flight at once. When a compare
+// fails the Else reads say why: a specific item held by another owner fails its
+// request (*AllocatedError), an existing owner record replays or is followed, a taken
+// dynamic pick is picked again; the other requests of the batch are retried as they
+// are, each a bounded number of times (then ErrConflict).
+package allocator

@@ -1,0 +1,293 @@
+package allocator
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Get returns who holds it: ErrNotFound when nobody does, ErrNoRange or a
+// *NotInRangeError when it cannot be allocated at all.
+func (a *Allocator) Get(ctx context.Context, it Item) (Allocation, error) {
+	if _, _, err := a.locate(it); err != nil {
+		return Allocation{}, err
+	}
+	resp, err := a.cli.Get(ctx, a.key(it))
+	if err != nil {
+		return Allocation{}, fmt.Errorf("get %s: %w", it, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return Allocation{}, ErrNotFound
+	}
+	al, ok := a.allocation(resp.Kvs[0])
+	if !ok {
+		return Allocation{}, fmt.Errorf("get %s: undecodable allocation", it)
+	}
+	return al, nil
+}
+
+// allocation decodes an item key-value; false for keys that are not allocations of
+// the configured ranges.
+func (a *Allocator) allocation(kv *mvccpb.KeyValue) (Allocation, bool) {
+	it, ok := a.parseKey(kv.Key)
+	if !ok {
+		return Allocation{}, false
+	}
+	r, _, err := a.locate(it)
+	if err != nil {
+		return Allocation{}, false
+	}
+	o, t, err := decodeItemValue(kv.Value)
+	if err != nil {
+		a.log.Warn("undecodable allocation", "key", string(kv.Key), "err", err)
+	}
+	return Allocation{Item: it, Range: r.name, Owner: o, AllocateTime: t,
+		CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision}, true
+}
+
+// List reads every allocation at one revision, a page of keys at a time, and
+// returns that revision.
+func (a *Allocator) List(ctx context.Context) (int64, []Allocation, error) {
+	var all []Allocation
+	var rev int64
+	for _, prefix := range []string{a.ipPrefix, a.portPrefix} {
+		key := prefix
+		end := clientv3.GetPrefixRangeEnd(prefix)
+		for {
+			opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(5000)}
+			if rev != 0 {
+				opts = append(opts, clientv3.WithRev(rev))
+			}
+			resp, err := a.cli.Get(ctx, key, opts...)
+			if err != nil {
+				return 0, nil, fmt.Errorf("list allocations: %w", err)
+			}
+			if rev == 0 {
+				rev = resp.Header.Revision
+			}
+			for _, kv := range resp.Kvs {
+				if al, ok := a.allocation(kv); ok {
+					all = append(all, al)
+				} else {
+					a.log.Warn("allocation outside the configured ranges", "key", string(kv.Key))
+				}
+			}
+			if !resp.More || len(resp.Kvs) == 0 {
+				break
+			}
+			key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		}
+	}
+	return rev, all, nil
+}
+
+// ListOptions filters and pages ListPage.
+type ListOptions struct {
+	// Range keeps the allocations of the range of that name only.
+	Range string
+	// OwnerUID keeps the allocations of that owner only (one page, at most MaxItems).
+	OwnerUID string
+	// PageSize is the most allocations returned; 0 means 500, at most 5000.
+	PageSize int
+	// PageToken continues from the NextPageToken of the previous page.
+	PageToken string
+}
+
+// Page is one page of allocations, read at Revision.
+type Page struct {
+	Allocations   []Allocation
+	NextPageToken string
+	Revision      int64
+}
+
+// ListPage lists allocations a page at a time; every page of one listing is read at
+// the first page's revision. A token whose revision was compacted away, or that does
+// not parse, is an *InvalidError.
+func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) {
+	size := lo.PageSize
+	switch {
+	case size < 0:
+		return Page{}, &InvalidError{Field: "page_size", Reason: "must not be negative"}
+	case size == 0:
+		size = 500
+	case size > 5000:
+		size = 5000
+	}
+	var r *rng
+	if lo.Range != "" {
+		for _, x := range a.ranges {
+			if x.name == lo.Range {
+				r = x
+			}
+		}
+		if r == nil {
+			return Page{}, &InvalidError{Field: "range", Reason: fmt.Sprintf("no range %q; ranges are %s", lo.Range, strings.Join(a.RangeNames(), ", "))}
+		}
+	}
+	keep := func(al Allocation) bool { return r == nil || al.Range == r.name }
+	if lo.OwnerUID != "" {
+		return a.listOwner(ctx, lo.OwnerUID, keep)
+	}
+	rev, after, err := a.parseToken(lo.PageToken)
+	if err != nil {
+		return Page{}, err
+	}
+	prefixes := []string{a.ipPrefix, a.portPrefix}
+	if r != nil && r.kind == KindClusterIP {
+		prefixes = prefixes[:1]
+	} else if r != nil {
+		prefixes = prefixes[1:]
+	}
+	var page Page
+	for _, prefix := range prefixes {
+		end := clientv3.GetPrefixRangeEnd(prefix)
+		key := prefix
+		if after != "" {
+			if after >= end {
+				continue
+			}
+			if after >= prefix {
+				key = after + "\x00"
+			}
+		}
+		for {
+			opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(size - len(page.Allocations)))}
+			if rev != 0 {
+				opts = append(opts, clientv3.WithRev(rev))
+			}
+			resp, err := a.cli.Get(ctx, key, opts...)
+			if errors.Is(err, rpctypes.ErrCompacted) {
+				return Page{}, &InvalidError{Field: "page_token", Reason: "expired: its revision was compacted; list again from the start"}
+			}
+			if err != nil {
+				return Page{}, fmt.Errorf("list allocations: %w", err)
+			}
+			if rev == 0 {
+				rev = resp.Header.Revision
+			}
+			for _, kv := range resp.Kvs {
+				if al, ok := a.allocation(kv); ok && keep(al) {
+					page.Allocations = append(page.Allocations, al)
+				}
+			}
+			if len(resp.Kvs) > 0 {
+				key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+			}
+			if len(page.Allocations) >= size && (resp.More || prefix != prefixes[len(prefixes)-1]) {
+				page.NextPageToken = makeToken(rev, key[:len(key)-1])
+				page.Revision = rev
+				return page, nil
+			}
+			if !resp.More || len(resp.Kvs) == 0 {
+				break
+			}
+		}
+	}
+	page.Revision = rev
+	return page, nil
+}
+
+func (a *Allocator) listOwner(ctx context.Context, uid string, keep func(Allocation) bool) (Page, error) {
+	recs, err := a.readRecords(ctx, []string{uid}, 0)
+	if err != nil {
+		return Page{}, err
+	}
+	st := recs[uid]
+	if st.rec == nil {
+		rev := a.currentRev()
+		return Page{Revision: rev}, nil
+	}
+	var gets []clientv3.Op
+	for _, ip := range st.rec.ClusterIPs {
+		gets = append(gets, clientv3.OpGet(a.key(IP(ip))))
+	}
+	for _, p := range st.rec.NodePorts {
+		gets = append(gets, clientv3.OpGet(a.key(Port(p))))
+	}
+	resp, err := a.cli.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		return Page{}, fmt.Errorf("list allocations of %s: %w", uid, err)
+	}
+	page := Page{Revision: resp.Header.Revision}
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			if al, ok := a.allocation(kv); ok && al.Owner.UID == uid && keep(al) {
+				page.Allocations = append(page.Allocations, al)
+			}
+		}
+	}
+	return page, nil
+}
+
+func makeToken(rev int64, lastKey string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(rev, 10) + "\x00" + lastKey))
+}
+
+func (a *Allocator) parseToken(tok string) (int64, string, error) {
+	if tok == "" {
+		return 0, "", nil
+	}
+	bad := &InvalidError{Field: "page_token", Reason: "not a token of this listing"}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return 0, "", bad
+	}
+	revs, key, ok := strings.Cut(string(b), "\x00")
+	if !ok {
+		return 0, "", bad
+	}
+	rev, err := strconv.ParseInt(revs, 10, 64)
+	if err != nil || rev <= 0 || (!strings.HasPrefix(key, a.ipPrefix) && !strings.HasPrefix(key, a.portPrefix)) {
+		return 0, "", bad
+	}
+	return rev, key, nil
+}
+
+// Band is the static (lower) or dynamic (upper) part of a range.
+type Band struct {
+	// First and Last are the band's first and last items (zero Items when Size is 0).
+	First, Last Item
+	Size, Used  uint64
+}
+
+// RangeInfo describes a configured range and its use, as the index sees it.
+type RangeInfo struct {
+	Name string
+	Kind Kind
+	// Prefix is the CIDR of a ClusterIP range.
+	Prefix netip.Prefix
+	// Ports is the NodePort range.
+	Ports   PortRange
+	Primary bool
+	// Size is the number of allocatable items.
+	Size, Used      uint64
+	Static, Dynamic Band
+}
+
+// Ranges describes every range: ClusterIP ranges (primary first), then NodePorts.
+func (a *Allocator) Ranges() []RangeInfo {
+	out := make([]RangeInfo, 0, len(a.ranges))
+	for _, r := range a.ranges {
+		used, su := r.counts()
+		ri := RangeInfo{Name: r.name, Kind: r.kind, Prefix: r.span.prefix, Ports: r.ports,
+			Primary: r.primary, Size: r.size, Used: used,
+			Static:  Band{Size: r.band, Used: su},
+			Dynamic: Band{Size: r.size - r.band, Used: used - su}}
+		if r.band > 0 {
+			ri.Static.First, ri.Static.Last = r.item(0), r.item(r.band-1)
+		}
+		if r.size > r.band {
+			ri.Dynamic.First, ri.Dynamic.Last = r.item(r.band), r.item(r.size-1)
+		}
+		out = append(out, ri)
+	}
+	return out
+}

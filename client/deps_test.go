@@ -1,0 +1,40 @@
+package client_test
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// forbiddenDeps are import path fragments that must not reach a shim's build through
+// this package: the etcd server, Prometheus, and the code generators.
+var forbiddenDeps = []string{
+	"go.etcd.io/etcd/server",
+	"github.com/prometheus",
+	"bufbuild",
+	"protoc-gen",
+}
+
+// TestDeps checks, with `go list -deps`, what importing the client package builds.
+func TestDeps(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("go command not found: %v", err)
+	}
+	out, err := exec.Command(goTool, "list", "-deps", "github.com/allocd/allocd/client").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, "google.golang.org/grpc") {
+		t.Fatalf("go list -deps lists %d packages without google.golang.org/grpc; the listing is not what this test expects", len(deps))
+	}
+	for _, dep := range deps {
+		for _, bad := range forbiddenDeps {
+			if strings.Contains(dep, bad) {
+				t.Errorf("client depends on %s (matches %q)", dep, bad)
+			}
+		}
+	}
+}

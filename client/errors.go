@@ -1,0 +1,288 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
+)
+
+// Sentinel errors that callers test with errors.Is. Every error a Client method returns
+// for a failed call is an *Error; it matches the sentinel of its gRPC code (and, for
+// FAILED_PRECONDITION, of its reason). A call that failed because its context ended
+// matches context.Canceled or context.DeadlineExceeded instead.
+var (
+	// ErrInvalid is a malformed request or an address or port outside its range
+	// (INVALID_ARGUMENT). errors.As with *InvalidError gives the field violations.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrAlreadyAllocated is a specific address or port held by another owner
+	// (ALREADY_EXISTS). errors.As with *AlreadyAllocatedError names the holder.
+	ErrAlreadyAllocated = errors.New("already allocated")
+	// ErrFull is a range with nothing left to allocate (RESOURCE_EXHAUSTED).
+	// errors.As with *FullError names the range.
+	ErrFull = errors.New("range is full")
+	// ErrNotFound is a free address or port asked for by GetAllocation (NOT_FOUND).
+	ErrNotFound = errors.New("not found")
+	// ErrNotOwner is a Release of what another owner holds, without force
+	// (FAILED_PRECONDITION).
+	ErrNotOwner = errors.New("held by another owner")
+	// ErrStaleSnapshot is a Service snapshot older than the last one allocd accepted
+	// (FAILED_PRECONDITION from PushServiceSnapshot).
+	ErrStaleSnapshot = errors.New("stale snapshot")
+	// ErrFailedPrecondition is any other FAILED_PRECONDITION; the *Error's Reason says
+	// which (NOT_REPAIR_LEADER, NO_SNAPSHOT, RANGES_MISMATCH, SNAPSHOT_FILE_INVALID).
+	ErrFailedPrecondition = errors.New("failed precondition")
+	// ErrUnavailable is allocd (or its etcd) out of reach (UNAVAILABLE). Unary calls
+	// were retried before this is returned; see RetryPolicy.
+	ErrUnavailable = errors.New("unavailable")
+	// ErrAborted is a write that lost too many compare-and-swap races (ABORTED); the
+	// caller may retry the whole operation.
+	ErrAborted = errors.New("aborted")
+	// ErrUnimplemented is an RPC the server does not implement (UNIMPLEMENTED).
+	ErrUnimplemented = errors.New("unimplemented")
+)
+
+// ErrorInfo reasons that refine FAILED_PRECONDITION. allocd sends them in the
+// google.rpc.ErrorInfo detail; when a server sends no reason the RPC decides (a refused
+// Release is ErrNotOwner, a refused PushServiceSnapshot is ErrStaleSnapshot).
+const (
+	reasonNotOwner      = "NOT_OWNER"
+	reasonStaleSnapshot = "STALE_SNAPSHOT"
+)
+
+// Error is a failed allocd call: the gRPC status with its google.rpc details decoded.
+// errors.Is matches it against the package's sentinels, errors.As finds the typed
+// detail errors (*InvalidError, *AlreadyAllocatedError, *FullError) inside it, and
+// status.FromError / status.Code still see the original status through GRPCStatus.
+type Error struct {
+	// Code is the gRPC status code.
+	Code codes.Code
+	// Message is the status message.
+	Message string
+	// Reason is the google.rpc.ErrorInfo reason ("" when the server sent none).
+	Reason string
+	// Metadata is the google.rpc.ErrorInfo metadata.
+	Metadata map[string]string
+	// RetryDelay is the google.rpc.RetryInfo delay the server suggested (0 when none).
+	RetryDelay time.Duration
+
+	status *status.Status
+	kind   error // the sentinel, nil for codes without one
+	detail error // *InvalidError, *AlreadyAllocatedError, *FullError or nil
+}
+
+// Error returns the status in gRPC's usual form: "rpc error: code = ... desc = ...".
+func (e *Error) Error() string { return e.status.Err().Error() }
+
+// GRPCStatus returns the original status, details included, so that status.FromError
+// and status.Code work on the errors of this package.
+func (e *Error) GRPCStatus() *status.Status { return e.status }
+
+// Unwrap returns the sentinel of the error and its typed detail, so that errors.Is and
+// errors.As see both.
+func (e *Error) Unwrap() []error {
+	var errs []error
+	if e.kind != nil {
+		errs = append(errs, e.kind)
+	}
+	if e.detail != nil {
+		errs = append(errs, e.detail)
+	}
+	return errs
+}
+
+// InvalidError lists the bad fields of a request refused with INVALID_ARGUMENT, from
+// the google.rpc.BadRequest detail. Violations is empty when the server sent none.
+type InvalidError struct {
+	// Violations are the bad fields, in the server's order.
+	Violations []FieldViolation
+}
+
+// FieldViolation is one bad field of a request.
+type FieldViolation struct {
+	// Field is the path of the field, e.g. "owner.uid" or "cluster_ips[0]".
+	Field string
+	// Description says what is wrong with it.
+	Description string
+}
+
+// Error lists the violations.
+func (e *InvalidError) Error() string {
+	if len(e.Violations) == 0 {
+		return ErrInvalid.Error()
+	}
+	parts := make([]string, len(e.Violations))
+	for i, v := range e.Violations {
+		parts[i] = v.Field + ": " + v.Description
+	}
+	return "invalid argument: " + strings.Join(parts, "; ")
+}
+
+// Unwrap lets errors.Is(err, ErrInvalid) match.
+func (e *InvalidError) Unwrap() error { return ErrInvalid }
+
+// AlreadyAllocatedError names what was asked for and who holds it, from the
+// google.rpc.ResourceInfo detail of an ALREADY_EXISTS status.
+type AlreadyAllocatedError struct {
+	// ResourceType is the kind of resource, as allocd names it.
+	ResourceType string
+	// Resource is the address or port asked for, e.g. "10.96.0.10" or "30080".
+	Resource string
+	// Holder is the owner holding it, as allocd writes it ("namespace/name uid").
+	Holder string
+	// HolderUID is the holder's UID, from the ErrorInfo metadata ("" if absent).
+	HolderUID string
+	// Description is the server's description, if any.
+	Description string
+}
+
+// Error names the resource and its holder.
+func (e *AlreadyAllocatedError) Error() string {
+	return fmt.Sprintf("%s is already allocated to %s", e.Resource, e.Holder)
+}
+
+// Unwrap lets errors.Is(err, ErrAlreadyAllocated) match.
+func (e *AlreadyAllocatedError) Unwrap() error { return ErrAlreadyAllocated }
+
+// FullError says which range is full, from the google.rpc.QuotaFailure detail of a
+// RESOURCE_EXHAUSTED status.
+type FullError struct {
+	// Violations are the exhausted quotas; Subject is the range.
+	Violations []QuotaViolation
+}
+
+// QuotaViolation is one exhausted quota.
+type QuotaViolation struct {
+	// Subject is what ran out, usually a range ("10.96.0.0/24", "30000-32767").
+	Subject string
+	// Description says more.
+	Description string
+}
+
+// Error names the full ranges.
+func (e *FullError) Error() string {
+	if len(e.Violations) == 0 {
+		return ErrFull.Error()
+	}
+	parts := make([]string, len(e.Violations))
+	for i, v := range e.Violations {
+		parts[i] = v.Subject
+	}
+	return "range is full: " + strings.Join(parts, ", ")
+}
+
+// Unwrap lets errors.Is(err, ErrFull) match.
+func (e *FullError) Unwrap() error { return ErrFull }
+
+// failedPreconditionByMethod is the sentinel of a FAILED_PRECONDITION that carries no
+// ErrorInfo reason this package knows, by RPC.
+var failedPreconditionByMethod = map[string]error{
+	allocdv1.AllocatorService_Release_FullMethodName:          ErrNotOwner,
+	allocdv1.RepairService_PushServiceSnapshot_FullMethodName: ErrStaleSnapshot,
+}
+
+// mapError is the one place that turns the error of an RPC into this package's errors.
+// method is the full gRPC method name; it refines codes that mean different things for
+// different RPCs. An error without a gRPC status passes through unchanged.
+func mapError(method string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if e := (*Error)(nil); errors.As(err, &e) {
+		return err
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	e := &Error{Code: st.Code(), Message: st.Message(), status: st}
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			e.Reason, e.Metadata = d.GetReason(), d.GetMetadata()
+		case *errdetails.RetryInfo:
+			e.RetryDelay = d.GetRetryDelay().AsDuration()
+		case *errdetails.BadRequest:
+			inv := &InvalidError{}
+			for _, v := range d.GetFieldViolations() {
+				inv.Violations = append(inv.Violations, FieldViolation{Field: v.GetField(), Description: v.GetDescription()})
+			}
+			e.detail = inv
+		case *errdetails.ResourceInfo:
+			e.detail = &AlreadyAllocatedError{
+				ResourceType: d.GetResourceType(), Resource: d.GetResourceName(),
+				Holder: d.GetOwner(), Description: d.GetDescription(),
+			}
+		case *errdetails.QuotaFailure:
+			full := &FullError{}
+			for _, v := range d.GetViolations() {
+				full.Violations = append(full.Violations, QuotaViolation{Subject: v.GetSubject(), Description: v.GetDescription()})
+			}
+			e.detail = full
+		}
+	}
+	if held, ok := e.detail.(*AlreadyAllocatedError); ok {
+		held.HolderUID = e.Metadata["holder_uid"]
+	}
+	switch e.Code {
+	case codes.InvalidArgument:
+		e.kind = ErrInvalid
+		if _, ok := e.detail.(*InvalidError); !ok {
+			e.detail = &InvalidError{}
+		}
+	case codes.AlreadyExists:
+		e.kind = ErrAlreadyAllocated
+		if _, ok := e.detail.(*AlreadyAllocatedError); !ok {
+			e.detail = &AlreadyAllocatedError{}
+		}
+	case codes.ResourceExhausted:
+		e.kind = ErrFull
+		if _, ok := e.detail.(*FullError); !ok {
+			e.detail = &FullError{}
+		}
+	case codes.NotFound:
+		e.kind = ErrNotFound
+	case codes.FailedPrecondition:
+		switch e.Reason {
+		case reasonNotOwner:
+			e.kind = ErrNotOwner
+		case reasonStaleSnapshot:
+			e.kind = ErrStaleSnapshot
+		default:
+			e.kind = failedPreconditionByMethod[method]
+			if e.kind == nil {
+				e.kind = ErrFailedPrecondition
+			}
+		}
+	case codes.Unavailable:
+		e.kind = ErrUnavailable
+	case codes.Aborted:
+		e.kind = ErrAborted
+	case codes.Unimplemented:
+		e.kind = ErrUnimplemented
+	case codes.Canceled:
+		e.kind = context.Canceled
+	case codes.DeadlineExceeded:
+		e.kind = context.DeadlineExceeded
+	}
+	// A detail that does not belong to the code (a BadRequest on ABORTED, say) is
+	// still reachable with errors.As; only the sentinel depends on the code.
+	return e
+}
+
+// isPermanent reports whether retrying the same call later cannot help: the request
+// or the client is wrong, not the server's state.
+func isPermanent(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,148 @@
+package client_test
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/allocd/allocd/client"
+	"github.com/allocd/allocd/internal/daemon"
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
+)
+
+// countRecv is a stream interceptor that counts the messages received on
+// WatchEndpoints streams, so that the test knows when the watcher has reconnected.
+type countRecv struct{ n atomic.Int64 }
+
+func (c *countRecv) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
+	streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil || method != allocdv1.LeaseService_WatchEndpoints_FullMethodName {
+		return s, err
+	}
+	return &countingStream{ClientStream: s, n: &c.n}, nil
+}
+
+type countingStream struct {
+	grpc.ClientStream
+	n *atomic.Int64
+}
+
+func (s *countingStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err == nil {
+		s.n.Add(1)
+	}
+	return err
+}
+
+// waitFor polls cond every 10ms until it holds or 10s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func addresses(ep *allocdv1.Endpoints) []string {
+	var out []string
+	for _, s := range ep.GetSubsets() {
+		out = append(out, s.GetAddresses()...)
+	}
+	return out
+}
+
+// TestEndpointsWatcherResumes restarts allocd under a watcher: the watcher reconnects,
+// does not deliver the unchanged state it receives first on the new stream, and
+// delivers the next change.
+func TestEndpointsWatcherResumes(t *testing.T) {
+	cfg := daemon.TestConfig(t.TempDir(), func() string { a, _ := daemon.FreeAddr(); return a })
+	start := func() *daemon.Daemon {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		d, err := daemon.Start(ctx, cfg)
+		if err != nil {
+			t.Fatalf("start allocd: %v", err)
+		}
+		return d
+	}
+	d := start()
+	t.Cleanup(func() { d.Close() })
+
+	var recv countRecv
+	c := newClient(t, cfg.GRPCAddress, client.WithDialOptions(grpc.WithChainStreamInterceptor(recv.intercept)))
+	ctx := testContext(t)
+	if _, err := c.Renew(ctx, &allocdv1.RenewRequest{Ip: "10.0.0.11", TtlSeconds: 600}); err != nil {
+		t.Fatalf("Renew(10.0.0.11) = %v", err)
+	}
+
+	delivered := make(chan []string, 10)
+	var broken atomic.Int64
+	watchCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	w := client.NewEndpointsWatcher(c, client.WithWatchBackoff(10*time.Millisecond, 200*time.Millisecond),
+		client.WithWatchErrors(func(error) { broken.Add(1) }))
+	go func() {
+		done <- w.Watch(watchCtx, func(ep *allocdv1.Endpoints) { delivered <- addresses(ep) })
+	}()
+	next := func() []string {
+		t.Helper()
+		select {
+		case a := <-delivered:
+			return a
+		case <-time.After(10 * time.Second):
+			t.Fatal("no Endpoints delivered within 10s")
+			return nil
+		}
+	}
+	// The state before allocd has seen the lease, if it comes, has no address.
+	got := next()
+	for len(got) == 0 {
+		got = next()
+	}
+	if want := []string{"10.0.0.11"}; !slices.Equal(got, want) {
+		t.Fatalf("first Endpoints = %v; want %v", got, want)
+	}
+
+	// Restart allocd on the same address and data: the lease survives, the stream breaks.
+	before := recv.n.Load()
+	if err := d.Close(); err != nil {
+		t.Fatalf("close allocd: %v", err)
+	}
+	waitFor(t, "the watcher to see the broken stream", func() bool { return broken.Load() > 0 })
+	d = start()
+	waitFor(t, "the watcher to receive the state again", func() bool { return recv.n.Load() > before })
+	select {
+	case a := <-delivered:
+		t.Fatalf("after reconnecting the watcher delivered %v again; want no duplicate", a)
+	default:
+	}
+
+	if _, err := c.Renew(ctx, &allocdv1.RenewRequest{Ip: "10.0.0.12", TtlSeconds: 600}); err != nil {
+		t.Fatalf("Renew(10.0.0.12) = %v", err)
+	}
+	if got, want := next(), []string{"10.0.0.11", "10.0.0.12"}; !slices.Equal(got, want) {
+		t.Errorf("Endpoints after a second lease = %v; want %v", got, want)
+	}
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Watch() = %v after cancel; want nil", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Watch did not return within 5s of cancel")
+	}
+	select {
+	case a := <-delivered:
+		t.Errorf("unexpected extra delivery %v", a)
+	default:
+	}
+}

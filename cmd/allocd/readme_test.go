@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allocd/allocd/internal/daemon"
+)
+
+// TestReadmeFlags keeps the README's flag reference equal to `allocd --help`.
+func TestReadmeFlags(t *testing.T) {
+	readme := readReadme(t)
+	got := section(t, readme, "flags")
+	var help bytes.Buffer
+	run([]string{"--help"}, &help, &help)
+	want := "```text\n" + help.String() + "```\n"
+	if strings.TrimSpace(got) != strings.TrimSpace(want) {
+		t.Errorf("README flags section differs from allocd --help; paste this between the flags markers:\n%s", want)
+	}
+}
+
+// step is one command of the README walkthrough and the output the README shows for it.
+type step struct {
+	cmd    string
+	want   string
+	varies bool // "# output varies": addresses and ports are masked
+}
+
+// TestReadmeWalkthrough runs every command of the README's operator walkthrough against a
+// real allocd and compares its output with the README's, so the two cannot drift apart.
+// Values that change from run to run (revisions, lease ids, times, TTLs left) are masked;
+// commands marked "# addresses vary" also have addresses and ports masked.
+func TestReadmeWalkthrough(t *testing.T) {
+	grpcurl, err := exec.LookPath("grpcurl")
+	if err != nil {
+		if p, err2 := filepath.Abs("../../.bin/grpcurl"); err2 == nil {
+			if _, err3 := os.Stat(p); err3 == nil {
+				grpcurl = p
+			}
+		}
+	}
+	if grpcurl == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("grpcurl not found: `make tools` installs it into .bin")
+		}
+		t.Skip("grpcurl not found: run `make tools` (CI runs this test)")
+	}
+	steps := parseWalkthrough(t, section(t, readReadme(t), "walkthrough"))
+	if len(steps) < 10 {
+		t.Fatalf("walkthrough has %d commands; want the whole tour", len(steps))
+	}
+	var d *daemon.Daemon
+	for i, s := range steps {
+		if strings.HasPrefix(s.cmd, "go run ./cmd/allocd") {
+			d = startFromReadme(t, strings.TrimPrefix(s.cmd, "go run ./cmd/allocd"))
+			continue
+		}
+		if d == nil {
+			t.Fatalf("step %d (%s) comes before the walkthrough starts allocd", i, s.cmd)
+		}
+		cmd := strings.ReplaceAll(s.cmd, "127.0.0.1:8080", d.GRPCAddr())
+		cmd = strings.ReplaceAll(cmd, "127.0.0.1:9090", d.MetricsAddr())
+		if strings.HasPrefix(cmd, "grpcurl ") {
+			cmd = grpcurl + cmd[len("grpcurl"):]
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		out, _ := exec.CommandContext(ctx, "bash", "-c", cmd).CombinedOutput()
+		cancel()
+		got, want := normalize(string(out), s.varies), normalize(s.want, s.varies)
+		if got != want {
+			t.Errorf("README step %d:\n$ %s\ngot:\n%s\nwant (as the README says):\n%s", i, s.cmd, out, s.want)
+		}
+	}
+}
+
+func readReadme(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// section returns the text between <!-- name:begin --> and <!-- name:end -->.
+func section(t *testing.T, doc, name string) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(doc, "<!-- "+name+":begin -->")
+	if !ok {
+		t.Fatalf("README has no <!-- %s:begin --> marker", name)
+	}
+	body, _, ok := strings.Cut(rest, "<!-- "+name+":end -->")
+	if !ok {
+		t.Fatalf("README has no <!-- %s:end --> marker", name)
+	}
+	return body
+}
+
+// parseWalkthrough reads the ```console blocks: "$ " starts a command (a trailing
+// backslash continues it), the lines up to the next command or the end of the block are
+// its output.
+func parseWalkthrough(t *testing.T, text string) []step {
+	var steps []step
+	in := false
+	var cur *step
+	var cont bool
+	flush := func() {
+		if cur != nil {
+			steps = append(steps, *cur)
+			cur = nil
+		}
+	}
+	for _, line := range strings.Split(text, "\n") {
+		switch {
+		case strings.HasPrefix(line, "```console"):
+			in = true
+			continue
+		case in && strings.HasPrefix(line, "```"):
+			flush()
+			in = false
+			continue
+		case !in:
+			continue
+		}
+		if cont {
+			cur.cmd += "\n" + line
+			cont = strings.HasSuffix(line, "\\")
+			continue
+		}
+		if strings.HasPrefix(line, "$ ") {
+			flush()
+			c := strings.TrimPrefix(line, "$ ")
+			cur = &step{cmd: c}
+			cont = strings.HasSuffix(line, "\\")
+			continue
+		}
+		if cur != nil {
+			cur.want += line + "\n"
+		}
+	}
+	flush()
+	for i := range steps {
+		if c, _, ok := strings.Cut(steps[i].cmd, "  # addresses vary"); ok {
+			steps[i].cmd, steps[i].varies = c, true
+		}
+	}
+	return steps
+}
+
+// startFromReadme starts allocd in-process with the README's flags, on test addresses.
+func startFromReadme(t *testing.T, args string) *daemon.Daemon {
+	t.Helper()
+	return daemon.StartForTest(t, func(c *daemon.Config) {
+		keep := *c
+		fs := flag.NewFlagSet("readme", flag.ContinueOnError)
+		c.RegisterFlags(fs)
+		if err := fs.Parse(strings.Fields(strings.ReplaceAll(args, "\\\n", " "))); err != nil {
+			t.Fatalf("README start flags %q: %v", args, err)
+		}
+		c.DataDir, c.GRPCAddress, c.MetricsAddress = keep.DataDir, keep.GRPCAddress, keep.MetricsAddress
+	})
+}
+
+var (
+	volatile = regexp.MustCompile(`"(revision|createRevision|modRevision|leaseId|remainingTtlSeconds|allocateTime|startTime|duration|age|allocationRevision|snapshotRevision|leader)": ("[^"]*"|-?\d+)`)
+	ipv4     = regexp.MustCompile(`\b\d{1,3}(\.\d{1,3}){3}\b`)
+	ipv6     = regexp.MustCompile(`\b[0-9a-f]{1,4}(:[0-9a-f]{0,4}){2,7}\b`)
+	port     = regexp.MustCompile(`\b3[0-2]\d{3}\b`)
+)
+
+func normalize(s string, varies bool) string {
+	s = volatile.ReplaceAllString(s, `"$1": _`)
+	if varies {
+		s = ipv4.ReplaceAllString(s, "IP")
+		s = ipv6.ReplaceAllString(s, "IP")
+		s = port.ReplaceAllString(s, "PORT")
+	}
+	return strings.TrimSpace(s)
+}

@@ -1,0 +1,391 @@
+package masterlease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
+)
+
+const (
+	// defaultSyncTimeout bounds how long Endpoints and WatchEndpoints wait for Run's
+	// watch to reach the revision etcd is at before they answer ErrNotReady.
+	defaultSyncTimeout = 5 * time.Second
+	// progressEvery is how often a waiting read asks the watch for progress.
+	progressEvery = 50 * time.Millisecond
+	// maxBackoff caps the pause between two attempts of Run to list and watch.
+	maxBackoff = 5 * time.Second
+)
+
+// Port is one port of the kubernetes Service's endpoints.
+type Port struct {
+	Name     string
+	Port     int
+	Protocol string
+}
+
+// Endpoints are the endpoints of the kubernetes Service: the sorted addresses of the
+// live API servers, each serving Ports. Addresses is empty before any lease was seen
+// and after the last API server removed its own lease on shutdown.
+type Endpoints struct {
+	Addresses []netip.Addr
+	Ports     []Port
+	// Revision is the etcd revision of the lease state these endpoints were derived
+	// from when they last changed.
+	Revision int64
+}
+
+// Equal reports whether e and o list the same addresses and ports; the revision is
+// not compared.
+func (e Endpoints) Equal(o Endpoints) bool {
+	return slices.Equal(e.Addresses, o.Addresses) && slices.Equal(e.Ports, o.Ports)
+}
+
+func (e Endpoints) clone() Endpoints {
+	e.Addresses = slices.Clone(e.Addresses)
+	e.Ports = slices.Clone(e.Ports)
+	return e
+}
+
+// Run lists the leases, then watches the prefix and keeps the leases, the endpoints
+// and the metrics current until ctx ends; it then returns nil. When the watch fails
+// (etcd unreachable, leader lost, history compacted) Run lists again after a pause,
+// so it returns an error only when called twice. Endpoints follow the leases, with the
+// guard of kube-apiserver's lease reconciler: when storage lists no lease at all, the
+// last non-empty endpoints are kept and a warning is logged, unless the last lease was
+// removed by an API server shutting down (Remove with shutdown set).
+func (m *Manager) Run(ctx context.Context) error {
+	if !m.running.CompareAndSwap(false, true) {
+		return errors.New("masterlease: Run called twice")
+	}
+	defer m.stop()
+	backoff := 100 * time.Millisecond
+	for {
+		start := time.Now()
+		err := m.listAndWatch(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(start) > maxBackoff {
+			backoff = 100 * time.Millisecond
+		}
+		m.log.Warn("master lease watch ended; listing again", "err", err, "after", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// stop marks the Manager stopped and ends every WatchEndpoints.
+func (m *Manager) stop() { close(m.donec) }
+
+func (m *Manager) listAndWatch(ctx context.Context) error {
+	// WithRequireLeader: a member cut off from its leader ends the watch instead of
+	// leaving it silent, and Run lists again from a member that has one.
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	rev, err := m.load(wctx)
+	if err != nil {
+		return err
+	}
+	wch := m.cli.Watch(wctx, m.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.progressc:
+			if err := m.cli.RequestProgress(wctx); err != nil {
+				m.log.Debug("watch progress request failed", "err", err)
+			}
+		case resp, ok := <-wch:
+			if !ok {
+				return errors.New("watch channel closed")
+			}
+			if err := resp.Err(); err != nil {
+				return fmt.Errorf("watch %s: %w", m.prefix, err)
+			}
+			if resp.Canceled {
+				return errors.New("watch canceled")
+			}
+			if resp.IsProgressNotify() {
+				m.mu.Lock()
+				m.advanceLocked(resp.Header.Revision)
+				m.mu.Unlock()
+				continue
+			}
+			m.apply(resp.Events)
+		}
+	}
+}
+
+// load reads every lease key, takes their remaining TTLs from etcd, replaces the known
+// state with them and reconciles the endpoints. It returns the revision read at.
+func (m *Manager) load(ctx context.Context) (int64, error) {
+	resp, err := m.cli.Get(ctx, m.prefix, clientv3.WithPrefix())
+	if err != nil {
+		return 0, fmt.Errorf("list %s: %w", m.prefix, err)
+	}
+	type item struct {
+		addr netip.Addr
+		st   leaseState
+	}
+	var items []item
+	var renewTimes []time.Time
+	for _, kv := range resp.Kvs {
+		if addr, ok := m.parseKey(string(kv.Key)); ok {
+			v := decode(kv.Value)
+			items = append(items, item{addr, leaseState{id: clientv3.LeaseID(kv.Lease),
+				ttl: v.GrantedTTLSeconds, modRev: kv.ModRevision}})
+			renewTimes = append(renewTimes, v.RenewTime)
+		}
+	}
+	// One TimeToLive per lease, once per list: afterwards the watch keeps the
+	// expiries current.
+	now := time.Now()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(timeToLiveParallel)
+	for i := range items {
+		st, renewTime := &items[i].st, renewTimes[i]
+		if st.id == 0 {
+			st.expires, st.renewed = now, now
+			continue
+		}
+		g.Go(func() error {
+			r, err := m.cli.TimeToLive(gctx, st.id)
+			if err != nil {
+				return fmt.Errorf("time to live of lease %x: %w", int64(st.id), err)
+			}
+			if r.GrantedTTL > 0 {
+				st.ttl = r.GrantedTTL
+			}
+			// etcd truncates the remaining TTL to whole seconds: expires may be up to
+			// 1 s early, which errs on the safe side. The last renewal is the writer's
+			// clock if that is plausible, else what the remaining TTL implies.
+			st.expires = now.Add(time.Duration(max(r.TTL, 0)) * time.Second)
+			st.renewed = st.expires.Add(-time.Duration(st.ttl) * time.Second)
+			if !renewTime.IsZero() && renewTime.After(st.renewed) && !renewTime.After(now) {
+				st.renewed = renewTime
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.leases = make(map[netip.Addr]leaseState, len(items))
+	for _, it := range items {
+		m.leases[it.addr] = it.st
+	}
+	m.reconcileLocked(resp.Header.Revision)
+	m.advanceLocked(resp.Header.Revision)
+	return resp.Header.Revision, nil
+}
+
+// apply applies one watch response's events and reconciles the endpoints.
+func (m *Manager) apply(evs []*clientv3.Event) {
+	if len(evs) == 0 {
+		return
+	}
+	now := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var rev int64
+	for _, ev := range evs {
+		kv := ev.Kv
+		rev = max(rev, kv.ModRevision)
+		if string(kv.Key) == m.shutdownKey {
+			if a, err := netip.ParseAddr(string(kv.Value)); ev.Type == mvccpb.PUT && err == nil {
+				m.lastShut = removal{ip: a, rev: kv.ModRevision}
+			}
+			continue
+		}
+		addr, ok := m.parseKey(string(kv.Key))
+		if !ok {
+			continue
+		}
+		switch ev.Type {
+		case mvccpb.PUT:
+			ttl := decode(kv.Value).GrantedTTLSeconds
+			m.leases[addr] = leaseState{
+				id: clientv3.LeaseID(kv.Lease), ttl: ttl, modRev: kv.ModRevision,
+				expires: now.Add(time.Duration(ttl) * time.Second), renewed: now,
+			}
+		case mvccpb.DELETE:
+			delete(m.leases, addr)
+			m.lastDel = removal{ip: addr, rev: kv.ModRevision}
+		}
+	}
+	m.reconcileLocked(rev)
+	m.advanceLocked(rev)
+}
+
+// reconcileLocked derives the endpoints from the leases as of rev and publishes them
+// if they changed.
+func (m *Manager) reconcileLocked(rev int64) {
+	addrs := make([]netip.Addr, 0, len(m.leases))
+	for a := range m.leases {
+		addrs = append(addrs, a)
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	if m.eps.Revision == 0 {
+		m.eps.Revision = rev // the first state read: nothing seen yet, as of rev
+	}
+	if len(addrs) == 0 && len(m.eps.Addresses) > 0 {
+		if m.lastDel.rev != 0 && m.lastDel == m.lastShut {
+			m.log.Info("the last API server removed its lease on shutdown; endpoints of the kubernetes service are now empty",
+				"ip", m.lastDel.ip, "revision", rev)
+		} else {
+			if !m.guarded {
+				m.log.Warn("no API server IP addresses were listed in storage, refusing to erase all endpoints for the kubernetes service",
+					"kept", m.eps.Addresses, "revision", rev)
+			}
+			m.guarded = true
+			return
+		}
+	}
+	m.guarded = false
+	next := Endpoints{Addresses: addrs, Ports: []Port{m.port}, Revision: rev}
+	if next.Equal(m.eps) {
+		return
+	}
+	m.eps = next
+	for w := range m.watchers {
+		select {
+		case w <- struct{}{}:
+		default: // already signalled; the watcher reads the latest state
+		}
+	}
+}
+
+func (m *Manager) advanceLocked(rev int64) {
+	if rev > m.rev {
+		m.rev = rev
+		close(m.revc)
+		m.revc = make(chan struct{})
+	}
+}
+
+// sync waits until Run has applied every event up to the revision etcd is at now, so
+// that what the Manager serves next is at least as new as any write acknowledged
+// before the call: a linearizable read of the derived state.
+func (m *Manager) sync(ctx context.Context) error {
+	resp, err := m.cli.Get(ctx, m.shutdownKey, clientv3.WithCountOnly())
+	if err != nil {
+		return fmt.Errorf("masterlease: read etcd revision: %w", err)
+	}
+	target := resp.Header.Revision
+	wctx, cancel := context.WithTimeout(ctx, m.syncTimeout)
+	defer cancel()
+	tick := time.NewTicker(progressEvery)
+	defer tick.Stop()
+	for {
+		m.mu.Lock()
+		rev, revc := m.rev, m.revc
+		m.mu.Unlock()
+		select {
+		case <-m.donec:
+			return fmt.Errorf("masterlease: manager stopped: %w", ErrNotReady)
+		default:
+		}
+		if rev >= target {
+			return nil
+		}
+		select {
+		case m.progressc <- struct{}{}:
+		default:
+		}
+		select {
+		case <-revc:
+		case <-tick.C:
+		case <-m.donec:
+		case <-wctx.Done():
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			return fmt.Errorf("masterlease: watch at revision %d, etcd at %d: %w", rev, target, ErrNotReady)
+		}
+	}
+}
+
+// Endpoints returns the current endpoints of the kubernetes Service, after waiting for
+// Run to catch up with etcd (at most a few seconds; ErrNotReady after that or when Run
+// is not running).
+func (m *Manager) Endpoints(ctx context.Context) (Endpoints, error) {
+	if err := m.sync(ctx); err != nil {
+		return Endpoints{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.eps.clone(), nil
+}
+
+// WatchEndpoints calls send with the current endpoints (as Endpoints returns them),
+// then once per change, until ctx ends (it returns ctx's error), send fails (it returns
+// that error) or Run stops (ErrNotReady). It never sends the same state twice in a row.
+// send may block: a slow caller delays only itself. While it is blocked, states that
+// come and go are skipped, and the next call gets the latest one.
+func (m *Manager) WatchEndpoints(ctx context.Context, send func(Endpoints) error) error {
+	if err := m.sync(ctx); err != nil {
+		return err
+	}
+	w := make(chan struct{}, 1)
+	m.mu.Lock()
+	m.watchers[w] = struct{}{}
+	last := m.eps.clone()
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.watchers, w)
+		m.mu.Unlock()
+	}()
+	if err := send(last); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.donec:
+			return fmt.Errorf("masterlease: manager stopped: %w", ErrNotReady)
+		case <-w:
+		}
+		m.mu.Lock()
+		cur := m.eps.clone()
+		m.mu.Unlock()
+		if cur.Equal(last) {
+			continue
+		}
+		if err := send(cur); err != nil {
+			return err
+		}
+		last = cur
+	}
+}
+
+// snapshot is the state the metrics read.
+type snapshot struct {
+	leases  map[netip.Addr]leaseState
+	guarded bool
+	eps     int
+}
+
+func (m *Manager) snapshot() snapshot {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := snapshot{leases: make(map[netip.Addr]leaseState, len(m.leases)), guarded: m.guarded, eps: len(m.eps.Addresses)}
+	for a, st := range m.leases {
+		s.leases[a] = st
+	}
+	return s
+}

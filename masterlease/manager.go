@@ -1,0 +1,517 @@
+package masterlease
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
+)
+
+const (
+	// MaxTTL is the longest TTL a Renew may ask for.
+	MaxTTL = time.Hour
+	// DefaultTTL is kube-apiserver's DefaultEndpointReconcilerTTL, used when
+	// Config.DefaultTTL is zero.
+	DefaultTTL = 15 * time.Second
+	// DefaultServicePort is the endpoints' port when Config.ServicePort is zero.
+	DefaultServicePort = 6443
+
+	// maxAttempts bounds the compare-and-swap retries of Renew and Remove.
+	maxAttempts = 8
+	// timeToLiveParallel bounds the TimeToLive calls in flight for one list.
+	timeToLiveParallel = 16
+	// shutdownName is the key, under the prefix, that RemoveLease with shutdown set
+	// writes in the same transaction as the delete. It is not an IP, so it is never
+	// taken for a lease.
+	shutdownName = "shutdown"
+)
+
+// Config configures a Manager.
+type Config struct {
+	// Prefix is the full key prefix of the lease keys, e.g. "/allocd/masterleases/"
+	// (--etcd-prefix joined with --master-lease-prefix). A missing trailing "/" is
+	// added, so that keys never read "<prefix>//<ip>" nor run into the IP.
+	Prefix string
+	// DefaultTTL is the TTL of a Renew that asks for none (--master-lease-ttl); zero
+	// means 15 s.
+	DefaultTTL time.Duration
+	// ServicePort is the port of the endpoints (--kubernetes-service-port), named
+	// "https", protocol TCP; zero means 6443.
+	ServicePort int
+	// Logger receives warnings (the empty-storage guard, failed revokes, watch
+	// restarts); nil discards them.
+	Logger *slog.Logger
+	// Registerer receives the allocd_masterlease_* metrics; nil means no metrics.
+	Registerer prometheus.Registerer
+}
+
+// Lease is the master lease of one API server.
+type Lease struct {
+	// IP is the API server's address, canonical.
+	IP netip.Addr
+	// ID is the etcd lease the key is bound to; with Revision, a fencing token.
+	ID clientv3.LeaseID
+	// TTL is the TTL etcd granted.
+	TTL time.Duration
+	// Remaining is the time left before the lease expires unless renewed.
+	Remaining time.Duration
+	// Revision is the etcd revision of the key's last write.
+	Revision int64
+}
+
+// Manager keeps the master leases in etcd under one prefix and derives the endpoints
+// of the kubernetes Service from them. Renew, Remove and List talk to etcd directly
+// and are safe for concurrent use, also by several Managers (replicas) on one etcd;
+// Endpoints and WatchEndpoints serve the state that Run maintains.
+type Manager struct {
+	cli         *clientv3.Client
+	prefix      string
+	shutdownKey string
+	defaultTTL  int64 // seconds
+	minTTL      int64 // seconds, etcd's minimum as probed by New
+	port        Port
+	log         *slog.Logger
+	metrics     *metrics // nil: no metrics
+	running     atomic.Bool
+	syncTimeout time.Duration
+	progressc   chan struct{} // Endpoints asks Run for a watch progress notification
+	donec       chan struct{} // closed when Run returns
+
+	mu       sync.Mutex
+	leases   map[netip.Addr]leaseState // as of rev, from Run's watch
+	rev      int64                     // every event of the prefix up to rev is applied
+	revc     chan struct{}             // closed and replaced when rev advances
+	eps      Endpoints                 // published
+	guarded  bool                      // storage lists no lease; eps kept by the guard
+	lastDel  removal                   // last lease key deleted
+	lastShut removal                   // last shutdown marker written
+	watchers map[chan struct{}]struct{}
+}
+
+// leaseState is what Run knows of one lease key.
+type leaseState struct {
+	id      clientv3.LeaseID
+	ttl     int64 // granted, seconds
+	modRev  int64
+	expires time.Time // local clock; when the lease runs out unless renewed
+	renewed time.Time // local clock; when the last renewal was seen
+}
+
+// removal is a lease key deleted, or named by a shutdown marker, at a revision.
+type removal struct {
+	ip  netip.Addr
+	rev int64
+}
+
+// value is the JSON stored in a lease key, for operators and for Renew to tell
+// whether the TTL changed.
+type value struct {
+	TTLSeconds        int64     `json:"ttlSeconds"`
+	GrantedTTLSeconds int64     `json:"grantedTtlSeconds"`
+	RenewTime         time.Time `json:"renewTime"`
+}
+
+// New returns a Manager of the leases under cfg.Prefix. It checks the configuration
+// and probes etcd's minimum lease TTL (it grants a 1 s lease and revokes it), so that
+// Renew can refuse a TTL etcd would silently raise; it blocks until etcd answers or ctx
+// ends. Call Run to maintain the endpoints.
+func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Manager, error) {
+	if cli == nil {
+		return nil, errors.New("masterlease: nil etcd client")
+	}
+	if cfg.Prefix == "" {
+		return nil, errors.New("masterlease: empty key prefix")
+	}
+	prefix := cfg.Prefix
+	if !strings.HasSuffix(prefix, "/") {
+		prefix += "/"
+	}
+	if cfg.DefaultTTL == 0 {
+		cfg.DefaultTTL = DefaultTTL
+	}
+	if cfg.ServicePort == 0 {
+		cfg.ServicePort = DefaultServicePort
+	}
+	if cfg.ServicePort < 1 || cfg.ServicePort > 65535 {
+		return nil, fmt.Errorf("masterlease: service port %d out of 1-65535", cfg.ServicePort)
+	}
+	if cfg.DefaultTTL < 0 || cfg.DefaultTTL > MaxTTL {
+		return nil, fmt.Errorf("masterlease: default TTL %v out of etcd's minimum to %v", cfg.DefaultTTL, MaxTTL)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	g, err := cli.Grant(ctx, 1)
+	if err != nil {
+		return nil, fmt.Errorf("masterlease: probe etcd's minimum lease TTL: %w", err)
+	}
+	if _, err := cli.Revoke(ctx, g.ID); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		log.Warn("revoke of the TTL probe lease failed; it expires by itself", "lease", int64(g.ID), "err", err)
+	}
+	m := &Manager{
+		cli:         cli,
+		prefix:      prefix,
+		shutdownKey: prefix + shutdownName,
+		defaultTTL:  ceilSeconds(cfg.DefaultTTL),
+		minTTL:      max(g.TTL, 1),
+		port:        Port{Name: "https", Port: cfg.ServicePort, Protocol: "TCP"},
+		log:         log.With("component", "masterlease"),
+		syncTimeout: defaultSyncTimeout,
+		progressc:   make(chan struct{}, 1),
+		donec:       make(chan struct{}),
+		leases:      map[netip.Addr]leaseState{},
+		revc:        make(chan struct{}),
+		watchers:    map[chan struct{}]struct{}{},
+	}
+	m.eps = Endpoints{Ports: []Port{m.port}}
+	if m.defaultTTL < m.minTTL {
+		return nil, fmt.Errorf("masterlease: default TTL %v below etcd's minimum lease TTL, %v",
+			cfg.DefaultTTL, m.MinTTL())
+	}
+	if cfg.Registerer != nil {
+		mt, err := newMetrics(cfg.Registerer, m)
+		if err != nil {
+			return nil, err
+		}
+		m.metrics = mt
+	}
+	return m, nil
+}
+
+// MinTTL is the shortest TTL Renew accepts: etcd's minimum lease TTL, as probed by New
+// (ceil(1.5 x election timeout), 2 s with etcd's defaults).
+func (m *Manager) MinTTL() time.Duration { return time.Duration(m.minTTL) * time.Second }
+
+// ParseIP parses the address of an API server: an IPv4 or IPv6 address, not
+// unspecified, not multicast, without zone, not IPv4-mapped IPv6 (write it as IPv4).
+// The returned address's String is the canonical form used in the lease key.
+func ParseIP(s string) (netip.Addr, error) {
+	inv := &InvalidError{}
+	a := parseIP(s, inv)
+	return a, inv.orNil()
+}
+
+func parseIP(s string, inv *InvalidError) netip.Addr {
+	a, err := netip.ParseAddr(s)
+	switch {
+	case s == "":
+		inv.add("ip", "required")
+	case err != nil:
+		inv.add("ip", fmt.Sprintf("%q is not an IPv4 or IPv6 address", s))
+	case a.Zone() != "":
+		inv.add("ip", fmt.Sprintf("%q has a zone; endpoints take no zone", s))
+	case a.Is4In6():
+		inv.add("ip", fmt.Sprintf("%q is IPv4-mapped IPv6; use %s", s, a.Unmap()))
+	case a.IsUnspecified():
+		inv.add("ip", fmt.Sprintf("%q is unspecified", s))
+	case a.IsMulticast():
+		inv.add("ip", fmt.Sprintf("%q is multicast", s))
+	default:
+		return a
+	}
+	return netip.Addr{}
+}
+
+// Renew creates or refreshes the lease of ip with a TTL of ttlSeconds (0: the default
+// TTL), from etcd's minimum (MinTTL) to one hour. It reuses the key's etcd lease with a
+// keep-alive while the TTL stays the same; for a new key or a new TTL it grants a lease,
+// moves the key to it in a transaction, and only then revokes the replaced one, so the
+// key never goes away while it is renewed and leases do not pile up. Every Renew
+// writes the key, so its revision (in the result, with the lease id: a fencing token)
+// changes and every replica sees the renewal. A bad ip or TTL returns *InvalidError
+// and writes nothing.
+func (m *Manager) Renew(ctx context.Context, ip string, ttlSeconds int64) (Lease, error) {
+	inv := &InvalidError{}
+	addr := parseIP(ip, inv)
+	ttl := ttlSeconds
+	if ttl == 0 {
+		ttl = m.defaultTTL
+	}
+	if ttl < m.minTTL || ttl > int64(MaxTTL/time.Second) {
+		inv.add("ttl_seconds", fmt.Sprintf("%d is out of %d-%d (0 for the default, %d)",
+			ttlSeconds, m.minTTL, int64(MaxTTL/time.Second), m.defaultTTL))
+	}
+	if err := inv.orNil(); err != nil {
+		m.metrics.renewed("invalid")
+		return Lease{}, err
+	}
+	l, result, err := m.renew(ctx, addr, ttl)
+	if err != nil {
+		m.metrics.renewed("error")
+		return Lease{}, err
+	}
+	m.metrics.renewed(result)
+	return l, nil
+}
+
+func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (Lease, string, error) {
+	key := m.key(addr)
+	for range maxAttempts {
+		get, err := m.cli.Get(ctx, key)
+		if err != nil {
+			return Lease{}, "", fmt.Errorf("masterlease: read %s: %w", key, err)
+		}
+		var cur *mvccpb.KeyValue
+		if len(get.Kvs) == 1 {
+			cur = get.Kvs[0]
+		}
+		if cur != nil && cur.Lease != 0 && decode(cur.Value).TTLSeconds == ttl {
+			// Same TTL: keep the lease the key already has.
+			id := clientv3.LeaseID(cur.Lease)
+			ka, err := m.cli.KeepAliveOnce(ctx, id)
+			switch {
+			case err == nil:
+				resp, err := m.cli.Txn(ctx).
+					If(clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)).
+					Then(clientv3.OpPut(key, encode(ttl, ka.TTL), clientv3.WithLease(id))).
+					Commit()
+				if err != nil {
+					return Lease{}, "", fmt.Errorf("masterlease: write %s: %w", key, err)
+				}
+				if !resp.Succeeded {
+					continue // another replica wrote the key meanwhile: read again
+				}
+				return m.lease(addr, id, ka.TTL, resp.Header.Revision), "renewed", nil
+			case errors.Is(err, rpctypes.ErrLeaseNotFound):
+				// Expired just now; its key is gone. Grant a new one below: the compare
+				// on the old revision fails if the key went, and the loop reads again.
+			default:
+				return Lease{}, "", fmt.Errorf("masterlease: keep alive lease %x of %s: %w", int64(id), key, err)
+			}
+		}
+		l, ok, err := m.replace(ctx, addr, cur, ttl)
+		if err != nil || ok {
+			result := "created"
+			if cur != nil {
+				result = "replaced"
+			}
+			return l, result, err
+		}
+	}
+	return Lease{}, "", fmt.Errorf("masterlease: renew %s: %w", addr, ErrConflict)
+}
+
+// replace grants a lease with ttl and moves the key to it if the key is still as read
+// (cur, nil when absent). The replaced lease is revoked after the move; a lease granted
+// for a move that loses the race is revoked at once. Either revoke may fail (etcd
+// unreachable): the lease then has no key and expires by itself within its TTL.
+func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyValue, ttl int64) (Lease, bool, error) {
+	key := m.key(addr)
+	g, err := m.cli.Grant(ctx, ttl)
+	if err != nil {
+		return Lease{}, false, fmt.Errorf("masterlease: grant lease for %s: %w", key, err)
+	}
+	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	if cur != nil {
+		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)
+	}
+	resp, err := m.cli.Txn(ctx).If(cmp).
+		Then(clientv3.OpPut(key, encode(ttl, g.TTL), clientv3.WithLease(g.ID))).
+		Commit()
+	if err != nil || !resp.Succeeded {
+		m.revoke(ctx, g.ID, "unused")
+		if err != nil {
+			return Lease{}, false, fmt.Errorf("masterlease: write %s: %w", key, err)
+		}
+		return Lease{}, false, nil
+	}
+	if cur != nil && cur.Lease != 0 {
+		m.revoke(ctx, clientv3.LeaseID(cur.Lease), "replaced")
+	}
+	return m.lease(addr, g.ID, g.TTL, resp.Header.Revision), true, nil
+}
+
+// revoke revokes a lease that no key uses any more, logging a failure: such a lease
+// expires by itself.
+func (m *Manager) revoke(ctx context.Context, id clientv3.LeaseID, why string) {
+	ctx = context.WithoutCancel(ctx)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := m.cli.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		m.log.Warn("revoke of a master lease failed; it expires by itself",
+			"lease", int64(id), "why", why, "err", err)
+	}
+}
+
+func (m *Manager) lease(addr netip.Addr, id clientv3.LeaseID, ttl, rev int64) Lease {
+	d := time.Duration(ttl) * time.Second
+	return Lease{IP: addr, ID: id, TTL: d, Remaining: d, Revision: rev}
+}
+
+// Remove deletes the lease key of ip and revokes its etcd lease. It reports whether a
+// lease was there (removing an absent lease is not an error) and the revision of the
+// delete, or of the read that found nothing. Set shutdown when the API server at ip
+// removes its own lease because it shuts down cleanly: if it was the last lease, the
+// endpoints become empty instead of keeping the last address (kubernetes #115804).
+// A bad ip returns *InvalidError and writes nothing.
+func (m *Manager) Remove(ctx context.Context, ip string, shutdown bool) (removed bool, revision int64, err error) {
+	inv := &InvalidError{}
+	addr := parseIP(ip, inv)
+	if err := inv.orNil(); err != nil {
+		m.metrics.removed("invalid")
+		return false, 0, err
+	}
+	removed, revision, err = m.remove(ctx, addr, shutdown)
+	switch {
+	case err != nil:
+		m.metrics.removed("error")
+	case removed:
+		m.metrics.removed("removed")
+	default:
+		m.metrics.removed("absent")
+	}
+	return removed, revision, err
+}
+
+func (m *Manager) remove(ctx context.Context, addr netip.Addr, shutdown bool) (bool, int64, error) {
+	key := m.key(addr)
+	for range maxAttempts {
+		get, err := m.cli.Get(ctx, key)
+		if err != nil {
+			return false, 0, fmt.Errorf("masterlease: read %s: %w", key, err)
+		}
+		if len(get.Kvs) == 0 {
+			return false, get.Header.Revision, nil
+		}
+		cur := get.Kvs[0]
+		ops := []clientv3.Op{clientv3.OpDelete(key)}
+		if shutdown {
+			ops = append(ops, clientv3.OpPut(m.shutdownKey, addr.String()))
+		}
+		resp, err := m.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)).
+			Then(ops...).
+			Commit()
+		if err != nil {
+			return false, 0, fmt.Errorf("masterlease: delete %s: %w", key, err)
+		}
+		if !resp.Succeeded {
+			continue // renewed meanwhile: read the new lease id and delete again
+		}
+		if cur.Lease != 0 {
+			m.revoke(ctx, clientv3.LeaseID(cur.Lease), "removed")
+		}
+		return true, resp.Header.Revision, nil
+	}
+	return false, 0, fmt.Errorf("masterlease: remove %s: %w", addr, ErrConflict)
+}
+
+// List returns every live lease, sorted by address, with the revision it was read at.
+// The read is linearizable. The remaining TTL comes from what Run saw of the key (its
+// last write and the TTL granted then), and from etcd's TimeToLive only for keys Run
+// has not caught up with, so that a list of many leases costs one range read.
+func (m *Manager) List(ctx context.Context) ([]Lease, int64, error) {
+	resp, err := m.cli.Get(ctx, m.prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, 0, fmt.Errorf("masterlease: list %s: %w", m.prefix, err)
+	}
+	now := time.Now()
+	var out []Lease
+	var ask []int // indexes of out whose remaining TTL etcd must tell
+	m.mu.Lock()
+	for _, kv := range resp.Kvs {
+		addr, ok := m.parseKey(string(kv.Key))
+		if !ok {
+			continue
+		}
+		l := Lease{IP: addr, ID: clientv3.LeaseID(kv.Lease), Revision: kv.ModRevision}
+		l.TTL = time.Duration(decode(kv.Value).GrantedTTLSeconds) * time.Second
+		if st, ok := m.leases[addr]; ok && st.modRev == kv.ModRevision && st.id == l.ID {
+			l.Remaining = max(st.expires.Sub(now), 0)
+		} else if kv.Lease != 0 {
+			ask = append(ask, len(out))
+		}
+		out = append(out, l)
+	}
+	m.mu.Unlock()
+	ttls, err := m.timeToLive(ctx, out, ask)
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, i := range ask {
+		out[i].Remaining = ttls[i].remaining
+		if ttls[i].granted > 0 {
+			out[i].TTL = ttls[i].granted
+		}
+	}
+	slices.SortFunc(out, func(a, b Lease) int { return a.IP.Compare(b.IP) })
+	return out, resp.Header.Revision, nil
+}
+
+type ttlInfo struct{ remaining, granted time.Duration }
+
+// timeToLive asks etcd for the remaining TTL of the leases at the indexes ask of ls,
+// a bounded number at a time.
+func (m *Manager) timeToLive(ctx context.Context, ls []Lease, ask []int) (map[int]ttlInfo, error) {
+	out := make(map[int]ttlInfo, len(ask))
+	if len(ask) == 0 {
+		return out, nil
+	}
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(timeToLiveParallel)
+	for _, i := range ask {
+		g.Go(func() error {
+			r, err := m.cli.TimeToLive(gctx, ls[i].ID)
+			if err != nil {
+				return fmt.Errorf("masterlease: time to live of lease %x: %w", int64(ls[i].ID), err)
+			}
+			mu.Lock()
+			out[i] = ttlInfo{remaining: time.Duration(max(r.TTL, 0)) * time.Second,
+				granted: time.Duration(max(r.GrantedTTL, 0)) * time.Second}
+			mu.Unlock()
+			return nil
+		})
+	}
+	return out, g.Wait()
+}
+
+func (m *Manager) key(addr netip.Addr) string { return m.prefix + addr.String() }
+
+// parseKey returns the address of a lease key; false for a key under the prefix that
+// is not a lease (the shutdown marker, or something written by hand).
+func (m *Manager) parseKey(key string) (netip.Addr, bool) {
+	s, ok := strings.CutPrefix(key, m.prefix)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.String() != s {
+		return netip.Addr{}, false
+	}
+	return a, true
+}
+
+func encode(ttl, granted int64) string {
+	b, _ := json.Marshal(value{TTLSeconds: ttl, GrantedTTLSeconds: granted, RenewTime: time.Now().UTC()})
+	return string(b)
+}
+
+// decode reads a lease key's value; a value it cannot read gives zeros, which makes
+// the next Renew move the key to a fresh lease.
+func decode(b []byte) value {
+	var v value
+	if json.Unmarshal(b, &v) != nil {
+		return value{}
+	}
+	return v
+}
+
+func ceilSeconds(d time.Duration) int64 {
+	return int64(math.Ceil(d.Seconds()))
+}

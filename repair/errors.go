@@ -1,0 +1,106 @@
+package repair
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+var (
+	// ErrStaleSnapshot is the sentinel of StaleSnapshotError.
+	ErrStaleSnapshot = errors.New("snapshot is older than the last one accepted")
+	// ErrNoSnapshot is returned by a pass when no snapshot was pushed and no snapshot
+	// file is configured.
+	ErrNoSnapshot = errors.New("no service snapshot: push one or set --service-snapshot-file")
+	// ErrNotLeader is the sentinel of NotLeaderError.
+	ErrNotLeader = errors.New("not the repair leader")
+	// ErrInvalidSnapshot is the sentinel of InvalidSnapshotError.
+	ErrInvalidSnapshot = errors.New("invalid service snapshot")
+	// ErrSnapshotFile is the sentinel of SnapshotFileError.
+	ErrSnapshotFile = errors.New("bad service snapshot file")
+)
+
+// StaleSnapshotError refuses a snapshot whose revision is below the last revision
+// accepted (by any replica: the accepted revision is recorded in etcd).
+type StaleSnapshotError struct {
+	// Revision of the refused snapshot.
+	Revision int64
+	// Accepted is the last revision accepted.
+	Accepted int64
+}
+
+func (e *StaleSnapshotError) Error() string {
+	return fmt.Sprintf("snapshot revision %d is older than the last accepted revision %d", e.Revision, e.Accepted)
+}
+
+// Unwrap lets errors.Is(err, ErrStaleSnapshot) match.
+func (e *StaleSnapshotError) Unwrap() error { return ErrStaleSnapshot }
+
+// NotLeaderError is returned when this replica is not the elected repair leader and
+// could not hand the call to it. Leader is the leader's identity (its gRPC address),
+// empty when no leader is elected; Err is why forwarding to it failed, if it was tried.
+type NotLeaderError struct {
+	Leader string
+	Err    error
+}
+
+func (e *NotLeaderError) Error() string {
+	switch {
+	case e.Leader == "":
+		return "not the repair leader, and no repair leader is elected yet"
+	case e.Err != nil:
+		return "not the repair leader; the leader " + e.Leader + " is unreachable: " + e.Err.Error()
+	}
+	return "not the repair leader; the repair leader is " + e.Leader
+}
+
+// Unwrap lets errors.Is(err, ErrNotLeader) match.
+func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
+
+// Violation is one bad field of a snapshot, named as in the proto
+// (snapshot.services[3].uid).
+type Violation struct {
+	Field       string
+	Description string
+}
+
+// InvalidSnapshotError lists what is wrong with a snapshot (at most maxViolations).
+type InvalidSnapshotError struct {
+	Violations []Violation
+	// More counts the violations left out of Violations.
+	More int
+}
+
+func (e *InvalidSnapshotError) Error() string {
+	s := "invalid service snapshot"
+	for i, v := range e.Violations {
+		if i == 0 {
+			s += ": "
+		} else {
+			s += "; "
+		}
+		s += v.Field + ": " + v.Description
+	}
+	if e.More > 0 {
+		s += "; and " + strconv.Itoa(e.More) + " more"
+	}
+	return s
+}
+
+// Unwrap lets errors.Is(err, ErrInvalidSnapshot) match.
+func (e *InvalidSnapshotError) Unwrap() error { return ErrInvalidSnapshot }
+
+// SnapshotFileError is a --service-snapshot-file that cannot be read, parsed or
+// accepted. It is not the caller's bad input: a RunRepair that meets it fails with
+// FAILED_PRECONDITION.
+type SnapshotFileError struct {
+	Path string
+	Err  error
+}
+
+func (e *SnapshotFileError) Error() string {
+	return "service snapshot file " + e.Path + ": " + e.Err.Error()
+}
+
+// Unwrap lets errors.Is(err, ErrSnapshotFile) match, and reaches the cause.
+func (e *SnapshotFileError) Unwrap() []error { return []error{ErrSnapshotFile, e.Err} }

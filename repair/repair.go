@@ -1,0 +1,447 @@
+package repair
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/allocd/allocd/allocator"
+)
+
+// Store is what repair needs of the allocator; *allocator.Allocator implements it.
+// Every write is conditional in etcd: Assign creates only a free item, Reassign and
+// ReleaseIf act only if the allocation's ModRevision is unchanged.
+type Store interface {
+	// RangeOf returns the range name of an item, allocator.ErrNoRange when no range
+	// has its family, or an *allocator.NotInRangeError.
+	RangeOf(it allocator.Item) (string, error)
+	// RangeNames lists the cluster IP ranges, primary first, then the node port range.
+	RangeNames() []string
+	// IsReserved reports whether it is held for the kubernetes Service.
+	IsReserved(it allocator.Item) bool
+	// List reads every allocation at one etcd revision.
+	List(ctx context.Context) (rev int64, all []allocator.Allocation, err error)
+	// Assign allocates a specific item to o (no write if o holds it already).
+	Assign(ctx context.Context, o allocator.Owner, it allocator.Item) (allocator.Allocation, error)
+	// Reassign moves al to another owner if it did not change since it was read.
+	Reassign(ctx context.Context, al allocator.Allocation, to allocator.Owner) (allocator.Allocation, error)
+	// ReleaseIf deletes al if it did not change since it was read.
+	ReleaseIf(ctx context.Context, al allocator.Allocation) (bool, error)
+}
+
+var _ Store = (*allocator.Allocator)(nil)
+
+// Reason names a finding, as the events of Kubernetes' repair controllers do.
+type Reason string
+
+// The reasons of findings. The first nine are Kubernetes' event reasons.
+const (
+	ClusterIPNotValid         Reason = "ClusterIPNotValid"
+	ClusterIPNotAllocated     Reason = "ClusterIPNotAllocated"
+	ClusterIPAlreadyAllocated Reason = "ClusterIPAlreadyAllocated"
+	ClusterIPOutOfRange       Reason = "ClusterIPOutOfRange"
+	ServiceCIDRFull           Reason = "ServiceCIDRFull"
+	PortNotAllocated          Reason = "PortNotAllocated"
+	PortAlreadyAllocated      Reason = "PortAlreadyAllocated"
+	PortOutOfRange            Reason = "PortOutOfRange"
+	PortRangeFull             Reason = "PortRangeFull"
+	// ClusterIPWrongOwner and PortWrongOwner: allocated, but to another owner than
+	// the Service that uses it.
+	ClusterIPWrongOwner Reason = "ClusterIPWrongOwner"
+	PortWrongOwner      Reason = "PortWrongOwner"
+	// LeakSuspected: allocated, used by no Service of the snapshot; counting down.
+	LeakSuspected Reason = "LeakSuspected"
+	// LeakReleased: the countdown ended and the allocation was deleted.
+	LeakReleased Reason = "LeakReleased"
+)
+
+// Defaults of Config.
+const (
+	DefaultInterval    = 3 * time.Minute
+	DefaultLeakStrikes = 3
+	DefaultSessionTTL  = 10 * time.Second
+)
+
+// Config configures a Controller.
+type Config struct {
+	// Prefix is the etcd prefix of allocd, e.g. "/allocd". Repair keeps its keys under
+	// <Prefix>/repair/: the election (leader/) and the last accepted snapshot revision.
+	Prefix string
+	// Interval between passes (--repair-interval); 0 means DefaultInterval.
+	Interval time.Duration
+	// LeakStrikes is the number of consecutive passes an allocation must be a leak
+	// candidate in before it is released (--repair-leak-strikes); 0 means 3.
+	LeakStrikes int
+	// LeakGrace is how old an allocation must have been when the judging snapshot was
+	// received before it can be released (--repair-leak-grace). 0 means no grace.
+	LeakGrace time.Duration
+	// SnapshotFile is a JSON (protojson ServiceSnapshot) file re-read at each pass;
+	// "" means none.
+	SnapshotFile string
+	// Identity is this replica's gRPC address as other replicas can dial it: the
+	// value of the election key, so that non-leaders can forward to the leader.
+	Identity string
+	// SessionTTL is the TTL of the election lease: how long a dead leader keeps
+	// leadership. 0 means DefaultSessionTTL.
+	SessionTTL time.Duration
+	// Logger receives one line per finding and the leadership changes; nil discards.
+	Logger *slog.Logger
+	// Registerer receives the repair metrics; nil means no metrics.
+	Registerer prometheus.Registerer
+}
+
+// Controller is the repair loop of allocd: kube-apiserver's ClusterIP and NodePort
+// repair controllers, judged against a snapshot of Services pushed by the API server
+// (or read from a file) instead of a list of the Service registry. Exactly one replica
+// runs passes at a time: the leader elected under <Prefix>/repair/leader.
+//
+// A pass reads every allocation at one etcd revision and rebuilds what the snapshot
+// says should be allocated. For each ClusterIP (each family) and NodePort of each
+// Service (the same port under two protocols, or as the health check node port,
+// counts once), it handles these cases:
+//
+//   - an address that does not parse, or whose family has no range: ClusterIPNotValid,
+//     reported;
+//   - outside its range: ClusterIPOutOfRange / PortOutOfRange, reported;
+//   - used by two Services of the snapshot: ClusterIPAlreadyAllocated /
+//     PortAlreadyAllocated, reported for every Service but the one that holds it,
+//     never reassigned;
+//   - used by a Service but not allocated: ClusterIPNotAllocated / PortNotAllocated,
+//     repaired by allocating it to that Service;
+//   - allocated to another owner than the Service that uses it: ClusterIPWrongOwner /
+//     PortWrongOwner, repaired by a conditional reassign, unless the allocation was
+//     committed after the snapshot was received (the snapshot cannot know of it) or
+//     the item is shared by two Services;
+//   - the address or port reserved for the kubernetes Service, used by another
+//     Service: ClusterIPAlreadyAllocated / PortAlreadyAllocated, reported;
+//   - a full range while repairing: ServiceCIDRFull / PortRangeFull, and the pass
+//     stops (no leak is judged).
+//
+// Then every allocation that no Service uses is a leak candidate (LeakSuspected),
+// except the kubernetes reservation, and except allocations committed after the
+// snapshot was received, which that snapshot never judges. A candidate is released
+// (LeakReleased) when all of these hold:
+//
+//   - it was a candidate, with the same owner and revision, in LeakStrikes
+//     consecutive passes (Kubernetes' numRepairsBeforeLeakCleanup);
+//   - it was at least LeakGrace old when the judging snapshot was received, so that
+//     re-judging an old snapshot pass after pass never frees a young allocation;
+//   - the release is etcd's conditional delete on its ModRevision: an allocation
+//     re-made since the pass read it is never freed.
+//
+// A candidate that reappears in a Service, changes owner or revision, or disappears
+// loses its strikes. Strikes live in the leader's memory: a new leader starts counting
+// from zero, which only delays releases. A dry run reports what a pass would do and
+// changes nothing, strikes included.
+type Controller struct {
+	cli     *clientv3.Client
+	store   Store
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+
+	electionPrefix string
+	revisionKey    string
+
+	acceptMu sync.Mutex // serializes Accept
+	passMu   sync.Mutex // serializes passes
+	leading  atomic.Bool
+
+	mu         sync.Mutex // guards the fields below
+	snap       *accepted
+	candidates map[allocator.Item]*candidate
+	last       *Report
+}
+
+// candidate is a leak candidate between passes.
+type candidate struct {
+	al        allocator.Allocation
+	strikes   int
+	firstSeen time.Time
+}
+
+// New returns a Controller; call Run to take part in the election and run passes.
+func New(cli *clientv3.Client, store Store, cfg Config) (*Controller, error) {
+	if cli == nil || store == nil {
+		return nil, errors.New("repair: nil etcd client or store")
+	}
+	if cfg.Identity == "" {
+		return nil, errors.New("repair: Identity (this replica's gRPC address) is required")
+	}
+	if cfg.Interval < 0 || cfg.LeakStrikes < 0 || cfg.LeakGrace < 0 || cfg.SessionTTL < 0 {
+		return nil, fmt.Errorf("repair: negative interval %v, strikes %d, grace %v or session TTL %v",
+			cfg.Interval, cfg.LeakStrikes, cfg.LeakGrace, cfg.SessionTTL)
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.LeakStrikes == 0 {
+		cfg.LeakStrikes = DefaultLeakStrikes
+	}
+	if cfg.SessionTTL == 0 {
+		cfg.SessionTTL = DefaultSessionTTL
+	}
+	if cfg.SessionTTL < time.Second {
+		cfg.SessionTTL = time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("repair metrics: %w", err)
+	}
+	p := strings.TrimSuffix(cfg.Prefix, "/") + "/repair/"
+	return &Controller{
+		cli:            cli,
+		store:          store,
+		cfg:            cfg,
+		log:            log.With("component", "repair"),
+		metrics:        m,
+		electionPrefix: p + "leader",
+		revisionKey:    p + "snapshot-revision",
+		candidates:     map[allocator.Item]*candidate{},
+	}, nil
+}
+
+// retryDelay is the pause between two campaigns after an etcd failure.
+const retryDelay = time.Second
+
+// resignTimeout bounds Resign at shutdown.
+const resignTimeout = 2 * time.Second
+
+var errSessionLost = errors.New("repair election session lost")
+
+// Run campaigns for repair leadership until ctx ends, and while leader runs a first
+// pass (if a snapshot or a snapshot file is there) and then one every Interval. It
+// resigns when ctx ends or the session is lost, and campaigns again after a loss.
+// It returns nil when ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	for {
+		err := c.lead(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.log.WarnContext(ctx, "repair leadership ended; campaigning again", "error", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(retryDelay):
+		}
+	}
+}
+
+// lead runs one term: campaign, passes, resign.
+func (c *Controller) lead(ctx context.Context) error {
+	// The session's context outlives ctx so that Resign and the lease revoke of Close
+	// still reach etcd at shutdown; Close stops its keepalive.
+	s, err := concurrency.NewSession(c.cli,
+		concurrency.WithTTL(int(c.cfg.SessionTTL/time.Second)),
+		concurrency.WithContext(context.WithoutCancel(ctx)))
+	if err != nil {
+		return fmt.Errorf("repair election session: %w", err)
+	}
+	defer s.Close()
+	e := concurrency.NewElection(s, c.electionPrefix)
+	if err := e.Campaign(ctx, c.cfg.Identity); err != nil {
+		return fmt.Errorf("repair campaign: %w", err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resignTimeout)
+		defer cancel()
+		if err := e.Resign(rctx); err != nil {
+			c.log.WarnContext(ctx, "repair leader resign failed; the election lease ends it", "error", err)
+		}
+	}()
+	select {
+	case <-s.Done():
+		return errSessionLost
+	default:
+	}
+
+	// lctx ends with ctx or with the session, so that a pass stops when leadership is
+	// lost. The goroutine is waited for before lead returns.
+	lctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-s.Done():
+			cancel()
+		case <-lctx.Done():
+		}
+	}()
+	defer wg.Wait()
+	defer cancel()
+
+	c.leading.Store(true)
+	c.metrics.setLeader(true)
+	defer func() {
+		c.leading.Store(false)
+		c.metrics.setLeader(false)
+	}()
+	c.log.InfoContext(ctx, "elected repair leader", "identity", c.cfg.Identity, "key", e.Key())
+
+	if c.cfg.SnapshotFile != "" || c.snapshot() != nil {
+		c.periodicPass(lctx)
+	}
+	t := time.NewTicker(c.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-lctx.Done():
+			if ctx.Err() != nil {
+				return nil
+			}
+			return errSessionLost
+		case <-t.C:
+			c.periodicPass(lctx)
+		}
+	}
+}
+
+// periodicPass runs a pass of the loop and logs its outcome.
+func (c *Controller) periodicPass(ctx context.Context) {
+	rep, err := c.pass(ctx, false)
+	switch {
+	case errors.Is(err, ErrNoSnapshot):
+		c.log.InfoContext(ctx, "repair pass skipped: no service snapshot yet")
+	case err != nil:
+		c.log.ErrorContext(ctx, "repair pass failed", "error", err)
+	default:
+		attrs := []any{"snapshot_revision", rep.SnapshotRevision, "duration", rep.Duration, "findings", len(rep.Findings)}
+		if rep.Err != nil {
+			c.log.ErrorContext(ctx, "repair pass stopped", append(attrs, "error", rep.Err)...)
+		} else {
+			c.log.InfoContext(ctx, "repair pass done", attrs...)
+		}
+	}
+}
+
+// IsLeader reports whether this replica holds the repair leadership now.
+func (c *Controller) IsLeader() bool { return c.leading.Load() }
+
+// Identity returns the identity this replica campaigns with.
+func (c *Controller) Identity() string { return c.cfg.Identity }
+
+// Leader returns the identity of the repair leader ("" when none is elected) and
+// whether it is this replica.
+func (c *Controller) Leader(ctx context.Context) (identity string, self bool, err error) {
+	if c.leading.Load() {
+		return c.cfg.Identity, true, nil
+	}
+	resp, err := c.cli.Get(ctx, c.electionPrefix+"/", clientv3.WithFirstCreate()...)
+	if err != nil {
+		return "", false, fmt.Errorf("read repair leader: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", false, nil
+	}
+	return string(resp.Kvs[0].Value), false, nil
+}
+
+// RunRepair runs a pass now, if this replica is the leader (else a *NotLeaderError
+// naming the leader). dryRun reports without writing and without counting strikes.
+// A pass stopped by a full range returns its report with Err set and a nil error;
+// other errors (no snapshot, a bad snapshot file, etcd) are returned.
+func (c *Controller) RunRepair(ctx context.Context, dryRun bool) (*Report, error) {
+	if !c.leading.Load() {
+		leader, _, err := c.Leader(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return nil, &NotLeaderError{Leader: leader}
+	}
+	return c.pass(ctx, dryRun)
+}
+
+func isStale(err error) bool { return errors.Is(err, ErrStaleSnapshot) }
+
+// Report is the outcome of one pass.
+type Report struct {
+	Start            time.Time
+	Duration         time.Duration
+	SnapshotRevision int64
+	DryRun           bool
+	Findings         []Finding
+	Counts           map[Reason]int64
+	// Err is what stopped the pass early, nil when it ran to the end.
+	Err error
+}
+
+// Finding is one thing a pass found.
+type Finding struct {
+	Reason Reason
+	// Range is the range concerned, "" when none is (ClusterIPNotValid).
+	Range string
+	// ClusterIP as written in the Service (for leaks: the allocated address).
+	ClusterIP string
+	NodePort  int
+	// Service concerned; for leaks, the owner of the allocation.
+	Service  allocator.Owner
+	Message  string
+	Repaired bool
+}
+
+// LeakCandidate is an allocation that no Service of the snapshot uses.
+type LeakCandidate struct {
+	Allocation allocator.Allocation
+	// Strikes counted so far, and StrikesLeft before it can be released.
+	Strikes, StrikesLeft int
+	// FirstSeen is when the first pass of the streak ran.
+	FirstSeen time.Time
+	// Age of the allocation.
+	Age time.Duration
+}
+
+// Status is the repair state of this replica.
+type Status struct {
+	// LastReport of the last pass that was not a dry run, nil before the first.
+	LastReport *Report
+	// Candidates, sorted by range and item.
+	Candidates []LeakCandidate
+	// Leader is the identity of the repair leader, "" when none; Leading is true when
+	// it is this replica.
+	Leader  string
+	Leading bool
+	// SnapshotRevision of the snapshot kept, 0 when none.
+	SnapshotRevision int64
+}
+
+// Status returns the last report, the leak candidates and the leader, as this replica
+// knows them (only the leader's are current).
+func (c *Controller) Status(ctx context.Context) (Status, error) {
+	leader, self, err := c.Leader(ctx)
+	if err != nil {
+		return Status{}, err
+	}
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := Status{LastReport: c.last, Leader: leader, Leading: self}
+	if c.snap != nil {
+		st.SnapshotRevision = c.snap.Revision
+	}
+	for _, cd := range c.candidates {
+		st.Candidates = append(st.Candidates, LeakCandidate{
+			Allocation:  cd.al,
+			Strikes:     cd.strikes,
+			StrikesLeft: max(0, c.cfg.LeakStrikes-cd.strikes),
+			FirstSeen:   cd.firstSeen,
+			Age:         now.Sub(cd.al.AllocateTime),
+		})
+	}
+	sortCandidates(st.Candidates)
+	return st, nil
+}

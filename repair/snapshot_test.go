@@ -1,0 +1,211 @@
+package repair_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/allocd/allocd/internal/etcdtest"
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
+	"github.com/allocd/allocd/repair"
+)
+
+func TestSnapshotValidate(t *testing.T) {
+	good := svc("uid-a", ips("10.0.0.1"), 30001)
+	for _, tc := range []struct {
+		name   string
+		snap   repair.Snapshot
+		fields []string // violated fields; nil = valid
+	}{
+		{"valid", repair.Snapshot{Revision: 1, Services: []repair.Service{good}}, nil},
+		{"empty list", repair.Snapshot{Revision: 7}, nil},
+		{"bad addresses are findings, not errors", repair.Snapshot{Revision: 1, Services: []repair.Service{
+			svc("uid-a", ips("not-an-ip"), -1, 99999)}}, nil},
+		{"zero revision", repair.Snapshot{Revision: 0}, []string{"snapshot.revision"}},
+		{"negative revision", repair.Snapshot{Revision: -3}, []string{"snapshot.revision"}},
+		{"missing names", repair.Snapshot{Revision: 1, Services: []repair.Service{good, {}}}, []string{
+			"snapshot.services[1].namespace", "snapshot.services[1].name", "snapshot.services[1].uid"}},
+		{"duplicate uid", repair.Snapshot{Revision: 1, Services: []repair.Service{good, good}}, []string{
+			"snapshot.services[1].uid"}},
+		{"protocol", repair.Snapshot{Revision: 1, Services: []repair.Service{{Namespace: "n", Name: "a", UID: "u",
+			NodePorts: []repair.NodePort{{Port: 30001, Protocol: "TCP"}, {Port: 30002, Protocol: "HTTP"}}}}},
+			[]string{"snapshot.services[0].node_ports[1].protocol"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.snap.Validate()
+			var inv *repair.InvalidSnapshotError
+			if tc.fields == nil {
+				if err != nil {
+					t.Errorf("Validate(%v) = %v; want nil", tc.name, err)
+				}
+				return
+			}
+			if !errors.As(err, &inv) || !errors.Is(err, repair.ErrInvalidSnapshot) {
+				t.Fatalf("Validate(%v) = %v; want an InvalidSnapshotError", tc.name, err)
+			}
+			var got []string
+			for _, v := range inv.Violations {
+				got = append(got, v.Field)
+			}
+			if !slices.Equal(got, tc.fields) {
+				t.Errorf("Validate(%v) fields = %q; want %q", tc.name, got, tc.fields)
+			}
+		})
+	}
+}
+
+func TestSnapshotValidateBounded(t *testing.T) {
+	s := repair.Snapshot{Revision: 1, Services: make([]repair.Service, 1000)}
+	var inv *repair.InvalidSnapshotError
+	if err := s.Validate(); !errors.As(err, &inv) {
+		t.Fatalf("Validate(1000 empty services) = %v; want an InvalidSnapshotError", err)
+	}
+	if got := len(inv.Violations) + inv.More; got != 3000 || len(inv.Violations) > 16 {
+		t.Errorf("Validate(1000 empty services) = %d violations + %d more; want at most 16 listed, 3000 in all",
+			len(inv.Violations), inv.More)
+	}
+}
+
+// TestSnapshotAccept: revisions only move forward, across replicas (the last accepted
+// revision is in etcd); the same revision again is accepted.
+func TestSnapshotAccept(t *testing.T) {
+	e := etcdtest.New(t)
+	r1 := newReplica(t, e.Client, opts{noRun: true}, "replica-1")
+	r2 := newReplica(t, e.NewClient(), opts{noRun: true}, "replica-2")
+	for _, tc := range []struct {
+		r       *replica
+		rev     int64
+		stale   bool
+		current int64 // snapshot revision kept by tc.r afterwards
+	}{
+		{r1, 5, false, 5},
+		{r1, 5, false, 5},
+		{r1, 4, true, 5},
+		{r2, 4, true, 0}, // r2 never saw 5, etcd did
+		{r2, 6, false, 6},
+		{r1, 5, true, 5},
+		{r1, 9, false, 9},
+	} {
+		err := tc.r.accept(tc.rev, svc("uid-a", nil))
+		var se *repair.StaleSnapshotError
+		if got := errors.As(err, &se); got != tc.stale || (!tc.stale && err != nil) {
+			t.Errorf("%s Accept(revision %d) = %v; want stale %v", tc.r.id, tc.rev, err, tc.stale)
+		}
+		if se != nil && se.Revision != tc.rev {
+			t.Errorf("%s Accept(revision %d): StaleSnapshotError.Revision = %d", tc.r.id, tc.rev, se.Revision)
+		}
+		if got := tc.r.status().SnapshotRevision; got != tc.current {
+			t.Errorf("%s after Accept(revision %d): SnapshotRevision = %d; want %d", tc.r.id, tc.rev, got, tc.current)
+		}
+	}
+	err := r1.accept(0)
+	if !errors.Is(err, repair.ErrInvalidSnapshot) {
+		t.Errorf("Accept(revision 0) = %v; want ErrInvalidSnapshot", err)
+	}
+}
+
+// TestSnapshotFile: the file is re-read at each pass; a bad file is a clear error; a
+// newer file replaces the snapshot.
+func TestSnapshotFile(t *testing.T) {
+	file := writeSnapshotFile(t, `{"revision": "1", "services": [
+		{"namespace": "ns", "name": "a", "uid": "uid-a", "clusterIps": ["192.168.1.2"],
+		 "nodePorts": [{"port": 30001, "protocol": "TCP"}], "healthCheckNodePort": 30002}]}`)
+	r := newEnv(t, opts{file: file})
+	waitFor(t, "the first pass", func() bool { return r.status().LastReport != nil })
+	for _, tc := range []struct {
+		content string
+		err     bool
+		rev     int64 // snapshot revision after the pass
+	}{
+		{`{"revision": "1", "services": []}`, false, 1}, // same revision: the kept one stays
+		{`{not json`, true, 1},
+		{`{"revision": "2", "services": [{"namespace": "ns", "name": "a"}]}`, true, 1}, // no uid
+		{`{"revision": "2", "services": [], "extra": 1}`, true, 1},
+		{`{"revision": "3", "services": []}`, false, 3},
+		{`{"revision": "2", "services": []}`, false, 3}, // older than the kept: the kept one is used
+	} {
+		if err := os.WriteFile(file, []byte(tc.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := r.ctl.RunRepair(context.Background(), true)
+		if got := errors.Is(err, repair.ErrSnapshotFile); got != tc.err || (!tc.err && err != nil) {
+			t.Errorf("RunRepair with file %s = %v; want a snapshot file error: %v", tc.content, err, tc.err)
+		}
+		if got := r.status().SnapshotRevision; got != tc.rev {
+			t.Errorf("SnapshotRevision after file %s = %d; want %d", tc.content, got, tc.rev)
+		}
+	}
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.ctl.RunRepair(context.Background(), false); !errors.Is(err, repair.ErrSnapshotFile) {
+		t.Errorf("RunRepair with the file gone = %v; want ErrSnapshotFile", err)
+	}
+	if got := r.status().LastReport.Err; !errors.Is(got, repair.ErrSnapshotFile) {
+		t.Errorf("last report error = %v; want the snapshot file error", got)
+	}
+}
+
+// TestNoSnapshot: a pass without any snapshot is refused.
+func TestNoSnapshot(t *testing.T) {
+	r := newEnv(t, opts{})
+	if _, err := r.ctl.RunRepair(context.Background(), false); !errors.Is(err, repair.ErrNoSnapshot) {
+		t.Errorf("RunRepair() without a snapshot = %v; want ErrNoSnapshot", err)
+	}
+	if st := r.status(); st.LastReport != nil {
+		t.Errorf("LastReport = %v; want nil", st.LastReport)
+	}
+}
+
+// FuzzSnapshotFile feeds arbitrary bytes to the file parser and the validation: they
+// must never panic, and an accepted snapshot must round-trip through the proto.
+func FuzzSnapshotFile(f *testing.F) {
+	f.Add([]byte(`{"revision": "1", "services": []}`))
+	f.Add([]byte(`{"revision": "12", "services": [{"namespace": "ns", "name": "a", "uid": "u",
+		"clusterIps": ["10.0.0.1", "None", ""], "nodePorts": [{"port": 30001, "protocol": "UDP"}],
+		"healthCheckNodePort": 30002}]}`))
+	f.Add([]byte(`{"revision": "-1"}`))
+	f.Add([]byte(`{"services": [{}, {}]}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var p allocdv1.ServiceSnapshot
+		if err := protojson.Unmarshal(b, &p); err != nil {
+			return
+		}
+		s := repair.SnapshotFromProto(&p)
+		if err := s.Validate(); err != nil {
+			var inv *repair.InvalidSnapshotError
+			if !errors.As(err, &inv) || len(inv.Violations) == 0 {
+				t.Fatalf("Validate() = %v; want an InvalidSnapshotError with violations", err)
+			}
+			return
+		}
+		if len(s.Services) != len(p.GetServices()) || s.Revision != p.GetRevision() {
+			t.Fatalf("SnapshotFromProto: %d services, revision %d; want %d, %d",
+				len(s.Services), s.Revision, len(p.GetServices()), p.GetRevision())
+		}
+	})
+}
+
+func TestReceiptEarlier(t *testing.T) {
+	t1 := time.Unix(100, 0)
+	t2 := time.Unix(200, 0)
+	for _, tc := range []struct {
+		a, b, want repair.Receipt
+	}{
+		{repair.Receipt{Revision: 5, Time: t2}, repair.Receipt{Revision: 3, Time: t1}, repair.Receipt{Revision: 3, Time: t1}},
+		{repair.Receipt{Revision: 3, Time: t1}, repair.Receipt{Revision: 5, Time: t2}, repair.Receipt{Revision: 3, Time: t1}},
+		{repair.Receipt{Revision: 5, Time: t1}, repair.Receipt{Revision: 3, Time: t2}, repair.Receipt{Revision: 3, Time: t1}},
+		{repair.Receipt{Revision: 5, Time: t2}, repair.Receipt{}, repair.Receipt{Revision: 5, Time: t2}},
+		{repair.Receipt{}, repair.Receipt{Revision: 5, Time: t2}, repair.Receipt{Revision: 5, Time: t2}},
+	} {
+		if got := tc.a.Earlier(tc.b); got != tc.want {
+			t.Errorf("%v.Earlier(%v) = %v; want %v", tc.a, tc.b, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,342 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strconv"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/allocd/allocd/allocator"
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
+)
+
+// maxOwnerField bounds the length of an owner's namespace, name and uid.
+const maxOwnerField = 253
+
+// AllocatorService serves allocd.v1.AllocatorService over an *allocator.Allocator:
+// it validates requests (INVALID_ARGUMENT with every bad field, nothing written),
+// converts them and maps the allocator's errors through Status.
+type AllocatorService struct {
+	allocdv1.UnimplementedAllocatorServiceServer
+	a   *allocator.Allocator
+	log *slog.Logger
+}
+
+// NewAllocatorService returns the service; log may be nil.
+func NewAllocatorService(a *allocator.Allocator, log *slog.Logger) *AllocatorService {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &AllocatorService{a: a, log: log}
+}
+
+// Allocate implements allocdv1.AllocatorServiceServer.
+func (s *AllocatorService) Allocate(ctx context.Context, req *allocdv1.AllocateRequest) (*allocdv1.AllocateResponse, error) {
+	inv := &InvalidError{}
+	o := validOwner(inv, req.GetOwner(), true)
+	q := allocator.Request{Owner: o, NoClusterIP: req.GetNoClusterIp(), DryRun: req.GetDryRun(),
+		NodePortCount: int(req.GetNodePortCount())}
+	for i, f := range req.GetIpFamilies() {
+		switch f {
+		case allocdv1.IPFamily_IP_FAMILY_IPV4:
+			q.Families = append(q.Families, allocator.IPv4)
+		case allocdv1.IPFamily_IP_FAMILY_IPV6:
+			q.Families = append(q.Families, allocator.IPv6)
+		default:
+			inv.Add(fmt.Sprintf("ip_families[%d]", i), "must be IP_FAMILY_IPV4 or IP_FAMILY_IPV6")
+		}
+	}
+	switch req.GetIpFamilyPolicy() {
+	case allocdv1.IPFamilyPolicy_IP_FAMILY_POLICY_UNSPECIFIED, allocdv1.IPFamilyPolicy_IP_FAMILY_POLICY_SINGLE_STACK:
+		q.Policy = allocator.SingleStack
+	case allocdv1.IPFamilyPolicy_IP_FAMILY_POLICY_PREFER_DUAL_STACK:
+		q.Policy = allocator.PreferDualStack
+	case allocdv1.IPFamilyPolicy_IP_FAMILY_POLICY_REQUIRE_DUAL_STACK:
+		q.Policy = allocator.RequireDualStack
+	default:
+		inv.Add("ip_family_policy", "unknown policy "+req.GetIpFamilyPolicy().String())
+	}
+	q.ClusterIPs = parseIPs(inv, "cluster_ips", req.GetClusterIps())
+	if req.GetNoClusterIp() && len(req.GetClusterIps()) > 0 {
+		inv.Add("no_cluster_ip", "contradicts cluster_ips")
+	}
+	q.NodePorts = parsePorts(inv, "node_ports", req.GetNodePorts())
+	switch n := req.GetNodePortCount(); {
+	case n < 0:
+		inv.Add("node_port_count", "must not be negative")
+	case int(n)+len(req.GetNodePorts())+len(req.GetClusterIps()) > allocator.MaxItems:
+		inv.Add("node_port_count", fmt.Sprintf("at most %d addresses and ports per request", allocator.MaxItems))
+	}
+	if err := inv.OrNil(); err != nil {
+		return nil, Status(err)
+	}
+	res, err := s.a.Allocate(ctx, q)
+	if err != nil {
+		s.log.DebugContext(ctx, "allocate failed", "owner", o.UID, "err", err)
+		return nil, Status(err)
+	}
+	out := &allocdv1.AllocateResponse{Revision: res.Revision, Replayed: res.Replayed}
+	for _, ip := range res.ClusterIPs {
+		out.ClusterIps = append(out.ClusterIps, ip.String())
+	}
+	for _, p := range res.NodePorts {
+		out.NodePorts = append(out.NodePorts, int32(p))
+	}
+	return out, nil
+}
+
+// Release implements allocdv1.AllocatorServiceServer.
+func (s *AllocatorService) Release(ctx context.Context, req *allocdv1.ReleaseRequest) (*allocdv1.ReleaseResponse, error) {
+	inv := &InvalidError{}
+	o := validOwner(inv, req.GetOwner(), !req.GetForce())
+	var items []allocator.Item
+	for _, ip := range parseIPs(inv, "cluster_ips", req.GetClusterIps()) {
+		items = append(items, allocator.IP(ip))
+	}
+	for _, p := range parsePorts(inv, "node_ports", req.GetNodePorts()) {
+		items = append(items, allocator.Port(p))
+	}
+	if len(items) > allocator.MaxItems {
+		inv.Add("cluster_ips", fmt.Sprintf("at most %d addresses and ports per request", allocator.MaxItems))
+	}
+	if o.UID == "" && len(items) == 0 {
+		inv.Add("owner.uid", "required to release all of an owner's allocations")
+	}
+	if err := inv.OrNil(); err != nil {
+		return nil, Status(err)
+	}
+	released, rev, err := s.a.Release(ctx, o, items, req.GetForce())
+	if err != nil {
+		return nil, Status(err)
+	}
+	out := &allocdv1.ReleaseResponse{Revision: rev}
+	for _, it := range released {
+		if it.Kind == allocator.KindClusterIP {
+			out.ReleasedClusterIps = append(out.ReleasedClusterIps, it.Addr.String())
+		} else {
+			out.ReleasedNodePorts = append(out.ReleasedNodePorts, int32(it.Port))
+		}
+	}
+	return out, nil
+}
+
+// GetAllocation implements allocdv1.AllocatorServiceServer.
+func (s *AllocatorService) GetAllocation(ctx context.Context, req *allocdv1.GetAllocationRequest) (*allocdv1.GetAllocationResponse, error) {
+	inv := &InvalidError{}
+	var it allocator.Item
+	switch t := req.GetTarget().(type) {
+	case *allocdv1.GetAllocationRequest_ClusterIp:
+		if ips := parseIPs(inv, "cluster_ip", []string{t.ClusterIp}); len(ips) == 1 {
+			it = allocator.IP(ips[0])
+		}
+	case *allocdv1.GetAllocationRequest_NodePort:
+		if ps := parsePorts(inv, "node_port", []int32{t.NodePort}); len(ps) == 1 {
+			it = allocator.Port(ps[0])
+		}
+	default:
+		inv.Add("target", "set cluster_ip or node_port")
+	}
+	if err := inv.OrNil(); err != nil {
+		return nil, Status(err)
+	}
+	al, err := s.a.Get(ctx, it)
+	if err != nil {
+		return nil, Status(err)
+	}
+	return &allocdv1.GetAllocationResponse{Allocation: s.allocation(al)}, nil
+}
+
+// ListAllocations implements allocdv1.AllocatorServiceServer.
+func (s *AllocatorService) ListAllocations(ctx context.Context, req *allocdv1.ListAllocationsRequest) (*allocdv1.ListAllocationsResponse, error) {
+	if req.GetPageSize() < 0 {
+		return nil, Status(Invalid("page_size", "must not be negative"))
+	}
+	page, err := s.a.ListPage(ctx, allocator.ListOptions{Range: req.GetRange(), OwnerUID: req.GetOwnerUid(),
+		PageSize: int(req.GetPageSize()), PageToken: req.GetPageToken()})
+	if err != nil {
+		return nil, Status(err)
+	}
+	out := &allocdv1.ListAllocationsResponse{NextPageToken: page.NextPageToken, Revision: page.Revision}
+	for _, al := range page.Allocations {
+		out.Allocations = append(out.Allocations, s.allocation(al))
+	}
+	return out, nil
+}
+
+// ListRanges implements allocdv1.AllocatorServiceServer.
+func (s *AllocatorService) ListRanges(context.Context, *allocdv1.ListRangesRequest) (*allocdv1.ListRangesResponse, error) {
+	out := &allocdv1.ListRangesResponse{}
+	for _, ri := range s.a.Ranges() {
+		r := &allocdv1.Range{Name: ri.Name, Primary: ri.Primary, Size: ri.Size, Used: ri.Used, Free: ri.Size - ri.Used,
+			StaticBand: band(ri.Static), DynamicBand: band(ri.Dynamic)}
+		if ri.Kind == allocator.KindClusterIP {
+			r.Kind = allocdv1.RangeKind_RANGE_KIND_CLUSTER_IP
+			r.Family = allocdv1.IPFamily_IP_FAMILY_IPV6
+			if ri.Prefix.Addr().Is4() {
+				r.Family = allocdv1.IPFamily_IP_FAMILY_IPV4
+			}
+		} else {
+			r.Kind = allocdv1.RangeKind_RANGE_KIND_NODE_PORT
+		}
+		out.Ranges = append(out.Ranges, r)
+	}
+	return out, nil
+}
+
+func band(b allocator.Band) *allocdv1.Band {
+	out := &allocdv1.Band{Size: b.Size, Used: b.Used, Free: b.Size - b.Used}
+	if b.Size > 0 {
+		out.First, out.Last = b.First.String(), b.Last.String()
+	}
+	return out
+}
+
+func (s *AllocatorService) allocation(al allocator.Allocation) *allocdv1.Allocation {
+	out := &allocdv1.Allocation{Range: al.Range,
+		Owner:          &allocdv1.Owner{Namespace: al.Owner.Namespace, Name: al.Owner.Name, Uid: al.Owner.UID},
+		CreateRevision: al.CreateRevision, ModRevision: al.ModRevision, StaticBand: s.a.IsStatic(al.Item)}
+	if !al.AllocateTime.IsZero() {
+		out.AllocateTime = timestamppb.New(al.AllocateTime)
+	}
+	if al.Kind == allocator.KindClusterIP {
+		out.ClusterIp = al.Addr.String()
+	} else {
+		out.NodePort = int32(al.Port)
+	}
+	return out
+}
+
+func validOwner(inv *InvalidError, o *allocdv1.Owner, uidRequired bool) allocator.Owner {
+	if o == nil {
+		if uidRequired {
+			inv.Add("owner", "required")
+		}
+		return allocator.Owner{}
+	}
+	if uidRequired && o.GetUid() == "" {
+		inv.Add("owner.uid", "required")
+	}
+	for _, f := range []struct{ name, v string }{{"owner.namespace", o.GetNamespace()}, {"owner.name", o.GetName()}, {"owner.uid", o.GetUid()}} {
+		if len(f.v) > maxOwnerField {
+			inv.Add(f.name, fmt.Sprintf("longer than %d bytes", maxOwnerField))
+		}
+	}
+	return allocator.Owner{Namespace: o.GetNamespace(), Name: o.GetName(), UID: o.GetUid()}
+}
+
+func parseIPs(inv *InvalidError, field string, ss []string) []netip.Addr {
+	var out []netip.Addr
+	for i, s := range ss {
+		f := field
+		if len(ss) > 1 || field == "cluster_ips" {
+			f = field + "[" + strconv.Itoa(i) + "]"
+		}
+		a, err := netip.ParseAddr(s)
+		switch {
+		case err != nil:
+			inv.Add(f, fmt.Sprintf("%q is not an IP address", s))
+		case a.Zone() != "":
+			inv.Add(f, fmt.Sprintf("%q has a zone", s))
+		case a.Is4In6():
+			inv.Add(f, fmt.Sprintf("%q is an IPv4-mapped IPv6 address; use %s", s, a.Unmap()))
+		default:
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func parsePorts(inv *InvalidError, field string, ps []int32) []int {
+	var out []int
+	for i, p := range ps {
+		f := field
+		if field == "node_ports" {
+			f = field + "[" + strconv.Itoa(i) + "]"
+		}
+		if p < 1 || p > 65535 {
+			inv.Add(f, fmt.Sprintf("%d is not a port (1-65535)", p))
+			continue
+		}
+		out = append(out, int(p))
+	}
+	return out
+}
+
+// isAllocatorError reports whether err is one of package allocator's.
+func isAllocatorError(err error) bool {
+	for _, target := range []error{allocator.ErrFull, allocator.ErrAllocated, allocator.ErrNotInRange,
+		allocator.ErrNoRange, allocator.ErrConflict, allocator.ErrNotOwner, allocator.ErrNotFound,
+		allocator.ErrInvalid, allocator.ErrRangesMismatch, allocator.ErrNotRunning} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// allocatorStatus maps package allocator's errors (see the design's error table).
+func allocatorStatus(err error) error {
+	var (
+		inv       *allocator.InvalidError
+		notIn     *allocator.NotInRangeError
+		allocated *allocator.AllocatedError
+		notOwner  *allocator.NotOwnerError
+		full      *allocator.FullError
+	)
+	msg := err.Error()
+	switch {
+	case errors.As(err, &inv):
+		return withDetails(codes.InvalidArgument, msg,
+			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: inv.Field, Description: inv.Reason}}},
+			errorInfo("INVALID_ARGUMENT", nil))
+	case errors.As(err, &notIn):
+		field := "cluster_ips"
+		if notIn.Item.Kind == allocator.KindNodePort {
+			field = "node_ports"
+		}
+		return withDetails(codes.InvalidArgument, msg,
+			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: msg}}},
+			errorInfo("NOT_IN_RANGE", map[string]string{"item": notIn.Item.String(), "range": notIn.Range}))
+	case errors.Is(err, allocator.ErrNoRange):
+		return withDetails(codes.InvalidArgument, msg,
+			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "ip_families", Description: msg}}},
+			errorInfo("NO_RANGE", nil))
+	case errors.As(err, &allocated):
+		return withDetails(codes.AlreadyExists, msg,
+			&errdetails.ResourceInfo{ResourceType: "allocd.v1.Allocation", ResourceName: allocated.Item.String(),
+				Owner: allocated.Holder.String(), Description: msg},
+			errorInfo("ALREADY_ALLOCATED", map[string]string{"item": allocated.Item.String(),
+				"holder_namespace": allocated.Holder.Namespace, "holder_name": allocated.Holder.Name, "holder_uid": allocated.Holder.UID}))
+	case errors.Is(err, allocator.ErrFull):
+		subject := ""
+		if errors.As(err, &full) {
+			subject = full.Range
+		}
+		return withDetails(codes.ResourceExhausted, msg,
+			&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: subject, Description: msg}}},
+			errorInfo("RANGE_FULL", map[string]string{"range": subject}))
+	case errors.As(err, &notOwner):
+		return withDetails(codes.FailedPrecondition, msg,
+			errorInfo("NOT_OWNER", map[string]string{"item": notOwner.Item.String(), "holder_uid": notOwner.Holder.UID,
+				"holder": notOwner.Holder.String()}),
+			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
+				Type: "OWNER", Subject: notOwner.Item.String(), Description: msg + "; set force to release it anyway"}}})
+	case errors.Is(err, allocator.ErrConflict):
+		return withDetails(codes.Aborted, msg, errorInfo("CONFLICT", nil))
+	case errors.Is(err, allocator.ErrNotFound):
+		return withDetails(codes.NotFound, msg, errorInfo("NOT_ALLOCATED", nil))
+	case errors.Is(err, allocator.ErrNotRunning):
+		return withDetails(codes.Unavailable, msg,
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo("UNAVAILABLE", nil))
+	case errors.Is(err, allocator.ErrRangesMismatch):
+		return withDetails(codes.FailedPrecondition, msg, errorInfo("RANGES_MISMATCH", nil))
+	}
+	return nil
+}

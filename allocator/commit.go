@@ -11,10 +11,13 @@ import (
 )
 
 // maxConflicts bounds how often one request may find its own keys taken before it
-// fails with ErrConflict; maxRounds bounds its transactions in all.
+// fails with ErrConflict; maxRounds bounds its transactions in all. Each conflict
+// teaches the index one item another replica took, so a request conflicts at most
+// about as often as other replicas allocate while it is in flight: near the end of a
+// small range that is every one of their in-flight picks.
 const (
-	maxConflicts = 16
-	maxRounds    = 64
+	maxConflicts = 64
+	maxRounds    = 128
 )
 
 // txnTimeout bounds one group-commit transaction.
@@ -419,7 +422,7 @@ func recordChanged(old, next *ownerRecord) bool {
 	return string(appendOwnerRecord(nil, old)) != string(appendOwnerRecord(nil, next))
 }
 
-// resolve learns from the Else branch's reads why the transaction failed, as far as
+// resolve learns from the read-back of the batch's keys why the transaction failed, as far as
 // o is concerned, and reports whether o should be retried. It fails o for a specific
 // item another owner holds, replays o when its owner's last request was the same,
 // follows a changed owner record, and re-picks dynamic items that were taken.

@@ -55,9 +55,11 @@
 // # Group commit
 //
 // While Run runs, Allocate and Assign calls queue for a committer that packs as many
-// requests as fit in 128 keys into one transaction (If all compares, Then all puts,
-// Else read all keys), with a few transactions in flight at once. When a compare
-// fails the Else reads say why: a specific item held by another owner fails its
+// requests as fit in 128 keys into one transaction (If all compares, Then all puts).
+// It starts a transaction at once when none is in flight, and another one (up to
+// Config.CommitConcurrency) as soon as half a transaction's worth of keys has queued:
+// requests that arrive while etcd is busy share the next transaction. When a compare
+// fails, a read of the batch's keys says why: a specific item held by another owner fails its
 // request (*AllocatedError), an existing owner record replays or is followed, a taken
 // dynamic pick is picked again; the other requests of the batch are retried as they
 // are, each a bounded number of times (then ErrConflict).

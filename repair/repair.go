@@ -243,10 +243,18 @@ func (c *Controller) Run(ctx context.Context) error {
 
 // lead runs one term: campaign, passes, resign.
 func (c *Controller) lead(ctx context.Context) error {
-	// The session's context outlives ctx so that Resign and the lease revoke of Close
-	// still reach etcd at shutdown; Close stops its keepalive.
+	// The lease is granted under ctx, so that a start against an unreachable etcd ends
+	// with ctx. The session's context outlives ctx so that Resign and the lease revoke
+	// of Close still reach etcd at shutdown (each bounded by a timeout); Close stops
+	// its keepalive.
+	ttl := int64(c.cfg.SessionTTL / time.Second)
+	lease, err := c.cli.Grant(ctx, ttl)
+	if err != nil {
+		return fmt.Errorf("repair election lease: %w", err)
+	}
 	s, err := concurrency.NewSession(c.cli,
-		concurrency.WithTTL(int(c.cfg.SessionTTL/time.Second)),
+		concurrency.WithTTL(int(ttl)),
+		concurrency.WithLease(lease.ID),
 		concurrency.WithContext(context.WithoutCancel(ctx)))
 	if err != nil {
 		return fmt.Errorf("repair election session: %w", err)

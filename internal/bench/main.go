@@ -8,10 +8,10 @@
 // then runs, each after a warm-up and repeated -repeat times (medians reported):
 //
 //  1. grpc.health.v1.Health/Check, the empty unary call;
-//  2. Allocate of one ClusterIP for a distinct owner per call, in -cidr;
+//  2. Allocate of one ClusterIP for a distinct owner per call, in -cidr (a /8);
 //  3. Allocate of one ClusterIP and one NodePort (stops early before the ports run out);
-//  4. a Kubernetes-style allocator: the whole bitmap of -cidr in one key, Get then
-//     Txn(ModRevision compare, Put) per allocation, retried on conflict;
+//  4. a Kubernetes-style allocator: the whole bitmap of a /12 (128 KiB) in one key,
+//     Get then Txn(ModRevision compare, Put) per allocation, retried on conflict;
 //
 // and prints a table with the ratios the issue targets: Allocate >= 0.5 x the empty
 // call and >= 40 x the Kubernetes-style baseline.
@@ -56,7 +56,7 @@ type options struct {
 	clients, conns, repeat     int
 	cidr                       netip.Prefix
 	portRange                  allocator.PortRange
-	portRunMax                 int
+	portRunMax, baselineBits   int
 	concurrency                int
 	cpuprofile, memprofile     string
 	dir                        string
@@ -72,7 +72,8 @@ func main() {
 	flag.IntVar(&o.clients, "clients", 64, "concurrent client goroutines")
 	flag.IntVar(&o.conns, "conns", 4, "gRPC client connections the goroutines share")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs of each measurement (medians reported)")
-	flag.StringVar(&cidr, "cidr", "10.0.0.0/12", "service cluster IP range of the Allocate runs (and the baseline's bitmap size)")
+	flag.StringVar(&cidr, "cidr", "10.0.0.0/8", "service cluster IP range of the Allocate runs (2^24 addresses: room for every run)")
+	flag.IntVar(&o.baselineBits, "baseline-bits", 20, "the Kubernetes-style bitmap has 2^bits bits (20: a /12, 128 KiB, Kubernetes' largest IPv4 range)")
 	flag.StringVar(&ports, "node-port-range", "1024-65535", "service node port range of the NodePort run")
 	flag.IntVar(&o.portRunMax, "port-run-max", 40000, "stop the NodePort run after this many allocations (0 = skip the run)")
 	flag.IntVar(&o.concurrency, "commit-concurrency", 0, "group-commit transactions in flight (0 = the allocator's default)")
@@ -244,8 +245,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	// 4. The Kubernetes-style baseline on the same etcd.
-	size := 1 << (o.cidr.Addr().BitLen() - o.cidr.Bits())
-	bres, err := baseline(ctx, cli, o, size)
+	bres, err := baseline(ctx, cli, o, 1<<o.baselineBits)
 	if err != nil {
 		return err
 	}

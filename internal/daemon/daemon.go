@@ -334,7 +334,25 @@ func (d *Daemon) Close() error {
 			d.cancel()
 		}
 		if d.group != nil {
-			if err := d.group.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+			// The loops end with their context; one stuck on an unreachable etcd is
+			// cut loose by closing the client, so that Close stays bounded.
+			waited := make(chan error, 1)
+			go func() { waited <- d.group.Wait() }()
+			var err error
+			select {
+			case err = <-waited:
+			case <-time.After(d.cfg.ShutdownTimeout):
+				d.log.Warn("background loops still running; closing the etcd client under them", "timeout", d.cfg.ShutdownTimeout)
+				if d.cli != nil {
+					d.cli.Close()
+				}
+				select {
+				case err = <-waited:
+				case <-time.After(2 * time.Second):
+					d.log.Error("background loops did not stop; exiting anyway")
+				}
+			}
+			if err != nil && !errors.Is(err, context.Canceled) {
 				d.closeErr = err
 			}
 		}

@@ -145,6 +145,12 @@ func TestHealthFollowsEtcd(t *testing.T) {
 		s, err := healthStatus(t, conn)
 		return err == nil && s == healthpb.HealthCheckResponse_NOT_SERVING
 	}, "NOT_SERVING once etcd is gone")
+	// Shutdown stays bounded while etcd is unreachable.
+	start := time.Now()
+	d.Close()
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("Close with etcd unreachable took %s; want < 10s", took)
+	}
 }
 
 func TestBadConfig(t *testing.T) {

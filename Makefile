@@ -35,14 +35,17 @@ fmt-check:
 lint: $(BIN)/buf
 	$(BIN)/buf lint
 
+# proto writes the Go code beside the protos, and server/allocd.binpb: the compiled API
+# with its comments, which server reflection serves so that `grpcurl describe` shows them.
 proto: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 	$(BIN)/buf generate
+	$(BIN)/buf build --exclude-imports -o server/allocd.binpb
 
 # proto-check regenerates into a temporary directory and fails if the committed code differs.
 proto-check: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
-	$(BIN)/buf generate -o $$tmp && \
-	if ! diff -r -q $$tmp/proto/allocd/v1 proto/allocd/v1 -x '*.proto' >/dev/null; then \
+	$(BIN)/buf generate -o $$tmp && $(BIN)/buf build --exclude-imports -o $$tmp/allocd.binpb && \
+	if ! diff -r -q $$tmp/proto/allocd/v1 proto/allocd/v1 -x '*.proto' >/dev/null || ! cmp -s $$tmp/allocd.binpb server/allocd.binpb; then \
 		diff -r $$tmp/proto/allocd/v1 proto/allocd/v1 -x '*.proto' | head -40; \
 		echo "generated code is stale: run make proto and commit"; exit 1; \
 	else echo "generated code is up to date"; fi

@@ -79,7 +79,12 @@ func NewGRPCServer(o Options) (*grpc.Server, *health.Server) {
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
-	reflection.Register(gs) // v1 and v1alpha
+	if err := registerReflection(gs); err != nil {
+		// The embedded descriptors are built with the binary; failing to read them is
+		// a build defect. Serve reflection without the comments rather than none.
+		log.Error("documented reflection unavailable", "err", err)
+		reflection.Register(gs)
+	}
 	if metrics != nil {
 		// Zero-valued series for what is registered so far, so /metrics shows the
 		// gRPC metrics before the first call.

@@ -67,9 +67,13 @@ $(BIN)/protoc-gen-go-grpc:
 $(BIN)/grpcurl:
 	GOBIN=$(BIN) $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
 
+# cluster: etcd (allocd-1's embedded one) and two allocd replicas on loopback; Ctrl-C stops.
+cluster:
+	bash scripts/cluster.sh
+
 bench:
 	$(GO) run ./internal/bench
 	$(GO) test -run '^$$' -bench BenchmarkRepairPass -benchtime 3x ./repair/
 
 clean:
-	rm -rf bin .bin allocd-data
+	rm -rf bin .bin allocd-data cluster-data

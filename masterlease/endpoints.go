@@ -217,11 +217,19 @@ func (m *Manager) apply(evs []*clientv3.Event) {
 		switch ev.Type {
 		case mvccpb.PUT:
 			ttl := decode(kv.Value).GrantedTTLSeconds
+			if prev, ok := m.leases[addr]; !ok || prev.id != clientv3.LeaseID(kv.Lease) {
+				// A new lease (a new API server, or a new TTL): one line. Plain
+				// renewals of the same lease are not logged: they come every TTL/3.
+				m.log.Info("master lease granted", "ip", addr, "lease", kv.Lease, "ttl_seconds", ttl, "revision", kv.ModRevision)
+			}
 			m.leases[addr] = leaseState{
 				id: clientv3.LeaseID(kv.Lease), ttl: ttl, modRev: kv.ModRevision,
 				expires: now.Add(time.Duration(ttl) * time.Second), renewed: now,
 			}
 		case mvccpb.DELETE:
+			// Expired (etcd revoked the lease) or removed: either way the API server
+			// leaves the endpoints.
+			m.log.Info("master lease gone", "ip", addr, "revision", kv.ModRevision)
 			delete(m.leases, addr)
 			m.lastDel = removal{ip: addr, rev: kv.ModRevision}
 		}
@@ -260,6 +268,7 @@ func (m *Manager) reconcileLocked(rev int64) {
 		return
 	}
 	m.eps = next
+	m.log.Info("endpoints of the kubernetes service changed", "addresses", addrs, "revision", rev)
 	for w := range m.watchers {
 		select {
 		case w <- struct{}{}:

@@ -406,6 +406,7 @@ func (m *Manager) remove(ctx context.Context, addr netip.Addr, shutdown bool) (b
 		if cur.Lease != 0 {
 			m.revoke(ctx, clientv3.LeaseID(cur.Lease), "removed")
 		}
+		m.log.InfoContext(ctx, "master lease removed", "ip", addr, "lease", cur.Lease, "shutdown", shutdown, "revision", resp.Header.Revision)
 		return true, resp.Header.Revision, nil
 	}
 	return false, 0, fmt.Errorf("masterlease: remove %s: %w", addr, ErrConflict)

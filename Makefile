@@ -22,7 +22,7 @@ run:
 build:
 	$(GO) build -o bin/allocd ./cmd/allocd
 
-test: vet fmt-check lint proto-check compose-check
+test: vet fmt-check lint proto-check compose-check $(BIN)/grpcurl
 	$(GO) test -count=1 -timeout 20m ./...
 
 vet:

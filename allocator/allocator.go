@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bits-and-blooms/bitset"
@@ -65,6 +66,9 @@ type Allocator struct {
 	kubeIP    netip.Addr
 	kubePort  int
 	conc      int
+
+	// noStream is set once etcd answered RangeStream with Unimplemented.
+	noStream atomic.Bool
 
 	// watchRev is the revision the index reflects; settle holds the pending bits that
 	// clear once watchRev reaches their revision.

@@ -111,8 +111,17 @@ func FuzzPageToken(f *testing.F) {
 func FuzzItemValue(f *testing.F) {
 	f.Add([]byte(`{"namespace":"default","name":"kubernetes","uid":"default/kubernetes","time":"2026-01-02T03:04:05Z"}`))
 	f.Add([]byte(`{"time":"not a time"}`))
+	f.Add([]byte(`{"namespace":"ns","name":"a\u0041","uid":"u","time":"2026-01-02T03:04:05.5+01:00"}`))
+	f.Add([]byte(`{"namespace":"ns","name":"é\xff","uid":"u","time":"2026-01-02T03:04:05Z"}`))
+	f.Add([]byte(`{"namespace":"ns","name":"n","uid":"u","time":"2026-01-02T03:04:05Z"} `))
+	f.Add([]byte(`{"namespace":"ns","name":"n","uid":"u","time":"2026-01-02T03:04:05.123456789Z","x":1}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		o, at, err := decodeItemValue(b)
+		// The reflection-free decoding agrees with encoding/json.
+		wo, wat, werr := decodeItemValueJSON(b)
+		if (err == nil) != (werr == nil) || o != wo || !at.Equal(wat) || at.Location().String() != wat.Location().String() {
+			t.Fatalf("decodeItemValue(%q) = %v, %v, %v; want %v, %v, %v (encoding/json)", b, o, at, err, wo, wat, werr)
+		}
 		if err != nil {
 			return
 		}

@@ -8,10 +8,13 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Get returns who holds it: ErrNotFound when nobody does, ErrNoRange or a
@@ -53,40 +56,196 @@ func (a *Allocator) allocation(kv *mvccpb.KeyValue) (Allocation, bool) {
 		CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision}, true
 }
 
-// List reads every allocation at one revision, a page of keys at a time, and
-// returns that revision.
+// List reads every allocation at one revision and returns that revision. Each
+// prefix is streamed (etcd's RangeStream: chunks of one revision, the server walking
+// the range once); against a server without RangeStream (etcd before 3.7, the
+// in-process client) it reads pages of listPageSize keys, at the first page's
+// revision.
 func (a *Allocator) List(ctx context.Context) (int64, []Allocation, error) {
-	var all []Allocation
+	var n uint64
+	for _, r := range a.ranges {
+		used, _ := r.counts()
+		n += used
+	}
+	all := make([]Allocation, 0, n+n/64+64) // the index's count, and some room
+	var d listDecoder
 	var rev int64
 	for _, prefix := range []string{a.ipPrefix, a.portPrefix} {
-		key := prefix
-		end := clientv3.GetPrefixRangeEnd(prefix)
-		for {
-			opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(5000)}
-			if rev != 0 {
-				opts = append(opts, clientv3.WithRev(rev))
-			}
-			resp, err := a.cli.Get(ctx, key, opts...)
-			if err != nil {
-				return 0, nil, fmt.Errorf("list allocations: %w", err)
-			}
-			if rev == 0 {
-				rev = resp.Header.Revision
-			}
-			for _, kv := range resp.Kvs {
-				if al, ok := a.allocation(kv); ok {
-					all = append(all, al)
-				} else {
-					a.log.Warn("allocation outside the configured ranges", "key", string(kv.Key))
-				}
-			}
-			if !resp.More || len(resp.Kvs) == 0 {
-				break
-			}
-			key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		r, err := a.scan(ctx, prefix, rev, func(kvs []*mvccpb.KeyValue) { all = a.decodeAll(all, kvs, &d) })
+		if err != nil {
+			return 0, nil, fmt.Errorf("list allocations: %w", err)
+		}
+		if rev == 0 {
+			rev = r
 		}
 	}
 	return rev, all, nil
+}
+
+// listPageSize is the page size of List on servers without RangeStream: big, since
+// etcd walks the rest of the range for every page to count it.
+const listPageSize = 50_000
+
+// scan calls fn with the key-values under prefix at rev (0: now), in key order, and
+// returns the revision read.
+func (a *Allocator) scan(ctx context.Context, prefix string, rev int64, fn func([]*mvccpb.KeyValue)) (int64, error) {
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	if !a.noStream.Load() {
+		got, err := a.stream(ctx, prefix, end, rev, fn)
+		if status.Code(err) != codes.Unimplemented {
+			return got, err
+		}
+		a.noStream.Store(true)
+		a.log.Info("etcd has no RangeStream; listing in pages", "page", listPageSize)
+	}
+	key := prefix
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(listPageSize)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		resp, err := a.cli.Get(ctx, key, opts...)
+		if err != nil {
+			return 0, err
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		fn(resp.Kvs)
+		if !resp.More || len(resp.Kvs) == 0 {
+			return rev, nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// stream is scan over RangeStream. An error before the first chunk (Unimplemented
+// on an older server) leaves fn uncalled.
+func (a *Allocator) stream(ctx context.Context, key, end string, rev int64, fn func([]*mvccpb.KeyValue)) (int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	opts := []clientv3.OpOption{clientv3.WithRange(end)}
+	if rev != 0 {
+		opts = append(opts, clientv3.WithRev(rev))
+	}
+	ch, err := a.cli.GetStream(ctx, key, opts...)
+	if err != nil {
+		return 0, err
+	}
+	var got int64
+	// Drain the channel even after an error: its sender is the client's goroutine.
+	for resp := range ch {
+		if err != nil {
+			continue
+		}
+		if err = resp.Err(); err != nil {
+			cancel()
+			continue
+		}
+		fn(resp.Kvs)
+		if resp.Header != nil {
+			got = resp.Header.Revision
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	if rev != 0 {
+		got = rev
+	}
+	if got == 0 {
+		return 0, errors.New("range stream ended without a revision")
+	}
+	return got, nil
+}
+
+// listDecoder decodes the item key-values of List a chunk at a time: the keys of a
+// chunk are parsed from one string, and the owner strings of a chunk share one
+// allocation.
+type listDecoder struct {
+	keys, strs []byte
+	items      []listItem
+}
+
+type listItem struct {
+	kind              Kind
+	key               [2]int32 // offsets in keys
+	owner             [4]int32 // namespace, name and uid end at owner[1:] in strs
+	at                time.Time
+	createRev, modRev int64
+}
+
+// decodeAll appends the allocations of kvs to all.
+func (a *Allocator) decodeAll(all []Allocation, kvs []*mvccpb.KeyValue, d *listDecoder) []Allocation {
+	d.keys, d.strs, d.items = d.keys[:0], d.strs[:0], d.items[:0]
+	for _, kv := range kvs {
+		li := listItem{createRev: kv.CreateRevision, modRev: kv.ModRevision}
+		k := kv.Key
+		switch {
+		case len(k) > len(a.ipPrefix) && string(k[:len(a.ipPrefix)]) == a.ipPrefix:
+			li.kind, k = KindClusterIP, k[len(a.ipPrefix):]
+		case len(k) > len(a.portPrefix) && string(k[:len(a.portPrefix)]) == a.portPrefix:
+			li.kind, k = KindNodePort, k[len(a.portPrefix):]
+		default:
+			a.log.Warn("allocation outside the configured ranges", "key", string(kv.Key))
+			continue
+		}
+		li.key[0] = int32(len(d.keys))
+		d.keys = append(d.keys, k...)
+		li.key[1] = int32(len(d.keys))
+		li.owner[0] = int32(len(d.strs))
+		if f, t, ok := scanItemValue(kv.Value); ok {
+			d.strs = append(d.strs, kv.Value[f[0]:f[1]]...)
+			li.owner[1] = int32(len(d.strs))
+			d.strs = append(d.strs, kv.Value[f[2]:f[3]]...)
+			li.owner[2] = int32(len(d.strs))
+			d.strs = append(d.strs, kv.Value[f[4]:f[5]]...)
+			li.owner[3] = int32(len(d.strs))
+			li.at = t
+		} else {
+			o, t, err := decodeItemValueJSON(kv.Value)
+			if err != nil {
+				a.log.Warn("undecodable allocation", "key", string(kv.Key), "err", err)
+			}
+			d.strs = append(d.strs, o.Namespace...)
+			li.owner[1] = int32(len(d.strs))
+			d.strs = append(d.strs, o.Name...)
+			li.owner[2] = int32(len(d.strs))
+			d.strs = append(d.strs, o.UID...)
+			li.owner[3] = int32(len(d.strs))
+			li.at = t
+		}
+		d.items = append(d.items, li)
+	}
+	keys, strs := string(d.keys), string(d.strs)
+	for _, li := range d.items {
+		k := keys[li.key[0]:li.key[1]]
+		var it Item
+		if li.kind == KindClusterIP {
+			addr, err := netip.ParseAddr(k)
+			if err != nil {
+				a.log.Warn("allocation outside the configured ranges", "key", a.ipPrefix+k)
+				continue
+			}
+			it = IP(addr)
+		} else {
+			p, err := strconv.Atoi(k)
+			if err != nil {
+				a.log.Warn("allocation outside the configured ranges", "key", a.portPrefix+k)
+				continue
+			}
+			it = Port(p)
+		}
+		r, _, err := a.locate(it)
+		if err != nil {
+			a.log.Warn("allocation outside the configured ranges", "key", a.key(it))
+			continue
+		}
+		all = append(all, Allocation{Item: it, Range: r.name,
+			Owner:        Owner{Namespace: strs[li.owner[0]:li.owner[1]], Name: strs[li.owner[1]:li.owner[2]], UID: strs[li.owner[2]:li.owner[3]]},
+			AllocateTime: li.at, CreateRevision: li.createRev, ModRevision: li.modRev})
+	}
+	return all
 }
 
 // ListOptions filters and pages ListPage.

@@ -2,15 +2,11 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"strconv"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/allocd/allocd/allocator"
@@ -267,76 +263,4 @@ func parsePorts(inv *InvalidError, field string, ps []int32) []int {
 		out = append(out, int(p))
 	}
 	return out
-}
-
-// isAllocatorError reports whether err is one of package allocator's.
-func isAllocatorError(err error) bool {
-	for _, target := range []error{allocator.ErrFull, allocator.ErrAllocated, allocator.ErrNotInRange,
-		allocator.ErrNoRange, allocator.ErrConflict, allocator.ErrNotOwner, allocator.ErrNotFound,
-		allocator.ErrInvalid, allocator.ErrRangesMismatch, allocator.ErrNotRunning} {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	return false
-}
-
-// allocatorStatus maps package allocator's errors (see the design's error table).
-func allocatorStatus(err error) error {
-	var (
-		inv       *allocator.InvalidError
-		notIn     *allocator.NotInRangeError
-		allocated *allocator.AllocatedError
-		notOwner  *allocator.NotOwnerError
-		full      *allocator.FullError
-	)
-	msg := err.Error()
-	switch {
-	case errors.As(err, &inv):
-		return withDetails(codes.InvalidArgument, msg,
-			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: inv.Field, Description: inv.Reason}}},
-			errorInfo("INVALID_ARGUMENT", nil))
-	case errors.As(err, &notIn):
-		field := "cluster_ips"
-		if notIn.Item.Kind == allocator.KindNodePort {
-			field = "node_ports"
-		}
-		return withDetails(codes.InvalidArgument, msg,
-			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: msg}}},
-			errorInfo("NOT_IN_RANGE", map[string]string{"item": notIn.Item.String(), "range": notIn.Range}))
-	case errors.Is(err, allocator.ErrNoRange):
-		return withDetails(codes.InvalidArgument, msg,
-			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "ip_families", Description: msg}}},
-			errorInfo("NO_RANGE", nil))
-	case errors.As(err, &allocated):
-		return withDetails(codes.AlreadyExists, msg,
-			&errdetails.ResourceInfo{ResourceType: "allocd.v1.Allocation", ResourceName: allocated.Item.String(),
-				Owner: allocated.Holder.String(), Description: msg},
-			errorInfo("ALREADY_ALLOCATED", map[string]string{"item": allocated.Item.String(),
-				"holder_namespace": allocated.Holder.Namespace, "holder_name": allocated.Holder.Name, "holder_uid": allocated.Holder.UID}))
-	case errors.Is(err, allocator.ErrFull):
-		subject := ""
-		if errors.As(err, &full) {
-			subject = full.Range
-		}
-		return withDetails(codes.ResourceExhausted, msg,
-			&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: subject, Description: msg}}},
-			errorInfo("RANGE_FULL", map[string]string{"range": subject}))
-	case errors.As(err, &notOwner):
-		return withDetails(codes.FailedPrecondition, msg,
-			errorInfo("NOT_OWNER", map[string]string{"item": notOwner.Item.String(), "holder_uid": notOwner.Holder.UID,
-				"holder": notOwner.Holder.String()}),
-			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
-				Type: "OWNER", Subject: notOwner.Item.String(), Description: msg + "; set force to release it anyway"}}})
-	case errors.Is(err, allocator.ErrConflict):
-		return withDetails(codes.Aborted, msg, errorInfo("CONFLICT", nil))
-	case errors.Is(err, allocator.ErrNotFound):
-		return withDetails(codes.NotFound, msg, errorInfo("NOT_ALLOCATED", nil))
-	case errors.Is(err, allocator.ErrNotRunning):
-		return withDetails(codes.Unavailable, msg,
-			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo("UNAVAILABLE", nil))
-	case errors.Is(err, allocator.ErrRangesMismatch):
-		return withDetails(codes.FailedPrecondition, msg, errorInfo("RANGES_MISMATCH", nil))
-	}
-	return nil
 }

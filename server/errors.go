@@ -3,8 +3,12 @@ package server
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 
+	"github.com/allocd/allocd/allocator"
+	"github.com/allocd/allocd/masterlease"
+	"github.com/allocd/allocd/repair"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -154,24 +158,176 @@ func errorInfo(reason string, metadata map[string]string) *errdetails.ErrorInfo 
 // masterlease, repair). It returns nil for an error it does not know.
 func domainStatus(err error) error {
 	switch {
-	// Cases of the domain packages go here, one block per package, e.g.:
-	//   case errors.As(err, &allocated): return withDetails(codes.AlreadyExists, ...)
-
 	// allocator: full, held by another owner, not in range, no range of the family,
-	// not the owner, conflict, not found, invalid request (mapped by allocatorStatus
-	// in server/allocator.go).
+	// not the owner, conflict, not found, invalid request.
 	case isAllocatorError(err):
 		return allocatorStatus(err)
 
 	// repair: stale snapshot, not the leader, bad snapshot or snapshot file, no
-	// snapshot (mapped by repairStatus in server/repair.go).
+	// snapshot.
 	case isRepairError(err):
 		return repairStatus(err)
 
-	// masterlease: bad ip/ttl_seconds, state not ready, CAS retries exhausted (mapped
-	// by leaseStatus in server/lease.go).
+	// masterlease: bad ip/ttl_seconds, state not ready, CAS retries exhausted.
 	case isLeaseError(err):
 		return leaseStatus(err)
+	}
+	return nil
+}
+
+// isAllocatorError reports whether err is one of package allocator's.
+func isAllocatorError(err error) bool {
+	for _, target := range []error{allocator.ErrFull, allocator.ErrAllocated, allocator.ErrNotInRange,
+		allocator.ErrNoRange, allocator.ErrConflict, allocator.ErrNotOwner, allocator.ErrNotFound,
+		allocator.ErrInvalid, allocator.ErrRangesMismatch, allocator.ErrNotRunning} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// allocatorStatus maps package allocator's errors (see the design's error table).
+func allocatorStatus(err error) error {
+	var (
+		inv       *allocator.InvalidError
+		notIn     *allocator.NotInRangeError
+		allocated *allocator.AllocatedError
+		notOwner  *allocator.NotOwnerError
+		full      *allocator.FullError
+	)
+	msg := err.Error()
+	switch {
+	case errors.As(err, &inv):
+		return withDetails(codes.InvalidArgument, msg,
+			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: inv.Field, Description: inv.Reason}}},
+			errorInfo("INVALID_ARGUMENT", nil))
+	case errors.As(err, &notIn):
+		field := "cluster_ips"
+		if notIn.Item.Kind == allocator.KindNodePort {
+			field = "node_ports"
+		}
+		return withDetails(codes.InvalidArgument, msg,
+			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: msg}}},
+			errorInfo("NOT_IN_RANGE", map[string]string{"item": notIn.Item.String(), "range": notIn.Range}))
+	case errors.Is(err, allocator.ErrNoRange):
+		return withDetails(codes.InvalidArgument, msg,
+			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "ip_families", Description: msg}}},
+			errorInfo("NO_RANGE", nil))
+	case errors.As(err, &allocated):
+		return withDetails(codes.AlreadyExists, msg,
+			&errdetails.ResourceInfo{ResourceType: "allocd.v1.Allocation", ResourceName: allocated.Item.String(),
+				Owner: allocated.Holder.String(), Description: msg},
+			errorInfo("ALREADY_ALLOCATED", map[string]string{"item": allocated.Item.String(),
+				"holder_namespace": allocated.Holder.Namespace, "holder_name": allocated.Holder.Name, "holder_uid": allocated.Holder.UID}))
+	case errors.Is(err, allocator.ErrFull):
+		subject := ""
+		if errors.As(err, &full) {
+			subject = full.Range
+		}
+		return withDetails(codes.ResourceExhausted, msg,
+			&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: subject, Description: msg}}},
+			errorInfo("RANGE_FULL", map[string]string{"range": subject}))
+	case errors.As(err, &notOwner):
+		return withDetails(codes.FailedPrecondition, msg,
+			errorInfo("NOT_OWNER", map[string]string{"item": notOwner.Item.String(), "holder_uid": notOwner.Holder.UID,
+				"holder": notOwner.Holder.String()}),
+			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
+				Type: "OWNER", Subject: notOwner.Item.String(), Description: msg + "; set force to release it anyway"}}})
+	case errors.Is(err, allocator.ErrConflict):
+		return withDetails(codes.Aborted, msg, errorInfo("CONFLICT", nil))
+	case errors.Is(err, allocator.ErrNotFound):
+		return withDetails(codes.NotFound, msg, errorInfo("NOT_ALLOCATED", nil))
+	case errors.Is(err, allocator.ErrNotRunning):
+		return withDetails(codes.Unavailable, msg,
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo("UNAVAILABLE", nil))
+	case errors.Is(err, allocator.ErrRangesMismatch):
+		return withDetails(codes.FailedPrecondition, msg, errorInfo("RANGES_MISMATCH", nil))
+	}
+	return nil
+}
+
+// isLeaseError reports whether err is one of masterlease's, for domainStatus.
+func isLeaseError(err error) bool {
+	return errors.Is(err, masterlease.ErrInvalid) || errors.Is(err, masterlease.ErrNotReady) ||
+		errors.Is(err, masterlease.ErrConflict)
+}
+
+// leaseStatus maps masterlease's errors: a bad ip or ttl_seconds is INVALID_ARGUMENT
+// with BadRequest, a state not (yet) current UNAVAILABLE with RetryInfo, a key that
+// kept changing under a Renew or RemoveLease ABORTED.
+func leaseStatus(err error) error {
+	var inv *masterlease.InvalidError
+	switch {
+	case errors.As(err, &inv):
+		br := &errdetails.BadRequest{}
+		for _, v := range inv.Violations {
+			br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{
+				Field: v.Field, Description: v.Description,
+			})
+		}
+		return withDetails(codes.InvalidArgument, err.Error(), br, errorInfo("INVALID_ARGUMENT", nil))
+	case errors.Is(err, masterlease.ErrNotReady):
+		return withDetails(codes.Unavailable, err.Error(),
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo("MASTER_LEASES_NOT_READY", nil))
+	case errors.Is(err, masterlease.ErrConflict):
+		return withDetails(codes.Aborted, err.Error(), errorInfo("MASTER_LEASE_CONFLICT", nil))
+	}
+	return nil
+}
+
+// isRepairError reports whether err is one of package repair's, for domainStatus.
+func isRepairError(err error) bool {
+	for _, s := range []error{repair.ErrStaleSnapshot, repair.ErrNotLeader, repair.ErrInvalidSnapshot,
+		repair.ErrSnapshotFile, repair.ErrNoSnapshot} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// repairStatus maps the errors of package repair (the repair case of domainStatus).
+func repairStatus(err error) error {
+	var (
+		stale *repair.StaleSnapshotError
+		nl    *repair.NotLeaderError
+		file  *repair.SnapshotFileError
+		inv   *repair.InvalidSnapshotError
+	)
+	switch {
+	// A bad file wraps its cause (which may be an invalid or stale snapshot): it is
+	// not the caller's bad input, so it is matched first.
+	case errors.As(err, &file):
+		return withDetails(codes.FailedPrecondition, err.Error(),
+			errorInfo("SNAPSHOT_FILE_INVALID", map[string]string{"path": file.Path}))
+	case errors.As(err, &stale):
+		return withDetails(codes.FailedPrecondition, err.Error(),
+			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
+				Type: "STALE_SNAPSHOT", Subject: "snapshot.revision",
+				Description: "the revision must not be older than the last accepted revision " + strconv.FormatInt(stale.Accepted, 10),
+			}}},
+			errorInfo("STALE_SNAPSHOT", map[string]string{
+				"revision":          strconv.FormatInt(stale.Revision, 10),
+				"accepted_revision": strconv.FormatInt(stale.Accepted, 10),
+			}))
+	case errors.As(err, &nl):
+		md := map[string]string{"leader": nl.Leader}
+		if nl.Leader == "" || nl.Err != nil {
+			return withDetails(codes.Unavailable, err.Error(),
+				&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo("REPAIR_LEADER_UNAVAILABLE", md))
+		}
+		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo("NOT_REPAIR_LEADER", md))
+	case errors.As(err, &inv):
+		br := &errdetails.BadRequest{}
+		for _, v := range inv.Violations {
+			br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{
+				Field: v.Field, Description: v.Description,
+			})
+		}
+		return withDetails(codes.InvalidArgument, err.Error(), br, errorInfo("INVALID_ARGUMENT", nil))
+	case errors.Is(err, repair.ErrNoSnapshot):
+		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo("NO_SNAPSHOT", nil))
 	}
 	return nil
 }

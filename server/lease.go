@@ -2,15 +2,11 @@ package server
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"math"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/allocd/allocd/masterlease"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
@@ -113,33 +109,4 @@ func endpointsProto(e masterlease.Endpoints) *allocdv1.Endpoints {
 	}
 	out.Subsets = []*allocdv1.EndpointSubset{sub}
 	return out
-}
-
-// isLeaseError reports whether err is one of masterlease's, for domainStatus.
-func isLeaseError(err error) bool {
-	return errors.Is(err, masterlease.ErrInvalid) || errors.Is(err, masterlease.ErrNotReady) ||
-		errors.Is(err, masterlease.ErrConflict)
-}
-
-// leaseStatus maps masterlease's errors: a bad ip or ttl_seconds is INVALID_ARGUMENT
-// with BadRequest, a state not (yet) current UNAVAILABLE with RetryInfo, a key that
-// kept changing under a Renew or RemoveLease ABORTED.
-func leaseStatus(err error) error {
-	var inv *masterlease.InvalidError
-	switch {
-	case errors.As(err, &inv):
-		br := &errdetails.BadRequest{}
-		for _, v := range inv.Violations {
-			br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{
-				Field: v.Field, Description: v.Description,
-			})
-		}
-		return withDetails(codes.InvalidArgument, err.Error(), br, errorInfo("INVALID_ARGUMENT", nil))
-	case errors.Is(err, masterlease.ErrNotReady):
-		return withDetails(codes.Unavailable, err.Error(),
-			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo("MASTER_LEASES_NOT_READY", nil))
-	case errors.Is(err, masterlease.ErrConflict):
-		return withDetails(codes.Aborted, err.Error(), errorInfo("MASTER_LEASE_CONFLICT", nil))
-	}
-	return nil
 }

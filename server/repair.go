@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -328,60 +327,4 @@ func reportProto(r *repair.Report) *allocdv1.RepairReport {
 
 func ownerProto(o allocator.Owner) *allocdv1.Owner {
 	return &allocdv1.Owner{Namespace: o.Namespace, Name: o.Name, Uid: o.UID}
-}
-
-// isRepairError reports whether err is one of package repair's, for domainStatus.
-func isRepairError(err error) bool {
-	for _, s := range []error{repair.ErrStaleSnapshot, repair.ErrNotLeader, repair.ErrInvalidSnapshot,
-		repair.ErrSnapshotFile, repair.ErrNoSnapshot} {
-		if errors.Is(err, s) {
-			return true
-		}
-	}
-	return false
-}
-
-// repairStatus maps the errors of package repair (the repair case of domainStatus).
-func repairStatus(err error) error {
-	var (
-		stale *repair.StaleSnapshotError
-		nl    *repair.NotLeaderError
-		file  *repair.SnapshotFileError
-		inv   *repair.InvalidSnapshotError
-	)
-	switch {
-	// A bad file wraps its cause (which may be an invalid or stale snapshot): it is
-	// not the caller's bad input, so it is matched first.
-	case errors.As(err, &file):
-		return withDetails(codes.FailedPrecondition, err.Error(),
-			errorInfo("SNAPSHOT_FILE_INVALID", map[string]string{"path": file.Path}))
-	case errors.As(err, &stale):
-		return withDetails(codes.FailedPrecondition, err.Error(),
-			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
-				Type: "STALE_SNAPSHOT", Subject: "snapshot.revision",
-				Description: "the revision must not be older than the last accepted revision " + strconv.FormatInt(stale.Accepted, 10),
-			}}},
-			errorInfo("STALE_SNAPSHOT", map[string]string{
-				"revision":          strconv.FormatInt(stale.Revision, 10),
-				"accepted_revision": strconv.FormatInt(stale.Accepted, 10),
-			}))
-	case errors.As(err, &nl):
-		md := map[string]string{"leader": nl.Leader}
-		if nl.Leader == "" || nl.Err != nil {
-			return withDetails(codes.Unavailable, err.Error(),
-				&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo("REPAIR_LEADER_UNAVAILABLE", md))
-		}
-		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo("NOT_REPAIR_LEADER", md))
-	case errors.As(err, &inv):
-		br := &errdetails.BadRequest{}
-		for _, v := range inv.Violations {
-			br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{
-				Field: v.Field, Description: v.Description,
-			})
-		}
-		return withDetails(codes.InvalidArgument, err.Error(), br, errorInfo("INVALID_ARGUMENT", nil))
-	case errors.Is(err, repair.ErrNoSnapshot):
-		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo("NO_SNAPSHOT", nil))
-	}
-	return nil
 }

@@ -69,6 +69,7 @@ type Allocator struct {
 
 	// noStream is set once etcd answered RangeStream with Unimplemented.
 	noStream atomic.Bool
+	listPage int // listPageSize; smaller in tests
 
 	// watchRev is the revision the index reflects; settle holds the pending bits that
 	// clear once watchRev reaches their revision.
@@ -79,6 +80,7 @@ type Allocator struct {
 	// queue feeds the group committer.
 	qmu     sync.Mutex
 	queue   []*op
+	seen    map[string]struct{} // take's set of a batch's keys, reused
 	running bool
 	stopped bool
 	notify  chan struct{}
@@ -108,6 +110,7 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, err
 		kubePort:    cfg.KubernetesNodePort,
 		conc:        cfg.CommitConcurrency,
 		notify:      make(chan struct{}, 1),
+		listPage:    listPageSize,
 	}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)

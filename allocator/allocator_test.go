@@ -678,3 +678,54 @@ func TestWatchAfterCompaction(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	eventually(t, "the re-list after the compaction", func() bool { return idle.Free("10.0.0.0/24") == 248 })
 }
+
+func TestList(t *testing.T) {
+	e := etcdtest.New(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24", "fd00::/120"))
+	ctx := ctxT(t)
+	want := map[Item]Owner{IP(a.KubernetesIP()): KubernetesOwner}
+	for i := range 20 {
+		o := owner(fmt.Sprint("u", i))
+		if i == 3 {
+			o.Name = `we"ird\name é` // escaped in the value: decoded by encoding/json
+		}
+		res, err := a.Allocate(ctx, Request{Owner: o, Policy: PreferDualStack, NodePortCount: i % 2})
+		if err != nil {
+			t.Fatalf("Allocate(%s) = %v", o.UID, err)
+		}
+		for _, ip := range res.ClusterIPs {
+			want[IP(ip)] = o
+		}
+		for _, p := range res.NodePorts {
+			want[Port(p)] = o
+		}
+	}
+	// A value another writer spelled differently, and keys that are no allocations.
+	foreign := IP(netip.MustParseAddr("10.0.0.200"))
+	want[foreign] = Owner{Namespace: "x", Name: "y", UID: "z"}
+	if _, err := e.Client.Put(ctx, a.key(foreign), `{ "uid": "z", "name": "y", "namespace": "x", "time": "2026-01-02T03:04:05+01:00" }`); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{a.ipPrefix + "not-an-ip", a.ipPrefix + "192.168.0.1", a.portPrefix + "80"} {
+		if _, err := e.Client.Put(ctx, k, "{}"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, paged := range []bool{false, true} {
+		a.noStream.Store(paged)
+		a.listPage = 7
+		rev, all, err := a.List(ctx)
+		if a.noStream.Load() != paged {
+			t.Errorf("List() (paged %v) fell back to pages: etcd has no RangeStream?", paged)
+		}
+		if err != nil || len(all) != len(want) {
+			t.Fatalf("List() (paged %v) = %d allocations, %v; want %d", paged, len(all), err, len(want))
+		}
+		for _, al := range all {
+			got, err := a.Get(ctx, al.Item)
+			if err != nil || al != got || al.Owner != want[al.Item] || al.ModRevision > rev {
+				t.Errorf("List() (paged %v) has %+v; want %+v (Get), owner %v, at most revision %d", paged, al, got, want[al.Item], rev)
+			}
+		}
+	}
+}

@@ -27,6 +27,9 @@ func TestItemValueRoundTrip(t *testing.T) {
 		if err != nil || got.UID != want.UID || got.Name != want.Name || !at.Equal(now) {
 			t.Errorf("decodeItemValue(%s) = %v, %v, %v; want %v, %v", v, got, at, err, want, now)
 		}
+		if _, _, fast := scanItemValue(v); fast != (o == KubernetesOwner) {
+			t.Errorf("scanItemValue(%s) = %v; want %v (plain strings only)", v, fast, o == KubernetesOwner)
+		}
 		std, _ := json.Marshal(o.UID)
 		if mine := appendJSONString(nil, o.UID); string(mine) != string(std) {
 			t.Errorf("appendJSONString(%q) = %s; want %s (encoding/json)", o.UID, mine, std)

@@ -218,7 +218,8 @@ func (a *Allocator) take(minKeys int) []*op {
 		}
 	}
 	var batch []*op
-	var seen map[string]struct{}
+	seen := a.seen
+	clear(seen)
 	n := 0
 	keep := a.queue[:0]
 	for i, o := range a.queue {
@@ -239,6 +240,7 @@ func (a *Allocator) take(minKeys int) []*op {
 		}
 		if seen == nil {
 			seen = make(map[string]struct{}, 2*maxTxnOps)
+			a.seen = seen
 		}
 		seen[o.ownerKey] = struct{}{}
 		for _, p := range o.picks {
@@ -291,11 +293,13 @@ func (a *Allocator) requeue(ops []*op) {
 // owner record is as expected, put them all; else read them all back, settle each op (fail, replay, or fix and retry) and return the ops to
 // retry.
 func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
-	cmps := make([]clientv3.Cmp, 0, maxTxnOps)
-	puts := make([]clientv3.Op, 0, maxTxnOps)
-	keys := make([]string, 0, maxTxnOps)
 	now := time.Now()
-	live := batch[:0:0]
+	live := make([]*op, 0, len(batch))
+	// The values of the batch go into one buffer: an item value per op (shared by its
+	// items) and the owner record, at these offsets.
+	spans := make([][3]int, 0, len(batch))
+	vals := make([]byte, 0, len(batch)*320)
+	n := 0
 	for _, o := range batch {
 		rec, err := a.nextRecord(o)
 		if err != nil {
@@ -309,25 +313,36 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 			continue
 		}
 		live = append(live, o)
-		val := string(appendItemValue(make([]byte, 0, 160), o.owner, now))
+		n += o.keys()
+		var sp [3]int
+		sp[0] = len(vals)
+		vals = appendItemValue(vals, o.owner, now)
+		sp[1] = len(vals)
+		vals = appendOwnerRecord(vals, rec)
+		sp[2] = len(vals)
+		spans = append(spans, sp)
+	}
+	if len(live) == 0 {
+		return nil
+	}
+	all := string(vals)
+	cmps := make([]clientv3.Cmp, 0, n)
+	puts := make([]clientv3.Op, 0, n)
+	for i, o := range live {
+		val := all[spans[i][0]:spans[i][1]]
 		for _, p := range o.picks {
 			if p.held {
 				continue
 			}
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(p.key), "=", 0))
 			puts = append(puts, clientv3.OpPut(p.key, val))
-			keys = append(keys, p.key)
 		}
 		if o.ownerRev == 0 {
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(o.ownerKey), "=", 0))
 		} else {
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(o.ownerKey), "=", o.ownerRev))
 		}
-		puts = append(puts, clientv3.OpPut(o.ownerKey, string(appendOwnerRecord(make([]byte, 0, 256), rec))))
-		keys = append(keys, o.ownerKey)
-	}
-	if len(live) == 0 {
-		return nil
+		puts = append(puts, clientv3.OpPut(o.ownerKey, all[spans[i][1]:spans[i][2]]))
 	}
 	a.m.batch(len(live))
 	resp, err := a.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
@@ -359,9 +374,14 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 	a.m.txn("conflict")
 	// Read the batch's keys back (not in an Else branch: that would triple the size
 	// of every transaction in etcd's log, for the rare conflict).
-	gets := make([]clientv3.Op, len(keys))
-	for i, k := range keys {
-		gets[i] = clientv3.OpGet(k)
+	gets := make([]clientv3.Op, 0, n)
+	for _, o := range live {
+		for _, p := range o.picks {
+			if !p.held {
+				gets = append(gets, clientv3.OpGet(p.key))
+			}
+		}
+		gets = append(gets, clientv3.OpGet(o.ownerKey))
 	}
 	read, err := a.cli.Txn(ctx).Then(gets...).Commit()
 	if err != nil {

@@ -52,6 +52,16 @@
 // bitset). The watch starts at the listed revision + 1 and re-lists after a
 // compaction.
 //
+// # Listing
+//
+// List (the repair pass's read of every allocation) streams each prefix with etcd's
+// RangeStream: chunks read at one revision, the range walked once. Servers without it
+// (etcd before 3.7, and the in-process client allocd uses with its embedded etcd) are
+// read in pages of 50,000 keys at the first page's revision: etcd counts the rest of
+// the range for every page, so small pages cost quadratic time. Values in the form
+// the allocator writes are decoded without reflection, the owner strings of a chunk
+// sharing one allocation.
+//
 // # Group commit
 //
 // While Run runs, Allocate and Assign calls queue for a committer that packs as many

@@ -96,11 +96,11 @@ func (a *Allocator) scan(ctx context.Context, prefix string, rev int64, fn func(
 			return got, err
 		}
 		a.noStream.Store(true)
-		a.log.Info("etcd has no RangeStream; listing in pages", "page", listPageSize)
+		a.log.Info("etcd has no RangeStream; listing in pages", "page", a.listPage)
 	}
 	key := prefix
 	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(listPageSize)}
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(a.listPage))}
 		if rev != 0 {
 			opts = append(opts, clientv3.WithRev(rev))
 		}

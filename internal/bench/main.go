@@ -3,8 +3,10 @@
 //
 //	go run ./internal/bench [-duration 10s] [-clients 64] [-conns 4] [-repeat 3]
 //
-// It starts the embedded etcd in a temporary directory, an Allocator and a gRPC
-// server built by server.NewGRPCServer (the production interceptors) on loopback,
+// It starts the embedded etcd in a temporary directory, an Allocator (on an
+// in-process etcd client, as allocd with its embedded etcd; -in-process-etcd-client=false
+// for gRPC over loopback, as with --etcd-servers) and a gRPC server built by
+// server.NewGRPCServer (the production interceptors) on loopback,
 // then runs, each after a warm-up and repeated -repeat times (medians reported):
 //
 //  1. grpc.health.v1.Health/Check, the empty unary call;
@@ -78,7 +80,7 @@ func main() {
 	flag.IntVar(&o.portRunMax, "port-run-max", 40000, "stop the NodePort run after this many allocations (0 = skip the run)")
 	flag.IntVar(&o.concurrency, "commit-concurrency", 0, "group-commit transactions in flight (0 = the allocator's default)")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the Allocate runs to this file")
-	flag.BoolVar(&o.inProcess, "in-process-etcd-client", false, "talk to the embedded etcd through direct calls (v3client) instead of gRPC over loopback")
+	flag.BoolVar(&o.inProcess, "in-process-etcd-client", true, "talk to the embedded etcd through direct calls (v3client), as allocd does with its embedded etcd; false: gRPC over loopback, as with --etcd-servers")
 	flag.StringVar(&o.memprofile, "memprofile", "", "write an allocation profile to this file after the Allocate runs")
 	flag.StringVar(&o.dir, "dir", "", "etcd data directory (default: a new temporary directory, removed at the end)")
 	flag.Parse()

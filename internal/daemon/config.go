@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/allocd/allocd/allocator"
 )
 
 // Config is every setting of allocd; DefaultConfig gives the defaults and
@@ -160,14 +162,23 @@ Usage:
 // Validate checks what can be checked without etcd and says what to fix.
 func (c *Config) Validate() error {
 	var errs []error
-	if _, err := c.clusterIPRanges(); err != nil {
-		errs = append(errs, err)
+	ranges, rerr := c.clusterIPRanges()
+	if rerr != nil {
+		errs = append(errs, rerr)
 	}
-	if _, _, err := parsePortRange(c.ServiceNodePortRange); err != nil {
-		errs = append(errs, fmt.Errorf("--service-node-port-range: %w", err))
+	ports, perr := allocator.ParsePortRange(c.ServiceNodePortRange)
+	if perr != nil {
+		errs = append(errs, fmt.Errorf("--service-node-port-range %q: %w (want FIRST-LAST, like 30000-32767)", c.ServiceNodePortRange, perr))
 	}
 	if !strings.HasPrefix(c.EtcdPrefix, "/") || strings.HasSuffix(c.EtcdPrefix, "/") {
 		errs = append(errs, fmt.Errorf("--etcd-prefix %q: want a path like /allocd (leading slash, no trailing slash)", c.EtcdPrefix))
+	} else if rerr == nil && perr == nil {
+		// The allocator's own checks: range sizes, families, the kubernetes node port.
+		if err := allocator.ValidateConfig(allocator.Config{Prefix: c.EtcdPrefix, ClusterIPRanges: ranges,
+			NodePortRange: ports, KubernetesNodePort: c.KubernetesServiceNodePort}); err != nil {
+			errs = append(errs, fmt.Errorf("--service-cluster-ip-range %q, --service-node-port-range %q, --kubernetes-service-node-port %d: %w",
+				c.ServiceClusterIPRange, c.ServiceNodePortRange, c.KubernetesServiceNodePort, err))
+		}
 	}
 	if !strings.HasPrefix(c.MasterLeasePrefix, "/") || !strings.HasSuffix(c.MasterLeasePrefix, "/") {
 		errs = append(errs, fmt.Errorf("--master-lease-prefix %q: want a path like /masterleases/ (leading and trailing slash)", c.MasterLeasePrefix))
@@ -227,18 +238,6 @@ func (c *Config) clusterIPRanges() ([]netip.Prefix, error) {
 		return nil, fmt.Errorf("--service-cluster-ip-range %q: at most two CIDRs, one per family", c.ServiceClusterIPRange)
 	}
 	return out, nil
-}
-
-// parsePortRange parses FIRST-LAST.
-func parsePortRange(s string) (first, last int, err error) {
-	a, b, ok := strings.Cut(s, "-")
-	if !ok {
-		return 0, 0, fmt.Errorf("%q: want FIRST-LAST, like 30000-32767", s)
-	}
-	if _, err := fmt.Sscanf(a+" "+b, "%d %d", &first, &last); err != nil || first < 1 || last > 65535 || first > last {
-		return 0, 0, fmt.Errorf("%q: want FIRST-LAST within 1-65535, like 30000-32767", s)
-	}
-	return first, last, nil
 }
 
 func (c *Config) logLevel() (slog.Level, error) {

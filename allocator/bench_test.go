@@ -1,0 +1,131 @@
+package allocator
+
+import (
+	"context"
+	"net/netip"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
+
+	"github.com/allocd/allocd/internal/embedetcd"
+	"github.com/allocd/allocd/internal/etcdtest"
+)
+
+// BenchmarkList lists the allocations of 100k dual-stack Services (a /12 and a /108)
+// and every port of the default NodePort range: the repair pass's read. It lists
+// over gRPC (RangeStream) and through the in-process client (pages).
+func BenchmarkList(b *testing.B) {
+	const n = 100_000
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e, err := embedetcd.Start(ctx, embedetcd.Config{Name: "bench", Dir: b.TempDir(), UnsafeNoFsync: true,
+		ClientURL: "http://" + etcdtest.FreeAddr(b), PeerURL: "http://" + etcdtest.FreeAddr(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	grpcCli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Config().ListenClientUrls[0].String()}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer grpcCli.Close()
+	cfg := testConfig("10.0.0.0/12", "fd00::/108")
+	// Write the item keys directly, 128 to a transaction: Allocate would take seconds.
+	a4, a6 := netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("fd00::2")
+	now := time.Now()
+	var puts []clientv3.Op
+	flush := func() {
+		if _, err := grpcCli.Txn(ctx).Then(puts...).Commit(); err != nil {
+			b.Fatal(err)
+		}
+		puts = puts[:0]
+	}
+	put := func(key string, o Owner) {
+		puts = append(puts, clientv3.OpPut(key, string(appendItemValue(nil, o, now))))
+		if len(puts) == maxTxnOps {
+			flush()
+		}
+	}
+	for i := range n {
+		o := Owner{Namespace: "bench", Name: "svc-" + strconv.Itoa(i), UID: "uid-" + strconv.Itoa(i)}
+		put(cfg.Prefix+"/clusterips/"+a4.String(), o)
+		put(cfg.Prefix+"/clusterips/"+a6.String(), o)
+		if i < cfg.NodePortRange.Size {
+			put(cfg.Prefix+"/nodeports/"+strconv.Itoa(cfg.NodePortRange.Base+i), o)
+		}
+		a4, a6 = a4.Next(), a6.Next()
+	}
+	flush()
+	want := 2*n + cfg.NodePortRange.Size + 1
+	for _, c := range []struct {
+		name string
+		cli  *clientv3.Client
+	}{{"grpc", grpcCli}, {"in-process", v3client.New(e.Server)}} {
+		b.Run(c.name, func(b *testing.B) {
+			a, err := New(ctx, c.cli, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				_, all, err := a.List(ctx)
+				if err != nil || len(all) != want {
+					b.Fatalf("List() = %d allocations, %v; want %d", len(all), err, want)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkAllocate allocates one ClusterIP per distinct owner from 64 goroutines,
+// through the in-process etcd client of an embedded etcd with fsync on (as
+// internal/bench does, without the gRPC server): the allocator's and etcd's share of
+// an Allocate call. It reports the process CPU time per allocation.
+func BenchmarkAllocate(b *testing.B) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e, err := embedetcd.Start(ctx, embedetcd.Config{Name: "bench", Dir: b.TempDir(),
+		ClientURL: "http://" + etcdtest.FreeAddr(b), PeerURL: "http://" + etcdtest.FreeAddr(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	cli := v3client.New(e.Server)
+	defer cli.Close()
+	a, err := New(ctx, cli, testConfig("10.0.0.0/8"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	var seq atomic.Int64
+	b.SetParallelism(32) // 64 goroutines on 2 CPUs
+	b.ReportAllocs()
+	cpu0 := cpuTime()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			uid := "ip-" + strconv.FormatInt(seq.Add(1), 10)
+			if _, err := a.Allocate(ctx, Request{Owner: Owner{Namespace: "bench", Name: "svc", UID: uid}}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/allocd/allocd/allocator"
 	"github.com/allocd/allocd/masterlease"
 	"github.com/allocd/allocd/repair"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -85,9 +86,6 @@ func Status(err error) error {
 	if err == nil {
 		return nil
 	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
 	var inv *InvalidError
 	switch {
 	case errors.Is(err, context.Canceled):
@@ -103,32 +101,47 @@ func Status(err error) error {
 		}
 		return withDetails(codes.InvalidArgument, err.Error(), br, errorInfo("INVALID_ARGUMENT", nil))
 	case errors.Is(err, ErrUnavailable):
-		return withDetails(codes.Unavailable, err.Error(),
-			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo("UNAVAILABLE", nil))
+		return unavailable(err.Error(), "UNAVAILABLE")
 	}
 	if st := domainStatus(err); st != nil {
 		return st
 	}
-	if isEtcdUnavailable(err) {
-		return withDetails(codes.Unavailable, "etcd unavailable: "+err.Error(),
-			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo("ETCD_UNAVAILABLE", nil))
+	if retryableEtcdError(err) {
+		return unavailable("etcd unavailable: "+err.Error(), "ETCD_UNAVAILABLE")
+	}
+	if st, ok := status.FromError(err); ok {
+		// A status from further down (a forwarded call, etcd): kept, but a retryable
+		// one gets its RetryInfo.
+		if st.Code() == codes.Unavailable {
+			return unavailable(st.Message(), "UNAVAILABLE")
+		}
+		return st.Err()
 	}
 	return status.Error(codes.Internal, err.Error())
 }
 
-// isEtcdUnavailable reports whether err comes from an etcd client call that could not
-// reach a member, so the caller can retry.
-func isEtcdUnavailable(err error) bool {
-	st, ok := status.FromError(errors.Unwrap(err))
-	for e := err; !ok && e != nil; e = errors.Unwrap(e) {
-		st, ok = status.FromError(e)
-	}
-	if !ok {
+// unavailable is UNAVAILABLE with a RetryInfo detail.
+func unavailable(msg, reason string) error {
+	return withDetails(codes.Unavailable, msg,
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo(reason, nil))
+}
+
+// retryableEtcdError reports whether err comes from an etcd call that failed for a
+// reason a retry can fix: no member reachable, no leader, leader changed, request timed
+// out (its outcome unknown: Allocate is idempotent, so the caller retries the same
+// request), too many requests. The etcd client turns etcd's own errors into
+// rpctypes.EtcdError values, which are not gRPC statuses.
+func retryableEtcdError(err error) bool {
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		switch ee.Code() {
+		case codes.Unavailable, codes.ResourceExhausted:
+			return true
+		}
 		return false
 	}
-	switch st.Code() {
-	case codes.Unavailable, codes.DeadlineExceeded:
-		return true
+	if st, ok := status.FromError(err); ok {
+		return st.Code() == codes.Unavailable
 	}
 	return false
 }

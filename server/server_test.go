@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -106,6 +107,11 @@ func TestStatus(t *testing.T) {
 		{"deadline", context.DeadlineExceeded, codes.DeadlineExceeded},
 		{"unavailable", fmt.Errorf("load: %w", ErrUnavailable), codes.Unavailable},
 		{"etcd unreachable", fmt.Errorf("txn: %w", status.Error(codes.Unavailable, "no leader")), codes.Unavailable},
+		{"etcd timeout", fmt.Errorf("txn: %w", rpctypes.ErrTimeout), codes.Unavailable},
+		{"etcd no leader", fmt.Errorf("txn: %w", rpctypes.ErrNoLeader), codes.Unavailable},
+		{"etcd leader changed", rpctypes.ErrLeaderChanged, codes.Unavailable},
+		{"etcd too many requests", rpctypes.ErrTooManyRequests, codes.Unavailable},
+		{"etcd request too large", rpctypes.ErrRequestTooLarge, codes.Internal},
 		{"status kept", status.Error(codes.NotFound, "gone"), codes.NotFound},
 		{"unknown", errors.New("disk on fire"), codes.Internal},
 	} {
@@ -124,6 +130,17 @@ func TestStatus(t *testing.T) {
 	}
 	if br == nil || len(br.FieldViolations) != 1 || br.FieldViolations[0].Field != "owner.uid" {
 		t.Errorf("Status(%v) details = %v; want BadRequest naming owner.uid", wrapped, st.Details())
+	}
+	for _, err := range []error{rpctypes.ErrTimeout, status.Error(codes.Unavailable, "leader unreachable")} {
+		var ri *errdetails.RetryInfo
+		for _, d := range status.Convert(Status(err)).Details() {
+			if r, ok := d.(*errdetails.RetryInfo); ok {
+				ri = r
+			}
+		}
+		if ri == nil {
+			t.Errorf("Status(%v) has no RetryInfo", err)
+		}
 	}
 	if (&InvalidError{}).OrNil() != nil {
 		t.Errorf("empty InvalidError.OrNil() != nil")

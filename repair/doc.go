@@ -10,6 +10,16 @@
 //
 // The Controller's doc lists every case a pass repairs and the leak rules.
 //
+// ServiceCIDRFull and PortRangeFull: Kubernetes reports them when allocating an item
+// in the bitmap it rebuilds from the Services answers ErrFull, and aborts the pass.
+// allocd repairs each missing item with allocator.Assign of that very item, which
+// succeeds or answers "held by another owner", never "range full" (only dynamic picks
+// can find a range full). So a pass over *allocator.Allocator never reports them; they
+// remain for a Store that can answer allocator.ErrFull, and then, as in Kubernetes,
+// the pass stops without judging leaks (the report's Err says why). A range really
+// full of allocations shows as allocd_allocator_available{range} at 0 and as
+// RESOURCE_EXHAUSTED on Allocate, not as a repair finding.
+//
 //	a, _ := allocator.New(ctx, cli, allocCfg)
 //	c, err := repair.New(cli, a, repair.Config{
 //		Prefix:      "/allocd",

@@ -14,9 +14,9 @@ import (
 	"github.com/allocd/allocd/allocator"
 )
 
-// pass runs one pass (passes are serialized) and, unless dryRun, keeps its report and
-// its leak candidates.
-func (c *Controller) pass(ctx context.Context, dryRun bool) (*Report, error) {
+// pass runs one pass of term t (passes are serialized) and, unless dryRun, keeps its
+// report and its leak candidates if t is still the current term.
+func (c *Controller) pass(ctx context.Context, t *term, dryRun bool) (*Report, error) {
 	c.passMu.Lock()
 	defer c.passMu.Unlock()
 	rep := &Report{Start: time.Now(), DryRun: dryRun, Counts: map[Reason]int64{}}
@@ -37,6 +37,11 @@ func (c *Controller) pass(ctx context.Context, dryRun bool) (*Report, error) {
 	c.metrics.pass(rep.Duration.Seconds(), result)
 	if !dryRun {
 		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.term != t {
+			// The term ended during the pass: its strikes belong to no term.
+			return rep, err
+		}
 		c.last = rep
 		if p.next != nil {
 			c.candidates = p.next
@@ -46,7 +51,6 @@ func (c *Controller) pass(ctx context.Context, dryRun bool) (*Report, error) {
 			}
 			c.metrics.leakCandidates(c.store.RangeNames(), byRange)
 		}
-		c.mu.Unlock()
 	}
 	return rep, err
 }
@@ -59,6 +63,11 @@ type passRun struct {
 	c   *Controller
 	rep *Report
 	dry bool
+
+	// stale is set when a snapshot newer than snap was accepted (by any replica)
+	// since snap was: the pass then reports, but writes nothing it would judge from
+	// snap and counts no strikes.
+	stale bool
 
 	snap   *accepted
 	allocs []allocator.Allocation
@@ -113,12 +122,47 @@ func (p *passRun) run(ctx context.Context) error {
 	if err := p.collect(); err != nil {
 		return err
 	}
+	if err := p.checkCurrent(ctx); err != nil {
+		return err
+	}
 	for i := range p.claims {
 		if err := p.check(ctx, &p.claims[i]); err != nil {
 			return err
 		}
 	}
+	// Again just before releases: a newer snapshot may have been accepted meanwhile.
+	if err := p.checkCurrent(ctx); err != nil {
+		return err
+	}
+	if p.stale {
+		return nil // candidates stay as they were: no strike counted, none lost
+	}
 	return p.leaks(ctx)
+}
+
+// checkCurrent reads the last accepted snapshot revision of the cluster
+// (<prefix>/repair/snapshot-revision, a linearizable read) and marks the pass stale,
+// with a SnapshotStale finding, if it is newer than the snapshot in hand: another
+// replica accepted a snapshot this one does not have (it led, or took a push, while
+// this replica did not lead). Judging leaks against the older snapshot could free an
+// allocation that a Service of the newer one uses.
+func (p *passRun) checkCurrent(ctx context.Context) error {
+	if p.stale {
+		return nil
+	}
+	last, err := p.c.acceptedRevision(ctx)
+	if err != nil {
+		return err
+	}
+	if last <= p.snap.Revision {
+		return nil
+	}
+	p.stale = true
+	p.add(Finding{Reason: SnapshotStale, Message: fmt.Sprintf(
+		"service snapshot revision %d is older than revision %d, accepted by another replica: "+
+			"no Service repaired and no leak judged until that snapshot (or a newer one) is pushed here",
+		p.snap.Revision, last)})
+	return nil
 }
 
 // collect rebuilds the expected state: one claim per item the snapshot uses, and a
@@ -225,15 +269,7 @@ func (p *passRun) check(ctx context.Context, cl *claim) error {
 	ip := cl.item.Kind == allocator.KindClusterIP
 
 	if p.c.store.IsReserved(cl.item) {
-		for _, u := range append([]user{cl.first}, cl.more...) {
-			s := &svcs[u.svc]
-			if s.Namespace == allocator.KubernetesOwner.Namespace && s.Name == allocator.KubernetesOwner.Name {
-				continue
-			}
-			p.add(p.itemFinding(reasonFor(ip, ClusterIPAlreadyAllocated, PortAlreadyAllocated), cl, u,
-				fmt.Sprintf("%s is reserved for the default/kubernetes service; please recreate service", describe(cl.item, u.raw))))
-		}
-		return nil
+		return p.checkReserved(ctx, cl, al)
 	}
 
 	// The holder is the Service etcd says holds it, else the first in the snapshot.
@@ -259,24 +295,13 @@ func (p *passRun) check(ctx context.Context, cl *claim) error {
 	if !held {
 		f := p.itemFinding(reasonFor(ip, ClusterIPNotAllocated, PortNotAllocated), cl, holder,
 			fmt.Sprintf("%s is not allocated; repairing", describe(cl.item, holder.raw)))
-		if p.dry {
-			f.Message = fmt.Sprintf("%s is not allocated; would repair (dry run)", describe(cl.item, holder.raw))
-			p.add(f)
-			return nil
-		}
-		_, err := p.c.store.Assign(ctx, owner(hs), cl.item)
-		var ae *allocator.AllocatedError
 		switch {
-		case err == nil:
-			f.Repaired = true
-		case errors.As(err, &ae):
-			f.Message = fmt.Sprintf("%s is not allocated, but was allocated to %s since the pass read etcd; not repaired",
-				describe(cl.item, holder.raw), ae.Holder)
-		case errors.Is(err, allocator.ErrFull):
-			p.add(f)
-			return p.full(cl, holder)
+		case p.stale:
+			f.Message = fmt.Sprintf("%s is not allocated; not repaired: the snapshot is stale", describe(cl.item, holder.raw))
+		case p.dry:
+			f.Message = fmt.Sprintf("%s is not allocated; would repair (dry run)", describe(cl.item, holder.raw))
 		default:
-			return fmt.Errorf("allocate %v to %s/%s: %w", cl.item, hs.Namespace, hs.Name, err)
+			return p.assign(ctx, f, cl, holder, owner(hs))
 		}
 		p.add(f)
 		return nil
@@ -294,20 +319,122 @@ func (p *passRun) check(ctx context.Context, cl *claim) error {
 	case len(cl.more) > 0:
 		f.Message = fmt.Sprintf("%s is allocated to %s and used by several services; not reassigned",
 			describe(cl.item, holder.raw), al.Owner)
-	case p.dry:
-		f.Message = fmt.Sprintf("%s is allocated to %s, not to the service that uses it; would reassign (dry run)",
-			describe(cl.item, holder.raw), al.Owner)
 	default:
-		_, err := p.c.store.Reassign(ctx, *al, owner(hs))
-		switch {
-		case err == nil:
-			f.Repaired = true
-		case errors.Is(err, allocator.ErrConflict):
-			f.Message = fmt.Sprintf("%s is allocated to %s, but changed since the pass read it; not reassigned",
-				describe(cl.item, holder.raw), al.Owner)
-		default:
-			return fmt.Errorf("reassign %v to %s/%s: %w", cl.item, hs.Namespace, hs.Name, err)
+		return p.reassign(ctx, f, cl, holder, *al, owner(hs))
+	}
+	p.add(f)
+	return nil
+}
+
+// checkReserved handles the address or port reserved for the kubernetes Service
+// (allocator.KubernetesOwner): every other Service using it is reported; if nothing
+// holds it, it is allocated to the kubernetes Service again; if an owner that no
+// Service of the snapshot is holds it, it is given back to the kubernetes Service
+// (with the same fence as any reassign). A leak is never judged for it.
+func (p *passRun) checkReserved(ctx context.Context, cl *claim, al *allocator.Allocation) error {
+	svcs := p.snap.Services
+	ip := cl.item.Kind == allocator.KindClusterIP
+	kube := allocator.KubernetesOwner
+	isKube := func(s *Service) bool { return s.Namespace == kube.Namespace && s.Name == kube.Name }
+	users := append([]user{cl.first}, cl.more...)
+	// The finding about the reservation itself names the kubernetes Service of the
+	// snapshot if there is one, else the first user.
+	ku := cl.first
+	for _, u := range users {
+		s := &svcs[u.svc]
+		if isKube(s) {
+			ku = u
+			continue
 		}
+		p.add(p.itemFinding(reasonFor(ip, ClusterIPAlreadyAllocated, PortAlreadyAllocated), cl, u,
+			fmt.Sprintf("%s is reserved for the default/kubernetes service; please recreate service", describe(cl.item, u.raw))))
+	}
+	what := describe(cl.item, ku.raw)
+	if al == nil {
+		f := p.itemFinding(reasonFor(ip, ClusterIPNotAllocated, PortNotAllocated), cl, ku,
+			fmt.Sprintf("%s, reserved for the default/kubernetes service, is not allocated; repairing", what))
+		switch {
+		case p.dry:
+			f.Message = fmt.Sprintf("%s, reserved for the default/kubernetes service, is not allocated; would repair (dry run)", what)
+		default:
+			// Not judged from the snapshot: the reservation holds whatever the snapshot
+			// says, so a stale snapshot does not stop it.
+			return p.assign(ctx, f, cl, ku, kube)
+		}
+		p.add(f)
+		return nil
+	}
+	if al.Owner.UID == kube.UID {
+		return nil
+	}
+	for _, u := range users {
+		if svcs[u.svc].UID == al.Owner.UID {
+			return nil // a Service of the snapshot holds it: reported above
+		}
+	}
+	f := p.itemFinding(reasonFor(ip, ClusterIPWrongOwner, PortWrongOwner), cl, ku,
+		fmt.Sprintf("%s, reserved for the default/kubernetes service, is allocated to %s; repairing", what, al.Owner))
+	if al.ModRevision > p.snap.receipt.Revision {
+		f.Message = fmt.Sprintf("%s, reserved for the default/kubernetes service, is allocated to %s, which is newer (revision %d) than the snapshot (received at revision %d); not corrected",
+			what, al.Owner, al.ModRevision, p.snap.receipt.Revision)
+		p.add(f)
+		return nil
+	}
+	return p.reassign(ctx, f, cl, ku, *al, kube)
+}
+
+// assign repairs a claim that is not allocated by allocating it to o, and records f
+// (repaired or not). Only a full range (which stops the pass) or the end of ctx is
+// an error: anything else that keeps the item from o is a finding not repaired, and
+// the pass goes on with the next claim, so that one Service cannot stop every pass.
+func (p *passRun) assign(ctx context.Context, f Finding, cl *claim, u user, o allocator.Owner) error {
+	what := describe(cl.item, u.raw)
+	_, err := p.c.store.Assign(ctx, o, cl.item)
+	var ae *allocator.AllocatedError
+	switch {
+	case err == nil:
+		f.Repaired = true
+	case errors.As(err, &ae):
+		f.Message = fmt.Sprintf("%s is not allocated, but was allocated to %s since the pass read etcd; not repaired",
+			what, ae.Holder)
+	case errors.Is(err, allocator.ErrFull):
+		p.add(f)
+		return p.full(cl, u)
+	case ctx.Err() != nil:
+		return fmt.Errorf("allocate %v to %s/%s: %w", cl.item, o.Namespace, o.Name, err)
+	default:
+		f.Message = fmt.Sprintf("%s is not allocated, and allocating it to %s failed; not repaired: %v", what, o, err)
+	}
+	p.add(f)
+	return nil
+}
+
+// reassign repairs a claim held by the wrong owner by moving al to o (if it did not
+// change since the pass read it), and records f. Like assign, only the end of ctx is
+// an error.
+func (p *passRun) reassign(ctx context.Context, f Finding, cl *claim, u user, al allocator.Allocation, o allocator.Owner) error {
+	what := describe(cl.item, u.raw)
+	switch {
+	case p.stale:
+		f.Message = fmt.Sprintf("%s is allocated to %s, not to %s; not reassigned: the snapshot is stale", what, al.Owner, o)
+		p.add(f)
+		return nil
+	case p.dry:
+		f.Message = fmt.Sprintf("%s is allocated to %s, not to %s; would reassign (dry run)", what, al.Owner, o)
+		p.add(f)
+		return nil
+	}
+	_, err := p.c.store.Reassign(ctx, al, o)
+	switch {
+	case err == nil:
+		f.Repaired = true
+	case errors.Is(err, allocator.ErrConflict) && ctx.Err() == nil:
+		f.Message = fmt.Sprintf("%s is allocated to %s, but changed since the pass read it, or kept changing; not reassigned: %v",
+			what, al.Owner, err)
+	case ctx.Err() != nil:
+		return fmt.Errorf("reassign %v to %s/%s: %w", cl.item, o.Namespace, o.Name, err)
+	default:
+		f.Message = fmt.Sprintf("%s is allocated to %s, and reassigning it to %s failed; not reassigned: %v", what, al.Owner, o, err)
 	}
 	p.add(f)
 	return nil
@@ -375,8 +502,13 @@ func (p *passRun) leaks(ctx context.Context) error {
 			f.Message = fmt.Sprintf("%s of %s appears to have leaked: would clean up (dry run)", what, al.Owner)
 		default:
 			ok, err := c.store.ReleaseIf(ctx, *al)
-			if err != nil {
+			if err != nil && ctx.Err() != nil {
 				return fmt.Errorf("release leaked %v: %w", al.Item, err)
+			}
+			if err != nil {
+				// Kept as a candidate, at its last strike: the next pass tries again.
+				f.Message = fmt.Sprintf("%s of %s appears to have leaked, but cleaning it up failed: kept: %v", what, al.Owner, err)
+				break
 			}
 			if ok {
 				f.Reason, f.Repaired = LeakReleased, true

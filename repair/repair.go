@@ -62,6 +62,9 @@ const (
 	LeakSuspected Reason = "LeakSuspected"
 	// LeakReleased: the countdown ended and the allocation was deleted.
 	LeakReleased Reason = "LeakReleased"
+	// SnapshotStale: another replica accepted a newer snapshot than the one this
+	// replica judges with; the pass repairs nothing from it and judges no leak.
+	SnapshotStale Reason = "SnapshotStale"
 )
 
 // Defaults of Config.
@@ -123,8 +126,24 @@ type Config struct {
 //     the item is shared by two Services;
 //   - the address or port reserved for the kubernetes Service, used by another
 //     Service: ClusterIPAlreadyAllocated / PortAlreadyAllocated, reported;
+//   - the reserved address or port not allocated: ClusterIPNotAllocated /
+//     PortNotAllocated, repaired by allocating it to allocator.KubernetesOwner; held
+//     by an owner that no Service of the snapshot is: ClusterIPWrongOwner /
+//     PortWrongOwner, given back to allocator.KubernetesOwner (same fence as above);
+//   - a repair that fails for any other reason (the owner would hold more than
+//     allocator.MaxItems items, contention outlasting the allocator's retries, an
+//     etcd error): the finding is reported not repaired, with the error in its
+//     message, and the pass goes on, so that one Service cannot keep every leak
+//     from being released;
 //   - a full range while repairing: ServiceCIDRFull / PortRangeFull, and the pass
-//     stops (no leak is judged).
+//     stops (no leak is judged). See the package doc for when that happens.
+//
+// Before repairing and again before judging leaks, a pass reads the last snapshot
+// revision accepted by any replica (<Prefix>/repair/snapshot-revision, linearizable).
+// If it is newer than the snapshot in hand (another replica took a push while this
+// one did not lead), the pass reports SnapshotStale, makes no repair judged from its
+// snapshot (the kubernetes reservation is still made), judges no leak and leaves the
+// strikes as they are, until the newer snapshot is pushed here.
 //
 // Then every allocation that no Service uses is a leak candidate (LeakSuspected),
 // except the kubernetes reservation, and except allocations committed after the
@@ -139,9 +158,10 @@ type Config struct {
 //     re-made since the pass read it is never freed.
 //
 // A candidate that reappears in a Service, changes owner or revision, or disappears
-// loses its strikes. Strikes live in the leader's memory: a new leader starts counting
-// from zero, which only delays releases. A dry run reports what a pass would do and
-// changes nothing, strikes included.
+// loses its strikes. Strikes live in the leader's memory, for one term of leadership:
+// every term, including a second term of the same replica, starts counting from zero,
+// which only delays releases. A pass runs on behalf of a term, and ends with it. A dry
+// run reports what a pass would do and changes nothing, strikes included.
 type Controller struct {
 	cli     *clientv3.Client
 	store   Store
@@ -158,8 +178,29 @@ type Controller struct {
 
 	mu         sync.Mutex // guards the fields below
 	snap       *accepted
+	term       *term // the current term of leadership, nil when not leading
 	candidates map[allocator.Item]*candidate
 	last       *Report
+}
+
+// term is one term of repair leadership. Passes run on behalf of a term: they end when
+// it ends, and their strikes and report are kept only while it is still the current
+// term, so that a replica that leads again never resumes the streaks of an earlier
+// term.
+type term struct {
+	// done is closed when the term ends (lead's context is canceled or the election
+	// session is lost).
+	done <-chan struct{}
+}
+
+// ended reports whether the term is over.
+func (t *term) ended() bool {
+	select {
+	case <-t.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // candidate is a leak candidate between passes.
@@ -293,19 +334,31 @@ func (c *Controller) lead(ctx context.Context) error {
 	defer wg.Wait()
 	defer cancel()
 
+	// A new term counts strikes from zero: while another replica led, the
+	// allocations and the Services may have changed in ways this replica's old
+	// candidates know nothing of.
+	t := &term{done: lctx.Done()}
+	c.mu.Lock()
+	c.term = t
+	c.candidates = map[allocator.Item]*candidate{}
+	c.mu.Unlock()
+	c.metrics.leakCandidates(c.store.RangeNames(), nil)
 	c.leading.Store(true)
 	c.metrics.setLeader(true)
 	defer func() {
+		c.mu.Lock()
+		c.term = nil
+		c.mu.Unlock()
 		c.leading.Store(false)
 		c.metrics.setLeader(false)
 	}()
 	c.log.InfoContext(ctx, "elected repair leader", "identity", c.cfg.Identity, "key", e.Key())
 
 	if c.cfg.SnapshotFile != "" || c.snapshot() != nil {
-		c.periodicPass(lctx)
+		c.periodicPass(lctx, t)
 	}
-	t := time.NewTicker(c.cfg.Interval)
-	defer t.Stop()
+	tick := time.NewTicker(c.cfg.Interval)
+	defer tick.Stop()
 	for {
 		select {
 		case <-lctx.Done():
@@ -313,15 +366,15 @@ func (c *Controller) lead(ctx context.Context) error {
 				return nil
 			}
 			return errSessionLost
-		case <-t.C:
-			c.periodicPass(lctx)
+		case <-tick.C:
+			c.periodicPass(lctx, t)
 		}
 	}
 }
 
-// periodicPass runs a pass of the loop and logs its outcome.
-func (c *Controller) periodicPass(ctx context.Context) {
-	rep, err := c.pass(ctx, false)
+// periodicPass runs a pass of the loop for term t and logs its outcome.
+func (c *Controller) periodicPass(ctx context.Context, t *term) {
+	rep, err := c.pass(ctx, t, false)
 	switch {
 	case errors.Is(err, ErrNoSnapshot):
 		c.log.InfoContext(ctx, "repair pass skipped: no service snapshot yet")
@@ -361,17 +414,47 @@ func (c *Controller) Leader(ctx context.Context) (identity string, self bool, er
 
 // RunRepair runs a pass now, if this replica is the leader (else a *NotLeaderError
 // naming the leader). dryRun reports without writing and without counting strikes.
+// The pass runs on behalf of the current term of leadership: it ends when ctx ends or
+// when the term does (a lost election session), whichever comes first; a pass cut
+// short by the end of the term returns a *NotLeaderError naming the leader then.
 // A pass stopped by a full range returns its report with Err set and a nil error;
-// other errors (no snapshot, a bad snapshot file, etcd) are returned.
+// Services that cannot be repaired are findings of the report, not errors. Other
+// errors (no snapshot, a bad snapshot file, etcd) are returned.
 func (c *Controller) RunRepair(ctx context.Context, dryRun bool) (*Report, error) {
-	if !c.leading.Load() {
-		leader, _, err := c.Leader(ctx)
-		if err != nil {
-			return nil, err
-		}
-		return nil, &NotLeaderError{Leader: leader}
+	c.mu.Lock()
+	t := c.term
+	c.mu.Unlock()
+	if t == nil {
+		return nil, c.notLeader(ctx)
 	}
-	return c.pass(ctx, dryRun)
+	pctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-t.done:
+			cancel()
+		case <-pctx.Done():
+		}
+	}()
+	rep, err := c.pass(pctx, t, dryRun)
+	if err != nil && ctx.Err() == nil && t.ended() {
+		return nil, c.notLeader(ctx)
+	}
+	return rep, err
+}
+
+// notLeader returns the *NotLeaderError naming the current leader, or the error of
+// reading it.
+func (c *Controller) notLeader(ctx context.Context) error {
+	leader, _, err := c.Leader(ctx)
+	if err != nil {
+		return err
+	}
+	return &NotLeaderError{Leader: leader}
 }
 
 func isStale(err error) bool { return errors.Is(err, ErrStaleSnapshot) }

@@ -231,6 +231,24 @@ func (c *Controller) recordRevision(ctx context.Context, rev int64) error {
 	return &StaleSnapshotError{Revision: rev, Accepted: last}
 }
 
+// acceptedRevision reads the last snapshot revision accepted by any replica, 0 when
+// none was recorded. The read is linearizable: an Accept acknowledged anywhere before
+// it started is seen.
+func (c *Controller) acceptedRevision(ctx context.Context) (int64, error) {
+	resp, err := c.cli.Get(ctx, c.revisionKey)
+	if err != nil {
+		return 0, fmt.Errorf("read accepted snapshot revision: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return 0, nil
+	}
+	rev, err := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("read accepted snapshot revision: %s holds %q: %w", c.revisionKey, resp.Kvs[0].Value, err)
+	}
+	return rev, nil
+}
+
 // snapshot returns the snapshot kept in memory, nil when none.
 func (c *Controller) snapshot() *accepted {
 	c.mu.Lock()

@@ -258,6 +258,52 @@ func TestRepairServiceAcceptance(t *testing.T) {
 	}
 }
 
+// TestRepairServiceUnrepairable: a Service the allocator refuses to repair (its owner
+// would hold more than allocator.MaxItems items) is a finding of a successful
+// RunRepair, never INVALID_ARGUMENT, and the pass repairs the other Services.
+func TestRepairServiceUnrepairable(t *testing.T) {
+	e := etcdtest.New(t)
+	n := startRepairNode(t, e.Client)
+	waitRepairLeader(t, n)
+	ctx := repairCtx(t)
+	var ports []int32
+	for p := int32(30100); p < 30100+allocator.MaxItems+1; p++ {
+		ports = append(ports, p)
+	}
+	last := ports[len(ports)-1]
+	if _, err := push(ctx, n.client, []int64{1}, []*allocdv1.Service{
+		svcProto("uid-big", nil, ports...),
+		svcProto("uid-a", []string{"192.168.1.2"}),
+	}); err != nil {
+		t.Fatalf("PushServiceSnapshot = %v", err)
+	}
+	run, err := n.client.RunRepair(ctx, &allocdv1.RunRepairRequest{})
+	if err != nil {
+		t.Fatalf("RunRepair() = %v (%v); want a report", err, status.Code(err))
+	}
+	if msg := run.GetReport().GetError(); msg != "" {
+		t.Errorf("RunRepair() report error = %q; want none (the pass went to the end)", msg)
+	}
+	var notRepaired []string
+	for _, f := range run.GetReport().GetFindings() {
+		if !f.GetRepaired() {
+			notRepaired = append(notRepaired, fmt.Sprintf("%s %d %s", f.GetReason(), f.GetNodePort(), f.GetService().GetUid()))
+		}
+	}
+	if want := []string{fmt.Sprintf("PortNotAllocated %d uid-big", last)}; fmt.Sprint(notRepaired) != fmt.Sprint(want) {
+		t.Errorf("RunRepair() findings not repaired = %q; want %q", notRepaired, want)
+	}
+	for it, uid := range map[allocator.Item]string{
+		allocator.IP(netip.MustParseAddr("192.168.1.2")): "uid-a",
+		allocator.Port(int(ports[0])):                    "uid-big",
+		allocator.Port(int(last)):                        "",
+	} {
+		if got := holderUID(t, n.alloc, it); got != uid {
+			t.Errorf("holder(%v) after RunRepair = %q; want %q", it, got, uid)
+		}
+	}
+}
+
 // TestRepairServiceErrors: bad input and wrong state get their codes and details, and
 // write nothing.
 func TestRepairServiceErrors(t *testing.T) {

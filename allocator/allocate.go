@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -40,8 +41,29 @@ func (a *Allocator) allocate(ctx context.Context, req Request) (Result, error) {
 	if req.Owner.UID == "" {
 		return Result{}, &InvalidError{Field: "owner.uid", Reason: "required"}
 	}
+	o := &op{owner: req.Owner, ownerKey: a.ownerKey(req.Owner.UID), hash: req.hash()}
+	read := false // o.ownerRev and o.record were read from etcd
+	if h, ok := a.hints.get(o.owner.UID); ok && !req.DryRun {
+		if h.rec.Last == nil || h.rec.Last.Hash != o.hash {
+			o.ownerRev, o.record = h.rev, h.rec
+		} else {
+			// Probably a retry of a request this replica committed: etcd says whether
+			// the owner still holds its result.
+			if res, ok, err := a.replay(ctx, o); err != nil || ok {
+				return res, err
+			}
+			read = true
+		}
+	}
 	picks, err := a.plan(req)
 	if err != nil {
+		// A retry of a request that committed finds the range full (it may have taken
+		// the last item itself) before it gets to the owner record: look there.
+		if !req.DryRun && !read && (errors.Is(err, ErrFull) || errors.Is(err, ErrNoRange)) {
+			if res, ok, rerr := a.replay(ctx, o); rerr != nil || ok {
+				return res, rerr
+			}
+		}
 		return Result{}, err
 	}
 	if len(picks) == 0 {
@@ -50,12 +72,40 @@ func (a *Allocator) allocate(ctx context.Context, req Request) (Result, error) {
 	if req.DryRun {
 		return a.dryRun(ctx, req.Owner, picks)
 	}
-	o := &op{owner: req.Owner, ownerKey: a.ownerKey(req.Owner.UID), hash: req.hash(), picks: picks}
+	o.picks = picks
 	r := a.submit(ctx, o)
 	if r.err != nil {
 		return Result{}, r.err
 	}
 	return Result{ClusterIPs: r.ips, NodePorts: r.ports, Revision: r.rev, Replayed: r.replayed}, nil
+}
+
+// replay reads o's owner record (a linearizable read) into o and reports, with the
+// stored result, whether the owner's last request was o's and the owner still holds
+// its result.
+func (a *Allocator) replay(ctx context.Context, o *op) (Result, bool, error) {
+	resp, err := a.cli.Get(ctx, o.ownerKey)
+	if err != nil {
+		return Result{}, false, fmt.Errorf("read owner record: %w", err)
+	}
+	o.ownerRev, o.record = 0, nil
+	if len(resp.Kvs) == 0 {
+		a.hints.del(o.owner.UID)
+		return Result{}, false, nil
+	}
+	kv := resp.Kvs[0]
+	rec, err := decodeOwnerRecord(kv.Value)
+	if err != nil {
+		// Left to the transaction's read-back, which rewrites it.
+		a.log.Warn("undecodable owner record", "key", o.ownerKey, "err", err)
+		return Result{}, false, nil
+	}
+	o.ownerRev, o.record = kv.ModRevision, rec
+	a.hints.put(o.owner.UID, kv.ModRevision, rec)
+	if rec.Last == nil || rec.Last.Hash != o.hash || !rec.holdsLast() {
+		return Result{}, false, nil
+	}
+	return Result{ClusterIPs: rec.Last.ClusterIPs, NodePorts: rec.Last.NodePorts, Revision: kv.ModRevision, Replayed: true}, true, nil
 }
 
 // plan validates req and reserves (pending) the items it asks for.
@@ -222,7 +272,11 @@ func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, e
 		return Allocation{}, err
 	}
 	p := &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.reserve(off)}
-	res := a.submit(ctx, &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}})
+	op := &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}}
+	if h, ok := a.hints.get(o.UID); ok {
+		op.ownerRev, op.record = h.rev, h.rec
+	}
+	res := a.submit(ctx, op)
 	if res.err != nil {
 		return Allocation{}, res.err
 	}

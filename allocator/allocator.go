@@ -72,10 +72,20 @@ type Allocator struct {
 	listPage int // listPageSize; smaller in tests
 
 	// watchRev is the revision the index reflects; settle holds the pending bits that
-	// clear once watchRev reaches their revision.
+	// clear once watchRev reaches their revision; revc is closed (and replaced) when
+	// watchRev moves.
 	watchMu  sync.Mutex
 	watchRev int64
 	settle   []settleEntry
+	revc     chan struct{}
+	// watching is set while watchLoop runs; progressc asks it for a progress
+	// notification; Sync waits at most syncTimeout.
+	watching    atomic.Bool
+	progressc   chan struct{}
+	syncTimeout time.Duration
+
+	// hints are the owner records last written or read.
+	hints ownerHints
 
 	// queue feeds the group committer.
 	qmu     sync.Mutex
@@ -111,6 +121,9 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, err
 		conc:        cfg.CommitConcurrency,
 		notify:      make(chan struct{}, 1),
 		listPage:    listPageSize,
+		revc:        make(chan struct{}),
+		progressc:   make(chan struct{}, 1),
+		syncTimeout: defaultSyncTimeout,
 	}
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
@@ -376,6 +389,8 @@ func (a *Allocator) advance(rev int64) {
 	a.watchMu.Lock()
 	if rev > a.watchRev {
 		a.watchRev = rev
+		close(a.revc)
+		a.revc = make(chan struct{})
 	}
 	var done []settleEntry
 	keep := a.settle[:0]
@@ -413,25 +428,96 @@ func (a *Allocator) currentRev() int64 {
 	return a.watchRev
 }
 
+const (
+	// defaultSyncTimeout bounds how long Sync waits for the watch.
+	defaultSyncTimeout = 5 * time.Second
+	// progressEvery is how often a waiting Sync asks the watch for progress (etcd
+	// ignores the request while the watch is catching up).
+	progressEvery = 50 * time.Millisecond
+)
+
+// Sync waits until the index reflects every write etcd committed before the call: it
+// reads etcd's revision (a linearizable read), then waits for Run's watch to reach
+// it, for at most 5 seconds. What Free and Ranges report next is then at least as new
+// as any allocation or release acknowledged before Sync was called. It returns
+// ErrNotRunning when the watch is behind and Run is not running, ErrNotSynced when
+// the watch stays behind for too long, and etcd's and ctx's errors.
+func (a *Allocator) Sync(ctx context.Context) error {
+	resp, err := a.cli.Get(ctx, a.configKey, clientv3.WithCountOnly())
+	if err != nil {
+		return fmt.Errorf("read etcd revision: %w", err)
+	}
+	target := resp.Header.Revision
+	var tick <-chan time.Time
+	var timeout <-chan time.Time
+	for {
+		a.watchMu.Lock()
+		rev, revc := a.watchRev, a.revc
+		a.watchMu.Unlock()
+		if rev >= target {
+			return nil
+		}
+		if !a.watching.Load() {
+			return fmt.Errorf("allocation index at revision %d, etcd at %d: %w", rev, target, ErrNotRunning)
+		}
+		if tick == nil {
+			t := time.NewTicker(progressEvery)
+			defer t.Stop()
+			tm := time.NewTimer(a.syncTimeout)
+			defer tm.Stop()
+			tick, timeout = t.C, tm.C
+		}
+		select {
+		case a.progressc <- struct{}{}:
+		default:
+		}
+		select {
+		case <-revc:
+		case <-tick:
+		case <-timeout:
+			return fmt.Errorf("allocation index at revision %d, etcd at %d after %v: %w", rev, target, a.syncTimeout, ErrNotSynced)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // watchLoop applies the item keys' changes to the index from watchRev+1 on; after a
-// compaction it re-lists. It returns when ctx ends.
+// compaction it re-lists. Progress notifications (which Sync asks for) move watchRev
+// past writes outside the watched keys. It returns when ctx ends.
 func (a *Allocator) watchLoop(ctx context.Context) error {
+	a.watching.Store(true)
+	defer a.watching.Store(false)
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		from := a.currentRev() + 1
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		wch := a.cli.Watch(wctx, a.watchStart, clientv3.WithRange(a.watchEnd), clientv3.WithRev(from))
 		compacted := false
-		for resp := range wch {
-			if resp.CompactRevision != 0 {
-				compacted = true
-				break
+	watch:
+		for {
+			select {
+			case <-a.progressc:
+				// wctx: the request goes on the watch's stream (same metadata).
+				if err := a.cli.RequestProgress(wctx); err != nil {
+					a.log.Debug("allocation watch progress request failed", "err", err)
+				}
+			case resp, ok := <-wch:
+				switch {
+				case !ok:
+					break watch
+				case resp.CompactRevision != 0:
+					compacted = true
+					break watch
+				case resp.Err() != nil:
+					break watch
+				case resp.IsProgressNotify():
+					a.advance(resp.Header.Revision)
+					continue
+				}
+				a.apply(resp.Events)
+				backoff = 50 * time.Millisecond
 			}
-			if resp.Err() != nil {
-				break
-			}
-			a.apply(resp.Events)
-			backoff = 50 * time.Millisecond
 		}
 		cancel()
 		if ctx.Err() != nil {

@@ -33,9 +33,12 @@ type op struct {
 	picks    []*pick
 
 	// ownerRev is the ModRevision of the owner's record, 0 when none is expected;
-	// record is that record.
-	ownerRev int64
-	record   *ownerRecord
+	// record is that record. next is the record the op's transaction writes (when
+	// putRecord) or keeps.
+	ownerRev  int64
+	record    *ownerRecord
+	next      *ownerRecord
+	putRecord bool
 
 	cancel    <-chan struct{} // the caller's ctx.Done()
 	conflicts int
@@ -51,7 +54,7 @@ type pick struct {
 	key      string
 	specific bool
 	pending  bool // the op holds the pending bit of off
-	held     bool // the owner holds it already: no compare, no put
+	held     bool // the owner holds it at modRev: a ModRevision compare, no put
 
 	// What etcd holds once the op is done: the key's revisions and time.
 	createRev, modRev int64
@@ -66,16 +69,9 @@ type opResult struct {
 	err      error
 }
 
-// keys is how many keys the op's transaction touches.
-func (o *op) keys() int {
-	n := 1
-	for _, p := range o.picks {
-		if !p.held {
-			n++
-		}
-	}
-	return n
-}
+// keys is how many keys the op's transaction touches: every pick (a held one is
+// compared, the others compared and put) and the owner record.
+func (o *op) keys() int { return 1 + len(o.picks) }
 
 // release drops the op's pending bits at once: nothing of it was written.
 func (o *op) release() {
@@ -244,9 +240,7 @@ func (a *Allocator) take(minKeys int) []*op {
 		}
 		seen[o.ownerKey] = struct{}{}
 		for _, p := range o.picks {
-			if !p.held {
-				seen[p.key] = struct{}{}
-			}
+			seen[p.key] = struct{}{}
 		}
 		n += k
 		batch = append(batch, o)
@@ -261,7 +255,7 @@ func dup(seen map[string]struct{}, o *op) bool {
 		return true
 	}
 	for _, p := range o.picks {
-		if _, ok := seen[p.key]; ok && !p.held {
+		if _, ok := seen[p.key]; ok {
 			return true
 		}
 	}
@@ -289,9 +283,10 @@ func (a *Allocator) requeue(ops []*op) {
 	}
 }
 
-// commit runs one transaction for batch: if every item key is absent and every
-// owner record is as expected, put them all; else read them all back, settle each op (fail, replay, or fix and retry) and return the ops to
-// retry.
+// commit runs one transaction for batch: if every new item key is absent, every
+// held one unchanged and every owner record as expected, put them all; else read
+// them all back, settle each op (fail, replay, or fix and retry) and return the ops
+// to retry.
 func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 	now := time.Now()
 	live := make([]*op, 0, len(batch))
@@ -306,12 +301,9 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 			o.fail(err)
 			continue
 		}
-		if o.keys() == 1 && o.record != nil && !recordChanged(o.record, rec) {
-			// Everything is held already and the record says so: nothing to write.
-			o.release()
-			o.res <- a.result(o, a.currentRev(), false)
-			continue
-		}
+		// A record that says it all already is compared, not written: an op whose
+		// items are all held is then compares only.
+		o.next, o.putRecord = rec, o.record == nil || recordChanged(o.record, rec)
 		live = append(live, o)
 		n += o.keys()
 		var sp [3]int
@@ -332,6 +324,7 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 		val := all[spans[i][0]:spans[i][1]]
 		for _, p := range o.picks {
 			if p.held {
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(p.key), "=", p.modRev))
 				continue
 			}
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(p.key), "=", 0))
@@ -342,7 +335,9 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 		} else {
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(o.ownerKey), "=", o.ownerRev))
 		}
-		puts = append(puts, clientv3.OpPut(o.ownerKey, all[spans[i][1]:spans[i][2]]))
+		if o.putRecord {
+			puts = append(puts, clientv3.OpPut(o.ownerKey, all[spans[i][1]:spans[i][2]]))
+		}
 	}
 	a.m.batch(len(live))
 	resp, err := a.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
@@ -367,7 +362,16 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 					a.m.allocated(p.r, p.specific)
 				}
 			}
+			if o.putRecord {
+				a.hints.put(o.owner.UID, rev, o.next)
+			}
 			o.res <- a.result(o, rev, false)
+		}
+		// The log lines go out after the replies, from this goroutine: formatting
+		// them at the bottom of each caller's deep gRPC stack made each caller's
+		// goroutine grow its stack, which cost more than the formatting.
+		for _, o := range live {
+			a.logWrite(ctx, o, rev)
 		}
 		return nil
 	}
@@ -377,9 +381,7 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 	gets := make([]clientv3.Op, 0, n)
 	for _, o := range live {
 		for _, p := range o.picks {
-			if !p.held {
-				gets = append(gets, clientv3.OpGet(p.key))
-			}
+			gets = append(gets, clientv3.OpGet(p.key))
 		}
 		gets = append(gets, clientv3.OpGet(o.ownerKey))
 	}
@@ -442,10 +444,11 @@ func recordChanged(old, next *ownerRecord) bool {
 	return string(appendOwnerRecord(nil, old)) != string(appendOwnerRecord(nil, next))
 }
 
-// resolve learns from the read-back of the batch's keys why the transaction failed, as far as
-// o is concerned, and reports whether o should be retried. It fails o for a specific
-// item another owner holds, replays o when its owner's last request was the same,
-// follows a changed owner record, and re-picks dynamic items that were taken.
+// resolve learns from the read-back of the batch's keys why the transaction failed,
+// as far as o is concerned, and reports whether o should be retried. It fails o for a
+// specific item another owner holds, replays o when its owner's last request was the
+// same, follows a changed owner record, re-picks dynamic items that were taken, and
+// asks again for a held item that was released since it was read.
 func (a *Allocator) resolve(o *op, kvs map[string]*mvccpb.KeyValue) bool {
 	o.rounds++
 	problem := false
@@ -453,12 +456,15 @@ func (a *Allocator) resolve(o *op, kvs map[string]*mvccpb.KeyValue) bool {
 	switch {
 	case kv == nil && o.ownerRev != 0:
 		problem, o.ownerRev, o.record = true, 0, nil
+		a.hints.del(o.owner.UID)
 	case kv != nil && kv.ModRevision != o.ownerRev:
 		problem = true
 		rec, err := decodeOwnerRecord(kv.Value)
 		if err != nil {
 			a.log.Warn("undecodable owner record; rewriting it", "key", o.ownerKey, "err", err)
 			rec = &ownerRecord{}
+		} else {
+			a.hints.put(o.owner.UID, kv.ModRevision, rec)
 		}
 		o.ownerRev, o.record = kv.ModRevision, rec
 		if !o.assign && rec.Last != nil && rec.Last.Hash == o.hash && rec.holdsLast() {
@@ -469,11 +475,17 @@ func (a *Allocator) resolve(o *op, kvs map[string]*mvccpb.KeyValue) bool {
 		}
 	}
 	for _, p := range o.picks {
-		if p.held {
-			continue
-		}
 		kv := kvs[p.key]
 		if kv == nil {
+			if p.held {
+				// Released since it was read: ask for it again, as at first.
+				problem = true
+				p.held, p.pending = false, p.r.reserve(p.off)
+				p.createRev, p.modRev, p.at = 0, 0, time.Time{}
+			}
+			continue
+		}
+		if p.held && kv.ModRevision == p.modRev {
 			continue
 		}
 		problem = true

@@ -34,8 +34,9 @@
 // (a hash of it, and its result); it is written in the same transaction as the items,
 // with CreateRevision == 0 for a new owner or ModRevision == the one read for an
 // existing one. A retry of the same request by the same owner UID finds the record
-// and returns the stored result (Replayed); a different request of an existing owner
-// allocates more. One request names at most MaxItems items, so that its keys and its
+// and returns the stored result (Replayed), also when the range has filled since (a
+// request that finds its range full reads the owner record before failing); a
+// different request of an existing owner allocates more. One request names at most MaxItems items, so that its keys and its
 // record fit in etcd's 128 operations per transaction.
 //
 // # Index
@@ -50,7 +51,10 @@
 // KEP-3668's min(max(16, size/32), 128) ports. Offsets map to addresses through the
 // 128-bit As16 form with math/bits; ranges hold up to 2^24 addresses (2 MiB per
 // bitset). The watch starts at the listed revision + 1 and re-lists after a
-// compaction.
+// compaction. Free and Ranges answer from the index and may lag a write by the
+// watch's delay; Sync (which ListRanges calls) first waits until the watch has reached
+// the revision etcd is at, asking for a progress notification to get past writes
+// outside the watched keys.
 //
 // # Listing
 //
@@ -69,8 +73,24 @@
 // It starts a transaction at once when none is in flight, and another one (up to
 // Config.CommitConcurrency) as soon as half a transaction's worth of keys has queued:
 // requests that arrive while etcd is busy share the next transaction. When a compare
-// fails, a read of the batch's keys says why: a specific item held by another owner fails its
-// request (*AllocatedError), an existing owner record replays or is followed, a taken
-// dynamic pick is picked again; the other requests of the batch are retried as they
-// are, each a bounded number of times (then ErrConflict).
+// fails, a read of the batch's keys says why: a specific item held by another owner
+// fails its request (*AllocatedError), an existing owner record replays or is
+// followed, a taken dynamic pick is picked again, a specific item the owner holds
+// already is kept (compared at its ModRevision in the next round, not written; asked
+// for again if it was released meanwhile); the other requests of the batch are
+// retried as they are, each a bounded number of times (then ErrConflict). So that a
+// request of an existing owner does not fail its whole transaction once just to
+// learn the owner record's revision, the allocator remembers the records it last
+// wrote or read (of the last 4096 to 8192 owners): a guess that the compare still
+// checks, a stale one costing that one conflict. An owner whose remembered last
+// request is the one asked for again reads its record first and replays it.
+//
+// # Logs
+//
+// Every write is one line at info once etcd committed it: "allocated" (namespace,
+// name, uid, ranges, cluster_ips, node_ports, revision), "assigned" (with range),
+// "released" (with force, and the holder_uids of other owners a forced release took
+// items from), "reassigned" (with to_namespace, to_name, to_uid, if_mod_revision) and
+// ReleaseIf's "released" (with if_mod_revision). Replays and no-ops write nothing and
+// log nothing.
 package allocator

@@ -28,6 +28,9 @@ var (
 	// ErrNotRunning is returned by calls that need the committer while Run is not
 	// running (not started yet, or stopped).
 	ErrNotRunning = errors.New("allocator is not running")
+	// ErrNotSynced is returned by Sync when the index stays behind etcd for longer
+	// than a read may wait (the watch is stuck or far behind).
+	ErrNotSynced = errors.New("allocation index has not caught up with etcd")
 )
 
 // NotInRangeError is an item outside every range of its kind (or in the network or

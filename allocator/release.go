@@ -37,7 +37,10 @@ func (a *Allocator) Release(ctx context.Context, o Owner, items []Item, force bo
 		}
 	}
 	for range maxWriteRetries {
-		released, rev, done, err := a.releaseOnce(ctx, o, items, force)
+		released, holders, rev, done, err := a.releaseOnce(ctx, o, items, force)
+		if err == nil && rev != 0 {
+			a.logReleased(ctx, o, released, holders, rev, force)
+		}
 		if err != nil || done {
 			return released, rev, err
 		}
@@ -90,19 +93,21 @@ func (a *Allocator) readRecords(ctx context.Context, uids []string, rev int64) (
 	return out, nil
 }
 
-func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, force bool) ([]Item, int64, bool, error) {
+// releaseOnce makes one attempt of Release: it reports what it released, the other
+// owners that held some of it, the revision, whether it is done and an error.
+func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, force bool) ([]Item, []string, int64, bool, error) {
 	all := len(items) == 0
 	var mine recordState
 	if o.UID != "" {
 		recs, err := a.readRecords(ctx, []string{o.UID}, 0)
 		if err != nil {
-			return nil, 0, false, err
+			return nil, nil, 0, false, err
 		}
 		mine = recs[o.UID]
 	}
 	if all {
 		if mine.rec == nil {
-			return nil, 0, true, nil
+			return nil, nil, 0, true, nil
 		}
 		for _, ip := range mine.rec.ClusterIPs {
 			items = append(items, IP(ip))
@@ -118,7 +123,7 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 	}
 	resp, err := a.cli.Txn(ctx).Then(gets...).Commit()
 	if err != nil {
-		return nil, 0, false, fmt.Errorf("read allocations: %w", err)
+		return nil, nil, 0, false, fmt.Errorf("read allocations: %w", err)
 	}
 	var cmps []clientv3.Cmp
 	var writes []clientv3.Op
@@ -135,7 +140,7 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 			a.log.Warn("undecodable allocation", "key", string(kvs[0].Key), "err", err)
 		}
 		if holder.UID != o.UID && !force {
-			return nil, 0, true, &NotOwnerError{Item: items[i], Holder: holder, Requester: o}
+			return nil, nil, 0, true, &NotOwnerError{Item: items[i], Holder: holder, Requester: o}
 		}
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(a.key(items[i])), "=", kvs[0].ModRevision))
 		writes = append(writes, clientv3.OpDelete(a.key(items[i])))
@@ -147,9 +152,10 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 	}
 	// The records of every holder lose the released items; the owner's own record
 	// loses them too (it may list items that were already free).
-	recs, err := a.readRecords(ctx, slices.DeleteFunc(uids, func(u string) bool { return u == o.UID }), 0)
+	uids = slices.DeleteFunc(uids, func(u string) bool { return u == o.UID })
+	recs, err := a.readRecords(ctx, uids, 0)
 	if err != nil {
-		return nil, 0, false, err
+		return nil, nil, 0, false, err
 	}
 	if o.UID != "" {
 		recs[o.UID] = mine
@@ -174,19 +180,21 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 		cmps = append(cmps, st.cmp(a.ownerKey(uid)))
 	}
 	if len(writes) == 0 {
-		return nil, 0, true, nil
+		return nil, nil, 0, true, nil
 	}
 	if len(cmps) > maxTxnOps || len(writes) > maxTxnOps {
-		return nil, 0, true, &InvalidError{Field: "cluster_ips", Reason: "too many items and owners for one transaction"}
+		return nil, nil, 0, true, &InvalidError{Field: "cluster_ips", Reason: "too many items and owners for one transaction"}
 	}
 	wresp, err := a.cli.Txn(ctx).If(cmps...).Then(writes...).Commit()
 	if err != nil {
-		return nil, 0, false, fmt.Errorf("release: %w", err)
+		return nil, nil, 0, false, fmt.Errorf("release: %w", err)
 	}
 	if !wresp.Succeeded {
-		return nil, 0, false, nil
+		return nil, nil, 0, false, nil
 	}
-	return released, wresp.Header.Revision, true, nil
+	a.hints.del(o.UID)
+	a.hints.del(uids...)
+	return released, uids, wresp.Header.Revision, true, nil
 }
 
 // ReleaseIf deletes al if its key is still at al.ModRevision, and removes it from
@@ -195,7 +203,11 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 func (a *Allocator) ReleaseIf(ctx context.Context, al Allocation) (bool, error) {
 	key := a.key(al.Item)
 	for range maxWriteRetries {
-		ok, done, err := a.conditional(ctx, al, key, nil, func(rec *ownerRecord) { rec.remove(al.Item) })
+		var rev int64
+		ok, done, err := a.conditional(ctx, al, key, nil, &rev, func(rec *ownerRecord) { rec.remove(al.Item) })
+		if ok {
+			a.logConditional(ctx, al, nil, rev)
+		}
 		if err != nil || done {
 			return ok, err
 		}
@@ -213,7 +225,7 @@ func (a *Allocator) Reassign(ctx context.Context, al Allocation, to Owner) (Allo
 	now := time.Now()
 	for range maxWriteRetries {
 		var rev int64
-		ok, done, err := a.conditional(ctx, al, key, &reassign{to: to, now: now, rev: &rev},
+		ok, done, err := a.conditional(ctx, al, key, &reassign{to: to, now: now}, &rev,
 			func(rec *ownerRecord) { rec.remove(al.Item) })
 		switch {
 		case err != nil:
@@ -221,6 +233,7 @@ func (a *Allocator) Reassign(ctx context.Context, al Allocation, to Owner) (Allo
 		case done && !ok:
 			return Allocation{}, fmt.Errorf("reassign %s: %w", al.Item, ErrConflict)
 		case done:
+			a.logConditional(ctx, al, &to, rev)
 			r, _ := a.RangeOf(al.Item)
 			return Allocation{Item: al.Item, Range: r, Owner: to, AllocateTime: now,
 				CreateRevision: al.CreateRevision, ModRevision: rev}, nil
@@ -232,12 +245,11 @@ func (a *Allocator) Reassign(ctx context.Context, al Allocation, to Owner) (Allo
 type reassign struct {
 	to  Owner
 	now time.Time
-	rev *int64
 }
 
 // conditional runs one attempt of ReleaseIf (ra == nil) or Reassign: it reports
-// ok (written), done (no retry needed) and an error.
-func (a *Allocator) conditional(ctx context.Context, al Allocation, key string, ra *reassign, drop func(*ownerRecord)) (ok, done bool, err error) {
+// ok (written, at *rev), done (no retry needed) and an error.
+func (a *Allocator) conditional(ctx context.Context, al Allocation, key string, ra *reassign, rev *int64, drop func(*ownerRecord)) (ok, done bool, err error) {
 	var uids []string
 	if al.Owner.UID != "" {
 		uids = append(uids, al.Owner.UID)
@@ -291,9 +303,8 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, key string, 
 		return false, false, fmt.Errorf("write %s: %w", key, err)
 	}
 	if resp.Succeeded {
-		if ra != nil {
-			*ra.rev = resp.Header.Revision
-		}
+		*rev = resp.Header.Revision
+		a.hints.del(uids...)
 		return true, true, nil
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs

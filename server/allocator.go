@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -166,8 +167,17 @@ func (s *AllocatorService) ListAllocations(ctx context.Context, req *allocdv1.Li
 	return out, nil
 }
 
-// ListRanges implements allocdv1.AllocatorServiceServer.
-func (s *AllocatorService) ListRanges(context.Context, *allocdv1.ListRangesRequest) (*allocdv1.ListRangesResponse, error) {
+// ListRanges implements allocdv1.AllocatorServiceServer. The counts come from the
+// allocator's index, which follows etcd through a watch: the call first waits (a few
+// seconds at most, then UNAVAILABLE) until the index has caught up with etcd, so that
+// it reflects every Allocate and Release acknowledged before it.
+func (s *AllocatorService) ListRanges(ctx context.Context, _ *allocdv1.ListRangesRequest) (*allocdv1.ListRangesResponse, error) {
+	if err := s.a.Sync(ctx); err != nil {
+		if errors.Is(err, allocator.ErrNotSynced) {
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return nil, Status(err)
+	}
 	out := &allocdv1.ListRangesResponse{}
 	for _, ri := range s.a.Ranges() {
 		r := &allocdv1.Range{Name: ri.Name, Primary: ri.Primary, Size: ri.Size, Used: ri.Used, Free: ri.Size - ri.Used,

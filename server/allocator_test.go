@@ -267,3 +267,68 @@ func TestAllocatorServicePaging(t *testing.T) {
 		t.Errorf("ListAllocations(range 30000-32767) = %v, %v; want 7", ports, err)
 	}
 }
+
+// ListRanges answers from the allocator's index, which follows etcd through a watch:
+// it must reflect every Allocate and Release acknowledged before it, by this replica
+// or another, and answer UNAVAILABLE rather than stale counts.
+func TestAllocatorServiceListRangesCurrent(t *testing.T) {
+	e := etcdtest.New(t)
+	c := startAllocatorServer(t, e, "10.0.0.0/24")
+	ctx := allocCtx(t)
+	used := func() uint64 {
+		t.Helper()
+		lr, err := c.ListRanges(ctx, &allocdv1.ListRangesRequest{})
+		if err != nil || len(lr.GetRanges()) != 2 {
+			t.Fatalf("ListRanges() = %v, %v", lr, err)
+		}
+		return lr.Ranges[0].GetUsed()
+	}
+	// Another replica writes; its allocations reach this replica's index by the watch.
+	other, err := allocator.New(ctx, e.NewClient(), allocator.Config{Prefix: "/allocd",
+		ClusterIPRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}, NodePortRange: allocator.DefaultNodePortRange})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 40
+	for i := range n {
+		o := allocator.Owner{Namespace: "default", Name: "svc", UID: fmt.Sprint("u", i)}
+		if _, err := other.Allocate(ctx, allocator.Request{Owner: o}); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := used(), uint64(i+2); got != want { // and the kubernetes address
+			t.Fatalf("ListRanges() after %d Allocates elsewhere: used = %d; want %d", i+1, got, want)
+		}
+		if i%2 == 1 {
+			if _, _, err := other.Release(ctx, o, nil, false); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := used(), uint64(i+1); got != want {
+				t.Fatalf("ListRanges() after a Release elsewhere: used = %d; want %d", got, want)
+			}
+			if _, err := other.Allocate(ctx, allocator.Request{Owner: o}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// A write outside the allocations: the watch sees no event for it, a progress
+	// notification says it has seen everything up to it.
+	if _, err := e.Client.Put(ctx, "/elsewhere", "x"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if got, want := used(), uint64(n+1); got != want {
+		t.Errorf("ListRanges() = used %d; want %d", got, want)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("ListRanges() after a write outside the allocations took %v; want well under the 5 s bound", d)
+	}
+
+	// An allocator whose Run is not running cannot catch up: UNAVAILABLE.
+	idle := server.NewAllocatorService(other, nil)
+	if _, err := other.Allocate(ctx, allocator.Request{Owner: allocator.Owner{UID: "late"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idle.ListRanges(ctx, &allocdv1.ListRangesRequest{}); status.Code(err) != codes.Unavailable {
+		t.Errorf("ListRanges() of an allocator that is not running, behind etcd = %v; want UNAVAILABLE", err)
+	}
+}

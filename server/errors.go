@@ -192,7 +192,7 @@ func domainStatus(err error) error {
 func isAllocatorError(err error) bool {
 	for _, target := range []error{allocator.ErrFull, allocator.ErrAllocated, allocator.ErrNotInRange,
 		allocator.ErrNoRange, allocator.ErrConflict, allocator.ErrNotOwner, allocator.ErrNotFound,
-		allocator.ErrInvalid, allocator.ErrRangesMismatch, allocator.ErrNotRunning} {
+		allocator.ErrInvalid, allocator.ErrRangesMismatch, allocator.ErrNotRunning, allocator.ErrNotSynced} {
 		if errors.Is(err, target) {
 			return true
 		}
@@ -251,7 +251,7 @@ func allocatorStatus(err error) error {
 		return withDetails(codes.Aborted, msg, errorInfo("CONFLICT", nil))
 	case errors.Is(err, allocator.ErrNotFound):
 		return withDetails(codes.NotFound, msg, errorInfo("NOT_ALLOCATED", nil))
-	case errors.Is(err, allocator.ErrNotRunning):
+	case errors.Is(err, allocator.ErrNotRunning), errors.Is(err, allocator.ErrNotSynced):
 		return withDetails(codes.Unavailable, msg,
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo("UNAVAILABLE", nil))
 	case errors.Is(err, allocator.ErrRangesMismatch):

@@ -69,11 +69,10 @@ func TestReadmeWalkthrough(t *testing.T) {
 		}
 		cmd := strings.ReplaceAll(s.cmd, "127.0.0.1:8080", d.GRPCAddr())
 		cmd = strings.ReplaceAll(cmd, "127.0.0.1:9090", d.MetricsAddr())
-		if strings.HasPrefix(cmd, "grpcurl ") {
-			cmd = grpcurl + cmd[len("grpcurl"):]
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		out, _ := exec.CommandContext(ctx, "bash", "-c", cmd).CombinedOutput()
+		sh := exec.CommandContext(ctx, "bash", "-c", cmd)
+		sh.Env = append(os.Environ(), "PATH="+filepath.Dir(grpcurl)+string(os.PathListSeparator)+os.Getenv("PATH"))
+		out, _ := sh.CombinedOutput()
 		cancel()
 		outputs[i] = string(out)
 		got, want := normalize(string(out), s.varies), normalize(s.want, s.varies)

@@ -23,6 +23,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -146,7 +147,9 @@ func run(ctx context.Context, o options) error {
 	defer cli.Close()
 
 	reg := prometheus.NewRegistry()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// The daemon's logger (text handler) at its default level, info, into io.Discard:
+	// the allocator's per-write lines are formatted, as in production, and dropped.
+	log := slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	a, err := allocator.New(actx, cli, allocator.Config{Prefix: "/allocd", ClusterIPRanges: []netip.Prefix{o.cidr},

@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"testing"
@@ -12,7 +11,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -30,32 +28,12 @@ func startAllocatorServer(t *testing.T, e *etcdtest.Server, ranges ...string) al
 	for _, r := range ranges {
 		cfg.ClusterIPRanges = append(cfg.ClusterIPRanges, netip.MustParsePrefix(r))
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	a, err := allocator.New(ctx, e.Client, cfg)
+	a, err := allocator.New(context.Background(), e.Client, cfg)
 	if err != nil {
-		cancel()
 		t.Fatalf("allocator.New() = %v", err)
 	}
-	runDone := make(chan error, 1)
-	go func() { runDone <- a.Run(ctx) }()
-	gs, _ := server.NewGRPCServer(server.Options{})
-	allocdv1.RegisterAllocatorServiceServer(gs, server.NewAllocatorService(a, nil))
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gs.Serve(l) }()
-	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		gs.Stop()
-		cancel()
-		if err := <-runDone; err != nil {
-			t.Errorf("Run() = %v", err)
-		}
+	conn := serve(t, a.Run, func(gs *grpc.Server) {
+		allocdv1.RegisterAllocatorServiceServer(gs, server.NewAllocatorService(a, nil))
 	})
 	return allocdv1.NewAllocatorServiceClient(conn)
 }

@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"context"
-	"net"
 	"slices"
 	"testing"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/allocd/allocd/internal/etcdtest"
@@ -31,28 +29,8 @@ func startLeaseServer(t *testing.T, e *etcdtest.Server) allocdv1.LeaseServiceCli
 	if err != nil {
 		t.Fatalf("masterlease.New() = %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	runDone := make(chan error, 1)
-	go func() { runDone <- m.Run(ctx) }()
-
-	gs, _ := server.NewGRPCServer(server.Options{})
-	allocdv1.RegisterLeaseServiceServer(gs, server.NewLeaseService(m, nil))
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gs.Serve(l) }()
-	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		gs.Stop()
-		cancel()
-		if err := <-runDone; err != nil {
-			t.Errorf("Run() = %v", err)
-		}
+	conn := serve(t, m.Run, func(gs *grpc.Server) {
+		allocdv1.RegisterLeaseServiceServer(gs, server.NewLeaseService(m, nil))
 	})
 	return allocdv1.NewLeaseServiceClient(conn)
 }

@@ -93,13 +93,7 @@ func Status(err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.As(err, &inv):
-		br := &errdetails.BadRequest{}
-		for _, v := range inv.Violations {
-			br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{
-				Field: v.Field, Description: v.Description,
-			})
-		}
-		return withDetails(codes.InvalidArgument, err.Error(), br, errorInfo("INVALID_ARGUMENT", nil))
+		return badRequest(err.Error(), inv.Violations...)
 	case errors.Is(err, ErrUnavailable):
 		return unavailable(err.Error(), "UNAVAILABLE")
 	}
@@ -121,9 +115,23 @@ func Status(err error) error {
 }
 
 // unavailable is UNAVAILABLE with a RetryInfo detail.
-func unavailable(msg, reason string) error {
+func unavailable(msg, reason string) error { return unavailableWith(msg, reason, nil) }
+
+// unavailableWith is unavailable with ErrorInfo metadata.
+func unavailableWith(msg, reason string, metadata map[string]string) error {
 	return withDetails(codes.Unavailable, msg,
-		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo(reason, nil))
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo(reason, metadata))
+}
+
+// badRequest is INVALID_ARGUMENT with a BadRequest detail naming every bad field.
+func badRequest(msg string, vs ...Violation) error {
+	br := &errdetails.BadRequest{}
+	for _, v := range vs {
+		br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{
+			Field: v.Field, Description: v.Description,
+		})
+	}
+	return withDetails(codes.InvalidArgument, msg, br, errorInfo("INVALID_ARGUMENT", nil))
 }
 
 // retryableEtcdError reports whether err comes from an etcd call that failed for a
@@ -170,34 +178,17 @@ func errorInfo(reason string, metadata map[string]string) *errdetails.ErrorInfo 
 // domainStatus maps the sentinels and typed errors of the domain packages (allocator,
 // masterlease, repair). It returns nil for an error it does not know.
 func domainStatus(err error) error {
-	switch {
 	// allocator: full, held by another owner, not in range, no range of the family,
-	// not the owner, conflict, not found, invalid request.
-	case isAllocatorError(err):
-		return allocatorStatus(err)
-
-	// repair: stale snapshot, not the leader, bad snapshot or snapshot file, no
-	// snapshot.
-	case isRepairError(err):
-		return repairStatus(err)
-
+	// not the owner, conflict, not found, invalid request, not ready.
+	// repair: stale snapshot, not the leader, bad snapshot or snapshot file, no snapshot.
 	// masterlease: bad ip/ttl_seconds, state not ready, CAS retries exhausted.
-	case isLeaseError(err):
-		return leaseStatus(err)
-	}
-	return nil
-}
-
-// isAllocatorError reports whether err is one of package allocator's.
-func isAllocatorError(err error) bool {
-	for _, target := range []error{allocator.ErrFull, allocator.ErrAllocated, allocator.ErrNotInRange,
-		allocator.ErrNoRange, allocator.ErrConflict, allocator.ErrNotOwner, allocator.ErrNotFound,
-		allocator.ErrInvalid, allocator.ErrRangesMismatch, allocator.ErrNotRunning, allocator.ErrNotSynced} {
-		if errors.Is(err, target) {
-			return true
+	// Each returns nil for an error that is not its package's.
+	for _, m := range []func(error) error{allocatorStatus, repairStatus, leaseStatus} {
+		if st := m(err); st != nil {
+			return st
 		}
 	}
-	return false
+	return nil
 }
 
 // allocatorStatus maps package allocator's errors (see the design's error table).
@@ -252,18 +243,11 @@ func allocatorStatus(err error) error {
 	case errors.Is(err, allocator.ErrNotFound):
 		return withDetails(codes.NotFound, msg, errorInfo("NOT_ALLOCATED", nil))
 	case errors.Is(err, allocator.ErrNotRunning), errors.Is(err, allocator.ErrNotSynced):
-		return withDetails(codes.Unavailable, msg,
-			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo("UNAVAILABLE", nil))
+		return unavailable(msg, "UNAVAILABLE")
 	case errors.Is(err, allocator.ErrRangesMismatch):
 		return withDetails(codes.FailedPrecondition, msg, errorInfo("RANGES_MISMATCH", nil))
 	}
 	return nil
-}
-
-// isLeaseError reports whether err is one of masterlease's, for domainStatus.
-func isLeaseError(err error) bool {
-	return errors.Is(err, masterlease.ErrInvalid) || errors.Is(err, masterlease.ErrNotReady) ||
-		errors.Is(err, masterlease.ErrConflict)
 }
 
 // leaseStatus maps masterlease's errors: a bad ip or ttl_seconds is INVALID_ARGUMENT
@@ -273,31 +257,17 @@ func leaseStatus(err error) error {
 	var inv *masterlease.InvalidError
 	switch {
 	case errors.As(err, &inv):
-		br := &errdetails.BadRequest{}
+		var vs []Violation
 		for _, v := range inv.Violations {
-			br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{
-				Field: v.Field, Description: v.Description,
-			})
+			vs = append(vs, Violation{Field: v.Field, Description: v.Description})
 		}
-		return withDetails(codes.InvalidArgument, err.Error(), br, errorInfo("INVALID_ARGUMENT", nil))
+		return badRequest(err.Error(), vs...)
 	case errors.Is(err, masterlease.ErrNotReady):
-		return withDetails(codes.Unavailable, err.Error(),
-			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo("MASTER_LEASES_NOT_READY", nil))
+		return unavailable(err.Error(), "MASTER_LEASES_NOT_READY")
 	case errors.Is(err, masterlease.ErrConflict):
 		return withDetails(codes.Aborted, err.Error(), errorInfo("MASTER_LEASE_CONFLICT", nil))
 	}
 	return nil
-}
-
-// isRepairError reports whether err is one of package repair's, for domainStatus.
-func isRepairError(err error) bool {
-	for _, s := range []error{repair.ErrStaleSnapshot, repair.ErrNotLeader, repair.ErrInvalidSnapshot,
-		repair.ErrSnapshotFile, repair.ErrNoSnapshot} {
-		if errors.Is(err, s) {
-			return true
-		}
-	}
-	return false
 }
 
 // repairStatus maps the errors of package repair (the repair case of domainStatus).
@@ -327,18 +297,15 @@ func repairStatus(err error) error {
 	case errors.As(err, &nl):
 		md := map[string]string{"leader": nl.Leader}
 		if nl.Leader == "" || nl.Err != nil {
-			return withDetails(codes.Unavailable, err.Error(),
-				&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo("REPAIR_LEADER_UNAVAILABLE", md))
+			return unavailableWith(err.Error(), "REPAIR_LEADER_UNAVAILABLE", md)
 		}
 		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo("NOT_REPAIR_LEADER", md))
 	case errors.As(err, &inv):
-		br := &errdetails.BadRequest{}
+		var vs []Violation
 		for _, v := range inv.Violations {
-			br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{
-				Field: v.Field, Description: v.Description,
-			})
+			vs = append(vs, Violation{Field: v.Field, Description: v.Description})
 		}
-		return withDetails(codes.InvalidArgument, err.Error(), br, errorInfo("INVALID_ARGUMENT", nil))
+		return badRequest(err.Error(), vs...)
 	case errors.Is(err, repair.ErrNoSnapshot):
 		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo("NO_SNAPSHOT", nil))
 	}

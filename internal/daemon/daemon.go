@@ -31,13 +31,9 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/allocd/allocd/internal/embedetcd"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
@@ -265,11 +261,7 @@ func (d *Daemon) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 func isAllocdMethod(m string) bool { return strings.HasPrefix(m, "/allocd.") }
 
 func notReady() error {
-	st := status.New(codes.Unavailable, "allocd is starting: state not loaded yet")
-	if s, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)}); err == nil {
-		st = s
-	}
-	return st.Err()
+	return server.Status(fmt.Errorf("allocd is starting: state not loaded yet: %w", server.ErrUnavailable))
 }
 
 // GRPCAddr is the address the gRPC server listens on.

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -189,5 +191,50 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool, what string) {
 			t.Fatalf("not %s after %s", what, d)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestNotServingUntilEtcdAnswers starts allocd against an etcd that is not there yet:
+// health says NOT_SERVING and the allocd services answer UNAVAILABLE (never a fake
+// answer) until etcd comes up, then SERVING.
+func TestNotServingUntilEtcdAnswers(t *testing.T) {
+	etcdCfg := TestConfig(t.TempDir(), func() string { return freeAddr(t) })
+	cfg := TestConfig(t.TempDir(), func() string { return freeAddr(t) })
+	cfg.EtcdServers = []string{"http://" + etcdCfg.EmbeddedEtcdClientAddress}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	started := make(chan *Daemon, 1)
+	go func() {
+		d, err := Start(ctx, cfg)
+		if err != nil {
+			t.Errorf("Start: %v", err)
+		}
+		started <- d
+	}()
+	conn := dial(t, cfg.GRPCAddress)
+	waitFor(t, 10*time.Second, func() bool {
+		s, err := healthStatus(t, conn)
+		return err == nil && s == healthpb.HealthCheckResponse_NOT_SERVING
+	}, "NOT_SERVING while etcd is absent")
+	_, err := allocdv1.NewAllocatorServiceClient(conn).ListRanges(ctx, &allocdv1.ListRangesRequest{})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("ListRanges before etcd answers = %v; want UNAVAILABLE", err)
+	}
+
+	etcdHost, err := Start(ctx, etcdCfg)
+	if err != nil {
+		t.Fatalf("start the etcd host: %v", err)
+	}
+	defer etcdHost.Close()
+	d := <-started
+	if d == nil {
+		t.Fatal("allocd did not start once etcd answered")
+	}
+	defer d.Close()
+	if s, err := healthStatus(t, conn); err != nil || s != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("Health.Check once started = %v, %v; want SERVING", s, err)
+	}
+	if _, err := allocdv1.NewAllocatorServiceClient(conn).ListRanges(ctx, &allocdv1.ListRangesRequest{}); err != nil {
+		t.Errorf("ListRanges once started = %v", err)
 	}
 }

@@ -52,7 +52,7 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 		Prefix:      c.EtcdPrefix + c.MasterLeasePrefix,
 		DefaultTTL:  c.MasterLeaseTTL,
 		ServicePort: c.KubernetesServicePort,
-		Logger:      d.log.With("component", "masterlease"),
+		Logger:      d.log, // masterlease and repair add their component
 		Registerer:  d.registry,
 	})
 	if err != nil {
@@ -69,7 +69,7 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 		LeakGrace:    c.RepairLeakGrace,
 		SnapshotFile: c.ServiceSnapshotFile,
 		Identity:     identity,
-		Logger:       d.log.With("component", "repair"),
+		Logger:       d.log,
 		Registerer:   d.registry,
 	})
 	if err != nil {

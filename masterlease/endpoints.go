@@ -140,7 +140,14 @@ func (m *Manager) load(ctx context.Context) (int64, error) {
 	}
 	var items []item
 	var renewTimes []time.Time
+	var shutdown removal // the last shutdown removal recorded in etcd, if any
 	for _, kv := range resp.Kvs {
+		if string(kv.Key) == m.shutdownKey {
+			if a, err := netip.ParseAddr(string(kv.Value)); err == nil {
+				shutdown = removal{ip: a, rev: kv.ModRevision}
+			}
+			continue
+		}
 		if addr, ok := m.parseKey(string(kv.Key)); ok {
 			v := decode(kv.Value)
 			items = append(items, item{addr, leaseState{id: clientv3.LeaseID(kv.Lease),
@@ -186,6 +193,12 @@ func (m *Manager) load(ctx context.Context) (int64, error) {
 	m.leases = make(map[netip.Addr]leaseState, len(items))
 	for _, it := range items {
 		m.leases[it.addr] = it.st
+	}
+	// A re-list after a broken watch may have missed the last API server's shutdown
+	// removal: if no lease is left and the newest shutdown marker came after what this
+	// replica had seen, it is that removal (the #115804 exception), not a storage gap.
+	if len(items) == 0 && shutdown.rev > m.rev && slices.Contains(m.eps.Addresses, shutdown.ip) {
+		m.lastShut, m.lastDel = shutdown, shutdown
 	}
 	m.reconcileLocked(resp.Header.Revision)
 	m.advanceLocked(resp.Header.Revision)

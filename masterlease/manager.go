@@ -308,8 +308,9 @@ func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (Lease,
 
 // replace grants a lease with ttl and moves the key to it if the key is still as read
 // (cur, nil when absent). The replaced lease is revoked after the move; a lease granted
-// for a move that loses the race is revoked at once. Either revoke may fail (etcd
-// unreachable): the lease then has no key and expires by itself within its TTL.
+// for a move that loses the race is revoked at once; one whose write has an unknown
+// outcome is left to expire. Either revoke may fail (etcd unreachable): the lease then
+// has no key and expires by itself within its TTL.
 func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyValue, ttl int64) (Lease, bool, error) {
 	key := m.key(addr)
 	g, err := m.cli.Grant(ctx, ttl)
@@ -323,11 +324,14 @@ func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyV
 	resp, err := m.cli.Txn(ctx).If(cmp).
 		Then(clientv3.OpPut(key, encode(ttl, g.TTL), clientv3.WithLease(g.ID))).
 		Commit()
-	if err != nil || !resp.Succeeded {
+	if err != nil {
+		// The outcome is unknown: the write may have committed and bound the key to
+		// g, so g is not revoked (that would delete the live key). If the write was
+		// lost, g has no key and expires by itself within its TTL.
+		return Lease{}, false, fmt.Errorf("masterlease: write %s: %w", key, err)
+	}
+	if !resp.Succeeded {
 		m.revoke(ctx, g.ID, "unused")
-		if err != nil {
-			return Lease{}, false, fmt.Errorf("masterlease: write %s: %w", key, err)
-		}
 		return Lease{}, false, nil
 	}
 	if cur != nil && cur.Lease != 0 {

@@ -12,8 +12,8 @@ import (
 
 // TestRelistKeepsShutdownException: the last API server removes its lease with
 // shutdown=true while a replica's watch is down. When that replica lists again (what
-// Run does after any watch failure), it keeps the dead address by the guard, while a
-// replica that saw the events publishes no address.
+// Run does after any watch failure), it must publish no address, like a replica that
+// saw the events, rather than keep the dead one by the guard.
 func TestRelistKeepsShutdownException(t *testing.T) {
 	e := etcdtest.New(t)
 	ctx := ctxT(t)
@@ -76,9 +76,9 @@ func (t *ambiguousTxn) Commit() (*clientv3.TxnResponse, error) {
 	return r, err
 }
 
-// TestAmbiguousRenewKeepsCommittedLease: a create (or TTL change) whose Txn
-// committed but answered with an error revokes the lease the key is now bound to,
-// deleting a live API server's key (and for a TTL change leaves the old lease to expire).
+// TestAmbiguousRenewKeepsCommittedLease: a create (or TTL change) whose Txn committed
+// but answered with an error must not revoke the lease the key is now bound to, which
+// would delete a live API server's key.
 func TestAmbiguousRenewKeepsCommittedLease(t *testing.T) {
 	e := etcdtest.New(t)
 	ctx := ctxT(t)

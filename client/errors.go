@@ -255,11 +255,16 @@ func mapError(method string, err error) error {
 			e.kind = ErrNotOwner
 		case reasonStaleSnapshot:
 			e.kind = ErrStaleSnapshot
-		default:
+		case "":
+			// A server that names no reason: the RPC says which precondition it is.
 			e.kind = failedPreconditionByMethod[method]
 			if e.kind == nil {
 				e.kind = ErrFailedPrecondition
 			}
+		default:
+			// A reason this client does not know (NOT_REPAIR_LEADER, say) is not one
+			// of the kinds above, whatever the RPC.
+			e.kind = ErrFailedPrecondition
 		}
 	case codes.Unavailable:
 		e.kind = ErrUnavailable

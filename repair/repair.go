@@ -300,7 +300,17 @@ func (c *Controller) lead(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("repair election session: %w", err)
 	}
-	defer s.Close()
+	defer func() {
+		// Not s.Close: it revokes with a timeout of the whole session TTL, which holds
+		// up a shutdown while etcd is unreachable. Stop the keepalive and revoke within
+		// resignTimeout; if that fails, the lease ends with its TTL.
+		s.Orphan()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resignTimeout)
+		defer cancel()
+		if _, err := c.cli.Revoke(rctx, s.Lease()); err != nil {
+			c.log.WarnContext(ctx, "repair election lease revoke failed; it ends with its TTL", "error", err)
+		}
+	}()
 	e := concurrency.NewElection(s, c.electionPrefix)
 	if err := e.Campaign(ctx, c.cfg.Identity); err != nil {
 		return fmt.Errorf("repair campaign: %w", err)

@@ -65,6 +65,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	d, err := daemon.Start(ctx, cfg)
 	if err != nil {
+		if ctx.Err() != nil {
+			return 0 // SIGTERM or SIGINT while starting (waiting for etcd, say)
+		}
 		fmt.Fprintf(stderr, "allocd: %v\n", oneLine(err))
 		return 1
 	}

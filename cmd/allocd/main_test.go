@@ -143,3 +143,31 @@ func waitServing(t *testing.T, addr string, d time.Duration) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestSignalWhileWaitingForEtcd: SIGTERM while allocd waits for an etcd that does not
+// answer exits 0 at once.
+func TestSignalWhileWaitingForEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildAllocd(t)
+	cmd := exec.Command(bin, "--etcd-servers", "http://"+free(t), "--grpc-address", free(t), "--metrics-address", "")
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("allocd exited with %v after SIGTERM while waiting for etcd; want 0; logs:\n%s", err, logs.String())
+		}
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("allocd still running 10s after SIGTERM; logs:\n%s", logs.String())
+	}
+}

@@ -220,6 +220,18 @@ func (c *Config) Validate() error {
 	if (c.EtcdCertFile == "") != (c.EtcdKeyFile == "") {
 		errs = append(errs, errors.New("--etcd-certfile and --etcd-keyfile go together"))
 	}
+	if tls := c.EtcdCAFile != "" || c.EtcdCertFile != ""; tls {
+		// The etcd client would drop the credentials for http:// endpoints and talk in
+		// plain text: say so rather than run without the TLS that was asked for.
+		if len(c.EtcdServers) == 0 {
+			errs = append(errs, errors.New("--etcd-cafile/--etcd-certfile/--etcd-keyfile need --etcd-servers (the embedded etcd serves plain http on loopback)"))
+		}
+		for _, u := range c.EtcdServers {
+			if !strings.HasPrefix(u, "https://") {
+				errs = append(errs, fmt.Errorf("--etcd-servers %s: use https:// with --etcd-cafile/--etcd-certfile", u))
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 

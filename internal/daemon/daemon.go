@@ -58,6 +58,7 @@ type Daemon struct {
 	gates gates
 
 	cancel      context.CancelFunc
+	runCtx      context.Context    // ends when Close is called or a part fails
 	stopStreams context.CancelFunc // ends the server streams (WatchEndpoints) at shutdown
 	closers     []func() error     // run after the gRPC server stopped
 	group       *errgroup.Group
@@ -113,6 +114,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	runCtx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
 	d.group, runCtx = errgroup.WithContext(runCtx)
+	d.runCtx = runCtx
 	d.group.Go(func() error {
 		if err := d.grpc.Serve(d.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return fmt.Errorf("grpc: %w", err)
@@ -278,14 +280,17 @@ func (d *Daemon) MetricsAddr() string {
 // Client is the daemon's etcd client (for tests that look inside etcd).
 func (d *Daemon) Client() *clientv3.Client { return d.cli }
 
-// Done is closed when the daemon has stopped, by Close or because a part failed.
+// Done is closed when Close has stopped the daemon.
 func (d *Daemon) Done() <-chan struct{} { return d.done }
 
-// Wait blocks until a part of the daemon fails or Close is called, and returns the
-// first error.
+// Wait blocks until a part of the daemon fails (and returns its error) or Close is
+// called (and returns nil). The caller then calls Close.
 func (d *Daemon) Wait() error {
-	err := d.group.Wait()
-	return err
+	<-d.runCtx.Done()
+	if err := context.Cause(d.runCtx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
 }
 
 // Close stops allocd gracefully: health NOT_SERVING, GracefulStop bounded by
@@ -315,7 +320,7 @@ func (d *Daemon) Close() error {
 			t.Stop()
 		}
 		if d.msrv != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 			d.msrv.Shutdown(ctx)
 			cancel()
 		}
@@ -326,21 +331,23 @@ func (d *Daemon) Close() error {
 			d.cancel()
 		}
 		if d.group != nil {
-			// The loops end with their context; one stuck on an unreachable etcd is
-			// cut loose by closing the client, so that Close stays bounded.
+			// The loops end with their context, within a second when etcd answers. One
+			// stuck on an unreachable etcd is cut loose by closing the etcd client
+			// under it; after that Close gives up waiting, so that the whole of Close
+			// stays within --shutdown-timeout + 3 s (SIGTERM exits within 10 s).
 			waited := make(chan error, 1)
 			go func() { waited <- d.group.Wait() }()
 			var err error
 			select {
 			case err = <-waited:
-			case <-time.After(d.cfg.ShutdownTimeout):
-				d.log.Warn("background loops still running; closing the etcd client under them", "timeout", d.cfg.ShutdownTimeout)
+			case <-time.After(time.Second):
+				d.log.Warn("background loops still running; closing the etcd client under them")
 				if d.cli != nil {
 					d.cli.Close()
 				}
 				select {
 				case err = <-waited:
-				case <-time.After(2 * time.Second):
+				case <-time.After(time.Second):
 					d.log.Error("background loops did not stop; exiting anyway")
 				}
 			}

@@ -147,12 +147,17 @@ func TestHealthFollowsEtcd(t *testing.T) {
 		s, err := healthStatus(t, conn)
 		return err == nil && s == healthpb.HealthCheckResponse_NOT_SERVING
 	}, "NOT_SERVING once etcd is gone")
-	// Shutdown stays bounded while etcd is unreachable.
+	// Shutdown stays bounded while etcd is unreachable, even with a call in flight
+	// that has no deadline of its own.
+	go allocdv1.NewLeaseServiceClient(conn).ListLeases(context.Background(), &allocdv1.ListLeasesRequest{})
+	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
 	d.Close()
-	if took := time.Since(start); took > 10*time.Second {
+	took := time.Since(start)
+	if took > 10*time.Second {
 		t.Errorf("Close with etcd unreachable took %s; want < 10s", took)
 	}
+	t.Logf("Close with etcd unreachable and a call in flight took %s", took.Round(time.Millisecond))
 }
 
 func TestBadConfig(t *testing.T) {
@@ -168,6 +173,8 @@ func TestBadConfig(t *testing.T) {
 		{"addr", func(c *Config) { c.GRPCAddress = "8080" }, "--grpc-address"},
 		{"ttl", func(c *Config) { c.MasterLeaseTTL = 2 * time.Hour }, "--master-lease-ttl"},
 		{"tls", func(c *Config) { c.EtcdCertFile = "x.pem" }, "--etcd-keyfile"},
+		{"tls embedded", func(c *Config) { c.EtcdCAFile = "ca.pem" }, "need --etcd-servers"},
+		{"tls http", func(c *Config) { c.EtcdCAFile = "ca.pem"; c.EtcdServers = []string{"http://etcd:2379"} }, "use https://"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
@@ -236,5 +243,23 @@ func TestNotServingUntilEtcdAnswers(t *testing.T) {
 	}
 	if _, err := allocdv1.NewAllocatorServiceClient(conn).ListRanges(ctx, &allocdv1.ListRangesRequest{}); err != nil {
 		t.Errorf("ListRanges once started = %v", err)
+	}
+}
+
+// TestWaitReturnsWhenAPartFails: a part that fails (here the metrics listener) ends
+// Wait with its error, so that cmd/allocd stops and exits non-zero instead of serving
+// on without it.
+func TestWaitReturnsWhenAPartFails(t *testing.T) {
+	d := StartForTest(t)
+	waited := make(chan error, 1)
+	go func() { waited <- d.Wait() }()
+	d.mlis.Close()
+	select {
+	case err := <-waited:
+		if err == nil {
+			t.Errorf("Wait() = nil after the metrics listener failed; want its error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait() did not return after the metrics listener failed")
 	}
 }

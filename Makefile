@@ -12,7 +12,7 @@ GRPCURL_VERSION := v1.9.4
 
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all run build test vet fmt-check lint proto proto-check compose-check tools bench cluster clean
+.PHONY: all run build test vet fmt-check lint proto proto-check compose-check tools bench cluster fault clean
 
 all: build
 
@@ -70,6 +70,11 @@ $(BIN)/grpcurl:
 # cluster: etcd (allocd-1's embedded one) and two allocd replicas on loopback; Ctrl-C stops.
 cluster:
 	bash scripts/cluster.sh
+
+# fault: the longer fault runs, outside `make test`: etcd leader crashes while master
+# leases are renewed (3-member embedded cluster).
+fault:
+	ALLOCD_FAULT_TESTS=1 $(GO) test -count=1 -v -run 'TestRenewThroughLeaderChange|TestClusterLeaderCrash' ./masterlease/ ./internal/etcdtest/
 
 bench:
 	$(GO) run ./internal/bench

@@ -38,12 +38,6 @@ func startAllocatorServer(t *testing.T, e *etcdtest.Server, ranges ...string) al
 	return allocdv1.NewAllocatorServiceClient(conn)
 }
 
-func allocCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // detail returns err's first status detail of type T.
 func detail[T proto.Message](err error) (T, bool) {
 	for _, d := range status.Convert(err).Details() {
@@ -62,7 +56,7 @@ func own(uid string) *allocdv1.Owner {
 func TestAllocatorServiceAcceptance(t *testing.T) {
 	e := etcdtest.New(t)
 	c := startAllocatorServer(t, e, "10.0.0.0/24", "fd00::/120")
-	ctx := allocCtx(t)
+	ctx := testCtx(t)
 
 	// Require dual stack: one IPv4 and one IPv6 address, both from the upper band, and
 	// the same answer on retry.
@@ -135,7 +129,7 @@ func TestAllocatorServiceAcceptance(t *testing.T) {
 func TestAllocatorServiceErrors(t *testing.T) {
 	e := etcdtest.New(t)
 	c := startAllocatorServer(t, e, "10.0.0.0/29")
-	ctx := allocCtx(t)
+	ctx := testCtx(t)
 	tests := []struct {
 		name   string
 		req    *allocdv1.AllocateRequest
@@ -209,7 +203,7 @@ func TestAllocatorServiceErrors(t *testing.T) {
 func TestAllocatorServicePaging(t *testing.T) {
 	e := etcdtest.New(t)
 	c := startAllocatorServer(t, e, "10.0.0.0/24")
-	ctx := allocCtx(t)
+	ctx := testCtx(t)
 	for i := range 7 {
 		if _, err := c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: own(fmt.Sprint("p", i)), NodePortCount: 1}); err != nil {
 			t.Fatal(err)
@@ -252,7 +246,7 @@ func TestAllocatorServicePaging(t *testing.T) {
 func TestAllocatorServiceListRangesCurrent(t *testing.T) {
 	e := etcdtest.New(t)
 	c := startAllocatorServer(t, e, "10.0.0.0/24")
-	ctx := allocCtx(t)
+	ctx := testCtx(t)
 	used := func() uint64 {
 		t.Helper()
 		lr, err := c.ListRanges(ctx, &allocdv1.ListRangesRequest{})

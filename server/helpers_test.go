@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -42,4 +43,11 @@ func serve(t *testing.T, loop func(context.Context) error, register func(*grpc.S
 		}
 	})
 	return conn
+}
+
+// testCtx bounds a test's calls.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
 }

@@ -35,16 +35,10 @@ func startLeaseServer(t *testing.T, e *etcdtest.Server) allocdv1.LeaseServiceCli
 	return allocdv1.NewLeaseServiceClient(conn)
 }
 
-func leaseCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func TestLeaseServiceBadInput(t *testing.T) {
 	e := etcdtest.New(t)
 	c := startLeaseServer(t, e)
-	ctx := leaseCtx(t)
+	ctx := testCtx(t)
 	before, err := e.Client.Get(ctx, "rev")
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +104,7 @@ func badRequestFields(t *testing.T, err error) []string {
 func TestLeaseServiceAcceptance(t *testing.T) {
 	e := etcdtest.New(t)
 	c := startLeaseServer(t, e)
-	ctx := leaseCtx(t)
+	ctx := testCtx(t)
 
 	live, err := c.Renew(ctx, &allocdv1.RenewRequest{Ip: "192.168.1.20", TtlSeconds: 30})
 	if err != nil {

@@ -45,7 +45,7 @@ func (a *Allocator) allocate(ctx context.Context, req Request) (Result, error) {
 	read := false // o.ownerRev and o.record were read from etcd
 	if h, ok := a.hints.get(o.owner.UID); ok && !req.DryRun {
 		if h.rec.Last == nil || h.rec.Last.Hash != o.hash {
-			o.ownerRev, o.record = h.rev, h.rec
+			o.ownerRev, o.record, o.hinted = h.rev, h.rec, true
 		} else {
 			// Probably a retry of a request this replica committed: etcd says whether
 			// the owner still holds its result.
@@ -274,7 +274,7 @@ func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, e
 	p := &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.reserve(off)}
 	op := &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}}
 	if h, ok := a.hints.get(o.UID); ok {
-		op.ownerRev, op.record = h.rev, h.rec
+		op.ownerRev, op.record, op.hinted = h.rev, h.rec, true
 	}
 	res := a.submit(ctx, op)
 	if res.err != nil {

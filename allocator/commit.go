@@ -39,6 +39,9 @@ type op struct {
 	record    *ownerRecord
 	next      *ownerRecord
 	putRecord bool
+	// hinted is set while ownerRev and record come from the owner hints rather than
+	// from etcd: a stale hint must cost a conflict, never a wrong answer.
+	hinted bool
 
 	cancel    <-chan struct{} // the caller's ctx.Done()
 	conflicts int
@@ -297,6 +300,14 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 	n := 0
 	for _, o := range batch {
 		rec, err := a.nextRecord(o)
+		if err != nil && o.hinted {
+			// The hint may list items the owner no longer holds (released through
+			// another replica, or by repair). Expect no record instead: the compare
+			// fails and the read-back brings the real one for the next round.
+			a.hints.del(o.owner.UID)
+			o.ownerRev, o.record, o.hinted = 0, nil, false
+			rec, err = a.nextRecord(o)
+		}
 		if err != nil {
 			o.fail(err)
 			continue
@@ -451,6 +462,7 @@ func recordChanged(old, next *ownerRecord) bool {
 // asks again for a held item that was released since it was read.
 func (a *Allocator) resolve(o *op, kvs map[string]*mvccpb.KeyValue) bool {
 	o.rounds++
+	o.hinted = false // what follows is what etcd says
 	problem := false
 	kv := kvs[o.ownerKey]
 	switch {

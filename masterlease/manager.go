@@ -437,7 +437,9 @@ func (m *Manager) List(ctx context.Context) ([]Lease, int64, error) {
 		l := Lease{IP: addr, ID: clientv3.LeaseID(kv.Lease), Revision: kv.ModRevision}
 		l.TTL = time.Duration(decode(kv.Value).GrantedTTLSeconds) * time.Second
 		if st, ok := m.leases[addr]; ok && st.modRev == kv.ModRevision && st.id == l.ID {
-			l.Remaining = max(st.expires.Sub(now), 0)
+			// Clamped to the TTL: the watch may have applied the renewal after now
+			// was read.
+			l.Remaining = min(max(st.expires.Sub(now), 0), l.TTL)
 		} else if kv.Lease != 0 {
 			ask = append(ask, len(out))
 		}

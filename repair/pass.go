@@ -157,6 +157,12 @@ func (p *passRun) checkCurrent(ctx context.Context) error {
 	if last <= p.snap.Revision {
 		return nil
 	}
+	if cur := p.c.snapshot(); cur != nil && cur.Revision >= last {
+		// This replica accepted the newer snapshot while the pass ran: the pass's
+		// snapshot was the newest when it started, and the next pass judges the new
+		// one. (Counting this pass stale would let frequent pushes stop every pass.)
+		return nil
+	}
 	p.stale = true
 	p.add(Finding{Reason: SnapshotStale, Message: fmt.Sprintf(
 		"service snapshot revision %d is older than revision %d, accepted by another replica: "+

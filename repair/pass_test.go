@@ -293,6 +293,22 @@ func TestRepairStaleSnapshot(t *testing.T) {
 			t.Errorf("holder(%v) = free; want held (no leak judged by a stale pass)", it)
 		}
 	}
+
+	// The same, but the newer snapshot is accepted by this replica: the pass's
+	// snapshot was the newest when it started and the next pass judges the new one,
+	// so the pass is not stale (else frequent pushes would stop every pass).
+	hs.beforeAssign = func(allocator.Owner, allocator.Item) error {
+		hs.beforeAssign = nil
+		r0.push(6, snap2...)
+		return nil
+	}
+	r0.push(5, svc("uid-u", ips("192.168.1.55")))
+	rep = r0.pass(false)
+	for _, f := range rep.Findings {
+		if f.Reason == repair.SnapshotStale {
+			t.Errorf("pass during which this replica accepted a newer snapshot: %v; want no SnapshotStale", f)
+		}
+	}
 }
 
 // TestRepairPassEndsWithTerm: a pass started by RunRepair ends when the leadership

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 
@@ -61,6 +62,11 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	identity := c.AdvertiseAddress
 	if identity == "" {
 		identity = d.GRPCAddr()
+		if ap, err := netip.ParseAddrPort(identity); err == nil && ap.Addr().IsUnspecified() {
+			d.log.Warn("--grpc-address listens on every interface and --advertise-address is not set: "+
+				"other replicas cannot reach this one to forward repair calls; set --advertise-address HOST:PORT",
+				"grpc_address", identity)
+		}
 	}
 	rep, err := repair.New(d.cli, alloc, repair.Config{
 		Prefix:       c.EtcdPrefix,

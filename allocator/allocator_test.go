@@ -52,18 +52,6 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-// eventually waits for cond, failing the test after 10 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestAllocateAndReplay(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24", "fd00::/120"))
@@ -191,12 +179,12 @@ func TestAllocateErrors(t *testing.T) {
 	if _, err := a.Allocate(ctx, Request{Owner: owner("one-too-many")}); !errors.Is(err, ErrFull) {
 		t.Errorf("Allocate on a full /29 = %v; want ErrFull", err)
 	}
-	eventually(t, "Free(10.0.0.0/29) = 0", func() bool { return a.Free("10.0.0.0/29") == 0 })
+	etcdtest.WaitFor(t, 10*time.Second, "Free(10.0.0.0/29) = 0", func() bool { return a.Free("10.0.0.0/29") == 0 })
 	// A dry run writes nothing.
 	if _, _, err := a.Release(ctx, owner("holder"), nil, false); err != nil {
 		t.Fatalf("Release(holder) = %v", err)
 	}
-	eventually(t, "the index to see the release", func() bool { return a.Free("10.0.0.0/29") == 1 })
+	etcdtest.WaitFor(t, 10*time.Second, "the index to see the release", func() bool { return a.Free("10.0.0.0/29") == 1 })
 	dry, err := a.Allocate(ctx, Request{Owner: owner("dry"), DryRun: true})
 	if err != nil || len(dry.ClusterIPs) != 1 || dry.Revision != 0 {
 		t.Errorf("Allocate(dry run) = %+v, %v; want one address, no revision", dry, err)
@@ -296,7 +284,7 @@ func TestTwoReplicasExhaust(t *testing.T) {
 	}
 	// Both indexes converge on a full range.
 	for _, a := range []*Allocator{a1, a2} {
-		eventually(t, "a full index", func() bool { return a.Free("10.0.0.0/24") == 0 })
+		etcdtest.WaitFor(t, 10*time.Second, "a full index", func() bool { return a.Free("10.0.0.0/24") == 0 })
 	}
 }
 
@@ -497,7 +485,7 @@ func TestGroupCommit(t *testing.T) {
 			errs <- err
 		})
 	}
-	eventually(t, "every request to queue", func() bool {
+	etcdtest.WaitFor(t, 10*time.Second, "every request to queue", func() bool {
 		a.qmu.Lock()
 		defer a.qmu.Unlock()
 		return len(a.queue) == n
@@ -522,7 +510,7 @@ func TestGroupCommit(t *testing.T) {
 	if got := counter(t, reg, "allocd_allocator_allocations_total", "dynamic"); got != n {
 		t.Errorf("allocations_total{scope=dynamic} = %v; want %d", got, n)
 	}
-	eventually(t, "the watch to see every allocation", func() bool { return a.Free("10.0.0.0/16") == 65534-n-1 })
+	etcdtest.WaitFor(t, 10*time.Second, "the watch to see every allocation", func() bool { return a.Free("10.0.0.0/16") == 65534-n-1 })
 }
 
 // counter returns the value of the first series of name with a label value val.
@@ -565,13 +553,13 @@ func TestWatchAcrossReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "replica 2 to see the allocation", func() bool {
+	etcdtest.WaitFor(t, 10*time.Second, "replica 2 to see the allocation", func() bool {
 		return a2.Free("10.0.0.0/24") == 252 && a2.Free("30000-32767") == 2767
 	})
 	if _, _, err := a2.Release(ctx, owner("w"), nil, false); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "replica 1 to see the release", func() bool { return a1.Free("10.0.0.0/24") == 253 })
+	etcdtest.WaitFor(t, 10*time.Second, "replica 1 to see the release", func() bool { return a1.Free("10.0.0.0/24") == 253 })
 	r, off, _ := a1.locate(IP(res.ClusterIPs[0]))
 	if r.isUsed(off) {
 		t.Errorf("index of replica 1 still has %s used", res.ClusterIPs[0])
@@ -623,7 +611,7 @@ func TestListPage(t *testing.T) {
 			t.Errorf("ListPage(%+v) = %v; want ErrInvalid", lo, err)
 		}
 	}
-	eventually(t, "the index to see every allocation", func() bool { return a.Free("30000-32767") == 2758 })
+	etcdtest.WaitFor(t, 10*time.Second, "the index to see every allocation", func() bool { return a.Free("30000-32767") == 2758 })
 	ranges := a.Ranges()
 	if len(ranges) != 3 || ranges[0].Used != 11 || ranges[0].Static.Used != 1 || ranges[0].Dynamic.Used != 10 ||
 		!ranges[0].Primary || ranges[2].Static.Last != Port(30085) {
@@ -676,7 +664,7 @@ func TestWatchAfterCompaction(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- idle.Run(rctx) }()
 	defer func() { cancel(); <-done }()
-	eventually(t, "the re-list after the compaction", func() bool { return idle.Free("10.0.0.0/24") == 248 })
+	etcdtest.WaitFor(t, 10*time.Second, "the re-list after the compaction", func() bool { return idle.Free("10.0.0.0/24") == 248 })
 }
 
 func TestList(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/allocd/allocd/client"
 	"github.com/allocd/allocd/internal/daemon"
+	"github.com/allocd/allocd/internal/etcdtest"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
@@ -38,16 +39,6 @@ func (s *countingStream) RecvMsg(m any) error {
 		s.n.Add(1)
 	}
 	return err
-}
-
-// waitFor polls cond every 10ms until it holds or 10s pass.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 func addresses(ep *allocdv1.Endpoints) []string {
@@ -116,9 +107,9 @@ func TestEndpointsWatcherResumes(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatalf("close allocd: %v", err)
 	}
-	waitFor(t, "the watcher to see the broken stream", func() bool { return broken.Load() > 0 })
+	etcdtest.WaitFor(t, 10*time.Second, "the watcher to see the broken stream", func() bool { return broken.Load() > 0 })
 	d = start()
-	waitFor(t, "the watcher to receive the state again", func() bool { return recv.n.Load() > before })
+	etcdtest.WaitFor(t, 10*time.Second, "the watcher to receive the state again", func() bool { return recv.n.Load() > before })
 	select {
 	case a := <-delivered:
 		t.Fatalf("after reconnecting the watcher delivered %v again; want no duplicate", a)

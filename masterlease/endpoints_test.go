@@ -156,7 +156,7 @@ func TestGuardOnExpiry(t *testing.T) {
 	m := start(t, e.Client)
 	ctx := ctxT(t)
 	mustRenew(t, ctx, m, "10.4.0.1", 1)
-	waitFor(t, 5*time.Second, "the lease to expire", func() bool {
+	etcdtest.WaitFor(t, 5*time.Second, "the lease to expire", func() bool {
 		ls, _, err := m.List(ctx)
 		return err == nil && len(ls) == 0
 	})
@@ -311,17 +311,5 @@ func TestNotReady(t *testing.T) {
 	}
 	if _, err := m.Endpoints(ctx); !errors.Is(err, ErrNotReady) {
 		t.Errorf("Endpoints() after Run stopped = %v; want ErrNotReady", err)
-	}
-}
-
-// waitFor polls cond until it holds, failing the test after limit.
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -151,7 +151,7 @@ func TestRenewThroughLeaderChange(t *testing.T) {
 	a := startRenewer(t, ctx, m, ipA, ttl)
 	b := startRenewer(t, ctx, m, ipB, ttl)
 	createA, createB := keyCreated(t, ctx, c.Client, ipA), keyCreated(t, ctx, c.Client, ipB)
-	waitFor(t, 5*time.Second, "both addresses in the endpoints", func() bool {
+	etcdtest.WaitFor(t, 5*time.Second, "both addresses in the endpoints", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(epsLog) > 0 && len(epsLog[len(epsLog)-1].eps.Addresses) == 2
@@ -213,7 +213,7 @@ func TestRenewThroughLeaderChange(t *testing.T) {
 	stoppedB := b.lastAck
 	t.Logf("%v: renewals of %s stopped; leader m%d", time.Since(began).Round(time.Millisecond), ipB, c.Leader())
 	var goneB time.Time
-	waitFor(t, 3*ttl, "the unrenewed lease to expire", func() bool {
+	etcdtest.WaitFor(t, 3*ttl, "the unrenewed lease to expire", func() bool {
 		resp, err := c.Client.Get(ctx, testPrefix+ipB, clientv3.WithCountOnly())
 		if err == nil && resp.Count == 0 {
 			goneB = time.Now()
@@ -227,7 +227,7 @@ func TestRenewThroughLeaderChange(t *testing.T) {
 	if took < ttl || took > limit {
 		t.Errorf("expiry of the unrenewed %v lease took %v; want within [%v, %v]", ttl, took, ttl, limit)
 	}
-	waitFor(t, max(time.Until(stoppedB.Add(limit)), 0)+200*time.Millisecond, "the endpoints to drop "+ipB, func() bool {
+	etcdtest.WaitFor(t, max(time.Until(stoppedB.Add(limit)), 0)+200*time.Millisecond, "the endpoints to drop "+ipB, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.Equal(epsLog[len(epsLog)-1].eps.Addresses, addrs(ipA))

@@ -122,21 +122,9 @@ func newReplica(t *testing.T, cli *clientv3.Client, o opts, id string) *replica 
 	return r
 }
 
-// waitFor polls cond until it holds or 10 s pass.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func (r *replica) waitLeader() {
 	r.t.Helper()
-	waitFor(r.t, r.id+" to lead", r.ctl.IsLeader)
+	etcdtest.WaitFor(r.t, 10*time.Second, r.id+" to lead", r.ctl.IsLeader)
 }
 
 // push accepts a snapshot as PushServiceSnapshot does.

@@ -196,7 +196,7 @@ func run(t *testing.T, r *replica) func() {
 	}()
 	stop := func() { cancel(); <-done }
 	t.Cleanup(stop)
-	waitFor(t, r.id+" to lead", r.ctl.IsLeader)
+	etcdtest.WaitFor(t, 10*time.Second, r.id+" to lead", r.ctl.IsLeader)
 	return stop
 }
 
@@ -223,7 +223,7 @@ func TestRepairStrikesPerTerm(t *testing.T) {
 	stop1()
 
 	run(t, r0) // its first pass runs at once: the snapshot is there
-	waitFor(t, "the first pass of the new term", func() bool { return r0.status().LastReport != last })
+	etcdtest.WaitFor(t, 10*time.Second, "the first pass of the new term", func() bool { return r0.status().LastReport != last })
 	if s, _ := r0.strikes(x); s != 1 {
 		t.Errorf("strikes of %v after the first pass of a new term = %d; want 1", x, s)
 	}

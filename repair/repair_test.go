@@ -192,7 +192,7 @@ func TestRepairWithExisting(t *testing.T) {
 			t.Errorf("holder(%v) = %q; want %q", it, got, uid)
 		}
 	}
-	waitFor(t, "Free(192.168.1.0/24) = 254-7", func() bool { return r.alloc.Free("192.168.1.0/24") == 254-7 })
+	etcdtest.WaitFor(t, 10*time.Second, "Free(192.168.1.0/24) = 254-7", func() bool { return r.alloc.Free("192.168.1.0/24") == 254-7 })
 }
 
 // TestRepairPortsWithExisting is the NodePort copy: duplicates, out of range, the same
@@ -483,7 +483,7 @@ func TestRepairTwoReplicas(t *testing.T) {
 	o := opts{file: file, interval: 20 * time.Millisecond}
 	r1 := newReplica(t, e.Client, o, "replica-1")
 	r2 := newReplica(t, e.NewClient(), o, "replica-2")
-	waitFor(t, "a leader", func() bool { return r1.ctl.IsLeader() || r2.ctl.IsLeader() })
+	etcdtest.WaitFor(t, 10*time.Second, "a leader", func() bool { return r1.ctl.IsLeader() || r2.ctl.IsLeader() })
 	leader, follower := r1, r2
 	if r2.ctl.IsLeader() {
 		leader, follower = r2, r1
@@ -491,7 +491,7 @@ func TestRepairTwoReplicas(t *testing.T) {
 	passes := func(r *replica) float64 {
 		return metric(t, r, "allocd_repair_passes_total", "result=ok")
 	}
-	waitFor(t, "3 passes on the leader", func() bool { return passes(leader) >= 3 })
+	etcdtest.WaitFor(t, 10*time.Second, "3 passes on the leader", func() bool { return passes(leader) >= 3 })
 	if follower.ctl.IsLeader() {
 		t.Fatalf("both replicas lead")
 	}
@@ -510,7 +510,7 @@ func TestRepairTwoReplicas(t *testing.T) {
 
 	leader.stop() // resigns
 	follower.waitLeader()
-	waitFor(t, "passes on the new leader", func() bool { return passes(follower) >= 1 })
+	etcdtest.WaitFor(t, 10*time.Second, "passes on the new leader", func() bool { return passes(follower) >= 1 })
 	if st := follower.status(); st.Leader != follower.id || !st.Leading {
 		t.Errorf("new leader Status() = leader %q, leading %v; want %q, true", st.Leader, st.Leading, follower.id)
 	}
@@ -522,7 +522,7 @@ func TestRepairFirstPassWhenElected(t *testing.T) {
 	file := writeSnapshotFile(t, `{"revision": "4", "services": [
 		{"namespace": "ns", "name": "a", "uid": "uid-a", "clusterIps": ["192.168.1.2"]}]}`)
 	r := newEnv(t, opts{file: file})
-	waitFor(t, "the first pass", func() bool { return r.status().LastReport != nil })
+	etcdtest.WaitFor(t, 10*time.Second, "the first pass", func() bool { return r.status().LastReport != nil })
 	if got := r.holder(ip("192.168.1.2")); got != "uid-a" {
 		t.Errorf("holder(192.168.1.2) = %q; want uid-a", got)
 	}

@@ -116,7 +116,7 @@ func TestSnapshotFile(t *testing.T) {
 		{"namespace": "ns", "name": "a", "uid": "uid-a", "clusterIps": ["192.168.1.2"],
 		 "nodePorts": [{"port": 30001, "protocol": "TCP"}], "healthCheckNodePort": 30002}]}`)
 	r := newEnv(t, opts{file: file})
-	waitFor(t, "the first pass", func() bool { return r.status().LastReport != nil })
+	etcdtest.WaitFor(t, 10*time.Second, "the first pass", func() bool { return r.status().LastReport != nil })
 	for _, tc := range []struct {
 		content string
 		err     bool

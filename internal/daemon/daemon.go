@@ -64,7 +64,6 @@ type Daemon struct {
 	group       *errgroup.Group
 	closeOnce   sync.Once
 	closeErr    error
-	done        chan struct{}
 }
 
 // gates stand in for the allocd services until their backing state is loaded: the gRPC
@@ -84,7 +83,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, done: make(chan struct{})}
+	d := &Daemon{cfg: cfg}
 	d.log = newLogger(cfg)
 	d.registry = prometheus.NewRegistry()
 	d.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -280,9 +279,6 @@ func (d *Daemon) MetricsAddr() string {
 // Client is the daemon's etcd client (for tests that look inside etcd).
 func (d *Daemon) Client() *clientv3.Client { return d.cli }
 
-// Done is closed when Close has stopped the daemon.
-func (d *Daemon) Done() <-chan struct{} { return d.done }
-
 // Wait blocks until a part of the daemon fails (and returns its error) or Close is
 // called (and returns nil). The caller then calls Close.
 func (d *Daemon) Wait() error {
@@ -298,7 +294,6 @@ func (d *Daemon) Wait() error {
 // more than once.
 func (d *Daemon) Close() error {
 	d.closeOnce.Do(func() {
-		defer close(d.done)
 		d.log.Info("allocd stopping")
 		if d.health != nil {
 			d.health.Shutdown()

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/allocd/allocd/internal/etcdtest"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -143,10 +144,10 @@ func TestHealthFollowsEtcd(t *testing.T) {
 	})
 	conn := dial(t, d.GRPCAddr())
 	etcdHost.Close()
-	waitFor(t, 15*time.Second, func() bool {
+	etcdtest.WaitFor(t, 15*time.Second, "NOT_SERVING once etcd is gone", func() bool {
 		s, err := healthStatus(t, conn)
 		return err == nil && s == healthpb.HealthCheckResponse_NOT_SERVING
-	}, "NOT_SERVING once etcd is gone")
+	})
 	// Shutdown stays bounded while etcd is unreachable, even with a call in flight
 	// that has no deadline of its own.
 	go allocdv1.NewLeaseServiceClient(conn).ListLeases(context.Background(), &allocdv1.ListLeasesRequest{})
@@ -190,17 +191,6 @@ func TestBadConfig(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, d time.Duration, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not %s after %s", what, d)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // TestNotServingUntilEtcdAnswers starts allocd against an etcd that is not there yet:
 // health says NOT_SERVING and the allocd services answer UNAVAILABLE (never a fake
 // answer) until etcd comes up, then SERVING.
@@ -219,10 +209,10 @@ func TestNotServingUntilEtcdAnswers(t *testing.T) {
 		started <- d
 	}()
 	conn := dial(t, cfg.GRPCAddress)
-	waitFor(t, 10*time.Second, func() bool {
+	etcdtest.WaitFor(t, 10*time.Second, "NOT_SERVING while etcd is absent", func() bool {
 		s, err := healthStatus(t, conn)
 		return err == nil && s == healthpb.HealthCheckResponse_NOT_SERVING
-	}, "NOT_SERVING while etcd is absent")
+	})
 	_, err := allocdv1.NewAllocatorServiceClient(conn).ListRanges(ctx, &allocdv1.ListRangesRequest{})
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("ListRanges before etcd answers = %v; want UNAVAILABLE", err)

@@ -1,0 +1,19 @@
+package etcdtest
+
+import (
+	"testing"
+	"time"
+)
+
+// WaitFor polls cond every 5 ms until it holds, failing the test after limit: for
+// what etcd makes true a moment later (a watch event, a lease expiry).
+func WaitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

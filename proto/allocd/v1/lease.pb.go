@@ -704,15 +704,17 @@ func (x *EndpointSubset) GetPorts() []*EndpointPort {
 	return nil
 }
 
-// EndpointPort is one port of the kubernetes Service.
+// EndpointPort is one port of an Endpoints object.
 type EndpointPort struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// name of the port, "https".
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// port number, --kubernetes-service-port.
 	Port int32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
-	// protocol, "TCP".
-	Protocol      string `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// protocol, "TCP" (or, for a Service's Endpoints, "UDP" or "SCTP").
+	Protocol string `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// app_protocol of the Service port, absent when unset (Service Endpoints only).
+	AppProtocol   *string `protobuf:"bytes,4,opt,name=app_protocol,json=appProtocol,proto3,oneof" json:"app_protocol,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -768,6 +770,13 @@ func (x *EndpointPort) GetProtocol() string {
 	return ""
 }
 
+func (x *EndpointPort) GetAppProtocol() string {
+	if x != nil && x.AppProtocol != nil {
+		return *x.AppProtocol
+	}
+	return ""
+}
+
 var File_allocd_v1_lease_proto protoreflect.FileDescriptor
 
 const file_allocd_v1_lease_proto_rawDesc = "" +
@@ -809,11 +818,13 @@ const file_allocd_v1_lease_proto_rawDesc = "" +
 	"\brevision\x18\x04 \x01(\x03R\brevision\"]\n" +
 	"\x0eEndpointSubset\x12\x1c\n" +
 	"\taddresses\x18\x01 \x03(\tR\taddresses\x12-\n" +
-	"\x05ports\x18\x02 \x03(\v2\x17.allocd.v1.EndpointPortR\x05ports\"R\n" +
+	"\x05ports\x18\x02 \x03(\v2\x17.allocd.v1.EndpointPortR\x05ports\"\x8b\x01\n" +
 	"\fEndpointPort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\x05R\x04port\x12\x1a\n" +
-	"\bprotocol\x18\x03 \x01(\tR\bprotocol2\x8d\x03\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12&\n" +
+	"\fapp_protocol\x18\x04 \x01(\tH\x00R\vappProtocol\x88\x01\x01B\x0f\n" +
+	"\r_app_protocol2\x8d\x03\n" +
 	"\fLeaseService\x12:\n" +
 	"\x05Renew\x12\x17.allocd.v1.RenewRequest\x1a\x18.allocd.v1.RenewResponse\x12I\n" +
 	"\n" +
@@ -880,6 +891,7 @@ func file_allocd_v1_lease_proto_init() {
 	if File_allocd_v1_lease_proto != nil {
 		return
 	}
+	file_allocd_v1_lease_proto_msgTypes[13].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -124,7 +124,10 @@ func (x *ServiceSnapshot) GetServices() []*Service {
 	return nil
 }
 
-// Service is what repair needs to know of a Kubernetes Service.
+// Service is what repair and the Endpoints controller need to know of a Kubernetes
+// Service. Repair reads namespace, name, uid, cluster_ips, node_ports (and the
+// node_port of each of ports) and health_check_node_port; the Endpoints controller
+// reads the rest. Enumerations are spelled as Kubernetes spells them.
 type Service struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// namespace of the Service.
@@ -139,8 +142,27 @@ type Service struct {
 	NodePorts []*ServicePort `protobuf:"bytes,5,rep,name=node_ports,json=nodePorts,proto3" json:"node_ports,omitempty"`
 	// health_check_node_port of the Service, 0 when none.
 	HealthCheckNodePort int32 `protobuf:"varint,6,opt,name=health_check_node_port,json=healthCheckNodePort,proto3" json:"health_check_node_port,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// labels of the Service (metadata.labels): copied onto its Endpoints.
+	Labels map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// type of the Service (spec.type): "ClusterIP" (also when empty), "NodePort",
+	// "LoadBalancer" or "ExternalName".
+	Type string `protobuf:"bytes,8,opt,name=type,proto3" json:"type,omitempty"`
+	// ip_families of the Service (spec.ipFamilies), in order: "IPv4", "IPv6".
+	IpFamilies []string `protobuf:"bytes,9,rep,name=ip_families,json=ipFamilies,proto3" json:"ip_families,omitempty"`
+	// selector of the Service (spec.selector). Absent, or present with no labels, means
+	// no selector (the API server stores an empty selector as none): the Endpoints of
+	// such a Service are left to whoever writes them.
+	Selector *Selector `protobuf:"bytes,10,opt,name=selector,proto3" json:"selector,omitempty"`
+	// publish_not_ready_addresses (spec.publishNotReadyAddresses) lists every selected
+	// Pod's address as ready.
+	PublishNotReadyAddresses bool `protobuf:"varint,11,opt,name=publish_not_ready_addresses,json=publishNotReadyAddresses,proto3" json:"publish_not_ready_addresses,omitempty"`
+	// ports of the Service (spec.ports).
+	Ports []*ServicePortSpec `protobuf:"bytes,12,rep,name=ports,proto3" json:"ports,omitempty"`
+	// creation_time of the Service (metadata.creationTimestamp), for the
+	// endpoints.kubernetes.io/last-change-trigger-time annotation; absent when unknown.
+	CreationTime  *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=creation_time,json=creationTime,proto3" json:"creation_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Service) Reset() {
@@ -215,6 +237,280 @@ func (x *Service) GetHealthCheckNodePort() int32 {
 	return 0
 }
 
+func (x *Service) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Service) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *Service) GetIpFamilies() []string {
+	if x != nil {
+		return x.IpFamilies
+	}
+	return nil
+}
+
+func (x *Service) GetSelector() *Selector {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
+func (x *Service) GetPublishNotReadyAddresses() bool {
+	if x != nil {
+		return x.PublishNotReadyAddresses
+	}
+	return false
+}
+
+func (x *Service) GetPorts() []*ServicePortSpec {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *Service) GetCreationTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreationTime
+	}
+	return nil
+}
+
+// Selector is a Service's label selector.
+type Selector struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// match_labels: a Pod is selected when it carries every one of these labels.
+	MatchLabels   map[string]string `protobuf:"bytes,1,rep,name=match_labels,json=matchLabels,proto3" json:"match_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Selector) Reset() {
+	*x = Selector{}
+	mi := &file_allocd_v1_repair_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Selector) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Selector) ProtoMessage() {}
+
+func (x *Selector) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_repair_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Selector.ProtoReflect.Descriptor instead.
+func (*Selector) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Selector) GetMatchLabels() map[string]string {
+	if x != nil {
+		return x.MatchLabels
+	}
+	return nil
+}
+
+// ServicePortSpec is one port of a Service (spec.ports[i]).
+type ServicePortSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name of the port; may be empty when the Service has one port.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// port the Service exposes (1-65535).
+	Port int32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// target_port on the Pods: a number, or the name of a container port. Absent means
+	// the same number as port (the API server's default).
+	TargetPort *TargetPort `protobuf:"bytes,3,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"`
+	// protocol: "TCP" (also when empty), "UDP" or "SCTP".
+	Protocol string `protobuf:"bytes,4,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// app_protocol (spec.ports[i].appProtocol), copied to the Endpoints; absent when unset.
+	AppProtocol *string `protobuf:"bytes,5,opt,name=app_protocol,json=appProtocol,proto3,oneof" json:"app_protocol,omitempty"`
+	// node_port of the port, 0 when none; repair counts it like node_ports.
+	NodePort      int32 `protobuf:"varint,6,opt,name=node_port,json=nodePort,proto3" json:"node_port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServicePortSpec) Reset() {
+	*x = ServicePortSpec{}
+	mi := &file_allocd_v1_repair_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServicePortSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServicePortSpec) ProtoMessage() {}
+
+func (x *ServicePortSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_repair_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServicePortSpec.ProtoReflect.Descriptor instead.
+func (*ServicePortSpec) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ServicePortSpec) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ServicePortSpec) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ServicePortSpec) GetTargetPort() *TargetPort {
+	if x != nil {
+		return x.TargetPort
+	}
+	return nil
+}
+
+func (x *ServicePortSpec) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *ServicePortSpec) GetAppProtocol() string {
+	if x != nil && x.AppProtocol != nil {
+		return *x.AppProtocol
+	}
+	return ""
+}
+
+func (x *ServicePortSpec) GetNodePort() int32 {
+	if x != nil {
+		return x.NodePort
+	}
+	return 0
+}
+
+// TargetPort is an int-or-string port (Kubernetes' intstr.IntOrString).
+type TargetPort struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// value: a number or a name.
+	//
+	// Types that are valid to be assigned to Value:
+	//
+	//	*TargetPort_IntValue
+	//	*TargetPort_StrValue
+	Value         isTargetPort_Value `protobuf_oneof:"value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TargetPort) Reset() {
+	*x = TargetPort{}
+	mi := &file_allocd_v1_repair_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TargetPort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TargetPort) ProtoMessage() {}
+
+func (x *TargetPort) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_repair_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TargetPort.ProtoReflect.Descriptor instead.
+func (*TargetPort) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *TargetPort) GetValue() isTargetPort_Value {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *TargetPort) GetIntValue() int32 {
+	if x != nil {
+		if x, ok := x.Value.(*TargetPort_IntValue); ok {
+			return x.IntValue
+		}
+	}
+	return 0
+}
+
+func (x *TargetPort) GetStrValue() string {
+	if x != nil {
+		if x, ok := x.Value.(*TargetPort_StrValue); ok {
+			return x.StrValue
+		}
+	}
+	return ""
+}
+
+type isTargetPort_Value interface {
+	isTargetPort_Value()
+}
+
+type TargetPort_IntValue struct {
+	// int_value is a port number (1-65535).
+	IntValue int32 `protobuf:"varint,1,opt,name=int_value,json=intValue,proto3,oneof"`
+}
+
+type TargetPort_StrValue struct {
+	// str_value is the name of a container port.
+	StrValue string `protobuf:"bytes,2,opt,name=str_value,json=strValue,proto3,oneof"`
+}
+
+func (*TargetPort_IntValue) isTargetPort_Value() {}
+
+func (*TargetPort_StrValue) isTargetPort_Value() {}
+
 // ServicePort is one node port of a Service.
 type ServicePort struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -228,7 +524,7 @@ type ServicePort struct {
 
 func (x *ServicePort) Reset() {
 	*x = ServicePort{}
-	mi := &file_allocd_v1_repair_proto_msgTypes[3]
+	mi := &file_allocd_v1_repair_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -240,7 +536,7 @@ func (x *ServicePort) String() string {
 func (*ServicePort) ProtoMessage() {}
 
 func (x *ServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_repair_proto_msgTypes[3]
+	mi := &file_allocd_v1_repair_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -253,7 +549,7 @@ func (x *ServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
 func (*ServicePort) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{3}
+	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ServicePort) GetPort() int32 {
@@ -283,7 +579,7 @@ type PushServiceSnapshotResponse struct {
 
 func (x *PushServiceSnapshotResponse) Reset() {
 	*x = PushServiceSnapshotResponse{}
-	mi := &file_allocd_v1_repair_proto_msgTypes[4]
+	mi := &file_allocd_v1_repair_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -295,7 +591,7 @@ func (x *PushServiceSnapshotResponse) String() string {
 func (*PushServiceSnapshotResponse) ProtoMessage() {}
 
 func (x *PushServiceSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_repair_proto_msgTypes[4]
+	mi := &file_allocd_v1_repair_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -308,7 +604,7 @@ func (x *PushServiceSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushServiceSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*PushServiceSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{4}
+	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PushServiceSnapshotResponse) GetRevision() int64 {
@@ -336,7 +632,7 @@ type RunRepairRequest struct {
 
 func (x *RunRepairRequest) Reset() {
 	*x = RunRepairRequest{}
-	mi := &file_allocd_v1_repair_proto_msgTypes[5]
+	mi := &file_allocd_v1_repair_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -348,7 +644,7 @@ func (x *RunRepairRequest) String() string {
 func (*RunRepairRequest) ProtoMessage() {}
 
 func (x *RunRepairRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_repair_proto_msgTypes[5]
+	mi := &file_allocd_v1_repair_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -361,7 +657,7 @@ func (x *RunRepairRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRepairRequest.ProtoReflect.Descriptor instead.
 func (*RunRepairRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{5}
+	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RunRepairRequest) GetDryRun() bool {
@@ -382,7 +678,7 @@ type RunRepairResponse struct {
 
 func (x *RunRepairResponse) Reset() {
 	*x = RunRepairResponse{}
-	mi := &file_allocd_v1_repair_proto_msgTypes[6]
+	mi := &file_allocd_v1_repair_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -394,7 +690,7 @@ func (x *RunRepairResponse) String() string {
 func (*RunRepairResponse) ProtoMessage() {}
 
 func (x *RunRepairResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_repair_proto_msgTypes[6]
+	mi := &file_allocd_v1_repair_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -407,7 +703,7 @@ func (x *RunRepairResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRepairResponse.ProtoReflect.Descriptor instead.
 func (*RunRepairResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{6}
+	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RunRepairResponse) GetReport() *RepairReport {
@@ -426,7 +722,7 @@ type GetRepairStatusRequest struct {
 
 func (x *GetRepairStatusRequest) Reset() {
 	*x = GetRepairStatusRequest{}
-	mi := &file_allocd_v1_repair_proto_msgTypes[7]
+	mi := &file_allocd_v1_repair_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -438,7 +734,7 @@ func (x *GetRepairStatusRequest) String() string {
 func (*GetRepairStatusRequest) ProtoMessage() {}
 
 func (x *GetRepairStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_repair_proto_msgTypes[7]
+	mi := &file_allocd_v1_repair_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -451,7 +747,7 @@ func (x *GetRepairStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRepairStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetRepairStatusRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{7}
+	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{10}
 }
 
 // GetRepairStatusResponse describes the repair state.
@@ -471,7 +767,7 @@ type GetRepairStatusResponse struct {
 
 func (x *GetRepairStatusResponse) Reset() {
 	*x = GetRepairStatusResponse{}
-	mi := &file_allocd_v1_repair_proto_msgTypes[8]
+	mi := &file_allocd_v1_repair_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +779,7 @@ func (x *GetRepairStatusResponse) String() string {
 func (*GetRepairStatusResponse) ProtoMessage() {}
 
 func (x *GetRepairStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_repair_proto_msgTypes[8]
+	mi := &file_allocd_v1_repair_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +792,7 @@ func (x *GetRepairStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRepairStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetRepairStatusResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{8}
+	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetRepairStatusResponse) GetLastReport() *RepairReport {
@@ -550,7 +846,7 @@ type RepairReport struct {
 
 func (x *RepairReport) Reset() {
 	*x = RepairReport{}
-	mi := &file_allocd_v1_repair_proto_msgTypes[9]
+	mi := &file_allocd_v1_repair_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +858,7 @@ func (x *RepairReport) String() string {
 func (*RepairReport) ProtoMessage() {}
 
 func (x *RepairReport) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_repair_proto_msgTypes[9]
+	mi := &file_allocd_v1_repair_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +871,7 @@ func (x *RepairReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairReport.ProtoReflect.Descriptor instead.
 func (*RepairReport) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{9}
+	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RepairReport) GetStartTime() *timestamppb.Timestamp {
@@ -653,7 +949,7 @@ type Finding struct {
 
 func (x *Finding) Reset() {
 	*x = Finding{}
-	mi := &file_allocd_v1_repair_proto_msgTypes[10]
+	mi := &file_allocd_v1_repair_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +961,7 @@ func (x *Finding) String() string {
 func (*Finding) ProtoMessage() {}
 
 func (x *Finding) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_repair_proto_msgTypes[10]
+	mi := &file_allocd_v1_repair_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +974,7 @@ func (x *Finding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Finding.ProtoReflect.Descriptor instead.
 func (*Finding) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{10}
+	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Finding) GetReason() string {
@@ -755,7 +1051,7 @@ type LeakCandidate struct {
 
 func (x *LeakCandidate) Reset() {
 	*x = LeakCandidate{}
-	mi := &file_allocd_v1_repair_proto_msgTypes[11]
+	mi := &file_allocd_v1_repair_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +1063,7 @@ func (x *LeakCandidate) String() string {
 func (*LeakCandidate) ProtoMessage() {}
 
 func (x *LeakCandidate) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_repair_proto_msgTypes[11]
+	mi := &file_allocd_v1_repair_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +1076,7 @@ func (x *LeakCandidate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeakCandidate.ProtoReflect.Descriptor instead.
 func (*LeakCandidate) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{11}
+	return file_allocd_v1_repair_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LeakCandidate) GetRange() string {
@@ -848,7 +1144,7 @@ const file_allocd_v1_repair_proto_rawDesc = "" +
 	"\bsnapshot\x18\x01 \x01(\v2\x1a.allocd.v1.ServiceSnapshotR\bsnapshot\"]\n" +
 	"\x0fServiceSnapshot\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12.\n" +
-	"\bservices\x18\x02 \x03(\v2\x12.allocd.v1.ServiceR\bservices\"\xda\x01\n" +
+	"\bservices\x18\x02 \x03(\v2\x12.allocd.v1.ServiceR\bservices\"\xe5\x04\n" +
 	"\aService\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -857,7 +1153,38 @@ const file_allocd_v1_repair_proto_rawDesc = "" +
 	"clusterIps\x125\n" +
 	"\n" +
 	"node_ports\x18\x05 \x03(\v2\x16.allocd.v1.ServicePortR\tnodePorts\x123\n" +
-	"\x16health_check_node_port\x18\x06 \x01(\x05R\x13healthCheckNodePort\"=\n" +
+	"\x16health_check_node_port\x18\x06 \x01(\x05R\x13healthCheckNodePort\x126\n" +
+	"\x06labels\x18\a \x03(\v2\x1e.allocd.v1.Service.LabelsEntryR\x06labels\x12\x12\n" +
+	"\x04type\x18\b \x01(\tR\x04type\x12\x1f\n" +
+	"\vip_families\x18\t \x03(\tR\n" +
+	"ipFamilies\x12/\n" +
+	"\bselector\x18\n" +
+	" \x01(\v2\x13.allocd.v1.SelectorR\bselector\x12=\n" +
+	"\x1bpublish_not_ready_addresses\x18\v \x01(\bR\x18publishNotReadyAddresses\x120\n" +
+	"\x05ports\x18\f \x03(\v2\x1a.allocd.v1.ServicePortSpecR\x05ports\x12?\n" +
+	"\rcreation_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\fcreationTime\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x93\x01\n" +
+	"\bSelector\x12G\n" +
+	"\fmatch_labels\x18\x01 \x03(\v2$.allocd.v1.Selector.MatchLabelsEntryR\vmatchLabels\x1a>\n" +
+	"\x10MatchLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe3\x01\n" +
+	"\x0fServicePortSpec\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\x05R\x04port\x126\n" +
+	"\vtarget_port\x18\x03 \x01(\v2\x15.allocd.v1.TargetPortR\n" +
+	"targetPort\x12\x1a\n" +
+	"\bprotocol\x18\x04 \x01(\tR\bprotocol\x12&\n" +
+	"\fapp_protocol\x18\x05 \x01(\tH\x00R\vappProtocol\x88\x01\x01\x12\x1b\n" +
+	"\tnode_port\x18\x06 \x01(\x05R\bnodePortB\x0f\n" +
+	"\r_app_protocol\"S\n" +
+	"\n" +
+	"TargetPort\x12\x1d\n" +
+	"\tint_value\x18\x01 \x01(\x05H\x00R\bintValue\x12\x1d\n" +
+	"\tstr_value\x18\x02 \x01(\tH\x00R\bstrValueB\a\n" +
+	"\x05value\"=\n" +
 	"\vServicePort\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\x05R\x04port\x12\x1a\n" +
 	"\bprotocol\x18\x02 \x01(\tR\bprotocol\"^\n" +
@@ -923,50 +1250,61 @@ func file_allocd_v1_repair_proto_rawDescGZIP() []byte {
 	return file_allocd_v1_repair_proto_rawDescData
 }
 
-var file_allocd_v1_repair_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_allocd_v1_repair_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_allocd_v1_repair_proto_goTypes = []any{
 	(*PushServiceSnapshotRequest)(nil),  // 0: allocd.v1.PushServiceSnapshotRequest
 	(*ServiceSnapshot)(nil),             // 1: allocd.v1.ServiceSnapshot
 	(*Service)(nil),                     // 2: allocd.v1.Service
-	(*ServicePort)(nil),                 // 3: allocd.v1.ServicePort
-	(*PushServiceSnapshotResponse)(nil), // 4: allocd.v1.PushServiceSnapshotResponse
-	(*RunRepairRequest)(nil),            // 5: allocd.v1.RunRepairRequest
-	(*RunRepairResponse)(nil),           // 6: allocd.v1.RunRepairResponse
-	(*GetRepairStatusRequest)(nil),      // 7: allocd.v1.GetRepairStatusRequest
-	(*GetRepairStatusResponse)(nil),     // 8: allocd.v1.GetRepairStatusResponse
-	(*RepairReport)(nil),                // 9: allocd.v1.RepairReport
-	(*Finding)(nil),                     // 10: allocd.v1.Finding
-	(*LeakCandidate)(nil),               // 11: allocd.v1.LeakCandidate
-	nil,                                 // 12: allocd.v1.RepairReport.CountsEntry
-	(*timestamppb.Timestamp)(nil),       // 13: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),         // 14: google.protobuf.Duration
-	(*Owner)(nil),                       // 15: allocd.v1.Owner
+	(*Selector)(nil),                    // 3: allocd.v1.Selector
+	(*ServicePortSpec)(nil),             // 4: allocd.v1.ServicePortSpec
+	(*TargetPort)(nil),                  // 5: allocd.v1.TargetPort
+	(*ServicePort)(nil),                 // 6: allocd.v1.ServicePort
+	(*PushServiceSnapshotResponse)(nil), // 7: allocd.v1.PushServiceSnapshotResponse
+	(*RunRepairRequest)(nil),            // 8: allocd.v1.RunRepairRequest
+	(*RunRepairResponse)(nil),           // 9: allocd.v1.RunRepairResponse
+	(*GetRepairStatusRequest)(nil),      // 10: allocd.v1.GetRepairStatusRequest
+	(*GetRepairStatusResponse)(nil),     // 11: allocd.v1.GetRepairStatusResponse
+	(*RepairReport)(nil),                // 12: allocd.v1.RepairReport
+	(*Finding)(nil),                     // 13: allocd.v1.Finding
+	(*LeakCandidate)(nil),               // 14: allocd.v1.LeakCandidate
+	nil,                                 // 15: allocd.v1.Service.LabelsEntry
+	nil,                                 // 16: allocd.v1.Selector.MatchLabelsEntry
+	nil,                                 // 17: allocd.v1.RepairReport.CountsEntry
+	(*timestamppb.Timestamp)(nil),       // 18: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),         // 19: google.protobuf.Duration
+	(*Owner)(nil),                       // 20: allocd.v1.Owner
 }
 var file_allocd_v1_repair_proto_depIdxs = []int32{
 	1,  // 0: allocd.v1.PushServiceSnapshotRequest.snapshot:type_name -> allocd.v1.ServiceSnapshot
 	2,  // 1: allocd.v1.ServiceSnapshot.services:type_name -> allocd.v1.Service
-	3,  // 2: allocd.v1.Service.node_ports:type_name -> allocd.v1.ServicePort
-	9,  // 3: allocd.v1.RunRepairResponse.report:type_name -> allocd.v1.RepairReport
-	9,  // 4: allocd.v1.GetRepairStatusResponse.last_report:type_name -> allocd.v1.RepairReport
-	11, // 5: allocd.v1.GetRepairStatusResponse.leak_candidates:type_name -> allocd.v1.LeakCandidate
-	13, // 6: allocd.v1.RepairReport.start_time:type_name -> google.protobuf.Timestamp
-	14, // 7: allocd.v1.RepairReport.duration:type_name -> google.protobuf.Duration
-	10, // 8: allocd.v1.RepairReport.findings:type_name -> allocd.v1.Finding
-	12, // 9: allocd.v1.RepairReport.counts:type_name -> allocd.v1.RepairReport.CountsEntry
-	15, // 10: allocd.v1.Finding.service:type_name -> allocd.v1.Owner
-	15, // 11: allocd.v1.LeakCandidate.owner:type_name -> allocd.v1.Owner
-	14, // 12: allocd.v1.LeakCandidate.age:type_name -> google.protobuf.Duration
-	0,  // 13: allocd.v1.RepairService.PushServiceSnapshot:input_type -> allocd.v1.PushServiceSnapshotRequest
-	5,  // 14: allocd.v1.RepairService.RunRepair:input_type -> allocd.v1.RunRepairRequest
-	7,  // 15: allocd.v1.RepairService.GetRepairStatus:input_type -> allocd.v1.GetRepairStatusRequest
-	4,  // 16: allocd.v1.RepairService.PushServiceSnapshot:output_type -> allocd.v1.PushServiceSnapshotResponse
-	6,  // 17: allocd.v1.RepairService.RunRepair:output_type -> allocd.v1.RunRepairResponse
-	8,  // 18: allocd.v1.RepairService.GetRepairStatus:output_type -> allocd.v1.GetRepairStatusResponse
-	16, // [16:19] is the sub-list for method output_type
-	13, // [13:16] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	6,  // 2: allocd.v1.Service.node_ports:type_name -> allocd.v1.ServicePort
+	15, // 3: allocd.v1.Service.labels:type_name -> allocd.v1.Service.LabelsEntry
+	3,  // 4: allocd.v1.Service.selector:type_name -> allocd.v1.Selector
+	4,  // 5: allocd.v1.Service.ports:type_name -> allocd.v1.ServicePortSpec
+	18, // 6: allocd.v1.Service.creation_time:type_name -> google.protobuf.Timestamp
+	16, // 7: allocd.v1.Selector.match_labels:type_name -> allocd.v1.Selector.MatchLabelsEntry
+	5,  // 8: allocd.v1.ServicePortSpec.target_port:type_name -> allocd.v1.TargetPort
+	12, // 9: allocd.v1.RunRepairResponse.report:type_name -> allocd.v1.RepairReport
+	12, // 10: allocd.v1.GetRepairStatusResponse.last_report:type_name -> allocd.v1.RepairReport
+	14, // 11: allocd.v1.GetRepairStatusResponse.leak_candidates:type_name -> allocd.v1.LeakCandidate
+	18, // 12: allocd.v1.RepairReport.start_time:type_name -> google.protobuf.Timestamp
+	19, // 13: allocd.v1.RepairReport.duration:type_name -> google.protobuf.Duration
+	13, // 14: allocd.v1.RepairReport.findings:type_name -> allocd.v1.Finding
+	17, // 15: allocd.v1.RepairReport.counts:type_name -> allocd.v1.RepairReport.CountsEntry
+	20, // 16: allocd.v1.Finding.service:type_name -> allocd.v1.Owner
+	20, // 17: allocd.v1.LeakCandidate.owner:type_name -> allocd.v1.Owner
+	19, // 18: allocd.v1.LeakCandidate.age:type_name -> google.protobuf.Duration
+	0,  // 19: allocd.v1.RepairService.PushServiceSnapshot:input_type -> allocd.v1.PushServiceSnapshotRequest
+	8,  // 20: allocd.v1.RepairService.RunRepair:input_type -> allocd.v1.RunRepairRequest
+	10, // 21: allocd.v1.RepairService.GetRepairStatus:input_type -> allocd.v1.GetRepairStatusRequest
+	7,  // 22: allocd.v1.RepairService.PushServiceSnapshot:output_type -> allocd.v1.PushServiceSnapshotResponse
+	9,  // 23: allocd.v1.RepairService.RunRepair:output_type -> allocd.v1.RunRepairResponse
+	11, // 24: allocd.v1.RepairService.GetRepairStatus:output_type -> allocd.v1.GetRepairStatusResponse
+	22, // [22:25] is the sub-list for method output_type
+	19, // [19:22] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_allocd_v1_repair_proto_init() }
@@ -975,13 +1313,18 @@ func file_allocd_v1_repair_proto_init() {
 		return
 	}
 	file_allocd_v1_allocator_proto_init()
+	file_allocd_v1_repair_proto_msgTypes[4].OneofWrappers = []any{}
+	file_allocd_v1_repair_proto_msgTypes[5].OneofWrappers = []any{
+		(*TargetPort_IntValue)(nil),
+		(*TargetPort_StrValue)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allocd_v1_repair_proto_rawDesc), len(file_allocd_v1_repair_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,70 @@
+package endpoints
+
+import (
+	"time"
+)
+
+// Fence proves leadership in a write: the election key of the term and its
+// CreateRevision. Every write of a term is an etcd transaction that compares
+// CreateRevision(Key) = Rev, so a deposed leader can never write after its successor
+// was elected (etcd's concurrency.Election Proclaim does the same).
+type Fence struct {
+	Key string
+	Rev int64
+}
+
+// EventType is what happened to an object of a feed.
+type EventType int
+
+// The types of events.
+const (
+	Upsert EventType = iota + 1
+	Delete
+)
+
+// Event is one change of a Service or a Pod in the caller's store. Exactly one of
+// Service and Pod is set; for a Delete only their namespace and name matter.
+type Event struct {
+	Type     EventType
+	Revision int64
+	Service  *Service
+	Pod      *Pod
+}
+
+// EventsResult tells what ApplyEvents did.
+type EventsResult struct {
+	// Applied events changed the inputs; Ignored ones were not newer than what was
+	// applied for their kind, or changed nothing the Endpoints depend on.
+	Applied, Ignored int
+	// ServiceRevision and PodRevision applied after the events.
+	ServiceRevision, PodRevision int64
+}
+
+// WatchType is the kind of a change of a stored Endpoints object.
+type WatchType int
+
+// The types of watch events.
+const (
+	Added WatchType = iota + 1
+	Modified
+	Deleted
+)
+
+// WatchEvent is one change of a stored Endpoints object. For Deleted, Endpoints is the
+// last state and Revision the revision of the delete.
+type WatchEvent struct {
+	Type      WatchType
+	Endpoints *Endpoints
+	Revision  int64
+}
+
+// Defaults of Config, as kube-controller-manager's.
+const (
+	// DefaultWorkers is --concurrent-endpoint-syncs' default.
+	DefaultWorkers = 5
+	// DefaultBatchPeriod is --endpoint-updates-batch-period's default: no batching.
+	DefaultBatchPeriod = time.Duration(0)
+	// DefaultPageSize and MaxPageSize of List.
+	DefaultPageSize = 500
+	MaxPageSize     = 5000
+)

@@ -1,0 +1,147 @@
+package endpoints
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// Sentinels of the package.
+var (
+	// ErrNotFound: no Endpoints object of that name.
+	ErrNotFound = errors.New("endpoints not found")
+	// ErrNotLeader: this replica does not lead (or its term ended); feeds go to the
+	// leader. NotLeaderError wraps it.
+	ErrNotLeader = errors.New("not the endpoints controller leader")
+	// ErrSnapshotRequired: an event of a kind of which this term has no snapshot yet.
+	// SnapshotRequiredError wraps it.
+	ErrSnapshotRequired = errors.New("snapshot required")
+	// ErrStaleSnapshot: a snapshot older than what this term applied. StaleSnapshotError
+	// wraps it.
+	ErrStaleSnapshot = errors.New("stale snapshot")
+	// ErrCompacted: a watch from a revision etcd has compacted away. CompactedError
+	// wraps it.
+	ErrCompacted = errors.New("revision compacted")
+	// ErrInvalid: a malformed feed or request. InvalidError wraps it.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrNotReady: the controller's reads are not available yet (or any more).
+	ErrNotReady = errors.New("endpoints controller not ready")
+)
+
+// Kind names the kind of a feed.
+type Kind string
+
+// The kinds of feeds.
+const (
+	KindService Kind = "Service"
+	KindPod     Kind = "Pod"
+)
+
+// NotLeaderError says who leads ("" when nobody does, or when it is unknown).
+type NotLeaderError struct {
+	Leader string
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.Leader == "" {
+		return "this replica does not lead the endpoints controller and no leader is known"
+	}
+	return "this replica does not lead the endpoints controller; the leader is " + e.Leader
+}
+
+// Unwrap returns ErrNotLeader.
+func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
+
+// SnapshotRequiredError is an event of Kind before any snapshot of that kind in the
+// leader's current term.
+type SnapshotRequiredError struct {
+	Kind Kind
+}
+
+func (e *SnapshotRequiredError) Error() string {
+	return "no " + string(e.Kind) + " snapshot in this term of leadership: push a " + string(e.Kind) +
+		" snapshot before " + string(e.Kind) + " events"
+}
+
+// Unwrap returns ErrSnapshotRequired.
+func (e *SnapshotRequiredError) Unwrap() error { return ErrSnapshotRequired }
+
+// StaleSnapshotError is a snapshot older than the revision applied for its kind.
+type StaleSnapshotError struct {
+	Kind              Kind
+	Revision, Applied int64
+}
+
+func (e *StaleSnapshotError) Error() string {
+	return fmt.Sprintf("%s snapshot revision %d is older than the revision %d already applied", e.Kind, e.Revision, e.Applied)
+}
+
+// Unwrap returns ErrStaleSnapshot.
+func (e *StaleSnapshotError) Unwrap() error { return ErrStaleSnapshot }
+
+// CompactedError is a watch from a revision etcd no longer has.
+type CompactedError struct {
+	// Revision asked for, and the oldest revision etcd still has (0 when unknown).
+	Revision, Compacted int64
+}
+
+func (e *CompactedError) Error() string {
+	s := "revision " + strconv.FormatInt(e.Revision, 10) + " has been compacted"
+	if e.Compacted > 0 {
+		s += " (oldest available " + strconv.FormatInt(e.Compacted, 10) + ")"
+	}
+	return s + ": list again and watch from the list's revision"
+}
+
+// Unwrap returns ErrCompacted.
+func (e *CompactedError) Unwrap() error { return ErrCompacted }
+
+// maxViolations bounds the violations an InvalidError carries.
+const maxViolations = 16
+
+// InvalidError is a malformed feed or request: one violation per bad field (the first
+// maxViolations; More counts the rest).
+type InvalidError struct {
+	Violations []Violation
+	More       int
+}
+
+// Violation is one bad field.
+type Violation struct {
+	Field       string
+	Description string
+}
+
+// Add records a violation.
+func (e *InvalidError) Add(field, description string) {
+	if len(e.Violations) < maxViolations {
+		e.Violations = append(e.Violations, Violation{Field: field, Description: description})
+	} else {
+		e.More++
+	}
+}
+
+// OrNil returns nil when e holds no violation.
+func (e *InvalidError) OrNil() error {
+	if e == nil || len(e.Violations) == 0 {
+		return nil
+	}
+	return e
+}
+
+func (e *InvalidError) Error() string {
+	if len(e.Violations) == 0 {
+		return "invalid argument"
+	}
+	s := e.Violations[0].Field + ": " + e.Violations[0].Description
+	for _, v := range e.Violations[1:] {
+		s += "; " + v.Field + ": " + v.Description
+	}
+	if e.More > 0 {
+		s += "; and " + strconv.Itoa(e.More) + " more"
+	}
+	return s
+}
+
+// Unwrap returns ErrInvalid.
+func (e *InvalidError) Unwrap() error { return ErrInvalid }

@@ -100,6 +100,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the repair metrics; nil means no metrics.
 	Registerer prometheus.Registerer
+	// OnLead, when set, runs for every term of leadership, beside the passes, with the
+	// term's context and the election key and its CreateRevision: the fence of other
+	// controllers that run on the one elected leader (the Endpoints controller). The
+	// term waits for it before it ends; when it returns an error while the term lasts,
+	// the term ends (resigns) and the replica campaigns again.
+	OnLead func(ctx context.Context, electionKey string, electionRev int64) error
 }
 
 // Controller is the repair loop of allocd: kube-apiserver's ClusterIP and NodePort
@@ -364,6 +370,16 @@ func (c *Controller) lead(ctx context.Context) error {
 	}()
 	c.log.InfoContext(ctx, "elected repair leader", "identity", c.cfg.Identity, "key", e.Key())
 
+	if c.cfg.OnLead != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.cfg.OnLead(lctx, e.Key(), e.Rev()); err != nil && lctx.Err() == nil {
+				c.log.WarnContext(ctx, "a controller of this term failed; resigning", "error", err)
+				cancel()
+			}
+		}()
+	}
 	if c.cfg.SnapshotFile != "" || c.snapshot() != nil {
 		c.periodicPass(lctx, t)
 	}

@@ -1,0 +1,207 @@
+package endpoints
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Config configures a Controller.
+type Config struct {
+	// Prefix is allocd's etcd prefix, e.g. "/allocd". Endpoints are stored under
+	// <Prefix>/endpoints/<namespace>/<name>.
+	Prefix string
+	// Workers is the number of Services synced at once (--concurrent-endpoint-syncs);
+	// 0 means DefaultWorkers.
+	Workers int
+	// BatchPeriod delays the sync after a Pod event so that the events of one period
+	// make one write (--endpoint-updates-batch-period); 0 syncs at once.
+	BatchPeriod time.Duration
+	// Logger receives one line per write and the term's changes; nil discards.
+	Logger *slog.Logger
+	// Registerer receives the metrics; nil means none.
+	Registerer prometheus.Registerer
+}
+
+// Controller is kube-controller-manager's endpoint controller over etcd. For every
+// Service with a selector it keeps the Endpoints object Kubernetes would write (see
+// the package doc for the rules and allocd's deliberate deviations).
+//
+// Only the leader writes: Lead runs one term of leadership, fenced by the election key
+// (every write compares its CreateRevision), and the feeds (ApplyServiceSnapshot,
+// ApplyPodSnapshot, ApplyEvents) are taken only during a term. A term writes nothing
+// before it has a snapshot of both kinds; then it syncs every Service and every stored
+// object (the start-up sweep), and after that the keys the events touch. Reads (Get,
+// List, Watch) go to etcd and work on every replica.
+type Controller struct {
+	cli     *clientv3.Client
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+	prefix  string // <Prefix>/endpoints/
+
+	mu     sync.Mutex
+	term   *term      // the current term, nil when not leading
+	master *Endpoints // default/kubernetes from the master leases, nil when none yet
+}
+
+// New returns a Controller. Call Lead for every term of leadership.
+func New(cli *clientv3.Client, cfg Config) (*Controller, error) {
+	if cli == nil {
+		return nil, errors.New("endpoints: nil etcd client")
+	}
+	if cfg.Workers < 0 || cfg.BatchPeriod < 0 {
+		return nil, fmt.Errorf("endpoints: negative workers %d or batch period %v", cfg.Workers, cfg.BatchPeriod)
+	}
+	if cfg.Workers == 0 {
+		cfg.Workers = DefaultWorkers
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	c := &Controller{
+		cli:    cli,
+		cfg:    cfg,
+		log:    log.With("component", "endpoints"),
+		prefix: strings.TrimSuffix(cfg.Prefix, "/") + "/endpoints/",
+	}
+	m, err := newMetrics(cfg.Registerer, c)
+	if err != nil {
+		return nil, fmt.Errorf("endpoints metrics: %w", err)
+	}
+	c.metrics = m
+	return c, nil
+}
+
+// Leading reports whether a term of leadership is running here.
+func (c *Controller) Leading() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.term != nil
+}
+
+// currentTerm returns the running term or a *NotLeaderError.
+func (c *Controller) currentTerm() (*term, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.term == nil {
+		return nil, &NotLeaderError{}
+	}
+	return c.term, nil
+}
+
+// Lead runs one term of leadership until ctx ends (the caller ends it when its election
+// session is lost or at shutdown) or a write finds the fence gone. It returns nil when
+// ctx ended, else why the term ended. Terms do not overlap: Lead waits for every
+// goroutine of its term before it returns.
+func (c *Controller) Lead(ctx context.Context, f Fence) error {
+	if f.Key == "" || f.Rev <= 0 {
+		return fmt.Errorf("endpoints: bad fence %+v", f)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	t := newTerm(c, f, cancel)
+	c.mu.Lock()
+	if c.term != nil {
+		c.mu.Unlock()
+		return errors.New("endpoints: Lead called while a term runs")
+	}
+	c.term = t
+	master := c.master
+	c.mu.Unlock()
+	c.metrics.setLeader(true)
+	c.log.InfoContext(ctx, "endpoints controller leading; waiting for Service and Pod snapshots", "fence_key", f.Key, "fence_rev", f.Rev)
+	defer func() {
+		c.mu.Lock()
+		c.term = nil
+		c.mu.Unlock()
+		c.metrics.setLeader(false)
+	}()
+	if master != nil {
+		t.masterc <- struct{}{}
+	}
+	err := t.run(ctx)
+	if ctx.Err() != nil && context.Cause(ctx) == context.Canceled {
+		return nil
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
+	c.log.WarnContext(ctx, "endpoints controller term ended", "error", err)
+	return err
+}
+
+// ApplyServiceSnapshot replaces the Services of the term's inputs. Every Service is
+// synced again, and every stored object (so that the Endpoints of a Service that is
+// gone are deleted).
+func (c *Controller) ApplyServiceSnapshot(ctx context.Context, rev int64, svcs []*Service) error {
+	t, err := c.currentTerm()
+	if err != nil {
+		return err
+	}
+	return t.applySnapshot(KindService, rev, func(in *inputs) { in.setServices(rev, svcs) })
+}
+
+// ApplyPodSnapshot replaces the Pods of the term's inputs, and syncs every Service.
+func (c *Controller) ApplyPodSnapshot(ctx context.Context, rev int64, pods []*Pod) error {
+	t, err := c.currentTerm()
+	if err != nil {
+		return err
+	}
+	return t.applySnapshot(KindPod, rev, func(in *inputs) { in.setPods(rev, pods) })
+}
+
+// ApplyEvents applies events in order on top of the snapshots of the term. An event of
+// a kind with no snapshot in this term refuses the whole batch (*SnapshotRequiredError)
+// before anything is applied. An event not newer than the revision applied for its
+// kind is ignored.
+func (c *Controller) ApplyEvents(ctx context.Context, evs []Event) (EventsResult, error) {
+	t, err := c.currentTerm()
+	if err != nil {
+		return EventsResult{}, err
+	}
+	return t.applyEvents(evs)
+}
+
+// SetMasterEndpoints sets the Endpoints of default/kubernetes that the master leases
+// produce; the leader stores them (and keeps them stored) under the same prefix as the
+// others. e carries addresses and ports; its name, labels and bookkeeping are set here.
+func (c *Controller) SetMasterEndpoints(e *Endpoints) {
+	e.ManagedBy = ManagedByMasterLease
+	c.mu.Lock()
+	c.master = e
+	t := c.term
+	c.mu.Unlock()
+	if t != nil {
+		select {
+		case t.masterc <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (c *Controller) masterEndpoints() *Endpoints {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.master
+}
+
+// etcdKey is where the Endpoints of "ns/name" are stored.
+func (c *Controller) etcdKey(key string) string { return c.prefix + key }
+
+// objectKey is the "ns/name" of a stored key, "" when k is not one.
+func (c *Controller) objectKey(k []byte) string {
+	s := strings.TrimPrefix(string(k), c.prefix)
+	if len(s) == len(k) || strings.Count(s, "/") != 1 {
+		return ""
+	}
+	return s
+}

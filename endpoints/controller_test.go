@@ -1,0 +1,484 @@
+package endpoints
+
+import (
+	"errors"
+	"maps"
+	"testing"
+	"time"
+)
+
+// syncCase is one case of kube-controller-manager's endpoints_controller_test.go, as
+// the reference lists them: objects stored before the term, the snapshots, and what
+// etcd holds after the controller settled. writes counts etcd writes (revisions):
+// "0 requests" upstream is 0 writes here.
+type syncCase struct {
+	name     string
+	existing []*Endpoints
+	svcs     []*Service
+	pods     []*Pod
+	writes   int64
+	// want: the objects after, by "ns/name"; a nil value means absent.
+	want map[string]*Endpoints
+}
+
+func TestSyncEndpoints(t *testing.T) {
+	svc := testService("default")
+	headlessNoPorts := testService("default")
+	headlessNoPorts.ClusterIPs = []string{"None"}
+	headlessNoPorts.Ports = nil
+	headlessNoPorts.Labels = map[string]string{"a": "b"}
+	withLabels := testService("other")
+	withLabels.Ports = []ServicePort{
+		{Name: "port0", Port: 80, TargetPort: TargetPort{Number: 8080}, Protocol: ProtocolTCP},
+		{Name: "port1", Port: 88, TargetPort: TargetPort{Number: 8088}, Protocol: ProtocolTCP},
+	}
+	withLabels.Labels = map[string]string{"foo": "bar"}
+	udp, sctp := testService("default"), testService("default")
+	udp.Ports[0].Protocol, sctp.Ports[0].Protocol = ProtocolUDP, ProtocolSCTP
+	noSelector := testService("default")
+	noSelector.Selector = nil
+	emptySelector := testService("default")
+	emptySelector.Selector = map[string]string{}
+	failed, succeeded := testPod("default", 0, false, 1), testPod("default", 1, false, 1)
+	failed.Phase, succeeded.Phase = PhaseFailed, PhaseSucceeded
+	labelled := ours(svc)
+	labelled.Labels["foo"] = "bar"
+	pod0 := addr("1.2.3.4", "default", "pod0")
+	pod1 := addr("1.2.3.5", "default", "pod1")
+
+	cases := []syncCase{{
+		name:     "ItemsPreserveNoSelector",
+		existing: []*Endpoints{handMade("default", "foo")},
+		svcs:     []*Service{noSelector},
+		pods:     []*Pod{testPod("default", 0, true, 1)},
+		writes:   0,
+		want:     map[string]*Endpoints{"default/foo": handMade("default", "foo")},
+	}, {
+		name:     "ExistingNilSubsets",
+		existing: []*Endpoints{ours(svc)},
+		svcs:     []*Service{svc},
+		writes:   0,
+		want:     map[string]*Endpoints{"default/foo": ours(svc)},
+	}, {
+		name:   "NewNoSubsets",
+		svcs:   []*Service{svc},
+		writes: 1,
+		want:   map[string]*Endpoints{"default/foo": ours(svc)},
+	}, {
+		name:     "ProtocolTCP",
+		existing: []*Endpoints{handMade("default", "foo")},
+		svcs:     []*Service{svc},
+		pods:     []*Pod{testPod("default", 0, true, 1)},
+		writes:   1,
+		want:     map[string]*Endpoints{"default/foo": ours(svc, Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
+	}, {
+		name:   "ProtocolUDP",
+		svcs:   []*Service{udp},
+		pods:   []*Pod{testPod("default", 0, true, 1)},
+		writes: 1,
+		want: map[string]*Endpoints{"default/foo": ours(udp, Subset{Addresses: []Address{pod0},
+			Ports: []Port{{Port: 8080, Protocol: ProtocolUDP}}})},
+	}, {
+		name:   "ProtocolSCTP",
+		svcs:   []*Service{sctp},
+		pods:   []*Pod{testPod("default", 0, true, 1)},
+		writes: 1,
+		want: map[string]*Endpoints{"default/foo": ours(sctp, Subset{Addresses: []Address{pod0},
+			Ports: []Port{{Port: 8080, Protocol: ProtocolSCTP}}})},
+	}, {
+		name:     "HeadlessServiceLabel",
+		existing: []*Endpoints{ours(svc)},
+		svcs:     []*Service{svc},
+		writes:   0,
+		want:     map[string]*Endpoints{"default/foo": ours(svc)},
+	}, {
+		name: "ExternalNameType",
+		svcs: []*Service{
+			{Namespace: "default", Name: "a", UID: "a", Type: TypeExternalName, Selector: map[string]string{"foo": "bar"}, Ports: svc.Ports},
+			{Namespace: "default", Name: "b", UID: "b", Type: TypeExternalName, Ports: svc.Ports},
+			{Namespace: "default", Name: "c", UID: "c", Type: TypeExternalName, Selector: map[string]string{"foo": "bar"}},
+			{Namespace: "default", Name: "d", UID: "d", Type: TypeExternalName},
+		},
+		pods:   []*Pod{testPod("default", 0, true, 1)},
+		writes: 0,
+		want:   map[string]*Endpoints{"default/a": nil, "default/b": nil, "default/c": nil, "default/d": nil},
+	}, {
+		name:   "EmptySelectorSelectsAllMixed",
+		svcs:   []*Service{emptySelector},
+		pods:   []*Pod{testPod("default", 0, true, 1), testPod("default", 1, false, 1)},
+		writes: 1,
+		want: map[string]*Endpoints{"default/foo": ours(emptySelector, Subset{Addresses: []Address{pod0},
+			NotReadyAddresses: []Address{pod1}, Ports: []Port{tcp(8080)}})},
+	}, {
+		name:     "ItemsPreexistingIdentical",
+		existing: []*Endpoints{ours(svc, Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
+		svcs:     []*Service{svc},
+		pods:     []*Pod{testPod("default", 0, true, 1)},
+		writes:   0,
+		want:     map[string]*Endpoints{"default/foo": ours(svc, Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
+	}, {
+		name: "ItemsWithLabels",
+		svcs: []*Service{withLabels},
+		pods: []*Pod{testPod("other", 0, true, 2), testPod("other", 1, true, 2), testPod("other", 2, true, 2),
+			testPod("blah", 0, true, 2), testPod("blah", 1, true, 2), testPod("blah", 2, true, 2), testPod("blah", 3, true, 2), testPod("blah", 4, true, 2)},
+		writes: 1,
+		want: map[string]*Endpoints{"other/foo": ours(withLabels, Subset{
+			Addresses: []Address{addr("1.2.3.4", "other", "pod0"), addr("1.2.3.5", "other", "pod1"), addr("1.2.3.6", "other", "pod2")},
+			Ports:     []Port{{Name: "port0", Port: 8080, Protocol: ProtocolTCP}, {Name: "port1", Port: 8088, Protocol: ProtocolTCP}},
+		})},
+	}, {
+		name:     "ItemsPreexistingLabelsChange",
+		existing: []*Endpoints{labelled},
+		svcs:     []*Service{func() *Service { s := testService("default"); s.Labels = map[string]string{"baz": "blah"}; return s }()},
+		pods:     []*Pod{testPod("default", 0, true, 1)},
+		writes:   1,
+		want: map[string]*Endpoints{"default/foo": ours(func() *Service { s := testService("default"); s.Labels = map[string]string{"baz": "blah"}; return s }(),
+			Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
+	}, {
+		name:     "HeadlessService",
+		existing: []*Endpoints{handMade("default", "foo")},
+		svcs:     []*Service{headlessNoPorts},
+		pods:     []*Pod{testPod("default", 0, true, 1)},
+		writes:   1,
+		want:     map[string]*Endpoints{"default/foo": ours(headlessNoPorts, Subset{Addresses: []Address{pod0}})},
+	}, {
+		name:     "ExcludeNotReadyPodsFailedSucceeded",
+		existing: []*Endpoints{labelled},
+		svcs:     []*Service{svc},
+		pods:     []*Pod{failed, succeeded},
+		writes:   1,
+		want:     map[string]*Endpoints{"default/foo": ours(svc)},
+	}, {
+		name:     "ServiceNotFound",
+		existing: []*Endpoints{ours(svc, Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
+		writes:   1,
+		want:     map[string]*Endpoints{"default/foo": nil},
+	}, {
+		// allocd's deviation (#76164): an object no allocd controller wrote is not swept.
+		name:     "LeftoverHandMadeKept",
+		existing: []*Endpoints{handMade("default", "foo")},
+		writes:   0,
+		want:     map[string]*Endpoints{"default/foo": handMade("default", "foo")},
+	}, {
+		name: "LeftoverLeaderElectionKept",
+		existing: []*Endpoints{func() *Endpoints {
+			e := ours(svc)
+			e.Annotations = map[string]string{AnnotationLeader: "{}"}
+			return e
+		}()},
+		writes: 0,
+		want:   map[string]*Endpoints{"default/foo": func() *Endpoints { e := ours(svc); e.Annotations = map[string]string{AnnotationLeader: "{}"}; return e }()},
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Config{}, tc.existing...)
+			before := h.rev()
+			h.snapshots(10, tc.svcs, tc.pods)
+			h.settle()
+			if got := h.rev() - before; got != tc.writes {
+				t.Errorf("writes = %d; want %d", got, tc.writes)
+			}
+			for key, want := range tc.want {
+				ns, name, _ := cutKey(key)
+				assertStored(t, key, h.get(ns, name), want)
+			}
+		})
+	}
+}
+
+func cutKey(key string) (string, string, bool) {
+	for i := range len(key) {
+		if key[i] == '/' {
+			return key[:i], key[i+1:], true
+		}
+	}
+	return "", key, false
+}
+
+// assertStored compares what matters of a stored object: subsets, labels, annotations
+// (but the trigger time), and allocd's ownership fields.
+func assertStored(t *testing.T, key string, got, want *Endpoints) {
+	t.Helper()
+	if (got == nil) != (want == nil) {
+		t.Fatalf("%s: stored = %v; want %v", key, got, want)
+	}
+	if got == nil {
+		return
+	}
+	if !SubsetsEqual(got.Subsets, want.Subsets) {
+		t.Errorf("%s: subsets = %+v; want %+v", key, got.Subsets, want.Subsets)
+	}
+	if !maps.Equal(got.Labels, want.Labels) {
+		t.Errorf("%s: labels = %v; want %v", key, got.Labels, want.Labels)
+	}
+	ga := maps.Clone(got.Annotations)
+	delete(ga, AnnotationTriggerTime)
+	if len(ga) != 0 || len(want.Annotations) != 0 {
+		if !maps.Equal(ga, want.Annotations) {
+			t.Errorf("%s: annotations = %v; want %v", key, ga, want.Annotations)
+		}
+	}
+	if got.ManagedBy != want.ManagedBy || got.ServiceUID != want.ServiceUID {
+		t.Errorf("%s: managed by %q for %q; want %q for %q", key, got.ManagedBy, got.ServiceUID, want.ManagedBy, want.ServiceUID)
+	}
+}
+
+// TestWaitsForBothSnapshots: nothing is written before the term has a snapshot of
+// each kind (upstream's WaitsForAllInformersToBeSynced).
+func TestWaitsForBothSnapshots(t *testing.T) {
+	h := newHarness(t, Config{})
+	before := h.rev()
+	ctx := testCtx(t)
+	if err := h.c.ApplyServiceSnapshot(ctx, 1, []*Service{testService("default")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.c.ApplyEvents(ctx, []Event{{Type: Upsert, Revision: 2, Pod: testPod("default", 0, true, 1)}}); !errors.Is(err, ErrSnapshotRequired) {
+		t.Fatalf("ApplyEvents(pod) before a Pod snapshot = %v; want ErrSnapshotRequired", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got := h.rev(); got != before {
+		t.Fatalf("wrote %d times with only a Service snapshot; want 0", got-before)
+	}
+	if err := h.c.ApplyPodSnapshot(ctx, 1, []*Pod{testPod("default", 0, true, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	h.settle()
+	if got := h.rev() - before; got != 1 {
+		t.Fatalf("writes after both snapshots = %d; want 1", got)
+	}
+}
+
+// TestPodEvents: a Pod event changes exactly the Endpoints of the Services selecting
+// it; an update of nothing the Endpoints depend on writes nothing.
+func TestPodEvents(t *testing.T) {
+	h := newHarness(t, Config{})
+	a, b := testService("default"), testService("default")
+	b.Name, b.UID, b.Selector = "other", "uid-other", map[string]string{"app": "other"}
+	h.snapshots(1, []*Service{a, b}, []*Pod{testPod("default", 0, true, 1)})
+	h.settle()
+	bRev := h.get("default", "other").Revision
+
+	before := h.rev()
+	notReady := testPod("default", 0, false, 1)
+	notReady.ResourceVersion = "2"
+	h.events(Event{Type: Upsert, Revision: 2, Pod: notReady})
+	h.settle()
+	if got := h.rev() - before; got != 1 {
+		t.Fatalf("writes after a readiness flip = %d; want 1", got)
+	}
+	got := h.get("default", "foo")
+	want := ours(a, Subset{NotReadyAddresses: []Address{addr("1.2.3.4", "default", "pod0")}, Ports: []Port{tcp(8080)}})
+	assertStored(t, "default/foo", got, want)
+	if r := h.get("default", "other").Revision; r != bRev {
+		t.Errorf("Endpoints of a Service not selecting the Pod rewritten: revision %d -> %d", bRev, r)
+	}
+
+	before = h.rev()
+	same := testPod("default", 0, false, 1)
+	same.ResourceVersion = "3"
+	same.NodeName = "ignored-by-upstream-filter"
+	res := h.events(Event{Type: Upsert, Revision: 3, Pod: same})
+	h.settle()
+	if got := h.rev() - before; got != 0 || res.Ignored != 1 {
+		t.Fatalf("an update changing nothing the controller watches: %d writes, %+v; want 0 writes, 1 ignored", got, res)
+	}
+
+	before = h.rev()
+	h.events(Event{Type: Delete, Revision: 4, Pod: &Pod{Namespace: "default", Name: "pod0"}})
+	h.settle()
+	assertStored(t, "default/foo", h.get("default", "foo"), ours(a))
+	if got := h.rev() - before; got != 1 {
+		t.Fatalf("writes after a Pod delete = %d; want 1", got)
+	}
+	// A replay of an old event is ignored.
+	res = h.events(Event{Type: Upsert, Revision: 2, Pod: notReady})
+	if res.Ignored != 1 || res.Applied != 0 {
+		t.Fatalf("replayed event: %+v; want ignored", res)
+	}
+}
+
+// TestMultipleServiceChanges: add, delete and re-add a Service (upstream's test of the
+// same name, without its stale informer cache: writes are compared against etcd).
+func TestMultipleServiceChanges(t *testing.T) {
+	h := newHarness(t, Config{})
+	svc := testService("default")
+	h.snapshots(1, nil, []*Pod{testPod("default", 0, true, 1)})
+	h.events(Event{Type: Upsert, Revision: 2, Service: svc})
+	h.settle()
+	if h.get("default", "foo") == nil {
+		t.Fatal("Endpoints not created for a new Service")
+	}
+	h.events(Event{Type: Delete, Revision: 3, Service: &Service{Namespace: "default", Name: "foo"}})
+	h.settle()
+	if e := h.get("default", "foo"); e != nil {
+		t.Fatalf("Endpoints of a deleted Service still stored: %+v", e)
+	}
+	h.events(Event{Type: Upsert, Revision: 4, Service: svc})
+	h.settle()
+	if h.get("default", "foo") == nil {
+		t.Fatal("Endpoints not re-created for a re-added Service")
+	}
+}
+
+// TestEndpointsDeletedBySomeone: an object deleted behind the controller's back is
+// re-created while its Service wants it.
+func TestEndpointsDeletedBySomeone(t *testing.T) {
+	h := newHarness(t, Config{})
+	h.snapshots(1, []*Service{testService("default")}, []*Pod{testPod("default", 0, true, 1)})
+	h.settle()
+	if _, err := h.cli.Delete(testCtx(t), testPrefix+"/endpoints/default/foo"); err != nil {
+		t.Fatal(err)
+	}
+	waitStored(t, h, "default", "foo")
+}
+
+func waitStored(t *testing.T, h *harness, ns, name string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for h.get(ns, name) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s/%s not stored within 5 s", ns, name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestOverCapacity: 1,500 ready Pods give 1,000 addresses and the annotation; a sync
+// with nothing changed does not rewrite the truncated object (allocd's deviation).
+func TestOverCapacity(t *testing.T) {
+	h := newHarness(t, Config{})
+	var pods []*Pod
+	for i := range 1500 {
+		p := testPod("default", i, true, 1)
+		p.PodIPs = []string{"10.1." + itoa(i/250) + "." + itoa(i%250+1)}
+		pods = append(pods, p)
+	}
+	h.snapshots(1, []*Service{testService("default")}, pods)
+	h.settle()
+	e := h.get("default", "foo")
+	if ready, notReady := CountAddresses(e.Subsets); ready != MaxAddresses || notReady != 0 {
+		t.Fatalf("stored %d ready, %d not ready; want %d, 0", ready, notReady, MaxAddresses)
+	}
+	if e.Annotations[AnnotationOverCapacity] != Truncated || e.AddressCount != 1500 {
+		t.Fatalf("annotation %q, address count %d; want %q, 1500", e.Annotations[AnnotationOverCapacity], e.AddressCount, Truncated)
+	}
+	before := h.rev()
+	h.snapshots(2, []*Service{testService("default")}, pods)
+	h.settle()
+	if got := h.rev() - before; got != 0 {
+		t.Fatalf("a truncated object with nothing changed was rewritten %d times; want 0", got)
+	}
+}
+
+func itoa(i int) string {
+	return string(rune('0'+i/100%10)) + string(rune('0'+i/10%10)) + string(rune('0'+i%10))
+}
+
+// TestFence: once the election key is gone (another replica may lead), the term's
+// writes are refused by etcd and the term ends; nothing it computed lands.
+func TestFence(t *testing.T) {
+	h := newHarness(t, Config{})
+	h.snapshots(1, []*Service{testService("default")}, []*Pod{testPod("default", 0, true, 1)})
+	h.settle()
+	// A new leader's election key replaces ours.
+	if _, err := h.cli.Delete(testCtx(t), h.fence.Key); err != nil {
+		t.Fatal(err)
+	}
+	stored := h.get("default", "foo")
+	notReady := testPod("default", 0, false, 1)
+	notReady.ResourceVersion = "2"
+	h.events(Event{Type: Upsert, Revision: 2, Pod: notReady})
+	select {
+	case err := <-h.done:
+		if !errors.Is(err, errFenceLost) {
+			t.Fatalf("Lead = %v; want errFenceLost", err)
+		}
+		h.cancel = nil
+	case <-time.After(5 * time.Second):
+		t.Fatal("the term did not end after its fence was lost")
+	}
+	if got := h.get("default", "foo"); got.Revision != stored.Revision {
+		t.Fatalf("a deposed leader wrote: revision %d -> %d", stored.Revision, got.Revision)
+	}
+	if h.c.Leading() {
+		t.Fatal("Leading() after the term ended")
+	}
+	if _, err := h.c.ApplyEvents(testCtx(t), nil); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("ApplyEvents after the term = %v; want ErrNotLeader", err)
+	}
+}
+
+// TestNewTermNeedsFreshSnapshots: a second term starts from nothing: events are refused
+// until snapshots come, and an object is never deleted for want of inputs.
+func TestNewTermNeedsFreshSnapshots(t *testing.T) {
+	h := newHarness(t, Config{})
+	h.snapshots(1, []*Service{testService("default")}, []*Pod{testPod("default", 0, true, 1)})
+	h.settle()
+	if err := h.stop(); err != nil {
+		t.Fatalf("Lead = %v", err)
+	}
+	h.lead()
+	before := h.rev()
+	if _, err := h.c.ApplyEvents(testCtx(t), []Event{{Type: Upsert, Revision: 5, Service: testService("default")}}); !errors.Is(err, ErrSnapshotRequired) {
+		t.Fatalf("ApplyEvents in a new term = %v; want ErrSnapshotRequired", err)
+	}
+	if err := h.c.ApplyServiceSnapshot(testCtx(t), 5, nil); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if h.get("default", "foo") == nil || h.rev() != before {
+		t.Fatal("a term without a Pod snapshot deleted or wrote an object")
+	}
+}
+
+// TestPodBatching ports upstream's TestPodUpdatesBatching: three IP changes 100 ms apart
+// make three writes without batching and one inside a batch period.
+func TestPodBatching(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		period time.Duration
+		writes int64
+	}{{"none", 0, 3}, {"1s", time.Second, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Config{BatchPeriod: tc.period})
+			h.snapshots(1, []*Service{testService("default")}, []*Pod{testPod("default", 0, true, 1)})
+			h.settle()
+			before := h.rev()
+			for i := range 3 {
+				p := testPod("default", 0, true, 1)
+				p.ResourceVersion = itoa(10 + i)
+				p.PodIPs = []string{"10.0.0." + itoa(10+i)}
+				h.events(Event{Type: Upsert, Revision: int64(10 + i), Pod: p})
+				time.Sleep(100 * time.Millisecond)
+			}
+			h.settle()
+			if got := h.rev() - before; got != tc.writes {
+				t.Fatalf("writes = %d; want %d", got, tc.writes)
+			}
+		})
+	}
+}
+
+// TestMasterEndpoints: the master leases' Endpoints are stored as default/kubernetes,
+// whatever the feeds say, and an empty state is written only over a stored one.
+func TestMasterEndpoints(t *testing.T) {
+	h := newHarness(t, Config{})
+	h.c.SetMasterEndpoints(&Endpoints{})
+	time.Sleep(200 * time.Millisecond)
+	if h.get("default", "kubernetes") != nil {
+		t.Fatal("an empty kubernetes Endpoints was created")
+	}
+	h.c.SetMasterEndpoints(&Endpoints{Subsets: []Subset{{Addresses: []Address{{IP: "10.0.0.2"}, {IP: "10.0.0.1"}},
+		Ports: []Port{{Name: "https", Port: 6443, Protocol: ProtocolTCP}}}}})
+	waitStored(t, h, "default", "kubernetes")
+	e := h.get("default", "kubernetes")
+	if e.ManagedBy != ManagedByMasterLease || len(e.Subsets) != 1 || e.Subsets[0].Addresses[0].IP != "10.0.0.1" {
+		t.Fatalf("stored %+v", e)
+	}
+	// A selectorless kubernetes Service in the feed leaves it alone.
+	h.snapshots(1, []*Service{{Namespace: "default", Name: "kubernetes", UID: "k", Type: TypeClusterIP, ClusterIPs: []string{"10.0.0.1"}}}, nil)
+	h.settle()
+	if got := h.get("default", "kubernetes"); got.Revision != e.Revision {
+		t.Fatalf("the feed rewrote the master leases' Endpoints")
+	}
+}

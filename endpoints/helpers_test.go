@@ -1,0 +1,226 @@
+package endpoints
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allocd/allocd/internal/etcdtest"
+)
+
+// harness runs a Controller leading one term on a real etcd.
+type harness struct {
+	t      *testing.T
+	etcd   *etcdtest.Server
+	cli    *clientv3.Client
+	c      *Controller
+	fence  Fence
+	cancel context.CancelFunc
+	done   chan error
+}
+
+const testPrefix = "/allocd"
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newHarness starts etcd and a controller; existing objects are stored before the
+// term starts (as an earlier leader or a person left them).
+func newHarness(t *testing.T, cfg Config, existing ...*Endpoints) *harness {
+	t.Helper()
+	e := etcdtest.New(t)
+	h := &harness{t: t, etcd: e, cli: e.Client}
+	for _, ep := range existing {
+		h.store(ep)
+	}
+	cfg.Prefix = testPrefix
+	c, err := New(e.Client, cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	h.c = c
+	h.lead()
+	return h
+}
+
+// lead starts a term fenced by a fresh election key.
+func (h *harness) lead() {
+	h.t.Helper()
+	ctx := testCtx(h.t)
+	key := testPrefix + "/repair/leader/" + strconv.FormatInt(time.Now().UnixNano(), 16)
+	resp, err := h.cli.Put(ctx, key, "test")
+	if err != nil {
+		h.t.Fatalf("put election key: %v", err)
+	}
+	h.fence = Fence{Key: key, Rev: resp.Header.Revision}
+	lctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	h.done = make(chan error, 1)
+	go func() { h.done <- h.c.Lead(lctx, h.fence) }()
+	h.t.Cleanup(func() { h.stop() })
+	etcdtest.WaitFor(h.t, 5*time.Second, "term started", h.c.Leading)
+}
+
+// stop ends the term and returns Lead's error.
+func (h *harness) stop() error {
+	if h.cancel == nil {
+		return nil
+	}
+	h.cancel()
+	h.cancel = nil
+	select {
+	case err := <-h.done:
+		return err
+	case <-time.After(10 * time.Second):
+		h.t.Fatalf("Lead did not return within 10 s of its context's end")
+		return nil
+	}
+}
+
+// store writes ep as it is into etcd (an object the controller did not write now).
+func (h *harness) store(ep *Endpoints) {
+	h.t.Helper()
+	b, err := encode(ep)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if _, err := h.cli.Put(testCtx(h.t), testPrefix+"/endpoints/"+ep.Key(), string(b)); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// snapshots pushes a Service and a Pod snapshot.
+func (h *harness) snapshots(rev int64, svcs []*Service, pods []*Pod) {
+	h.t.Helper()
+	ctx := testCtx(h.t)
+	if err := h.c.ApplyServiceSnapshot(ctx, rev, svcs); err != nil {
+		h.t.Fatalf("ApplyServiceSnapshot: %v", err)
+	}
+	if err := h.c.ApplyPodSnapshot(ctx, rev, pods); err != nil {
+		h.t.Fatalf("ApplyPodSnapshot: %v", err)
+	}
+}
+
+// events applies events and fails the test on an error.
+func (h *harness) events(evs ...Event) EventsResult {
+	h.t.Helper()
+	res, err := h.c.ApplyEvents(testCtx(h.t), evs)
+	if err != nil {
+		h.t.Fatalf("ApplyEvents: %v", err)
+	}
+	return res
+}
+
+// settle waits until the term has nothing left to do.
+func (h *harness) settle() {
+	h.t.Helper()
+	t, err := h.c.currentTerm()
+	if err != nil {
+		h.t.Fatalf("no term: %v", err)
+	}
+	etcdtest.WaitFor(h.t, 10*time.Second, "controller idle", func() bool {
+		select {
+		case <-t.listed:
+		default:
+			return false
+		}
+		return t.queue.idle()
+	})
+	// A key handed out and finished between two looks is done; one more look after a
+	// pause catches a key queued by the watch of the last write.
+	time.Sleep(20 * time.Millisecond)
+	etcdtest.WaitFor(h.t, 10*time.Second, "controller idle", t.queue.idle)
+}
+
+// rev returns etcd's current revision: unchanged means nothing was written.
+func (h *harness) rev() int64 {
+	h.t.Helper()
+	resp, err := h.cli.Get(testCtx(h.t), "/none")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+// get reads a stored object, nil when absent.
+func (h *harness) get(ns, name string) *Endpoints {
+	h.t.Helper()
+	resp, err := h.cli.Get(testCtx(h.t), testPrefix+"/endpoints/"+ns+"/"+name)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil
+	}
+	e, err := decode(resp.Kvs[0].Value, resp.Kvs[0].ModRevision, resp.Kvs[0].CreateRevision)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return e
+}
+
+// testPod is upstream's test pod "podN": IP 1.2.3.(4+N), label foo=bar, nPorts container
+// ports "portJ" = 8080+J.
+func testPod(ns string, n int, ready bool, nPorts int) *Pod {
+	p := &Pod{
+		Namespace:       ns,
+		Name:            "pod" + strconv.Itoa(n),
+		UID:             "uid-" + ns + "-" + strconv.Itoa(n),
+		ResourceVersion: "1",
+		Labels:          map[string]string{"foo": "bar"},
+		PodIPs:          []string{fmt.Sprintf("1.2.3.%d", 4+n)},
+		Phase:           PhaseRunning,
+		Ready:           ready,
+	}
+	ct := Container{Name: "c"}
+	for j := range nPorts {
+		ct.Ports = append(ct.Ports, ContainerPort{Name: "port" + strconv.Itoa(j), ContainerPort: int32(8080 + j), Protocol: ProtocolTCP})
+	}
+	p.Containers = []Container{ct}
+	return p
+}
+
+// testService is a Service "foo" with selector foo=bar and no cluster IP (so its
+// Endpoints carry the headless label), port 80 -> 8080 TCP.
+func testService(ns string) *Service {
+	return &Service{
+		Namespace: ns,
+		Name:      "foo",
+		UID:       "svc-uid-" + ns,
+		Type:      TypeClusterIP,
+		Selector:  map[string]string{"foo": "bar"},
+		Ports:     []ServicePort{{Port: 80, TargetPort: TargetPort{Number: 8080}, Protocol: ProtocolTCP}},
+	}
+}
+
+// ours is an object as this controller would have stored it for svc.
+func ours(svc *Service, subsets ...Subset) *Endpoints {
+	labels := map[string]string{LabelManagedBy: ControllerName}
+	for k, v := range svc.Labels {
+		labels[k] = v
+	}
+	if ip := svc.ClusterIP(); ip == "" || ip == "None" {
+		labels[LabelHeadless] = ""
+	}
+	return &Endpoints{Namespace: svc.Namespace, Name: svc.Name, Labels: labels, Subsets: subsets,
+		ServiceUID: svc.UID, ManagedBy: ManagedByController}
+}
+
+func addr(ip, ns, pod string) Address {
+	return Address{IP: ip, TargetRef: &ObjectRef{Kind: "Pod", Namespace: ns, Name: pod, UID: "uid-" + ns + "-" + pod[3:]}}
+}
+
+func tcp(port int32) Port { return Port{Port: port, Protocol: ProtocolTCP} }
+
+// handMade is an Endpoints object with 6.7.8.9:1000 that nobody in allocd wrote.
+func handMade(ns, name string) *Endpoints {
+	return &Endpoints{Namespace: ns, Name: name,
+		Subsets: []Subset{{Addresses: []Address{{IP: "6.7.8.9", NodeName: "n1"}}, Ports: []Port{tcp(1000)}}}}
+}

@@ -1,0 +1,217 @@
+package endpoints
+
+// inputs are the controller's view of the feeds in one term: the Services and Pods of
+// the last snapshot of each kind with the events applied since, indexed for the two
+// questions the controller asks: which Pods does a Service select, and which Services
+// select a Pod. Objects are immutable once stored (an update replaces the pointer), so
+// that a worker may use them after releasing the lock.
+//
+// Not safe for concurrent use: the term guards it with its mutex.
+type inputs struct {
+	svcRev, podRev     int64
+	haveSvcs, havePods bool
+
+	services map[string]*Service            // by "ns/name"
+	svcsByNS map[string]map[string]*Service // ns -> name -> Service
+	pods     map[string]map[string]*Pod     // ns -> name -> Pod
+	// labels indexes the Pods of a namespace by each of their labels.
+	labels map[string]map[label]map[string]struct{}
+}
+
+// label is one key=value pair of a Pod's labels.
+type label struct{ k, v string }
+
+func newInputs() *inputs {
+	return &inputs{
+		services: map[string]*Service{},
+		svcsByNS: map[string]map[string]*Service{},
+		pods:     map[string]map[string]*Pod{},
+		labels:   map[string]map[label]map[string]struct{}{},
+	}
+}
+
+// setServices replaces every Service.
+func (in *inputs) setServices(rev int64, svcs []*Service) {
+	in.services = make(map[string]*Service, len(svcs))
+	in.svcsByNS = map[string]map[string]*Service{}
+	for _, s := range svcs {
+		in.putService(s)
+	}
+	in.svcRev, in.haveSvcs = rev, true
+}
+
+func (in *inputs) putService(s *Service) {
+	in.services[s.Key()] = s
+	ns := in.svcsByNS[s.Namespace]
+	if ns == nil {
+		ns = map[string]*Service{}
+		in.svcsByNS[s.Namespace] = ns
+	}
+	ns[s.Name] = s
+}
+
+// deleteService removes a Service and returns it (nil when it was not there).
+func (in *inputs) deleteService(namespace, name string) *Service {
+	key := namespace + "/" + name
+	s := in.services[key]
+	if s == nil {
+		return nil
+	}
+	delete(in.services, key)
+	if ns := in.svcsByNS[namespace]; ns != nil {
+		delete(ns, name)
+		if len(ns) == 0 {
+			delete(in.svcsByNS, namespace)
+		}
+	}
+	return s
+}
+
+// setPods replaces every Pod.
+func (in *inputs) setPods(rev int64, pods []*Pod) {
+	in.pods = map[string]map[string]*Pod{}
+	in.labels = map[string]map[label]map[string]struct{}{}
+	for _, p := range pods {
+		in.putPod(p)
+	}
+	in.podRev, in.havePods = rev, true
+}
+
+// putPod stores p, replacing (and unindexing) the Pod of the same name.
+func (in *inputs) putPod(p *Pod) {
+	ns := in.pods[p.Namespace]
+	if ns == nil {
+		ns = map[string]*Pod{}
+		in.pods[p.Namespace] = ns
+	}
+	if old := ns[p.Name]; old != nil {
+		in.unindex(old)
+	}
+	ns[p.Name] = p
+	idx := in.labels[p.Namespace]
+	if idx == nil {
+		idx = map[label]map[string]struct{}{}
+		in.labels[p.Namespace] = idx
+	}
+	for k, v := range p.Labels {
+		set := idx[label{k, v}]
+		if set == nil {
+			set = map[string]struct{}{}
+			idx[label{k, v}] = set
+		}
+		set[p.Name] = struct{}{}
+	}
+}
+
+// deletePod removes a Pod and returns it (nil when it was not there).
+func (in *inputs) deletePod(namespace, name string) *Pod {
+	ns := in.pods[namespace]
+	p := ns[name]
+	if p == nil {
+		return nil
+	}
+	in.unindex(p)
+	delete(ns, name)
+	if len(ns) == 0 {
+		delete(in.pods, namespace)
+		delete(in.labels, namespace)
+	}
+	return p
+}
+
+func (in *inputs) unindex(p *Pod) {
+	idx := in.labels[p.Namespace]
+	for k, v := range p.Labels {
+		if set := idx[label{k, v}]; set != nil {
+			delete(set, p.Name)
+			if len(set) == 0 {
+				delete(idx, label{k, v})
+			}
+		}
+	}
+}
+
+// pod returns the Pod of that name, nil when none.
+func (in *inputs) pod(namespace, name string) *Pod { return in.pods[namespace][name] }
+
+// selectPods returns the Pods of namespace that selector selects: none for a nil
+// selector, every Pod of the namespace for an empty one. It walks the shortest list of
+// the label index among the selector's pairs.
+func (in *inputs) selectPods(namespace string, selector map[string]string) []*Pod {
+	if selector == nil {
+		return nil
+	}
+	ns := in.pods[namespace]
+	if len(selector) == 0 {
+		out := make([]*Pod, 0, len(ns))
+		for _, p := range ns {
+			out = append(out, p)
+		}
+		return out
+	}
+	idx := in.labels[namespace]
+	var shortest map[string]struct{}
+	for k, v := range selector {
+		set := idx[label{k, v}]
+		if len(set) == 0 {
+			return nil
+		}
+		if shortest == nil || len(set) < len(shortest) {
+			shortest = set
+		}
+	}
+	out := make([]*Pod, 0, len(shortest))
+	for name := range shortest {
+		if p := ns[name]; p != nil && Selects(selector, p.Labels) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// servicesSelecting appends to dst the keys of the Services of p's namespace whose
+// selector selects p (a nil selector selects nothing), as kube-controller-manager's
+// GetPodServiceMemberships.
+func (in *inputs) servicesSelecting(dst map[string]struct{}, p *Pod) {
+	for _, s := range in.svcsByNS[p.Namespace] {
+		if s.Selector != nil && Selects(s.Selector, p.Labels) {
+			dst[s.Key()] = struct{}{}
+		}
+	}
+}
+
+// podUpdateKeys returns the keys of the Services to sync after old became cur, as
+// kube-controller-manager's GetServicesToUpdateOnPodChange: nothing when the
+// resourceVersion is unchanged (a resync) or nothing the Endpoints depend on changed;
+// the Services of cur's labels; and when the labels changed, those of old's too, all of
+// them when the Pod also changed, else only the Services in one set but not the other.
+func (in *inputs) podUpdateKeys(old, cur *Pod) map[string]struct{} {
+	if old.ResourceVersion != "" && old.ResourceVersion == cur.ResourceVersion {
+		return nil
+	}
+	podChanged, labelsChanged := PodChange(old, cur)
+	if !podChanged && !labelsChanged {
+		return nil
+	}
+	keys := map[string]struct{}{}
+	in.servicesSelecting(keys, cur)
+	if !labelsChanged {
+		return keys
+	}
+	oldKeys := map[string]struct{}{}
+	in.servicesSelecting(oldKeys, old)
+	if podChanged {
+		for k := range oldKeys {
+			keys[k] = struct{}{}
+		}
+		return keys
+	}
+	for k := range oldKeys {
+		if _, both := keys[k]; both {
+			delete(keys, k)
+		} else {
+			keys[k] = struct{}{}
+		}
+	}
+	return keys
+}

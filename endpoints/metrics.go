@@ -1,0 +1,148 @@
+package endpoints
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the controller's metrics; the zero value (no Registerer) records nothing.
+// Their Kubernetes counterparts: endpoint_controller's sync duration and the
+// network-programming latency SLI (here: from an event's acknowledgement to its commit).
+type metrics struct {
+	writes   *prometheus.CounterVec
+	syncs    *prometheus.CounterVec
+	duration prometheus.Histogram
+	latency  prometheus.Histogram
+	feed     *prometheus.CounterVec
+	leader   prometheus.Gauge
+	snapRev  *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
+	m := &metrics{}
+	if reg == nil {
+		return m, nil
+	}
+	m.writes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allocd_endpoints_writes_total",
+		Help: "Endpoints objects written to etcd by the leader, by kind: create, update, delete.",
+	}, []string{"kind"})
+	m.syncs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allocd_endpoints_syncs_total",
+		Help: "Syncs of one Service's Endpoints by result: ok or error (retried with backoff).",
+	}, []string{"result"})
+	m.duration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "allocd_endpoints_sync_duration_seconds",
+		Help:    "Duration of one Service's sync (compute, compare and, when needed, the etcd write).",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
+	})
+	m.latency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "allocd_endpoints_event_to_commit_seconds",
+		Help:    "From the acknowledgement of the earliest event behind a write to the write's commit in etcd.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	})
+	m.feed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allocd_endpoints_feed_events_total",
+		Help: "Service and Pod events taken by the leader, by result: applied or ignored.",
+	}, []string{"result"})
+	m.leader = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "allocd_endpoints_leader",
+		Help: "1 while this replica runs the Endpoints controller's term of leadership.",
+	})
+	m.snapRev = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "allocd_endpoints_snapshot_revision",
+		Help: "Source revision of the last snapshot applied in this term, by kind (Service, Pod).",
+	}, []string{"kind"})
+	objects := prometheus.NewDesc("allocd_endpoints_objects",
+		"Endpoints objects stored in etcd, as the leader sees them (0 on other replicas).", nil, nil)
+	truncated := prometheus.NewDesc("allocd_endpoints_truncated_objects",
+		"Stored Endpoints objects truncated to 1000 addresses (over-capacity annotation set).", nil, nil)
+	col := collector{c: c, objects: objects, truncated: truncated}
+	for _, x := range []prometheus.Collector{m.writes, m.syncs, m.duration, m.latency, m.feed, m.leader, m.snapRev, col} {
+		if err := reg.Register(x); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) setLeader(on bool) {
+	if m.leader == nil {
+		return
+	}
+	v := 0.0
+	if on {
+		v = 1
+	}
+	m.leader.Set(v)
+}
+
+func (m *metrics) snapshot(k Kind, rev int64) {
+	if m.snapRev != nil {
+		m.snapRev.WithLabelValues(string(k)).Set(float64(rev))
+	}
+}
+
+func (m *metrics) events(applied, ignored int) {
+	if m.feed != nil {
+		m.feed.WithLabelValues("applied").Add(float64(applied))
+		m.feed.WithLabelValues("ignored").Add(float64(ignored))
+	}
+}
+
+func (m *metrics) synced(d time.Duration, err error) {
+	if m.duration == nil {
+		return
+	}
+	m.duration.Observe(d.Seconds())
+	if err != nil {
+		m.syncs.WithLabelValues("error").Inc()
+	} else {
+		m.syncs.WithLabelValues("ok").Inc()
+	}
+}
+
+func (m *metrics) wrote(kind string) {
+	if m.writes != nil {
+		m.writes.WithLabelValues(kind).Inc()
+	}
+}
+
+func (m *metrics) eventToCommit(d time.Duration) {
+	if m.latency != nil {
+		m.latency.Observe(d.Seconds())
+	}
+}
+
+// collector reads the object counts from the running term when scraped.
+type collector struct {
+	c                  *Controller
+	objects, truncated *prometheus.Desc
+}
+
+func (col collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- col.objects
+	ch <- col.truncated
+}
+
+func (col collector) Collect(ch chan<- prometheus.Metric) {
+	var n, trunc int
+	col.c.mu.Lock()
+	t := col.c.term
+	col.c.mu.Unlock()
+	if t != nil {
+		t.storedMu.Lock()
+		for _, s := range t.stored {
+			if s.ep != nil {
+				n++
+				if s.ep.Annotations[AnnotationOverCapacity] != "" {
+					trunc++
+				}
+			}
+		}
+		t.storedMu.Unlock()
+	}
+	ch <- prometheus.MustNewConstMetric(col.objects, prometheus.GaugeValue, float64(n))
+	ch <- prometheus.MustNewConstMetric(col.truncated, prometheus.GaugeValue, float64(trunc))
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -132,6 +133,19 @@ func AppendServices(dst []Service, ps []*allocdv1.Service) []Service {
 			svc.NodePorts = make([]NodePort, n)
 			for i, np := range p.GetNodePorts() {
 				svc.NodePorts[i] = NodePort{Port: int(np.GetPort()), Protocol: np.GetProtocol()}
+			}
+		}
+		// The node ports of ports[] (the Endpoints feed's form) count too, once.
+		for _, sp := range p.GetPorts() {
+			if sp.GetNodePort() == 0 {
+				continue
+			}
+			np := NodePort{Port: int(sp.GetNodePort()), Protocol: sp.GetProtocol()}
+			if np.Protocol == "" {
+				np.Protocol = "TCP"
+			}
+			if !slices.Contains(svc.NodePorts, np) {
+				svc.NodePorts = append(svc.NodePorts, np)
 			}
 		}
 		dst = append(dst, svc)

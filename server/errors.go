@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/allocd/allocd/allocator"
+	"github.com/allocd/allocd/endpoints"
 	"github.com/allocd/allocd/masterlease"
 	"github.com/allocd/allocd/repair"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -183,7 +184,7 @@ func domainStatus(err error) error {
 	// repair: stale snapshot, not the leader, bad snapshot or snapshot file, no snapshot.
 	// masterlease: bad ip/ttl_seconds, state not ready, CAS retries exhausted.
 	// Each returns nil for an error that is not its package's.
-	for _, m := range []func(error) error{allocatorStatus, repairStatus, leaseStatus} {
+	for _, m := range []func(error) error{allocatorStatus, repairStatus, leaseStatus, endpointsStatus} {
 		if st := m(err); st != nil {
 			return st
 		}
@@ -308,6 +309,49 @@ func repairStatus(err error) error {
 		return badRequest(err.Error(), vs...)
 	case errors.Is(err, repair.ErrNoSnapshot):
 		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo("NO_SNAPSHOT", nil))
+	}
+	return nil
+}
+
+// endpointsStatus maps the errors of package endpoints: a malformed feed or request is
+// INVALID_ARGUMENT naming the fields; an event before its kind's snapshot and a stale
+// snapshot FAILED_PRECONDITION (the feeder pushes snapshots again); a compacted watch
+// revision OUT_OF_RANGE (list again, as Kubernetes' 410 Gone); no leader UNAVAILABLE.
+func endpointsStatus(err error) error {
+	var (
+		inv   *endpoints.InvalidError
+		req   *endpoints.SnapshotRequiredError
+		stale *endpoints.StaleSnapshotError
+		comp  *endpoints.CompactedError
+		nl    *endpoints.NotLeaderError
+	)
+	msg := err.Error()
+	switch {
+	case errors.As(err, &inv):
+		vs := make([]Violation, len(inv.Violations))
+		for i, v := range inv.Violations {
+			vs[i] = Violation{Field: v.Field, Description: v.Description}
+		}
+		return badRequest(msg, vs...)
+	case errors.Is(err, endpoints.ErrNotFound):
+		return withDetails(codes.NotFound, msg, errorInfo("ENDPOINTS_NOT_FOUND", nil))
+	case errors.As(err, &req):
+		return withDetails(codes.FailedPrecondition, msg,
+			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
+				Type: "SNAPSHOT_REQUIRED", Subject: string(req.Kind), Description: "push a " + string(req.Kind) + " snapshot first"}}},
+			errorInfo("SNAPSHOT_REQUIRED", map[string]string{"kind": string(req.Kind)}))
+	case errors.As(err, &stale):
+		return withDetails(codes.FailedPrecondition, msg,
+			errorInfo("STALE_SNAPSHOT", map[string]string{"kind": string(stale.Kind),
+				"revision": strconv.FormatInt(stale.Revision, 10), "applied_revision": strconv.FormatInt(stale.Applied, 10)}))
+	case errors.As(err, &comp):
+		return withDetails(codes.OutOfRange, msg,
+			errorInfo("REVISION_COMPACTED", map[string]string{"revision": strconv.FormatInt(comp.Revision, 10),
+				"compacted_revision": strconv.FormatInt(comp.Compacted, 10)}))
+	case errors.As(err, &nl):
+		return unavailableWith(msg, "ENDPOINTS_LEADER_UNAVAILABLE", map[string]string{"leader": nl.Leader})
+	case errors.Is(err, endpoints.ErrNotReady):
+		return unavailable(msg, "UNAVAILABLE")
 	}
 	return nil
 }

@@ -3,21 +3,21 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/allocd/allocd/allocator"
+	"github.com/allocd/allocd/endpoints"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"github.com/allocd/allocd/repair"
 )
@@ -46,11 +46,10 @@ const (
 // and answers UNAVAILABLE naming the leader if the leader cannot be reached.
 type RepairService struct {
 	allocdv1.UnimplementedRepairServiceServer
-	c   *repair.Controller
-	log *slog.Logger
-
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn // to leaders, by identity; closed by Close
+	c     *repair.Controller
+	ec    *endpoints.Controller // nil: Service snapshots feed repair only
+	log   *slog.Logger
+	conns leaderConns
 }
 
 // NewRepairService returns the RepairService of c. Call Close at shutdown to close
@@ -59,20 +58,15 @@ func NewRepairService(c *repair.Controller, log *slog.Logger) *RepairService {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &RepairService{c: c, log: log, conns: map[string]*grpc.ClientConn{}}
+	return &RepairService{c: c, log: log}
 }
 
+// SetEndpoints makes the Service snapshots feed the Endpoints controller too (on the
+// leader): one Service feed serves repair and the controller. Call it before serving.
+func (s *RepairService) SetEndpoints(ec *endpoints.Controller) { s.ec = ec }
+
 // Close closes the connections opened to forward calls to the leader.
-func (s *RepairService) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var errs []error
-	for k, cc := range s.conns {
-		errs = append(errs, cc.Close())
-		delete(s.conns, k)
-	}
-	return errors.Join(errs...)
-}
+func (s *RepairService) Close() error { return s.conns.close() }
 
 // PushServiceSnapshot takes a snapshot in one or more chunks of the same revision; the
 // etcd revision at the first chunk is its receipt.
@@ -114,6 +108,15 @@ func (s *RepairService) PushServiceSnapshot(stream grpc.ClientStreamingServer[al
 	if err := snap.Validate(); err != nil {
 		return Status(err)
 	}
+	// What the Endpoints controller needs is validated too, before anything is
+	// accepted: a malformed Service refuses the whole snapshot.
+	var svcs []*endpoints.Service
+	if s.ec != nil {
+		var err error
+		if svcs, err = endpointsServices(chunks); err != nil {
+			return Status(err)
+		}
+	}
 	resp := &allocdv1.PushServiceSnapshotResponse{Revision: snap.Revision, ServiceCount: int64(len(snap.Services))}
 
 	leader, self, err := s.c.Leader(ctx)
@@ -134,7 +137,39 @@ func (s *RepairService) PushServiceSnapshot(stream grpc.ClientStreamingServer[al
 	if err := s.c.Accept(ctx, snap, receipt); err != nil {
 		return Status(err)
 	}
+	if s.ec != nil {
+		if err := s.ec.ApplyServiceSnapshot(ctx, snap.Revision, svcs); err != nil {
+			// Repair took it; the controller's term has not started yet (or just
+			// ended): the caller pushes again, which repair takes again.
+			return Status(fmt.Errorf("service snapshot accepted for repair but not by the Endpoints controller: %w", err))
+		}
+	}
 	return stream.SendAndClose(resp)
+}
+
+// endpointsServices converts the Services of a snapshot's chunks for the Endpoints
+// controller, refusing a malformed one or two of one namespace and name.
+func endpointsServices(chunks []*allocdv1.PushServiceSnapshotRequest) ([]*endpoints.Service, error) {
+	inv := &endpoints.InvalidError{}
+	var out []*endpoints.Service
+	seen := map[string]int{}
+	i := 0
+	for _, ch := range chunks {
+		for _, p := range ch.GetSnapshot().GetServices() {
+			f := "snapshot.services[" + strconv.Itoa(i) + "]"
+			svc := endpoints.ServiceFromProto(p, f, inv)
+			if j, dup := seen[svc.Key()]; dup {
+				inv.Add(f+".name", fmt.Sprintf("%s is also snapshot.services[%d]", svc.Key(), j))
+			}
+			seen[svc.Key()] = i
+			out = append(out, svc)
+			i++
+		}
+	}
+	if err := inv.OrNil(); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // RunRepair runs a pass on the leader (here, or forwarded).
@@ -243,24 +278,16 @@ func (s *RepairService) forwardTarget(ctx context.Context, leader string) (*grpc
 	case leader == s.c.Identity():
 		return nil, Status(&repair.NotLeaderError{Leader: leader, Err: errors.New("leadership is changing")})
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if cc, ok := s.conns[leader]; ok {
-		return cc, nil
-	}
-	cc, err := grpc.NewClient(leader,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvMsgSize)))
+	cc, err := s.conns.get(leader)
 	if err != nil {
 		return nil, Status(&repair.NotLeaderError{Leader: leader, Err: err})
 	}
-	s.conns[leader] = cc
 	return cc, nil
 }
 
 // forwardCtx marks a call as forwarded (the deadline of ctx goes along).
 func (s *RepairService) forwardCtx(ctx context.Context) context.Context {
-	return metadata.AppendToOutgoingContext(ctx, mdForwardedBy, s.c.Identity())
+	return forwardedBy(ctx, s.c.Identity())
 }
 
 // forwardErr passes the leader's answer through, and turns a leader that cannot be

@@ -43,6 +43,9 @@ type Config struct {
 	RepairLeakStrikes   int
 	RepairLeakGrace     time.Duration
 	ServiceSnapshotFile string
+	// endpoints controller
+	ConcurrentEndpointSyncs    int
+	EndpointUpdatesBatchPeriod time.Duration
 	// serving
 	GRPCAddress      string
 	AdvertiseAddress string
@@ -73,6 +76,7 @@ func DefaultConfig() Config {
 		RepairInterval:             3 * time.Minute,
 		RepairLeakStrikes:          3,
 		RepairLeakGrace:            60 * time.Second,
+		ConcurrentEndpointSyncs:    5,
 		GRPCAddress:                "127.0.0.1:8080",
 		MetricsAddress:             "127.0.0.1:9090",
 		ShutdownTimeout:            5 * time.Second,
@@ -93,6 +97,7 @@ var flagGroups = []flagGroup{
 	{"ranges", []string{"service-cluster-ip-range", "service-node-port-range", "kubernetes-service-node-port"}},
 	{"leases", []string{"master-lease-prefix", "master-lease-ttl", "endpoint-reconciler-interval", "kubernetes-service-port"}},
 	{"repair", []string{"repair-interval", "repair-leak-strikes", "repair-leak-grace", "service-snapshot-file"}},
+	{"endpoints controller", []string{"concurrent-endpoint-syncs", "endpoint-updates-batch-period"}},
 	{"serving", []string{"grpc-address", "advertise-address", "metrics-address", "shutdown-timeout"}},
 	{"logging", []string{"log-format", "log-level"}},
 }
@@ -126,6 +131,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RepairLeakStrikes, "repair-leak-strikes", c.RepairLeakStrikes, "consecutive passes an allocation must be unused before it is freed")
 	fs.DurationVar(&c.RepairLeakGrace, "repair-leak-grace", c.RepairLeakGrace, "minimum age of an allocation before it may be freed as a leak")
 	fs.StringVar(&c.ServiceSnapshotFile, "service-snapshot-file", c.ServiceSnapshotFile, "JSON Service snapshot re-read every repair pass; empty: snapshots come by PushServiceSnapshot")
+	fs.IntVar(&c.ConcurrentEndpointSyncs, "concurrent-endpoint-syncs", c.ConcurrentEndpointSyncs, "Services whose Endpoints are synced at once (kube-controller-manager's flag)")
+	fs.DurationVar(&c.EndpointUpdatesBatchPeriod, "endpoint-updates-batch-period", c.EndpointUpdatesBatchPeriod, "delay of an Endpoints sync after a Pod event, so that the events of one period make one write; 0: none (kube-controller-manager's flag)")
 	fs.StringVar(&c.GRPCAddress, "grpc-address", c.GRPCAddress, "host:port the gRPC API listens on")
 	fs.StringVar(&c.AdvertiseAddress, "advertise-address", c.AdvertiseAddress, "host:port other replicas dial to reach this one (repair forwarding); empty: --grpc-address")
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port serving Prometheus /metrics; empty: no metrics listener")
@@ -204,6 +211,12 @@ func (c *Config) Validate() error {
 	}
 	if c.RepairInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--repair-interval %s: want > 0", c.RepairInterval))
+	}
+	if c.ConcurrentEndpointSyncs < 1 {
+		errs = append(errs, fmt.Errorf("--concurrent-endpoint-syncs %d: want >= 1", c.ConcurrentEndpointSyncs))
+	}
+	if c.EndpointUpdatesBatchPeriod < 0 {
+		errs = append(errs, fmt.Errorf("--endpoint-updates-batch-period %v: want >= 0", c.EndpointUpdatesBatchPeriod))
 	}
 	if c.RepairLeakStrikes < 1 {
 		errs = append(errs, fmt.Errorf("--repair-leak-strikes %d: want >= 1", c.RepairLeakStrikes))

@@ -73,8 +73,11 @@ type gates struct {
 	alloc struct {
 		allocdv1.AllocatorServiceServer
 	}
-	lease  struct{ allocdv1.LeaseServiceServer }
-	repair struct{ allocdv1.RepairServiceServer }
+	lease     struct{ allocdv1.LeaseServiceServer }
+	repair    struct{ allocdv1.RepairServiceServer }
+	endpoints struct {
+		allocdv1.EndpointsServiceServer
+	}
 }
 
 // Start starts allocd and returns once it serves (health SERVING), or with an error that
@@ -109,6 +112,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	allocdv1.RegisterAllocatorServiceServer(d.grpc, &d.gates.alloc)
 	allocdv1.RegisterLeaseServiceServer(d.grpc, &d.gates.lease)
 	allocdv1.RegisterRepairServiceServer(d.grpc, &d.gates.repair)
+	d.gates.endpoints.EndpointsServiceServer = allocdv1.UnimplementedEndpointsServiceServer{}
+	allocdv1.RegisterEndpointsServiceServer(d.grpc, &d.gates.endpoints)
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel

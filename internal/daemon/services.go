@@ -3,11 +3,14 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
+	"time"
 
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 
 	"github.com/allocd/allocd/allocator"
+	"github.com/allocd/allocd/endpoints"
 	"github.com/allocd/allocd/masterlease"
 	"github.com/allocd/allocd/repair"
 	"github.com/allocd/allocd/server"
@@ -68,6 +71,16 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 				"grpc_address", identity)
 		}
 	}
+	ec, err := endpoints.New(d.cli, endpoints.Config{
+		Prefix:      c.EtcdPrefix,
+		Workers:     c.ConcurrentEndpointSyncs,
+		BatchPeriod: c.EndpointUpdatesBatchPeriod,
+		Logger:      d.log,
+		Registerer:  d.registry,
+	})
+	if err != nil {
+		return err
+	}
 	rep, err := repair.New(d.cli, alloc, repair.Config{
 		Prefix:       c.EtcdPrefix,
 		Interval:     c.RepairInterval,
@@ -77,12 +90,20 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 		Identity:     identity,
 		Logger:       d.log,
 		Registerer:   d.registry,
+		// The Endpoints controller runs on the repair leader, fenced by its election,
+		// so that every feed has one place to go.
+		OnLead: func(ctx context.Context, key string, rev int64) error {
+			return ec.Lead(ctx, endpoints.Fence{Key: key, Rev: rev})
+		},
 	})
 	if err != nil {
 		return err
 	}
 	repairSvc := server.NewRepairService(rep, d.log)
-	d.closers = append(d.closers, repairSvc.Close)
+	repairSvc.SetEndpoints(ec)
+	endpointsSvc := server.NewEndpointsService(ec, rep, d.log)
+	d.closers = append(d.closers, repairSvc.Close, endpointsSvc.Close)
+	d.gates.endpoints.EndpointsServiceServer = endpointsSvc
 	d.gates.alloc.AllocatorServiceServer = server.NewAllocatorService(alloc, d.log)
 	d.gates.lease.LeaseServiceServer = server.NewLeaseService(leases, d.log)
 	d.gates.repair.RepairServiceServer = repairSvc
@@ -100,5 +121,50 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	})
 	d.group.Go(func() error { return leases.Run(leaseCtx) })
 	d.group.Go(func() error { return rep.Run(runCtx) })
+	d.group.Go(func() error { masterToEndpoints(leaseCtx, leases, ec, d.log); return nil })
 	return nil
+}
+
+// masterToEndpoints hands every state of the master leases' Endpoints of
+// default/kubernetes to the Endpoints controller, which stores them beside the others,
+// until ctx ends.
+func masterToEndpoints(ctx context.Context, m *masterlease.Manager, ec *endpoints.Controller, log *slog.Logger) {
+	for ctx.Err() == nil {
+		err := m.WatchEndpoints(ctx, func(e masterlease.Endpoints) error {
+			if len(e.Ports) == 0 {
+				// The state before this replica saw any lease: it says nothing, and
+				// must not erase what an earlier leader stored (the reconciler's guard).
+				// An empty state after the last API server shut down carries its port.
+				return nil
+			}
+			ec.SetMasterEndpoints(masterEndpoints(e))
+			return nil
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		log.Debug("master lease endpoints not available yet; trying again", "error", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// masterEndpoints is the one subset of the kubernetes Service's Endpoints: the lease
+// addresses on the configured ports.
+func masterEndpoints(e masterlease.Endpoints) *endpoints.Endpoints {
+	out := &endpoints.Endpoints{Namespace: "default", Name: "kubernetes"}
+	if len(e.Addresses) == 0 {
+		return out
+	}
+	sub := endpoints.Subset{}
+	for _, a := range e.Addresses {
+		sub.Addresses = append(sub.Addresses, endpoints.Address{IP: a.String()})
+	}
+	for _, p := range e.Ports {
+		sub.Ports = append(sub.Ports, endpoints.Port{Name: p.Name, Port: int32(p.Port), Protocol: p.Protocol})
+	}
+	out.Subsets = []endpoints.Subset{sub}
+	return out
 }

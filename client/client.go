@@ -20,7 +20,8 @@ import (
 // stream message unless WithSnapshotChunkSize says otherwise.
 const DefaultSnapshotChunkSize = 5000
 
-// Client calls allocd's AllocatorService, LeaseService and RepairService over one gRPC
+// Client calls allocd's AllocatorService, LeaseService, RepairService and
+// EndpointsService over one gRPC
 // connection. It is safe for concurrent use. Its methods take and return the generated
 // allocd.v1 messages; their errors are *Error values that errors.Is matches against
 // ErrFull, ErrAlreadyAllocated, ErrInvalid and the other sentinels of this package.
@@ -30,6 +31,7 @@ type Client struct {
 	alloc  allocdv1.AllocatorServiceClient
 	lease  allocdv1.LeaseServiceClient
 	repair allocdv1.RepairServiceClient
+	eps    allocdv1.EndpointsServiceClient
 	retry  RetryPolicy
 	chunk  int
 }
@@ -110,6 +112,7 @@ func New(target string, opts ...Option) (*Client, error) {
 		alloc:  allocdv1.NewAllocatorServiceClient(conn),
 		lease:  allocdv1.NewLeaseServiceClient(conn),
 		repair: allocdv1.NewRepairServiceClient(conn),
+		eps:    allocdv1.NewEndpointsServiceClient(conn),
 		retry:  o.retry.withDefaults(),
 		chunk:  o.chunk,
 	}, nil
@@ -254,28 +257,10 @@ func (c *Client) PushServiceSnapshot(ctx context.Context, snap *allocdv1.Service
 
 // pushOnce sends snap over one stream.
 func (c *Client) pushOnce(ctx context.Context, snap *allocdv1.ServiceSnapshot) (*allocdv1.PushServiceSnapshotResponse, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // ends the stream if a Send fails
-	stream, err := c.repair.PushServiceSnapshot(ctx)
-	if err != nil {
-		return nil, err
-	}
-	services := snap.GetServices()
-	for first := true; first || len(services) > 0; first = false {
-		n := min(c.chunk, len(services))
-		err := stream.Send(&allocdv1.PushServiceSnapshotRequest{Snapshot: &allocdv1.ServiceSnapshot{
-			Revision: snap.GetRevision(), Services: services[:n],
-		}})
-		if errors.Is(err, io.EOF) {
-			// The server ended the stream; its status comes from CloseAndRecv.
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-		services = services[n:]
-	}
-	return stream.CloseAndRecv()
+	return pushChunks(ctx, c.chunk, snap.GetServices(), c.repair.PushServiceSnapshot,
+		func(svcs []*allocdv1.Service) *allocdv1.PushServiceSnapshotRequest {
+			return &allocdv1.PushServiceSnapshotRequest{Snapshot: &allocdv1.ServiceSnapshot{Revision: snap.GetRevision(), Services: svcs}}
+		})
 }
 
 // RunRepair runs a repair pass now on the repair leader and returns its report.

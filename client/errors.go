@@ -47,14 +47,22 @@ var (
 	ErrAborted = errors.New("aborted")
 	// ErrUnimplemented is an RPC the server does not implement (UNIMPLEMENTED).
 	ErrUnimplemented = errors.New("unimplemented")
+	// ErrSnapshotRequired is an event pushed before the leader has a snapshot of its
+	// kind in its term of leadership (FAILED_PRECONDITION, reason SNAPSHOT_REQUIRED):
+	// push snapshots again, then the events. Feeder does.
+	ErrSnapshotRequired = errors.New("snapshot required")
+	// ErrCompacted is a watch from a revision etcd has compacted away (OUT_OF_RANGE):
+	// list again and watch from the list's revision.
+	ErrCompacted = errors.New("revision compacted")
 )
 
 // ErrorInfo reasons that refine FAILED_PRECONDITION. allocd sends them in the
 // google.rpc.ErrorInfo detail; when a server sends no reason the RPC decides (a refused
 // Release is ErrNotOwner, a refused PushServiceSnapshot is ErrStaleSnapshot).
 const (
-	reasonNotOwner      = "NOT_OWNER"
-	reasonStaleSnapshot = "STALE_SNAPSHOT"
+	reasonNotOwner         = "NOT_OWNER"
+	reasonStaleSnapshot    = "STALE_SNAPSHOT"
+	reasonSnapshotRequired = "SNAPSHOT_REQUIRED"
 )
 
 // Error is a failed allocd call: the gRPC status with its google.rpc details decoded.
@@ -186,6 +194,7 @@ func (e *FullError) Unwrap() error { return ErrFull }
 var failedPreconditionByMethod = map[string]error{
 	allocdv1.AllocatorService_Release_FullMethodName:          ErrNotOwner,
 	allocdv1.RepairService_PushServiceSnapshot_FullMethodName: ErrStaleSnapshot,
+	allocdv1.EndpointsService_PushPodSnapshot_FullMethodName:  ErrStaleSnapshot,
 }
 
 // mapError is the one place that turns the error of an RPC into this package's errors.
@@ -255,6 +264,8 @@ func mapError(method string, err error) error {
 			e.kind = ErrNotOwner
 		case reasonStaleSnapshot:
 			e.kind = ErrStaleSnapshot
+		case reasonSnapshotRequired:
+			e.kind = ErrSnapshotRequired
 		case "":
 			// A server that names no reason: the RPC says which precondition it is.
 			e.kind = failedPreconditionByMethod[method]
@@ -266,6 +277,8 @@ func mapError(method string, err error) error {
 			// of the kinds above, whatever the RPC.
 			e.kind = ErrFailedPrecondition
 		}
+	case codes.OutOfRange:
+		e.kind = ErrCompacted
 	case codes.Unavailable:
 		e.kind = ErrUnavailable
 	case codes.Aborted:

@@ -35,10 +35,10 @@ type Feeder struct {
 	maxBatch  int
 	onError   func(error)
 
-	mu       sync.Mutex
-	queue    []*allocdv1.Event
-	resnap   bool
-	wake     chan struct{}
+	mu     sync.Mutex
+	queue  []*allocdv1.Event
+	resnap bool
+	wake   chan struct{}
 }
 
 // FeederOption configures NewFeeder.

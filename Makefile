@@ -72,9 +72,10 @@ cluster:
 	bash scripts/cluster.sh
 
 # fault: the longer fault runs, outside `make test`: etcd leader crashes while master
-# leases are renewed (3-member embedded cluster).
+# leases are renewed (3-member embedded cluster); the leading allocd killed with SIGKILL
+# while Pod events flow to the Endpoints controller.
 fault:
-	ALLOCD_FAULT_TESTS=1 $(GO) test -count=1 -v -run 'TestRenewThroughLeaderChange|TestClusterLeaderCrash' ./masterlease/ ./internal/etcdtest/
+	ALLOCD_FAULT_TESTS=1 $(GO) test -count=1 -v -run 'TestRenewThroughLeaderChange|TestClusterLeaderCrash|TestEndpointsLeaderKill' ./masterlease/ ./internal/etcdtest/ ./cmd/allocd/
 
 bench:
 	$(GO) run ./internal/bench

@@ -18,6 +18,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/allocd/allocd/internal/etcdwatch"
 )
 
 // Config configures an Allocator.
@@ -491,7 +493,8 @@ func (a *Allocator) watchLoop(ctx context.Context) error {
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		from := a.currentRev() + 1
-		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		// Its own watch stream: Sync waits for progress notifications (see etcdwatch).
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(etcdwatch.OwnStream(ctx, "allocator "+a.watchStart)))
 		wch := a.cli.Watch(wctx, a.watchStart, clientv3.WithRange(a.watchEnd), clientv3.WithRev(from))
 		compacted := false
 	watch:

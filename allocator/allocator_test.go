@@ -717,3 +717,27 @@ func TestList(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncBesideAFutureWatch: another watch on the same client, opened from the
+// revision after the current one (as every list-then-watch loop does), must not keep
+// Sync from catching up with writes outside the item keys. etcd drops progress requests
+// on a stream holding such a watch, so the index's watch has its own stream.
+func TestSyncBesideAFutureWatch(t *testing.T) {
+	e := etcdtest.New(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24"))
+	a.syncTimeout = time.Second
+	ctx := ctxT(t)
+	if err := a.Sync(ctx); err != nil {
+		t.Fatalf("Sync() = %v", err)
+	}
+	resp, err := e.Client.Put(ctx, "/elsewhere", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	_ = e.Client.Watch(wctx, "/other/", clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	if err := a.Sync(ctx); err != nil {
+		t.Fatalf("Sync() beside a watch from the next revision = %v", err)
+	}
+}

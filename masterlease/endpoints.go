@@ -11,6 +11,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/allocd/allocd/internal/etcdwatch"
 )
 
 const (
@@ -91,7 +93,8 @@ func (m *Manager) stop() { close(m.donec) }
 func (m *Manager) listAndWatch(ctx context.Context) error {
 	// WithRequireLeader: a member cut off from its leader ends the watch instead of
 	// leaving it silent, and Run lists again from a member that has one.
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	// Its own watch stream: sync waits for progress notifications (see etcdwatch).
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(etcdwatch.OwnStream(ctx, "masterlease "+m.prefix)))
 	defer cancel()
 	rev, err := m.load(wctx)
 	if err != nil {

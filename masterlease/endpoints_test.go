@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/allocd/allocd/internal/etcdtest"
 )
 
@@ -311,5 +313,30 @@ func TestNotReady(t *testing.T) {
 	}
 	if _, err := m.Endpoints(ctx); !errors.Is(err, ErrNotReady) {
 		t.Errorf("Endpoints() after Run stopped = %v; want ErrNotReady", err)
+	}
+}
+
+// TestProgressBesideAFutureWatch: another watch on the same client, opened from the
+// revision after the current one (as every list-then-watch loop does), must not keep
+// the Manager from catching up with writes outside its prefix. etcd drops progress
+// requests on a stream holding such a watch, so the Manager's watch has its own stream.
+func TestProgressBesideAFutureWatch(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.New(t)
+	m := start(t, e.Client)
+	m.syncTimeout = time.Second
+	ctx := ctxT(t)
+	if _, err := m.Endpoints(ctx); err != nil {
+		t.Fatalf("Endpoints() = %v", err)
+	}
+	resp, err := e.Client.Put(ctx, "/elsewhere", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	_ = e.Client.Watch(wctx, "/other/", clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	if _, err := m.Endpoints(ctx); err != nil {
+		t.Fatalf("Endpoints() beside a watch from the next revision = %v", err)
 	}
 }

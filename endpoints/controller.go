@@ -162,7 +162,8 @@ func (c *Controller) ApplyPodSnapshot(ctx context.Context, rev int64, pods []*Po
 // ApplyEvents applies events in order on top of the snapshots of the term. An event of
 // a kind with no snapshot in this term refuses the whole batch (*SnapshotRequiredError)
 // before anything is applied. An event not newer than the revision applied for its
-// kind is ignored.
+// kind is ignored. No event at all is a heartbeat: *SnapshotRequiredError while the
+// term lacks a snapshot of either kind, so that a feeder learns of a new term.
 func (c *Controller) ApplyEvents(ctx context.Context, evs []Event) (EventsResult, error) {
 	t, err := c.currentTerm()
 	if err != nil {

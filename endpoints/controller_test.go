@@ -482,3 +482,26 @@ func TestMasterEndpoints(t *testing.T) {
 		t.Fatalf("the feed rewrote the master leases' Endpoints")
 	}
 }
+
+// TestHeartbeat: an empty batch answers SnapshotRequired until the term has both
+// snapshots: that is how an idle feeder learns that a new leader needs them.
+func TestHeartbeat(t *testing.T) {
+	h := newHarness(t, Config{})
+	ctx := testCtx(t)
+	if _, err := h.c.ApplyEvents(ctx, nil); !errors.Is(err, ErrSnapshotRequired) {
+		t.Fatalf("heartbeat with no snapshot = %v; want ErrSnapshotRequired", err)
+	}
+	if err := h.c.ApplyServiceSnapshot(ctx, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	var sr *SnapshotRequiredError
+	if _, err := h.c.ApplyEvents(ctx, nil); !errors.As(err, &sr) || sr.Kind != KindPod {
+		t.Fatalf("heartbeat with only a Service snapshot = %v; want a Pod SnapshotRequiredError", err)
+	}
+	if err := h.c.ApplyPodSnapshot(ctx, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.c.ApplyEvents(ctx, nil); err != nil {
+		t.Fatalf("heartbeat with both snapshots = %v; want nil", err)
+	}
+}

@@ -154,6 +154,17 @@ func (t *term) applySnapshot(kind Kind, rev int64, set func(*inputs)) error {
 func (t *term) applyEvents(evs []Event) (EventsResult, error) {
 	now := time.Now()
 	t.mu.Lock()
+	if len(evs) == 0 {
+		// A heartbeat: it tells the feeder whether this term still needs snapshots.
+		switch {
+		case !t.in.haveSvcs:
+			t.mu.Unlock()
+			return EventsResult{}, &SnapshotRequiredError{Kind: KindService}
+		case !t.in.havePods:
+			t.mu.Unlock()
+			return EventsResult{}, &SnapshotRequiredError{Kind: KindPod}
+		}
+	}
 	for _, ev := range evs {
 		if ev.Service != nil && !t.in.haveSvcs {
 			t.mu.Unlock()

@@ -74,19 +74,10 @@ func (s *EndpointsService) PushPodSnapshot(stream grpc.ClientStreamingServer[all
 		return Status(err)
 	}
 	resp := &allocdv1.PushPodSnapshotResponse{Revision: rev, PodCount: int64(len(pods))}
-	leader, self, err := s.rep.Leader(ctx)
-	if err != nil {
-		return Status(err)
-	}
-	if !self {
-		cc, err := s.target(ctx, leader)
+	fresp, forwarded, err := toLeader(s, ctx, chunks, allocdv1.EndpointsServiceClient.PushPodSnapshot)
+	if err != nil || forwarded {
 		if err != nil {
 			return err
-		}
-		fresp, err := forwardClientStream(forwardedBy(ctx, s.rep.Identity()), chunks,
-			allocdv1.NewEndpointsServiceClient(cc).PushPodSnapshot)
-		if err != nil {
-			return s.forwardErr(leader, err)
 		}
 		return stream.SendAndClose(fresp)
 	}
@@ -149,19 +140,10 @@ func (s *EndpointsService) PushEvents(stream grpc.ClientStreamingServer[allocdv1
 		msgs = append(msgs, req)
 		batches = append(batches, evs)
 	}
-	leader, self, err := s.rep.Leader(ctx)
-	if err != nil {
-		return Status(err)
-	}
-	if !self {
-		cc, err := s.target(ctx, leader)
+	fresp, forwarded, err := toLeader(s, ctx, msgs, allocdv1.EndpointsServiceClient.PushEvents)
+	if err != nil || forwarded {
 		if err != nil {
 			return err
-		}
-		fresp, err := forwardClientStream(forwardedBy(ctx, s.rep.Identity()), msgs,
-			allocdv1.NewEndpointsServiceClient(cc).PushEvents)
-		if err != nil {
-			return s.forwardErr(leader, err)
 		}
 		return stream.SendAndClose(fresp)
 	}
@@ -257,6 +239,32 @@ func (s *EndpointsService) forwardErr(leader string, err error) error {
 	}
 	s.log.Warn("endpoints leader unreachable", "leader", leader, "error", err)
 	return Status(fmt.Errorf("forwarding to the leader failed (%v): %w", err, &endpoints.NotLeaderError{Leader: leader}))
+}
+
+// toLeader forwards msgs to the leader with the client stream method open, unless
+// this replica leads: forwarded is false then, and the caller applies msgs itself.
+func toLeader[Req, Resp any](s *EndpointsService, ctx context.Context, msgs []*Req,
+	open func(allocdv1.EndpointsServiceClient, context.Context, ...grpc.CallOption) (grpc.ClientStreamingClient[Req, Resp], error)) (resp *Resp, forwarded bool, err error) {
+	leader, self, err := s.rep.Leader(ctx)
+	if err != nil {
+		return nil, false, Status(err)
+	}
+	if self {
+		return nil, false, nil
+	}
+	cc, err := s.target(ctx, leader)
+	if err != nil {
+		return nil, true, err
+	}
+	cli := allocdv1.NewEndpointsServiceClient(cc)
+	resp, err = forwardClientStream(forwardedBy(ctx, s.rep.Identity()), msgs,
+		func(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[Req, Resp], error) {
+			return open(cli, ctx, opts...)
+		})
+	if err != nil {
+		return nil, true, s.forwardErr(leader, err)
+	}
+	return resp, true, nil
 }
 
 // forwardClientStream replays msgs on a client stream opened by open and returns its

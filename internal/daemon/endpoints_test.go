@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -132,6 +133,17 @@ func TestEndpointsLeaderChange(t *testing.T) {
 	if err := ds[leader].Close(); err != nil {
 		t.Fatalf("close the leader: %v", err)
 	}
+	// No event yet: the Feeder's heartbeat alone must learn that the new term needs
+	// snapshots. Only a term with both snapshots re-creates an object deleted behind
+	// its back, so the re-creation shows the heartbeat worked. (The delete is not
+	// the controller's: the watch below counts it, so it is subtracted.)
+	if _, err := e.Client.Delete(ctx, "/allocd/endpoints/shop/web"); err != nil {
+		t.Fatal(err)
+	}
+	etcdtest.WaitFor(t, 20*time.Second, "the Endpoints re-created by the new leader after an idle heartbeat", ready(2))
+	mu.Lock()
+	deleted--
+	mu.Unlock()
 	st.setPod(f, webPod("web-1", "10.244.0.2", false))
 	etcdtest.WaitFor(t, 30*time.Second, "1 ready address after the leader changed", ready(1))
 	st.setPod(f, webPod("web-2", "10.244.0.3", false))
@@ -141,4 +153,86 @@ func TestEndpointsLeaderChange(t *testing.T) {
 	if deleted != 0 {
 		t.Fatalf("the Endpoints were deleted %d times on the way; want never", deleted)
 	}
+}
+
+// TestEndpointsBadInput: through gRPC, a malformed object anywhere in a message is
+// INVALID_ARGUMENT naming its field and nothing of the message is applied; an event
+// before its kind's snapshot is SNAPSHOT_REQUIRED; a watch from a compacted revision
+// is ErrCompacted.
+func TestEndpointsBadInput(t *testing.T) {
+	d := StartForTest(t)
+	c, err := client.New(d.GRPCAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	etcdtest.WaitFor(t, 20*time.Second, "the controller's term", func() bool {
+		_, err := c.PushEvents(ctx)
+		return errors.Is(err, client.ErrSnapshotRequired)
+	})
+	pod := webPod("web-0", "10.244.0.1", true)
+	if _, err := c.PushEvents(ctx, &allocdv1.PushEventsRequest{Revision: 2, Events: []*allocdv1.Event{{
+		Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Object: &allocdv1.Event_Pod{Pod: pod}}}}); !errors.Is(err, client.ErrSnapshotRequired) {
+		t.Fatalf("PushEvents before any snapshot = %v; want ErrSnapshotRequired", err)
+	}
+
+	svc := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web", ClusterIps: []string{"10.0.0.50"},
+		Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
+		Ports:    []*allocdv1.ServicePortSpec{{Port: 80, TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_StrValue{StrValue: "http"}}}}}
+	badSvc := &allocdv1.Service{Namespace: "shop", Name: "bad", Uid: "uid-bad", Ports: []*allocdv1.ServicePortSpec{{Port: 80, Protocol: "HTTP"}}}
+	_, err = c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 5, Services: []*allocdv1.Service{svc, badSvc}})
+	assertInvalid(t, "PushServiceSnapshot", err, "snapshot.services[1].ports[0].protocol")
+	if st, err := c.GetRepairStatus(ctx); err != nil || st.GetSnapshotRevision() != 0 {
+		t.Fatalf("repair took a refused snapshot: revision %d, %v", st.GetSnapshotRevision(), err)
+	}
+	if _, err := c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 5, Services: []*allocdv1.Service{svc}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: 5, Pods: []*allocdv1.Pod{pod}}); err != nil {
+		t.Fatal(err)
+	}
+	var before *allocdv1.ServiceEndpoints
+	etcdtest.WaitFor(t, 10*time.Second, "web's Endpoints", func() bool {
+		before, err = c.GetServiceEndpoints(ctx, "shop", "web")
+		return err == nil && len(before.GetSubsets()) == 1
+	})
+
+	bad := webPod("web-1", "10.244.300.1", true)
+	_, err = c.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: 6, Pods: []*allocdv1.Pod{webPod("web-9", "10.244.0.9", true), bad}})
+	assertInvalid(t, "PushPodSnapshot", err, "snapshot.pods[1].pod_ips[0]")
+	_, err = c.PushEvents(ctx, &allocdv1.PushEventsRequest{Revision: 7, Events: []*allocdv1.Event{
+		{Type: allocdv1.EventType_EVENT_TYPE_DELETE, Object: &allocdv1.Event_Pod{Pod: &allocdv1.Pod{Namespace: "shop", Name: "web-0"}}},
+		{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Object: &allocdv1.Event_Pod{Pod: &allocdv1.Pod{Namespace: "shop", Name: "x", Uid: "x", Phase: "Runing"}}},
+	}})
+	assertInvalid(t, "PushEvents", err, "events[1].pod.phase")
+	time.Sleep(300 * time.Millisecond)
+	after, err := c.GetServiceEndpoints(ctx, "shop", "web")
+	if err != nil || after.GetRevision() != before.GetRevision() {
+		t.Fatalf("a refused message changed the Endpoints: revision %d -> %d (%v)", before.GetRevision(), after.GetRevision(), err)
+	}
+
+	if _, err := d.Client().Compact(ctx, after.GetRevision()); err != nil {
+		t.Fatal(err)
+	}
+	err = c.WatchServiceEndpoints(ctx, &allocdv1.WatchServiceEndpointsRequest{StartRevision: 1},
+		func(*allocdv1.WatchServiceEndpointsResponse) error { return nil })
+	if !errors.Is(err, client.ErrCompacted) {
+		t.Fatalf("watch from a compacted revision = %v; want ErrCompacted", err)
+	}
+}
+
+func assertInvalid(t *testing.T, call string, err error, field string) {
+	t.Helper()
+	var inv *client.InvalidError
+	if !errors.As(err, &inv) || !errors.Is(err, client.ErrInvalid) {
+		t.Fatalf("%s = %v; want ErrInvalid", call, err)
+	}
+	for _, v := range inv.Violations {
+		if v.Field == field {
+			return
+		}
+	}
+	t.Fatalf("%s violations = %+v; want one for %s", call, inv.Violations, field)
 }

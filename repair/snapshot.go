@@ -177,6 +177,80 @@ func ReadSnapshotFile(path string) (Snapshot, error) {
 type accepted struct {
 	Snapshot
 	receipt Receipt
+	// eventRev is the revision of the last Service event applied over Snapshot,
+	// Snapshot.Revision when none.
+	eventRev int64
+}
+
+// ServiceEvent is one change of a Service after a snapshot, from the event feed the
+// Endpoints controller receives: Service is the new state, or, when Deleted, names
+// the Service gone (its Namespace and Name).
+type ServiceEvent struct {
+	Revision int64
+	Deleted  bool
+	Service  Service
+}
+
+// ApplyServiceEvents applies Service changes that followed the kept snapshot, so that
+// passes judge against the Services the Endpoints controller sees: a Service deleted
+// since the snapshot stops holding its addresses one pass earlier than the next
+// snapshot would say so. Events not newer than the kept snapshot or than the last one
+// applied are ignored, as are events when no snapshot is kept. The receipt stays the
+// snapshot's: an allocation committed after it is still never judged a leak, whatever
+// the events say. It returns how many events were applied.
+func (c *Controller) ApplyServiceEvents(evs []ServiceEvent) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cur := c.snap
+	if cur == nil {
+		return 0
+	}
+	last := max(cur.eventRev, cur.Revision)
+	var fresh []ServiceEvent
+	for _, ev := range evs {
+		if ev.Revision > last {
+			fresh = append(fresh, ev)
+			last = ev.Revision
+		}
+	}
+	if len(fresh) == 0 {
+		return 0
+	}
+	// Passes read the kept snapshot without a lock: build a new one.
+	idx := make(map[[2]string]int, len(cur.Services))
+	svcs := slices.Clone(cur.Services)
+	for i, s := range svcs {
+		idx[[2]string{s.Namespace, s.Name}] = i
+	}
+	gone := make(map[int]bool)
+	for _, ev := range fresh {
+		k := [2]string{ev.Service.Namespace, ev.Service.Name}
+		i, ok := idx[k]
+		switch {
+		case ev.Deleted && ok:
+			gone[i] = true
+			delete(idx, k)
+		case ev.Deleted:
+		case ok:
+			svcs[i] = ev.Service
+		default:
+			// A name deleted earlier in this batch keeps its slot marked gone.
+			idx[k] = len(svcs)
+			svcs = append(svcs, ev.Service)
+		}
+	}
+	if len(gone) > 0 {
+		kept := svcs[:0]
+		for i, s := range svcs {
+			if !gone[i] {
+				kept = append(kept, s)
+			}
+		}
+		svcs = kept
+	}
+	c.snap = &accepted{Snapshot: Snapshot{Revision: cur.Revision, Services: svcs}, receipt: cur.receipt, eventRev: last}
+	c.metrics.snapshot(cur.Revision, len(svcs))
+	return len(fresh)
 }
 
 // Receive makes the linearizable etcd read that stamps a snapshot's arrival. Call it

@@ -209,3 +209,53 @@ func TestReceiptEarlier(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceEvents: Service events after the kept snapshot change what passes judge
+// against: a deleted Service's address becomes a leak candidate, a Service added by
+// an event holds its address, events not newer than what was applied are ignored,
+// and a newer snapshot replaces them all.
+func TestServiceEvents(t *testing.T) {
+	r := newEnv(t, opts{})
+	r.assign("uid-a", ip("192.168.1.10"))
+	r.assign("uid-b", ip("192.168.1.11"))
+	r.assign("uid-c", ip("192.168.1.12"))
+	if n := r.ctl.ApplyServiceEvents([]repair.ServiceEvent{{Revision: 5, Service: svc("uid-a", ips("192.168.1.10"))}}); n != 0 {
+		t.Errorf("ApplyServiceEvents without a snapshot = %d; want 0", n)
+	}
+	r.push(10, svc("uid-a", ips("192.168.1.10")), svc("uid-b", ips("192.168.1.11")))
+	if got, want := summary(r.pass(true).Findings), []string{"LeakSuspected 192.168.1.12 uid-c"}; !slices.Equal(got, want) {
+		t.Fatalf("findings after the snapshot = %q; want %q", got, want)
+	}
+
+	b := svc("uid-b", nil)
+	n := r.ctl.ApplyServiceEvents([]repair.ServiceEvent{
+		{Revision: 9, Deleted: true, Service: svc("uid-a", nil)}, // older than the snapshot
+		{Revision: 11, Deleted: true, Service: b},
+		{Revision: 12, Service: svc("uid-c", ips("192.168.1.12"))},
+		{Revision: 12, Deleted: true, Service: svc("uid-c", nil)}, // not newer than the last applied
+	})
+	if n != 2 {
+		t.Errorf("ApplyServiceEvents = %d applied; want 2", n)
+	}
+	if got, want := summary(r.pass(true).Findings), []string{"LeakSuspected 192.168.1.11 uid-b"}; !slices.Equal(got, want) {
+		t.Errorf("findings after the events = %q; want %q", got, want)
+	}
+	if got := r.status().SnapshotRevision; got != 10 {
+		t.Errorf("SnapshotRevision after events = %d; want 10 (events do not make a snapshot)", got)
+	}
+	// Delete and re-create in one batch: the new state holds.
+	r.ctl.ApplyServiceEvents([]repair.ServiceEvent{
+		{Revision: 13, Deleted: true, Service: svc("uid-c", nil)},
+		{Revision: 14, Service: svc("uid-c", ips("192.168.1.12"))},
+		{Revision: 15, Service: svc("uid-b", ips("192.168.1.11"))},
+	})
+	if got := summary(r.pass(true).Findings); len(got) != 0 {
+		t.Errorf("findings after re-creating = %q; want none", got)
+	}
+
+	r.push(20, svc("uid-a", ips("192.168.1.10")))
+	want := []string{"LeakSuspected 192.168.1.11 uid-b", "LeakSuspected 192.168.1.12 uid-c"}
+	if got := summary(r.pass(true).Findings); !slices.Equal(got, want) {
+		t.Errorf("findings after a newer snapshot = %q; want %q", got, want)
+	}
+}

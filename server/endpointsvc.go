@@ -145,14 +145,20 @@ func (s *EndpointsService) PushEvents(stream grpc.ClientStreamingServer[allocdv1
 		if err != nil {
 			return err
 		}
+		// Keep repair's copy current too, for when this replica leads.
+		for _, m := range msgs {
+			s.rep.ApplyServiceEvents(repairEvents(m))
+		}
 		return stream.SendAndClose(fresp)
 	}
 	resp := &allocdv1.PushEventsResponse{}
-	for _, evs := range batches {
+	for i, evs := range batches {
 		res, err := s.c.ApplyEvents(ctx, evs)
 		if err != nil {
 			return Status(err)
 		}
+		// One Service feed: repair's passes judge against what the controller sees.
+		s.rep.ApplyServiceEvents(repairEvents(msgs[i]))
 		resp.Applied += int64(res.Applied)
 		resp.Ignored += int64(res.Ignored)
 		resp.ServiceRevision, resp.PodRevision = res.ServiceRevision, res.PodRevision
@@ -167,6 +173,27 @@ func (s *EndpointsService) PushEvents(stream grpc.ClientStreamingServer[allocdv1
 		resp.ServiceRevision, resp.PodRevision = res.ServiceRevision, res.PodRevision
 	}
 	return stream.SendAndClose(resp)
+}
+
+// repairEvents is the Service part of one validated message, in repair's form.
+func repairEvents(m *allocdv1.PushEventsRequest) []repair.ServiceEvent {
+	var out []repair.ServiceEvent
+	for _, ev := range m.GetEvents() {
+		svc := ev.GetService()
+		if svc == nil {
+			continue
+		}
+		rev := ev.GetRevision()
+		if rev == 0 {
+			rev = m.GetRevision()
+		}
+		out = append(out, repair.ServiceEvent{
+			Revision: rev,
+			Deleted:  ev.GetType() == allocdv1.EventType_EVENT_TYPE_DELETE,
+			Service:  repair.AppendServices(nil, []*allocdv1.Service{svc})[0],
+		})
+	}
+	return out
 }
 
 // prefixViolations leaves err as it is: the field paths of EventsFromProto are those

@@ -236,3 +236,75 @@ func assertInvalid(t *testing.T, call string, err error, field string) {
 	}
 	t.Fatalf("%s violations = %+v; want one for %s", call, inv.Violations, field)
 }
+
+// TestServiceEventsReachRepair: one Service feed serves repair and the controller. A
+// Service deleted by an event, sent to the replica that does not lead, empties its
+// Endpoints and makes its address a leak candidate of the next repair pass, without a
+// new snapshot.
+func TestServiceEventsReachRepair(t *testing.T) {
+	e := etcdtest.New(t)
+	var cs []*client.Client
+	var ds []*Daemon
+	for range 2 {
+		d := StartForTest(t, func(c *Config) { c.EtcdServers = []string{e.Endpoint} })
+		c, err := client.New(d.GRPCAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		ds, cs = append(ds, d), append(cs, c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var follower *client.Client
+	etcdtest.WaitFor(t, 20*time.Second, "a repair leader", func() bool {
+		st, err := cs[0].GetRepairStatus(ctx)
+		if err != nil || st.GetLeader() == "" {
+			return false
+		}
+		follower = cs[map[bool]int{true: 1, false: 0}[st.GetLeader() == ds[0].GRPCAddr()]]
+		return true
+	})
+	owner := &allocdv1.Owner{Namespace: "shop", Name: "web", Uid: "uid-web"}
+	if _, err := follower.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner, ClusterIps: []string{"10.0.0.50"}}); err != nil {
+		t.Fatal(err)
+	}
+	svc := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web", ClusterIps: []string{"10.0.0.50"},
+		Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
+		Ports:    []*allocdv1.ServicePortSpec{{Port: 80, TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 8080}}}}}
+	etcdtest.WaitFor(t, 20*time.Second, "the controller's term to take snapshots", func() bool {
+		if _, err := follower.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 5, Services: []*allocdv1.Service{svc}}); err != nil {
+			return false
+		}
+		_, err := follower.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: 5, Pods: []*allocdv1.Pod{webPod("web-0", "10.244.0.1", true)}})
+		return err == nil
+	})
+	leaks := func() []string {
+		t.Helper()
+		rep, err := follower.RunRepair(ctx, &allocdv1.RunRepairRequest{DryRun: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, f := range rep.GetFindings() {
+			if f.GetReason() == "LeakSuspected" {
+				out = append(out, f.GetClusterIp())
+			}
+		}
+		return out
+	}
+	if got := leaks(); len(got) != 0 {
+		t.Fatalf("leak candidates with the Service in the snapshot = %v; want none", got)
+	}
+	if _, err := follower.PushEvents(ctx, &allocdv1.PushEventsRequest{Revision: 6, Events: []*allocdv1.Event{{
+		Type: allocdv1.EventType_EVENT_TYPE_DELETE, Object: &allocdv1.Event_Service{Service: &allocdv1.Service{Namespace: "shop", Name: "web"}}}}}); err != nil {
+		t.Fatalf("PushEvents(delete shop/web) = %v", err)
+	}
+	if got := leaks(); len(got) != 1 || got[0] != "10.0.0.50" {
+		t.Errorf("leak candidates after the Service's delete event = %v; want [10.0.0.50]", got)
+	}
+	etcdtest.WaitFor(t, 10*time.Second, "shop/web's Endpoints deleted", func() bool {
+		_, err := follower.GetServiceEndpoints(ctx, "shop", "web")
+		return errors.Is(err, client.ErrNotFound)
+	})
+}

@@ -295,6 +295,22 @@ func TestPodEvents(t *testing.T) {
 	if res.Ignored != 1 || res.Applied != 0 {
 		t.Fatalf("replayed event: %+v; want ignored", res)
 	}
+
+	// Events of one message sharing its revision are each applied, in order; the
+	// same message again is a replay.
+	p0, p1 := testPod("default", 0, true, 1), testPod("default", 1, true, 1)
+	p0.ResourceVersion, p1.ResourceVersion = "5", "5"
+	msg := []Event{{Type: Upsert, Revision: 5, Pod: p0}, {Type: Upsert, Revision: 5, Pod: p1}}
+	if res := h.events(msg...); res.Applied != 2 || res.Ignored != 0 {
+		t.Fatalf("two events at one revision: %+v; want both applied", res)
+	}
+	h.settle()
+	if got := h.get("default", "foo"); len(got.Subsets) != 1 || len(got.Subsets[0].Addresses) != 2 {
+		t.Fatalf("Endpoints after two events at one revision = %+v; want 2 ready addresses", got.Subsets)
+	}
+	if res := h.events(msg...); res.Applied != 0 || res.Ignored != 2 {
+		t.Fatalf("the same message again: %+v; want both ignored", res)
+	}
 }
 
 // TestMultipleServiceChanges: add, delete and re-add a Service (upstream's test of the

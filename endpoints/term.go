@@ -178,12 +178,16 @@ func (t *term) applyEvents(evs []Event) (EventsResult, error) {
 	var res EventsResult
 	soon := map[string]struct{}{}
 	later := map[string]struct{}{}
+	// Events of one message may share a revision (0 means the message's): each is a
+	// change of its own, applied in order. A message sent again after an unknown
+	// outcome is not newer than what it applied, and is ignored.
+	var svcOpen, podOpen int64 = -1, -1
 	for _, ev := range evs {
 		var changed bool
 		if ev.Service != nil {
-			changed = t.applyServiceEvent(ev, soon)
+			changed = t.applyServiceEvent(ev, soon, &svcOpen)
 		} else {
-			changed = t.applyPodEvent(ev, later)
+			changed = t.applyPodEvent(ev, later, &podOpen)
 		}
 		if changed {
 			res.Applied++
@@ -203,13 +207,18 @@ func (t *term) applyEvents(evs []Event) (EventsResult, error) {
 	return res, nil
 }
 
+// newer reports whether an event at rev applies over its kind's applied revision cur:
+// a later revision, or the revision of an event of its kind applied earlier in the same
+// message (open, -1 when none).
+func newer(rev, cur, open int64) bool { return rev > cur || rev == open }
+
 // applyServiceEvent applies one Service event; a Service change syncs its key at once
 // (kube-controller-manager queues every Service add, update and delete).
-func (t *term) applyServiceEvent(ev Event, keys map[string]struct{}) bool {
-	if ev.Revision <= t.in.svcRev {
+func (t *term) applyServiceEvent(ev Event, keys map[string]struct{}, open *int64) bool {
+	if !newer(ev.Revision, t.in.svcRev, *open) {
 		return false
 	}
-	t.in.svcRev = ev.Revision
+	t.in.svcRev, *open = ev.Revision, ev.Revision
 	s := ev.Service
 	if ev.Type == Delete {
 		if t.in.deleteService(s.Namespace, s.Name) == nil {
@@ -224,11 +233,11 @@ func (t *term) applyServiceEvent(ev Event, keys map[string]struct{}) bool {
 
 // applyPodEvent applies one Pod event and collects the Services to sync after the
 // batch period, as kube-controller-manager's addPod, updatePod and deletePod.
-func (t *term) applyPodEvent(ev Event, keys map[string]struct{}) bool {
-	if ev.Revision <= t.in.podRev {
+func (t *term) applyPodEvent(ev Event, keys map[string]struct{}, open *int64) bool {
+	if !newer(ev.Revision, t.in.podRev, *open) {
 		return false
 	}
-	t.in.podRev = ev.Revision
+	t.in.podRev, *open = ev.Revision, ev.Revision
 	p := ev.Pod
 	old := t.in.pod(p.Namespace, p.Name)
 	switch {

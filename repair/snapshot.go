@@ -195,7 +195,8 @@ type ServiceEvent struct {
 // passes judge against the Services the Endpoints controller sees: a Service deleted
 // since the snapshot stops holding its addresses one pass earlier than the next
 // snapshot would say so. Events not newer than the kept snapshot or than the last one
-// applied are ignored, as are events when no snapshot is kept. The receipt stays the
+// applied are ignored (those of one call sharing the revision of one applied before
+// them in the call apply), as are events when no snapshot is kept. The receipt stays the
 // snapshot's: an allocation committed after it is still never judged a leak, whatever
 // the events say. It returns how many events were applied.
 func (c *Controller) ApplyServiceEvents(evs []ServiceEvent) int {
@@ -208,7 +209,8 @@ func (c *Controller) ApplyServiceEvents(evs []ServiceEvent) int {
 	last := max(cur.eventRev, cur.Revision)
 	var fresh []ServiceEvent
 	for _, ev := range evs {
-		if ev.Revision > last {
+		// Events of one call may share a revision (the message's): each applies.
+		if ev.Revision > last || len(fresh) > 0 && ev.Revision == last {
 			fresh = append(fresh, ev)
 			last = ev.Revision
 		}

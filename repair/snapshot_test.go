@@ -232,10 +232,13 @@ func TestServiceEvents(t *testing.T) {
 		{Revision: 9, Deleted: true, Service: svc("uid-a", nil)}, // older than the snapshot
 		{Revision: 11, Deleted: true, Service: b},
 		{Revision: 12, Service: svc("uid-c", ips("192.168.1.12"))},
-		{Revision: 12, Deleted: true, Service: svc("uid-c", nil)}, // not newer than the last applied
 	})
 	if n != 2 {
 		t.Errorf("ApplyServiceEvents = %d applied; want 2", n)
+	}
+	// A call again with the last revision applied is a replay.
+	if n := r.ctl.ApplyServiceEvents([]repair.ServiceEvent{{Revision: 12, Deleted: true, Service: svc("uid-c", nil)}}); n != 0 {
+		t.Errorf("ApplyServiceEvents(replay) = %d applied; want 0", n)
 	}
 	if got, want := summary(r.pass(true).Findings), []string{"LeakSuspected 192.168.1.11 uid-b"}; !slices.Equal(got, want) {
 		t.Errorf("findings after the events = %q; want %q", got, want)
@@ -243,12 +246,14 @@ func TestServiceEvents(t *testing.T) {
 	if got := r.status().SnapshotRevision; got != 10 {
 		t.Errorf("SnapshotRevision after events = %d; want 10 (events do not make a snapshot)", got)
 	}
-	// Delete and re-create in one batch: the new state holds.
-	r.ctl.ApplyServiceEvents([]repair.ServiceEvent{
-		{Revision: 13, Deleted: true, Service: svc("uid-c", nil)},
-		{Revision: 14, Service: svc("uid-c", ips("192.168.1.12"))},
+	// Delete and re-create in one call, sharing the call's revision: the new state holds.
+	if n := r.ctl.ApplyServiceEvents([]repair.ServiceEvent{
+		{Revision: 15, Deleted: true, Service: svc("uid-c", nil)},
+		{Revision: 15, Service: svc("uid-c", ips("192.168.1.12"))},
 		{Revision: 15, Service: svc("uid-b", ips("192.168.1.11"))},
-	})
+	}); n != 3 {
+		t.Errorf("ApplyServiceEvents(three at one revision) = %d applied; want 3", n)
+	}
 	if got := summary(r.pass(true).Findings); len(got) != 0 {
 		t.Errorf("findings after re-creating = %q; want none", got)
 	}

@@ -606,6 +606,7 @@ type Event struct {
 	//	*Event_Pod
 	Object isEvent_Object `protobuf_oneof:"object"`
 	// revision of the caller's store at this event; 0 means the message's revision.
+	// Events of one message may share a revision: each is applied, in order.
 	Revision      int64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -758,8 +759,9 @@ type PushEventsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// applied: events that changed the leader's inputs.
 	Applied int64 `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"`
-	// ignored: events not newer than what was applied for their kind, or that changed
-	// nothing the Endpoints depend on.
+	// ignored: events not newer than what was applied for their kind by earlier
+	// messages (a message sent again is ignored), or that changed nothing the Endpoints
+	// depend on.
 	Ignored int64 `protobuf:"varint,2,opt,name=ignored,proto3" json:"ignored,omitempty"`
 	// service_revision applied for Services after the events.
 	ServiceRevision int64 `protobuf:"varint,3,opt,name=service_revision,json=serviceRevision,proto3" json:"service_revision,omitempty"`

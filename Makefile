@@ -80,6 +80,8 @@ fault:
 bench:
 	$(GO) run ./internal/bench
 	$(GO) test -run '^$$' -bench BenchmarkRepairPass -benchtime 3x ./repair/
+	$(GO) test -run '^$$' -bench BenchmarkInitialSync -benchtime 3x ./endpoints/
+	$(GO) test -run '^$$' -bench BenchmarkEndpointsFeed -benchtime 1x ./internal/daemon/
 
 clean:
 	rm -rf bin .bin allocd-data cluster-data

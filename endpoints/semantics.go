@@ -286,7 +286,7 @@ func Repack(subsets []Subset) []Subset {
 			g = &group{set: set}
 			groups[sig] = g
 		}
-		if pk != noPort {
+		if pk.port > 0 { // as upstream: neither the "no port" sentinel nor a port 0 is listed
 			g.ports = append(g.ports, portOf[pk])
 		}
 	}

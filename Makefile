@@ -73,9 +73,12 @@ cluster:
 
 # fault: the longer fault runs, outside `make test`: etcd leader crashes while master
 # leases are renewed (3-member embedded cluster); the leading allocd killed with SIGKILL
-# while Pod events flow to the Endpoints controller.
+# while Pod events flow to the Endpoints controller; the fault suite (internal/fault):
+# 3 etcd members and 3 allocd replicas as processes under kills, pauses and network
+# faults for ALLOCD_FAULT_DURATION (5m), its history checked.
 fault:
 	ALLOCD_FAULT_TESTS=1 $(GO) test -count=1 -v -run 'TestRenewThroughLeaderChange|TestClusterLeaderCrash|TestEndpointsLeaderKill' ./masterlease/ ./internal/etcdtest/ ./cmd/allocd/
+	ALLOCD_FAULT_TESTS=1 ALLOCD_FAULT_DURATION=$${ALLOCD_FAULT_DURATION:-5m} $(GO) test -count=1 -v -timeout 30m -run TestFaultSuite ./internal/fault/
 
 bench:
 	$(GO) run ./internal/bench

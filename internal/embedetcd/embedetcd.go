@@ -39,6 +39,9 @@ type Config struct {
 	LogLevel string
 	// ReadyTimeout bounds the wait for the member to serve; 60 s when zero.
 	ReadyTimeout time.Duration
+	// InitialCluster ("name=peerURL,...") and ClusterToken start a member of a new
+	// cluster of several (the fault suite's); empty: a cluster of this member alone.
+	InitialCluster, ClusterToken string
 }
 
 // Start starts the member and returns once it serves clients, or with an error that
@@ -67,6 +70,9 @@ func Start(ctx context.Context, c Config) (*embed.Etcd, error) {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	if c.InitialCluster != "" {
+		cfg.InitialCluster, cfg.InitialClusterToken = c.InitialCluster, c.ClusterToken
+	}
 	cfg.UnsafeNoFsync = c.UnsafeNoFsync
 	if c.TickMs > 0 {
 		cfg.TickMs = c.TickMs

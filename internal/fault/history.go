@@ -1,0 +1,272 @@
+package fault
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// outcome of one operation.
+type outcome int
+
+const (
+	ok       outcome = iota
+	definite         // a code that guarantees nothing changed
+	unknown          // it may or may not have taken effect
+)
+
+func (o outcome) String() string { return [...]string{"ok", "definite failure", "unknown"}[o] }
+
+// classify maps an error to an outcome: only the codes allocd answers before writing
+// anything are definite.
+func classify(err error) outcome {
+	if err == nil {
+		return ok
+	}
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.AlreadyExists, codes.ResourceExhausted, codes.FailedPrecondition,
+		codes.NotFound, codes.Aborted:
+		return definite
+	}
+	return unknown
+}
+
+// kind of an operation.
+type kind string
+
+const (
+	opAllocate kind = "Allocate"
+	opRetry    kind = "Allocate retry"
+	opRelease  kind = "Release"
+	opForce    kind = "Release force"
+	opRenew    kind = "Renew"
+)
+
+// op is one recorded operation: times are offsets from the run's start, on the
+// monotonic clock of this process (the checks never compare clocks of two processes).
+type op struct {
+	kind       kind
+	owner      string   // owner uid (Allocate, Release) or lease IP (Renew)
+	items      []string // asked for (specific) or, when ok, got; Release: named items, empty = all
+	start, end time.Duration
+	outcome    outcome
+	err        string
+	replica    int
+}
+
+// history collects operations from many goroutines.
+type history struct {
+	base time.Time
+	mu   sync.Mutex
+	ops  []op
+}
+
+func (h *history) now() time.Duration { return time.Since(h.base) }
+
+// record runs f and records its result; f returns the items it got.
+func (h *history) record(o op, f func() ([]string, error)) op {
+	o.start = h.now()
+	items, err := f()
+	o.end = h.now()
+	o.outcome = classify(err)
+	if err != nil {
+		o.err = status.Code(err).String()
+		if errors.Is(err, context.DeadlineExceeded) {
+			o.err = "DeadlineExceeded"
+		}
+	}
+	if o.outcome == ok && items != nil {
+		o.items = items
+	}
+	h.mu.Lock()
+	h.ops = append(h.ops, o)
+	h.mu.Unlock()
+	return o
+}
+
+// violation is one broken promise, in words.
+type violation string
+
+// check runs every check over the history and the final state (item → owner uid) and
+// returns the violations found.
+func (h *history) check(final map[string]string) []violation {
+	h.mu.Lock()
+	ops := slices.Clone(h.ops)
+	h.mu.Unlock()
+	var out []violation
+	byOwner := map[string][]op{}
+	for _, o := range ops {
+		if o.kind != opRenew {
+			byOwner[o.owner] = append(byOwner[o.owner], o)
+		}
+	}
+	// released reports whether a release that may have taken effect covers item of
+	// owner and overlaps (from, to): it ended after from and started before to.
+	released := func(owner, item string, from, to time.Duration) bool {
+		for _, o := range ops {
+			if o.outcome == definite || o.start >= to || o.end <= from {
+				continue
+			}
+			switch {
+			case o.kind == opRelease && o.owner == owner && (len(o.items) == 0 || slices.Contains(o.items, item)):
+				return true
+			case o.kind == opForce && slices.Contains(o.items, item):
+				return true
+			}
+		}
+		return false
+	}
+	releasedAny := func(owner string, items []string, from, to time.Duration) bool {
+		for _, it := range items {
+			if released(owner, it, from, to) {
+				return true
+			}
+		}
+		return false
+	}
+	const forever = time.Duration(1 << 62)
+	for owner, os := range byOwner {
+		var acks []op
+		for _, o := range os {
+			if (o.kind == opAllocate || o.kind == opRetry) && o.outcome == ok {
+				acks = append(acks, o)
+			}
+		}
+		sort.Slice(acks, func(i, j int) bool { return acks[i].end < acks[j].end })
+		// A retry answers what was acknowledged last, unless a release of it may have
+		// taken effect in between (the owner then allocates anew).
+		var cur *op
+		for i := range acks {
+			o := &acks[i]
+			switch {
+			case cur == nil, slices.Equal(o.items, cur.items), releasedAny(owner, cur.items, cur.start, o.end):
+				cur = o
+			default:
+				out = append(out, violation(fmt.Sprintf("owner %s: an Allocate (%v-%v) got %v; %v was acknowledged at %v and never released",
+					owner, o.start, o.end, o.items, cur.items, cur.end)))
+			}
+		}
+		// No acknowledged allocation lost.
+		if cur != nil {
+			for _, it := range cur.items {
+				if final[it] != owner && !released(owner, it, cur.start, forever) {
+					out = append(out, violation(fmt.Sprintf("owner %s: %s acknowledged at %v, held by %q at the end, never released", owner, it, cur.end, final[it])))
+				}
+			}
+		}
+	}
+	// No item owned by an owner whose every request failed definitely.
+	for it, owner := range final {
+		os, known := byOwner[owner]
+		if !known {
+			continue // the kubernetes Service's reservation, or an owner of no test
+		}
+		possible := false
+		for _, o := range os {
+			if (o.kind == opAllocate || o.kind == opRetry) && o.outcome != definite {
+				possible = true
+			}
+		}
+		if !possible {
+			out = append(out, violation(fmt.Sprintf("%s held by %s, whose every Allocate failed definitely", it, owner)))
+		}
+	}
+	// Two owners at once: B's Allocate of an item started after A's was acknowledged,
+	// and no release of A's item may have taken effect before B's ended.
+	type ack struct {
+		owner      string
+		start, end time.Duration
+	}
+	holders := map[string][]ack{}
+	for _, o := range ops {
+		if (o.kind == opAllocate || o.kind == opRetry) && o.outcome == ok {
+			for _, it := range o.items {
+				holders[it] = append(holders[it], ack{o.owner, o.start, o.end})
+			}
+		}
+	}
+	for it, acks := range holders {
+		for _, a := range acks {
+			for _, b := range acks {
+				if a.owner == b.owner || b.start <= a.end {
+					continue
+				}
+				if !released(a.owner, it, a.start, b.end) {
+					out = append(out, violation(fmt.Sprintf("%s: held by %s (acknowledged at %v) and given to %s (%v-%v) with no release in between",
+						it, a.owner, a.end, b.owner, b.start, b.end)))
+				}
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// summary prints operations by kind and outcome, and latencies of the ok ones inside
+// and outside fault windows.
+func (h *history) summary(faults []window) string {
+	h.mu.Lock()
+	ops := slices.Clone(h.ops)
+	h.mu.Unlock()
+	counts := map[string]int{}
+	var in, outside []time.Duration
+	for _, o := range ops {
+		counts[fmt.Sprintf("%-14s %s", o.kind, o.outcome)]++
+		if o.outcome != ok {
+			continue
+		}
+		lat := o.end - o.start
+		if during(faults, o.start, o.end) {
+			in = append(in, lat)
+		} else {
+			outside = append(outside, lat)
+		}
+	}
+	var b strings.Builder
+	keys := make([]string, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	fmt.Fprintf(&b, "operations: %d\n", len(ops))
+	for _, k := range keys {
+		fmt.Fprintf(&b, "  %-32s %6d\n", k, counts[k])
+	}
+	fmt.Fprintf(&b, "ok latency without faults: %s\n", pcts(outside))
+	fmt.Fprintf(&b, "ok latency during faults:  %s\n", pcts(in))
+	return b.String()
+}
+
+func pcts(d []time.Duration) string {
+	if len(d) == 0 {
+		return "no operations"
+	}
+	slices.Sort(d)
+	p := func(q float64) time.Duration {
+		return d[min(len(d)-1, int(q*float64(len(d))))].Round(100 * time.Microsecond)
+	}
+	return fmt.Sprintf("p50 %v, p99 %v (%d operations)", p(0.5), p(0.99), len(d))
+}
+
+// window is a fault's span.
+type window struct {
+	name       string
+	start, end time.Duration
+}
+
+func during(ws []window, s, e time.Duration) bool {
+	for _, w := range ws {
+		if s < w.end && e > w.start {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,299 @@
+package fault
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/allocd/allocd/client"
+	"github.com/allocd/allocd/internal/etcdtest"
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
+)
+
+// suiteDuration is how long operations run: ALLOCD_FAULT_DURATION (make fault: 5m), or
+// 15 s.
+func suiteDuration(t *testing.T) time.Duration {
+	if v := os.Getenv("ALLOCD_FAULT_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("ALLOCD_FAULT_DURATION=%q: %v", v, err)
+		}
+		return d
+	}
+	return 15 * time.Second
+}
+
+// TestFaultSuite: 3 etcd members and 3 allocd replicas as processes; clients allocate
+// and release on a /25 and 200 node ports against every replica while etcd leaders
+// and allocd replicas are killed and restarted, etcd members paused, and the network
+// between a replica and etcd blackholed or slowed; then the history and the final
+// state are checked. It needs ALLOCD_FAULT_TESTS=1 (make fault) until it has proven
+// itself stable on the build machine.
+func TestFaultSuite(t *testing.T) {
+	if os.Getenv("ALLOCD_FAULT_TESTS") == "" {
+		t.Skip("set ALLOCD_FAULT_TESTS=1 (make fault)")
+	}
+	dur := suiteDuration(t)
+	tp := startTopology(t, "10.0.0.0/25", "30000-30199")
+	clients := make([]*client.Client, len(tp.grpc))
+	for i, addr := range tp.grpc {
+		c, err := client.New(addr, client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		clients[i] = c
+	}
+	for i, c := range clients {
+		etcdtest.WaitFor(t, 60*time.Second, fmt.Sprintf("allocd-%d to serve", i), func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, err := c.ListRanges(ctx)
+			return err == nil
+		})
+	}
+
+	h := &history{base: time.Now()}
+	ctx, stop := context.WithTimeout(context.Background(), dur)
+	defer stop()
+	var wg sync.WaitGroup
+	var seq atomic.Int64
+	const workers = 24
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			worker(ctx, h, clients, w, &seq)
+		}()
+	}
+	var faults []window
+	var recoveries []time.Duration
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		faults, recoveries = injectFaults(ctx, t, tp, h)
+	}()
+	wg.Wait()
+
+	// Heal: every process up, every proxy open, then read the final state.
+	for _, p := range append(append([]*proc{}, tp.etcd...), tp.allocd...) {
+		p.signal(syscall.SIGCONT)
+	}
+	final := map[string]string{}
+	etcdtest.WaitFor(t, 60*time.Second, "the final state", func() bool {
+		f, err := listAll(clients[0])
+		if err != nil {
+			return false
+		}
+		final = f
+		return true
+	})
+	viol := h.check(final)
+	t.Logf("ran %v: %d faults\n%s", dur, len(faults), h.summary(faults))
+	for _, f := range faults {
+		t.Logf("fault %-28s %8v - %8v", f.name, f.start.Round(time.Millisecond), f.end.Round(time.Millisecond))
+	}
+	t.Logf("recovery after each fault (first ok operation after it ended): %s", pcts(recoveries))
+	t.Logf("violations: %d", len(viol))
+	for _, v := range viol {
+		t.Error(v)
+	}
+	if t.Failed() {
+		for i := range tp.allocd {
+			t.Logf("allocd-%d log tail:\n%s", i, lastLines(tp.allocd[i].logPath, 20))
+		}
+	}
+}
+
+// worker runs operations until ctx ends: dynamic and specific Allocates with and
+// without node ports, retries of its earlier Allocates, Releases of its own owners and
+// forced Releases of any address.
+func worker(ctx context.Context, h *history, clients []*client.Client, w int, seq *atomic.Int64) {
+	r := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+	type held struct {
+		uid string
+		req *allocdv1.AllocateRequest
+	}
+	var mine []held
+	for ctx.Err() == nil {
+		rep := r.IntN(len(clients))
+		c := clients[rep]
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		switch x := r.IntN(100); {
+		case x < 45 || len(mine) == 0: // Allocate, a new owner
+			uid := "w" + strconv.Itoa(w) + "-" + strconv.FormatInt(seq.Add(1), 10)
+			req := &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "fault", Name: uid, Uid: uid}}
+			switch r.IntN(4) {
+			case 0: // a specific address
+				req.ClusterIps = []string{netip.AddrFrom4([4]byte{10, 0, 0, byte(2 + r.IntN(125))}).String()}
+			case 1: // with a node port
+				req.NodePortCount = 1
+			case 2: // a specific node port, no address
+				req.NoClusterIp, req.NodePorts = true, []int32{int32(30000 + r.IntN(200))}
+			}
+			o := h.record(op{kind: opAllocate, owner: uid, replica: rep, items: itemsOf(req.ClusterIps, req.NodePorts)}, func() ([]string, error) {
+				resp, err := c.Allocate(cctx, req)
+				return itemsOf(resp.GetClusterIps(), resp.GetNodePorts()), err
+			})
+			if o.outcome != definite {
+				mine = append(mine, held{uid, req})
+			}
+		case x < 65: // retry an earlier Allocate, same owner, same request
+			hd := mine[r.IntN(len(mine))]
+			h.record(op{kind: opRetry, owner: hd.uid, replica: rep}, func() ([]string, error) {
+				resp, err := c.Allocate(cctx, hd.req)
+				return itemsOf(resp.GetClusterIps(), resp.GetNodePorts()), err
+			})
+		case x < 95: // release an owner of this worker, all of it
+			i := r.IntN(len(mine))
+			hd := mine[i]
+			o := h.record(op{kind: opRelease, owner: hd.uid, replica: rep}, func() ([]string, error) {
+				_, err := c.Release(cctx, &allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Namespace: "fault", Name: hd.uid, Uid: hd.uid}})
+				return nil, err
+			})
+			if o.outcome == ok {
+				mine = append(mine[:i], mine[i+1:]...)
+			}
+		default: // force-release any address
+			ip := netip.AddrFrom4([4]byte{10, 0, 0, byte(2 + r.IntN(125))}).String()
+			h.record(op{kind: opForce, owner: "", replica: rep, items: []string{ip}}, func() ([]string, error) {
+				_, err := c.Release(cctx, &allocdv1.ReleaseRequest{ClusterIps: []string{ip}, Force: true})
+				return nil, err
+			})
+		}
+		cancel()
+	}
+}
+
+func itemsOf(ips []string, ports []int32) []string {
+	var out []string
+	out = append(out, ips...)
+	for _, p := range ports {
+		out = append(out, "port/"+strconv.Itoa(int(p)))
+	}
+	return out
+}
+
+// listAll reads every allocation: item → owner uid.
+func listAll(c *client.Client) (map[string]string, error) {
+	out := map[string]string{}
+	req := &allocdv1.ListAllocationsRequest{PageSize: 500}
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := c.ListAllocations(ctx, req)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range resp.GetAllocations() {
+			it := a.GetClusterIp()
+			if a.GetNodePort() != 0 {
+				it = "port/" + strconv.Itoa(int(a.GetNodePort()))
+			}
+			out[it] = a.GetOwner().GetUid()
+		}
+		if resp.GetNextPageToken() == "" {
+			return out, nil
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+}
+
+// injectFaults runs one fault after another until ctx ends, each for about 2 s with
+// 1 s of calm between, and returns their windows and the time from each fault's end
+// to the first ok operation after it.
+func injectFaults(ctx context.Context, t *testing.T, tp *topology, h *history) ([]window, []time.Duration) {
+	r := rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano())))
+	var ws []window
+	sleep := func(d time.Duration) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+	}
+	sleep(time.Second)
+	for ctx.Err() == nil {
+		w := window{start: h.now()}
+		switch r.IntN(5) {
+		case 0:
+			l := tp.leader()
+			if l < 0 {
+				sleep(200 * time.Millisecond)
+				continue
+			}
+			w.name = fmt.Sprintf("kill -9 etcd leader m%d", l)
+			tp.etcd[l].kill()
+			time.Sleep(time.Second)
+			if err := tp.etcd[l].start(); err != nil {
+				t.Errorf("restart etcd m%d: %v", l, err)
+			}
+		case 1:
+			i := r.IntN(len(tp.allocd))
+			w.name = fmt.Sprintf("kill -9 allocd-%d", i)
+			tp.allocd[i].kill()
+			time.Sleep(time.Second)
+			if err := tp.allocd[i].start(); err != nil {
+				t.Errorf("restart allocd-%d: %v", i, err)
+			}
+		case 2:
+			m := r.IntN(len(tp.etcd))
+			w.name = fmt.Sprintf("SIGSTOP etcd m%d", m)
+			tp.etcd[m].signal(syscall.SIGSTOP)
+			time.Sleep(2 * time.Second)
+			tp.etcd[m].signal(syscall.SIGCONT)
+		case 3:
+			i := r.IntN(len(tp.allocd))
+			w.name = fmt.Sprintf("blackhole allocd-%d to etcd", i)
+			for _, px := range tp.proxies[i] {
+				px.BlackholeTx()
+				px.BlackholeRx()
+			}
+			time.Sleep(2 * time.Second)
+			for _, px := range tp.proxies[i] {
+				px.UnblackholeTx()
+				px.UnblackholeRx()
+			}
+		case 4:
+			i := r.IntN(len(tp.allocd))
+			w.name = fmt.Sprintf("delay+reset allocd-%d to etcd", i)
+			for _, px := range tp.proxies[i] {
+				px.DelayTx(300*time.Millisecond, 100*time.Millisecond)
+			}
+			time.Sleep(time.Second)
+			for _, px := range tp.proxies[i] {
+				px.ResetListener()
+			}
+			time.Sleep(time.Second)
+			for _, px := range tp.proxies[i] {
+				px.UndelayTx()
+			}
+		}
+		w.end = h.now()
+		ws = append(ws, w)
+		sleep(time.Second)
+	}
+	// Recovery: the first ok operation that started after each fault ended.
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var rec []time.Duration
+	for _, w := range ws {
+		best := time.Duration(-1)
+		for _, o := range h.ops {
+			if o.outcome == ok && o.start >= w.end && (best < 0 || o.end < best) {
+				best = o.end
+			}
+		}
+		if best >= 0 {
+			rec = append(rec, best-w.end)
+		}
+	}
+	return ws, rec
+}

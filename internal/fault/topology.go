@@ -1,0 +1,222 @@
+// Package fault runs allocd the way it is deployed, on loopback, and breaks it: a
+// 3-member etcd cluster and 3 allocd replicas, each a process of its own (etcd members
+// through cmd etcdmember, allocd through its binary), every allocd reaching every etcd
+// member through a proxy (etcd's pkg/proxy) that can delay, blackhole and reset.
+// TestFaultSuite drives clients against it while faults are injected on a schedule and
+// checks the recorded history and the final state in etcd.
+package fault
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/pkg/v3/proxy"
+	"go.uber.org/zap"
+
+	"github.com/allocd/allocd/internal/etcdtest"
+)
+
+// proc is one process of the topology, restartable with the same arguments.
+type proc struct {
+	name, bin string
+	args      []string
+	logPath   string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (p *proc) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("start %s: %w", p.name, err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); f.Close(); close(done) }()
+	p.cmd, p.done = cmd, done
+	return nil
+}
+
+// signal sends sig to the running process; kill waits for it to be gone.
+func (p *proc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil && p.cmd.Process != nil {
+		p.cmd.Process.Signal(sig)
+	}
+}
+
+func (p *proc) kill() {
+	p.signal(syscall.SIGCONT) // a paused process dies too
+	p.signal(syscall.SIGKILL)
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// topology is the running cluster.
+type topology struct {
+	t       testing.TB
+	dir     string
+	etcd    []*proc
+	etcdURL []string // client URLs of the members
+	allocd  []*proc
+	grpc    []string         // gRPC addresses of the replicas
+	proxies [][]proxy.Server // proxies[i][j]: replica i to member j
+	cli     *clientv3.Client // to every member directly, for the checks and the faults
+}
+
+func freeAddr(t testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// build compiles allocd and etcdmember into dir.
+func build(t testing.TB, dir string) (allocd, member string) {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocd, member = filepath.Join(dir, "allocd"), filepath.Join(dir, "etcdmember")
+	for bin, pkg := range map[string]string{allocd: "./cmd/allocd", member: "./internal/fault/etcdmember"} {
+		cmd := exec.Command("go", "build", "-o", bin, pkg)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return allocd, member
+}
+
+// startTopology builds and starts everything, and returns once every replica serves.
+func startTopology(t testing.TB, ranges, ports string) *topology {
+	t.Helper()
+	dir := t.TempDir()
+	allocdBin, memberBin := build(t, dir)
+	tp := &topology{t: t, dir: dir}
+	const n = 3
+	var peers, initial []string
+	for i := range n {
+		peers = append(peers, "http://"+freeAddr(t))
+		tp.etcdURL = append(tp.etcdURL, "http://"+freeAddr(t))
+		initial = append(initial, fmt.Sprintf("m%d=%s", i, peers[i]))
+	}
+	token := fmt.Sprintf("fault-%d", time.Now().UnixNano())
+	for i := range n {
+		p := &proc{name: fmt.Sprintf("etcd-m%d", i), bin: memberBin, logPath: filepath.Join(dir, fmt.Sprintf("etcd-m%d.log", i)),
+			args: []string{"-name", fmt.Sprintf("m%d", i), "-data-dir", filepath.Join(dir, fmt.Sprintf("m%d", i)),
+				"-client-url", tp.etcdURL[i], "-peer-url", peers[i], "-initial-cluster", strings.Join(initial, ","), "-token", token,
+				"-tick-ms", "20", "-election-ms", "200"}}
+		if err := p.start(); err != nil {
+			t.Fatal(err)
+		}
+		tp.etcd = append(tp.etcd, p)
+	}
+	t.Cleanup(func() {
+		for _, p := range append(append([]*proc{}, tp.allocd...), tp.etcd...) {
+			p.kill()
+		}
+		for _, ps := range tp.proxies {
+			for _, px := range ps {
+				px.Close()
+			}
+		}
+	})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: tp.etcdURL, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	tp.cli = cli
+	etcdtest.WaitFor(t, 60*time.Second, "the etcd cluster", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := cli.Get(ctx, "health")
+		return err == nil
+	})
+	for i := range n {
+		var urls []string
+		var ps []proxy.Server
+		for j := range n {
+			to, _ := url.Parse(tp.etcdURL[j])
+			from := url.URL{Scheme: "http", Host: freeAddr(t)}
+			px := proxy.NewServer(proxy.ServerConfig{Logger: zap.NewNop(), From: from, To: *to})
+			<-px.Ready()
+			ps = append(ps, px)
+			urls = append(urls, "http://"+from.Host)
+		}
+		tp.proxies = append(tp.proxies, ps)
+		addr := freeAddr(t)
+		tp.grpc = append(tp.grpc, addr)
+		p := &proc{name: fmt.Sprintf("allocd-%d", i), bin: allocdBin, logPath: filepath.Join(dir, fmt.Sprintf("allocd-%d.log", i)),
+			args: []string{"--etcd-servers", strings.Join(urls, ","), "--grpc-address", addr, "--metrics-address", "",
+				"--service-cluster-ip-range", ranges, "--service-node-port-range", ports,
+				"--master-lease-ttl", "3s", "--shutdown-timeout", "1s", "--log-format", "json"}}
+		if err := p.start(); err != nil {
+			t.Fatal(err)
+		}
+		tp.allocd = append(tp.allocd, p)
+	}
+	return tp
+}
+
+// leader returns the index of the etcd leader, -1 when none answers.
+func (tp *topology) leader() int {
+	for i, u := range tp.etcdURL {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		st, err := tp.cli.Status(ctx, u)
+		cancel()
+		if err == nil && st.Leader == st.Header.MemberId {
+			return i
+		}
+	}
+	return -1
+}
+
+// lastLines returns the end of a process's log, for failure messages.
+func lastLines(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if len(lines) > n {
+			lines = lines[1:]
+		}
+	}
+	return strings.Join(lines, "\n")
+}

@@ -12,6 +12,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/allocd/allocd/client"
 )
 
 // outcome of one operation.
@@ -60,6 +62,8 @@ type op struct {
 	outcome    outcome
 	err        string
 	replica    int
+	asked      []string // Allocate: the specific items asked for
+	holder     string   // ALREADY_EXISTS: the holder's uid, when allocd named it
 }
 
 // history collects operations from many goroutines.
@@ -73,10 +77,15 @@ func (h *history) now() time.Duration { return time.Since(h.base) }
 
 // record runs f and records its result; f returns the items it got.
 func (h *history) record(o op, f func() ([]string, error)) op {
+	o.asked = o.items
 	o.start = h.now()
 	items, err := f()
 	o.end = h.now()
 	o.outcome = classify(err)
+	var held *client.AlreadyAllocatedError
+	if errors.As(err, &held) {
+		o.holder = held.HolderUID
+	}
 	if err != nil {
 		o.err = status.Code(err).String()
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -260,6 +269,8 @@ func pcts(d []time.Duration) string {
 type window struct {
 	name       string
 	start, end time.Duration
+	// etcdLeader: the fault may have changed etcd's leader (a member killed or paused).
+	etcdLeader bool
 }
 
 func during(ws []window, s, e time.Duration) bool {

@@ -118,10 +118,12 @@ func (h *history) check(final map[string]string) []violation {
 		}
 	}
 	// released reports whether a release that may have taken effect covers item of
-	// owner and overlaps (from, to): it ended after from and started before to.
+	// owner and may have taken effect in (from, to): it started before to, and ended
+	// after from or has an unknown outcome (its transaction may commit after the
+	// caller gave up: etcd commits a proposal a paused leader made once it resumes).
 	released := func(owner, item string, from, to time.Duration) bool {
 		for _, o := range ops {
-			if o.outcome == definite || o.start >= to || o.end <= from {
+			if o.outcome == definite || o.start >= to || o.outcome == ok && o.end <= from {
 				continue
 			}
 			switch {
@@ -209,6 +211,13 @@ func (h *history) check(final map[string]string) []violation {
 					continue
 				}
 				if !released(a.owner, it, a.start, b.end) {
+					if debugLinear && len(out) == 0 {
+						for _, o := range ops {
+							if o.owner == a.owner || o.owner == b.owner || o.kind == opForce && slices.Contains(o.items, it) {
+								fmt.Printf("DEBUG %s %s %v %v-%v %s %s\n", o.kind, o.owner, o.items, o.start, o.end, o.outcome, o.err)
+							}
+						}
+					}
 					out = append(out, violation(fmt.Sprintf("%s: held by %s (acknowledged at %v) and given to %s (%v-%v) with no release in between",
 						it, a.owner, a.end, b.owner, b.start, b.end)))
 				}

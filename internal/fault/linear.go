@@ -84,8 +84,9 @@ var debugLinear = os.Getenv("ALLOCD_FAULT_DEBUG") != ""
 
 // linearizable checks every item's register and returns the items whose history no
 // order explains, and how many items the checker could not decide within the time
-// given to each.
-func (h *history) linearizable(final map[string]string, perItem time.Duration) (illegal []string, undecided, checked int) {
+// given to each (or at all, once total has passed).
+func (h *history) linearizable(final map[string]string, perItem, total time.Duration) (illegal []string, undecided, checked int) {
+	began := time.Now()
 	h.mu.Lock()
 	ops := slices.Clone(h.ops)
 	h.mu.Unlock()
@@ -176,6 +177,10 @@ func (h *history) linearizable(final map[string]string, perItem time.Duration) (
 		last := int64(h.now())
 		hist = append(hist, porcupine.Operation{ClientId: 0, Input: regOp{kind: "read", owner: final[it]}, Call: last, Return: last})
 		checked++
+		if time.Since(began) > total {
+			undecided++
+			continue
+		}
 		switch porcupine.CheckOperationsTimeout(model, hist, perItem) {
 		case porcupine.Illegal:
 			illegal = append(illegal, it)

@@ -21,6 +21,9 @@ type pods struct {
 	rev  int64
 	pods map[string]*allocdv1.Pod
 	sent atomic.Int64
+	// errs are the Feeder's errors, with when they came (the last 20).
+	errs []string
+	h    *history
 }
 
 var webService = &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web", ClusterIps: []string{"None"},
@@ -62,7 +65,14 @@ func (p *pods) ListPods() ([]*allocdv1.Pod, int64, error) {
 // events of shop/web on a watch from another replica (there must be none: the Service
 // never goes away).
 func (p *pods) run(events, ctx context.Context, feed, watch *client.Client, deleted *atomic.Int64) {
-	f := client.NewFeeder(feed, p, client.WithHeartbeat(200*time.Millisecond))
+	f := client.NewFeeder(feed, p, client.WithHeartbeat(200*time.Millisecond), client.WithFeedErrors(func(err error) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if len(p.errs) == 20 {
+			p.errs = p.errs[1:]
+		}
+		p.errs = append(p.errs, fmt.Sprintf("%v: %v", p.h.now().Round(time.Millisecond), err))
+	}))
 	go f.Run(ctx)
 	go func() {
 		for ctx.Err() == nil {

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -87,6 +88,7 @@ func TestFaultSuite(t *testing.T) {
 	}
 	t.Cleanup(func() { feedCli.Close() })
 	pf := newPods()
+	pf.h = h
 	var epDeleted atomic.Int64
 	podCtx, stopPods := context.WithCancel(context.Background())
 	defer stopPods()
@@ -129,6 +131,15 @@ func TestFaultSuite(t *testing.T) {
 	}
 	if !converged {
 		viol = append(viol, "shop/web's Endpoints did not converge on the last Pod states within 60 s of the end")
+		pf.mu.Lock()
+		t.Logf("the Feeder's last errors:\n%s", strings.Join(pf.errs, "\n"))
+		pf.mu.Unlock()
+		for i, c := range clients {
+			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			st, err := c.GetRepairStatus(cctx)
+			cancel()
+			t.Logf("allocd-%d (%s): repair status %v, %v", i, tp.grpc[i], st, err)
+		}
 	}
 	if n := epDeleted.Load(); n > 0 {
 		viol = append(viol, violation(fmt.Sprintf("shop/web's Endpoints were deleted %d times; its Service never was", n)))
@@ -154,8 +165,14 @@ func TestFaultSuite(t *testing.T) {
 		t.Error(v)
 	}
 	if t.Failed() {
-		for i := range tp.allocd {
-			t.Logf("allocd-%d log tail:\n%s", i, lastLines(tp.allocd[i].logPath, 20))
+		keep := filepath.Join(os.TempDir(), fmt.Sprintf("allocd-fault-%d", time.Now().Unix()))
+		if err := os.MkdirAll(keep, 0o755); err == nil {
+			for _, p := range append(append([]*proc{}, tp.etcd...), tp.allocd...) {
+				if b, err := os.ReadFile(p.logPath); err == nil {
+					os.WriteFile(filepath.Join(keep, filepath.Base(p.logPath)), b, 0o644)
+				}
+			}
+			t.Logf("the processes' logs are kept in %s", keep)
 		}
 	}
 }

@@ -7,7 +7,6 @@
 package fault
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -202,23 +201,4 @@ func (tp *topology) leader() int {
 		}
 	}
 	return -1
-}
-
-// lastLines returns the end of a process's log, for failure messages.
-func lastLines(path string, n int) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return err.Error()
-	}
-	defer f.Close()
-	var lines []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-		if len(lines) > n {
-			lines = lines[1:]
-		}
-	}
-	return strings.Join(lines, "\n")
 }

@@ -33,6 +33,7 @@ type Feeder struct {
 	heartbeat time.Duration
 	maxQueue  int
 	maxBatch  int
+	timeout   time.Duration
 	onError   func(error)
 
 	mu     sync.Mutex
@@ -55,13 +56,18 @@ func WithFlushInterval(d time.Duration) FeederOption { return func(fd *Feeder) {
 // snapshots (default 1 s).
 func WithHeartbeat(d time.Duration) FeederOption { return func(fd *Feeder) { fd.heartbeat = d } }
 
+// WithPushTimeout bounds each push (a snapshot, a batch of events, a heartbeat),
+// default 30 s: a call that hangs (a replica cut off from etcd, a broken connection)
+// fails, and the Feeder snapshots again instead of waiting forever.
+func WithPushTimeout(d time.Duration) FeederOption { return func(fd *Feeder) { fd.timeout = d } }
+
 // WithMaxQueue sets how many events may wait before the Feeder gives them up for a new
 // snapshot (default 100,000).
 func WithMaxQueue(n int) FeederOption { return func(fd *Feeder) { fd.maxQueue = n } }
 
 // NewFeeder returns a Feeder pushing to c, taking snapshots from l.
 func NewFeeder(c *Client, l Lister, opts ...FeederOption) *Feeder {
-	f := &Feeder{c: c, l: l, flush: 5 * time.Millisecond, heartbeat: time.Second, maxQueue: 100000,
+	f := &Feeder{c: c, l: l, flush: 5 * time.Millisecond, heartbeat: time.Second, maxQueue: 100000, timeout: 30 * time.Second,
 		maxBatch: 1000, onError: func(error) {}, resnap: true,
 		wake: make(chan struct{}, 1)}
 	for _, o := range opts {
@@ -159,7 +165,9 @@ func (f *Feeder) step(ctx context.Context, idle *time.Timer) error {
 	}
 	f.mu.Unlock()
 	if resnap {
-		if err := f.pushSnapshots(ctx); err != nil {
+		pctx, cancel := context.WithTimeout(ctx, f.timeout)
+		defer cancel()
+		if err := f.pushSnapshots(pctx); err != nil {
 			f.Resync()
 			return err
 		}
@@ -191,7 +199,9 @@ func (f *Feeder) step(ctx context.Context, idle *time.Timer) error {
 		}
 		msgs = append(msgs, &allocdv1.PushEventsRequest{Revision: rev, Events: batch})
 	}
-	if _, err := f.c.PushEvents(ctx, msgs...); err != nil {
+	pctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	if _, err := f.c.PushEvents(pctx, msgs...); err != nil {
 		if !errors.Is(err, ErrInvalid) {
 			// The batch may not have been applied, or the leader lost what came
 			// before: snapshots cover both.

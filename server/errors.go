@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/allocd/allocd/allocator"
@@ -108,6 +109,12 @@ func Status(err error) error {
 		// A status from further down (a forwarded call, etcd): kept, but a retryable
 		// one gets its RetryInfo.
 		if st.Code() == codes.Unavailable {
+			return unavailable(st.Message(), "UNAVAILABLE")
+		}
+		// A broken connection to etcd (or to the leader) surfaces as INTERNAL from
+		// gRPC's transport ("stream terminated by RST_STREAM"): the call's outcome is
+		// unknown and a retry may succeed; it is not allocd's internal error.
+		if st.Code() == codes.Internal && strings.Contains(st.Message(), "RST_STREAM") {
 			return unavailable(st.Message(), "UNAVAILABLE")
 		}
 		return st.Err()

@@ -113,6 +113,8 @@ func TestStatus(t *testing.T) {
 		{"etcd too many requests", rpctypes.ErrTooManyRequests, codes.Unavailable},
 		{"etcd request too large", rpctypes.ErrRequestTooLarge, codes.Internal},
 		{"status kept", status.Error(codes.NotFound, "gone"), codes.NotFound},
+		{"etcd connection broken", fmt.Errorf("read owner record: %w",
+			status.Error(codes.Internal, "stream terminated by RST_STREAM with error code: PROTOCOL_ERROR")), codes.Unavailable},
 		{"unknown", errors.New("disk on fire"), codes.Internal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

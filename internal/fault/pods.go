@@ -65,7 +65,7 @@ func (p *pods) ListPods() ([]*allocdv1.Pod, int64, error) {
 // events of shop/web on a watch from another replica (there must be none: the Service
 // never goes away).
 func (p *pods) run(events, ctx context.Context, feed, watch *client.Client, deleted *atomic.Int64) {
-	f := client.NewFeeder(feed, p, client.WithHeartbeat(200*time.Millisecond), client.WithFeedErrors(func(err error) {
+	f := client.NewFeeder(feed, p, client.WithHeartbeat(200*time.Millisecond), client.WithPushTimeout(5*time.Second), client.WithFeedErrors(func(err error) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if len(p.errs) == 20 {

@@ -172,6 +172,18 @@ func startTopology(t testing.TB, ranges, ports string) *topology {
 			from := url.URL{Scheme: "http", Host: freeAddr(t)}
 			px := proxy.NewServer(proxy.ServerConfig{Logger: zap.NewNop(), From: from, To: *to})
 			<-px.Ready()
+			// The proxy reports every accept, dial and copy error on a channel of 16
+			// and blocks, accepting and copying nothing more, once it is full: drained,
+			// a member's restart or a reset listener cannot wedge the proxy for good.
+			go func() {
+				for {
+					select {
+					case <-px.Error():
+					case <-px.Done():
+						return
+					}
+				}
+			}()
 			ps = append(ps, px)
 			urls = append(urls, "http://"+from.Host)
 		}

@@ -73,7 +73,7 @@ func (a *Allocator) allocate(ctx context.Context, req Request) (Result, error) {
 		return a.dryRun(ctx, req.Owner, picks)
 	}
 	o.picks = picks
-	r := a.submit(ctx, o)
+	r := a.committer.submit(ctx, o)
 	if r.err != nil {
 		return Result{}, r.err
 	}
@@ -114,7 +114,7 @@ func (a *Allocator) plan(req Request) (picks []*pick, err error) {
 		if err != nil {
 			for _, p := range picks {
 				if p.pending {
-					p.r.unpend(p.off)
+					p.r.Unpend(p.off)
 				}
 			}
 			picks = nil
@@ -131,11 +131,11 @@ func (a *Allocator) plan(req Request) (picks []*pick, err error) {
 		if err != nil {
 			return err
 		}
-		picks = append(picks, &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.reserve(off)})
+		picks = append(picks, &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.Reserve(off)})
 		return nil
 	}
 	dynamic := func(r *rng) error {
-		off, ok := r.pick()
+		off, ok := r.Pick()
 		if !ok {
 			return &FullError{Range: r.name}
 		}
@@ -237,7 +237,7 @@ func (a *Allocator) dryRun(ctx context.Context, o Owner, picks []*pick) (Result,
 	defer func() {
 		for _, p := range picks {
 			if p.pending {
-				p.r.unpend(p.off)
+				p.r.Unpend(p.off)
 			}
 		}
 	}()
@@ -271,12 +271,12 @@ func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, e
 	if err != nil {
 		return Allocation{}, err
 	}
-	p := &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.reserve(off)}
+	p := &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.Reserve(off)}
 	op := &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}}
 	if h, ok := a.hints.get(o.UID); ok {
 		op.ownerRev, op.record, op.hinted = h.rev, h.rec, true
 	}
-	res := a.submit(ctx, op)
+	res := a.committer.submit(ctx, op)
 	if res.err != nil {
 		return Allocation{}, res.err
 	}

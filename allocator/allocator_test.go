@@ -89,7 +89,7 @@ func TestAllocateAndReplay(t *testing.T) {
 					t.Errorf("Allocate(%+v) address %d = %s; want is4=%v", req, j, ip, tc.families[j])
 				}
 				r, off, err := a.locate(IP(ip))
-				if err != nil || r.static(off) {
+				if err != nil || r.Static(off) {
 					t.Errorf("Allocate(%+v) address %s: offset %d, %v; want in the dynamic band", req, ip, off, err)
 				}
 				al, err := a.Get(ctx, IP(ip))
@@ -473,9 +473,9 @@ func TestGroupCommit(t *testing.T) {
 	}
 	// Let the requests queue up as they would behind busy transactions, then start
 	// the committer.
-	a.qmu.Lock()
-	a.running = true
-	a.qmu.Unlock()
+	a.committer.qmu.Lock()
+	a.committer.running = true
+	a.committer.qmu.Unlock()
 	const n = 400
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -486,9 +486,9 @@ func TestGroupCommit(t *testing.T) {
 		})
 	}
 	etcdtest.WaitFor(t, 10*time.Second, "every request to queue", func() bool {
-		a.qmu.Lock()
-		defer a.qmu.Unlock()
-		return len(a.queue) == n
+		a.committer.qmu.Lock()
+		defer a.committer.qmu.Unlock()
+		return len(a.committer.queue) == n
 	})
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -561,7 +561,7 @@ func TestWatchAcrossReplicas(t *testing.T) {
 	}
 	etcdtest.WaitFor(t, 10*time.Second, "replica 1 to see the release", func() bool { return a1.Free("10.0.0.0/24") == 253 })
 	r, off, _ := a1.locate(IP(res.ClusterIPs[0]))
-	if r.isUsed(off) {
+	if r.IsUsed(off) {
 		t.Errorf("index of replica 1 still has %s used", res.ClusterIPs[0])
 	}
 }

@@ -92,7 +92,7 @@ func TestRequestHash(t *testing.T) {
 }
 
 func FuzzPageToken(f *testing.F) {
-	a := &Allocator{ipPrefix: "/allocd/clusterips/", portPrefix: "/allocd/nodeports/"}
+	a := newStore(nil, nil, "/allocd")
 	f.Add(makeToken(42, "/allocd/clusterips/10.0.0.5"))
 	f.Add(makeToken(7, "/allocd/nodeports/30001"))
 	f.Add("")

@@ -1,182 +1,190 @@
 package allocator
 
 import (
-	"math/rand/v2"
-	"net/netip"
-	"sync"
+	"context"
+	"errors"
+	"fmt"
+	"time"
 
 	"github.com/bits-and-blooms/bitset"
-	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allocd/allocd/internal/etcdwatch"
 )
 
-// rng is one configured range and its in-memory index. The index knows offsets only;
-// span (ClusterIP) or ports (NodePort) map items to offsets.
-//
-// used holds what the watch has seen in etcd; pending holds local reservations that
-// the watch has not seen settle yet; busy = used | pending is what dynamic picks skip.
-// All three are guarded by mu and have exactly size bits: every Set is bounds-checked
-// first, because a bitset grows silently.
-type rng struct {
-	name    string
-	kind    Kind
-	span    ipSpan    // KindClusterIP
-	ports   PortRange // KindNodePort
-	size    uint64
-	band    uint64 // offsets [0, band) are the static band
-	primary bool
+// The index: each range's bitmap, kept current by a watch of the item keys, and the
+// revision it reflects (a.progress), which Sync waits for.
 
-	mu                  sync.Mutex
-	used, pending, busy *bitset.BitSet
-	nused               uint64
+// defaultSyncTimeout bounds how long Sync waits for the watch.
+const defaultSyncTimeout = 5 * time.Second
 
-	allocStatic, allocDynamic prometheus.Counter
+type settleEntry struct {
+	rev int64
+	r   *rng
+	off uint64
 }
 
-func newIPRange(p netip.Prefix, primary bool) *rng {
-	s := newIPSpan(p)
-	return &rng{
-		name: s.prefix.String(), kind: KindClusterIP, span: s, size: s.size,
-		band: min(ipBand(s.total), s.size), primary: primary,
-		used: bitset.New(uint(s.size)), pending: bitset.New(uint(s.size)), busy: bitset.New(uint(s.size)),
+// reload lists every item key at one revision and rebuilds the used bitsets, keeping
+// the pending reservations; the index then reflects that revision.
+func (a *Allocator) reload(ctx context.Context) error {
+	used := make(map[*rng]*bitset.BitSet, len(a.ranges))
+	for _, r := range a.ranges {
+		used[r] = r.NewUsed()
+	}
+	var rev int64
+	key := a.watchStart
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(a.watchEnd), clientv3.WithKeysOnly(),
+			clientv3.WithLimit(10000), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		resp, err := a.cli.Get(ctx, key, opts...)
+		if err != nil {
+			return fmt.Errorf("load allocations: %w", err)
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			it, ok := a.parseKey(kv.Key)
+			if !ok {
+				continue
+			}
+			r, off, err := a.locate(it)
+			if err != nil {
+				a.log.Warn("allocation outside the configured ranges", "key", string(kv.Key))
+				continue
+			}
+			used[r].Set(uint(off)) // off < size: locate checked it
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	for _, r := range a.ranges {
+		r.Replace(used[r])
+	}
+	a.advance(rev)
+	return nil
+}
+
+// advance records that the index reflects rev and clears the pending bits settled
+// by then.
+func (a *Allocator) advance(rev int64) {
+	a.settleMu.Lock()
+	a.progress.Advance(rev)
+	now := a.progress.Rev()
+	var done []settleEntry
+	keep := a.settle[:0]
+	for _, e := range a.settle {
+		if e.rev <= now {
+			done = append(done, e)
+		} else {
+			keep = append(keep, e)
+		}
+	}
+	clear(a.settle[len(keep):])
+	a.settle = keep
+	a.settleMu.Unlock()
+	for _, e := range done {
+		e.r.Unpend(e.off)
 	}
 }
 
-func newPortRange(pr PortRange) *rng {
-	size := uint64(pr.Size)
-	return &rng{
-		name: pr.String(), kind: KindNodePort, ports: pr, size: size,
-		band: min(portBand(size), size),
-		used: bitset.New(uint(size)), pending: bitset.New(uint(size)), busy: bitset.New(uint(size)),
-	}
-}
-
-// offset returns it's offset in r, and false when it is not a usable item of r.
-func (r *rng) offset(it Item) (uint64, bool) {
-	if it.Kind != r.kind {
-		return 0, false
-	}
-	if r.kind == KindClusterIP {
-		return r.span.offset(it.Addr)
-	}
-	if !r.ports.Contains(it.Port) {
-		return 0, false
-	}
-	return uint64(it.Port - r.ports.Base), true
-}
-
-// item returns the item at offset off < size.
-func (r *rng) item(off uint64) Item {
-	if r.kind == KindClusterIP {
-		return IP(r.span.addr(off))
-	}
-	return Port(r.ports.Base + int(off))
-}
-
-// static reports whether off lies in the static band.
-func (r *rng) static(off uint64) bool { return off < r.band }
-
-// pick reserves a free offset for a dynamic allocation: upper band first, from a
-// random start with wrap-around, then the lower band. It returns false when both are
-// full (used or pending).
-func (r *rng) pick() (uint64, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	off, ok := scan(r.busy, r.band, r.size)
-	if !ok {
-		off, ok = scan(r.busy, 0, r.band)
-	}
-	if ok {
-		r.pending.Set(uint(off))
-		r.busy.Set(uint(off))
-	}
-	return off, ok
-}
-
-// scan finds a clear bit in [lo, hi) from a random start, wrapping around once.
-func scan(b *bitset.BitSet, lo, hi uint64) (uint64, bool) {
-	if lo >= hi {
-		return 0, false
-	}
-	start := lo + rand.Uint64N(hi-lo)
-	if x, ok := b.NextClear(uint(start)); ok && uint64(x) < hi {
-		return uint64(x), true
-	}
-	if x, ok := b.NextClear(uint(lo)); ok && uint64(x) < start {
-		return uint64(x), true
-	}
-	return 0, false
-}
-
-// reserve marks a specific offset pending unless it is busy already. It returns
-// whether the caller now holds the pending bit (and must unpend it).
-func (r *rng) reserve(off uint64) bool {
-	if off >= r.size {
-		return false
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.busy.Test(uint(off)) {
-		return false
-	}
-	r.pending.Set(uint(off))
-	r.busy.Set(uint(off))
-	return true
-}
-
-// unpend drops a local reservation.
-func (r *rng) unpend(off uint64) {
-	if off >= r.size {
+// settleAt clears the pending bit of off once the index reflects rev, when the
+// watch has recorded the key written at rev.
+func (a *Allocator) settleAt(rev int64, r *rng, off uint64) {
+	a.settleMu.Lock()
+	if a.progress.Rev() >= rev {
+		a.settleMu.Unlock()
+		r.Unpend(off)
 		return
 	}
-	r.mu.Lock()
-	r.pending.Clear(uint(off))
-	if !r.used.Test(uint(off)) {
-		r.busy.Clear(uint(off))
-	}
-	r.mu.Unlock()
+	a.settle = append(a.settle, settleEntry{rev: rev, r: r, off: off})
+	a.settleMu.Unlock()
 }
 
-// setUsed records what the watch saw in etcd.
-func (r *rng) setUsed(off uint64, v bool) {
-	if off >= r.size {
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	was := r.used.Test(uint(off))
+// Sync waits until the index reflects every write etcd committed before the call: it
+// reads etcd's revision (a linearizable read), then waits for Run's watch to reach
+// it, for at most 5 seconds. What Free and Ranges report next is then at least as new
+// as any allocation or release acknowledged before Sync was called. It returns
+// ErrNotRunning when the watch is behind and Run is not running, ErrNotSynced when
+// the watch stays behind for too long, and etcd's and ctx's errors.
+func (a *Allocator) Sync(ctx context.Context) error {
+	err := a.progress.Sync(ctx, a.cli, a.configKey, a.syncTimeout)
+	var be *etcdwatch.BehindError
 	switch {
-	case v && !was:
-		r.used.Set(uint(off))
-		r.busy.Set(uint(off))
-		r.nused++
-	case !v && was:
-		r.used.Clear(uint(off))
-		r.nused--
-		if !r.pending.Test(uint(off)) {
-			r.busy.Clear(uint(off))
+	case !errors.As(err, &be):
+		return err
+	case be.Running:
+		return fmt.Errorf("allocation index: %w: %w", err, ErrNotSynced)
+	}
+	return fmt.Errorf("allocation index: %w: %w", err, ErrNotRunning)
+}
+
+// watchLoop applies the item keys' changes to the index from the revision it
+// reflects on, re-listing after a compaction. Progress notifications (which Sync
+// asks for) move the index past writes outside the watched keys. It returns when ctx
+// ends.
+func (a *Allocator) watchLoop(ctx context.Context) error {
+	a.progress.SetRunning(true)
+	defer a.progress.SetRunning(false)
+	etcdwatch.Loop(ctx, a.log, "allocation watch", 2*time.Second, a.watchOnce)
+	return nil
+}
+
+// watchOnce watches from the index's revision + 1 until the watch fails.
+func (a *Allocator) watchOnce(ctx context.Context) error {
+	from := a.progress.Rev() + 1
+	// Its own watch stream: Sync waits for progress notifications (see etcdwatch).
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(etcdwatch.OwnStream(ctx, "allocator "+a.watchStart)))
+	defer cancel()
+	wch := a.cli.Watch(wctx, a.watchStart, clientv3.WithRange(a.watchEnd), clientv3.WithRev(from))
+	for {
+		select {
+		case <-a.progress.Asked():
+			// wctx: the request goes on the watch's stream (same metadata).
+			if err := a.cli.RequestProgress(wctx); err != nil {
+				a.log.Debug("allocation watch progress request failed", "err", err)
+			}
+		case resp, ok := <-wch:
+			switch {
+			case !ok:
+				return errors.New("watch channel closed")
+			case resp.CompactRevision != 0:
+				a.log.Warn("allocation watch compacted; re-listing", "from", from)
+				if err := a.reload(ctx); err != nil {
+					return fmt.Errorf("re-list allocations: %w", err)
+				}
+				return fmt.Errorf("watch from %d: compacted at %d", from, resp.CompactRevision)
+			case resp.Err() != nil:
+				return resp.Err()
+			case resp.IsProgressNotify():
+				a.advance(resp.Header.Revision)
+				continue
+			}
+			a.apply(resp.Events)
 		}
 	}
 }
 
-// isUsed reports whether the watch has seen off allocated.
-func (r *rng) isUsed(off uint64) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return off < r.size && r.used.Test(uint(off))
-}
-
-// replaceUsed installs a freshly listed used set, keeping the pending reservations.
-func (r *rng) replaceUsed(used *bitset.BitSet) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.used = used
-	r.nused = uint64(used.Count())
-	r.busy = used.Union(r.pending)
-}
-
-// counts returns the used count of the whole range and of its static band.
-func (r *rng) counts() (used, staticUsed uint64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.nused, uint64(r.used.OnesBetween(0, uint(r.band)))
+func (a *Allocator) apply(evs []*clientv3.Event) {
+	if len(evs) == 0 {
+		return
+	}
+	for _, ev := range evs {
+		it, ok := a.parseKey(ev.Kv.Key)
+		if !ok {
+			continue
+		}
+		r, off, err := a.locate(it)
+		if err != nil {
+			continue
+		}
+		r.SetUsed(off, ev.Type == mvccpb.PUT)
+	}
+	a.advance(evs[len(evs)-1].Kv.ModRevision)
 }

@@ -50,10 +50,10 @@ func newMetrics(a *Allocator, reg prometheus.Registerer) *metrics {
 	}
 	allocs := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allocd_allocator_allocations_total",
-		Help: "Items allocated by this replica, by range and scope (static: a specific item was asked for; dynamic: picked).",
+		Help: "Items allocated by this replica, by range and scope (specific: the item was named in the request; dynamic: picked).",
 	}, []string{"range", "scope"})
 	for _, r := range a.ranges {
-		r.allocStatic = allocs.WithLabelValues(r.name, "static")
+		r.allocSpecific = allocs.WithLabelValues(r.name, "specific")
 		r.allocDynamic = allocs.WithLabelValues(r.name, "dynamic")
 	}
 	for _, reason := range []string{"full", "allocated", "not_in_range", "no_range", "conflict", "invalid", "canceled", "other"} {
@@ -88,7 +88,7 @@ func (m *metrics) allocated(r *rng, specific bool) {
 		return
 	}
 	if specific {
-		r.allocStatic.Inc()
+		r.allocSpecific.Inc()
 	} else {
 		r.allocDynamic.Inc()
 	}

@@ -1,82 +1,62 @@
 package allocator
 
 import (
-	"encoding/binary"
-	"errors"
-	"fmt"
-	"math/bits"
 	"net/netip"
-	"strconv"
-	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allocd/allocd/allocator/bitmap"
 )
 
 // MaxRangeBits is the most host bits a ClusterIP range may have: 2^24 addresses (an
 // IPv4 /8 or an IPv6 /104), two bitsets of 2 MiB each in memory.
 const MaxRangeBits = 24
 
-// PortRange is a range of ports: Base, Base+1, ..., Base+Size-1.
-type PortRange struct{ Base, Size int }
+// rng is one configured range: a bitmap of offsets (package bitmap: used and pending,
+// picks, bands) and the mapper of its items to those offsets, span (ClusterIP) or
+// ports (NodePort).
+type rng struct {
+	*bitmap.Bitmap
+	name    string
+	kind    Kind
+	span    ipSpan    // KindClusterIP
+	ports   PortRange // KindNodePort
+	primary bool
 
-// DefaultNodePortRange is kube-apiserver's default --service-node-port-range.
-var DefaultNodePortRange = PortRange{Base: 30000, Size: 2768}
-
-// String returns "first-last", the range's name.
-func (pr PortRange) String() string {
-	return strconv.Itoa(pr.Base) + "-" + strconv.Itoa(pr.Base+pr.Size-1)
+	allocSpecific, allocDynamic prometheus.Counter
 }
 
-// Contains reports whether port p is in the range.
-func (pr PortRange) Contains(p int) bool { return p >= pr.Base && p < pr.Base+pr.Size }
-
-// ParsePortRange parses "30000-32767" (first-last, inclusive), "30000+2767"
-// (base+offset, as Kubernetes accepts) or a single port "30000".
-func ParsePortRange(s string) (PortRange, error) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return PortRange{}, errors.New("empty port range")
-	}
-	var first, last int
-	var err error
-	switch {
-	case strings.Contains(s, "-"):
-		a, b, _ := strings.Cut(s, "-")
-		if first, err = parsePort(a); err == nil {
-			last, err = parsePort(b)
-		}
-	case strings.Contains(s, "+"):
-		a, b, _ := strings.Cut(s, "+")
-		var off int
-		if first, err = parsePort(a); err == nil {
-			if off, err = strconv.Atoi(b); err == nil && off < 0 {
-				err = fmt.Errorf("negative offset %d", off)
-			}
-			last = first + off
-		}
-	default:
-		first, err = parsePort(s)
-		last = first
-	}
-	if err != nil {
-		return PortRange{}, fmt.Errorf("port range %q: %w", s, err)
-	}
-	if last > 65535 {
-		return PortRange{}, fmt.Errorf("port range %q: ends past 65535", s)
-	}
-	if last < first {
-		return PortRange{}, fmt.Errorf("port range %q: last port before first", s)
-	}
-	return PortRange{Base: first, Size: last - first + 1}, nil
+func newIPRange(p netip.Prefix, primary bool) *rng {
+	s := newIPSpan(p)
+	return &rng{Bitmap: bitmap.New(s.size, ipBand(s.total)), name: s.prefix.String(),
+		kind: KindClusterIP, span: s, primary: primary}
 }
 
-func parsePort(s string) (int, error) {
-	p, err := strconv.Atoi(strings.TrimSpace(s))
-	if err != nil {
-		return 0, fmt.Errorf("port %q is not a number", s)
+func newPortRange(pr PortRange) *rng {
+	size := uint64(pr.Size)
+	return &rng{Bitmap: bitmap.New(size, portBand(size)), name: pr.String(), kind: KindNodePort, ports: pr}
+}
+
+// offset returns it's offset in r, and false when it is not a usable item of r.
+func (r *rng) offset(it Item) (uint64, bool) {
+	if it.Kind != r.kind {
+		return 0, false
 	}
-	if p < 1 || p > 65535 {
-		return 0, fmt.Errorf("port %d is outside 1-65535", p)
+	if r.kind == KindClusterIP {
+		return r.span.offset(it.Addr)
 	}
-	return p, nil
+	if !r.ports.Contains(it.Port) {
+		return 0, false
+	}
+	return uint64(it.Port - r.ports.Base), true
+}
+
+// item returns the item at offset off < Size.
+func (r *rng) item(off uint64) Item {
+	if r.kind == KindClusterIP {
+		return IP(r.span.addr(off))
+	}
+	return Port(r.ports.Base + int(off))
 }
 
 // ipBand is the size of the static (lower) band of a ClusterIP range of total
@@ -94,119 +74,4 @@ func portBand(size uint64) uint64 {
 		return 0
 	}
 	return min(max(16, size/32), 128)
-}
-
-// ValidateConfig checks the configuration as flags are checked: the etcd prefix, one
-// or two ClusterIP ranges of different families with 8 to 2^24 addresses and no host
-// bits, a node port range inside 1-65535, and the kubernetes node port inside it. It
-// returns every problem at once.
-func ValidateConfig(cfg Config) error {
-	var errs []error
-	switch {
-	case cfg.Prefix == "":
-		errs = append(errs, errors.New("etcd prefix is empty"))
-	case !strings.HasPrefix(cfg.Prefix, "/"):
-		errs = append(errs, fmt.Errorf("etcd prefix %q must start with /", cfg.Prefix))
-	case strings.HasSuffix(cfg.Prefix, "/"):
-		errs = append(errs, fmt.Errorf("etcd prefix %q must not end with /", cfg.Prefix))
-	}
-	switch len(cfg.ClusterIPRanges) {
-	case 1, 2:
-	case 0:
-		errs = append(errs, errors.New("service cluster IP range: none given"))
-	default:
-		errs = append(errs, fmt.Errorf("service cluster IP range: %d ranges given; at most two, one per IP family", len(cfg.ClusterIPRanges)))
-	}
-	for i, p := range cfg.ClusterIPRanges {
-		if err := validatePrefix(p); err != nil {
-			errs = append(errs, err)
-		}
-		if i == 1 && p.Addr().Is4() == cfg.ClusterIPRanges[0].Addr().Is4() {
-			errs = append(errs, fmt.Errorf("service cluster IP ranges %s and %s are of the same IP family; a second range must be of the other family", cfg.ClusterIPRanges[0], p))
-		}
-	}
-	pr := cfg.NodePortRange
-	if pr.Size < 1 || pr.Base < 1 || pr.Base+pr.Size-1 > 65535 {
-		errs = append(errs, fmt.Errorf("service node port range base %d size %d: must lie within 1-65535", pr.Base, pr.Size))
-	} else if cfg.KubernetesNodePort != 0 && !pr.Contains(cfg.KubernetesNodePort) {
-		errs = append(errs, fmt.Errorf("kubernetes service node port %d is outside the service node port range %s", cfg.KubernetesNodePort, pr))
-	}
-	return errors.Join(errs...)
-}
-
-func validatePrefix(p netip.Prefix) error {
-	if !p.IsValid() {
-		return fmt.Errorf("service cluster IP range %s is not a valid CIDR", p)
-	}
-	if p.Addr().Is4In6() || p.Addr().Zone() != "" {
-		return fmt.Errorf("service cluster IP range %s: use a plain IPv4 or IPv6 CIDR", p)
-	}
-	if p != p.Masked() {
-		return fmt.Errorf("service cluster IP range %s has host bits set; did you mean %s?", p, p.Masked())
-	}
-	host := p.Addr().BitLen() - p.Bits()
-	if host < 3 {
-		return fmt.Errorf("service cluster IP range %s holds %d addresses; at least 8 are needed (/31, /32, /127 and /128 are refused)", p, 1<<host)
-	}
-	if host > MaxRangeBits {
-		return fmt.Errorf("service cluster IP range %s is larger than 2^%d addresses (an IPv4 /%d or an IPv6 /%d)", p, MaxRangeBits, 32-MaxRangeBits, 128-MaxRangeBits)
-	}
-	return nil
-}
-
-// ipSpan maps the usable addresses of a ClusterIP prefix to offsets 0..size-1:
-//
-//	network  base(+0)  base+1 ...  base+size-1  [broadcast, IPv4 only]
-//	 excluded  offset 0  offset 1     offset size-1    excluded
-//
-// Offsets are uint64 over the 128-bit As16 form; no big.Int.
-type ipSpan struct {
-	prefix         netip.Prefix
-	baseHi, baseLo uint64 // the first usable address, As16
-	size, total    uint64
-	is4            bool
-}
-
-func newIPSpan(p netip.Prefix) ipSpan {
-	p = p.Masked()
-	host := uint(p.Addr().BitLen() - p.Bits())
-	total := uint64(1) << host
-	size := total - 1 // the network address
-	if p.Addr().Is4() {
-		size-- // the broadcast address
-	}
-	b := p.Addr().As16()
-	hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
-	lo, carry := bits.Add64(lo, 1, 0)
-	hi += carry
-	return ipSpan{prefix: p, baseHi: hi, baseLo: lo, size: size, total: total, is4: p.Addr().Is4()}
-}
-
-// offset returns a's offset, and false when a is not a usable address of the span.
-func (s ipSpan) offset(a netip.Addr) (uint64, bool) {
-	if !a.IsValid() || a.Is4() != s.is4 || a.Zone() != "" {
-		return 0, false
-	}
-	b := a.As16()
-	hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
-	dlo, borrow := bits.Sub64(lo, s.baseLo, 0)
-	dhi, borrow := bits.Sub64(hi, s.baseHi, borrow)
-	if borrow != 0 || dhi != 0 || dlo >= s.size {
-		return 0, false
-	}
-	return dlo, true
-}
-
-// addr returns the address at offset off (which must be < size).
-func (s ipSpan) addr(off uint64) netip.Addr {
-	lo, carry := bits.Add64(s.baseLo, off, 0)
-	hi := s.baseHi + carry
-	var b [16]byte
-	binary.BigEndian.PutUint64(b[:8], hi)
-	binary.BigEndian.PutUint64(b[8:], lo)
-	a := netip.AddrFrom16(b)
-	if s.is4 {
-		a = a.Unmap()
-	}
-	return a
 }

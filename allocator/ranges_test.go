@@ -32,13 +32,13 @@ func TestIPSpan(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.cidr, func(t *testing.T) {
 			r := newIPRange(netip.MustParsePrefix(tc.cidr), true)
-			if r.size != tc.size || r.band != tc.band {
-				t.Errorf("newIPRange(%s) size, band = %d, %d; want %d, %d", tc.cidr, r.size, r.band, tc.size, tc.band)
+			if r.Size() != tc.size || r.Band() != tc.band {
+				t.Errorf("newIPRange(%s) size, band = %d, %d; want %d, %d", tc.cidr, r.Size(), r.Band(), tc.size, tc.band)
 			}
 			if got := r.item(0).Addr.String(); got != tc.first {
 				t.Errorf("first(%s) = %s; want %s", tc.cidr, got, tc.first)
 			}
-			if got := r.item(r.size - 1).Addr.String(); got != tc.last {
+			if got := r.item(r.Size() - 1).Addr.String(); got != tc.last {
 				t.Errorf("last(%s) = %s; want %s", tc.cidr, got, tc.last)
 			}
 			for _, s := range []string{tc.first, tc.last} {
@@ -83,8 +83,8 @@ func TestBands(t *testing.T) {
 		}
 	}
 	r := newPortRange(DefaultNodePortRange)
-	if r.band != 86 || r.item(r.band-1).Port != 30085 || r.item(r.size-1).Port != 32767 {
-		t.Errorf("default node port range band = %d ending at %d; want 86 ending at 30085", r.band, r.item(r.band-1).Port)
+	if r.Band() != 86 || r.item(r.Band()-1).Port != 30085 || r.item(r.Size()-1).Port != 32767 {
+		t.Errorf("default node port range band = %d ending at %d; want 86 ending at 30085", r.Band(), r.item(r.Band()-1).Port)
 	}
 }
 
@@ -165,36 +165,6 @@ func TestValidateConfig(t *testing.T) {
 				t.Errorf("ValidateConfig(%v) = %v; want valid=%v", c.ClusterIPRanges, err, tc.valid)
 			}
 		})
-	}
-}
-
-func TestScan(t *testing.T) {
-	r := newIPRange(netip.MustParsePrefix("10.0.0.0/27"), true) // 30 usable, band 16
-	seen := map[uint64]bool{}
-	for i := range 30 {
-		off, ok := r.pick()
-		if !ok {
-			t.Fatalf("pick %d = full; want an offset", i)
-		}
-		if seen[off] {
-			t.Fatalf("pick %d = %d twice", i, off)
-		}
-		seen[off] = true
-		// The upper band (offsets 16..29, 14 of them) goes first.
-		if i < 14 && off < 16 {
-			t.Errorf("pick %d = %d in the static band while the dynamic band has room", i, off)
-		}
-	}
-	if off, ok := r.pick(); ok {
-		t.Errorf("pick on a full range = %d, true; want false", off)
-	}
-	r.unpend(3)
-	if off, ok := r.pick(); !ok || off != 3 {
-		t.Errorf("pick after freeing 3 = %d, %v; want 3, true", off, ok)
-	}
-	r.setUsed(40, true) // out of bounds: must not grow the bitset
-	if r.used.Len() != uint(r.size) {
-		t.Errorf("used.Len() = %d after an out-of-range Set; want %d", r.used.Len(), r.size)
 	}
 }
 

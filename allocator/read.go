@@ -2,7 +2,6 @@ package allocator
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -13,8 +12,6 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Get returns who holds it: ErrNotFound when nobody does, ErrNoRange or a
@@ -64,7 +61,7 @@ func (a *Allocator) allocation(kv *mvccpb.KeyValue) (Allocation, bool) {
 func (a *Allocator) List(ctx context.Context) (int64, []Allocation, error) {
 	var n uint64
 	for _, r := range a.ranges {
-		used, _ := r.counts()
+		used, _ := r.Counts()
 		n += used
 	}
 	all := make([]Allocation, 0, n+n/64+64) // the index's count, and some room
@@ -80,83 +77,6 @@ func (a *Allocator) List(ctx context.Context) (int64, []Allocation, error) {
 		}
 	}
 	return rev, all, nil
-}
-
-// listPageSize is the page size of List on servers without RangeStream: big, since
-// etcd walks the rest of the range for every page to count it.
-const listPageSize = 50_000
-
-// scan calls fn with the key-values under prefix at rev (0: now), in key order, and
-// returns the revision read.
-func (a *Allocator) scan(ctx context.Context, prefix string, rev int64, fn func([]*mvccpb.KeyValue)) (int64, error) {
-	end := clientv3.GetPrefixRangeEnd(prefix)
-	if !a.noStream.Load() {
-		got, err := a.stream(ctx, prefix, end, rev, fn)
-		if status.Code(err) != codes.Unimplemented {
-			return got, err
-		}
-		a.noStream.Store(true)
-		a.log.Info("etcd has no RangeStream; listing in pages", "page", a.listPage)
-	}
-	key := prefix
-	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(a.listPage))}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev))
-		}
-		resp, err := a.cli.Get(ctx, key, opts...)
-		if err != nil {
-			return 0, err
-		}
-		if rev == 0 {
-			rev = resp.Header.Revision
-		}
-		fn(resp.Kvs)
-		if !resp.More || len(resp.Kvs) == 0 {
-			return rev, nil
-		}
-		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
-	}
-}
-
-// stream is scan over RangeStream. An error before the first chunk (Unimplemented
-// on an older server) leaves fn uncalled.
-func (a *Allocator) stream(ctx context.Context, key, end string, rev int64, fn func([]*mvccpb.KeyValue)) (int64, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	opts := []clientv3.OpOption{clientv3.WithRange(end)}
-	if rev != 0 {
-		opts = append(opts, clientv3.WithRev(rev))
-	}
-	ch, err := a.cli.GetStream(ctx, key, opts...)
-	if err != nil {
-		return 0, err
-	}
-	var got int64
-	// Drain the channel even after an error: its sender is the client's goroutine.
-	for resp := range ch {
-		if err != nil {
-			continue
-		}
-		if err = resp.Err(); err != nil {
-			cancel()
-			continue
-		}
-		fn(resp.Kvs)
-		if resp.Header != nil {
-			got = resp.Header.Revision
-		}
-	}
-	if err != nil {
-		return 0, err
-	}
-	if rev != 0 {
-		got = rev
-	}
-	if got == 0 {
-		return 0, errors.New("range stream ended without a revision")
-	}
-	return got, nil
 }
 
 // listDecoder decodes the item key-values of List a chunk at a time: the keys of a
@@ -361,7 +281,7 @@ func (a *Allocator) listOwner(ctx context.Context, uid string, keep func(Allocat
 	}
 	st := recs[uid]
 	if st.rec == nil {
-		rev := a.currentRev()
+		rev := a.progress.Rev()
 		return Page{Revision: rev}, nil
 	}
 	var gets []clientv3.Op
@@ -384,30 +304,6 @@ func (a *Allocator) listOwner(ctx context.Context, uid string, keep func(Allocat
 		}
 	}
 	return page, nil
-}
-
-func makeToken(rev int64, lastKey string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(rev, 10) + "\x00" + lastKey))
-}
-
-func (a *Allocator) parseToken(tok string) (int64, string, error) {
-	if tok == "" {
-		return 0, "", nil
-	}
-	bad := &InvalidError{Field: "page_token", Reason: "not a token of this listing"}
-	b, err := base64.RawURLEncoding.DecodeString(tok)
-	if err != nil {
-		return 0, "", bad
-	}
-	revs, key, ok := strings.Cut(string(b), "\x00")
-	if !ok {
-		return 0, "", bad
-	}
-	rev, err := strconv.ParseInt(revs, 10, 64)
-	if err != nil || rev <= 0 || (!strings.HasPrefix(key, a.ipPrefix) && !strings.HasPrefix(key, a.portPrefix)) {
-		return 0, "", bad
-	}
-	return rev, key, nil
 }
 
 // Band is the static (lower) or dynamic (upper) part of a range.
@@ -435,16 +331,16 @@ type RangeInfo struct {
 func (a *Allocator) Ranges() []RangeInfo {
 	out := make([]RangeInfo, 0, len(a.ranges))
 	for _, r := range a.ranges {
-		used, su := r.counts()
+		used, su := r.Counts()
 		ri := RangeInfo{Name: r.name, Kind: r.kind, Prefix: r.span.prefix, Ports: r.ports,
-			Primary: r.primary, Size: r.size, Used: used,
-			Static:  Band{Size: r.band, Used: su},
-			Dynamic: Band{Size: r.size - r.band, Used: used - su}}
-		if r.band > 0 {
-			ri.Static.First, ri.Static.Last = r.item(0), r.item(r.band-1)
+			Primary: r.primary, Size: r.Size(), Used: used,
+			Static:  Band{Size: r.Band(), Used: su},
+			Dynamic: Band{Size: r.Size() - r.Band(), Used: used - su}}
+		if r.Band() > 0 {
+			ri.Static.First, ri.Static.Last = r.item(0), r.item(r.Band()-1)
 		}
-		if r.size > r.band {
-			ri.Dynamic.First, ri.Dynamic.Last = r.item(r.band), r.item(r.size-1)
+		if r.Size() > r.Band() {
+			ri.Dynamic.First, ri.Dynamic.Last = r.item(r.Band()), r.item(r.Size()-1)
 		}
 		out = append(out, ri)
 	}

@@ -48,51 +48,6 @@ func (a *Allocator) Release(ctx context.Context, o Owner, items []Item, force bo
 	return nil, 0, fmt.Errorf("release for %s: %w", o.UID, ErrConflict)
 }
 
-// recordState is an owner record as read, with what compares it.
-type recordState struct {
-	rec *ownerRecord // nil when absent
-	rev int64
-}
-
-func (s recordState) cmp(key string) clientv3.Cmp {
-	if s.rec == nil {
-		return clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
-	}
-	return clientv3.Compare(clientv3.ModRevision(key), "=", s.rev)
-}
-
-func (a *Allocator) readRecords(ctx context.Context, uids []string, rev int64) (map[string]recordState, error) {
-	out := make(map[string]recordState, len(uids))
-	if len(uids) == 0 {
-		return out, nil
-	}
-	var ops []clientv3.Op
-	for _, u := range uids {
-		if rev != 0 {
-			ops = append(ops, clientv3.OpGet(a.ownerKey(u), clientv3.WithRev(rev)))
-		} else {
-			ops = append(ops, clientv3.OpGet(a.ownerKey(u)))
-		}
-	}
-	resp, err := a.cli.Txn(ctx).Then(ops...).Commit()
-	if err != nil {
-		return nil, fmt.Errorf("read owner records: %w", err)
-	}
-	for i, r := range resp.Responses {
-		st := recordState{}
-		if kvs := r.GetResponseRange().Kvs; len(kvs) > 0 {
-			rec, err := decodeOwnerRecord(kvs[0].Value)
-			if err != nil {
-				a.log.Warn("undecodable owner record; rewriting it", "uid", uids[i], "err", err)
-				rec = &ownerRecord{UID: uids[i]}
-			}
-			st = recordState{rec: rec, rev: kvs[0].ModRevision}
-		}
-		out[uids[i]] = st
-	}
-	return out, nil
-}
-
 // releaseOnce makes one attempt of Release: it reports what it released, the other
 // owners that held some of it, the revision, whether it is done and an error.
 func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, force bool) ([]Item, []string, int64, bool, error) {

@@ -20,9 +20,6 @@ const (
 	maxRounds    = 128
 )
 
-// txnTimeout bounds one group-commit transaction.
-const txnTimeout = 30 * time.Second
-
 // op is one request to the group committer: items for one owner, written in one
 // transaction with the owner's record.
 type op struct {
@@ -80,7 +77,7 @@ func (o *op) keys() int { return 1 + len(o.picks) }
 func (o *op) release() {
 	for _, p := range o.picks {
 		if p.pending {
-			p.r.unpend(p.off)
+			p.r.Unpend(p.off)
 			p.pending = false
 		}
 	}
@@ -89,201 +86,6 @@ func (o *op) release() {
 func (o *op) fail(err error) {
 	o.release()
 	o.res <- opResult{err: err}
-}
-
-// submit commits o through the group committer when Run is running, else alone.
-func (a *Allocator) submit(ctx context.Context, o *op) opResult {
-	o.cancel = ctx.Done()
-	o.res = make(chan opResult, 1)
-	a.qmu.Lock()
-	if !a.running {
-		a.qmu.Unlock()
-		a.commitAlone(ctx, o)
-	} else {
-		a.queue = append(a.queue, o)
-		a.qmu.Unlock()
-		select {
-		case a.notify <- struct{}{}:
-		default:
-		}
-	}
-	select {
-	case r := <-o.res:
-		return r
-	case <-ctx.Done():
-		// The op may still commit; a retry with the same owner replays it.
-		return opResult{err: ctx.Err()}
-	}
-}
-
-// commitAlone runs o's transactions synchronously.
-func (a *Allocator) commitAlone(ctx context.Context, o *op) {
-	batch := []*op{o}
-	for len(batch) > 0 && ctx.Err() == nil {
-		batch = a.commit(ctx, batch)
-	}
-	if len(batch) > 0 {
-		o.fail(ctx.Err())
-	}
-}
-
-// commitLoop is the group committer: it packs queued ops into transactions of at
-// most maxTxnOps keys, with up to a.conc transactions in flight. Ops wait in the
-// queue while every slot is busy, which is what groups them.
-func (a *Allocator) commitLoop(ctx context.Context) error {
-	a.qmu.Lock()
-	a.running = true
-	a.qmu.Unlock()
-	slots := make(chan struct{}, a.conc)
-	done := make(chan struct{}, a.conc)
-	inflight := 0
-	defer func() {
-		for ; inflight > 0; inflight-- {
-			<-done
-		}
-		a.qmu.Lock()
-		a.running, a.stopped = false, true
-		q := a.queue
-		a.queue = nil
-		a.qmu.Unlock()
-		for _, o := range q {
-			o.fail(ErrNotRunning)
-		}
-	}()
-	for {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return nil
-		}
-		var batch []*op
-		for batch == nil {
-			// With a transaction in flight, wait for half a transaction's worth of
-			// keys (or for it to finish): big batches cost etcd less per request.
-			minKeys := 1
-			if inflight > 0 {
-				minKeys = maxTxnOps / 2
-			}
-			if batch = a.take(minKeys); batch != nil {
-				break
-			}
-			select {
-			case <-a.notify:
-			case <-done:
-				inflight--
-			case <-ctx.Done():
-				<-slots
-				return nil
-			}
-		}
-		inflight++
-		go func() {
-			defer func() { <-slots; done <- struct{}{} }()
-			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), txnTimeout)
-			retry := a.commit(tctx, batch)
-			cancel()
-			a.requeue(retry)
-		}()
-		// Collect finished transactions without blocking.
-		for more := true; more; {
-			select {
-			case <-done:
-				inflight--
-			default:
-				more = false
-			}
-		}
-	}
-}
-
-// take removes from the queue the ops of the next transaction: as many as fit in
-// maxTxnOps keys without touching a key twice, if they have minKeys keys in all.
-// Ops whose caller gave up are dropped.
-func (a *Allocator) take(minKeys int) []*op {
-	a.qmu.Lock()
-	defer a.qmu.Unlock()
-	if len(a.queue) == 0 {
-		return nil
-	}
-	if minKeys > 1 {
-		n := 0
-		for _, o := range a.queue {
-			if n += o.keys(); n >= minKeys {
-				break
-			}
-		}
-		if n < minKeys {
-			return nil
-		}
-	}
-	var batch []*op
-	seen := a.seen
-	clear(seen)
-	n := 0
-	keep := a.queue[:0]
-	for i, o := range a.queue {
-		if n >= maxTxnOps {
-			keep = append(keep, a.queue[i:]...)
-			break
-		}
-		select {
-		case <-o.cancel:
-			o.fail(context.Canceled)
-			continue
-		default:
-		}
-		k := o.keys()
-		if n+k > maxTxnOps || dup(seen, o) {
-			keep = append(keep, o)
-			continue
-		}
-		if seen == nil {
-			seen = make(map[string]struct{}, 2*maxTxnOps)
-			a.seen = seen
-		}
-		seen[o.ownerKey] = struct{}{}
-		for _, p := range o.picks {
-			seen[p.key] = struct{}{}
-		}
-		n += k
-		batch = append(batch, o)
-	}
-	clear(a.queue[len(keep):])
-	a.queue = keep
-	return batch
-}
-
-func dup(seen map[string]struct{}, o *op) bool {
-	if _, ok := seen[o.ownerKey]; ok {
-		return true
-	}
-	for _, p := range o.picks {
-		if _, ok := seen[p.key]; ok {
-			return true
-		}
-	}
-	return false
-}
-
-// requeue puts ops to retry at the head of the queue.
-func (a *Allocator) requeue(ops []*op) {
-	if len(ops) == 0 {
-		return
-	}
-	a.qmu.Lock()
-	if a.stopped {
-		a.qmu.Unlock()
-		for _, o := range ops {
-			o.fail(ErrNotRunning)
-		}
-		return
-	}
-	a.queue = append(ops, a.queue...)
-	a.qmu.Unlock()
-	select {
-	case a.notify <- struct{}{}:
-	default:
-	}
 }
 
 // commit runs one transaction for batch: if every new item key is absent, every
@@ -492,7 +294,7 @@ func (a *Allocator) resolve(o *op, kvs map[string]*mvccpb.KeyValue) bool {
 			if p.held {
 				// Released since it was read: ask for it again, as at first.
 				problem = true
-				p.held, p.pending = false, p.r.reserve(p.off)
+				p.held, p.pending = false, p.r.Reserve(p.off)
 				p.createRev, p.modRev, p.at = 0, 0, time.Time{}
 			}
 			continue
@@ -525,7 +327,7 @@ func (a *Allocator) resolve(o *op, kvs map[string]*mvccpb.KeyValue) bool {
 			a.settleAt(kv.ModRevision, p.r, p.off)
 			p.pending = false
 		}
-		off, ok := p.r.pick()
+		off, ok := p.r.Pick()
 		if !ok {
 			o.fail(&FullError{Range: p.r.name})
 			return false

@@ -1,0 +1,174 @@
+package etcdwatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// progressEvery is how often a waiting reader asks the watch for a progress
+// notification again (etcd drops the request while the watch is catching up).
+const progressEvery = 50 * time.Millisecond
+
+// ErrBehind is the sentinel of *BehindError.
+var ErrBehind = errors.New("watch behind etcd")
+
+// BehindError is a Wait that did not see the watch reach its target: the watch is not
+// running (Running false) or stayed behind for the whole timeout.
+type BehindError struct {
+	Rev, Target int64
+	Running     bool
+	Timeout     time.Duration
+}
+
+func (e *BehindError) Error() string {
+	if !e.Running {
+		return fmt.Sprintf("watch at revision %d, etcd at %d, and the watch is not running", e.Rev, e.Target)
+	}
+	return fmt.Sprintf("watch at revision %d, etcd at %d after %v", e.Rev, e.Target, e.Timeout)
+}
+
+// Unwrap lets errors.Is(err, ErrBehind) match.
+func (e *BehindError) Unwrap() error { return ErrBehind }
+
+// Progress is the revision up to which a watcher has applied etcd's changes to what it
+// serves, and the wait of readers for it. The watcher calls Advance for every response
+// (events and progress notifications) and answers Asked with a progress request on its
+// watch's stream (see OwnStream); a reader calls Sync to see every write etcd committed
+// before the call. The zero value is ready to use, at revision 0, not running.
+type Progress struct {
+	mu      sync.Mutex
+	rev     int64
+	revc    chan struct{} // closed and replaced when rev moves
+	running bool
+	askc    chan struct{}
+}
+
+func (p *Progress) init() {
+	if p.revc == nil {
+		p.revc = make(chan struct{})
+		p.askc = make(chan struct{}, 1)
+	}
+}
+
+// Rev returns the revision reached.
+func (p *Progress) Rev() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rev
+}
+
+// Advance records that rev is reached; it reports whether that moved the revision.
+func (p *Progress) Advance(rev int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.init()
+	if rev <= p.rev {
+		return false
+	}
+	p.rev = rev
+	close(p.revc)
+	p.revc = make(chan struct{})
+	return true
+}
+
+// SetRunning records whether the watcher runs: a Wait fails at once, rather than
+// waiting, while it does not.
+func (p *Progress) SetRunning(v bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.init()
+	p.running = v
+	close(p.revc) // wake the waiters
+	p.revc = make(chan struct{})
+}
+
+// Asked delivers the readers' requests for a progress notification.
+func (p *Progress) Asked() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.init()
+	return p.askc
+}
+
+// Sync reads etcd's current revision (a linearizable read of key, counted only) and
+// waits until it is reached, at most timeout: what the watcher serves next is then at
+// least as new as any write acknowledged before the call. It returns etcd's and ctx's
+// errors, or a *BehindError.
+func (p *Progress) Sync(ctx context.Context, cli *clientv3.Client, key string, timeout time.Duration) error {
+	resp, err := cli.Get(ctx, key, clientv3.WithCountOnly())
+	if err != nil {
+		return fmt.Errorf("read etcd revision: %w", err)
+	}
+	return p.Wait(ctx, resp.Header.Revision, timeout)
+}
+
+// Wait waits until target is reached, asking the watcher for progress notifications
+// meanwhile, for at most timeout.
+func (p *Progress) Wait(ctx context.Context, target int64, timeout time.Duration) error {
+	var tick, expired <-chan time.Time
+	for {
+		p.mu.Lock()
+		p.init()
+		rev, revc, running, askc := p.rev, p.revc, p.running, p.askc
+		p.mu.Unlock()
+		if rev >= target {
+			return nil
+		}
+		if !running {
+			return &BehindError{Rev: rev, Target: target}
+		}
+		if tick == nil {
+			t := time.NewTicker(progressEvery)
+			defer t.Stop()
+			tm := time.NewTimer(timeout)
+			defer tm.Stop()
+			tick, expired = t.C, tm.C
+		}
+		select {
+		case askc <- struct{}{}:
+		default:
+		}
+		select {
+		case <-revc:
+		case <-tick:
+		case <-expired:
+			return &BehindError{Rev: rev, Target: target, Running: true, Timeout: timeout}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Loop runs one list-and-watch session after another until ctx ends, then returns.
+// A session that ends while ctx lives is logged (what names it) and followed by the
+// next after a pause that doubles from 100 ms up to maxBackoff, and starts again from
+// 100 ms after a session that lasted longer than maxBackoff.
+func Loop(ctx context.Context, log *slog.Logger, what string, maxBackoff time.Duration, session func(ctx context.Context) error) {
+	const first = 100 * time.Millisecond
+	backoff := first
+	for {
+		start := time.Now()
+		err := session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > maxBackoff {
+			backoff = first
+		}
+		log.Warn(what+" ended; listing again", "err", err, "after", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}

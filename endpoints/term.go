@@ -10,6 +10,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/allocd/allocd/internal/etcdwatch"
 )
 
 // errFenceLost ends a term: a write found the election key gone or re-created, so
@@ -408,20 +410,8 @@ func (t *term) see(key string, ep *Endpoints, rev int64) {
 // with writes made by others; an object deleted by someone else is synced again (it is
 // re-created if its Service still wants it). After a broken watch it lists again.
 func (t *term) watchStored(ctx context.Context) error {
-	backoff := 100 * time.Millisecond
-	for {
-		err := t.listAndWatch(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		t.c.log.Warn("endpoints watch ended; listing again", "error", err, "after", backoff)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
+	etcdwatch.Loop(ctx, t.c.log, "endpoints watch", 5*time.Second, t.listAndWatch)
+	return nil
 }
 
 func (t *term) listAndWatch(ctx context.Context) error {

@@ -19,8 +19,6 @@ const (
 	// defaultSyncTimeout bounds how long Endpoints and WatchEndpoints wait for Run's
 	// watch to reach the revision etcd is at before they answer ErrNotReady.
 	defaultSyncTimeout = 5 * time.Second
-	// progressEvery is how often a waiting read asks the watch for progress.
-	progressEvery = 50 * time.Millisecond
 	// maxBackoff caps the pause between two attempts of Run to list and watch.
 	maxBackoff = 5 * time.Second
 )
@@ -67,28 +65,15 @@ func (m *Manager) Run(ctx context.Context) error {
 		return errors.New("masterlease: Run called twice")
 	}
 	defer m.stop()
-	backoff := 100 * time.Millisecond
-	for {
-		start := time.Now()
-		err := m.listAndWatch(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if time.Since(start) > maxBackoff {
-			backoff = 100 * time.Millisecond
-		}
-		m.log.Warn("master lease watch ended; listing again", "err", err, "after", backoff)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, maxBackoff)
-	}
+	etcdwatch.Loop(ctx, m.log, "master lease watch", maxBackoff, m.listAndWatch)
+	return nil
 }
 
 // stop marks the Manager stopped and ends every WatchEndpoints.
-func (m *Manager) stop() { close(m.donec) }
+func (m *Manager) stop() {
+	m.progress.SetRunning(false)
+	close(m.donec)
+}
 
 func (m *Manager) listAndWatch(ctx context.Context) error {
 	// WithRequireLeader: a member cut off from its leader ends the watch instead of
@@ -105,7 +90,7 @@ func (m *Manager) listAndWatch(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-m.progressc:
+		case <-m.progress.Asked():
 			if err := m.cli.RequestProgress(wctx); err != nil {
 				m.log.Debug("watch progress request failed", "err", err)
 			}
@@ -121,7 +106,7 @@ func (m *Manager) listAndWatch(ctx context.Context) error {
 			}
 			if resp.IsProgressNotify() {
 				m.mu.Lock()
-				m.advanceLocked(resp.Header.Revision)
+				m.progress.Advance(resp.Header.Revision)
 				m.mu.Unlock()
 				continue
 			}
@@ -200,11 +185,11 @@ func (m *Manager) load(ctx context.Context) (int64, error) {
 	// A re-list after a broken watch may have missed the last API server's shutdown
 	// removal: if no lease is left and the newest shutdown marker came after what this
 	// replica had seen, it is that removal (the #115804 exception), not a storage gap.
-	if len(items) == 0 && shutdown.rev > m.rev && slices.Contains(m.eps.Addresses, shutdown.ip) {
+	if len(items) == 0 && shutdown.rev > m.progress.Rev() && slices.Contains(m.eps.Addresses, shutdown.ip) {
 		m.lastShut, m.lastDel = shutdown, shutdown
 	}
 	m.reconcileLocked(resp.Header.Revision)
-	m.advanceLocked(resp.Header.Revision)
+	m.progress.Advance(resp.Header.Revision)
 	return resp.Header.Revision, nil
 }
 
@@ -251,7 +236,7 @@ func (m *Manager) apply(evs []*clientv3.Event) {
 		}
 	}
 	m.reconcileLocked(rev)
-	m.advanceLocked(rev)
+	m.progress.Advance(rev)
 }
 
 // reconcileLocked derives the endpoints from the leases as of rev and publishes them
@@ -293,54 +278,23 @@ func (m *Manager) reconcileLocked(rev int64) {
 	}
 }
 
-func (m *Manager) advanceLocked(rev int64) {
-	if rev > m.rev {
-		m.rev = rev
-		close(m.revc)
-		m.revc = make(chan struct{})
-	}
-}
-
 // sync waits until Run has applied every event up to the revision etcd is at now, so
 // that what the Manager serves next is at least as new as any write acknowledged
 // before the call: a linearizable read of the derived state.
 func (m *Manager) sync(ctx context.Context) error {
-	resp, err := m.cli.Get(ctx, m.shutdownKey, clientv3.WithCountOnly())
+	select {
+	case <-m.donec:
+		return fmt.Errorf("masterlease: manager stopped: %w", ErrNotReady)
+	default:
+	}
+	err := m.progress.Sync(ctx, m.cli, m.shutdownKey, m.syncTimeout)
+	if errors.Is(err, etcdwatch.ErrBehind) {
+		return fmt.Errorf("masterlease: %w: %w", err, ErrNotReady)
+	}
 	if err != nil {
-		return fmt.Errorf("masterlease: read etcd revision: %w", err)
+		return fmt.Errorf("masterlease: %w", err)
 	}
-	target := resp.Header.Revision
-	wctx, cancel := context.WithTimeout(ctx, m.syncTimeout)
-	defer cancel()
-	tick := time.NewTicker(progressEvery)
-	defer tick.Stop()
-	for {
-		m.mu.Lock()
-		rev, revc := m.rev, m.revc
-		m.mu.Unlock()
-		select {
-		case <-m.donec:
-			return fmt.Errorf("masterlease: manager stopped: %w", ErrNotReady)
-		default:
-		}
-		if rev >= target {
-			return nil
-		}
-		select {
-		case m.progressc <- struct{}{}:
-		default:
-		}
-		select {
-		case <-revc:
-		case <-tick.C:
-		case <-m.donec:
-		case <-wctx.Done():
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			return fmt.Errorf("masterlease: watch at revision %d, etcd at %d: %w", rev, target, ErrNotReady)
-		}
-	}
+	return nil
 }
 
 // Endpoints returns the current endpoints of the kubernetes Service, after waiting for

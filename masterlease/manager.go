@@ -19,6 +19,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/allocd/allocd/internal/etcdwatch"
 )
 
 const (
@@ -88,13 +90,13 @@ type Manager struct {
 	metrics     *metrics // nil: no metrics
 	running     atomic.Bool
 	syncTimeout time.Duration
-	progressc   chan struct{} // Endpoints asks Run for a watch progress notification
 	donec       chan struct{} // closed when Run returns
+	// progress is the revision up to which every event of the prefix is applied to
+	// leases and eps; it advances with m.mu held.
+	progress etcdwatch.Progress
 
 	mu       sync.Mutex
-	leases   map[netip.Addr]leaseState // as of rev, from Run's watch
-	rev      int64                     // every event of the prefix up to rev is applied
-	revc     chan struct{}             // closed and replaced when rev advances
+	leases   map[netip.Addr]leaseState // as of progress, from Run's watch
 	eps      Endpoints                 // published
 	guarded  bool                      // storage lists no lease; eps kept by the guard
 	lastDel  removal                   // last lease key deleted
@@ -172,13 +174,14 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Manager, error
 		port:        Port{Name: "https", Port: cfg.ServicePort, Protocol: "TCP"},
 		log:         log.With("component", "masterlease"),
 		syncTimeout: defaultSyncTimeout,
-		progressc:   make(chan struct{}, 1),
 		donec:       make(chan struct{}),
 		leases:      map[netip.Addr]leaseState{},
-		revc:        make(chan struct{}),
 		watchers:    map[chan struct{}]struct{}{},
 	}
 	m.eps = Endpoints{Ports: []Port{m.port}}
+	// Reads wait for Run from the start (it may not have been called yet); stop ends
+	// that.
+	m.progress.SetRunning(true)
 	if m.defaultTTL < m.minTTL {
 		return nil, fmt.Errorf("masterlease: default TTL %v below etcd's minimum lease TTL, %v",
 			cfg.DefaultTTL, m.MinTTL())

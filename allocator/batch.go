@@ -94,12 +94,33 @@ func (o *op) fail(err error) {
 // to retry.
 func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 	now := time.Now()
+	live := a.prepare(batch)
+	if len(live) == 0 {
+		return nil
+	}
+	cmps, puts := a.txnOps(live, now)
+	a.m.batch(len(live))
+	resp, err := a.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+	switch {
+	case err != nil:
+		a.m.txn("error")
+		for _, o := range live {
+			o.fail(fmt.Errorf("allocation transaction: %w", err))
+		}
+		return nil
+	case resp.Succeeded:
+		a.m.txn("committed")
+		a.committed(ctx, live, resp.Header.Revision, now)
+		return nil
+	}
+	a.m.txn("conflict")
+	return a.readBack(ctx, live, len(cmps))
+}
+
+// prepare computes the owner record each op of batch writes (o.next, o.putRecord)
+// and returns the ops that can go into the transaction; the others fail.
+func (a *Allocator) prepare(batch []*op) []*op {
 	live := make([]*op, 0, len(batch))
-	// The values of the batch go into one buffer: an item value per op (shared by its
-	// items) and the owner record, at these offsets.
-	spans := make([][3]int, 0, len(batch))
-	vals := make([]byte, 0, len(batch)*320)
-	n := 0
 	for _, o := range batch {
 		rec, err := a.nextRecord(o)
 		if err != nil && o.hinted {
@@ -118,17 +139,29 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 		// items are all held is then compares only.
 		o.next, o.putRecord = rec, o.record == nil || recordChanged(o.record, rec)
 		live = append(live, o)
+	}
+	return live
+}
+
+// txnOps returns the compares and puts of the transaction of live: a new item key
+// must be absent, a held one unchanged, the owner record as expected.
+func (a *Allocator) txnOps(live []*op, now time.Time) ([]clientv3.Cmp, []clientv3.Op) {
+	n := 0
+	for _, o := range live {
 		n += o.keys()
+	}
+	// The values of the batch go into one buffer: an item value per op (shared by its
+	// items) and the owner record, at these offsets.
+	spans := make([][3]int, 0, len(live))
+	vals := make([]byte, 0, len(live)*320)
+	for _, o := range live {
 		var sp [3]int
 		sp[0] = len(vals)
 		vals = appendItemValue(vals, o.owner, now)
 		sp[1] = len(vals)
-		vals = appendOwnerRecord(vals, rec)
+		vals = appendOwnerRecord(vals, o.next)
 		sp[2] = len(vals)
 		spans = append(spans, sp)
-	}
-	if len(live) == 0 {
-		return nil
 	}
 	all := string(vals)
 	cmps := make([]clientv3.Cmp, 0, n)
@@ -152,45 +185,39 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 			puts = append(puts, clientv3.OpPut(o.ownerKey, all[spans[i][1]:spans[i][2]]))
 		}
 	}
-	a.m.batch(len(live))
-	resp, err := a.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
-	if err != nil {
-		a.m.txn("error")
-		for _, o := range live {
-			o.fail(fmt.Errorf("allocation transaction: %w", err))
-		}
-		return nil
-	}
-	if resp.Succeeded {
-		a.m.txn("committed")
-		rev := resp.Header.Revision
-		for _, o := range live {
-			for _, p := range o.picks {
-				if p.pending {
-					a.settleAt(rev, p.r, p.off)
-					p.pending = false
-				}
-				if !p.held {
-					p.createRev, p.modRev, p.at = rev, rev, now
-					a.m.allocated(p.r, p.specific)
-				}
+	return cmps, puts
+}
+
+// committed answers the ops of a transaction that committed at rev.
+func (a *Allocator) committed(ctx context.Context, live []*op, rev int64, now time.Time) {
+	for _, o := range live {
+		for _, p := range o.picks {
+			if p.pending {
+				a.settleAt(rev, p.r, p.off)
+				p.pending = false
 			}
-			if o.putRecord {
-				a.hints.put(o.owner.UID, rev, o.next)
+			if !p.held {
+				p.createRev, p.modRev, p.at = rev, rev, now
+				a.m.allocated(p.r, p.specific)
 			}
-			o.res <- a.result(o, rev, false)
 		}
-		// The log lines go out after the replies, from this goroutine: formatting
-		// them at the bottom of each caller's deep gRPC stack made each caller's
-		// goroutine grow its stack, which cost more than the formatting.
-		for _, o := range live {
-			a.logWrite(ctx, o, rev)
+		if o.putRecord {
+			a.hints.put(o.owner.UID, rev, o.next)
 		}
-		return nil
+		o.res <- a.result(o, rev, false)
 	}
-	a.m.txn("conflict")
-	// Read the batch's keys back (not in an Else branch: that would triple the size
-	// of every transaction in etcd's log, for the rare conflict).
+	// The log lines go out after the replies, from this goroutine: formatting them at
+	// the bottom of each caller's deep gRPC stack made each caller's goroutine grow
+	// its stack, which cost more than the formatting.
+	for _, o := range live {
+		a.logWrite(ctx, o, rev)
+	}
+}
+
+// readBack reads the n keys of a transaction whose compares failed (not in an Else
+// branch: that would triple the size of every transaction in etcd's log, for the
+// rare conflict), resolves each op and returns those to retry.
+func (a *Allocator) readBack(ctx context.Context, live []*op, n int) []*op {
 	gets := make([]clientv3.Op, 0, n)
 	for _, o := range live {
 		for _, p := range o.picks {
@@ -265,75 +292,17 @@ func recordChanged(old, next *ownerRecord) bool {
 func (a *Allocator) resolve(o *op, kvs map[string]*mvccpb.KeyValue) bool {
 	o.rounds++
 	o.hinted = false // what follows is what etcd says
-	problem := false
-	kv := kvs[o.ownerKey]
-	switch {
-	case kv == nil && o.ownerRev != 0:
-		problem, o.ownerRev, o.record = true, 0, nil
-		a.hints.del(o.owner.UID)
-	case kv != nil && kv.ModRevision != o.ownerRev:
-		problem = true
-		rec, err := decodeOwnerRecord(kv.Value)
-		if err != nil {
-			a.log.Warn("undecodable owner record; rewriting it", "key", o.ownerKey, "err", err)
-			rec = &ownerRecord{}
-		} else {
-			a.hints.put(o.owner.UID, kv.ModRevision, rec)
-		}
-		o.ownerRev, o.record = kv.ModRevision, rec
-		if !o.assign && rec.Last != nil && rec.Last.Hash == o.hash && rec.holdsLast() {
-			o.release()
-			o.res <- opResult{rev: kv.ModRevision, replayed: true,
-				ips: rec.Last.ClusterIPs, ports: rec.Last.NodePorts}
-			return false
-		}
+	problem, done := a.resolveOwner(o, kvs[o.ownerKey])
+	if done {
+		return false
 	}
 	for _, p := range o.picks {
-		kv := kvs[p.key]
-		if kv == nil {
-			if p.held {
-				// Released since it was read: ask for it again, as at first.
-				problem = true
-				p.held, p.pending = false, p.r.Reserve(p.off)
-				p.createRev, p.modRev, p.at = 0, 0, time.Time{}
-			}
-			continue
-		}
-		if p.held && kv.ModRevision == p.modRev {
-			continue
-		}
-		problem = true
-		holder, _, err := decodeItemValue(kv.Value)
+		changed, err := a.resolvePick(o, p, kvs[p.key])
 		if err != nil {
-			a.log.Warn("undecodable allocation", "key", p.key, "err", err)
-		}
-		if p.specific {
-			if holder.UID == o.owner.UID && err == nil {
-				p.held = true
-				p.createRev, p.modRev = kv.CreateRevision, kv.ModRevision
-				_, p.at, _ = decodeItemValue(kv.Value)
-				if p.pending {
-					a.settleAt(kv.ModRevision, p.r, p.off)
-					p.pending = false
-				}
-				continue
-			}
-			o.fail(&AllocatedError{Item: p.item, Holder: holder})
+			o.fail(err)
 			return false
 		}
-		// A dynamic pick somebody took: keep its bit busy until the watch has seen
-		// the key, and pick again.
-		if p.pending {
-			a.settleAt(kv.ModRevision, p.r, p.off)
-			p.pending = false
-		}
-		off, ok := p.r.Pick()
-		if !ok {
-			o.fail(&FullError{Range: p.r.name})
-			return false
-		}
-		p.off, p.item, p.pending = off, p.r.item(off), true
-		p.key = a.key(p.item)
+		problem = problem || changed
 	}
 	if problem {
 		o.conflicts++
@@ -349,6 +318,84 @@ func (a *Allocator) resolve(o *op, kvs map[string]*mvccpb.KeyValue) bool {
 	default:
 	}
 	return true
+}
+
+// resolveOwner follows o's owner record as read back (kv, nil when absent): it
+// reports whether it differed from what o expected, and whether o is done (replayed:
+// the owner's last request was o's and the owner still holds its result).
+func (a *Allocator) resolveOwner(o *op, kv *mvccpb.KeyValue) (changed, done bool) {
+	switch {
+	case kv == nil && o.ownerRev != 0:
+		o.ownerRev, o.record = 0, nil
+		a.hints.del(o.owner.UID)
+		return true, false
+	case kv == nil || kv.ModRevision == o.ownerRev:
+		return false, false
+	}
+	rec, err := decodeOwnerRecord(kv.Value)
+	if err != nil {
+		a.log.Warn("undecodable owner record; rewriting it", "key", o.ownerKey, "err", err)
+		rec = &ownerRecord{}
+	} else {
+		a.hints.put(o.owner.UID, kv.ModRevision, rec)
+	}
+	o.ownerRev, o.record = kv.ModRevision, rec
+	if !o.assign && rec.Last != nil && rec.Last.Hash == o.hash && rec.holdsLast() {
+		o.release()
+		o.res <- opResult{rev: kv.ModRevision, replayed: true,
+			ips: rec.Last.ClusterIPs, ports: rec.Last.NodePorts}
+		return true, true
+	}
+	return true, false
+}
+
+// resolvePick follows p's key as read back (kv, nil when absent): a held item
+// released since is asked for again; a specific item of the owner is held; a
+// specific item of another owner fails o (*AllocatedError); a dynamic pick somebody
+// took is picked again (*FullError when the range has no other). It reports whether
+// p changed.
+func (a *Allocator) resolvePick(o *op, p *pick, kv *mvccpb.KeyValue) (bool, error) {
+	if kv == nil {
+		if !p.held {
+			return false, nil
+		}
+		// Released since it was read: ask for it again, as at first.
+		p.held, p.pending = false, p.r.Reserve(p.off)
+		p.createRev, p.modRev, p.at = 0, 0, time.Time{}
+		return true, nil
+	}
+	if p.held && kv.ModRevision == p.modRev {
+		return false, nil
+	}
+	holder, at, err := decodeItemValue(kv.Value)
+	if err != nil {
+		a.log.Warn("undecodable allocation", "key", p.key, "err", err)
+	}
+	if p.specific {
+		if holder.UID != o.owner.UID || err != nil {
+			return true, &AllocatedError{Item: p.item, Holder: holder}
+		}
+		p.held = true
+		p.createRev, p.modRev, p.at = kv.CreateRevision, kv.ModRevision, at
+		if p.pending {
+			a.settleAt(kv.ModRevision, p.r, p.off)
+			p.pending = false
+		}
+		return true, nil
+	}
+	// A dynamic pick somebody took: keep its bit busy until the watch has seen the
+	// key, and pick again.
+	if p.pending {
+		a.settleAt(kv.ModRevision, p.r, p.off)
+		p.pending = false
+	}
+	off, ok := p.r.Pick()
+	if !ok {
+		return true, &FullError{Range: p.r.name}
+	}
+	p.off, p.item, p.pending = off, p.r.item(off), true
+	p.key = a.key(p.item)
+	return true, nil
 }
 
 func (a *Allocator) result(o *op, rev int64, replayed bool) opResult {

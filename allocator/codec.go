@@ -126,6 +126,18 @@ type lastRequest struct {
 
 func (r *ownerRecord) owner() Owner { return Owner{Namespace: r.Namespace, Name: r.Name, UID: r.UID} }
 
+// itemList returns the items the record lists, ClusterIPs first.
+func (r *ownerRecord) itemList() []Item {
+	items := make([]Item, 0, r.items())
+	for _, ip := range r.ClusterIPs {
+		items = append(items, IP(ip))
+	}
+	for _, p := range r.NodePorts {
+		items = append(items, Port(p))
+	}
+	return items
+}
+
 func (r *ownerRecord) items() int { return len(r.ClusterIPs) + len(r.NodePorts) }
 
 func (r *ownerRecord) holds(it Item) bool {

@@ -225,53 +225,75 @@ func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) 
 	} else if r != nil {
 		prefixes = prefixes[1:]
 	}
-	var page Page
-	for _, prefix := range prefixes {
-		end := clientv3.GetPrefixRangeEnd(prefix)
-		key := prefix
-		if after != "" {
-			if after >= end {
-				continue
-			}
-			if after >= prefix {
-				key = after + "\x00"
-			}
+	pl := pageList{a: a, size: size, rev: rev, keep: keep}
+	for i, prefix := range prefixes {
+		full, err := pl.prefix(ctx, prefix, after, i == len(prefixes)-1)
+		if err != nil {
+			return Page{}, err
 		}
-		for {
-			opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(size - len(page.Allocations)))}
-			if rev != 0 {
-				opts = append(opts, clientv3.WithRev(rev))
-			}
-			resp, err := a.cli.Get(ctx, key, opts...)
-			if errors.Is(err, rpctypes.ErrCompacted) {
-				return Page{}, &InvalidError{Field: "page_token", Reason: "expired: its revision was compacted; list again from the start"}
-			}
-			if err != nil {
-				return Page{}, fmt.Errorf("list allocations: %w", err)
-			}
-			if rev == 0 {
-				rev = resp.Header.Revision
-			}
-			for _, kv := range resp.Kvs {
-				if al, ok := a.allocation(kv); ok && keep(al) {
-					page.Allocations = append(page.Allocations, al)
-				}
-			}
-			if len(resp.Kvs) > 0 {
-				key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
-			}
-			if len(page.Allocations) >= size && (resp.More || prefix != prefixes[len(prefixes)-1]) {
-				page.NextPageToken = makeToken(rev, key[:len(key)-1])
-				page.Revision = rev
-				return page, nil
-			}
-			if !resp.More || len(resp.Kvs) == 0 {
-				break
-			}
+		if full {
+			return pl.page, nil
 		}
 	}
-	page.Revision = rev
-	return page, nil
+	pl.page.Revision = pl.rev
+	return pl.page, nil
+}
+
+// pageList is one ListPage in progress: the page so far, at rev (0: not read yet).
+type pageList struct {
+	a    *Allocator
+	size int
+	rev  int64
+	keep func(Allocation) bool
+	page Page
+}
+
+// prefix adds the allocations under prefix after the key after ("" for all) to the
+// page, and reports whether the page is full and ends the listing (with a token when
+// more may follow: more keys, or a prefix after this, the last one or not).
+func (pl *pageList) prefix(ctx context.Context, prefix, after string, last bool) (bool, error) {
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	key := prefix
+	if after != "" {
+		if after >= end {
+			return false, nil
+		}
+		if after >= prefix {
+			key = after + "\x00"
+		}
+	}
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(pl.size - len(pl.page.Allocations)))}
+		if pl.rev != 0 {
+			opts = append(opts, clientv3.WithRev(pl.rev))
+		}
+		resp, err := pl.a.cli.Get(ctx, key, opts...)
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			return true, &InvalidError{Field: "page_token", Reason: "expired: its revision was compacted; list again from the start"}
+		}
+		if err != nil {
+			return true, fmt.Errorf("list allocations: %w", err)
+		}
+		if pl.rev == 0 {
+			pl.rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			if al, ok := pl.a.allocation(kv); ok && pl.keep(al) {
+				pl.page.Allocations = append(pl.page.Allocations, al)
+			}
+		}
+		if len(resp.Kvs) > 0 {
+			key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		}
+		if len(pl.page.Allocations) >= pl.size && (resp.More || !last) {
+			pl.page.NextPageToken = makeToken(pl.rev, key[:len(key)-1])
+			pl.page.Revision = pl.rev
+			return true, nil
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return false, nil
+		}
+	}
 }
 
 func (a *Allocator) listOwner(ctx context.Context, uid string, keep func(Allocation) bool) (Page, error) {

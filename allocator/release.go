@@ -37,54 +37,90 @@ func (a *Allocator) Release(ctx context.Context, o Owner, items []Item, force bo
 		}
 	}
 	for range maxWriteRetries {
-		released, holders, rev, done, err := a.releaseOnce(ctx, o, items, force)
-		if err == nil && rev != 0 {
-			a.logReleased(ctx, o, released, holders, rev, force)
+		res, done, err := a.releaseOnce(ctx, o, items, force)
+		if err == nil && res.rev != 0 {
+			a.logReleased(ctx, o, res.released, res.holders, res.rev, force)
 		}
 		if err != nil || done {
-			return released, rev, err
+			return res.released, res.rev, err
 		}
 	}
 	return nil, 0, fmt.Errorf("release for %s: %w", o.UID, ErrConflict)
 }
 
-// releaseOnce makes one attempt of Release: it reports what it released, the other
-// owners that held some of it, the revision, whether it is done and an error.
-func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, force bool) ([]Item, []string, int64, bool, error) {
-	all := len(items) == 0
+// released is what one attempt of Release wrote: the items freed, the other owners
+// that held some of them, the revision (0: nothing written).
+type released struct {
+	released []Item
+	holders  []string
+	rev      int64
+}
+
+// releaseTxn is the transaction one attempt of Release builds.
+type releaseTxn struct {
+	cmps   []clientv3.Cmp
+	writes []clientv3.Op
+	res    released
+	// byHolder lists the released items of each holder (the owner's own record loses
+	// every item named, held or already free).
+	byHolder map[string][]Item
+}
+
+// releaseOnce makes one attempt of Release: it reports what it released, whether it
+// is done (false: a compare failed, read again) and an error.
+func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, force bool) (released, bool, error) {
 	var mine recordState
 	if o.UID != "" {
 		recs, err := a.readRecords(ctx, []string{o.UID}, 0)
 		if err != nil {
-			return nil, nil, 0, false, err
+			return released{}, false, err
 		}
 		mine = recs[o.UID]
 	}
-	if all {
+	if len(items) == 0 {
 		if mine.rec == nil {
-			return nil, nil, 0, true, nil
+			return released{}, true, nil
 		}
-		for _, ip := range mine.rec.ClusterIPs {
-			items = append(items, IP(ip))
-		}
-		for _, p := range mine.rec.NodePorts {
-			items = append(items, Port(p))
-		}
+		items = mine.rec.itemList()
 	}
-	// Read the items at one revision.
+	t := &releaseTxn{byHolder: map[string][]Item{}}
+	if err := a.releaseItems(ctx, t, o, items, force); err != nil {
+		return released{}, true, err
+	}
+	if err := a.releaseRecords(ctx, t, o, mine, items); err != nil {
+		return released{}, false, err
+	}
+	if len(t.writes) == 0 {
+		return released{}, true, nil
+	}
+	if len(t.cmps) > maxTxnOps || len(t.writes) > maxTxnOps {
+		return released{}, true, &InvalidError{Field: "cluster_ips", Reason: "too many items and owners for one transaction"}
+	}
+	resp, err := a.cli.Txn(ctx).If(t.cmps...).Then(t.writes...).Commit()
+	if err != nil {
+		return released{}, false, fmt.Errorf("release: %w", err)
+	}
+	if !resp.Succeeded {
+		return released{}, false, nil
+	}
+	a.hints.del(o.UID)
+	a.hints.del(t.res.holders...)
+	t.res.rev = resp.Header.Revision
+	return t.res, true, nil
+}
+
+// releaseItems reads items at one revision and adds a delete, compared at the
+// revision read, for each one allocated: to o, or to anyone with force (else a
+// *NotOwnerError).
+func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, items []Item, force bool) error {
 	gets := make([]clientv3.Op, len(items))
 	for i, it := range items {
 		gets[i] = clientv3.OpGet(a.key(it))
 	}
 	resp, err := a.cli.Txn(ctx).Then(gets...).Commit()
 	if err != nil {
-		return nil, nil, 0, false, fmt.Errorf("read allocations: %w", err)
+		return fmt.Errorf("read allocations: %w", err)
 	}
-	var cmps []clientv3.Cmp
-	var writes []clientv3.Op
-	var released []Item
-	holders := map[string][]Item{}
-	var uids []string
 	for i, r := range resp.Responses {
 		kvs := r.GetResponseRange().Kvs
 		if len(kvs) == 0 {
@@ -95,76 +131,63 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 			a.log.Warn("undecodable allocation", "key", string(kvs[0].Key), "err", err)
 		}
 		if holder.UID != o.UID && !force {
-			return nil, nil, 0, true, &NotOwnerError{Item: items[i], Holder: holder, Requester: o}
+			return &NotOwnerError{Item: items[i], Holder: holder, Requester: o}
 		}
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(a.key(items[i])), "=", kvs[0].ModRevision))
-		writes = append(writes, clientv3.OpDelete(a.key(items[i])))
-		released = append(released, items[i])
-		if _, ok := holders[holder.UID]; !ok && holder.UID != "" {
-			uids = append(uids, holder.UID)
+		t.cmps = append(t.cmps, clientv3.Compare(clientv3.ModRevision(a.key(items[i])), "=", kvs[0].ModRevision))
+		t.writes = append(t.writes, clientv3.OpDelete(a.key(items[i])))
+		t.res.released = append(t.res.released, items[i])
+		if _, ok := t.byHolder[holder.UID]; !ok && holder.UID != "" && holder.UID != o.UID {
+			t.res.holders = append(t.res.holders, holder.UID)
 		}
-		holders[holder.UID] = append(holders[holder.UID], items[i])
+		t.byHolder[holder.UID] = append(t.byHolder[holder.UID], items[i])
 	}
-	// The records of every holder lose the released items; the owner's own record
-	// loses them too (it may list items that were already free).
-	uids = slices.DeleteFunc(uids, func(u string) bool { return u == o.UID })
-	recs, err := a.readRecords(ctx, uids, 0)
+	return nil
+}
+
+// releaseRecords adds the writes of the owner records that lose the released items:
+// every holder's, and o's own (which loses every item named: it may list items that
+// were already free), each compared at the revision read.
+func (a *Allocator) releaseRecords(ctx context.Context, t *releaseTxn, o Owner, mine recordState, items []Item) error {
+	recs, err := a.readRecords(ctx, t.res.holders, 0)
 	if err != nil {
-		return nil, nil, 0, false, err
+		return err
 	}
 	if o.UID != "" {
 		recs[o.UID] = mine
-		holders[o.UID] = append(holders[o.UID], items...)
+		t.byHolder[o.UID] = append(t.byHolder[o.UID], items...)
 	}
 	for uid, st := range recs {
 		if st.rec == nil {
 			continue
 		}
 		next := st.rec.clone()
-		for _, it := range holders[uid] {
+		for _, it := range t.byHolder[uid] {
 			next.remove(it)
 		}
 		switch {
 		case next.items() == 0:
-			writes = append(writes, clientv3.OpDelete(a.ownerKey(uid)))
+			t.writes = append(t.writes, clientv3.OpDelete(a.ownerKey(uid)))
 		case recordChanged(st.rec, next):
-			writes = append(writes, clientv3.OpPut(a.ownerKey(uid), string(appendOwnerRecord(nil, next))))
+			t.writes = append(t.writes, clientv3.OpPut(a.ownerKey(uid), string(appendOwnerRecord(nil, next))))
 		default:
 			continue
 		}
-		cmps = append(cmps, st.cmp(a.ownerKey(uid)))
+		t.cmps = append(t.cmps, st.cmp(a.ownerKey(uid)))
 	}
-	if len(writes) == 0 {
-		return nil, nil, 0, true, nil
-	}
-	if len(cmps) > maxTxnOps || len(writes) > maxTxnOps {
-		return nil, nil, 0, true, &InvalidError{Field: "cluster_ips", Reason: "too many items and owners for one transaction"}
-	}
-	wresp, err := a.cli.Txn(ctx).If(cmps...).Then(writes...).Commit()
-	if err != nil {
-		return nil, nil, 0, false, fmt.Errorf("release: %w", err)
-	}
-	if !wresp.Succeeded {
-		return nil, nil, 0, false, nil
-	}
-	a.hints.del(o.UID)
-	a.hints.del(uids...)
-	return released, uids, wresp.Header.Revision, true, nil
+	return nil
 }
 
 // ReleaseIf deletes al if its key is still at al.ModRevision, and removes it from
 // its holder's record, in one transaction. It reports false when al changed or is
 // gone.
 func (a *Allocator) ReleaseIf(ctx context.Context, al Allocation) (bool, error) {
-	key := a.key(al.Item)
 	for range maxWriteRetries {
-		var rev int64
-		ok, done, err := a.conditional(ctx, al, key, nil, &rev, func(rec *ownerRecord) { rec.remove(al.Item) })
-		if ok {
+		rev, done, err := a.conditional(ctx, al, nil)
+		if rev != 0 {
 			a.logConditional(ctx, al, nil, rev)
 		}
 		if err != nil || done {
-			return ok, err
+			return rev != 0, err
 		}
 	}
 	return false, fmt.Errorf("release %s: %w", al.Item, ErrConflict)
@@ -176,22 +199,19 @@ func (a *Allocator) Reassign(ctx context.Context, al Allocation, to Owner) (Allo
 	if to.UID == "" {
 		return Allocation{}, &InvalidError{Field: "owner.uid", Reason: "required"}
 	}
-	key := a.key(al.Item)
-	now := time.Now()
+	ra := &reassign{to: to, now: time.Now()}
 	for range maxWriteRetries {
-		var rev int64
-		ok, done, err := a.conditional(ctx, al, key, &reassign{to: to, now: now}, &rev,
-			func(rec *ownerRecord) { rec.remove(al.Item) })
+		rev, done, err := a.conditional(ctx, al, ra)
 		switch {
 		case err != nil:
 			return Allocation{}, err
-		case done && !ok:
-			return Allocation{}, fmt.Errorf("reassign %s: %w", al.Item, ErrConflict)
-		case done:
+		case rev != 0:
 			a.logConditional(ctx, al, &to, rev)
 			r, _ := a.RangeOf(al.Item)
-			return Allocation{Item: al.Item, Range: r, Owner: to, AllocateTime: now,
+			return Allocation{Item: al.Item, Range: r, Owner: to, AllocateTime: ra.now,
 				CreateRevision: al.CreateRevision, ModRevision: rev}, nil
+		case done:
+			return Allocation{}, fmt.Errorf("reassign %s: %w", al.Item, ErrConflict)
 		}
 	}
 	return Allocation{}, fmt.Errorf("reassign %s: %w", al.Item, ErrConflict)
@@ -202,9 +222,13 @@ type reassign struct {
 	now time.Time
 }
 
-// conditional runs one attempt of ReleaseIf (ra == nil) or Reassign: it reports
-// ok (written, at *rev), done (no retry needed) and an error.
-func (a *Allocator) conditional(ctx context.Context, al Allocation, key string, ra *reassign, rev *int64, drop func(*ownerRecord)) (ok, done bool, err error) {
+// conditional runs one attempt of ReleaseIf (ra == nil) or Reassign: al's key, if
+// still at al.ModRevision, is deleted or given to ra.to, and the records of al's
+// owner (which loses it) and of ra.to (which gains it) follow in the same
+// transaction. It returns the revision written (0: nothing), whether it is done (al
+// changed or is gone, or written) and an error.
+func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign) (int64, bool, error) {
+	key := a.key(al.Item)
 	var uids []string
 	if al.Owner.UID != "" {
 		uids = append(uids, al.Owner.UID)
@@ -214,57 +238,66 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, key string, 
 	}
 	recs, err := a.readRecords(ctx, uids, 0)
 	if err != nil {
-		return false, false, err
+		return 0, false, err
 	}
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", al.ModRevision)}
-	var writes []clientv3.Op
-	if ra == nil {
-		writes = append(writes, clientv3.OpDelete(key))
-	} else {
-		writes = append(writes, clientv3.OpPut(key, string(appendItemValue(nil, ra.to, ra.now))))
+	writes := []clientv3.Op{clientv3.OpDelete(key)}
+	if ra != nil {
+		writes[0] = clientv3.OpPut(key, string(appendItemValue(nil, ra.to, ra.now)))
 	}
 	for _, uid := range uids {
-		st := recs[uid]
-		var next *ownerRecord
-		if st.rec != nil {
-			next = st.rec.clone()
-		} else {
-			next = &ownerRecord{UID: uid}
+		cmp, w, err := a.movedRecord(uid, recs[uid], al, ra)
+		if err != nil {
+			return 0, true, err
 		}
-		if uid == al.Owner.UID {
-			drop(next)
+		if w != nil {
+			cmps, writes = append(cmps, cmp), append(writes, *w)
 		}
-		if ra != nil && uid == ra.to.UID {
-			next.Namespace, next.Name = ra.to.Namespace, ra.to.Name
-			next.add(al.Item)
-			if next.items() > MaxItems {
-				return false, true, &InvalidError{Field: "owner", Reason: fmt.Sprintf("owner %s would hold more than %d items", uid, MaxItems)}
-			}
-		}
-		switch {
-		case next.items() == 0 && st.rec != nil:
-			writes = append(writes, clientv3.OpDelete(a.ownerKey(uid)))
-		case next.items() == 0:
-			continue
-		case st.rec == nil || recordChanged(st.rec, next):
-			writes = append(writes, clientv3.OpPut(a.ownerKey(uid), string(appendOwnerRecord(nil, next))))
-		default:
-			continue
-		}
-		cmps = append(cmps, st.cmp(a.ownerKey(uid)))
 	}
 	resp, err := a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
-		return false, false, fmt.Errorf("write %s: %w", key, err)
+		return 0, false, fmt.Errorf("write %s: %w", key, err)
 	}
 	if resp.Succeeded {
-		*rev = resp.Header.Revision
 		a.hints.del(uids...)
-		return true, true, nil
+		return resp.Header.Revision, true, nil
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 || kvs[0].ModRevision != al.ModRevision {
-		return false, true, nil
+		return 0, true, nil
 	}
-	return false, false, nil // an owner record moved: read again
+	return 0, false, nil // an owner record moved: read again
+}
+
+// movedRecord returns the write (nil: none) of uid's record, as read in st, when al
+// leaves its owner and, with ra, goes to ra.to; and the compare that guards it.
+func (a *Allocator) movedRecord(uid string, st recordState, al Allocation, ra *reassign) (clientv3.Cmp, *clientv3.Op, error) {
+	var next *ownerRecord
+	if st.rec != nil {
+		next = st.rec.clone()
+	} else {
+		next = &ownerRecord{UID: uid}
+	}
+	if uid == al.Owner.UID {
+		next.remove(al.Item)
+	}
+	if ra != nil && uid == ra.to.UID {
+		next.Namespace, next.Name = ra.to.Namespace, ra.to.Name
+		next.add(al.Item)
+		if next.items() > MaxItems {
+			return clientv3.Cmp{}, nil, &InvalidError{Field: "owner", Reason: fmt.Sprintf("owner %s would hold more than %d items", uid, MaxItems)}
+		}
+	}
+	var w clientv3.Op
+	switch {
+	case next.items() == 0 && st.rec != nil:
+		w = clientv3.OpDelete(a.ownerKey(uid))
+	case next.items() == 0:
+		return clientv3.Cmp{}, nil, nil
+	case st.rec == nil || recordChanged(st.rec, next):
+		w = clientv3.OpPut(a.ownerKey(uid), string(appendOwnerRecord(nil, next)))
+	default:
+		return clientv3.Cmp{}, nil, nil
+	}
+	return st.cmp(a.ownerKey(uid)), &w, nil
 }

@@ -64,6 +64,8 @@ const (
 	DefaultWorkers = 5
 	// DefaultBatchPeriod is --endpoint-updates-batch-period's default: no batching.
 	DefaultBatchPeriod = time.Duration(0)
+	// DefaultMasterResync is kube-apiserver's endpoint reconcile interval.
+	DefaultMasterResync = 10 * time.Second
 	// DefaultPageSize and MaxPageSize of List.
 	DefaultPageSize = 500
 	MaxPageSize     = 5000

@@ -24,6 +24,11 @@ type Config struct {
 	// BatchPeriod delays the sync after a Pod event so that the events of one period
 	// make one write (--endpoint-updates-batch-period); 0 syncs at once.
 	BatchPeriod time.Duration
+	// MasterResync is how often the leader checks the stored Endpoints of
+	// default/kubernetes against the master leases and rewrites them when they differ
+	// (kube-apiserver's endpoint reconcile interval, --endpoint-reconciler-interval);
+	// 0 means DefaultMasterResync.
+	MasterResync time.Duration
 	// Logger receives one line per write and the term's changes; nil discards.
 	Logger *slog.Logger
 	// Registerer receives the metrics; nil means none.
@@ -57,8 +62,11 @@ func New(cli *clientv3.Client, cfg Config) (*Controller, error) {
 	if cli == nil {
 		return nil, errors.New("endpoints: nil etcd client")
 	}
-	if cfg.Workers < 0 || cfg.BatchPeriod < 0 {
-		return nil, fmt.Errorf("endpoints: negative workers %d or batch period %v", cfg.Workers, cfg.BatchPeriod)
+	if cfg.Workers < 0 || cfg.BatchPeriod < 0 || cfg.MasterResync < 0 {
+		return nil, fmt.Errorf("endpoints: negative workers %d, batch period %v or master resync %v", cfg.Workers, cfg.BatchPeriod, cfg.MasterResync)
+	}
+	if cfg.MasterResync == 0 {
+		cfg.MasterResync = DefaultMasterResync
 	}
 	if cfg.Workers == 0 {
 		cfg.Workers = DefaultWorkers

@@ -521,3 +521,27 @@ func TestHeartbeat(t *testing.T) {
 		t.Fatalf("heartbeat with both snapshots = %v; want nil", err)
 	}
 }
+
+// TestMasterResync: a hand edit of the stored default/kubernetes Endpoints is put
+// right within MasterResync (--endpoint-reconciler-interval), as kube-apiserver's
+// reconciler does, without a change of the leases.
+func TestMasterResync(t *testing.T) {
+	h := newHarness(t, Config{MasterResync: 200 * time.Millisecond})
+	h.c.SetMasterEndpoints(&Endpoints{Subsets: []Subset{{Addresses: []Address{{IP: "10.0.0.1"}},
+		Ports: []Port{{Name: "https", Port: 6443, Protocol: ProtocolTCP}}}}})
+	waitStored(t, h, "default", "kubernetes")
+	edited := h.get("default", "kubernetes")
+	edited.Subsets[0].Addresses[0].IP = "10.9.9.9"
+	h.store(edited)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		e := h.get("default", "kubernetes")
+		if e != nil && len(e.Subsets) == 1 && e.Subsets[0].Addresses[0].IP == "10.0.0.1" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("default/kubernetes = %+v 5 s after a hand edit; want 10.0.0.1 again", e)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -26,12 +26,15 @@ func (t *term) keepMaster(ctx context.Context) error {
 	}
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
+	resync := time.NewTicker(t.c.cfg.MasterResync)
+	defer resync.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.masterc:
 		case <-retry.C:
+		case <-resync.C:
 		}
 		err := t.syncMaster(ctx)
 		switch {

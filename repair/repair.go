@@ -290,33 +290,11 @@ func (c *Controller) Run(ctx context.Context) error {
 
 // lead runs one term: campaign, passes, resign.
 func (c *Controller) lead(ctx context.Context) error {
-	// The lease is granted under ctx, so that a start against an unreachable etcd ends
-	// with ctx. The session's context outlives ctx so that Resign and the lease revoke
-	// of Close still reach etcd at shutdown (each bounded by a timeout); Close stops
-	// its keepalive.
-	ttl := int64(c.cfg.SessionTTL / time.Second)
-	lease, err := c.cli.Grant(ctx, ttl)
+	s, err := c.session(ctx)
 	if err != nil {
-		return fmt.Errorf("repair election lease: %w", err)
+		return err
 	}
-	s, err := concurrency.NewSession(c.cli,
-		concurrency.WithTTL(int(ttl)),
-		concurrency.WithLease(lease.ID),
-		concurrency.WithContext(context.WithoutCancel(ctx)))
-	if err != nil {
-		return fmt.Errorf("repair election session: %w", err)
-	}
-	defer func() {
-		// Not s.Close: it revokes with a timeout of the whole session TTL, which holds
-		// up a shutdown while etcd is unreachable. Stop the keepalive and revoke within
-		// resignTimeout; if that fails, the lease ends with its TTL.
-		s.Orphan()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resignTimeout)
-		defer cancel()
-		if _, err := c.cli.Revoke(rctx, s.Lease()); err != nil {
-			c.log.WarnContext(ctx, "repair election lease revoke failed; it ends with its TTL", "error", err)
-		}
-	}()
+	defer c.endSession(ctx, s)
 	e := concurrency.NewElection(s, c.electionPrefix)
 	if err := e.Campaign(ctx, c.cfg.Identity); err != nil {
 		return fmt.Errorf("repair campaign: %w", err)
@@ -350,26 +328,9 @@ func (c *Controller) lead(ctx context.Context) error {
 	defer wg.Wait()
 	defer cancel()
 
-	// A new term counts strikes from zero: while another replica led, the
-	// allocations and the Services may have changed in ways this replica's old
-	// candidates know nothing of.
-	t := &term{done: lctx.Done()}
-	c.mu.Lock()
-	c.term = t
-	c.candidates = map[allocator.Item]*candidate{}
-	c.mu.Unlock()
-	c.metrics.leakCandidates(c.store.RangeNames(), nil)
-	c.leading.Store(true)
-	c.metrics.setLeader(true)
-	defer func() {
-		c.mu.Lock()
-		c.term = nil
-		c.mu.Unlock()
-		c.leading.Store(false)
-		c.metrics.setLeader(false)
-	}()
+	t := c.beginTerm(lctx)
+	defer c.endTerm()
 	c.log.InfoContext(ctx, "elected repair leader", "identity", c.cfg.Identity, "key", e.Key())
-
 	if c.cfg.OnLead != nil {
 		wg.Add(1)
 		go func() {
@@ -380,6 +341,68 @@ func (c *Controller) lead(ctx context.Context) error {
 			}
 		}()
 	}
+	return c.passes(ctx, lctx, t)
+}
+
+// session grants the election lease and starts its keepalive. The lease is granted
+// under ctx, so that a start against an unreachable etcd ends with ctx. The session's
+// context outlives ctx so that Resign and the lease revoke of endSession still reach
+// etcd at shutdown (each bounded by a timeout).
+func (c *Controller) session(ctx context.Context) (*concurrency.Session, error) {
+	ttl := int64(c.cfg.SessionTTL / time.Second)
+	lease, err := c.cli.Grant(ctx, ttl)
+	if err != nil {
+		return nil, fmt.Errorf("repair election lease: %w", err)
+	}
+	s, err := concurrency.NewSession(c.cli,
+		concurrency.WithTTL(int(ttl)),
+		concurrency.WithLease(lease.ID),
+		concurrency.WithContext(context.WithoutCancel(ctx)))
+	if err != nil {
+		return nil, fmt.Errorf("repair election session: %w", err)
+	}
+	return s, nil
+}
+
+// endSession stops s's keepalive and revokes its lease within resignTimeout; if that
+// fails, the lease ends with its TTL. (Not s.Close: it revokes with a timeout of the
+// whole session TTL, which holds up a shutdown while etcd is unreachable.)
+func (c *Controller) endSession(ctx context.Context, s *concurrency.Session) {
+	s.Orphan()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resignTimeout)
+	defer cancel()
+	if _, err := c.cli.Revoke(rctx, s.Lease()); err != nil {
+		c.log.WarnContext(ctx, "repair election lease revoke failed; it ends with its TTL", "error", err)
+	}
+}
+
+// beginTerm starts a term of leadership that ends with lctx. A new term counts
+// strikes from zero: while another replica led, the allocations and the Services may
+// have changed in ways this replica's old candidates know nothing of.
+func (c *Controller) beginTerm(lctx context.Context) *term {
+	t := &term{done: lctx.Done()}
+	c.mu.Lock()
+	c.term = t
+	c.candidates = map[allocator.Item]*candidate{}
+	c.mu.Unlock()
+	c.metrics.leakCandidates(c.store.RangeNames(), nil)
+	c.leading.Store(true)
+	c.metrics.setLeader(true)
+	return t
+}
+
+// endTerm ends the current term.
+func (c *Controller) endTerm() {
+	c.mu.Lock()
+	c.term = nil
+	c.mu.Unlock()
+	c.leading.Store(false)
+	c.metrics.setLeader(false)
+}
+
+// passes runs a pass at once when there is something to judge against, then one
+// every Interval, until lctx ends: nil when ctx ended too, errSessionLost otherwise.
+func (c *Controller) passes(ctx, lctx context.Context, t *term) error {
 	if c.cfg.SnapshotFile != "" || c.snapshot() != nil {
 		c.periodicPass(lctx, t)
 	}

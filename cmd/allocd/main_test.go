@@ -49,6 +49,7 @@ func TestFlagsAndErrors(t *testing.T) {
 		{[]string{"--version"}, 0, "etcd client", ""},
 		{[]string{"--no-such-flag"}, 2, "", "-no-such-flag"},
 		{[]string{"--service-cluster-ip-range", "10.0.0.0"}, 2, "", "--service-cluster-ip-range"},
+		{[]string{"--service-cluster-ip-range", "10.0.0.5/24"}, 2, "", "did you mean 10.0.0.0/24?"},
 		{[]string{"--repair-interval", "soon"}, 2, "", "-repair-interval"},
 		{[]string{"extra"}, 2, "", "unexpected argument"},
 	} {

@@ -125,7 +125,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.KubernetesServiceNodePort, "kubernetes-service-node-port", c.KubernetesServiceNodePort, "NodePort reserved for the kubernetes Service; 0: none")
 	fs.StringVar(&c.MasterLeasePrefix, "master-lease-prefix", c.MasterLeasePrefix, "key prefix of master leases, under --etcd-prefix")
 	fs.DurationVar(&c.MasterLeaseTTL, "master-lease-ttl", c.MasterLeaseTTL, "TTL of a master lease when Renew gives none")
-	fs.DurationVar(&c.EndpointReconcilerInterval, "endpoint-reconciler-interval", c.EndpointReconcilerInterval, "how often API servers are expected to renew (used by the lease client and the Endpoints resync)")
+	fs.DurationVar(&c.EndpointReconcilerInterval, "endpoint-reconciler-interval", c.EndpointReconcilerInterval, "how often the stored Endpoints of default/kubernetes are checked against the master leases and put right when they differ (kube-apiserver's endpoint reconcile interval)")
 	fs.IntVar(&c.KubernetesServicePort, "kubernetes-service-port", c.KubernetesServicePort, "port \"https\" of the kubernetes Service's Endpoints")
 	fs.DurationVar(&c.RepairInterval, "repair-interval", c.RepairInterval, "time between repair passes")
 	fs.IntVar(&c.RepairLeakStrikes, "repair-leak-strikes", c.RepairLeakStrikes, "consecutive passes an allocation must be unused before it is freed")
@@ -166,8 +166,9 @@ Usage:
 	}
 }
 
-// Validate checks what can be checked without etcd and says what to fix.
-func (c *Config) Validate() error {
+// validateRanges checks the etcd prefix, the ranges and the kubernetes node port,
+// with the allocator's own checks (sizes, families, host bits).
+func (c *Config) validateRanges() []error {
 	var errs []error
 	ranges, rerr := c.clusterIPRanges()
 	if rerr != nil {
@@ -180,13 +181,18 @@ func (c *Config) Validate() error {
 	if !strings.HasPrefix(c.EtcdPrefix, "/") || strings.HasSuffix(c.EtcdPrefix, "/") {
 		errs = append(errs, fmt.Errorf("--etcd-prefix %q: want a path like /allocd (leading slash, no trailing slash)", c.EtcdPrefix))
 	} else if rerr == nil && perr == nil {
-		// The allocator's own checks: range sizes, families, the kubernetes node port.
 		if err := allocator.ValidateConfig(allocator.Config{Prefix: c.EtcdPrefix, ClusterIPRanges: ranges,
 			NodePortRange: ports, KubernetesNodePort: c.KubernetesServiceNodePort}); err != nil {
 			errs = append(errs, fmt.Errorf("--service-cluster-ip-range %q, --service-node-port-range %q, --kubernetes-service-node-port %d: %w",
 				c.ServiceClusterIPRange, c.ServiceNodePortRange, c.KubernetesServiceNodePort, err))
 		}
 	}
+	return errs
+}
+
+// Validate checks what can be checked without etcd and says what to fix.
+func (c *Config) Validate() error {
+	errs := c.validateRanges()
 	if !strings.HasPrefix(c.MasterLeasePrefix, "/") || !strings.HasSuffix(c.MasterLeasePrefix, "/") {
 		errs = append(errs, fmt.Errorf("--master-lease-prefix %q: want a path like /masterleases/ (leading and trailing slash)", c.MasterLeasePrefix))
 	}
@@ -211,6 +217,9 @@ func (c *Config) Validate() error {
 	}
 	if c.RepairInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--repair-interval %s: want > 0", c.RepairInterval))
+	}
+	if c.EndpointReconcilerInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--endpoint-reconciler-interval %s: want > 0", c.EndpointReconcilerInterval))
 	}
 	if c.ConcurrentEndpointSyncs < 1 {
 		errs = append(errs, fmt.Errorf("--concurrent-endpoint-syncs %d: want >= 1", c.ConcurrentEndpointSyncs))
@@ -257,7 +266,7 @@ func (c *Config) clusterIPRanges() ([]netip.Prefix, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--service-cluster-ip-range %q: %q is not a CIDR like 10.0.0.0/24", c.ServiceClusterIPRange, s)
 		}
-		out = append(out, p.Masked())
+		out = append(out, p) // host bits are refused by allocator.ValidateConfig, not masked
 	}
 	if len(out) > 2 {
 		return nil, fmt.Errorf("--service-cluster-ip-range %q: at most two CIDRs, one per family", c.ServiceClusterIPRange)

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 // Result is what Allocate allocated.
@@ -39,7 +41,7 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Result, error) {
 
 func (a *Allocator) allocate(ctx context.Context, req Request) (Result, error) {
 	if req.Owner.UID == "" {
-		return Result{}, &InvalidError{Field: "owner.uid", Reason: "required"}
+		return Result{}, badrequest.New("owner.uid", "required")
 	}
 	o := &op{owner: req.Owner, ownerKey: a.ownerKey(req.Owner.UID), hash: req.hash()}
 	read := false // o.ownerRev and o.record were read from etcd
@@ -121,10 +123,10 @@ func (a *Allocator) plan(req Request) (picks []*pick, err error) {
 		}
 	}()
 	if req.NodePortCount < 0 {
-		return nil, &InvalidError{Field: "node_port_count", Reason: "must not be negative"}
+		return nil, badrequest.New("node_port_count", "must not be negative")
 	}
 	if n := len(req.ClusterIPs) + len(req.NodePorts) + req.NodePortCount; n > MaxItems {
-		return nil, &InvalidError{Field: "node_ports", Reason: fmt.Sprintf("%d items asked for; at most %d per request", n, MaxItems)}
+		return nil, badrequest.New("node_ports", fmt.Sprintf("%d items asked for; at most %d per request", n, MaxItems))
 	}
 	specific := func(it Item) error {
 		r, off, err := a.locate(it)
@@ -146,10 +148,10 @@ func (a *Allocator) plan(req Request) (picks []*pick, err error) {
 	if !req.NoClusterIP {
 		if len(req.ClusterIPs) > 0 {
 			if len(req.ClusterIPs) > 2 {
-				return picks, &InvalidError{Field: "cluster_ips", Reason: "at most two addresses, one per IP family"}
+				return picks, badrequest.New("cluster_ips", "at most two addresses, one per IP family")
 			}
 			if len(req.ClusterIPs) == 2 && req.ClusterIPs[0].Is4() == req.ClusterIPs[1].Is4() {
-				return picks, &InvalidError{Field: "cluster_ips", Reason: "at most one address per IP family"}
+				return picks, badrequest.New("cluster_ips", "at most one address per IP family")
 			}
 			for _, addr := range req.ClusterIPs {
 				if err := specific(IP(addr)); err != nil {
@@ -170,7 +172,7 @@ func (a *Allocator) plan(req Request) (picks []*pick, err error) {
 	}
 	for i, p := range req.NodePorts {
 		if slices.Contains(req.NodePorts[:i], p) {
-			return picks, &InvalidError{Field: "node_ports", Reason: "port " + strconv.Itoa(p) + " asked for twice"}
+			return picks, badrequest.New("node_ports", "port "+strconv.Itoa(p)+" asked for twice")
 		}
 		if err := specific(Port(p)); err != nil {
 			return picks, err
@@ -188,10 +190,10 @@ func (a *Allocator) plan(req Request) (picks []*pick, err error) {
 func (a *Allocator) families(fams []Family, pol Policy) ([]Family, error) {
 	for i, f := range fams {
 		if f != IPv4 && f != IPv6 {
-			return nil, &InvalidError{Field: "ip_families", Reason: "unknown IP family " + strconv.Itoa(int(f))}
+			return nil, badrequest.New("ip_families", "unknown IP family "+strconv.Itoa(int(f)))
 		}
 		if slices.Contains(fams[:i], f) {
-			return nil, &InvalidError{Field: "ip_families", Reason: f.String() + " listed twice"}
+			return nil, badrequest.New("ip_families", f.String()+" listed twice")
 		}
 	}
 	configured := func(f Family) bool { return a.ipRange(f == IPv4) != nil }
@@ -213,7 +215,7 @@ func (a *Allocator) families(fams []Family, pol Policy) ([]Family, error) {
 	switch pol {
 	case SingleStack:
 		if len(fams) > 1 {
-			return nil, &InvalidError{Field: "ip_families", Reason: "single stack takes one family"}
+			return nil, badrequest.New("ip_families", "single stack takes one family")
 		}
 		return order[:1], nil
 	case PreferDualStack:
@@ -227,7 +229,7 @@ func (a *Allocator) families(fams []Family, pol Policy) ([]Family, error) {
 		}
 		return []Family{order[0], other}, nil
 	}
-	return nil, &InvalidError{Field: "ip_family_policy", Reason: "unknown policy " + strconv.Itoa(int(pol))}
+	return nil, badrequest.New("ip_family_policy", "unknown policy "+strconv.Itoa(int(pol)))
 }
 
 // dryRun reports what an Allocate would do, writing nothing: specific items are
@@ -265,7 +267,7 @@ func (a *Allocator) dryRun(ctx context.Context, o Owner, picks []*pick) (Result,
 // does.
 func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, error) {
 	if o.UID == "" {
-		return Allocation{}, &InvalidError{Field: "owner.uid", Reason: "required"}
+		return Allocation{}, badrequest.New("owner.uid", "required")
 	}
 	r, off, err := a.locate(it)
 	if err != nil {

@@ -13,6 +13,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/allocd/allocd/internal/etcdwatch"
+
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 // Allocator allocates ClusterIPs and NodePorts in etcd. See the package doc. It
@@ -138,7 +140,7 @@ func (a *Allocator) locate(it Item) (*rng, uint64, error) {
 	switch it.Kind {
 	case KindClusterIP:
 		if !it.Addr.IsValid() {
-			return nil, 0, &InvalidError{Field: "cluster_ip", Reason: "not an IP address"}
+			return nil, 0, badrequest.New("cluster_ip", "not an IP address")
 		}
 		r := a.ipRange(it.Addr.Is4())
 		if r == nil {
@@ -156,7 +158,7 @@ func (a *Allocator) locate(it Item) (*rng, uint64, error) {
 		}
 		return a.portRange, off, nil
 	}
-	return nil, 0, &InvalidError{Field: "kind", Reason: "unknown item kind"}
+	return nil, 0, badrequest.New("kind", "unknown item kind")
 }
 
 // RangeOf returns the name of it's range: ErrNoRange when no range has its IP

@@ -8,6 +8,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 // maxConflicts bounds how often one request may find its own keys taken before it
@@ -275,7 +277,7 @@ func (a *Allocator) nextRecord(o *op) (*ownerRecord, error) {
 		rec.Last = last
 	}
 	if rec.items() > MaxItems {
-		return nil, &InvalidError{Field: "owner", Reason: fmt.Sprintf("owner %s would hold %d items; at most %d", o.owner.UID, rec.items(), MaxItems)}
+		return nil, badrequest.New("owner", fmt.Sprintf("owner %s would hold %d items; at most %d", o.owner.UID, rec.items(), MaxItems))
 	}
 	return rec, nil
 }

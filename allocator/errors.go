@@ -3,6 +3,8 @@ package allocator
 import (
 	"errors"
 	"fmt"
+
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 var (
@@ -21,8 +23,9 @@ var (
 	ErrNotOwner = errors.New("held by another owner")
 	// ErrNotFound is returned by Get for an item nobody holds.
 	ErrNotFound = errors.New("not allocated")
-	// ErrInvalid is the sentinel of InvalidError.
-	ErrInvalid = errors.New("invalid request")
+	// ErrInvalid is the sentinel of InvalidError (badrequest's, shared by allocd's
+	// packages).
+	ErrInvalid = badrequest.ErrInvalid
 	// ErrRangesMismatch is the sentinel of RangesMismatchError.
 	ErrRangesMismatch = errors.New("configured ranges differ from the ranges recorded in etcd")
 	// ErrNotRunning is returned by calls that need the committer while Run is not
@@ -88,16 +91,9 @@ func (e *NotOwnerError) Error() string {
 func (e *NotOwnerError) Unwrap() error { return ErrNotOwner }
 
 // InvalidError is a request the allocator refuses before writing anything: too many
-// items, duplicates, a policy that contradicts the families. Field names the request
-// field as the API spells it.
-type InvalidError struct {
-	Field, Reason string
-}
-
-func (e *InvalidError) Error() string { return e.Field + ": " + e.Reason }
-
-// Unwrap lets errors.Is(err, ErrInvalid) match.
-func (e *InvalidError) Unwrap() error { return ErrInvalid }
+// items, duplicates, a policy that contradicts the families. Its violations name the
+// request fields as the API spells them.
+type InvalidError = badrequest.Error
 
 // RangesMismatchError is returned by New when etcd records other ranges than the
 // configured ones: replicas must agree on the ranges.

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
+
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 func TestIPSpan(t *testing.T) {
@@ -214,7 +216,7 @@ func TestErrors(t *testing.T) {
 		{&NotInRangeError{Item: Port(1), Range: "30000-32767"}, ErrNotInRange},
 		{&AllocatedError{Item: Port(30001), Holder: KubernetesOwner}, ErrAllocated},
 		{&NotOwnerError{Item: Port(30001)}, ErrNotOwner},
-		{&InvalidError{Field: "f"}, ErrInvalid},
+		{badrequest.New("f", ""), ErrInvalid},
 		{&RangesMismatchError{}, ErrRangesMismatch},
 	}
 	for _, tc := range tests {

@@ -12,6 +12,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 // Get returns who holds it: ErrNotFound when nobody does, ErrNoRange or a
@@ -194,7 +196,7 @@ func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) 
 	size := lo.PageSize
 	switch {
 	case size < 0:
-		return Page{}, &InvalidError{Field: "page_size", Reason: "must not be negative"}
+		return Page{}, badrequest.New("page_size", "must not be negative")
 	case size == 0:
 		size = 500
 	case size > 5000:
@@ -208,7 +210,7 @@ func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) 
 			}
 		}
 		if r == nil {
-			return Page{}, &InvalidError{Field: "range", Reason: fmt.Sprintf("no range %q; ranges are %s", lo.Range, strings.Join(a.RangeNames(), ", "))}
+			return Page{}, badrequest.New("range", fmt.Sprintf("no range %q; ranges are %s", lo.Range, strings.Join(a.RangeNames(), ", ")))
 		}
 	}
 	keep := func(al Allocation) bool { return r == nil || al.Range == r.name }
@@ -269,7 +271,7 @@ func (pl *pageList) prefix(ctx context.Context, prefix, after string, last bool)
 		}
 		resp, err := pl.a.cli.Get(ctx, key, opts...)
 		if errors.Is(err, rpctypes.ErrCompacted) {
-			return true, &InvalidError{Field: "page_token", Reason: "expired: its revision was compacted; list again from the start"}
+			return true, badrequest.New("page_token", "expired: its revision was compacted; list again from the start")
 		}
 		if err != nil {
 			return true, fmt.Errorf("list allocations: %w", err)

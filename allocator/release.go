@@ -7,6 +7,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 // maxWriteRetries bounds the read-then-compare loops of Release, ReleaseIf and
@@ -20,20 +22,20 @@ const maxWriteRetries = 16
 // write (0 when nothing had to be written).
 func (a *Allocator) Release(ctx context.Context, o Owner, items []Item, force bool) ([]Item, int64, error) {
 	if o.UID == "" && !force {
-		return nil, 0, &InvalidError{Field: "owner.uid", Reason: "required unless force is set"}
+		return nil, 0, badrequest.New("owner.uid", "required unless force is set")
 	}
 	if o.UID == "" && len(items) == 0 {
-		return nil, 0, &InvalidError{Field: "cluster_ips", Reason: "name what to release when no owner is given"}
+		return nil, 0, badrequest.New("cluster_ips", "name what to release when no owner is given")
 	}
 	if len(items) > MaxItems {
-		return nil, 0, &InvalidError{Field: "node_ports", Reason: fmt.Sprintf("%d items; at most %d per request", len(items), MaxItems)}
+		return nil, 0, badrequest.New("node_ports", fmt.Sprintf("%d items; at most %d per request", len(items), MaxItems))
 	}
 	for i, it := range items {
 		if _, _, err := a.locate(it); err != nil {
 			return nil, 0, err
 		}
 		if slices.Contains(items[:i], it) {
-			return nil, 0, &InvalidError{Field: "cluster_ips", Reason: it.String() + " named twice"}
+			return nil, 0, badrequest.New("cluster_ips", it.String()+" named twice")
 		}
 	}
 	for range maxWriteRetries {
@@ -94,7 +96,7 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 		return released{}, true, nil
 	}
 	if len(t.cmps) > maxTxnOps || len(t.writes) > maxTxnOps {
-		return released{}, true, &InvalidError{Field: "cluster_ips", Reason: "too many items and owners for one transaction"}
+		return released{}, true, badrequest.New("cluster_ips", "too many items and owners for one transaction")
 	}
 	resp, err := a.cli.Txn(ctx).If(t.cmps...).Then(t.writes...).Commit()
 	if err != nil {
@@ -197,7 +199,7 @@ func (a *Allocator) ReleaseIf(ctx context.Context, al Allocation) (bool, error) 
 // ErrConflict), updating both owners' records in the same transaction.
 func (a *Allocator) Reassign(ctx context.Context, al Allocation, to Owner) (Allocation, error) {
 	if to.UID == "" {
-		return Allocation{}, &InvalidError{Field: "owner.uid", Reason: "required"}
+		return Allocation{}, badrequest.New("owner.uid", "required")
 	}
 	ra := &reassign{to: to, now: time.Now()}
 	for range maxWriteRetries {
@@ -285,7 +287,7 @@ func (a *Allocator) movedRecord(uid string, st recordState, al Allocation, ra *r
 		next.Namespace, next.Name = ra.to.Namespace, ra.to.Name
 		next.add(al.Item)
 		if next.items() > MaxItems {
-			return clientv3.Cmp{}, nil, &InvalidError{Field: "owner", Reason: fmt.Sprintf("owner %s would hold more than %d items", uid, MaxItems)}
+			return clientv3.Cmp{}, nil, badrequest.New("owner", fmt.Sprintf("owner %s would hold more than %d items", uid, MaxItems))
 		}
 	}
 	var w clientv3.Op

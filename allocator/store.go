@@ -16,6 +16,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 // store is the allocator's etcd layer: the keys (see the package doc's Storage), the
@@ -249,7 +251,7 @@ func (s *store) parseToken(tok string) (int64, string, error) {
 	if tok == "" {
 		return 0, "", nil
 	}
-	bad := &InvalidError{Field: "page_token", Reason: "not a token of this listing"}
+	bad := badrequest.New("page_token", "not a token of this listing")
 	b, err := base64.RawURLEncoding.DecodeString(tok)
 	if err != nil {
 		return 0, "", bad

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 // Sentinels of the package.
@@ -23,7 +25,7 @@ var (
 	// wraps it.
 	ErrCompacted = errors.New("revision compacted")
 	// ErrInvalid: a malformed feed or request. InvalidError wraps it.
-	ErrInvalid = errors.New("invalid argument")
+	ErrInvalid = badrequest.ErrInvalid
 	// ErrNotReady: the controller's reads are not available yet (or any more).
 	ErrNotReady = errors.New("endpoints controller not ready")
 )
@@ -96,52 +98,9 @@ func (e *CompactedError) Error() string {
 // Unwrap returns ErrCompacted.
 func (e *CompactedError) Unwrap() error { return ErrCompacted }
 
-// maxViolations bounds the violations an InvalidError carries.
-const maxViolations = 16
-
 // InvalidError is a malformed feed or request: one violation per bad field (the first
-// maxViolations; More counts the rest).
-type InvalidError struct {
-	Violations []Violation
-	More       int
-}
+// badrequest.MaxViolations; More counts the rest).
+type InvalidError = badrequest.Error
 
 // Violation is one bad field.
-type Violation struct {
-	Field       string
-	Description string
-}
-
-// Add records a violation.
-func (e *InvalidError) Add(field, description string) {
-	if len(e.Violations) < maxViolations {
-		e.Violations = append(e.Violations, Violation{Field: field, Description: description})
-	} else {
-		e.More++
-	}
-}
-
-// OrNil returns nil when e holds no violation.
-func (e *InvalidError) OrNil() error {
-	if e == nil || len(e.Violations) == 0 {
-		return nil
-	}
-	return e
-}
-
-func (e *InvalidError) Error() string {
-	if len(e.Violations) == 0 {
-		return "invalid argument"
-	}
-	s := e.Violations[0].Field + ": " + e.Violations[0].Description
-	for _, v := range e.Violations[1:] {
-		s += "; " + v.Field + ": " + v.Description
-	}
-	if e.More > 0 {
-		s += "; and " + strconv.Itoa(e.More) + " more"
-	}
-	return s
-}
-
-// Unwrap returns ErrInvalid.
-func (e *InvalidError) Unwrap() error { return ErrInvalid }
+type Violation = badrequest.FieldViolation

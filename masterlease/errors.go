@@ -2,12 +2,14 @@ package masterlease
 
 import (
 	"errors"
-	"strings"
+
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 var (
-	// ErrInvalid is the sentinel of InvalidError: a bad IP or TTL in a request.
-	ErrInvalid = errors.New("invalid master lease request")
+	// ErrInvalid is the sentinel of InvalidError: a bad IP or TTL in a request
+	// (badrequest's, shared by allocd's packages).
+	ErrInvalid = badrequest.ErrInvalid
 	// ErrNotReady is returned while the Manager cannot answer from a state that is
 	// current: Run has not loaded the leases yet, has stopped, or its watch lags etcd
 	// for longer than a read may wait.
@@ -18,38 +20,12 @@ var (
 )
 
 // FieldViolation is one bad field of a request, named as in the proto
-// (allocd.v1.RenewRequest / RemoveLeaseRequest).
-type FieldViolation struct {
-	// Field is the proto field name: "ip" or "ttl_seconds".
-	Field string
-	// Description says what is wrong with it.
-	Description string
-}
+// (allocd.v1.RenewRequest / RemoveLeaseRequest): "ip" or "ttl_seconds".
+type FieldViolation = badrequest.FieldViolation
 
 // InvalidError is a request that fails validation, with one violation per bad field.
 // Nothing was written to etcd for it.
-type InvalidError struct {
-	Violations []FieldViolation
-}
+type InvalidError = badrequest.Error
 
-func (e *InvalidError) add(field, description string) {
-	e.Violations = append(e.Violations, FieldViolation{Field: field, Description: description})
-}
-
-func (e *InvalidError) orNil() error {
-	if len(e.Violations) == 0 {
-		return nil
-	}
-	return e
-}
-
-func (e *InvalidError) Error() string {
-	parts := make([]string, 0, len(e.Violations))
-	for _, v := range e.Violations {
-		parts = append(parts, v.Field+": "+v.Description)
-	}
-	return "invalid master lease request: " + strings.Join(parts, "; ")
-}
-
-// Unwrap lets errors.Is(err, ErrInvalid) match.
-func (e *InvalidError) Unwrap() error { return ErrInvalid }
+// invalidRequest returns an empty InvalidError of a master lease request.
+func invalidRequest() *InvalidError { return &InvalidError{What: "invalid master lease request"} }

@@ -204,26 +204,26 @@ func (m *Manager) MinTTL() time.Duration { return time.Duration(m.minTTL) * time
 // unspecified, not multicast, without zone, not IPv4-mapped IPv6 (write it as IPv4).
 // The returned address's String is the canonical form used in the lease key.
 func ParseIP(s string) (netip.Addr, error) {
-	inv := &InvalidError{}
+	inv := invalidRequest()
 	a := parseIP(s, inv)
-	return a, inv.orNil()
+	return a, inv.OrNil()
 }
 
 func parseIP(s string, inv *InvalidError) netip.Addr {
 	a, err := netip.ParseAddr(s)
 	switch {
 	case s == "":
-		inv.add("ip", "required")
+		inv.Add("ip", "required")
 	case err != nil:
-		inv.add("ip", fmt.Sprintf("%q is not an IPv4 or IPv6 address", s))
+		inv.Add("ip", fmt.Sprintf("%q is not an IPv4 or IPv6 address", s))
 	case a.Zone() != "":
-		inv.add("ip", fmt.Sprintf("%q has a zone; endpoints take no zone", s))
+		inv.Add("ip", fmt.Sprintf("%q has a zone; endpoints take no zone", s))
 	case a.Is4In6():
-		inv.add("ip", fmt.Sprintf("%q is IPv4-mapped IPv6; use %s", s, a.Unmap()))
+		inv.Add("ip", fmt.Sprintf("%q is IPv4-mapped IPv6; use %s", s, a.Unmap()))
 	case a.IsUnspecified():
-		inv.add("ip", fmt.Sprintf("%q is unspecified", s))
+		inv.Add("ip", fmt.Sprintf("%q is unspecified", s))
 	case a.IsMulticast():
-		inv.add("ip", fmt.Sprintf("%q is multicast", s))
+		inv.Add("ip", fmt.Sprintf("%q is multicast", s))
 	default:
 		return a
 	}
@@ -239,17 +239,17 @@ func parseIP(s string, inv *InvalidError) netip.Addr {
 // changes and every replica sees the renewal. A bad ip or TTL returns *InvalidError
 // and writes nothing.
 func (m *Manager) Renew(ctx context.Context, ip string, ttlSeconds int64) (Lease, error) {
-	inv := &InvalidError{}
+	inv := invalidRequest()
 	addr := parseIP(ip, inv)
 	ttl := ttlSeconds
 	if ttl == 0 {
 		ttl = m.defaultTTL
 	}
 	if ttl < m.minTTL || ttl > int64(MaxTTL/time.Second) {
-		inv.add("ttl_seconds", fmt.Sprintf("%d is out of %d-%d (0 for the default, %d)",
+		inv.Add("ttl_seconds", fmt.Sprintf("%d is out of %d-%d (0 for the default, %d)",
 			ttlSeconds, m.minTTL, int64(MaxTTL/time.Second), m.defaultTTL))
 	}
-	if err := inv.orNil(); err != nil {
+	if err := inv.OrNil(); err != nil {
 		m.metrics.renewed("invalid")
 		return Lease{}, err
 	}
@@ -367,9 +367,9 @@ func (m *Manager) lease(addr netip.Addr, id clientv3.LeaseID, ttl, rev int64) Le
 // endpoints become empty instead of keeping the last address (kubernetes #115804).
 // A bad ip returns *InvalidError and writes nothing.
 func (m *Manager) Remove(ctx context.Context, ip string, shutdown bool) (removed bool, revision int64, err error) {
-	inv := &InvalidError{}
+	inv := invalidRequest()
 	addr := parseIP(ip, inv)
-	if err := inv.orNil(); err != nil {
+	if err := inv.OrNil(); err != nil {
 		m.metrics.removed("invalid")
 		return false, 0, err
 	}

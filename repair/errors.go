@@ -3,7 +3,8 @@ package repair
 import (
 	"errors"
 	"fmt"
-	"strconv"
+
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 var (
@@ -14,8 +15,9 @@ var (
 	ErrNoSnapshot = errors.New("no service snapshot: push one or set --service-snapshot-file")
 	// ErrNotLeader is the sentinel of NotLeaderError.
 	ErrNotLeader = errors.New("not the repair leader")
-	// ErrInvalidSnapshot is the sentinel of InvalidSnapshotError.
-	ErrInvalidSnapshot = errors.New("invalid service snapshot")
+	// ErrInvalidSnapshot is the sentinel of InvalidSnapshotError (badrequest's, shared
+	// by allocd's packages).
+	ErrInvalidSnapshot = badrequest.ErrInvalid
 	// ErrSnapshotFile is the sentinel of SnapshotFileError.
 	ErrSnapshotFile = errors.New("bad service snapshot file")
 )
@@ -59,36 +61,11 @@ func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
 
 // Violation is one bad field of a snapshot, named as in the proto
 // (snapshot.services[3].uid).
-type Violation struct {
-	Field       string
-	Description string
-}
+type Violation = badrequest.FieldViolation
 
-// InvalidSnapshotError lists what is wrong with a snapshot (at most maxViolations).
-type InvalidSnapshotError struct {
-	Violations []Violation
-	// More counts the violations left out of Violations.
-	More int
-}
-
-func (e *InvalidSnapshotError) Error() string {
-	s := "invalid service snapshot"
-	for i, v := range e.Violations {
-		if i == 0 {
-			s += ": "
-		} else {
-			s += "; "
-		}
-		s += v.Field + ": " + v.Description
-	}
-	if e.More > 0 {
-		s += "; and " + strconv.Itoa(e.More) + " more"
-	}
-	return s
-}
-
-// Unwrap lets errors.Is(err, ErrInvalidSnapshot) match.
-func (e *InvalidSnapshotError) Unwrap() error { return ErrInvalidSnapshot }
+// InvalidSnapshotError lists what is wrong with a snapshot (at most
+// badrequest.MaxViolations; More counts the rest).
+type InvalidSnapshotError = badrequest.Error
 
 // SnapshotFileError is a --service-snapshot-file that cannot be read, parsed or
 // accepted. It is not the caller's bad input: a RunRepair that meets it fails with

@@ -59,24 +59,16 @@ func (r Receipt) Earlier(o Receipt) Receipt {
 	return r
 }
 
-// maxViolations bounds the violations an InvalidSnapshotError carries, so that a
-// snapshot with 100k bad Services does not make a 10 MB error.
-const maxViolations = 16
-
 // Validate checks what a pass cannot judge by itself: a positive revision, and for
 // every Service a namespace, a name, a uid not used by another Service, and known port
 // protocols. Addresses and port numbers are not checked here: a bad one is a finding
 // of the pass (ClusterIPNotValid, PortOutOfRange), as Kubernetes reports it. The error
 // is an *InvalidSnapshotError.
 func (s Snapshot) Validate() error {
-	e := &InvalidSnapshotError{}
-	add := func(field, desc string) {
-		if len(e.Violations) < maxViolations {
-			e.Violations = append(e.Violations, Violation{Field: field, Description: desc})
-		} else {
-			e.More++
-		}
-	}
+	// At most badrequest.MaxViolations are listed, so that a snapshot with 100k bad
+	// Services does not make a 10 MB error.
+	e := &InvalidSnapshotError{What: "invalid service snapshot"}
+	add := func(field, desc string) { e.Add(field, desc) }
 	if s.Revision <= 0 {
 		add("snapshot.revision", "must be positive (the revision of the Service store the list was taken at)")
 	}

@@ -18,58 +18,26 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 // errorDomain is the ErrorInfo domain of every allocd error.
 const errorDomain = "allocd.io"
 
 // ErrInvalid is the sentinel of InvalidError.
-var ErrInvalid = errors.New("invalid argument")
+var ErrInvalid = badrequest.ErrInvalid
 
 // InvalidError is a request that fails validation: one violation per bad field. It maps
-// to INVALID_ARGUMENT with a google.rpc.BadRequest detail.
-type InvalidError struct {
-	Violations []Violation
-}
+// to INVALID_ARGUMENT with a google.rpc.BadRequest detail. It is the shape every allocd
+// package returns (package badrequest).
+type InvalidError = badrequest.Error
 
 // Violation is one bad field of a request.
-type Violation struct {
-	Field       string
-	Description string
-}
+type Violation = badrequest.FieldViolation
 
 // Invalid returns an InvalidError for one field.
-func Invalid(field, description string) *InvalidError {
-	return &InvalidError{Violations: []Violation{{Field: field, Description: description}}}
-}
-
-// Add adds a violation and returns e, so that validation can collect every bad field.
-func (e *InvalidError) Add(field, description string) *InvalidError {
-	e.Violations = append(e.Violations, Violation{Field: field, Description: description})
-	return e
-}
-
-// OrNil returns nil when e holds no violation (so that it can be returned as an error).
-func (e *InvalidError) OrNil() error {
-	if e == nil || len(e.Violations) == 0 {
-		return nil
-	}
-	return e
-}
-
-func (e *InvalidError) Error() string {
-	if len(e.Violations) == 0 {
-		return "invalid argument"
-	}
-	s := e.Violations[0].Field + ": " + e.Violations[0].Description
-	for _, v := range e.Violations[1:] {
-		s += "; " + v.Field + ": " + v.Description
-	}
-	return s
-}
-
-// Unwrap lets errors.Is(err, ErrInvalid) match.
-func (e *InvalidError) Unwrap() error { return ErrInvalid }
+func Invalid(field, description string) *InvalidError { return badrequest.New(field, description) }
 
 // ErrUnavailable is returned while allocd cannot serve (etcd unreachable, state not
 // loaded). It maps to UNAVAILABLE with a RetryInfo detail.
@@ -94,13 +62,16 @@ func Status(err error) error {
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
-	case errors.As(err, &inv):
-		return badRequest(err.Error(), inv.Violations...)
 	case errors.Is(err, ErrUnavailable):
 		return unavailable(err.Error(), "UNAVAILABLE")
 	}
+	// The domain packages first: a bad snapshot file wraps an invalid snapshot, but is
+	// not the caller's bad input.
 	if st := domainStatus(err); st != nil {
 		return st
+	}
+	if errors.As(err, &inv) {
+		return badRequest(err.Error(), inv.Violations...)
 	}
 	if retryableEtcdError(err) {
 		return unavailable("etcd unavailable: "+err.Error(), "ETCD_UNAVAILABLE")
@@ -202,7 +173,6 @@ func domainStatus(err error) error {
 // allocatorStatus maps package allocator's errors (see the design's error table).
 func allocatorStatus(err error) error {
 	var (
-		inv       *allocator.InvalidError
 		notIn     *allocator.NotInRangeError
 		allocated *allocator.AllocatedError
 		notOwner  *allocator.NotOwnerError
@@ -210,10 +180,6 @@ func allocatorStatus(err error) error {
 	)
 	msg := err.Error()
 	switch {
-	case errors.As(err, &inv):
-		return withDetails(codes.InvalidArgument, msg,
-			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: inv.Field, Description: inv.Reason}}},
-			errorInfo("INVALID_ARGUMENT", nil))
 	case errors.As(err, &notIn):
 		field := "cluster_ips"
 		if notIn.Item.Kind == allocator.KindNodePort {
@@ -262,14 +228,7 @@ func allocatorStatus(err error) error {
 // with BadRequest, a state not (yet) current UNAVAILABLE with RetryInfo, a key that
 // kept changing under a Renew or RemoveLease ABORTED.
 func leaseStatus(err error) error {
-	var inv *masterlease.InvalidError
 	switch {
-	case errors.As(err, &inv):
-		var vs []Violation
-		for _, v := range inv.Violations {
-			vs = append(vs, Violation{Field: v.Field, Description: v.Description})
-		}
-		return badRequest(err.Error(), vs...)
 	case errors.Is(err, masterlease.ErrNotReady):
 		return unavailable(err.Error(), "MASTER_LEASES_NOT_READY")
 	case errors.Is(err, masterlease.ErrConflict):
@@ -284,7 +243,6 @@ func repairStatus(err error) error {
 		stale *repair.StaleSnapshotError
 		nl    *repair.NotLeaderError
 		file  *repair.SnapshotFileError
-		inv   *repair.InvalidSnapshotError
 	)
 	switch {
 	// A bad file wraps its cause (which may be an invalid or stale snapshot): it is
@@ -308,12 +266,6 @@ func repairStatus(err error) error {
 			return unavailableWith(err.Error(), "REPAIR_LEADER_UNAVAILABLE", md)
 		}
 		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo("NOT_REPAIR_LEADER", md))
-	case errors.As(err, &inv):
-		var vs []Violation
-		for _, v := range inv.Violations {
-			vs = append(vs, Violation{Field: v.Field, Description: v.Description})
-		}
-		return badRequest(err.Error(), vs...)
 	case errors.Is(err, repair.ErrNoSnapshot):
 		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo("NO_SNAPSHOT", nil))
 	}
@@ -326,7 +278,6 @@ func repairStatus(err error) error {
 // revision OUT_OF_RANGE (list again, as Kubernetes' 410 Gone); no leader UNAVAILABLE.
 func endpointsStatus(err error) error {
 	var (
-		inv   *endpoints.InvalidError
 		req   *endpoints.SnapshotRequiredError
 		stale *endpoints.StaleSnapshotError
 		comp  *endpoints.CompactedError
@@ -334,12 +285,6 @@ func endpointsStatus(err error) error {
 	)
 	msg := err.Error()
 	switch {
-	case errors.As(err, &inv):
-		vs := make([]Violation, len(inv.Violations))
-		for i, v := range inv.Violations {
-			vs[i] = Violation{Field: v.Field, Description: v.Description}
-		}
-		return badRequest(msg, vs...)
 	case errors.Is(err, endpoints.ErrNotFound):
 		return withDetails(codes.NotFound, msg, errorInfo("ENDPOINTS_NOT_FOUND", nil))
 	case errors.As(err, &req):

@@ -56,13 +56,14 @@ var (
 	ErrCompacted = errors.New("revision compacted")
 )
 
-// ErrorInfo reasons that refine FAILED_PRECONDITION. allocd sends them in the
-// google.rpc.ErrorInfo detail; when a server sends no reason the RPC decides (a refused
-// Release is ErrNotOwner, a refused PushServiceSnapshot is ErrStaleSnapshot).
-const (
-	reasonNotOwner         = "NOT_OWNER"
-	reasonStaleSnapshot    = "STALE_SNAPSHOT"
-	reasonSnapshotRequired = "SNAPSHOT_REQUIRED"
+// ErrorInfo reasons that refine FAILED_PRECONDITION (allocd.v1.ErrorReason lists them
+// all). allocd sends them in the google.rpc.ErrorInfo detail; when a server sends no
+// reason the RPC decides (a refused Release is ErrNotOwner, a refused
+// PushServiceSnapshot is ErrStaleSnapshot).
+var (
+	reasonNotOwner         = allocdv1.ErrorReason_NOT_OWNER.String()
+	reasonStaleSnapshot    = allocdv1.ErrorReason_STALE_SNAPSHOT.String()
+	reasonSnapshotRequired = allocdv1.ErrorReason_SNAPSHOT_REQUIRED.String()
 )
 
 // Error is a failed allocd call: the gRPC status with its google.rpc details decoded.
@@ -212,6 +213,30 @@ func mapError(method string, err error) error {
 		return err
 	}
 	e := &Error{Code: st.Code(), Message: st.Message(), status: st}
+	e.decodeDetails(st)
+	e.kind = kindOf(method, e)
+	// Each code has its typed detail, present even when the server sent none.
+	switch e.Code {
+	case codes.InvalidArgument:
+		if _, ok := e.detail.(*InvalidError); !ok {
+			e.detail = &InvalidError{}
+		}
+	case codes.AlreadyExists:
+		if _, ok := e.detail.(*AlreadyAllocatedError); !ok {
+			e.detail = &AlreadyAllocatedError{}
+		}
+	case codes.ResourceExhausted:
+		if _, ok := e.detail.(*FullError); !ok {
+			e.detail = &FullError{}
+		}
+	}
+	// A detail that does not belong to the code (a BadRequest on ABORTED, say) is
+	// still reachable with errors.As; only the sentinel depends on the code.
+	return e
+}
+
+// decodeDetails fills e from st's google.rpc details.
+func (e *Error) decodeDetails(st *status.Status) {
 	for _, d := range st.Details() {
 		switch d := d.(type) {
 		case *errdetails.ErrorInfo:
@@ -240,59 +265,51 @@ func mapError(method string, err error) error {
 	if held, ok := e.detail.(*AlreadyAllocatedError); ok {
 		held.HolderUID = e.Metadata["holder_uid"]
 	}
+}
+
+// kindOf returns the sentinel of e's code (and, for FAILED_PRECONDITION, of its
+// reason or, with none, of the RPC); nil for a code with none.
+func kindOf(method string, e *Error) error {
 	switch e.Code {
 	case codes.InvalidArgument:
-		e.kind = ErrInvalid
-		if _, ok := e.detail.(*InvalidError); !ok {
-			e.detail = &InvalidError{}
-		}
+		return ErrInvalid
 	case codes.AlreadyExists:
-		e.kind = ErrAlreadyAllocated
-		if _, ok := e.detail.(*AlreadyAllocatedError); !ok {
-			e.detail = &AlreadyAllocatedError{}
-		}
+		return ErrAlreadyAllocated
 	case codes.ResourceExhausted:
-		e.kind = ErrFull
-		if _, ok := e.detail.(*FullError); !ok {
-			e.detail = &FullError{}
-		}
+		return ErrFull
 	case codes.NotFound:
-		e.kind = ErrNotFound
+		return ErrNotFound
 	case codes.FailedPrecondition:
 		switch e.Reason {
 		case reasonNotOwner:
-			e.kind = ErrNotOwner
+			return ErrNotOwner
 		case reasonStaleSnapshot:
-			e.kind = ErrStaleSnapshot
+			return ErrStaleSnapshot
 		case reasonSnapshotRequired:
-			e.kind = ErrSnapshotRequired
+			return ErrSnapshotRequired
 		case "":
 			// A server that names no reason: the RPC says which precondition it is.
-			e.kind = failedPreconditionByMethod[method]
-			if e.kind == nil {
-				e.kind = ErrFailedPrecondition
+			if k := failedPreconditionByMethod[method]; k != nil {
+				return k
 			}
-		default:
-			// A reason this client does not know (NOT_REPAIR_LEADER, say) is not one
-			// of the kinds above, whatever the RPC.
-			e.kind = ErrFailedPrecondition
 		}
+		// A reason this client does not know (NOT_REPAIR_LEADER, say) is not one of
+		// the kinds above, whatever the RPC.
+		return ErrFailedPrecondition
 	case codes.OutOfRange:
-		e.kind = ErrCompacted
+		return ErrCompacted
 	case codes.Unavailable:
-		e.kind = ErrUnavailable
+		return ErrUnavailable
 	case codes.Aborted:
-		e.kind = ErrAborted
+		return ErrAborted
 	case codes.Unimplemented:
-		e.kind = ErrUnimplemented
+		return ErrUnimplemented
 	case codes.Canceled:
-		e.kind = context.Canceled
+		return context.Canceled
 	case codes.DeadlineExceeded:
-		e.kind = context.DeadlineExceeded
+		return context.DeadlineExceeded
 	}
-	// A detail that does not belong to the code (a BadRequest on ABORTED, say) is
-	// still reachable with errors.As; only the sentinel depends on the code.
-	return e
+	return nil
 }
 
 // isPermanent reports whether retrying the same call later cannot help: the request

@@ -20,6 +20,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/allocd/allocd/internal/badrequest"
+
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
 // errorDomain is the ErrorInfo domain of every allocd error.
@@ -63,7 +65,7 @@ func Status(err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, ErrUnavailable):
-		return unavailable(err.Error(), "UNAVAILABLE")
+		return unavailable(err.Error(), allocdv1.ErrorReason_UNAVAILABLE)
 	}
 	// The domain packages first: a bad snapshot file wraps an invalid snapshot, but is
 	// not the caller's bad input.
@@ -74,19 +76,19 @@ func Status(err error) error {
 		return badRequest(err.Error(), inv.Violations...)
 	}
 	if retryableEtcdError(err) {
-		return unavailable("etcd unavailable: "+err.Error(), "ETCD_UNAVAILABLE")
+		return unavailable("etcd unavailable: "+err.Error(), allocdv1.ErrorReason_ETCD_UNAVAILABLE)
 	}
 	if st, ok := status.FromError(err); ok {
 		// A status from further down (a forwarded call, etcd): kept, but a retryable
 		// one gets its RetryInfo.
 		if st.Code() == codes.Unavailable {
-			return unavailable(st.Message(), "UNAVAILABLE")
+			return unavailable(st.Message(), allocdv1.ErrorReason_UNAVAILABLE)
 		}
 		// A broken connection to etcd (or to the leader) surfaces as INTERNAL from
 		// gRPC's transport ("stream terminated by RST_STREAM"): the call's outcome is
 		// unknown and a retry may succeed; it is not allocd's internal error.
 		if st.Code() == codes.Internal && strings.Contains(st.Message(), "RST_STREAM") {
-			return unavailable(st.Message(), "UNAVAILABLE")
+			return unavailable(st.Message(), allocdv1.ErrorReason_UNAVAILABLE)
 		}
 		return st.Err()
 	}
@@ -94,10 +96,12 @@ func Status(err error) error {
 }
 
 // unavailable is UNAVAILABLE with a RetryInfo detail.
-func unavailable(msg, reason string) error { return unavailableWith(msg, reason, nil) }
+func unavailable(msg string, reason allocdv1.ErrorReason) error {
+	return unavailableWith(msg, reason, nil)
+}
 
 // unavailableWith is unavailable with ErrorInfo metadata.
-func unavailableWith(msg, reason string, metadata map[string]string) error {
+func unavailableWith(msg string, reason allocdv1.ErrorReason, metadata map[string]string) error {
 	return withDetails(codes.Unavailable, msg,
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay)}, errorInfo(reason, metadata))
 }
@@ -110,7 +114,7 @@ func badRequest(msg string, vs ...Violation) error {
 			Field: v.Field, Description: v.Description,
 		})
 	}
-	return withDetails(codes.InvalidArgument, msg, br, errorInfo("INVALID_ARGUMENT", nil))
+	return withDetails(codes.InvalidArgument, msg, br, errorInfo(allocdv1.ErrorReason_INVALID_ARGUMENT, nil))
 }
 
 // retryableEtcdError reports whether err comes from an etcd call that failed for a
@@ -150,8 +154,8 @@ func withDetails(c codes.Code, msg string, details ...proto.Message) error {
 }
 
 // errorInfo is the ErrorInfo detail with a stable reason (UPPER_SNAKE_CASE).
-func errorInfo(reason string, metadata map[string]string) *errdetails.ErrorInfo {
-	return &errdetails.ErrorInfo{Reason: reason, Domain: errorDomain, Metadata: metadata}
+func errorInfo(reason allocdv1.ErrorReason, metadata map[string]string) *errdetails.ErrorInfo {
+	return &errdetails.ErrorInfo{Reason: reason.String(), Domain: errorDomain, Metadata: metadata}
 }
 
 // domainStatus maps the sentinels and typed errors of the domain packages (allocator,
@@ -187,16 +191,16 @@ func allocatorStatus(err error) error {
 		}
 		return withDetails(codes.InvalidArgument, msg,
 			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: msg}}},
-			errorInfo("NOT_IN_RANGE", map[string]string{"item": notIn.Item.String(), "range": notIn.Range}))
+			errorInfo(allocdv1.ErrorReason_NOT_IN_RANGE, map[string]string{"item": notIn.Item.String(), "range": notIn.Range}))
 	case errors.Is(err, allocator.ErrNoRange):
 		return withDetails(codes.InvalidArgument, msg,
 			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "ip_families", Description: msg}}},
-			errorInfo("NO_RANGE", nil))
+			errorInfo(allocdv1.ErrorReason_NO_RANGE, nil))
 	case errors.As(err, &allocated):
 		return withDetails(codes.AlreadyExists, msg,
 			&errdetails.ResourceInfo{ResourceType: "allocd.v1.Allocation", ResourceName: allocated.Item.String(),
 				Owner: allocated.Holder.String(), Description: msg},
-			errorInfo("ALREADY_ALLOCATED", map[string]string{"item": allocated.Item.String(),
+			errorInfo(allocdv1.ErrorReason_ALREADY_ALLOCATED, map[string]string{"item": allocated.Item.String(),
 				"holder_namespace": allocated.Holder.Namespace, "holder_name": allocated.Holder.Name, "holder_uid": allocated.Holder.UID}))
 	case errors.Is(err, allocator.ErrFull):
 		subject := ""
@@ -205,21 +209,21 @@ func allocatorStatus(err error) error {
 		}
 		return withDetails(codes.ResourceExhausted, msg,
 			&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: subject, Description: msg}}},
-			errorInfo("RANGE_FULL", map[string]string{"range": subject}))
+			errorInfo(allocdv1.ErrorReason_RANGE_FULL, map[string]string{"range": subject}))
 	case errors.As(err, &notOwner):
 		return withDetails(codes.FailedPrecondition, msg,
-			errorInfo("NOT_OWNER", map[string]string{"item": notOwner.Item.String(), "holder_uid": notOwner.Holder.UID,
+			errorInfo(allocdv1.ErrorReason_NOT_OWNER, map[string]string{"item": notOwner.Item.String(), "holder_uid": notOwner.Holder.UID,
 				"holder": notOwner.Holder.String()}),
 			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
 				Type: "OWNER", Subject: notOwner.Item.String(), Description: msg + "; set force to release it anyway"}}})
 	case errors.Is(err, allocator.ErrConflict):
-		return withDetails(codes.Aborted, msg, errorInfo("CONFLICT", nil))
+		return withDetails(codes.Aborted, msg, errorInfo(allocdv1.ErrorReason_CONFLICT, nil))
 	case errors.Is(err, allocator.ErrNotFound):
-		return withDetails(codes.NotFound, msg, errorInfo("NOT_ALLOCATED", nil))
+		return withDetails(codes.NotFound, msg, errorInfo(allocdv1.ErrorReason_NOT_ALLOCATED, nil))
 	case errors.Is(err, allocator.ErrNotRunning), errors.Is(err, allocator.ErrNotSynced):
-		return unavailable(msg, "UNAVAILABLE")
+		return unavailable(msg, allocdv1.ErrorReason_UNAVAILABLE)
 	case errors.Is(err, allocator.ErrRangesMismatch):
-		return withDetails(codes.FailedPrecondition, msg, errorInfo("RANGES_MISMATCH", nil))
+		return withDetails(codes.FailedPrecondition, msg, errorInfo(allocdv1.ErrorReason_RANGES_MISMATCH, nil))
 	}
 	return nil
 }
@@ -230,9 +234,9 @@ func allocatorStatus(err error) error {
 func leaseStatus(err error) error {
 	switch {
 	case errors.Is(err, masterlease.ErrNotReady):
-		return unavailable(err.Error(), "MASTER_LEASES_NOT_READY")
+		return unavailable(err.Error(), allocdv1.ErrorReason_MASTER_LEASES_NOT_READY)
 	case errors.Is(err, masterlease.ErrConflict):
-		return withDetails(codes.Aborted, err.Error(), errorInfo("MASTER_LEASE_CONFLICT", nil))
+		return withDetails(codes.Aborted, err.Error(), errorInfo(allocdv1.ErrorReason_MASTER_LEASE_CONFLICT, nil))
 	}
 	return nil
 }
@@ -249,25 +253,25 @@ func repairStatus(err error) error {
 	// not the caller's bad input, so it is matched first.
 	case errors.As(err, &file):
 		return withDetails(codes.FailedPrecondition, err.Error(),
-			errorInfo("SNAPSHOT_FILE_INVALID", map[string]string{"path": file.Path}))
+			errorInfo(allocdv1.ErrorReason_SNAPSHOT_FILE_INVALID, map[string]string{"path": file.Path}))
 	case errors.As(err, &stale):
 		return withDetails(codes.FailedPrecondition, err.Error(),
 			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
 				Type: "STALE_SNAPSHOT", Subject: "snapshot.revision",
 				Description: "the revision must not be older than the last accepted revision " + strconv.FormatInt(stale.Accepted, 10),
 			}}},
-			errorInfo("STALE_SNAPSHOT", map[string]string{
+			errorInfo(allocdv1.ErrorReason_STALE_SNAPSHOT, map[string]string{
 				"revision":          strconv.FormatInt(stale.Revision, 10),
 				"accepted_revision": strconv.FormatInt(stale.Accepted, 10),
 			}))
 	case errors.As(err, &nl):
 		md := map[string]string{"leader": nl.Leader}
 		if nl.Leader == "" || nl.Err != nil {
-			return unavailableWith(err.Error(), "REPAIR_LEADER_UNAVAILABLE", md)
+			return unavailableWith(err.Error(), allocdv1.ErrorReason_REPAIR_LEADER_UNAVAILABLE, md)
 		}
-		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo("NOT_REPAIR_LEADER", md))
+		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo(allocdv1.ErrorReason_NOT_REPAIR_LEADER, md))
 	case errors.Is(err, repair.ErrNoSnapshot):
-		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo("NO_SNAPSHOT", nil))
+		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo(allocdv1.ErrorReason_NO_SNAPSHOT, nil))
 	}
 	return nil
 }
@@ -286,24 +290,24 @@ func endpointsStatus(err error) error {
 	msg := err.Error()
 	switch {
 	case errors.Is(err, endpoints.ErrNotFound):
-		return withDetails(codes.NotFound, msg, errorInfo("ENDPOINTS_NOT_FOUND", nil))
+		return withDetails(codes.NotFound, msg, errorInfo(allocdv1.ErrorReason_ENDPOINTS_NOT_FOUND, nil))
 	case errors.As(err, &req):
 		return withDetails(codes.FailedPrecondition, msg,
 			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
 				Type: "SNAPSHOT_REQUIRED", Subject: string(req.Kind), Description: "push a " + string(req.Kind) + " snapshot first"}}},
-			errorInfo("SNAPSHOT_REQUIRED", map[string]string{"kind": string(req.Kind)}))
+			errorInfo(allocdv1.ErrorReason_SNAPSHOT_REQUIRED, map[string]string{"kind": string(req.Kind)}))
 	case errors.As(err, &stale):
 		return withDetails(codes.FailedPrecondition, msg,
-			errorInfo("STALE_SNAPSHOT", map[string]string{"kind": string(stale.Kind),
+			errorInfo(allocdv1.ErrorReason_STALE_SNAPSHOT, map[string]string{"kind": string(stale.Kind),
 				"revision": strconv.FormatInt(stale.Revision, 10), "applied_revision": strconv.FormatInt(stale.Applied, 10)}))
 	case errors.As(err, &comp):
 		return withDetails(codes.OutOfRange, msg,
-			errorInfo("REVISION_COMPACTED", map[string]string{"revision": strconv.FormatInt(comp.Revision, 10),
+			errorInfo(allocdv1.ErrorReason_REVISION_COMPACTED, map[string]string{"revision": strconv.FormatInt(comp.Revision, 10),
 				"compacted_revision": strconv.FormatInt(comp.Compacted, 10)}))
 	case errors.As(err, &nl):
-		return unavailableWith(msg, "ENDPOINTS_LEADER_UNAVAILABLE", map[string]string{"leader": nl.Leader})
+		return unavailableWith(msg, allocdv1.ErrorReason_ENDPOINTS_LEADER_UNAVAILABLE, map[string]string{"leader": nl.Leader})
 	case errors.Is(err, endpoints.ErrNotReady):
-		return unavailable(msg, "UNAVAILABLE")
+		return unavailable(msg, allocdv1.ErrorReason_UNAVAILABLE)
 	}
 	return nil
 }

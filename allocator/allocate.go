@@ -40,8 +40,8 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Result, error) {
 }
 
 func (a *Allocator) allocate(ctx context.Context, req Request) (Result, error) {
-	if req.Owner.UID == "" {
-		return Result{}, badrequest.New("owner.uid", "required")
+	if err := checkOwner("owner.uid", req.Owner); err != nil {
+		return Result{}, err
 	}
 	o := &op{owner: req.Owner, ownerKey: a.ownerKey(req.Owner.UID), hash: req.hash()}
 	read := false // o.ownerRev and o.record were read from etcd
@@ -266,8 +266,8 @@ func (a *Allocator) dryRun(ctx context.Context, o Owner, picks []*pick) (Result,
 // no-op when o holds it already, and fails with a *AllocatedError when another owner
 // does.
 func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, error) {
-	if o.UID == "" {
-		return Allocation{}, badrequest.New("owner.uid", "required")
+	if err := checkOwner("owner.uid", o); err != nil {
+		return Allocation{}, err
 	}
 	r, off, err := a.locate(it)
 	if err != nil {

@@ -46,16 +46,10 @@ func start(t *testing.T, cli *clientv3.Client, cfg Config) *Allocator {
 
 func owner(uid string) Owner { return Owner{Namespace: "ns", Name: "svc-" + uid, UID: uid} }
 
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func TestAllocateAndReplay(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24", "fd00::/120"))
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 
 	if al, err := a.Get(ctx, IP(netip.MustParseAddr("10.0.0.1"))); err != nil || al.Owner != KubernetesOwner {
 		t.Fatalf("Get(10.0.0.1) = %+v, %v; want held by %v", al, err, KubernetesOwner)
@@ -124,7 +118,7 @@ func TestAllocateAndReplay(t *testing.T) {
 func TestAllocateErrors(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/29"))
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	held, err := a.Allocate(ctx, Request{Owner: owner("holder"), ClusterIPs: []netip.Addr{netip.MustParseAddr("10.0.0.3")}})
 	if err != nil {
 		t.Fatalf("Allocate(10.0.0.3) = %v", err)
@@ -196,7 +190,7 @@ func TestAllocateErrors(t *testing.T) {
 
 func TestRangesMismatch(t *testing.T) {
 	e := etcdtest.New(t)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	if _, err := New(ctx, e.Client, testConfig("10.0.0.0/24")); err != nil {
 		t.Fatalf("New = %v", err)
 	}
@@ -226,7 +220,7 @@ func TestTwoReplicasExhaust(t *testing.T) {
 	cfg := testConfig("10.0.0.0/24")
 	a1 := start(t, e.Client, cfg)
 	a2 := start(t, e.NewClient(), cfg)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	const requests = 320
 	usable := 254 - 1 // minus the kubernetes address
 	var mu sync.Mutex
@@ -291,7 +285,7 @@ func TestTwoReplicasExhaust(t *testing.T) {
 func TestDualStackAllOrNothing(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24", "fd00::/125"))
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	for i := range 7 { // fd00::/125 has 7 usable addresses
 		if _, err := a.Allocate(ctx, Request{Owner: owner(fmt.Sprint("v6-", i)), Families: []Family{IPv6}}); err != nil {
 			t.Fatalf("Allocate(IPv6 %d) = %v", i, err)
@@ -321,7 +315,7 @@ func TestDualStackAllOrNothing(t *testing.T) {
 func TestRestart(t *testing.T) {
 	e := etcdtest.New(t, etcdtest.WithFsync())
 	cfg := testConfig("10.0.0.0/24", "fd00::/120")
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	rctx, cancel := context.WithCancel(ctx)
 	a, err := New(rctx, e.Client, cfg)
 	if err != nil {
@@ -367,7 +361,7 @@ func TestRestart(t *testing.T) {
 func TestRelease(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24"))
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	o, other := owner("o"), owner("other")
 	res, err := a.Allocate(ctx, Request{Owner: o, NodePortCount: 2})
 	if err != nil {
@@ -414,7 +408,7 @@ func TestRelease(t *testing.T) {
 func TestRepairAPI(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24"))
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	if got := a.RangeNames(); fmt.Sprint(got) != "[10.0.0.0/24 30000-32767]" {
 		t.Errorf("RangeNames() = %v", got)
 	}
@@ -466,7 +460,7 @@ func TestGroupCommit(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg := testConfig("10.0.0.0/16")
 	cfg.Registerer = reg
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	a, err := New(ctx, e.Client, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -548,7 +542,7 @@ func TestWatchAcrossReplicas(t *testing.T) {
 	cfg := testConfig("10.0.0.0/24")
 	a1 := start(t, e.Client, cfg)
 	a2 := start(t, e.NewClient(), cfg)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	res, err := a1.Allocate(ctx, Request{Owner: owner("w"), NodePortCount: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -569,7 +563,7 @@ func TestWatchAcrossReplicas(t *testing.T) {
 func TestListPage(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24", "fd00::/120"))
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	for i := range 10 {
 		if _, err := a.Allocate(ctx, Request{Owner: owner(fmt.Sprint("l", i)), Policy: PreferDualStack, NodePortCount: 1}); err != nil {
 			t.Fatal(err)
@@ -624,7 +618,7 @@ func TestKubernetesNodePort(t *testing.T) {
 	cfg := testConfig("10.0.0.0/24")
 	cfg.KubernetesNodePort = 30443
 	a := start(t, e.Client, cfg)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	al, err := a.Get(ctx, Port(30443))
 	if err != nil || al.Owner != KubernetesOwner || !a.IsReserved(Port(30443)) {
 		t.Errorf("Get(30443) = %+v, %v; want reserved for %v", al, err, KubernetesOwner)
@@ -638,7 +632,7 @@ func TestKubernetesNodePort(t *testing.T) {
 func TestWatchAfterCompaction(t *testing.T) {
 	e := etcdtest.New(t)
 	cfg := testConfig("10.0.0.0/24")
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	idle, err := New(ctx, e.Client, cfg) // loaded, not running
 	if err != nil {
 		t.Fatal(err)
@@ -670,7 +664,7 @@ func TestWatchAfterCompaction(t *testing.T) {
 func TestList(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24", "fd00::/120"))
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	want := map[Item]Owner{IP(a.KubernetesIP()): KubernetesOwner}
 	for i := range 20 {
 		o := owner(fmt.Sprint("u", i))
@@ -726,7 +720,7 @@ func TestSyncBesideAFutureWatch(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24"))
 	a.syncTimeout = time.Second
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	if err := a.Sync(ctx); err != nil {
 		t.Fatalf("Sync() = %v", err)
 	}

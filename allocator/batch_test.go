@@ -35,7 +35,7 @@ func TestRetryReplaysAfterRangeFilled(t *testing.T) {
 			cfg := testConfig("10.0.0.0/29")
 			cfg.NodePortRange = PortRange{Base: 30000, Size: 8}
 			a := start(t, e.Client, cfg)
-			ctx := ctxT(t)
+			ctx := etcdtest.Context(t)
 			req := tc.req
 			req.Owner = owner("u-retry")
 			first, err := a.Allocate(ctx, req)
@@ -157,7 +157,7 @@ func TestHeldPickRechecked(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e := etcdtest.New(t)
-			ctx := ctxT(t)
+			ctx := etcdtest.Context(t)
 			cli := e.NewClient()
 			h := &hookKV{KV: cli.KV}
 			cli.KV = h
@@ -207,7 +207,7 @@ func TestExistingOwnerNoConflict(t *testing.T) {
 	cfg := testConfig("10.0.0.0/24")
 	cfg.Registerer = reg
 	a := start(t, e.Client, cfg)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	u := owner("u")
 	conflicts := func() float64 {
 		mfs, err := reg.Gather()
@@ -321,7 +321,7 @@ func TestWritesLogged(t *testing.T) {
 	cfg := testConfig("10.0.0.0/24", "fd00::/120")
 	cfg.Logger = slog.New(h)
 	a := start(t, e.Client, cfg)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	if got := h.take(); !slices.ContainsFunc(got, func(m map[string]string) bool {
 		return m["msg"] == "assigned" && m["uid"] == KubernetesOwner.UID && m["cluster_ips"] == "10.0.0.1"
 	}) {

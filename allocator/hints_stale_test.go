@@ -14,7 +14,7 @@ func TestStaleHintCostsAConflict(t *testing.T) {
 	cfg := testConfig("10.0.0.0/24")
 	a1 := start(t, e.Client, cfg)
 	a2 := start(t, e.NewClient(), cfg)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	o := owner("big")
 	res, err := a1.Allocate(ctx, Request{Owner: o, NoClusterIP: true, NodePortCount: MaxItems})
 	if err != nil {

@@ -225,3 +225,27 @@ func TestErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckUID(t *testing.T) {
+	for _, tc := range []struct {
+		uid string
+		ok  bool
+	}{
+		{"0f6c1b52-9a2e-4c4e-8f59-1f7a0c1c2d3e", true},
+		{"default/kubernetes", true},
+		{"uid-a", true},
+		{"", false},
+		{"/a", false},
+		{"a/", false},
+		{"a//b", false},
+		{"a/../b", false},
+		{".", false},
+		{"a b", false},
+		{"a\nb", false},
+		{"\xff", false},
+	} {
+		if why := CheckUID(tc.uid); (why == "") != tc.ok {
+			t.Errorf("CheckUID(%q) = %q; want ok=%v", tc.uid, why, tc.ok)
+		}
+	}
+}

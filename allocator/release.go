@@ -27,6 +27,11 @@ func (a *Allocator) Release(ctx context.Context, o Owner, items []Item, force bo
 	if o.UID == "" && len(items) == 0 {
 		return nil, 0, badrequest.New("cluster_ips", "name what to release when no owner is given")
 	}
+	if o.UID != "" {
+		if err := checkOwner("owner.uid", o); err != nil {
+			return nil, 0, err
+		}
+	}
 	if len(items) > MaxItems {
 		return nil, 0, badrequest.New("node_ports", fmt.Sprintf("%d items; at most %d per request", len(items), MaxItems))
 	}
@@ -198,8 +203,8 @@ func (a *Allocator) ReleaseIf(ctx context.Context, al Allocation) (bool, error) 
 // Reassign gives al to another owner if its key is still at al.ModRevision (else
 // ErrConflict), updating both owners' records in the same transaction.
 func (a *Allocator) Reassign(ctx context.Context, al Allocation, to Owner) (Allocation, error) {
-	if to.UID == "" {
-		return Allocation{}, badrequest.New("owner.uid", "required")
+	if err := checkOwner("owner.uid", to); err != nil {
+		return Allocation{}, err
 	}
 	ra := &reassign{to: to, now: time.Now()}
 	for range maxWriteRetries {

@@ -1,9 +1,15 @@
 package allocator
 
 import (
+	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 // Kind is the kind of an allocatable item.
@@ -77,4 +83,37 @@ type Allocation struct {
 	AllocateTime time.Time
 	// CreateRevision and ModRevision are the etcd revisions of the item's key.
 	CreateRevision, ModRevision int64
+}
+
+// CheckUID reports what is wrong with an owner UID, "" when nothing is. A UID is the
+// last part of its owner record's key (<prefix>/owners/<uid>), so it must be a usable
+// key part: not empty, printable UTF-8 without spaces, and no empty, "." or ".."
+// segment between slashes (Kubernetes UIDs are UUIDs and never have a slash;
+// KubernetesOwner's "default/kubernetes" has two segments).
+func CheckUID(uid string) string {
+	if uid == "" {
+		return "required"
+	}
+	if !utf8.ValidString(uid) {
+		return "not valid UTF-8"
+	}
+	for _, r := range uid {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return fmt.Sprintf("contains %q; want printable characters without spaces", r)
+		}
+	}
+	for seg := range strings.SplitSeq(uid, "/") {
+		if seg == "" || seg == "." || seg == ".." {
+			return fmt.Sprintf("%q has an empty, \".\" or \"..\" segment between slashes", uid)
+		}
+	}
+	return ""
+}
+
+// checkOwner returns an *InvalidError for an owner whose UID CheckUID refuses.
+func checkOwner(field string, o Owner) error {
+	if why := CheckUID(o.UID); why != "" {
+		return badrequest.New(field, why)
+	}
+	return nil
 }

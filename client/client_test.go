@@ -13,6 +13,7 @@ import (
 
 	"github.com/allocd/allocd/client"
 	"github.com/allocd/allocd/internal/daemon"
+	"github.com/allocd/allocd/internal/etcdtest"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
@@ -27,12 +28,6 @@ func newClient(t *testing.T, addr string, opts ...client.Option) *client.Client 
 	return c
 }
 
-func testContext(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func owner(name string) *allocdv1.Owner {
 	return &allocdv1.Owner{Namespace: "default", Name: name, Uid: "uid-" + name}
 }
@@ -42,7 +37,7 @@ func owner(name string) *allocdv1.Owner {
 func TestAllocateErrors(t *testing.T) {
 	d := daemon.StartForTest(t, func(c *daemon.Config) { c.ServiceClusterIPRange = "10.96.0.0/29" })
 	c := newClient(t, d.GRPCAddr())
-	ctx := testContext(t)
+	ctx := etcdtest.Context(t)
 
 	// A specific address, then the same request again: the same answer, replayed.
 	req := &allocdv1.AllocateRequest{Owner: owner("a"), ClusterIps: []string{"10.96.0.2"}, NodePorts: []int32{30080}}
@@ -133,7 +128,7 @@ func TestRetryUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	noRetry := newClient(t, addr, client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
-	if _, err := noRetry.ListRanges(testContext(t)); !errors.Is(err, client.ErrUnavailable) {
+	if _, err := noRetry.ListRanges(etcdtest.Context(t)); !errors.Is(err, client.ErrUnavailable) {
 		t.Fatalf("ListRanges(no server, no retries) = %v; want ErrUnavailable", err)
 	}
 
@@ -184,7 +179,7 @@ func TestRetryUnavailable(t *testing.T) {
 func TestLeaseKeeper(t *testing.T) {
 	d := daemon.StartForTest(t)
 	c := newClient(t, d.GRPCAddr())
-	ctx := testContext(t)
+	ctx := etcdtest.Context(t)
 	const ip = "192.0.2.10"
 	const ttl = time.Second
 	interval := ttl / 3
@@ -282,7 +277,7 @@ func TestLeaseKeeperServerDown(t *testing.T) {
 
 func hasLease(t *testing.T, c *client.Client, ip string) bool {
 	t.Helper()
-	resp, err := c.ListLeases(testContext(t))
+	resp, err := c.ListLeases(etcdtest.Context(t))
 	if err != nil {
 		t.Fatalf("ListLeases() = %v", err)
 	}
@@ -293,7 +288,7 @@ func hasLease(t *testing.T, c *client.Client, ip string) bool {
 func TestPushServiceSnapshot(t *testing.T) {
 	d := daemon.StartForTest(t)
 	c := newClient(t, d.GRPCAddr(), client.WithSnapshotChunkSize(3))
-	ctx := testContext(t)
+	ctx := etcdtest.Context(t)
 	var services []*allocdv1.Service
 	for i := range 10 {
 		name := "svc-" + string(rune('a'+i))
@@ -323,7 +318,7 @@ func TestTwoReplicas(t *testing.T) {
 	a := daemon.StartForTest(t, func(c *daemon.Config) { etcdAddr = c.EmbeddedEtcdClientAddress })
 	b := daemon.StartForTest(t, func(c *daemon.Config) { c.EtcdServers = []string{"http://" + etcdAddr} })
 	ca, cb := newClient(t, a.GRPCAddr()), newClient(t, b.GRPCAddr())
-	ctx := testContext(t)
+	ctx := etcdtest.Context(t)
 
 	resp, err := ca.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner("on-a"), NodePortCount: 1})
 	if err != nil || len(resp.GetClusterIps()) != 1 || len(resp.GetNodePorts()) != 1 {

@@ -69,7 +69,7 @@ func TestEndpointsWatcherResumes(t *testing.T) {
 
 	var recv countRecv
 	c := newClient(t, cfg.GRPCAddress, client.WithDialOptions(grpc.WithChainStreamInterceptor(recv.intercept)))
-	ctx := testContext(t)
+	ctx := etcdtest.Context(t)
 	if _, err := c.Renew(ctx, &allocdv1.RenewRequest{Ip: "10.0.0.11", TtlSeconds: 600}); err != nil {
 		t.Fatalf("Renew(10.0.0.11) = %v", err)
 	}

@@ -2,6 +2,7 @@ package endpoints
 
 import (
 	"errors"
+	"github.com/allocd/allocd/internal/etcdtest"
 	"maps"
 	"testing"
 	"time"
@@ -228,7 +229,7 @@ func assertStored(t *testing.T, key string, got, want *Endpoints) {
 func TestWaitsForBothSnapshots(t *testing.T) {
 	h := newHarness(t, Config{})
 	before := h.rev()
-	ctx := testCtx(t)
+	ctx := etcdtest.Context(t)
 	if err := h.c.ApplyServiceSnapshot(ctx, 1, []*Service{testService("default")}); err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +343,7 @@ func TestEndpointsDeletedBySomeone(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.snapshots(1, []*Service{testService("default")}, []*Pod{testPod("default", 0, true, 1)})
 	h.settle()
-	if _, err := h.cli.Delete(testCtx(t), testPrefix+"/endpoints/default/foo"); err != nil {
+	if _, err := h.cli.Delete(etcdtest.Context(t), testPrefix+"/endpoints/default/foo"); err != nil {
 		t.Fatal(err)
 	}
 	waitStored(t, h, "default", "foo")
@@ -397,7 +398,7 @@ func TestFence(t *testing.T) {
 	h.snapshots(1, []*Service{testService("default")}, []*Pod{testPod("default", 0, true, 1)})
 	h.settle()
 	// A new leader's election key replaces ours.
-	if _, err := h.cli.Delete(testCtx(t), h.fence.Key); err != nil {
+	if _, err := h.cli.Delete(etcdtest.Context(t), h.fence.Key); err != nil {
 		t.Fatal(err)
 	}
 	stored := h.get("default", "foo")
@@ -419,7 +420,7 @@ func TestFence(t *testing.T) {
 	if h.c.Leading() {
 		t.Fatal("Leading() after the term ended")
 	}
-	if _, err := h.c.ApplyEvents(testCtx(t), nil); !errors.Is(err, ErrNotLeader) {
+	if _, err := h.c.ApplyEvents(etcdtest.Context(t), nil); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("ApplyEvents after the term = %v; want ErrNotLeader", err)
 	}
 }
@@ -435,10 +436,10 @@ func TestNewTermNeedsFreshSnapshots(t *testing.T) {
 	}
 	h.lead()
 	before := h.rev()
-	if _, err := h.c.ApplyEvents(testCtx(t), []Event{{Type: Upsert, Revision: 5, Service: testService("default")}}); !errors.Is(err, ErrSnapshotRequired) {
+	if _, err := h.c.ApplyEvents(etcdtest.Context(t), []Event{{Type: Upsert, Revision: 5, Service: testService("default")}}); !errors.Is(err, ErrSnapshotRequired) {
 		t.Fatalf("ApplyEvents in a new term = %v; want ErrSnapshotRequired", err)
 	}
-	if err := h.c.ApplyServiceSnapshot(testCtx(t), 5, nil); err != nil {
+	if err := h.c.ApplyServiceSnapshot(etcdtest.Context(t), 5, nil); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -503,7 +504,7 @@ func TestMasterEndpoints(t *testing.T) {
 // snapshots: that is how an idle feeder learns that a new leader needs them.
 func TestHeartbeat(t *testing.T) {
 	h := newHarness(t, Config{})
-	ctx := testCtx(t)
+	ctx := etcdtest.Context(t)
 	if _, err := h.c.ApplyEvents(ctx, nil); !errors.Is(err, ErrSnapshotRequired) {
 		t.Fatalf("heartbeat with no snapshot = %v; want ErrSnapshotRequired", err)
 	}

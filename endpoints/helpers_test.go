@@ -25,12 +25,6 @@ type harness struct {
 
 const testPrefix = "/allocd"
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // newHarness starts etcd and a controller; existing objects are stored before the
 // term starts (as an earlier leader or a person left them).
 func newHarness(t *testing.T, cfg Config, existing ...*Endpoints) *harness {
@@ -53,7 +47,7 @@ func newHarness(t *testing.T, cfg Config, existing ...*Endpoints) *harness {
 // lead starts a term fenced by a fresh election key.
 func (h *harness) lead() {
 	h.t.Helper()
-	ctx := testCtx(h.t)
+	ctx := etcdtest.Context(h.t)
 	key := testPrefix + "/repair/leader/" + strconv.FormatInt(time.Now().UnixNano(), 16)
 	resp, err := h.cli.Put(ctx, key, "test")
 	if err != nil {
@@ -91,7 +85,7 @@ func (h *harness) store(ep *Endpoints) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	if _, err := h.cli.Put(testCtx(h.t), testPrefix+"/endpoints/"+ep.Key(), string(b)); err != nil {
+	if _, err := h.cli.Put(etcdtest.Context(h.t), testPrefix+"/endpoints/"+ep.Key(), string(b)); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -99,7 +93,7 @@ func (h *harness) store(ep *Endpoints) {
 // snapshots pushes a Service and a Pod snapshot.
 func (h *harness) snapshots(rev int64, svcs []*Service, pods []*Pod) {
 	h.t.Helper()
-	ctx := testCtx(h.t)
+	ctx := etcdtest.Context(h.t)
 	if err := h.c.ApplyServiceSnapshot(ctx, rev, svcs); err != nil {
 		h.t.Fatalf("ApplyServiceSnapshot: %v", err)
 	}
@@ -111,7 +105,7 @@ func (h *harness) snapshots(rev int64, svcs []*Service, pods []*Pod) {
 // events applies events and fails the test on an error.
 func (h *harness) events(evs ...Event) EventsResult {
 	h.t.Helper()
-	res, err := h.c.ApplyEvents(testCtx(h.t), evs)
+	res, err := h.c.ApplyEvents(etcdtest.Context(h.t), evs)
 	if err != nil {
 		h.t.Fatalf("ApplyEvents: %v", err)
 	}
@@ -142,7 +136,7 @@ func (h *harness) settle() {
 // rev returns etcd's current revision: unchanged means nothing was written.
 func (h *harness) rev() int64 {
 	h.t.Helper()
-	resp, err := h.cli.Get(testCtx(h.t), "/none")
+	resp, err := h.cli.Get(etcdtest.Context(h.t), "/none")
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -152,7 +146,7 @@ func (h *harness) rev() int64 {
 // get reads a stored object, nil when absent.
 func (h *harness) get(ns, name string) *Endpoints {
 	h.t.Helper()
-	resp, err := h.cli.Get(testCtx(h.t), testPrefix+"/endpoints/"+ns+"/"+name)
+	resp, err := h.cli.Get(etcdtest.Context(h.t), testPrefix+"/endpoints/"+ns+"/"+name)
 	if err != nil {
 		h.t.Fatal(err)
 	}

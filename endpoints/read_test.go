@@ -3,6 +3,7 @@ package endpoints
 import (
 	"context"
 	"errors"
+	"github.com/allocd/allocd/internal/etcdtest"
 	"strconv"
 	"testing"
 	"time"
@@ -18,7 +19,7 @@ func TestList(t *testing.T) {
 		h.store(e)
 	}
 	h.store(handMade("ns2", "other"))
-	ctx := testCtx(t)
+	ctx := etcdtest.Context(t)
 	var names []string
 	tok := ""
 	var rev0 int64
@@ -62,7 +63,7 @@ func TestList(t *testing.T) {
 func TestWatch(t *testing.T) {
 	h := newHarness(t, Config{})
 	h.store(handMade("ns", "a"))
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(etcdtest.Context(t))
 	defer cancel()
 	got := make(chan WatchEvent, 16)
 	errc := make(chan error, 1)

@@ -16,7 +16,7 @@ import (
 // saw the events, rather than keep the dead one by the guard.
 func TestRelistKeepsShutdownException(t *testing.T) {
 	e := etcdtest.New(t)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	watching := start(t, e.Client) // a replica whose watch stays up
 	relisting := newStopped(t, e.Client)
 
@@ -81,7 +81,7 @@ func (t *ambiguousTxn) Commit() (*clientv3.TxnResponse, error) {
 // would delete a live API server's key.
 func TestAmbiguousRenewKeepsCommittedLease(t *testing.T) {
 	e := etcdtest.New(t)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	cli := e.NewClient()
 	fail := false
 	cli.KV = ambiguousKV{KV: cli.KV, fail: &fail}

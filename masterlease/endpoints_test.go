@@ -79,7 +79,7 @@ func TestWatchEndpoints(t *testing.T) {
 	e := etcdtest.New(t)
 	m := start(t, e.Client)
 	other := start(t, e.NewClient()) // a second replica
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	const wait = 5 * time.Second
 
 	r := watchEndpoints(t, ctx, m)
@@ -156,7 +156,7 @@ func TestGuardOnExpiry(t *testing.T) {
 	t.Parallel()
 	e := etcdtest.New(t)
 	m := start(t, e.Client)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	mustRenew(t, ctx, m, "10.4.0.1", 1)
 	etcdtest.WaitFor(t, 5*time.Second, "the lease to expire", func() bool {
 		ls, _, err := m.List(ctx)
@@ -184,7 +184,7 @@ func TestEndpointsLeaveWithinTTL(t *testing.T) {
 	t.Parallel()
 	e := etcdtest.New(t)
 	m := start(t, e.Client)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	r := watchEndpoints(t, ctx, m)
 	checkAddrs(t, "initial", r.next(t, 5*time.Second))
 
@@ -228,7 +228,7 @@ func TestSlowWatcher(t *testing.T) {
 	t.Parallel()
 	e := etcdtest.New(t)
 	m := start(t, e.Client)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 
 	release := make(chan struct{})
 	slow := make(chan Endpoints, 100)
@@ -274,7 +274,7 @@ func TestNotReady(t *testing.T) {
 	e := etcdtest.New(t)
 	m := newStopped(t, e.Client)
 	m.syncTimeout = 200 * time.Millisecond
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	if _, err := m.Endpoints(ctx); !errors.Is(err, ErrNotReady) {
 		t.Errorf("Endpoints() without Run = %v; want ErrNotReady", err)
 	}
@@ -325,7 +325,7 @@ func TestProgressBesideAFutureWatch(t *testing.T) {
 	e := etcdtest.New(t)
 	m := start(t, e.Client)
 	m.syncTimeout = time.Second
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	if _, err := m.Endpoints(ctx); err != nil {
 		t.Fatalf("Endpoints() = %v", err)
 	}

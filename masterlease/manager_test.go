@@ -50,15 +50,9 @@ func newStopped(t *testing.T, cli *clientv3.Client, mutate ...func(*Config)) *Ma
 	return m
 }
 
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func etcdLeases(t *testing.T, cli *clientv3.Client) []clientv3.LeaseID {
 	t.Helper()
-	r, err := cli.Leases(ctxT(t))
+	r, err := cli.Leases(etcdtest.Context(t))
 	if err != nil {
 		t.Fatalf("Leases() = %v", err)
 	}
@@ -109,7 +103,7 @@ func TestParseIP(t *testing.T) {
 func TestRenewInvalidWritesNothing(t *testing.T) {
 	e := etcdtest.New(t)
 	m := newStopped(t, e.Client)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	tests := []struct {
 		ip     string
 		ttl    int64
@@ -171,7 +165,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{Prefix: testPrefix, ServicePort: -1},
 	}
 	for _, cfg := range tests {
-		if m, err := New(ctxT(t), e.Client, cfg); err == nil {
+		if m, err := New(etcdtest.Context(t), e.Client, cfg); err == nil {
 			t.Errorf("New(%+v) = %v, nil; want an error", cfg, m)
 		}
 	}
@@ -187,7 +181,7 @@ func TestExpiryLatency(t *testing.T) {
 	t.Parallel()
 	e := etcdtest.New(t)
 	m := newStopped(t, e.Client)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	for _, ttl := range []int64{1, 2} {
 		ip := fmt.Sprintf("10.0.0.%d", ttl)
 		l, err := m.Renew(ctx, ip, ttl)
@@ -224,7 +218,7 @@ func TestRenewEveryThirdNeverExpires(t *testing.T) {
 	t.Parallel()
 	e := etcdtest.New(t)
 	m := newStopped(t, e.Client)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	const ip = "10.1.0.1"
 	first, err := m.Renew(ctx, ip, 1)
 	if err != nil {
@@ -278,7 +272,7 @@ func TestRenewLeavesOneEtcdLease(t *testing.T) {
 	e := etcdtest.New(t)
 	m1 := newStopped(t, e.Client)
 	m2 := newStopped(t, e.NewClient())
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	const ip = "10.2.0.1"
 
 	var ids []clientv3.LeaseID
@@ -343,7 +337,7 @@ func TestRenewLeavesOneEtcdLease(t *testing.T) {
 func TestRemove(t *testing.T) {
 	e := etcdtest.New(t)
 	m := newStopped(t, e.Client)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	l, err := m.Renew(ctx, "2001:db8::7", 30)
 	if err != nil {
 		t.Fatalf("Renew() = %v", err)
@@ -367,7 +361,7 @@ func TestRemove(t *testing.T) {
 func TestListSortedWithRemaining(t *testing.T) {
 	e := etcdtest.New(t)
 	writer := newStopped(t, e.Client)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	ips := []string{"2001:db8::1", "10.0.0.10", "192.168.0.1", "10.0.0.9", "::1"}
 	for _, ip := range ips {
 		if _, err := writer.Renew(ctx, ip, 30); err != nil {
@@ -411,7 +405,7 @@ func TestMetrics(t *testing.T) {
 	e := etcdtest.New(t)
 	reg := prometheus.NewRegistry()
 	m := start(t, e.Client, func(c *Config) { c.Registerer = reg })
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	if _, err := m.Renew(ctx, "10.3.0.1", 0); err != nil {
 		t.Fatal(err)
 	}
@@ -518,7 +512,7 @@ func TestRenewThroughRestart(t *testing.T) {
 	t.Parallel()
 	e := etcdtest.New(t, etcdtest.WithFsync())
 	m := newStopped(t, e.Client)
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	const ip = "10.7.0.1"
 	first, err := m.Renew(ctx, ip, 2)
 	if err != nil {

@@ -56,8 +56,14 @@ func (e *NotLeaderError) Error() string {
 	return "not the repair leader; the repair leader is " + e.Leader
 }
 
-// Unwrap lets errors.Is(err, ErrNotLeader) match.
-func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
+// Unwrap lets errors.Is(err, ErrNotLeader) match, and errors.Is and errors.As reach
+// the error of the failed call to the leader, if any.
+func (e *NotLeaderError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrNotLeader}
+	}
+	return []error{ErrNotLeader, e.Err}
+}
 
 // Violation is one bad field of a snapshot, named as in the proto
 // (snapshot.services[3].uid).

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
+
+	"github.com/allocd/allocd/allocator"
 )
 
 // Snapshot is the full list of Services of the caller's store at one revision of that
@@ -83,6 +85,8 @@ func (s Snapshot) Validate() error {
 		}
 		if svc.UID == "" {
 			add(f+".uid", "must not be empty")
+		} else if why := allocator.CheckUID(svc.UID); why != "" {
+			add(f+".uid", why)
 		} else if j, dup := uids[svc.UID]; dup {
 			add(f+".uid", fmt.Sprintf("%q is also the uid of snapshot.services[%d]", svc.UID, j))
 		} else {

@@ -226,8 +226,8 @@ func validOwner(inv *InvalidError, o *allocdv1.Owner, uidRequired bool) allocato
 		}
 		return allocator.Owner{}
 	}
-	if uidRequired && o.GetUid() == "" {
-		inv.Add("owner.uid", "required")
+	if why := allocator.CheckUID(o.GetUid()); why != "" && (uidRequired || o.GetUid() != "") {
+		inv.Add("owner.uid", why)
 	}
 	for _, f := range []struct{ name, v string }{{"owner.namespace", o.GetNamespace()}, {"owner.name", o.GetName()}, {"owner.uid", o.GetUid()}} {
 		if len(f.v) > maxOwnerField {

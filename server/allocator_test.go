@@ -56,7 +56,7 @@ func own(uid string) *allocdv1.Owner {
 func TestAllocatorServiceAcceptance(t *testing.T) {
 	e := etcdtest.New(t)
 	c := startAllocatorServer(t, e, "10.0.0.0/24", "fd00::/120")
-	ctx := testCtx(t)
+	ctx := etcdtest.Context(t)
 
 	// Require dual stack: one IPv4 and one IPv6 address, both from the upper band, and
 	// the same answer on retry.
@@ -129,7 +129,7 @@ func TestAllocatorServiceAcceptance(t *testing.T) {
 func TestAllocatorServiceErrors(t *testing.T) {
 	e := etcdtest.New(t)
 	c := startAllocatorServer(t, e, "10.0.0.0/29")
-	ctx := testCtx(t)
+	ctx := etcdtest.Context(t)
 	tests := []struct {
 		name   string
 		req    *allocdv1.AllocateRequest
@@ -138,6 +138,7 @@ func TestAllocatorServiceErrors(t *testing.T) {
 	}{
 		{"no owner", &allocdv1.AllocateRequest{}, codes.InvalidArgument, []string{"owner"}},
 		{"no uid", &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Name: "x"}}, codes.InvalidArgument, []string{"owner.uid"}},
+		{"uid with an empty segment", &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Name: "x", Uid: "a//b"}}, codes.InvalidArgument, []string{"owner.uid"}},
 		{"bad ip", &allocdv1.AllocateRequest{Owner: own("a"), ClusterIps: []string{"10.0.0.300"}}, codes.InvalidArgument, []string{"cluster_ips[0]"}},
 		{"mapped ip", &allocdv1.AllocateRequest{Owner: own("a"), ClusterIps: []string{"::ffff:10.0.0.2"}}, codes.InvalidArgument, []string{"cluster_ips[0]"}},
 		{"bad port", &allocdv1.AllocateRequest{Owner: own("a"), NodePorts: []int32{30001, 70000}}, codes.InvalidArgument, []string{"node_ports[1]"}},
@@ -203,7 +204,7 @@ func TestAllocatorServiceErrors(t *testing.T) {
 func TestAllocatorServicePaging(t *testing.T) {
 	e := etcdtest.New(t)
 	c := startAllocatorServer(t, e, "10.0.0.0/24")
-	ctx := testCtx(t)
+	ctx := etcdtest.Context(t)
 	for i := range 7 {
 		if _, err := c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: own(fmt.Sprint("p", i)), NodePortCount: 1}); err != nil {
 			t.Fatal(err)
@@ -246,7 +247,7 @@ func TestAllocatorServicePaging(t *testing.T) {
 func TestAllocatorServiceListRangesCurrent(t *testing.T) {
 	e := etcdtest.New(t)
 	c := startAllocatorServer(t, e, "10.0.0.0/24")
-	ctx := testCtx(t)
+	ctx := etcdtest.Context(t)
 	used := func() uint64 {
 		t.Helper()
 		lr, err := c.ListRanges(ctx, &allocdv1.ListRangesRequest{})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -43,11 +42,4 @@ func serve(t *testing.T, loop func(context.Context) error, register func(*grpc.S
 		}
 	})
 	return conn
-}
-
-// testCtx bounds a test's calls.
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }

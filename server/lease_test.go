@@ -38,7 +38,7 @@ func startLeaseServer(t *testing.T, e *etcdtest.Server) allocdv1.LeaseServiceCli
 func TestLeaseServiceBadInput(t *testing.T) {
 	e := etcdtest.New(t)
 	c := startLeaseServer(t, e)
-	ctx := testCtx(t)
+	ctx := etcdtest.Context(t)
 	before, err := e.Client.Get(ctx, "rev")
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +104,7 @@ func badRequestFields(t *testing.T, err error) []string {
 func TestLeaseServiceAcceptance(t *testing.T) {
 	e := etcdtest.New(t)
 	c := startLeaseServer(t, e)
-	ctx := testCtx(t)
+	ctx := etcdtest.Context(t)
 
 	live, err := c.Renew(ctx, &allocdv1.RenewRequest{Ip: "192.168.1.20", TtlSeconds: 30})
 	if err != nil {

@@ -77,12 +77,6 @@ func startRepairNode(t *testing.T, cli *clientv3.Client) *repairNode {
 	return n
 }
 
-func repairCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func waitRepairLeader(t *testing.T, nodes ...*repairNode) *repairNode {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -152,7 +146,7 @@ func TestRepairServiceAcceptance(t *testing.T) {
 	e := etcdtest.New(t)
 	n := startRepairNode(t, e.Client)
 	waitRepairLeader(t, n)
-	ctx := repairCtx(t)
+	ctx := etcdtest.Context(t)
 	a := n.alloc
 	addr := func(s string) allocator.Item { return allocator.IP(netip.MustParseAddr(s)) }
 	for uid, items := range map[string][]allocator.Item{
@@ -265,7 +259,7 @@ func TestRepairServiceUnrepairable(t *testing.T) {
 	e := etcdtest.New(t)
 	n := startRepairNode(t, e.Client)
 	waitRepairLeader(t, n)
-	ctx := repairCtx(t)
+	ctx := etcdtest.Context(t)
 	var ports []int32
 	for p := int32(30100); p < 30100+allocator.MaxItems+1; p++ {
 		ports = append(ports, p)
@@ -310,7 +304,7 @@ func TestRepairServiceErrors(t *testing.T) {
 	e := etcdtest.New(t)
 	n := startRepairNode(t, e.Client)
 	waitRepairLeader(t, n)
-	ctx := repairCtx(t)
+	ctx := etcdtest.Context(t)
 
 	_, err := n.client.RunRepair(ctx, &allocdv1.RunRepairRequest{})
 	if ei, _ := repairDetail[*errdetails.ErrorInfo](err); status.Code(err) != codes.FailedPrecondition || ei.GetReason() != "NO_SNAPSHOT" {
@@ -369,7 +363,7 @@ func TestRepairServiceForwarding(t *testing.T) {
 	if leader == n2 {
 		follower = n1
 	}
-	ctx := repairCtx(t)
+	ctx := etcdtest.Context(t)
 	resp, err := push(ctx, follower.client, []int64{3}, []*allocdv1.Service{svcProto("uid-a", []string{"192.168.1.2"})})
 	if err != nil || resp.GetRevision() != 3 {
 		t.Fatalf("PushServiceSnapshot to the follower = %v, %v; want revision 3", resp, err)
@@ -410,7 +404,7 @@ func TestRepairServiceLargeSnapshot(t *testing.T) {
 	e := etcdtest.New(t)
 	n := startRepairNode(t, e.Client)
 	waitRepairLeader(t, n)
-	ctx := repairCtx(t)
+	ctx := etcdtest.Context(t)
 	const total = 100_000
 	all := make([]*allocdv1.Service, total)
 	for i := range all {
@@ -453,7 +447,7 @@ func TestRepairServiceForwardedReceipt(t *testing.T) {
 	e := etcdtest.New(t)
 	n := startRepairNode(t, e.Client)
 	waitRepairLeader(t, n)
-	ctx := repairCtx(t)
+	ctx := etcdtest.Context(t)
 	first, err := e.Client.Get(ctx, "/any") // the forwarding replica's receipt
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package etcdtest
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -16,4 +17,12 @@ func WaitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// Context returns the context of a test's calls: it ends after 30 s, or when the test
+// does.
+func Context(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
 }

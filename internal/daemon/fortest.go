@@ -4,14 +4,22 @@ import (
 	"context"
 	"io"
 	"net"
-	"testing"
 	"time"
 )
+
+// TB is what StartForTest needs of a test: testing.TB has it. The daemon does not
+// import package testing, so that the allocd binary does not link it.
+type TB interface {
+	Helper()
+	TempDir() string
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
 
 // StartForTest starts allocd for a test: embedded etcd in t.TempDir() with fsync off and
 // fast raft timing, every listener on a free loopback port, logs discarded (unless
 // mutate sets LogOutput), stopped by t.Cleanup. mutate changes the config first.
-func StartForTest(t testing.TB, mutate ...func(*Config)) *Daemon {
+func StartForTest(t TB, mutate ...func(*Config)) *Daemon {
 	t.Helper()
 	cfg := TestConfig(t.TempDir(), func() string { return freeAddr(t) })
 	for _, m := range mutate {
@@ -54,7 +62,7 @@ func FreeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
-func freeAddr(t testing.TB) string {
+func freeAddr(t TB) string {
 	a, err := FreeAddr()
 	if err != nil {
 		t.Fatalf("free port: %v", err)

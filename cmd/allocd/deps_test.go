@@ -1,0 +1,28 @@
+package main
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestBinaryDeps checks, with `go list -deps`, that the allocd binary does not link
+// package testing (test helpers of the daemon take an interface instead).
+func TestBinaryDeps(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("go command not found: %v", err)
+	}
+	out, err := exec.Command(goTool, "list", "-deps", "github.com/allocd/allocd/cmd/allocd").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, "github.com/allocd/allocd/internal/daemon") {
+		t.Fatalf("go list -deps lists %d packages without internal/daemon; the listing is not what this test expects", len(deps))
+	}
+	if slices.Contains(deps, "testing") {
+		t.Error("the allocd binary links package testing")
+	}
+}

@@ -193,6 +193,15 @@ func (a *Allocator) Free(rangeName string) uint64 {
 	return 0
 }
 
+// RangeSet returns the ranges as a value.
+func (a *Allocator) RangeSet() RangeSet {
+	s := RangeSet{NodePort: a.portRange.ports, KubernetesIP: a.kubeIP, KubernetesNodePort: a.kubePort}
+	for _, r := range a.ipRanges {
+		s.ClusterIP = append(s.ClusterIP, r.span.prefix)
+	}
+	return s
+}
+
 // IsReserved reports whether it is the kubernetes address or node port.
 func (a *Allocator) IsReserved(it Item) bool {
 	switch it.Kind {

@@ -1,11 +1,13 @@
 package allocator
 
 import (
+	"fmt"
 	"net/netip"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allocd/allocd/allocator/bitmap"
+	"github.com/allocd/allocd/internal/badrequest"
 )
 
 // MaxRangeBits is the most host bits a ClusterIP range may have: 2^24 addresses (an
@@ -74,4 +76,66 @@ func portBand(size uint64) uint64 {
 		return 0
 	}
 	return min(max(16, size/32), 128)
+}
+
+// RangeSet is the ranges of an Allocator as a value, for those that judge items
+// without allocating (repair): which range an item is in, which items are reserved.
+type RangeSet struct {
+	// ClusterIP are the ClusterIP ranges, primary first.
+	ClusterIP []netip.Prefix
+	// NodePort is the node port range.
+	NodePort PortRange
+	// KubernetesIP and KubernetesNodePort (0: none) are held for the kubernetes
+	// Service.
+	KubernetesIP       netip.Addr
+	KubernetesNodePort int
+}
+
+// Names returns the range names: the ClusterIP ranges, primary first, then the node
+// port range.
+func (s RangeSet) Names() []string {
+	names := make([]string, 0, len(s.ClusterIP)+1)
+	for _, p := range s.ClusterIP {
+		names = append(names, p.String())
+	}
+	return append(names, s.NodePort.String())
+}
+
+// Of returns the name of it's range: ErrNoRange when no range has its IP family, a
+// *NotInRangeError when it lies outside (or is the network or broadcast address of)
+// its range, an *InvalidError for an invalid item.
+func (s RangeSet) Of(it Item) (string, error) {
+	switch it.Kind {
+	case KindClusterIP:
+		if !it.Addr.IsValid() {
+			return "", badrequest.New("cluster_ip", "not an IP address")
+		}
+		for _, p := range s.ClusterIP {
+			if p.Addr().Is4() != it.Addr.Is4() {
+				continue
+			}
+			if _, ok := newIPSpan(p).offset(it.Addr); !ok {
+				return "", &NotInRangeError{Item: it, Range: p.String()}
+			}
+			return p.String(), nil
+		}
+		return "", fmt.Errorf("%s: %w", it, ErrNoRange)
+	case KindNodePort:
+		if !s.NodePort.Contains(it.Port) {
+			return "", &NotInRangeError{Item: it, Range: s.NodePort.String()}
+		}
+		return s.NodePort.String(), nil
+	}
+	return "", badrequest.New("kind", "unknown item kind")
+}
+
+// IsReserved reports whether it is the kubernetes address or node port.
+func (s RangeSet) IsReserved(it Item) bool {
+	switch it.Kind {
+	case KindClusterIP:
+		return it.Addr == s.KubernetesIP
+	case KindNodePort:
+		return s.KubernetesNodePort != 0 && it.Port == s.KubernetesNodePort
+	}
+	return false
 }

@@ -2,7 +2,9 @@ package allocator
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/allocd/allocd/internal/badrequest"
@@ -246,6 +248,33 @@ func TestCheckUID(t *testing.T) {
 	} {
 		if why := CheckUID(tc.uid); (why == "") != tc.ok {
 			t.Errorf("CheckUID(%q) = %q; want ok=%v", tc.uid, why, tc.ok)
+		}
+	}
+}
+
+// TestRangeSet: the value repair judges with answers as the Allocator does.
+func TestRangeSet(t *testing.T) {
+	a := &Allocator{}
+	a.ipRanges = []*rng{newIPRange(netip.MustParsePrefix("10.0.0.0/24"), true), newIPRange(netip.MustParsePrefix("fd00::/120"), false)}
+	a.portRange = newPortRange(PortRange{Base: 30000, Size: 100})
+	a.ranges = append(append([]*rng{}, a.ipRanges...), a.portRange)
+	a.kubeIP, a.kubePort = netip.MustParseAddr("10.0.0.1"), 30005
+	s := a.RangeSet()
+	if got, want := strings.Join(s.Names(), ","), strings.Join(a.RangeNames(), ","); got != want {
+		t.Errorf("Names() = %s; want %s", got, want)
+	}
+	items := []Item{Port(30000), Port(30099), Port(30100), Port(29999), Port(30005), {Kind: KindClusterIP}, {Kind: 9}}
+	for _, ip := range []string{"10.0.0.0", "10.0.0.1", "10.0.0.254", "10.0.0.255", "10.0.1.1", "fd00::", "fd00::1", "fd00::ff", "fd00::100", "::ffff:10.0.0.5"} {
+		items = append(items, IP(netip.MustParseAddr(ip)))
+	}
+	for _, it := range items {
+		got, gerr := s.Of(it)
+		want, werr := a.RangeOf(it)
+		if got != want || fmt.Sprint(gerr) != fmt.Sprint(werr) {
+			t.Errorf("RangeSet.Of(%v) = %q, %v; Allocator.RangeOf = %q, %v", it, got, gerr, want, werr)
+		}
+		if s.IsReserved(it) != a.IsReserved(it) {
+			t.Errorf("RangeSet.IsReserved(%v) = %v; Allocator.IsReserved = %v", it, s.IsReserved(it), a.IsReserved(it))
 		}
 	}
 }

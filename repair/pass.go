@@ -20,7 +20,7 @@ func (c *Controller) pass(ctx context.Context, t *term, dryRun bool) (*Report, e
 	c.passMu.Lock()
 	defer c.passMu.Unlock()
 	rep := &Report{Start: time.Now(), DryRun: dryRun, Counts: map[Reason]int64{}}
-	p := &passRun{c: c, rep: rep, dry: dryRun}
+	p := &passRun{c: c, rep: rep, dry: dryRun, ranges: c.store.RangeSet()}
 	err := p.run(ctx)
 	rep.Duration = time.Since(rep.Start)
 	result := "ok"
@@ -49,7 +49,7 @@ func (c *Controller) pass(ctx context.Context, t *term, dryRun bool) (*Report, e
 			for _, cd := range p.next {
 				byRange[cd.al.Range]++
 			}
-			c.metrics.leakCandidates(c.store.RangeNames(), byRange)
+			c.metrics.leakCandidates(c.store.RangeSet().Names(), byRange)
 		}
 	}
 	return rep, err
@@ -60,9 +60,10 @@ var errStopped = errors.New("repair pass stopped")
 
 // passRun is the state of one pass.
 type passRun struct {
-	c   *Controller
-	rep *Report
-	dry bool
+	c      *Controller
+	rep    *Report
+	dry    bool
+	ranges allocator.RangeSet
 
 	// stale is set when a snapshot newer than snap was accepted (by any replica)
 	// since snap was: the pass then reports, but writes nothing it would judge from
@@ -226,7 +227,7 @@ func (p *passRun) claimItem(svc int32, it allocator.Item, raw string) error {
 		p.claims = append(p.claims, claim{item: it, rng: p.allocs[sl.alloc].Range, alloc: sl.alloc, first: user{svc: svc, raw: raw}})
 		return nil
 	}
-	rng, err := p.c.store.RangeOf(it)
+	rng, err := p.ranges.Of(it)
 	if err != nil {
 		s := &p.snap.Services[svc]
 		var nir *allocator.NotInRangeError
@@ -254,13 +255,9 @@ func (p *passRun) claimItem(svc int32, it allocator.Item, raw string) error {
 	return nil
 }
 
-// portRange names the node port range (the last range).
+// portRange names the node port range.
 func (p *passRun) portRange() string {
-	names := p.c.store.RangeNames()
-	if len(names) == 0 {
-		return ""
-	}
-	return names[len(names)-1]
+	return p.ranges.NodePort.String()
 }
 
 // check compares one claim with etcd and repairs what it can.
@@ -274,7 +271,7 @@ func (p *passRun) check(ctx context.Context, cl *claim) error {
 	svcs := p.snap.Services
 	ip := cl.item.Kind == allocator.KindClusterIP
 
-	if p.c.store.IsReserved(cl.item) {
+	if p.ranges.IsReserved(cl.item) {
 		return p.checkReserved(ctx, cl, al)
 	}
 
@@ -476,7 +473,7 @@ func (p *passRun) leaks(ctx context.Context) error {
 			continue
 		}
 		al := &p.allocs[i]
-		if c.store.IsReserved(al.Item) {
+		if c.store.RangeSet().IsReserved(al.Item) {
 			continue
 		}
 		if al.ModRevision > p.snap.receipt.Revision {

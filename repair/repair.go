@@ -21,13 +21,8 @@ import (
 // Every write is conditional in etcd: Assign creates only a free item, Reassign and
 // ReleaseIf act only if the allocation's ModRevision is unchanged.
 type Store interface {
-	// RangeOf returns the range name of an item, allocator.ErrNoRange when no range
-	// has its family, or an *allocator.NotInRangeError.
-	RangeOf(it allocator.Item) (string, error)
-	// RangeNames lists the cluster IP ranges, primary first, then the node port range.
-	RangeNames() []string
-	// IsReserved reports whether it is held for the kubernetes Service.
-	IsReserved(it allocator.Item) bool
+	// RangeSet returns the ranges: which range an item is in, which are reserved.
+	RangeSet() allocator.RangeSet
 	// List reads every allocation at one etcd revision.
 	List(ctx context.Context) (rev int64, all []allocator.Allocation, err error)
 	// Assign allocates a specific item to o (no write if o holds it already).
@@ -385,7 +380,7 @@ func (c *Controller) beginTerm(lctx context.Context) *term {
 	c.term = t
 	c.candidates = map[allocator.Item]*candidate{}
 	c.mu.Unlock()
-	c.metrics.leakCandidates(c.store.RangeNames(), nil)
+	c.metrics.leakCandidates(c.store.RangeSet().Names(), nil)
 	c.leading.Store(true)
 	c.metrics.setLeader(true)
 	return t

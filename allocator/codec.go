@@ -13,6 +13,13 @@ import (
 	"unicode/utf8"
 )
 
+// The values are JSON (etcdctl shows them as they are), encoded without reflection and
+// item values decoded without it: BenchmarkCodecEncode (an item value and an owner
+// record, what one Allocate writes) takes 300 ns and no allocation here against
+// encoding/json's 1,240 ns and 6 allocations (528 B); BenchmarkCodecDecodeItem (what
+// List does per allocation) 157 ns and one allocation against 1,250 ns and 8. Anything
+// not in the exact form written is decoded by encoding/json, so both ways agree.
+
 // itemValue is the JSON value of <prefix>/clusterips/<ip> and <prefix>/nodeports/<port>.
 type itemValue struct {
 	Namespace string    `json:"namespace"`

@@ -108,75 +108,100 @@ type violation string
 // returns the violations found.
 func (h *history) check(final map[string]string) []violation {
 	h.mu.Lock()
-	ops := slices.Clone(h.ops)
+	c := &checker{ops: slices.Clone(h.ops), byOwner: map[string][]op{}}
 	h.mu.Unlock()
-	var out []violation
-	byOwner := map[string][]op{}
-	for _, o := range ops {
+	for _, o := range c.ops {
 		if o.kind != opRenew {
-			byOwner[o.owner] = append(byOwner[o.owner], o)
+			c.byOwner[o.owner] = append(c.byOwner[o.owner], o)
 		}
 	}
-	// released reports whether a release that may have taken effect covers item of
-	// owner and may have taken effect in (from, to): it started before to, and ended
-	// after from or has an unknown outcome (its transaction may commit after the
-	// caller gave up: etcd commits a proposal a paused leader made once it resumes).
-	released := func(owner, item string, from, to time.Duration) bool {
-		for _, o := range ops {
-			if o.outcome == definite || o.start >= to || o.outcome == ok && o.end <= from {
-				continue
-			}
-			switch {
-			case o.kind == opRelease && o.owner == owner && (len(o.items) == 0 || slices.Contains(o.items, item)):
-				return true
-			case o.kind == opForce && slices.Contains(o.items, item):
-				return true
-			}
-		}
-		return false
+	var out []violation
+	for owner, os := range c.byOwner {
+		out = append(out, c.owner(owner, os, final)...)
 	}
-	releasedAny := func(owner string, items []string, from, to time.Duration) bool {
-		for _, it := range items {
-			if released(owner, it, from, to) {
-				return true
-			}
+	out = append(out, c.definite(final)...)
+	out = append(out, c.twoHolders()...)
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// checker holds a history's operations for the checks, by owner too.
+type checker struct {
+	ops     []op
+	byOwner map[string][]op
+}
+
+// forever is a time after every operation.
+const forever = time.Duration(1 << 62)
+
+// released reports whether a release that may have taken effect covers item of owner
+// and may have taken effect in (from, to): it started before to, and ended after from
+// or has an unknown outcome (its transaction may commit after the caller gave up:
+// etcd commits a proposal a paused leader made once it resumes).
+func (c *checker) released(owner, item string, from, to time.Duration) bool {
+	for _, o := range c.ops {
+		if o.outcome == definite || o.start >= to || o.outcome == ok && o.end <= from {
+			continue
 		}
-		return false
-	}
-	const forever = time.Duration(1 << 62)
-	for owner, os := range byOwner {
-		var acks []op
-		for _, o := range os {
-			if (o.kind == opAllocate || o.kind == opRetry) && o.outcome == ok {
-				acks = append(acks, o)
-			}
-		}
-		sort.Slice(acks, func(i, j int) bool { return acks[i].end < acks[j].end })
-		// A retry answers what was acknowledged last, unless a release of it may have
-		// taken effect in between (the owner then allocates anew).
-		var cur *op
-		for i := range acks {
-			o := &acks[i]
-			switch {
-			case cur == nil, slices.Equal(o.items, cur.items), releasedAny(owner, cur.items, cur.start, o.end):
-				cur = o
-			default:
-				out = append(out, violation(fmt.Sprintf("owner %s: an Allocate (%v-%v) got %v; %v was acknowledged at %v and never released",
-					owner, o.start, o.end, o.items, cur.items, cur.end)))
-			}
-		}
-		// No acknowledged allocation lost.
-		if cur != nil {
-			for _, it := range cur.items {
-				if final[it] != owner && !released(owner, it, cur.start, forever) {
-					out = append(out, violation(fmt.Sprintf("owner %s: %s acknowledged at %v, held by %q at the end, never released", owner, it, cur.end, final[it])))
-				}
-			}
+		switch {
+		case o.kind == opRelease && o.owner == owner && (len(o.items) == 0 || slices.Contains(o.items, item)):
+			return true
+		case o.kind == opForce && slices.Contains(o.items, item):
+			return true
 		}
 	}
-	// No item owned by an owner whose every request failed definitely.
+	return false
+}
+
+func (c *checker) releasedAny(owner string, items []string, from, to time.Duration) bool {
+	for _, it := range items {
+		if c.released(owner, it, from, to) {
+			return true
+		}
+	}
+	return false
+}
+
+// owner checks one owner's acknowledgements: a retry answers what was acknowledged
+// last, unless a release of it may have taken effect in between (the owner then
+// allocates anew); the last acknowledged allocation is held at the end unless a
+// release may have taken effect.
+func (c *checker) owner(owner string, os []op, final map[string]string) []violation {
+	var out []violation
+	var acks []op
+	for _, o := range os {
+		if (o.kind == opAllocate || o.kind == opRetry) && o.outcome == ok {
+			acks = append(acks, o)
+		}
+	}
+	sort.Slice(acks, func(i, j int) bool { return acks[i].end < acks[j].end })
+	var cur *op
+	for i := range acks {
+		o := &acks[i]
+		switch {
+		case cur == nil, slices.Equal(o.items, cur.items), c.releasedAny(owner, cur.items, cur.start, o.end):
+			cur = o
+		default:
+			out = append(out, violation(fmt.Sprintf("owner %s: an Allocate (%v-%v) got %v; %v was acknowledged at %v and never released",
+				owner, o.start, o.end, o.items, cur.items, cur.end)))
+		}
+	}
+	if cur != nil {
+		for _, it := range cur.items {
+			if final[it] != owner && !c.released(owner, it, cur.start, forever) {
+				out = append(out, violation(fmt.Sprintf("owner %s: %s acknowledged at %v, held by %q at the end, never released", owner, it, cur.end, final[it])))
+			}
+		}
+	}
+	return out
+}
+
+// definite finds items held at the end by an owner whose every request failed
+// definitely.
+func (c *checker) definite(final map[string]string) []violation {
+	var out []violation
 	for it, owner := range final {
-		os, known := byOwner[owner]
+		os, known := c.byOwner[owner]
 		if !known {
 			continue // the kubernetes Service's reservation, or an owner of no test
 		}
@@ -190,42 +215,49 @@ func (h *history) check(final map[string]string) []violation {
 			out = append(out, violation(fmt.Sprintf("%s held by %s, whose every Allocate failed definitely", it, owner)))
 		}
 	}
-	// Two owners at once: B's Allocate of an item started after A's was acknowledged,
-	// and no release of A's item may have taken effect before B's ended.
+	return out
+}
+
+// twoHolders finds two owners at once: B's Allocate of an item started after A's was
+// acknowledged, and no release of A's item may have taken effect before B's ended.
+func (c *checker) twoHolders() []violation {
 	type ack struct {
 		owner      string
 		start, end time.Duration
 	}
 	holders := map[string][]ack{}
-	for _, o := range ops {
+	for _, o := range c.ops {
 		if (o.kind == opAllocate || o.kind == opRetry) && o.outcome == ok {
 			for _, it := range o.items {
 				holders[it] = append(holders[it], ack{o.owner, o.start, o.end})
 			}
 		}
 	}
+	var out []violation
 	for it, acks := range holders {
 		for _, a := range acks {
 			for _, b := range acks {
-				if a.owner == b.owner || b.start <= a.end {
+				if a.owner == b.owner || b.start <= a.end || c.released(a.owner, it, a.start, b.end) {
 					continue
 				}
-				if !released(a.owner, it, a.start, b.end) {
-					if debugLinear && len(out) == 0 {
-						for _, o := range ops {
-							if o.owner == a.owner || o.owner == b.owner || o.kind == opForce && slices.Contains(o.items, it) {
-								fmt.Printf("DEBUG %s %s %v %v-%v %s %s\n", o.kind, o.owner, o.items, o.start, o.end, o.outcome, o.err)
-							}
-						}
-					}
-					out = append(out, violation(fmt.Sprintf("%s: held by %s (acknowledged at %v) and given to %s (%v-%v) with no release in between",
-						it, a.owner, a.end, b.owner, b.start, b.end)))
+				if debugLinear && len(out) == 0 {
+					c.dump(a.owner, b.owner, it)
 				}
+				out = append(out, violation(fmt.Sprintf("%s: held by %s (acknowledged at %v) and given to %s (%v-%v) with no release in between",
+					it, a.owner, a.end, b.owner, b.start, b.end)))
 			}
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
+}
+
+// dump prints the operations of two owners and the forced releases of item.
+func (c *checker) dump(a, b, item string) {
+	for _, o := range c.ops {
+		if o.owner == a || o.owner == b || o.kind == opForce && slices.Contains(o.items, item) {
+			fmt.Printf("DEBUG %s %s %v %v-%v %s %s\n", o.kind, o.owner, o.items, o.start, o.end, o.outcome, o.err)
+		}
+	}
 }
 
 // summary prints operations by kind and outcome, and latencies of the ok ones inside

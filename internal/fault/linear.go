@@ -90,9 +90,41 @@ func (h *history) linearizable(final map[string]string, perItem, total time.Dura
 	h.mu.Lock()
 	ops := slices.Clone(h.ops)
 	h.mu.Unlock()
-	end := int64(math.MaxInt64)
-	// Which owners an item concerns: those acknowledged it, asked for it, named as
-	// its holder, or holding it at the end.
+	related := relatedOwners(ops, final)
+	items := make([]string, 0, len(related))
+	for it := range related {
+		items = append(items, it)
+	}
+	sort.Strings(items)
+	model := registerModel.ToModel()
+	for _, it := range items {
+		hist := registerHistory(ops, it, related[it])
+		last := int64(h.now())
+		hist = append(hist, porcupine.Operation{ClientId: 0, Input: regOp{kind: "read", owner: final[it]}, Call: last, Return: last})
+		checked++
+		if time.Since(began) > total {
+			undecided++
+			continue
+		}
+		switch porcupine.CheckOperationsTimeout(model, hist, perItem) {
+		case porcupine.Illegal:
+			illegal = append(illegal, it)
+			if debugLinear && len(illegal) == 1 {
+				sort.Slice(hist, func(i, j int) bool { return hist[i].Call < hist[j].Call })
+				for _, o := range hist {
+					fmt.Printf("%s %v %v-%v\n", it, o.Input, time.Duration(o.Call), time.Duration(min(o.Return, int64(time.Hour))))
+				}
+			}
+		case porcupine.Unknown:
+			undecided++
+		}
+	}
+	return illegal, undecided, checked
+}
+
+// relatedOwners returns, by item, the owners an item's register concerns: those
+// acknowledged it, asked for it, named as its holder, or holding it at the end.
+func relatedOwners(ops []op, final map[string]string) map[string]map[string]bool {
 	related := map[string]map[string]bool{}
 	relate := func(it, owner string) {
 		if owner == "" {
@@ -122,77 +154,56 @@ func (h *history) linearizable(final map[string]string, perItem, total time.Dura
 			relate(it, owner)
 		}
 	}
-	items := make([]string, 0, len(related))
-	for it := range related {
-		items = append(items, it)
+	return related
+}
+
+// registerHistory is the porcupine history of item's register: the operations of
+// owners that touch it, an unknown outcome open until the end of time (it may take
+// effect at any time after its call).
+func registerHistory(ops []op, it string, owners map[string]bool) []porcupine.Operation {
+	var hist []porcupine.Operation
+	add := func(o op, r regOp, unknownEnd bool) {
+		ret := int64(o.end)
+		if unknownEnd {
+			ret = int64(math.MaxInt64)
+		}
+		hist = append(hist, porcupine.Operation{ClientId: o.replica, Input: r, Call: int64(o.start), Return: ret})
 	}
-	sort.Strings(items)
-	model := registerModel.ToModel()
-	for _, it := range items {
-		owners := related[it]
-		var hist []porcupine.Operation
-		add := func(o op, r regOp, unknownEnd bool) {
-			ret := int64(o.end)
-			if unknownEnd {
-				ret = end // it may take effect at any time after its call
+	for _, o := range ops {
+		switch o.kind {
+		case opAllocate, opRetry:
+			if !owners[o.owner] {
+				continue
 			}
-			hist = append(hist, porcupine.Operation{ClientId: o.replica, Input: r, Call: int64(o.start), Return: ret})
-		}
-		for _, o := range ops {
-			switch o.kind {
-			case opAllocate, opRetry:
-				if !owners[o.owner] {
-					continue
-				}
-				switch {
-				case o.outcome == ok && slices.Contains(o.items, it):
-					add(o, regOp{kind: "acq", owner: o.owner}, false)
-				case o.outcome == unknown:
-					add(o, regOp{kind: "mayAcq", owner: o.owner}, true)
-				case o.err == "AlreadyExists" && slices.Contains(o.asked, it):
-					add(o, regOp{kind: "held", owner: o.owner, holder: o.holder}, false)
-				}
-			case opRelease:
-				if !owners[o.owner] || len(o.items) > 0 && !slices.Contains(o.items, it) {
-					continue
-				}
-				switch o.outcome {
-				case ok:
-					add(o, regOp{kind: "rel", owner: o.owner}, false)
-				case unknown:
-					add(o, regOp{kind: "mayRel", owner: o.owner}, true)
-				}
-			case opForce:
-				if !slices.Contains(o.items, it) {
-					continue
-				}
-				switch o.outcome {
-				case ok:
-					add(o, regOp{kind: "force"}, false)
-				case unknown:
-					add(o, regOp{kind: "mayForce"}, true)
-				}
+			switch {
+			case o.outcome == ok && slices.Contains(o.items, it):
+				add(o, regOp{kind: "acq", owner: o.owner}, false)
+			case o.outcome == unknown:
+				add(o, regOp{kind: "mayAcq", owner: o.owner}, true)
+			case o.err == "AlreadyExists" && slices.Contains(o.asked, it):
+				add(o, regOp{kind: "held", owner: o.owner, holder: o.holder}, false)
 			}
-		}
-		last := int64(h.now())
-		hist = append(hist, porcupine.Operation{ClientId: 0, Input: regOp{kind: "read", owner: final[it]}, Call: last, Return: last})
-		checked++
-		if time.Since(began) > total {
-			undecided++
-			continue
-		}
-		switch porcupine.CheckOperationsTimeout(model, hist, perItem) {
-		case porcupine.Illegal:
-			illegal = append(illegal, it)
-			if debugLinear && len(illegal) == 1 {
-				sort.Slice(hist, func(i, j int) bool { return hist[i].Call < hist[j].Call })
-				for _, o := range hist {
-					fmt.Printf("%s %v %v-%v\n", it, o.Input, time.Duration(o.Call), time.Duration(min(o.Return, int64(time.Hour))))
-				}
+		case opRelease:
+			if !owners[o.owner] || len(o.items) > 0 && !slices.Contains(o.items, it) {
+				continue
 			}
-		case porcupine.Unknown:
-			undecided++
+			switch o.outcome {
+			case ok:
+				add(o, regOp{kind: "rel", owner: o.owner}, false)
+			case unknown:
+				add(o, regOp{kind: "mayRel", owner: o.owner}, true)
+			}
+		case opForce:
+			if !slices.Contains(o.items, it) {
+				continue
+			}
+			switch o.outcome {
+			case ok:
+				add(o, regOp{kind: "force"}, false)
+			case unknown:
+				add(o, regOp{kind: "mayForce"}, true)
+			}
 		}
 	}
-	return illegal, undecided, checked
+	return hist
 }

@@ -168,24 +168,9 @@ func startTopology(t testing.TB, ranges, ports string) *topology {
 		var urls []string
 		var ps []proxy.Server
 		for j := range n {
-			to, _ := url.Parse(tp.etcdURL[j])
-			from := url.URL{Scheme: "http", Host: freeAddr(t)}
-			px := proxy.NewServer(proxy.ServerConfig{Logger: zap.NewNop(), From: from, To: *to})
-			<-px.Ready()
-			// The proxy reports every accept, dial and copy error on a channel of 16
-			// and blocks, accepting and copying nothing more, once it is full: drained,
-			// a member's restart or a reset listener cannot wedge the proxy for good.
-			go func() {
-				for {
-					select {
-					case <-px.Error():
-					case <-px.Done():
-						return
-					}
-				}
-			}()
+			px, from := newProxy(t, tp.etcdURL[j])
 			ps = append(ps, px)
-			urls = append(urls, "http://"+from.Host)
+			urls = append(urls, from)
 		}
 		tp.proxies = append(tp.proxies, ps)
 		addr := freeAddr(t)
@@ -200,6 +185,28 @@ func startTopology(t testing.TB, ranges, ports string) *topology {
 		tp.allocd = append(tp.allocd, p)
 	}
 	return tp
+}
+
+// newProxy starts an etcd pkg/proxy on a free loopback port to the member at target
+// and returns it and its URL.
+func newProxy(t testing.TB, target string) (proxy.Server, string) {
+	to, _ := url.Parse(target)
+	from := url.URL{Scheme: "http", Host: freeAddr(t)}
+	px := proxy.NewServer(proxy.ServerConfig{Logger: zap.NewNop(), From: from, To: *to})
+	<-px.Ready()
+	// The proxy reports every accept, dial and copy error on a channel of 16 and
+	// blocks, accepting and copying nothing more, once it is full: drained, a member's
+	// restart or a reset listener cannot wedge the proxy for good.
+	go func() {
+		for {
+			select {
+			case <-px.Error():
+			case <-px.Done():
+				return
+			}
+		}
+	}()
+	return px, "http://" + from.Host
 }
 
 // leader returns the index of the etcd leader, -1 when none answers.

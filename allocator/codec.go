@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -329,31 +327,45 @@ type Request struct {
 	DryRun bool
 }
 
-// hash identifies the request for idempotency (DryRun aside).
+// hash identifies the request for idempotency (DryRun aside): the FNV-1a hash of a
+// text form of it. Owner records store it, so the form must never change (a retry
+// across an upgrade would otherwise allocate again): TestHashStable pins it.
 func (q *Request) hash() string {
-	var sb strings.Builder
-	w := func(s string) { sb.WriteString(strconv.Quote(s)); sb.WriteByte(';') }
-	w(q.Owner.Namespace)
-	w(q.Owner.Name)
+	var buf [256]byte // the text form, on the stack for all but long names
+	b := strconv.AppendQuote(buf[:0], q.Owner.Namespace)
+	b = append(b, ';')
+	b = strconv.AppendQuote(b, q.Owner.Name)
+	b = append(b, ';')
 	for _, f := range q.Families {
-		sb.WriteString(strconv.Itoa(int(f)))
-		sb.WriteByte(',')
+		b = strconv.AppendInt(b, int64(f), 10)
+		b = append(b, ',')
 	}
-	sb.WriteString(";p" + strconv.Itoa(int(q.Policy)) + ";")
+	b = append(b, ";p"...)
+	b = strconv.AppendInt(b, int64(q.Policy), 10)
+	b = append(b, ';')
 	for _, a := range q.ClusterIPs {
-		sb.WriteString(a.String())
-		sb.WriteByte(',')
+		if a.IsValid() {
+			b = a.AppendTo(b)
+		} else {
+			b = append(b, a.String()...) // "invalid IP", as AppendTo does not write
+		}
+		b = append(b, ',')
 	}
-	sb.WriteByte(';')
+	b = append(b, ';')
 	for _, p := range q.NodePorts {
-		sb.WriteString(strconv.Itoa(p))
-		sb.WriteByte(',')
+		b = strconv.AppendInt(b, int64(p), 10)
+		b = append(b, ',')
 	}
-	sb.WriteString(";n" + strconv.Itoa(q.NodePortCount))
+	b = append(b, ";n"...)
+	b = strconv.AppendInt(b, int64(q.NodePortCount), 10)
 	if q.NoClusterIP {
-		sb.WriteString(";none")
+		b = append(b, ";none"...)
 	}
-	h := fnv.New64a()
-	h.Write([]byte(sb.String()))
-	return strconv.FormatUint(h.Sum64(), 16)
+	// FNV-1a, 64 bits, as hash/fnv's New64a, without its allocation.
+	h := uint64(14695981039346656037)
+	for _, c := range b {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	return strconv.FormatUint(h, 16)
 }

@@ -2,8 +2,11 @@ package allocator
 
 import (
 	"encoding/json"
+	"hash/fnv"
 	"net/netip"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -133,4 +136,52 @@ func FuzzItemValue(f *testing.F) {
 			t.Fatalf("decode(encode(%v, %v)) = %v, %v, %v", o, at, o2, at2, err)
 		}
 	})
+}
+
+// hashV1 is the request hash as first written (strings.Builder, strconv.Quote,
+// hash/fnv): owner records in etcd hold its values, so hash must give the same.
+func hashV1(q *Request) string {
+	var sb strings.Builder
+	w := func(s string) { sb.WriteString(strconv.Quote(s)); sb.WriteByte(';') }
+	w(q.Owner.Namespace)
+	w(q.Owner.Name)
+	for _, f := range q.Families {
+		sb.WriteString(strconv.Itoa(int(f)))
+		sb.WriteByte(',')
+	}
+	sb.WriteString(";p" + strconv.Itoa(int(q.Policy)) + ";")
+	for _, a := range q.ClusterIPs {
+		sb.WriteString(a.String())
+		sb.WriteByte(',')
+	}
+	sb.WriteByte(';')
+	for _, p := range q.NodePorts {
+		sb.WriteString(strconv.Itoa(p))
+		sb.WriteByte(',')
+	}
+	sb.WriteString(";n" + strconv.Itoa(q.NodePortCount))
+	if q.NoClusterIP {
+		sb.WriteString(";none")
+	}
+	h := fnv.New64a()
+	h.Write([]byte(sb.String()))
+	return strconv.FormatUint(h.Sum64(), 16)
+}
+
+// TestHashStable: the hash of a request is what owner records already hold.
+func TestHashStable(t *testing.T) {
+	long := strings.Repeat("long-name-", 40)
+	reqs := []Request{
+		{},
+		{Owner: Owner{Namespace: "default", Name: "web", UID: "u"}},
+		{Owner: Owner{Namespace: "ns\"q", Name: "näme\x00\n", UID: "u"}, Families: []Family{IPv6, IPv4}, Policy: RequireDualStack},
+		{Owner: Owner{Namespace: long, Name: long}, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("fd00::5")}},
+		{Owner: Owner{Namespace: "a", Name: "b"}, ClusterIPs: []netip.Addr{{}}, NodePorts: []int{30000, 30001}, NodePortCount: 2, NoClusterIP: true},
+		{Owner: Owner{Namespace: "a", Name: "b"}, ClusterIPs: []netip.Addr{netip.MustParseAddr("fe80::1%eth0")}, Policy: PreferDualStack},
+	}
+	for _, q := range reqs {
+		if got, want := q.hash(), hashV1(&q); got != want {
+			t.Errorf("hash(%+v) = %s; want %s", q, got, want)
+		}
+	}
 }

@@ -69,6 +69,7 @@ type options struct {
 	cpuprofile, memprofile     string
 	dir                        string
 	inProcess                  bool
+	logLevel                   slog.Level
 }
 
 func main() {
@@ -88,6 +89,7 @@ func main() {
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the Allocate runs to this file")
 	flag.BoolVar(&o.inProcess, "in-process-etcd-client", true, "talk to the embedded etcd through direct calls (v3client), as allocd does with its embedded etcd; false: gRPC over loopback, as with --etcd-servers")
 	flag.StringVar(&o.memprofile, "memprofile", "", "write an allocation profile to this file after the Allocate runs")
+	flag.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "the allocator's log level (info: a line per write, formatted and discarded, as allocd does; warn: none, to measure what the lines cost)")
 	flag.StringVar(&o.dir, "dir", "", "etcd data directory (default: a new temporary directory, removed at the end)")
 	flag.Parse()
 	var err error
@@ -244,9 +246,10 @@ func setUp(ctx context.Context, o options) (*env, error) {
 
 // serve starts the allocator and the gRPC server and dials o.conns connections.
 func (e *env) serve(ctx context.Context, o options) error {
-	// The daemon's logger (text handler) at its default level, info, into io.Discard:
-	// the allocator's per-write lines are formatted, as in production, and dropped.
-	log := slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	// The daemon's logger (text handler) at its default level, info (-log-level), into
+	// io.Discard: the allocator's per-write lines are formatted, as in production, and
+	// dropped.
+	log := slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: o.logLevel}))
 	actx, cancel := context.WithCancel(ctx)
 	a, err := allocator.New(actx, e.cli, allocator.Config{Prefix: "/allocd", ClusterIPRanges: []netip.Prefix{o.cidr},
 		NodePortRange: o.portRange, Logger: log, Registerer: e.reg, CommitConcurrency: o.concurrency})

@@ -161,6 +161,12 @@ func run(ctx context.Context, o options) error {
 	// 2b. The etcd floor: the same transactions without allocd.
 	r.floor = floor(ctx, env.cli, o, max(1, int(r.batch+0.5)))
 
+	// 2c. What a call costs for taking as long as an Allocate: a bare Health server,
+	// its Check answered at once and held for Allocate's p50.
+	if r.bare, r.held, err = heldCalls(ctx, o, r.alloc.p50); err != nil {
+		return err
+	}
+
 	// 3. Allocate, one ClusterIP and one NodePort, until the ports would run low.
 	if o.portRunMax > 0 {
 		r.ports = portRun(ctx, o, env, &seq)
@@ -336,14 +342,17 @@ func portRun(ctx context.Context, o options, e *env, seq *atomic.Int64) result {
 // results are the medians of a run's measurements.
 type results struct {
 	empty, emptyAfter, alloc, floor, ports, k8s result
-	batch                                       float64 // requests per group commit
+	// bare and held: a Health Check on a server without interceptors, answered at
+	// once and held for Allocate's p50.
+	bare, held result
+	batch      float64 // requests per group commit
 }
 
 // print prints the table, the ratios and allocd's own share of an Allocate's CPU.
 func (r results) print() {
 	fmt.Println()
 	fmt.Printf("%-58s %9s %10s %10s %10s %7s\n", "", "rate/s", "p50", "p99", "cpu/call", "errors")
-	for _, x := range []result{r.empty, r.emptyAfter, r.floor, r.alloc, r.ports, r.k8s} {
+	for _, x := range []result{r.empty, r.emptyAfter, r.floor, r.alloc, r.ports, r.k8s, r.bare, r.held} {
 		if x.name == "" {
 			continue
 		}
@@ -354,6 +363,9 @@ func (r results) print() {
 	fmt.Println()
 	fmt.Printf("CPU per call: empty call %.1f µs, etcd floor %.1f µs, Allocate %.1f µs; allocd's own share (Allocate - empty - floor) %.1f µs (goal <= 8)\n",
 		us(r.emptyAfter.cpu), us(r.floor.cpu), us(r.alloc.cpu), us(own))
+	wait := r.held.cpu - r.bare.cpu
+	fmt.Printf("of which the cost of a call held as long as an Allocate (held - bare call) %.1f µs; the rest, allocd's code, %.1f µs\n",
+		us(wait), us(own-wait))
 	fmt.Printf("Allocate / empty call:          %6.2f   (goal >= 0.45; the empty call measured first, on an empty etcd)\n", r.alloc.rate/r.empty.rate)
 	fmt.Printf("Allocate / empty call after:    %6.2f   (the empty call measured after the Allocate runs, on the same etcd)\n", r.alloc.rate/r.emptyAfter.rate)
 	fmt.Printf("ceiling of that ratio:          %6.2f   (empty CPU / (empty + floor CPU): an Allocate that costs only the call and etcd)\n",
@@ -362,6 +374,55 @@ func (r results) print() {
 	fmt.Printf("empty call CPU / Allocate CPU:  %6.2f   (the rate ratio when both are CPU-bound; the machine's other load does not skew it)\n",
 		float64(r.emptyAfter.cpu)/float64(r.alloc.cpu))
 	fmt.Printf("requests per group-commit transaction (mean): %.1f\n", r.batch)
+}
+
+// heldCalls measures a Health Check on a bare gRPC server (no interceptors), answered
+// at once and held for hold: the difference is what a call costs for taking that long
+// with o.clients callers (the transport batches less, a timer and a wake-up more),
+// which an Allocate pays for waiting for its commit.
+func heldCalls(ctx context.Context, o options, hold time.Duration) (bare, held result, err error) {
+	measureHeld := func(name string, d time.Duration) (result, error) {
+		gs := grpc.NewServer()
+		healthpb.RegisterHealthServer(gs, heldHealth{hold: d})
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return result{}, err
+		}
+		go func() { _ = gs.Serve(l) }()
+		defer gs.Stop()
+		var conns []healthpb.HealthClient
+		for range o.conns {
+			c, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return result{}, err
+			}
+			defer c.Close()
+			conns = append(conns, healthpb.NewHealthClient(c))
+		}
+		call := func(ctx context.Context, g, i int) error {
+			_, err := conns[g%len(conns)].Check(ctx, &healthpb.HealthCheckRequest{})
+			return err
+		}
+		return measure(ctx, o, name, call, o.duration/2), nil
+	}
+	if bare, err = measureHeld("bare call (Health/Check, no interceptors)", 0); err != nil {
+		return
+	}
+	held, err = measureHeld(fmt.Sprintf("bare call held %v (Allocate's p50)", hold.Round(10*time.Microsecond)), hold)
+	return
+}
+
+// heldHealth answers Check after hold.
+type heldHealth struct {
+	healthpb.UnimplementedHealthServer
+	hold time.Duration
+}
+
+func (h heldHealth) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	if h.hold > 0 {
+		time.Sleep(h.hold)
+	}
+	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
 }
 
 // floor measures etcd's own cost for the keys of an Allocate: transactions of batch

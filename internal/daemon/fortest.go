@@ -3,8 +3,9 @@ package daemon
 import (
 	"context"
 	"io"
-	"net"
 	"time"
+
+	"github.com/allocd/allocd/internal/loopback"
 )
 
 // TB is what StartForTest needs of a test: testing.TB has it. The daemon does not
@@ -53,14 +54,7 @@ func TestConfig(dir string, free func() string) Config {
 }
 
 // FreeAddr returns a loopback host:port that was free a moment ago.
-func FreeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
+func FreeAddr() (string, error) { return loopback.FreeAddr() }
 
 func freeAddr(t TB) string {
 	a, err := FreeAddr()

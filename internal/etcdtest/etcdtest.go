@@ -12,7 +12,6 @@ package etcdtest
 import (
 	"context"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/allocd/allocd/internal/embedetcd"
+	"github.com/allocd/allocd/internal/loopback"
 )
 
 // Server is a running test etcd.
@@ -126,12 +126,11 @@ func (s *Server) stop() {
 // freeAddr returns a loopback address with a port that was free a moment ago.
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := loopback.FreeAddr()
 	if err != nil {
 		t.Fatalf("free port: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }
 
 // FreeAddr returns a loopback host:port that was free a moment ago, for tests that

@@ -9,7 +9,6 @@ package fault
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -25,6 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/internal/loopback"
 )
 
 // proc is one process of the topology, restartable with the same arguments.
@@ -92,12 +92,11 @@ type topology struct {
 }
 
 func freeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := loopback.FreeAddr()
 	if err != nil {
 		t.Fatalf("free port: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }
 
 // build compiles allocd and etcdmember into dir.

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/allocd/allocd/internal/badrequest"
@@ -57,11 +58,25 @@ func (a *Allocator) allocate(ctx context.Context, req Request) (Result, error) {
 			read = true
 		}
 	}
+	for attempt := 0; ; attempt++ {
+		res, err := a.planAndCommit(ctx, req, o, read)
+		if err := a.rangesChanged(ctx, err, attempt); err != nil {
+			return Result{}, err
+		}
+		if err == nil {
+			return res, nil
+		}
+	}
+}
+
+// planAndCommit plans req (o's owner record as read, if read) and commits it.
+func (a *Allocator) planAndCommit(ctx context.Context, req Request, o *op, read bool) (Result, error) {
 	picks, err := a.plan(req)
 	if err != nil {
 		// A retry of a request that committed finds the range full (it may have taken
-		// the last item itself) before it gets to the owner record: look there.
-		if !req.DryRun && !read && (errors.Is(err, ErrFull) || errors.Is(err, ErrNoRange)) {
+		// the last item itself, or its range may be terminating since) before it gets
+		// to the owner record: look there.
+		if !req.DryRun && !read && (errors.Is(err, ErrFull) || errors.Is(err, ErrNoRange) || errors.Is(err, ErrTerminating)) {
 			if res, ok, rerr := a.replay(ctx, o); rerr != nil || ok {
 				return res, rerr
 			}
@@ -128,12 +143,13 @@ func (a *Allocator) plan(req Request) (picks []*pick, err error) {
 	if n := len(req.ClusterIPs) + len(req.NodePorts) + req.NodePortCount; n > MaxItems {
 		return nil, badrequest.New("node_ports", fmt.Sprintf("%d items asked for; at most %d per request", n, MaxItems))
 	}
+	t := a.tab.Load()
 	specific := func(it Item) error {
-		r, off, err := a.locate(it)
+		p, err := a.specificPick(it)
 		if err != nil {
 			return err
 		}
-		picks = append(picks, &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.Reserve(off)})
+		picks = append(picks, p)
 		return nil
 	}
 	dynamic := func(r *rng) error {
@@ -164,9 +180,11 @@ func (a *Allocator) plan(req Request) (picks []*pick, err error) {
 				return picks, err
 			}
 			for _, f := range fams {
-				if err := dynamic(a.ipRange(f == IPv4)); err != nil {
+				p, err := a.pickIP(t, f)
+				if err != nil {
 					return picks, err
 				}
+				picks = append(picks, p)
 			}
 		}
 	}
@@ -196,9 +214,10 @@ func (a *Allocator) families(fams []Family, pol Policy) ([]Family, error) {
 			return nil, badrequest.New("ip_families", f.String()+" listed twice")
 		}
 	}
-	configured := func(f Family) bool { return a.ipRange(f == IPv4) != nil }
+	t := a.tab.Load()
+	configured := func(f Family) bool { return slices.ContainsFunc(t.ip, func(r *rng) bool { return r.span.is4 == (f == IPv4) }) }
 	primary := IPv6
-	if a.ipRanges[0].span.is4 {
+	if a.kubeIP.Is4() {
 		primary = IPv4
 	}
 	order := slices.Clone(fams)
@@ -269,19 +288,85 @@ func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, e
 	if err := checkOwner("owner.uid", o); err != nil {
 		return Allocation{}, err
 	}
+	for attempt := 0; ; attempt++ {
+		p, err := a.specificPick(it)
+		if err != nil {
+			return Allocation{}, err
+		}
+		op := &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}}
+		if h, ok := a.hints.get(o.UID); ok {
+			op.ownerRev, op.record, op.hinted = h.rev, h.rec, true
+		}
+		res := a.committer.submit(ctx, op)
+		if err := a.rangesChanged(ctx, res.err, attempt); err != nil {
+			return Allocation{}, err
+		}
+		if res.err == nil {
+			return Allocation{Item: it, Range: p.r.name, Owner: o, AllocateTime: p.at,
+				CreateRevision: p.createRev, ModRevision: p.modRev}, nil
+		}
+	}
+}
+
+// maxReplans bounds how often one call plans again after a ServiceCIDR it drew from
+// changed under it.
+const maxReplans = 8
+
+// rangesChanged returns nil when err says that a ServiceCIDR an op drew from changed
+// and the call may plan again (after the index has seen the change), and err
+// otherwise (nil for nil).
+func (a *Allocator) rangesChanged(ctx context.Context, err error, attempt int) error {
+	var rc *rangesChangedError
+	if !errors.As(err, &rc) {
+		return err
+	}
+	if attempt >= maxReplans {
+		return err
+	}
+	if werr := a.progress.Wait(ctx, rc.rev, a.syncTimeout); werr != nil {
+		return fmt.Errorf("%w (%w)", err, werr)
+	}
+	return nil
+}
+
+// specificPick reserves a named item: an address in the first ready range that
+// holds it (a *TerminatingError when only terminating ones do), a node port in the
+// node port range.
+func (a *Allocator) specificPick(it Item) (*pick, error) {
 	r, off, err := a.locate(it)
 	if err != nil {
-		return Allocation{}, err
+		return nil, err
 	}
-	p := &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.Reserve(off)}
-	op := &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}}
-	if h, ok := a.hints.get(o.UID); ok {
-		op.ownerRev, op.record, op.hinted = h.rev, h.rec, true
+	if it.Kind == KindClusterIP && r.guard == nil {
+		var in []*rng
+		a.tab.Load().each(it.Addr, func(r *rng, _ uint64) { in = append(in, r) })
+		return nil, &TerminatingError{Item: it, CIDRs: []string{names(in)}}
 	}
-	res := a.committer.submit(ctx, op)
-	if res.err != nil {
-		return Allocation{}, res.err
+	return &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.Reserve(off), guard: r.guard}, nil
+}
+
+// pickIP reserves a free address of family f: from the ready ranges in allocation
+// order, the first that is not full. It fails with a *FullError naming the ready
+// ranges, and saying how to add one, when every one is full.
+func (a *Allocator) pickIP(t *table, f Family) (*pick, error) {
+	ready := t.ready[famIndex(f == IPv4)]
+	for _, r := range ready {
+		if r.Full() {
+			continue
+		}
+		if off, ok := r.Pick(); ok {
+			it := r.item(off)
+			return &pick{r: r, off: off, item: it, key: a.key(it), pending: true, guard: r.guard}, nil
+		}
 	}
-	return Allocation{Item: it, Range: r.name, Owner: o, AllocateTime: p.at,
-		CreateRevision: p.createRev, ModRevision: p.modRev}, nil
+	hint := "add a range with CreateServiceCIDR (e.g. grpcurl -d '{\"name\":\"extra\",\"cidrs\":[\"<cidr>\"]}' <allocd> allocd.v1.AllocatorService/CreateServiceCIDR)"
+	if len(ready) == 0 {
+		return nil, &FullError{Range: "no ready ServiceCIDR of " + f.String(), Hint: hint}
+	}
+	cidrs := make([]string, len(ready))
+	for i, r := range ready {
+		cidrs[i] = r.name
+	}
+	return nil, &FullError{Range: strings.Join(cidrs, ", "),
+		Hint: "every ready ServiceCIDR of " + f.String() + " is full: " + names(ready) + "; " + hint}
 }

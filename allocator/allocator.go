@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -27,9 +29,11 @@ type Allocator struct {
 	log *slog.Logger
 	m   *metrics
 
-	ipRanges  []*rng // primary first
+	// tab is the ranges: the ServiceCIDRs' ClusterIP ranges and the node port range
+	// (table.go), replaced whole when the watch sees a ServiceCIDR change.
+	tab       atomic.Pointer[table]
 	portRange *rng
-	ranges    []*rng // ipRanges then portRange
+	flagCIDRs []netip.Prefix // --service-cluster-ip-range, which seeds kubernetes
 	kubeIP    netip.Addr
 	kubePort  int
 
@@ -70,21 +74,25 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, err
 		conc = DefaultCommitConcurrency
 	}
 	a.committer = newCommitter(conc, a.commit)
-	for i, p := range cfg.ClusterIPRanges {
-		a.ipRanges = append(a.ipRanges, newIPRange(p, i == 0))
-	}
 	a.portRange = newPortRange(cfg.NodePortRange)
-	a.ranges = append(append(a.ranges, a.ipRanges...), a.portRange)
-	a.kubeIP = a.ipRanges[0].span.addr(0)
+	a.tab.Store(&table{byPrefix: map[netip.Prefix]*rng{}, port: a.portRange, all: []*rng{a.portRange}})
+	a.flagCIDRs = cfg.ClusterIPRanges
 	a.m = newMetrics(a, cfg.Registerer)
+	a.m.counters(a.portRange)
 
 	want := storedRanges{NodePortRange: a.portRange.name}
-	for _, r := range a.ipRanges {
-		want.ClusterIPRanges = append(want.ClusterIPRanges, r.name)
+	for _, p := range cfg.ClusterIPRanges {
+		want.ClusterIPRanges = append(want.ClusterIPRanges, p.String())
 	}
-	if err := a.recordRanges(ctx, want); err != nil {
+	stored, err := a.recordRanges(ctx, want)
+	if err != nil {
 		return nil, err
 	}
+	kube, err := a.seedKubernetes(ctx, stored)
+	if err != nil {
+		return nil, err
+	}
+	a.kubeIP = newIPSpan(kube.CIDRs[0]).addr(0)
 	if err := a.reload(ctx); err != nil {
 		return nil, err
 	}
@@ -92,6 +100,35 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, err
 		return nil, err
 	}
 	return a, nil
+}
+
+// seedKubernetes creates the kubernetes ServiceCIDR unless it exists: from the
+// ClusterIP ranges recorded at the first start when no ServiceCIDR exists yet (a
+// store written before ServiceCIDRs existed), else from the flags; and returns it.
+func (a *Allocator) seedKubernetes(ctx context.Context, stored storedRanges) (ServiceCIDR, error) {
+	seed := a.flagCIDRs
+	resp, err := a.cli.Get(ctx, a.cidrPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return ServiceCIDR{}, fmt.Errorf("read ServiceCIDRs: %w", err)
+	}
+	if resp.Count == 0 && len(stored.ClusterIPRanges) > 0 {
+		seed = nil
+		for _, s := range stored.ClusterIPRanges {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				return ServiceCIDR{}, fmt.Errorf("ranges recorded at %s: %w", a.configKey, err)
+			}
+			seed = append(seed, p)
+		}
+	}
+	return a.seedKubernetesCIDR(ctx, seed)
+}
+
+// newIPRange returns a new range of p with its own bitmap and counters.
+func (a *Allocator) newIPRange(p netip.Prefix) *rng {
+	r := newIPRangeFor(p)
+	a.m.counters(r)
+	return r
 }
 
 // reserveKubernetes assigns the first address of the primary range (and the
@@ -108,6 +145,8 @@ func (a *Allocator) reserveKubernetes(ctx context.Context) error {
 		case errors.As(err, &ae):
 			a.log.Error("cannot reserve for the kubernetes service: held by another owner",
 				"item", it.String(), "holder", ae.Holder.String())
+		case errors.Is(err, ErrTerminating), errors.Is(err, ErrNotInRange):
+			a.log.Warn("cannot reserve for the kubernetes service", "item", it.String(), "err", err)
 		case err != nil:
 			return fmt.Errorf("reserve %s for the kubernetes service: %w", it, err)
 		}
@@ -115,42 +154,41 @@ func (a *Allocator) reserveKubernetes(ctx context.Context) error {
 	return nil
 }
 
-// Run keeps the index current with a watch (re-listing after a compaction) and runs
-// the group committer, until ctx ends. Allocate calls made while Run is not running
-// commit one by one instead of in groups.
+// Run keeps the index current with a watch (re-listing after a compaction), runs the
+// group committer and removes drained ServiceCIDRs, until ctx ends. Allocate calls
+// made while Run is not running commit one by one instead of in groups.
 func (a *Allocator) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.watchLoop(ctx) })
 	g.Go(func() error { return a.committer.run(ctx) })
+	g.Go(func() error { a.drainLoop(ctx); return nil })
 	return g.Wait()
 }
 
-// ipRange returns the ClusterIP range of a's family, or nil.
-func (a *Allocator) ipRange(is4 bool) *rng {
-	for _, r := range a.ipRanges {
-		if r.span.is4 == is4 {
-			return r
-		}
-	}
-	return nil
-}
-
-// locate returns the range and offset of it.
+// locate returns the range an allocation of it draws from and its offset there: for
+// an address, the first ready range that holds it, else the first terminating one.
+// Errors: ErrNoRange when no range has its IP family, a *NotInRangeError when none
+// holds it (or it is a network or broadcast address).
 func (a *Allocator) locate(it Item) (*rng, uint64, error) {
 	switch it.Kind {
 	case KindClusterIP:
 		if !it.Addr.IsValid() {
 			return nil, 0, badrequest.New("cluster_ip", "not an IP address")
 		}
-		r := a.ipRange(it.Addr.Is4())
-		if r == nil {
+		t := a.tab.Load()
+		if r, off := t.home(it.Addr); r != nil {
+			return r, off, nil
+		}
+		var family []string
+		for _, r := range t.ip {
+			if r.span.is4 == it.Addr.Is4() {
+				family = append(family, r.name)
+			}
+		}
+		if len(family) == 0 {
 			return nil, 0, fmt.Errorf("%s: %w", it, ErrNoRange)
 		}
-		off, ok := r.offset(it)
-		if !ok {
-			return nil, 0, &NotInRangeError{Item: it, Range: r.name}
-		}
-		return r, off, nil
+		return nil, 0, &NotInRangeError{Item: it, Range: strings.Join(family, ", ")}
 	case KindNodePort:
 		off, ok := a.portRange.offset(it)
 		if !ok {
@@ -163,7 +201,7 @@ func (a *Allocator) locate(it Item) (*rng, uint64, error) {
 
 // RangeOf returns the name of it's range: ErrNoRange when no range has its IP
 // family, a *NotInRangeError when it lies outside (or is the network or broadcast
-// address of) its range.
+// address of) every range.
 func (a *Allocator) RangeOf(it Item) (string, error) {
 	r, _, err := a.locate(it)
 	if err != nil {
@@ -172,10 +210,12 @@ func (a *Allocator) RangeOf(it Item) (string, error) {
 	return r.name, nil
 }
 
-// RangeNames returns the ClusterIP ranges (primary first), then the NodePort range.
+// RangeNames returns the ClusterIP ranges (in allocation order), then the NodePort
+// range.
 func (a *Allocator) RangeNames() []string {
-	names := make([]string, len(a.ranges))
-	for i, r := range a.ranges {
+	t := a.tab.Load()
+	names := make([]string, len(t.all))
+	for i, r := range t.all {
 		names[i] = r.name
 	}
 	return names
@@ -184,7 +224,7 @@ func (a *Allocator) RangeNames() []string {
 // Free returns how many items of the named range the index sees free; 0 for an
 // unknown name.
 func (a *Allocator) Free(rangeName string) uint64 {
-	for _, r := range a.ranges {
+	for _, r := range a.tab.Load().all {
 		if r.name == rangeName {
 			used, _ := r.Counts()
 			return r.Size() - used
@@ -196,7 +236,7 @@ func (a *Allocator) Free(rangeName string) uint64 {
 // RangeSet returns the ranges as a value.
 func (a *Allocator) RangeSet() RangeSet {
 	s := RangeSet{NodePort: a.portRange.ports, KubernetesIP: a.kubeIP, KubernetesNodePort: a.kubePort}
-	for _, r := range a.ipRanges {
+	for _, r := range a.tab.Load().ip {
 		s.ClusterIP = append(s.ClusterIP, r.span.prefix)
 	}
 	return s

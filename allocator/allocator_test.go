@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -198,12 +199,26 @@ func TestRangesMismatch(t *testing.T) {
 	if _, err := New(ctx, e.NewClient(), testConfig("10.0.0.0/24")); err != nil {
 		t.Fatalf("New (second replica, same ranges) = %v", err)
 	}
-	for _, cfg := range []Config{testConfig("10.0.1.0/24"), testConfig("10.0.0.0/24", "fd00::/120"),
-		func() Config { c := testConfig("10.0.0.0/24"); c.NodePortRange = PortRange{30000, 100}; return c }()} {
-		_, err := New(ctx, e.NewClient(), cfg)
-		var me *RangesMismatchError
-		if !errors.As(err, &me) || me.Stored == me.Configured {
-			t.Errorf("New(%v %v) = %v; want a *RangesMismatchError naming both", cfg.ClusterIPRanges, cfg.NodePortRange, err)
+	// Another node port range is refused.
+	cfg := testConfig("10.0.0.0/24")
+	cfg.NodePortRange = PortRange{30000, 100}
+	_, err := New(ctx, e.NewClient(), cfg)
+	var me *RangesMismatchError
+	if !errors.As(err, &me) || me.Stored == me.Configured {
+		t.Errorf("New(%v %v) = %v; want a *RangesMismatchError naming both", cfg.ClusterIPRanges, cfg.NodePortRange, err)
+	}
+	// Other ClusterIP ranges are not: the kubernetes ServiceCIDR in etcd wins (as in
+	// Kubernetes), and the replica allocates from it.
+	for _, cfg := range []Config{testConfig("10.0.1.0/24"), testConfig("10.0.0.0/24", "fd00::/120")} {
+		a, err := New(ctx, e.NewClient(), cfg)
+		if err != nil {
+			t.Fatalf("New(%v) = %v; want the stored kubernetes ServiceCIDR used", cfg.ClusterIPRanges, err)
+		}
+		if got := strings.Join(a.RangeNames(), " "); got != "10.0.0.0/24 30000-32767" {
+			t.Errorf("New(%v).RangeNames() = %s; want the stored ranges 10.0.0.0/24 30000-32767", cfg.ClusterIPRanges, got)
+		}
+		if a.KubernetesIP() != netip.MustParseAddr("10.0.0.1") {
+			t.Errorf("New(%v).KubernetesIP() = %s; want 10.0.0.1", cfg.ClusterIPRanges, a.KubernetesIP())
 		}
 	}
 	// Another prefix is another allocd.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -57,6 +58,10 @@ type pick struct {
 	specific bool
 	pending  bool // the op holds the pending bit of off
 	held     bool // the owner holds it at modRev: a ModRevision compare, no put
+	// guard is the ready ServiceCIDR an address is drawn from: the transaction
+	// compares its key's revision, so that nothing is allocated from a ServiceCIDR
+	// once its deletion committed.
+	guard *cidrRef
 
 	// What etcd holds once the op is done: the key's revisions and time.
 	createRev, modRev int64
@@ -74,6 +79,24 @@ type opResult struct {
 // keys is how many keys the op's transaction touches: every pick (a held one is
 // compared, the others compared and put) and the owner record.
 func (o *op) keys() int { return 1 + len(o.picks) }
+
+// newGuards is how many compares of ServiceCIDRs o adds to a transaction whose keys
+// (and guard keys) are in seen.
+func (o *op) newGuards(seen map[string]struct{}) int {
+	n := 0
+	for i, p := range o.picks {
+		if p.guard == nil {
+			continue
+		}
+		if _, ok := seen[p.guard.key]; ok {
+			continue
+		}
+		if !slices.ContainsFunc(o.picks[:i], func(q *pick) bool { return q.guard != nil && q.guard.key == p.guard.key }) {
+			n++
+		}
+	}
+	return n
+}
 
 // release drops the op's pending bits at once: nothing of it was written.
 func (o *op) release() {
@@ -168,12 +191,17 @@ func (a *Allocator) txnOps(live []*op, now time.Time) ([]clientv3.Cmp, []clientv
 	all := string(vals)
 	cmps := make([]clientv3.Cmp, 0, n)
 	puts := make([]clientv3.Op, 0, n)
+	var guards []*cidrRef
 	for i, o := range live {
 		val := all[spans[i][0]:spans[i][1]]
 		for _, p := range o.picks {
 			if p.held {
 				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(p.key), "=", p.modRev))
 				continue
+			}
+			if p.guard != nil && !slices.Contains(guards, p.guard) {
+				guards = append(guards, p.guard)
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(p.guard.key), "=", p.guard.rev))
 			}
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(p.key), "=", 0))
 			puts = append(puts, clientv3.OpPut(p.key, val))
@@ -221,9 +249,14 @@ func (a *Allocator) committed(ctx context.Context, live []*op, rev int64, now ti
 // rare conflict), resolves each op and returns those to retry.
 func (a *Allocator) readBack(ctx context.Context, live []*op, n int) []*op {
 	gets := make([]clientv3.Op, 0, n)
+	var guards []string
 	for _, o := range live {
 		for _, p := range o.picks {
 			gets = append(gets, clientv3.OpGet(p.key))
+			if p.guard != nil && !p.held && !slices.Contains(guards, p.guard.key) {
+				guards = append(guards, p.guard.key)
+				gets = append(gets, clientv3.OpGet(p.guard.key))
+			}
 		}
 		gets = append(gets, clientv3.OpGet(o.ownerKey))
 	}
@@ -242,11 +275,29 @@ func (a *Allocator) readBack(ctx context.Context, live []*op, n int) []*op {
 	}
 	var retry []*op
 	for _, o := range live {
+		if a.guardChanged(o, kvs) {
+			o.fail(&rangesChangedError{rev: read.Header.Revision})
+			continue
+		}
 		if a.resolve(o, kvs) {
 			retry = append(retry, o)
 		}
 	}
 	return retry
+}
+
+// guardChanged reports whether a ServiceCIDR o draws from changed since the index
+// saw it: o must be planned again from the index that has seen the change.
+func (a *Allocator) guardChanged(o *op, kvs map[string]*mvccpb.KeyValue) bool {
+	for _, p := range o.picks {
+		if p.guard == nil || p.held {
+			continue
+		}
+		if kv := kvs[p.guard.key]; kv == nil || kv.ModRevision != p.guard.rev {
+			return true
+		}
+	}
+	return false
 }
 
 // nextRecord is the owner record o writes: the current one plus o's items, with o's
@@ -392,6 +443,15 @@ func (a *Allocator) resolvePick(o *op, p *pick, kv *mvccpb.KeyValue) (bool, erro
 		p.pending = false
 	}
 	off, ok := p.r.Pick()
+	if !ok && p.item.Kind == KindClusterIP {
+		// Its range filled up: the next ready one of the family, if any.
+		np, err := a.pickIP(a.tab.Load(), familyOf(p.item.Addr))
+		if err != nil {
+			return true, err
+		}
+		*p = *np
+		return true, nil
+	}
 	if !ok {
 		return true, &FullError{Range: p.r.name}
 	}

@@ -137,7 +137,8 @@ func (c *committer) run(ctx context.Context) error {
 }
 
 // take removes from the queue the ops of the next transaction: as many as fit in
-// maxTxnOps keys without touching a key twice, if they have minKeys keys in all.
+// maxTxnOps keys (the compares of the ServiceCIDRs they draw from counted once each)
+// without touching a key twice, if they have minKeys keys in all.
 // Ops whose caller gave up are dropped.
 func (c *committer) take(minKeys int) []*op {
 	c.qmu.Lock()
@@ -172,7 +173,7 @@ func (c *committer) take(minKeys int) []*op {
 			continue
 		default:
 		}
-		k := o.keys()
+		k := o.keys() + o.newGuards(seen)
 		if n+k > maxTxnOps || dup(seen, o) {
 			keep = append(keep, o)
 			continue
@@ -184,6 +185,9 @@ func (c *committer) take(minKeys int) []*op {
 		seen[o.ownerKey] = struct{}{}
 		for _, p := range o.picks {
 			seen[p.key] = struct{}{}
+			if p.guard != nil {
+				seen[p.guard.key] = struct{}{} // compared once per transaction
+			}
 		}
 		n += k
 		batch = append(batch, o)

@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/allocd/allocd/internal/badrequest"
 )
@@ -53,11 +54,19 @@ func (e *NotInRangeError) Unwrap() error { return ErrNotInRange }
 
 // FullError is a range with no free item left.
 type FullError struct {
-	// Range is the name of the full range.
+	// Range is the name of the full range (for ClusterIPs, the ready ranges of the
+	// family, with the ServiceCIDRs they belong to).
 	Range string
+	// Hint says what to do, if anything.
+	Hint string
 }
 
-func (e *FullError) Error() string { return "range " + e.Range + " is full" }
+func (e *FullError) Error() string {
+	if e.Hint != "" {
+		return "range " + e.Range + " is full; " + e.Hint
+	}
+	return "range " + e.Range + " is full"
+}
 
 // Unwrap lets errors.Is(err, ErrFull) match.
 func (e *FullError) Unwrap() error { return ErrFull }
@@ -95,8 +104,9 @@ func (e *NotOwnerError) Unwrap() error { return ErrNotOwner }
 // request fields as the API spells them.
 type InvalidError = badrequest.Error
 
-// RangesMismatchError is returned by New when etcd records other ranges than the
-// configured ones: replicas must agree on the ranges.
+// RangesMismatchError is returned by New when etcd records another node port range
+// than the configured one: replicas must agree on it. (ClusterIP ranges live in
+// ServiceCIDRs, which flags only seed.)
 type RangesMismatchError struct {
 	// Key is the etcd key that records the ranges.
 	Key string
@@ -105,9 +115,64 @@ type RangesMismatchError struct {
 }
 
 func (e *RangesMismatchError) Error() string {
-	return fmt.Sprintf("configured ranges %s differ from the ranges %s recorded in etcd at %s; every replica must be started with the same --service-cluster-ip-range and --service-node-port-range",
+	return fmt.Sprintf("configured ranges %s differ from the ranges %s recorded in etcd at %s; every replica must be started with the same --service-node-port-range",
 		e.Configured, e.Stored, e.Key)
 }
 
 // Unwrap lets errors.Is(err, ErrRangesMismatch) match.
 func (e *RangesMismatchError) Unwrap() error { return ErrRangesMismatch }
+
+// ErrCIDRExists is the sentinel of CIDRExistsError.
+var ErrCIDRExists = errors.New("ServiceCIDR exists")
+
+// CIDRExistsError is a CreateServiceCIDR of a name in use.
+type CIDRExistsError struct{ Name string }
+
+func (e *CIDRExistsError) Error() string {
+	return fmt.Sprintf("ServiceCIDR %q already exists; pick another name, or delete it first", e.Name)
+}
+
+// Unwrap lets errors.Is(err, ErrCIDRExists) match.
+func (e *CIDRExistsError) Unwrap() error { return ErrCIDRExists }
+
+// ErrCIDRNotFound is the sentinel of CIDRNotFoundError.
+var ErrCIDRNotFound = errors.New("no such ServiceCIDR")
+
+// CIDRNotFoundError is a ServiceCIDR name that etcd does not hold (never created, or
+// removed after its deletion).
+type CIDRNotFoundError struct{ Name string }
+
+func (e *CIDRNotFoundError) Error() string { return fmt.Sprintf("ServiceCIDR %q not found", e.Name) }
+
+// Unwrap lets errors.Is(err, ErrCIDRNotFound) match.
+func (e *CIDRNotFoundError) Unwrap() error { return ErrCIDRNotFound }
+
+// ErrTerminating is the sentinel of TerminatingError.
+var ErrTerminating = errors.New("only in terminating ServiceCIDRs")
+
+// TerminatingError is a specific address that lies only in ServiceCIDRs being
+// deleted: nothing new is allocated there.
+type TerminatingError struct {
+	Item Item
+	// CIDRs are the terminating ranges that hold it.
+	CIDRs []string
+}
+
+func (e *TerminatingError) Error() string {
+	return fmt.Sprintf("%s %s lies only in %s, which is terminating: nothing new is allocated there; ask for an address of a ready ServiceCIDR",
+		e.Item.Kind, e.Item, strings.Join(e.CIDRs, ", "))
+}
+
+// Unwrap lets errors.Is(err, ErrTerminating) match.
+func (e *TerminatingError) Unwrap() error { return ErrTerminating }
+
+// rangesChangedError fails an op whose transaction found a ServiceCIDR it drew from
+// changed (deleted, or removed): the caller waits for the index to reach rev and
+// plans again.
+type rangesChangedError struct{ rev int64 }
+
+func (e *rangesChangedError) Error() string {
+	return fmt.Sprintf("a ServiceCIDR changed at revision %d: %v", e.rev, ErrConflict)
+}
+
+func (e *rangesChangedError) Unwrap() error { return ErrConflict }

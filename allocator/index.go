@@ -1,9 +1,12 @@
 package allocator
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/bits-and-blooms/bitset"
@@ -25,50 +28,98 @@ type settleEntry struct {
 	off uint64
 }
 
-// reload lists every item key at one revision and rebuilds the used bitsets, keeping
-// the pending reservations; the index then reflects that revision.
+// reload reads the ServiceCIDRs and lists every item key at one revision, builds the
+// range table and the used bitsets anew (keeping the pending reservations); the
+// index then reflects that revision.
 func (a *Allocator) reload(ctx context.Context) error {
-	used := make(map[*rng]*bitset.BitSet, len(a.ranges))
-	for _, r := range a.ranges {
+	resp, err := a.cli.Get(ctx, a.cidrPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("load ServiceCIDRs: %w", err)
+	}
+	rev := resp.Header.Revision
+	var cidrs []ServiceCIDR
+	for _, kv := range resp.Kvs {
+		c, err := decodeCIDR(kv.Value, kv.CreateRevision, kv.ModRevision)
+		if err != nil {
+			a.log.Warn("undecodable ServiceCIDR; ignored", "key", string(kv.Key), "err", err)
+			continue
+		}
+		cidrs = append(cidrs, c)
+	}
+	t, _ := a.buildTable(cidrs)
+	used := make(map[*rng]*bitset.BitSet, len(t.all))
+	for _, r := range t.all {
 		used[r] = r.NewUsed()
 	}
-	var rev int64
+	err = a.listItems(ctx, rev, func(it Item) {
+		n := 0
+		a.eachRange(t, it, func(r *rng, off uint64) { used[r].Set(uint(off)); n++ }) // off < size
+		if n == 0 {
+			a.log.Warn("allocation outside every range", "item", it.String())
+		}
+	})
+	if err != nil {
+		return err
+	}
+	for _, r := range t.all {
+		r.Replace(used[r])
+	}
+	a.tab.Store(t)
+	a.advance(rev)
+	return nil
+}
+
+// buildTable builds the table of cidrs on the current one (sharing the bitmaps of
+// the prefixes it has), and returns the ranges whose bitmaps are new.
+func (a *Allocator) buildTable(cidrs []ServiceCIDR) (*table, []*rng) {
+	for i := range cidrs {
+		if cidrs[i].Name == KubernetesCIDR {
+			cidrs[0], cidrs[i] = cidrs[i], cidrs[0]
+		}
+	}
+	slices.SortStableFunc(cidrs, func(x, y ServiceCIDR) int {
+		return compareRefs(cidrRef{name: x.Name, createRev: x.CreateRevision}, cidrRef{name: y.Name, createRev: y.CreateRevision})
+	})
+	t, fresh := buildTable(a.tab.Load(), a.portRange, cidrs, a.newIPRange)
+	for _, r := range t.ip {
+		for i := range r.refs {
+			r.refs[i].key = a.cidrKey(r.refs[i].name)
+		}
+	}
+	return t, fresh
+}
+
+// eachRange calls fn with every range of t that holds it, and its offset there.
+func (a *Allocator) eachRange(t *table, it Item, fn func(r *rng, off uint64)) {
+	if it.Kind == KindClusterIP {
+		t.each(it.Addr, fn)
+		return
+	}
+	if off, ok := t.port.offset(it); ok {
+		fn(t.port, off)
+	}
+}
+
+// listItems calls fn with every item key's item at rev, reading keys only, in
+// pages.
+func (a *Allocator) listItems(ctx context.Context, rev int64, fn func(Item)) error {
 	key := a.watchStart
 	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(a.watchEnd), clientv3.WithKeysOnly(),
-			clientv3.WithLimit(10000), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend)}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev))
-		}
-		resp, err := a.cli.Get(ctx, key, opts...)
+		resp, err := a.cli.Get(ctx, key, clientv3.WithRange(a.watchEnd), clientv3.WithKeysOnly(),
+			clientv3.WithLimit(10000), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend), clientv3.WithRev(rev))
 		if err != nil {
 			return fmt.Errorf("load allocations: %w", err)
 		}
-		if rev == 0 {
-			rev = resp.Header.Revision
-		}
 		for _, kv := range resp.Kvs {
-			it, ok := a.parseKey(kv.Key)
-			if !ok {
-				continue
+			if it, ok := a.parseKey(kv.Key); ok {
+				fn(it)
 			}
-			r, off, err := a.locate(it)
-			if err != nil {
-				a.log.Warn("allocation outside the configured ranges", "key", string(kv.Key))
-				continue
-			}
-			used[r].Set(uint(off)) // off < size: locate checked it
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
-			break
+			return nil
 		}
 		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
-	for _, r := range a.ranges {
-		r.Replace(used[r])
-	}
-	a.advance(rev)
-	return nil
 }
 
 // advance records that the index reflects rev and clears the pending bits settled
@@ -166,25 +217,80 @@ func (a *Allocator) watchOnce(ctx context.Context) error {
 				a.advance(resp.Header.Revision)
 				continue
 			}
-			a.apply(resp.Events)
+			if err := a.apply(ctx, resp.Events); err != nil {
+				return err
+			}
 		}
 	}
 }
 
-func (a *Allocator) apply(evs []*clientv3.Event) {
+// apply applies a watch response's events in order: an item key sets or clears its
+// bit in every range that holds it; a ServiceCIDR key changes the table.
+func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 	if len(evs) == 0 {
-		return
+		return nil
 	}
 	for _, ev := range evs {
+		if bytes.HasPrefix(ev.Kv.Key, []byte(a.cidrPrefix)) {
+			if err := a.cidrChanged(ctx, ev); err != nil {
+				return err
+			}
+			continue
+		}
 		it, ok := a.parseKey(ev.Kv.Key)
 		if !ok {
 			continue
 		}
-		r, off, err := a.locate(it)
-		if err != nil {
-			continue
-		}
-		r.SetUsed(off, ev.Type == mvccpb.PUT)
+		put := ev.Type == mvccpb.PUT
+		a.eachRange(a.tab.Load(), it, func(r *rng, off uint64) { r.SetUsed(off, put) })
 	}
 	a.advance(evs[len(evs)-1].Kv.ModRevision)
+	return nil
+}
+
+// cidrChanged installs the table with ev's ServiceCIDR change. The bitmaps of new
+// prefixes are filled from the item keys at ev's revision; the events after it
+// apply on top.
+func (a *Allocator) cidrChanged(ctx context.Context, ev *clientv3.Event) error {
+	old := a.tab.Load()
+	name := strings.TrimPrefix(string(ev.Kv.Key), a.cidrPrefix)
+	cidrs := make([]ServiceCIDR, 0, len(old.cidrs)+1)
+	for n, c := range old.cidrs {
+		if n != name {
+			cidrs = append(cidrs, c)
+		}
+	}
+	if ev.Type == mvccpb.PUT {
+		c, err := decodeCIDR(ev.Kv.Value, ev.Kv.CreateRevision, ev.Kv.ModRevision)
+		if err != nil {
+			a.log.Warn("undecodable ServiceCIDR; ignored", "key", string(ev.Kv.Key), "err", err)
+			return nil
+		}
+		cidrs = append(cidrs, c)
+		a.log.Info("ServiceCIDR seen", "name", name, "cidrs", prefixes(c.CIDRs), "state", c.State.String(), "revision", ev.Kv.ModRevision)
+	} else {
+		a.log.Info("ServiceCIDR removed", "name", name, "revision", ev.Kv.ModRevision)
+	}
+	t, fresh := a.buildTable(cidrs)
+	if len(fresh) > 0 {
+		used := make(map[*rng]*bitset.BitSet, len(fresh))
+		for _, r := range fresh {
+			used[r] = r.NewUsed()
+		}
+		err := a.listItems(ctx, ev.Kv.ModRevision, func(it Item) {
+			a.eachRange(t, it, func(r *rng, off uint64) {
+				if u := used[r]; u != nil {
+					u.Set(uint(off))
+				}
+			})
+		})
+		if err != nil {
+			return fmt.Errorf("fill the ranges of ServiceCIDR %s: %w", name, err)
+		}
+		for _, r := range fresh {
+			r.Replace(used[r])
+		}
+	}
+	a.tab.Store(t)
+	return nil
 }

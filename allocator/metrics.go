@@ -15,6 +15,7 @@ type metrics struct {
 	duration prometheus.Histogram
 	batchReq prometheus.Histogram
 	txns     *prometheus.CounterVec
+	allocs   *prometheus.CounterVec
 
 	allocatedDesc, availableDesc *prometheus.Desc
 }
@@ -52,10 +53,7 @@ func newMetrics(a *Allocator, reg prometheus.Registerer) *metrics {
 		Name: "allocd_allocator_allocations_total",
 		Help: "Items allocated by this replica, by range and scope (specific: the item was named in the request; dynamic: picked).",
 	}, []string{"range", "scope"})
-	for _, r := range a.ranges {
-		r.allocSpecific = allocs.WithLabelValues(r.name, "specific")
-		r.allocDynamic = allocs.WithLabelValues(r.name, "dynamic")
-	}
+	m.allocs = allocs
 	for _, reason := range []string{"full", "allocated", "not_in_range", "no_range", "conflict", "invalid", "canceled", "other"} {
 		m.errs.WithLabelValues(reason)
 	}
@@ -81,6 +79,16 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(m.availableDesc, prometheus.GaugeValue, float64(b.band.Size-b.band.Used), ri.Name, b.name)
 		}
 	}
+}
+
+// counters gives r its allocation counters, labelled with its name (a ServiceCIDR's
+// range gets them when the index first sees it).
+func (m *metrics) counters(r *rng) {
+	if m == nil {
+		return
+	}
+	r.allocSpecific = m.allocs.WithLabelValues(r.name, "specific")
+	r.allocDynamic = m.allocs.WithLabelValues(r.name, "dynamic")
 }
 
 func (m *metrics) allocated(r *rng, specific bool) {

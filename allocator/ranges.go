@@ -3,6 +3,7 @@ package allocator
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -23,15 +24,13 @@ type rng struct {
 	kind    Kind
 	span    ipSpan    // KindClusterIP
 	ports   PortRange // KindNodePort
-	primary bool
+	// refs are the ServiceCIDRs that list a ClusterIP range (kubernetes, then by
+	// creation); guard is the first ready one, nil when all are terminating: an
+	// allocation drawing from the range compares its key's revision.
+	refs  []cidrRef
+	guard *cidrRef
 
 	allocSpecific, allocDynamic prometheus.Counter
-}
-
-func newIPRange(p netip.Prefix, primary bool) *rng {
-	s := newIPSpan(p)
-	return &rng{Bitmap: bitmap.New(s.size, ipBand(s.total)), name: s.prefix.String(),
-		kind: KindClusterIP, span: s, primary: primary}
 }
 
 func newPortRange(pr PortRange) *rng {
@@ -81,7 +80,8 @@ func portBand(size uint64) uint64 {
 // RangeSet is the ranges of an Allocator as a value, for those that judge items
 // without allocating (repair): which range an item is in, which items are reserved.
 type RangeSet struct {
-	// ClusterIP are the ClusterIP ranges, primary first.
+	// ClusterIP are the ClusterIP ranges of every ServiceCIDR, ready and terminating,
+	// in allocation order.
 	ClusterIP []netip.Prefix
 	// NodePort is the node port range.
 	NodePort PortRange
@@ -110,14 +110,18 @@ func (s RangeSet) Of(it Item) (string, error) {
 		if !it.Addr.IsValid() {
 			return "", badrequest.New("cluster_ip", "not an IP address")
 		}
+		var family []string
 		for _, p := range s.ClusterIP {
 			if p.Addr().Is4() != it.Addr.Is4() {
 				continue
 			}
-			if _, ok := newIPSpan(p).offset(it.Addr); !ok {
-				return "", &NotInRangeError{Item: it, Range: p.String()}
+			if _, ok := newIPSpan(p).offset(it.Addr); ok {
+				return p.String(), nil
 			}
-			return p.String(), nil
+			family = append(family, p.String())
+		}
+		if len(family) > 0 {
+			return "", &NotInRangeError{Item: it, Range: strings.Join(family, ", ")}
 		}
 		return "", fmt.Errorf("%s: %w", it, ErrNoRange)
 	case KindNodePort:

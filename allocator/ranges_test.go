@@ -35,7 +35,7 @@ func TestIPSpan(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.cidr, func(t *testing.T) {
-			r := newIPRange(netip.MustParsePrefix(tc.cidr), true)
+			r := newIPRangeFor(netip.MustParsePrefix(tc.cidr))
 			if r.Size() != tc.size || r.Band() != tc.band {
 				t.Errorf("newIPRange(%s) size, band = %d, %d; want %d, %d", tc.cidr, r.Size(), r.Band(), tc.size, tc.band)
 			}
@@ -55,7 +55,9 @@ func TestIPSpan(t *testing.T) {
 					t.Errorf("offset(%s) in %s = %d, true; want not usable", s, tc.cidr, off)
 				}
 			}
-			ri := (&Allocator{ranges: []*rng{r}}).Ranges()[0]
+			a := &Allocator{}
+			a.tab.Store(&table{all: []*rng{r}})
+			ri := a.Ranges()[0]
 			var got string
 			if ri.Static.Size > 0 {
 				got = ri.Static.Last.String()
@@ -254,17 +256,22 @@ func TestCheckUID(t *testing.T) {
 
 // TestRangeSet: the value repair judges with answers as the Allocator does.
 func TestRangeSet(t *testing.T) {
-	a := &Allocator{}
-	a.ipRanges = []*rng{newIPRange(netip.MustParsePrefix("10.0.0.0/24"), true), newIPRange(netip.MustParsePrefix("fd00::/120"), false)}
+	a := &Allocator{store: newStore(nil, nil, "/t")}
 	a.portRange = newPortRange(PortRange{Base: 30000, Size: 100})
-	a.ranges = append(append([]*rng{}, a.ipRanges...), a.portRange)
+	// Two ServiceCIDRs, one of them terminating, and a range nested in another.
+	tab, _ := a.buildTable([]ServiceCIDR{
+		{Name: KubernetesCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("fd00::/120")}, State: CIDRReady, CreateRevision: 1},
+		{Name: "old", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/28")}, State: CIDRTerminating, CreateRevision: 2},
+		{Name: "nested", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.128/25")}, State: CIDRReady, CreateRevision: 3},
+	})
+	a.tab.Store(tab)
 	a.kubeIP, a.kubePort = netip.MustParseAddr("10.0.0.1"), 30005
 	s := a.RangeSet()
 	if got, want := strings.Join(s.Names(), ","), strings.Join(a.RangeNames(), ","); got != want {
 		t.Errorf("Names() = %s; want %s", got, want)
 	}
 	items := []Item{Port(30000), Port(30099), Port(30100), Port(29999), Port(30005), {Kind: KindClusterIP}, {Kind: 9}}
-	for _, ip := range []string{"10.0.0.0", "10.0.0.1", "10.0.0.254", "10.0.0.255", "10.0.1.1", "fd00::", "fd00::1", "fd00::ff", "fd00::100", "::ffff:10.0.0.5"} {
+	for _, ip := range []string{"10.0.0.0", "10.0.0.1", "10.0.0.128", "10.0.0.200", "10.0.0.254", "10.0.0.255", "10.0.1.1", "10.1.0.5", "10.1.0.15", "fd00::", "fd00::1", "fd00::ff", "fd00::100", "::ffff:10.0.0.5"} {
 		items = append(items, IP(netip.MustParseAddr(ip)))
 	}
 	for _, it := range items {

@@ -62,7 +62,7 @@ func (a *Allocator) allocation(kv *mvccpb.KeyValue) (Allocation, bool) {
 // revision.
 func (a *Allocator) List(ctx context.Context) (int64, []Allocation, error) {
 	var n uint64
-	for _, r := range a.ranges {
+	for _, r := range a.tab.Load().all {
 		used, _ := r.Counts()
 		n += used
 	}
@@ -204,7 +204,7 @@ func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) 
 	}
 	var r *rng
 	if lo.Range != "" {
-		for _, x := range a.ranges {
+		for _, x := range a.tab.Load().all {
 			if x.name == lo.Range {
 				r = x
 			}
@@ -213,7 +213,14 @@ func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) 
 			return Page{}, badrequest.New("range", fmt.Sprintf("no range %q; ranges are %s", lo.Range, strings.Join(a.RangeNames(), ", ")))
 		}
 	}
-	keep := func(al Allocation) bool { return r == nil || al.Range == r.name }
+	// An address in overlapping ranges is listed under each of them.
+	keep := func(al Allocation) bool {
+		if r == nil {
+			return true
+		}
+		_, ok := r.offset(al.Item)
+		return ok
+	}
 	if lo.OwnerUID != "" {
 		return a.listOwner(ctx, lo.OwnerUID, keep)
 	}
@@ -344,20 +351,27 @@ type RangeInfo struct {
 	// Prefix is the CIDR of a ClusterIP range.
 	Prefix netip.Prefix
 	// Ports is the NodePort range.
-	Ports   PortRange
+	Ports PortRange
+	// Primary is the range of the kubernetes Service's address.
 	Primary bool
+	// State is a ClusterIP range's: ready when a ready ServiceCIDR lists it.
+	State CIDRState
+	// ServiceCIDRs are the names of the ServiceCIDRs that list a ClusterIP range.
+	ServiceCIDRs []string
 	// Size is the number of allocatable items.
 	Size, Used      uint64
 	Static, Dynamic Band
 }
 
-// Ranges describes every range: ClusterIP ranges (primary first), then NodePorts.
+// Ranges describes every range: ClusterIP ranges (ready ones in allocation order,
+// then terminating ones), then NodePorts.
 func (a *Allocator) Ranges() []RangeInfo {
-	out := make([]RangeInfo, 0, len(a.ranges))
-	for _, r := range a.ranges {
+	t := a.tab.Load()
+	out := make([]RangeInfo, 0, len(t.all))
+	for _, r := range t.all {
 		used, su := r.Counts()
 		ri := RangeInfo{Name: r.name, Kind: r.kind, Prefix: r.span.prefix, Ports: r.ports,
-			Primary: r.primary, Size: r.Size(), Used: used,
+			Size: r.Size(), Used: used,
 			Static:  Band{Size: r.Band(), Used: su},
 			Dynamic: Band{Size: r.Size() - r.Band(), Used: used - su}}
 		if r.Band() > 0 {
@@ -365,6 +379,17 @@ func (a *Allocator) Ranges() []RangeInfo {
 		}
 		if r.Size() > r.Band() {
 			ri.Dynamic.First, ri.Dynamic.Last = r.item(r.Band()), r.item(r.Size()-1)
+		}
+		if r.kind == KindClusterIP {
+			home, _ := t.home(a.kubeIP)
+			ri.Primary = r == home
+			ri.State = CIDRTerminating
+			if r.guard != nil {
+				ri.State = CIDRReady
+			}
+			for _, ref := range r.refs {
+				ri.ServiceCIDRs = append(ri.ServiceCIDRs, ref.name)
+			}
 		}
 		out = append(out, ri)
 	}

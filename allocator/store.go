@@ -28,8 +28,9 @@ type store struct {
 	cli *clientv3.Client
 	log *slog.Logger
 
-	configKey, ipPrefix, portPrefix, ownerPrefix string
-	// watchStart and watchEnd bound both item prefixes (and config/, between them).
+	configKey, ipPrefix, portPrefix, ownerPrefix, cidrPrefix string
+	// watchStart and watchEnd bound both item prefixes and config/ between them, where
+	// the ServiceCIDRs are: one watch sees both, in revision order.
 	watchStart, watchEnd string
 
 	// noStream is set once etcd answered RangeStream with Unimplemented.
@@ -43,6 +44,7 @@ func newStore(cli *clientv3.Client, log *slog.Logger, prefix string) *store {
 		ipPrefix:    prefix + "/clusterips/",
 		portPrefix:  prefix + "/nodeports/",
 		ownerPrefix: prefix + "/owners/",
+		cidrPrefix:  prefix + "/config/servicecidrs/",
 		listPage:    listPageSize,
 	}
 	s.watchStart = s.ipPrefix
@@ -90,35 +92,38 @@ func (s storedRanges) String() string {
 }
 
 // recordRanges records want at configKey, unless ranges are recorded already: then
-// they must be the same (else a *RangesMismatchError).
-func (s *store) recordRanges(ctx context.Context, want storedRanges) error {
+// the node port range must be the same (else a *RangesMismatchError). It returns the
+// record as stored. The ClusterIP ranges it holds are those of the first start:
+// they seed the kubernetes ServiceCIDR when none exists, and may differ from want's.
+func (s *store) recordRanges(ctx context.Context, want storedRanges) (storedRanges, error) {
 	v, err := json.Marshal(want)
 	if err != nil {
-		return err
+		return storedRanges{}, err
 	}
 	resp, err := s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(s.configKey), "=", 0)).
 		Then(clientv3.OpPut(s.configKey, string(v))).
 		Else(clientv3.OpGet(s.configKey)).Commit()
 	if err != nil {
-		return fmt.Errorf("record ranges at %s: %w", s.configKey, err)
+		return storedRanges{}, fmt.Errorf("record ranges at %s: %w", s.configKey, err)
 	}
 	if resp.Succeeded {
 		s.log.Info("recorded ranges in etcd", "key", s.configKey, "ranges", want.String())
-		return nil
+		return want, nil
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 {
-		return fmt.Errorf("record ranges at %s: %w", s.configKey, ErrConflict)
+		return storedRanges{}, fmt.Errorf("record ranges at %s: %w", s.configKey, ErrConflict)
 	}
 	var got storedRanges
 	if err := json.Unmarshal(kvs[0].Value, &got); err != nil {
-		return fmt.Errorf("ranges recorded at %s: %w", s.configKey, err)
+		return storedRanges{}, fmt.Errorf("ranges recorded at %s: %w", s.configKey, err)
 	}
-	if got.String() != want.String() {
-		return &RangesMismatchError{Key: s.configKey, Stored: got.String(), Configured: want.String()}
+	if got.NodePortRange != want.NodePortRange {
+		return storedRanges{}, &RangesMismatchError{Key: s.configKey,
+			Stored: "--service-node-port-range=" + got.NodePortRange, Configured: "--service-node-port-range=" + want.NodePortRange}
 	}
-	return nil
+	return got, nil
 }
 
 // recordState is an owner record as read, with what compares it.

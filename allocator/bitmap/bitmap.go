@@ -19,6 +19,7 @@ package bitmap
 import (
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 
 	"github.com/bits-and-blooms/bitset"
 )
@@ -31,6 +32,9 @@ type Bitmap struct {
 	// busy = used | pending: what picks skip. All three have exactly size bits.
 	used, pending, busy *bitset.BitSet
 	nused               uint64
+	// nbusy counts busy's bits, so that Full answers without the lock: an allocator
+	// that skips a thousand full ranges must not take a thousand locks.
+	nbusy atomic.Uint64
 }
 
 // New returns an empty Bitmap of size offsets whose first band offsets are the static
@@ -61,7 +65,7 @@ func (b *Bitmap) Pick() (uint64, bool) {
 	}
 	if ok {
 		b.pending.Set(uint(off))
-		b.busy.Set(uint(off))
+		b.setBusy(off)
 	}
 	return off, ok
 }
@@ -93,7 +97,7 @@ func (b *Bitmap) Reserve(off uint64) bool {
 		return false
 	}
 	b.pending.Set(uint(off))
-	b.busy.Set(uint(off))
+	b.setBusy(off)
 	return true
 }
 
@@ -105,7 +109,7 @@ func (b *Bitmap) Unpend(off uint64) {
 	b.mu.Lock()
 	b.pending.Clear(uint(off))
 	if !b.used.Test(uint(off)) {
-		b.busy.Clear(uint(off))
+		b.clearBusy(off)
 	}
 	b.mu.Unlock()
 }
@@ -121,13 +125,13 @@ func (b *Bitmap) SetUsed(off uint64, v bool) {
 	switch {
 	case v && !was:
 		b.used.Set(uint(off))
-		b.busy.Set(uint(off))
+		b.setBusy(off)
 		b.nused++
 	case !v && was:
 		b.used.Clear(uint(off))
 		b.nused--
 		if !b.pending.Test(uint(off)) {
-			b.busy.Clear(uint(off))
+			b.clearBusy(off)
 		}
 	}
 }
@@ -150,6 +154,36 @@ func (b *Bitmap) Replace(used *bitset.BitSet) {
 	b.used = used
 	b.nused = uint64(used.Count())
 	b.busy = used.Union(b.pending)
+	b.nbusy.Store(uint64(b.busy.Count()))
+}
+
+// setBusy and clearBusy change busy and its count; b.mu is held.
+func (b *Bitmap) setBusy(off uint64) {
+	if !b.busy.Test(uint(off)) {
+		b.busy.Set(uint(off))
+		b.nbusy.Add(1)
+	}
+}
+
+func (b *Bitmap) clearBusy(off uint64) {
+	if b.busy.Test(uint(off)) {
+		b.busy.Clear(uint(off))
+		b.nbusy.Add(^uint64(0))
+	}
+}
+
+// Full reports, without taking the lock, whether every offset is used or pending: a
+// Pick would fail. It may be stale by the time the caller acts on it.
+func (b *Bitmap) Full() bool { return b.nbusy.Load() >= b.size }
+
+// EachUsed calls fn with every used offset, in order, under the lock: fn must not
+// call b.
+func (b *Bitmap) EachUsed(fn func(off uint64)) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, ok := b.used.NextSet(0); ok; i, ok = b.used.NextSet(i + 1) {
+		fn(uint64(i))
+	}
 }
 
 // Counts returns how many offsets are used, in all and in the static band.

@@ -215,7 +215,9 @@ func (a *Allocator) families(fams []Family, pol Policy) ([]Family, error) {
 		}
 	}
 	t := a.tab.Load()
-	configured := func(f Family) bool { return slices.ContainsFunc(t.ip, func(r *rng) bool { return r.span.is4 == (f == IPv4) }) }
+	configured := func(f Family) bool {
+		return slices.ContainsFunc(t.ip, func(r *rng) bool { return r.span.is4 == (f == IPv4) })
+	}
 	primary := IPv6
 	if a.kubeIP.Is4() {
 		primary = IPv4

@@ -20,10 +20,10 @@ const MaxRangeBits = 24
 // ports (NodePort).
 type rng struct {
 	*bitmap.Bitmap
-	name    string
-	kind    Kind
-	span    ipSpan    // KindClusterIP
-	ports   PortRange // KindNodePort
+	name  string
+	kind  Kind
+	span  ipSpan    // KindClusterIP
+	ports PortRange // KindNodePort
 	// refs are the ServiceCIDRs that list a ClusterIP range (kubernetes, then by
 	// creation); guard is the first ready one, nil when all are terminating: an
 	// allocation drawing from the range compares its key's revision.

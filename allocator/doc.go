@@ -22,7 +22,13 @@
 //
 //	<prefix>/config/ranges          {"clusterIPRanges":["10.96.0.0/12","fd00::/108"],"nodePortRange":"30000-32767"}
 //	                                written once (CreateRevision == 0); a replica configured
-//	                                with other ranges refuses to start (*RangesMismatchError)
+//	                                with another node port range refuses to start
+//	                                (*RangesMismatchError)
+//	<prefix>/config/servicecidrs/<name>
+//	                                {"name","cidrs":[..],"state":"ready"|"terminating",..}: the
+//	                                ClusterIP ranges (servicecidr.go); "kubernetes" is seeded
+//	                                from the flags; every allocation compares the revision
+//	                                of the one it draws from (see README, Service CIDRs)
 //	<prefix>/clusterips/<ip>        {"namespace":..,"name":..,"uid":..,"time":RFC 3339}
 //	<prefix>/nodeports/<port>       the same; <ip> is the canonical form (netip.Addr.String)
 //	<prefix>/owners/<uid>           {"namespace","name","uid","clusterIPs":[..],"nodePorts":[..],

@@ -170,8 +170,43 @@ func (c *Client) ListAllocations(ctx context.Context, req *allocdv1.ListAllocati
 	return unary(ctx, c, allocdv1.AllocatorService_ListAllocations_FullMethodName, req, c.alloc.ListAllocations)
 }
 
-// ListRanges returns the configured ranges with their usage: ClusterIP ranges (the
-// primary first), then the NodePort range.
+// CreateServiceCIDR adds a ServiceCIDR of one or two CIDRs (at most one per family).
+// Errors: ErrInvalid (*InvalidError names the field), ErrAlreadyExists. A call retried
+// after an UNAVAILABLE whose first attempt committed answers ErrAlreadyExists: Get it
+// to see whether it is yours.
+func (c *Client) CreateServiceCIDR(ctx context.Context, name string, cidrs ...string) (*allocdv1.ServiceCIDR, error) {
+	resp, err := unary(ctx, c, allocdv1.AllocatorService_CreateServiceCIDR_FullMethodName,
+		&allocdv1.CreateServiceCIDRRequest{Name: name, Cidrs: cidrs}, c.alloc.CreateServiceCIDR)
+	return resp.GetServiceCidr(), err
+}
+
+// GetServiceCIDR returns a ServiceCIDR, with what blocks its removal while it is
+// terminating. ErrNotFound when there is none of that name (or it was removed).
+func (c *Client) GetServiceCIDR(ctx context.Context, name string) (*allocdv1.ServiceCIDR, error) {
+	resp, err := unary(ctx, c, allocdv1.AllocatorService_GetServiceCIDR_FullMethodName,
+		&allocdv1.GetServiceCIDRRequest{Name: name}, c.alloc.GetServiceCIDR)
+	return resp.GetServiceCidr(), err
+}
+
+// ListServiceCIDRs returns every ServiceCIDR, by name.
+func (c *Client) ListServiceCIDRs(ctx context.Context) ([]*allocdv1.ServiceCIDR, error) {
+	resp, err := unary(ctx, c, allocdv1.AllocatorService_ListServiceCIDRs_FullMethodName,
+		&allocdv1.ListServiceCIDRsRequest{}, c.alloc.ListServiceCIDRs)
+	return resp.GetServiceCidrs(), err
+}
+
+// DeleteServiceCIDR marks a ServiceCIDR terminating: nothing new is allocated from it
+// once it returns, and it is removed when no allocated address lies in it alone.
+// ErrNotFound when there is none of that name.
+func (c *Client) DeleteServiceCIDR(ctx context.Context, name string) (*allocdv1.ServiceCIDR, error) {
+	resp, err := unary(ctx, c, allocdv1.AllocatorService_DeleteServiceCIDR_FullMethodName,
+		&allocdv1.DeleteServiceCIDRRequest{Name: name}, c.alloc.DeleteServiceCIDR)
+	return resp.GetServiceCidr(), err
+}
+
+// ListRanges returns the ranges with their usage: the ClusterIP ranges of the
+// ServiceCIDRs (ready ones in allocation order, then terminating ones), then the
+// NodePort range.
 func (c *Client) ListRanges(ctx context.Context) ([]*allocdv1.Range, error) {
 	resp, err := unary(ctx, c, allocdv1.AllocatorService_ListRanges_FullMethodName, &allocdv1.ListRangesRequest{}, c.alloc.ListRanges)
 	return resp.GetRanges(), err

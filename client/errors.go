@@ -54,6 +54,12 @@ var (
 	// ErrCompacted is a watch from a revision etcd has compacted away (OUT_OF_RANGE):
 	// list again and watch from the list's revision.
 	ErrCompacted = errors.New("revision compacted")
+	// ErrAlreadyExists is a ServiceCIDR name in use (ALREADY_EXISTS, reason
+	// SERVICE_CIDR_EXISTS).
+	ErrAlreadyExists = errors.New("already exists")
+	// ErrTerminating is an address named that lies only in terminating ServiceCIDRs
+	// (FAILED_PRECONDITION, reason SERVICE_CIDR_TERMINATING).
+	ErrTerminating = errors.New("only in terminating ServiceCIDRs")
 )
 
 // ErrorInfo reasons that refine FAILED_PRECONDITION (allocd.v1.ErrorReason lists them
@@ -64,6 +70,8 @@ var (
 	reasonNotOwner         = allocdv1.ErrorReason_NOT_OWNER.String()
 	reasonStaleSnapshot    = allocdv1.ErrorReason_STALE_SNAPSHOT.String()
 	reasonSnapshotRequired = allocdv1.ErrorReason_SNAPSHOT_REQUIRED.String()
+	reasonCIDRExists       = allocdv1.ErrorReason_SERVICE_CIDR_EXISTS.String()
+	reasonCIDRTerminating  = allocdv1.ErrorReason_SERVICE_CIDR_TERMINATING.String()
 )
 
 // Error is a failed allocd call: the gRPC status with its google.rpc details decoded.
@@ -274,6 +282,9 @@ func kindOf(method string, e *Error) error {
 	case codes.InvalidArgument:
 		return ErrInvalid
 	case codes.AlreadyExists:
+		if e.Reason == reasonCIDRExists {
+			return ErrAlreadyExists
+		}
 		return ErrAlreadyAllocated
 	case codes.ResourceExhausted:
 		return ErrFull
@@ -287,6 +298,8 @@ func kindOf(method string, e *Error) error {
 			return ErrStaleSnapshot
 		case reasonSnapshotRequired:
 			return ErrSnapshotRequired
+		case reasonCIDRTerminating:
+			return ErrTerminating
 		case "":
 			// A server that names no reason: the RPC says which precondition it is.
 			if k := failedPreconditionByMethod[method]; k != nil {

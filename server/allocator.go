@@ -173,16 +173,17 @@ func (s *AllocatorService) ListAllocations(ctx context.Context, req *allocdv1.Li
 // it reflects every Allocate and Release acknowledged before it.
 func (s *AllocatorService) ListRanges(ctx context.Context, _ *allocdv1.ListRangesRequest) (*allocdv1.ListRangesResponse, error) {
 	if err := s.a.Sync(ctx); err != nil {
-		if errors.Is(err, allocator.ErrNotSynced) {
-			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
-		return nil, Status(err)
+		return nil, Status(syncErr(err))
 	}
 	out := &allocdv1.ListRangesResponse{}
 	for _, ri := range s.a.Ranges() {
 		r := &allocdv1.Range{Name: ri.Name, Primary: ri.Primary, Size: ri.Size, Used: ri.Used, Free: ri.Size - ri.Used,
-			StaticBand: band(ri.Static), DynamicBand: band(ri.Dynamic)}
+			StaticBand: band(ri.Static), DynamicBand: band(ri.Dynamic), ServiceCidrs: ri.ServiceCIDRs}
 		if ri.Kind == allocator.KindClusterIP {
+			r.State = allocdv1.ServiceCIDRState_SERVICE_CIDR_STATE_READY
+			if ri.State == allocator.CIDRTerminating {
+				r.State = allocdv1.ServiceCIDRState_SERVICE_CIDR_STATE_TERMINATING
+			}
 			r.Kind = allocdv1.RangeKind_RANGE_KIND_CLUSTER_IP
 			r.Family = allocdv1.IPFamily_IP_FAMILY_IPV6
 			if ri.Prefix.Addr().Is4() {
@@ -194,6 +195,14 @@ func (s *AllocatorService) ListRanges(ctx context.Context, _ *allocdv1.ListRange
 		out.Ranges = append(out.Ranges, r)
 	}
 	return out, nil
+}
+
+// syncErr marks an index that stays behind etcd as unavailable: a retry may work.
+func syncErr(err error) error {
+	if errors.Is(err, allocator.ErrNotSynced) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
 }
 
 func band(b allocator.Band) *allocdv1.Band {

@@ -181,6 +181,10 @@ func allocatorStatus(err error) error {
 		allocated *allocator.AllocatedError
 		notOwner  *allocator.NotOwnerError
 		full      *allocator.FullError
+		// ServiceCIDRs
+		cidrExists   *allocator.CIDRExistsError
+		cidrNotFound *allocator.CIDRNotFoundError
+		terminating  *allocator.TerminatingError
 	)
 	msg := err.Error()
 	switch {
@@ -222,6 +226,15 @@ func allocatorStatus(err error) error {
 		return withDetails(codes.NotFound, msg, errorInfo(allocdv1.ErrorReason_NOT_ALLOCATED, nil))
 	case errors.Is(err, allocator.ErrNotRunning), errors.Is(err, allocator.ErrNotSynced):
 		return unavailable(msg, allocdv1.ErrorReason_UNAVAILABLE)
+	case errors.As(err, &cidrExists):
+		return withDetails(codes.AlreadyExists, msg, errorInfo(allocdv1.ErrorReason_SERVICE_CIDR_EXISTS, map[string]string{"name": cidrExists.Name}))
+	case errors.As(err, &cidrNotFound):
+		return withDetails(codes.NotFound, msg, errorInfo(allocdv1.ErrorReason_SERVICE_CIDR_NOT_FOUND, map[string]string{"name": cidrNotFound.Name}))
+	case errors.As(err, &terminating):
+		return withDetails(codes.FailedPrecondition, msg,
+			errorInfo(allocdv1.ErrorReason_SERVICE_CIDR_TERMINATING, map[string]string{"item": terminating.Item.String(), "cidrs": strings.Join(terminating.CIDRs, ", ")}),
+			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
+				Type: "SERVICE_CIDR", Subject: terminating.Item.String(), Description: msg}}})
 	case errors.Is(err, allocator.ErrRangesMismatch):
 		return withDetails(codes.FailedPrecondition, msg, errorInfo(allocdv1.ErrorReason_RANGES_MISMATCH, nil))
 	}

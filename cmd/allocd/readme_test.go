@@ -243,7 +243,7 @@ func startFromReadme(t *testing.T, args string) *daemon.Daemon {
 }
 
 var (
-	volatile = regexp.MustCompile(`"(revision|createRevision|modRevision|leaseId|remainingTtlSeconds|allocateTime|startTime|duration|age|allocationRevision|snapshotRevision|leader)": ("[^"]*"|-?\d+)`)
+	volatile = regexp.MustCompile(`"(revision|createRevision|modRevision|leaseId|remainingTtlSeconds|allocateTime|startTime|duration|age|allocationRevision|snapshotRevision|leader|createTime|deleteTime)": ("[^"]*"|-?\d+)`)
 	ipv4     = regexp.MustCompile(`\b\d{1,3}(\.\d{1,3}){3}\b`)
 	ipv6     = regexp.MustCompile(`\b[0-9a-f]{1,4}(:[0-9a-f]{0,4}){2,7}\b`)
 	port     = regexp.MustCompile(`\b3[0-2]\d{3}\b`)

@@ -22,6 +22,60 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ServiceCIDRState is the state of a ServiceCIDR.
+type ServiceCIDRState int32
+
+const (
+	// SERVICE_CIDR_STATE_UNSPECIFIED is never returned.
+	ServiceCIDRState_SERVICE_CIDR_STATE_UNSPECIFIED ServiceCIDRState = 0
+	// SERVICE_CIDR_STATE_READY: addresses are allocated from it.
+	ServiceCIDRState_SERVICE_CIDR_STATE_READY ServiceCIDRState = 1
+	// SERVICE_CIDR_STATE_TERMINATING: deleted; nothing new is allocated from it, and it
+	// is removed once no allocated address lies in it alone.
+	ServiceCIDRState_SERVICE_CIDR_STATE_TERMINATING ServiceCIDRState = 2
+)
+
+// Enum value maps for ServiceCIDRState.
+var (
+	ServiceCIDRState_name = map[int32]string{
+		0: "SERVICE_CIDR_STATE_UNSPECIFIED",
+		1: "SERVICE_CIDR_STATE_READY",
+		2: "SERVICE_CIDR_STATE_TERMINATING",
+	}
+	ServiceCIDRState_value = map[string]int32{
+		"SERVICE_CIDR_STATE_UNSPECIFIED": 0,
+		"SERVICE_CIDR_STATE_READY":       1,
+		"SERVICE_CIDR_STATE_TERMINATING": 2,
+	}
+)
+
+func (x ServiceCIDRState) Enum() *ServiceCIDRState {
+	p := new(ServiceCIDRState)
+	*p = x
+	return p
+}
+
+func (x ServiceCIDRState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ServiceCIDRState) Descriptor() protoreflect.EnumDescriptor {
+	return file_allocd_v1_allocator_proto_enumTypes[0].Descriptor()
+}
+
+func (ServiceCIDRState) Type() protoreflect.EnumType {
+	return &file_allocd_v1_allocator_proto_enumTypes[0]
+}
+
+func (x ServiceCIDRState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ServiceCIDRState.Descriptor instead.
+func (ServiceCIDRState) EnumDescriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{0}
+}
+
 // IPFamily is an IP address family.
 type IPFamily int32
 
@@ -59,11 +113,11 @@ func (x IPFamily) String() string {
 }
 
 func (IPFamily) Descriptor() protoreflect.EnumDescriptor {
-	return file_allocd_v1_allocator_proto_enumTypes[0].Descriptor()
+	return file_allocd_v1_allocator_proto_enumTypes[1].Descriptor()
 }
 
 func (IPFamily) Type() protoreflect.EnumType {
-	return &file_allocd_v1_allocator_proto_enumTypes[0]
+	return &file_allocd_v1_allocator_proto_enumTypes[1]
 }
 
 func (x IPFamily) Number() protoreflect.EnumNumber {
@@ -72,7 +126,7 @@ func (x IPFamily) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use IPFamily.Descriptor instead.
 func (IPFamily) EnumDescriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{0}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{1}
 }
 
 // IPFamilyPolicy says how many families a Service wants, as a Kubernetes Service's
@@ -120,11 +174,11 @@ func (x IPFamilyPolicy) String() string {
 }
 
 func (IPFamilyPolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_allocd_v1_allocator_proto_enumTypes[1].Descriptor()
+	return file_allocd_v1_allocator_proto_enumTypes[2].Descriptor()
 }
 
 func (IPFamilyPolicy) Type() protoreflect.EnumType {
-	return &file_allocd_v1_allocator_proto_enumTypes[1]
+	return &file_allocd_v1_allocator_proto_enumTypes[2]
 }
 
 func (x IPFamilyPolicy) Number() protoreflect.EnumNumber {
@@ -133,7 +187,7 @@ func (x IPFamilyPolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use IPFamilyPolicy.Descriptor instead.
 func (IPFamilyPolicy) EnumDescriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{1}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{2}
 }
 
 // RangeKind is the kind of a configured range.
@@ -173,11 +227,11 @@ func (x RangeKind) String() string {
 }
 
 func (RangeKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_allocd_v1_allocator_proto_enumTypes[2].Descriptor()
+	return file_allocd_v1_allocator_proto_enumTypes[3].Descriptor()
 }
 
 func (RangeKind) Type() protoreflect.EnumType {
-	return &file_allocd_v1_allocator_proto_enumTypes[2]
+	return &file_allocd_v1_allocator_proto_enumTypes[3]
 }
 
 func (x RangeKind) Number() protoreflect.EnumNumber {
@@ -186,7 +240,487 @@ func (x RangeKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RangeKind.Descriptor instead.
 func (RangeKind) EnumDescriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{3}
+}
+
+// ServiceCIDR is a named set of ClusterIP ranges, as Kubernetes' networking/v1
+// ServiceCIDR. The one named "kubernetes" is created from --service-cluster-ip-range on
+// first start.
+type ServiceCIDR struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name, a DNS subdomain.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// cidrs: one or two, at most one per IP family.
+	Cidrs []string `protobuf:"bytes,2,rep,name=cidrs,proto3" json:"cidrs,omitempty"`
+	// state: ready or terminating.
+	State ServiceCIDRState `protobuf:"varint,3,opt,name=state,proto3,enum=allocd.v1.ServiceCIDRState" json:"state,omitempty"`
+	// create_time is when it was created.
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// delete_time is when it was deleted (terminating only).
+	DeleteTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=delete_time,json=deleteTime,proto3" json:"delete_time,omitempty"`
+	// revision is the etcd revision of its last change.
+	Revision int64 `protobuf:"varint,6,opt,name=revision,proto3" json:"revision,omitempty"`
+	// blocking_allocations counts, while terminating, the allocated addresses that lie
+	// in it and in no ready ServiceCIDR: it is removed when this reaches 0.
+	BlockingAllocations uint64 `protobuf:"varint,7,opt,name=blocking_allocations,json=blockingAllocations,proto3" json:"blocking_allocations,omitempty"`
+	// blocking_sample lists some of them, with their holders.
+	BlockingSample []*Allocation `protobuf:"bytes,8,rep,name=blocking_sample,json=blockingSample,proto3" json:"blocking_sample,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ServiceCIDR) Reset() {
+	*x = ServiceCIDR{}
+	mi := &file_allocd_v1_allocator_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceCIDR) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceCIDR) ProtoMessage() {}
+
+func (x *ServiceCIDR) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_allocator_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceCIDR.ProtoReflect.Descriptor instead.
+func (*ServiceCIDR) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ServiceCIDR) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ServiceCIDR) GetCidrs() []string {
+	if x != nil {
+		return x.Cidrs
+	}
+	return nil
+}
+
+func (x *ServiceCIDR) GetState() ServiceCIDRState {
+	if x != nil {
+		return x.State
+	}
+	return ServiceCIDRState_SERVICE_CIDR_STATE_UNSPECIFIED
+}
+
+func (x *ServiceCIDR) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *ServiceCIDR) GetDeleteTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeleteTime
+	}
+	return nil
+}
+
+func (x *ServiceCIDR) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *ServiceCIDR) GetBlockingAllocations() uint64 {
+	if x != nil {
+		return x.BlockingAllocations
+	}
+	return 0
+}
+
+func (x *ServiceCIDR) GetBlockingSample() []*Allocation {
+	if x != nil {
+		return x.BlockingSample
+	}
+	return nil
+}
+
+// CreateServiceCIDRRequest names the ServiceCIDR to create.
+type CreateServiceCIDRRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name, a DNS subdomain (lower-case letters, digits, '-' and '.').
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// cidrs: one or two, at most one per IP family.
+	Cidrs         []string `protobuf:"bytes,2,rep,name=cidrs,proto3" json:"cidrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateServiceCIDRRequest) Reset() {
+	*x = CreateServiceCIDRRequest{}
+	mi := &file_allocd_v1_allocator_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateServiceCIDRRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateServiceCIDRRequest) ProtoMessage() {}
+
+func (x *CreateServiceCIDRRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_allocator_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateServiceCIDRRequest.ProtoReflect.Descriptor instead.
+func (*CreateServiceCIDRRequest) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CreateServiceCIDRRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateServiceCIDRRequest) GetCidrs() []string {
+	if x != nil {
+		return x.Cidrs
+	}
+	return nil
+}
+
+// CreateServiceCIDRResponse is the ServiceCIDR created.
+type CreateServiceCIDRResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// service_cidr as stored.
+	ServiceCidr   *ServiceCIDR `protobuf:"bytes,1,opt,name=service_cidr,json=serviceCidr,proto3" json:"service_cidr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateServiceCIDRResponse) Reset() {
+	*x = CreateServiceCIDRResponse{}
+	mi := &file_allocd_v1_allocator_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateServiceCIDRResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateServiceCIDRResponse) ProtoMessage() {}
+
+func (x *CreateServiceCIDRResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_allocator_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateServiceCIDRResponse.ProtoReflect.Descriptor instead.
+func (*CreateServiceCIDRResponse) Descriptor() ([]byte, []int) {
 	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CreateServiceCIDRResponse) GetServiceCidr() *ServiceCIDR {
+	if x != nil {
+		return x.ServiceCidr
+	}
+	return nil
+}
+
+// GetServiceCIDRRequest names a ServiceCIDR.
+type GetServiceCIDRRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name of the ServiceCIDR.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetServiceCIDRRequest) Reset() {
+	*x = GetServiceCIDRRequest{}
+	mi := &file_allocd_v1_allocator_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetServiceCIDRRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetServiceCIDRRequest) ProtoMessage() {}
+
+func (x *GetServiceCIDRRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_allocator_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetServiceCIDRRequest.ProtoReflect.Descriptor instead.
+func (*GetServiceCIDRRequest) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GetServiceCIDRRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// GetServiceCIDRResponse is one ServiceCIDR.
+type GetServiceCIDRResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// service_cidr as stored, with its blockers when terminating.
+	ServiceCidr   *ServiceCIDR `protobuf:"bytes,1,opt,name=service_cidr,json=serviceCidr,proto3" json:"service_cidr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetServiceCIDRResponse) Reset() {
+	*x = GetServiceCIDRResponse{}
+	mi := &file_allocd_v1_allocator_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetServiceCIDRResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetServiceCIDRResponse) ProtoMessage() {}
+
+func (x *GetServiceCIDRResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_allocator_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetServiceCIDRResponse.ProtoReflect.Descriptor instead.
+func (*GetServiceCIDRResponse) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *GetServiceCIDRResponse) GetServiceCidr() *ServiceCIDR {
+	if x != nil {
+		return x.ServiceCidr
+	}
+	return nil
+}
+
+// ListServiceCIDRsRequest is empty.
+type ListServiceCIDRsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListServiceCIDRsRequest) Reset() {
+	*x = ListServiceCIDRsRequest{}
+	mi := &file_allocd_v1_allocator_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListServiceCIDRsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListServiceCIDRsRequest) ProtoMessage() {}
+
+func (x *ListServiceCIDRsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_allocator_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListServiceCIDRsRequest.ProtoReflect.Descriptor instead.
+func (*ListServiceCIDRsRequest) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{5}
+}
+
+// ListServiceCIDRsResponse is every ServiceCIDR.
+type ListServiceCIDRsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// service_cidrs, by name.
+	ServiceCidrs  []*ServiceCIDR `protobuf:"bytes,1,rep,name=service_cidrs,json=serviceCidrs,proto3" json:"service_cidrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListServiceCIDRsResponse) Reset() {
+	*x = ListServiceCIDRsResponse{}
+	mi := &file_allocd_v1_allocator_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListServiceCIDRsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListServiceCIDRsResponse) ProtoMessage() {}
+
+func (x *ListServiceCIDRsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_allocator_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListServiceCIDRsResponse.ProtoReflect.Descriptor instead.
+func (*ListServiceCIDRsResponse) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ListServiceCIDRsResponse) GetServiceCidrs() []*ServiceCIDR {
+	if x != nil {
+		return x.ServiceCidrs
+	}
+	return nil
+}
+
+// DeleteServiceCIDRRequest names the ServiceCIDR to delete.
+type DeleteServiceCIDRRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name of the ServiceCIDR.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteServiceCIDRRequest) Reset() {
+	*x = DeleteServiceCIDRRequest{}
+	mi := &file_allocd_v1_allocator_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteServiceCIDRRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteServiceCIDRRequest) ProtoMessage() {}
+
+func (x *DeleteServiceCIDRRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_allocator_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteServiceCIDRRequest.ProtoReflect.Descriptor instead.
+func (*DeleteServiceCIDRRequest) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeleteServiceCIDRRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// DeleteServiceCIDRResponse is the ServiceCIDR, now terminating.
+type DeleteServiceCIDRResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// service_cidr as stored.
+	ServiceCidr   *ServiceCIDR `protobuf:"bytes,1,opt,name=service_cidr,json=serviceCidr,proto3" json:"service_cidr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteServiceCIDRResponse) Reset() {
+	*x = DeleteServiceCIDRResponse{}
+	mi := &file_allocd_v1_allocator_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteServiceCIDRResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteServiceCIDRResponse) ProtoMessage() {}
+
+func (x *DeleteServiceCIDRResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_allocator_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteServiceCIDRResponse.ProtoReflect.Descriptor instead.
+func (*DeleteServiceCIDRResponse) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DeleteServiceCIDRResponse) GetServiceCidr() *ServiceCIDR {
+	if x != nil {
+		return x.ServiceCidr
+	}
+	return nil
 }
 
 // Owner is the object an allocation belongs to, usually a Service.
@@ -204,7 +738,7 @@ type Owner struct {
 
 func (x *Owner) Reset() {
 	*x = Owner{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[0]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -216,7 +750,7 @@ func (x *Owner) String() string {
 func (*Owner) ProtoMessage() {}
 
 func (x *Owner) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[0]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -229,7 +763,7 @@ func (x *Owner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Owner.ProtoReflect.Descriptor instead.
 func (*Owner) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{0}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Owner) GetNamespace() string {
@@ -281,7 +815,7 @@ type AllocateRequest struct {
 
 func (x *AllocateRequest) Reset() {
 	*x = AllocateRequest{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[1]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -293,7 +827,7 @@ func (x *AllocateRequest) String() string {
 func (*AllocateRequest) ProtoMessage() {}
 
 func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[1]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -306,7 +840,7 @@ func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateRequest.ProtoReflect.Descriptor instead.
 func (*AllocateRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{1}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AllocateRequest) GetOwner() *Owner {
@@ -382,7 +916,7 @@ type AllocateResponse struct {
 
 func (x *AllocateResponse) Reset() {
 	*x = AllocateResponse{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[2]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -394,7 +928,7 @@ func (x *AllocateResponse) String() string {
 func (*AllocateResponse) ProtoMessage() {}
 
 func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[2]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -407,7 +941,7 @@ func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateResponse.ProtoReflect.Descriptor instead.
 func (*AllocateResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{2}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AllocateResponse) GetClusterIps() []string {
@@ -455,7 +989,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[3]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -467,7 +1001,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[3]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -480,7 +1014,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{3}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReleaseRequest) GetOwner() *Owner {
@@ -526,7 +1060,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[4]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -538,7 +1072,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[4]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -551,7 +1085,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{4}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReleaseResponse) GetReleasedClusterIps() []string {
@@ -591,7 +1125,7 @@ type GetAllocationRequest struct {
 
 func (x *GetAllocationRequest) Reset() {
 	*x = GetAllocationRequest{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[5]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +1137,7 @@ func (x *GetAllocationRequest) String() string {
 func (*GetAllocationRequest) ProtoMessage() {}
 
 func (x *GetAllocationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[5]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +1150,7 @@ func (x *GetAllocationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAllocationRequest.ProtoReflect.Descriptor instead.
 func (*GetAllocationRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{5}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetAllocationRequest) GetTarget() isGetAllocationRequest_Target {
@@ -673,7 +1207,7 @@ type GetAllocationResponse struct {
 
 func (x *GetAllocationResponse) Reset() {
 	*x = GetAllocationResponse{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[6]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +1219,7 @@ func (x *GetAllocationResponse) String() string {
 func (*GetAllocationResponse) ProtoMessage() {}
 
 func (x *GetAllocationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[6]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +1232,7 @@ func (x *GetAllocationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAllocationResponse.ProtoReflect.Descriptor instead.
 func (*GetAllocationResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{6}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetAllocationResponse) GetAllocation() *Allocation {
@@ -733,7 +1267,7 @@ type Allocation struct {
 
 func (x *Allocation) Reset() {
 	*x = Allocation{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[7]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -745,7 +1279,7 @@ func (x *Allocation) String() string {
 func (*Allocation) ProtoMessage() {}
 
 func (x *Allocation) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[7]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -758,7 +1292,7 @@ func (x *Allocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Allocation.ProtoReflect.Descriptor instead.
 func (*Allocation) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{7}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Allocation) GetRange() string {
@@ -834,7 +1368,7 @@ type ListAllocationsRequest struct {
 
 func (x *ListAllocationsRequest) Reset() {
 	*x = ListAllocationsRequest{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[8]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -846,7 +1380,7 @@ func (x *ListAllocationsRequest) String() string {
 func (*ListAllocationsRequest) ProtoMessage() {}
 
 func (x *ListAllocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[8]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -859,7 +1393,7 @@ func (x *ListAllocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAllocationsRequest.ProtoReflect.Descriptor instead.
 func (*ListAllocationsRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{8}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListAllocationsRequest) GetRange() string {
@@ -905,7 +1439,7 @@ type ListAllocationsResponse struct {
 
 func (x *ListAllocationsResponse) Reset() {
 	*x = ListAllocationsResponse{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[9]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1451,7 @@ func (x *ListAllocationsResponse) String() string {
 func (*ListAllocationsResponse) ProtoMessage() {}
 
 func (x *ListAllocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[9]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1464,7 @@ func (x *ListAllocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAllocationsResponse.ProtoReflect.Descriptor instead.
 func (*ListAllocationsResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{9}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListAllocationsResponse) GetAllocations() []*Allocation {
@@ -963,7 +1497,7 @@ type ListRangesRequest struct {
 
 func (x *ListRangesRequest) Reset() {
 	*x = ListRangesRequest{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[10]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1509,7 @@ func (x *ListRangesRequest) String() string {
 func (*ListRangesRequest) ProtoMessage() {}
 
 func (x *ListRangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[10]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1522,7 @@ func (x *ListRangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRangesRequest.ProtoReflect.Descriptor instead.
 func (*ListRangesRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{10}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{19}
 }
 
 // ListRangesResponse lists every configured range.
@@ -1002,7 +1536,7 @@ type ListRangesResponse struct {
 
 func (x *ListRangesResponse) Reset() {
 	*x = ListRangesResponse{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[11]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1548,7 @@ func (x *ListRangesResponse) String() string {
 func (*ListRangesResponse) ProtoMessage() {}
 
 func (x *ListRangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[11]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1561,7 @@ func (x *ListRangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRangesResponse.ProtoReflect.Descriptor instead.
 func (*ListRangesResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{11}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListRangesResponse) GetRanges() []*Range {
@@ -1046,7 +1580,7 @@ type Range struct {
 	Kind RangeKind `protobuf:"varint,2,opt,name=kind,proto3,enum=allocd.v1.RangeKind" json:"kind,omitempty"`
 	// family of a ClusterIP range.
 	Family IPFamily `protobuf:"varint,3,opt,name=family,proto3,enum=allocd.v1.IPFamily" json:"family,omitempty"`
-	// primary is true for the first --service-cluster-ip-range.
+	// primary is true for the range of the kubernetes Service's address.
 	Primary bool `protobuf:"varint,4,opt,name=primary,proto3" json:"primary,omitempty"`
 	// size is the number of allocatable addresses or ports.
 	Size uint64 `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
@@ -1057,14 +1591,18 @@ type Range struct {
 	// static_band is the lower band, kept for specific requests.
 	StaticBand *Band `protobuf:"bytes,8,opt,name=static_band,json=staticBand,proto3" json:"static_band,omitempty"`
 	// dynamic_band is the upper band, preferred by dynamic allocation.
-	DynamicBand   *Band `protobuf:"bytes,9,opt,name=dynamic_band,json=dynamicBand,proto3" json:"dynamic_band,omitempty"`
+	DynamicBand *Band `protobuf:"bytes,9,opt,name=dynamic_band,json=dynamicBand,proto3" json:"dynamic_band,omitempty"`
+	// state of a ClusterIP range: ready when a ready ServiceCIDR lists it.
+	State ServiceCIDRState `protobuf:"varint,10,opt,name=state,proto3,enum=allocd.v1.ServiceCIDRState" json:"state,omitempty"`
+	// service_cidrs are the names of the ServiceCIDRs that list a ClusterIP range.
+	ServiceCidrs  []string `protobuf:"bytes,11,rep,name=service_cidrs,json=serviceCidrs,proto3" json:"service_cidrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[12]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1076,7 +1614,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[12]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1089,7 +1627,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{12}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Range) GetName() string {
@@ -1155,6 +1693,20 @@ func (x *Range) GetDynamicBand() *Band {
 	return nil
 }
 
+func (x *Range) GetState() ServiceCIDRState {
+	if x != nil {
+		return x.State
+	}
+	return ServiceCIDRState_SERVICE_CIDR_STATE_UNSPECIFIED
+}
+
+func (x *Range) GetServiceCidrs() []string {
+	if x != nil {
+		return x.ServiceCidrs
+	}
+	return nil
+}
+
 // Band is a contiguous part of a range.
 type Band struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1174,7 +1726,7 @@ type Band struct {
 
 func (x *Band) Reset() {
 	*x = Band{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[13]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1738,7 @@ func (x *Band) String() string {
 func (*Band) ProtoMessage() {}
 
 func (x *Band) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[13]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1751,7 @@ func (x *Band) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Band.ProtoReflect.Descriptor instead.
 func (*Band) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{13}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Band) GetFirst() string {
@@ -1241,7 +1793,34 @@ var File_allocd_v1_allocator_proto protoreflect.FileDescriptor
 
 const file_allocd_v1_allocator_proto_rawDesc = "" +
 	"\n" +
-	"\x19allocd/v1/allocator.proto\x12\tallocd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"K\n" +
+	"\x19allocd/v1/allocator.proto\x12\tallocd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf3\x02\n" +
+	"\vServiceCIDR\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\x121\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x1b.allocd.v1.ServiceCIDRStateR\x05state\x12;\n" +
+	"\vcreate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12;\n" +
+	"\vdelete_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"deleteTime\x12\x1a\n" +
+	"\brevision\x18\x06 \x01(\x03R\brevision\x121\n" +
+	"\x14blocking_allocations\x18\a \x01(\x04R\x13blockingAllocations\x12>\n" +
+	"\x0fblocking_sample\x18\b \x03(\v2\x15.allocd.v1.AllocationR\x0eblockingSample\"D\n" +
+	"\x18CreateServiceCIDRRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\"V\n" +
+	"\x19CreateServiceCIDRResponse\x129\n" +
+	"\fservice_cidr\x18\x01 \x01(\v2\x16.allocd.v1.ServiceCIDRR\vserviceCidr\"+\n" +
+	"\x15GetServiceCIDRRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"S\n" +
+	"\x16GetServiceCIDRResponse\x129\n" +
+	"\fservice_cidr\x18\x01 \x01(\v2\x16.allocd.v1.ServiceCIDRR\vserviceCidr\"\x19\n" +
+	"\x17ListServiceCIDRsRequest\"W\n" +
+	"\x18ListServiceCIDRsResponse\x12;\n" +
+	"\rservice_cidrs\x18\x01 \x03(\v2\x16.allocd.v1.ServiceCIDRR\fserviceCidrs\".\n" +
+	"\x18DeleteServiceCIDRRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"V\n" +
+	"\x19DeleteServiceCIDRResponse\x129\n" +
+	"\fservice_cidr\x18\x01 \x01(\v2\x16.allocd.v1.ServiceCIDRR\vserviceCidr\"K\n" +
 	"\x05Owner\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -1309,7 +1888,7 @@ const file_allocd_v1_allocator_proto_rawDesc = "" +
 	"\brevision\x18\x03 \x01(\x03R\brevision\"\x13\n" +
 	"\x11ListRangesRequest\">\n" +
 	"\x12ListRangesResponse\x12(\n" +
-	"\x06ranges\x18\x01 \x03(\v2\x10.allocd.v1.RangeR\x06ranges\"\xae\x02\n" +
+	"\x06ranges\x18\x01 \x03(\v2\x10.allocd.v1.RangeR\x06ranges\"\x86\x03\n" +
 	"\x05Range\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12(\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x14.allocd.v1.RangeKindR\x04kind\x12+\n" +
@@ -1320,13 +1899,20 @@ const file_allocd_v1_allocator_proto_rawDesc = "" +
 	"\x04free\x18\a \x01(\x04R\x04free\x120\n" +
 	"\vstatic_band\x18\b \x01(\v2\x0f.allocd.v1.BandR\n" +
 	"staticBand\x122\n" +
-	"\fdynamic_band\x18\t \x01(\v2\x0f.allocd.v1.BandR\vdynamicBand\"l\n" +
+	"\fdynamic_band\x18\t \x01(\v2\x0f.allocd.v1.BandR\vdynamicBand\x121\n" +
+	"\x05state\x18\n" +
+	" \x01(\x0e2\x1b.allocd.v1.ServiceCIDRStateR\x05state\x12#\n" +
+	"\rservice_cidrs\x18\v \x03(\tR\fserviceCidrs\"l\n" +
 	"\x04Band\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\tR\x05first\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\tR\x04last\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x04R\x04size\x12\x12\n" +
 	"\x04used\x18\x04 \x01(\x04R\x04used\x12\x12\n" +
-	"\x04free\x18\x05 \x01(\x04R\x04free*M\n" +
+	"\x04free\x18\x05 \x01(\x04R\x04free*x\n" +
+	"\x10ServiceCIDRState\x12\"\n" +
+	"\x1eSERVICE_CIDR_STATE_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18SERVICE_CIDR_STATE_READY\x10\x01\x12\"\n" +
+	"\x1eSERVICE_CIDR_STATE_TERMINATING\x10\x02*M\n" +
 	"\bIPFamily\x12\x19\n" +
 	"\x15IP_FAMILY_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eIP_FAMILY_IPV4\x10\x01\x12\x12\n" +
@@ -1339,14 +1925,18 @@ const file_allocd_v1_allocator_proto_rawDesc = "" +
 	"\tRangeKind\x12\x1a\n" +
 	"\x16RANGE_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15RANGE_KIND_CLUSTER_IP\x10\x01\x12\x18\n" +
-	"\x14RANGE_KIND_NODE_PORT\x10\x022\x92\x03\n" +
+	"\x14RANGE_KIND_NODE_PORT\x10\x022\x86\x06\n" +
 	"\x10AllocatorService\x12C\n" +
 	"\bAllocate\x12\x1a.allocd.v1.AllocateRequest\x1a\x1b.allocd.v1.AllocateResponse\x12@\n" +
 	"\aRelease\x12\x19.allocd.v1.ReleaseRequest\x1a\x1a.allocd.v1.ReleaseResponse\x12R\n" +
 	"\rGetAllocation\x12\x1f.allocd.v1.GetAllocationRequest\x1a .allocd.v1.GetAllocationResponse\x12X\n" +
 	"\x0fListAllocations\x12!.allocd.v1.ListAllocationsRequest\x1a\".allocd.v1.ListAllocationsResponse\x12I\n" +
 	"\n" +
-	"ListRanges\x12\x1c.allocd.v1.ListRangesRequest\x1a\x1d.allocd.v1.ListRangesResponseB3Z1github.com/allocd/allocd/proto/allocd/v1;allocdv1b\x06proto3"
+	"ListRanges\x12\x1c.allocd.v1.ListRangesRequest\x1a\x1d.allocd.v1.ListRangesResponse\x12^\n" +
+	"\x11CreateServiceCIDR\x12#.allocd.v1.CreateServiceCIDRRequest\x1a$.allocd.v1.CreateServiceCIDRResponse\x12U\n" +
+	"\x0eGetServiceCIDR\x12 .allocd.v1.GetServiceCIDRRequest\x1a!.allocd.v1.GetServiceCIDRResponse\x12[\n" +
+	"\x10ListServiceCIDRs\x12\".allocd.v1.ListServiceCIDRsRequest\x1a#.allocd.v1.ListServiceCIDRsResponse\x12^\n" +
+	"\x11DeleteServiceCIDR\x12#.allocd.v1.DeleteServiceCIDRRequest\x1a$.allocd.v1.DeleteServiceCIDRResponseB3Z1github.com/allocd/allocd/proto/allocd/v1;allocdv1b\x06proto3"
 
 var (
 	file_allocd_v1_allocator_proto_rawDescOnce sync.Once
@@ -1360,57 +1950,84 @@ func file_allocd_v1_allocator_proto_rawDescGZIP() []byte {
 	return file_allocd_v1_allocator_proto_rawDescData
 }
 
-var file_allocd_v1_allocator_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_allocd_v1_allocator_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_allocd_v1_allocator_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_allocd_v1_allocator_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_allocd_v1_allocator_proto_goTypes = []any{
-	(IPFamily)(0),                   // 0: allocd.v1.IPFamily
-	(IPFamilyPolicy)(0),             // 1: allocd.v1.IPFamilyPolicy
-	(RangeKind)(0),                  // 2: allocd.v1.RangeKind
-	(*Owner)(nil),                   // 3: allocd.v1.Owner
-	(*AllocateRequest)(nil),         // 4: allocd.v1.AllocateRequest
-	(*AllocateResponse)(nil),        // 5: allocd.v1.AllocateResponse
-	(*ReleaseRequest)(nil),          // 6: allocd.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),         // 7: allocd.v1.ReleaseResponse
-	(*GetAllocationRequest)(nil),    // 8: allocd.v1.GetAllocationRequest
-	(*GetAllocationResponse)(nil),   // 9: allocd.v1.GetAllocationResponse
-	(*Allocation)(nil),              // 10: allocd.v1.Allocation
-	(*ListAllocationsRequest)(nil),  // 11: allocd.v1.ListAllocationsRequest
-	(*ListAllocationsResponse)(nil), // 12: allocd.v1.ListAllocationsResponse
-	(*ListRangesRequest)(nil),       // 13: allocd.v1.ListRangesRequest
-	(*ListRangesResponse)(nil),      // 14: allocd.v1.ListRangesResponse
-	(*Range)(nil),                   // 15: allocd.v1.Range
-	(*Band)(nil),                    // 16: allocd.v1.Band
-	(*timestamppb.Timestamp)(nil),   // 17: google.protobuf.Timestamp
+	(ServiceCIDRState)(0),             // 0: allocd.v1.ServiceCIDRState
+	(IPFamily)(0),                     // 1: allocd.v1.IPFamily
+	(IPFamilyPolicy)(0),               // 2: allocd.v1.IPFamilyPolicy
+	(RangeKind)(0),                    // 3: allocd.v1.RangeKind
+	(*ServiceCIDR)(nil),               // 4: allocd.v1.ServiceCIDR
+	(*CreateServiceCIDRRequest)(nil),  // 5: allocd.v1.CreateServiceCIDRRequest
+	(*CreateServiceCIDRResponse)(nil), // 6: allocd.v1.CreateServiceCIDRResponse
+	(*GetServiceCIDRRequest)(nil),     // 7: allocd.v1.GetServiceCIDRRequest
+	(*GetServiceCIDRResponse)(nil),    // 8: allocd.v1.GetServiceCIDRResponse
+	(*ListServiceCIDRsRequest)(nil),   // 9: allocd.v1.ListServiceCIDRsRequest
+	(*ListServiceCIDRsResponse)(nil),  // 10: allocd.v1.ListServiceCIDRsResponse
+	(*DeleteServiceCIDRRequest)(nil),  // 11: allocd.v1.DeleteServiceCIDRRequest
+	(*DeleteServiceCIDRResponse)(nil), // 12: allocd.v1.DeleteServiceCIDRResponse
+	(*Owner)(nil),                     // 13: allocd.v1.Owner
+	(*AllocateRequest)(nil),           // 14: allocd.v1.AllocateRequest
+	(*AllocateResponse)(nil),          // 15: allocd.v1.AllocateResponse
+	(*ReleaseRequest)(nil),            // 16: allocd.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),           // 17: allocd.v1.ReleaseResponse
+	(*GetAllocationRequest)(nil),      // 18: allocd.v1.GetAllocationRequest
+	(*GetAllocationResponse)(nil),     // 19: allocd.v1.GetAllocationResponse
+	(*Allocation)(nil),                // 20: allocd.v1.Allocation
+	(*ListAllocationsRequest)(nil),    // 21: allocd.v1.ListAllocationsRequest
+	(*ListAllocationsResponse)(nil),   // 22: allocd.v1.ListAllocationsResponse
+	(*ListRangesRequest)(nil),         // 23: allocd.v1.ListRangesRequest
+	(*ListRangesResponse)(nil),        // 24: allocd.v1.ListRangesResponse
+	(*Range)(nil),                     // 25: allocd.v1.Range
+	(*Band)(nil),                      // 26: allocd.v1.Band
+	(*timestamppb.Timestamp)(nil),     // 27: google.protobuf.Timestamp
 }
 var file_allocd_v1_allocator_proto_depIdxs = []int32{
-	3,  // 0: allocd.v1.AllocateRequest.owner:type_name -> allocd.v1.Owner
-	0,  // 1: allocd.v1.AllocateRequest.ip_families:type_name -> allocd.v1.IPFamily
-	1,  // 2: allocd.v1.AllocateRequest.ip_family_policy:type_name -> allocd.v1.IPFamilyPolicy
-	3,  // 3: allocd.v1.ReleaseRequest.owner:type_name -> allocd.v1.Owner
-	10, // 4: allocd.v1.GetAllocationResponse.allocation:type_name -> allocd.v1.Allocation
-	3,  // 5: allocd.v1.Allocation.owner:type_name -> allocd.v1.Owner
-	17, // 6: allocd.v1.Allocation.allocate_time:type_name -> google.protobuf.Timestamp
-	10, // 7: allocd.v1.ListAllocationsResponse.allocations:type_name -> allocd.v1.Allocation
-	15, // 8: allocd.v1.ListRangesResponse.ranges:type_name -> allocd.v1.Range
-	2,  // 9: allocd.v1.Range.kind:type_name -> allocd.v1.RangeKind
-	0,  // 10: allocd.v1.Range.family:type_name -> allocd.v1.IPFamily
-	16, // 11: allocd.v1.Range.static_band:type_name -> allocd.v1.Band
-	16, // 12: allocd.v1.Range.dynamic_band:type_name -> allocd.v1.Band
-	4,  // 13: allocd.v1.AllocatorService.Allocate:input_type -> allocd.v1.AllocateRequest
-	6,  // 14: allocd.v1.AllocatorService.Release:input_type -> allocd.v1.ReleaseRequest
-	8,  // 15: allocd.v1.AllocatorService.GetAllocation:input_type -> allocd.v1.GetAllocationRequest
-	11, // 16: allocd.v1.AllocatorService.ListAllocations:input_type -> allocd.v1.ListAllocationsRequest
-	13, // 17: allocd.v1.AllocatorService.ListRanges:input_type -> allocd.v1.ListRangesRequest
-	5,  // 18: allocd.v1.AllocatorService.Allocate:output_type -> allocd.v1.AllocateResponse
-	7,  // 19: allocd.v1.AllocatorService.Release:output_type -> allocd.v1.ReleaseResponse
-	9,  // 20: allocd.v1.AllocatorService.GetAllocation:output_type -> allocd.v1.GetAllocationResponse
-	12, // 21: allocd.v1.AllocatorService.ListAllocations:output_type -> allocd.v1.ListAllocationsResponse
-	14, // 22: allocd.v1.AllocatorService.ListRanges:output_type -> allocd.v1.ListRangesResponse
-	18, // [18:23] is the sub-list for method output_type
-	13, // [13:18] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	0,  // 0: allocd.v1.ServiceCIDR.state:type_name -> allocd.v1.ServiceCIDRState
+	27, // 1: allocd.v1.ServiceCIDR.create_time:type_name -> google.protobuf.Timestamp
+	27, // 2: allocd.v1.ServiceCIDR.delete_time:type_name -> google.protobuf.Timestamp
+	20, // 3: allocd.v1.ServiceCIDR.blocking_sample:type_name -> allocd.v1.Allocation
+	4,  // 4: allocd.v1.CreateServiceCIDRResponse.service_cidr:type_name -> allocd.v1.ServiceCIDR
+	4,  // 5: allocd.v1.GetServiceCIDRResponse.service_cidr:type_name -> allocd.v1.ServiceCIDR
+	4,  // 6: allocd.v1.ListServiceCIDRsResponse.service_cidrs:type_name -> allocd.v1.ServiceCIDR
+	4,  // 7: allocd.v1.DeleteServiceCIDRResponse.service_cidr:type_name -> allocd.v1.ServiceCIDR
+	13, // 8: allocd.v1.AllocateRequest.owner:type_name -> allocd.v1.Owner
+	1,  // 9: allocd.v1.AllocateRequest.ip_families:type_name -> allocd.v1.IPFamily
+	2,  // 10: allocd.v1.AllocateRequest.ip_family_policy:type_name -> allocd.v1.IPFamilyPolicy
+	13, // 11: allocd.v1.ReleaseRequest.owner:type_name -> allocd.v1.Owner
+	20, // 12: allocd.v1.GetAllocationResponse.allocation:type_name -> allocd.v1.Allocation
+	13, // 13: allocd.v1.Allocation.owner:type_name -> allocd.v1.Owner
+	27, // 14: allocd.v1.Allocation.allocate_time:type_name -> google.protobuf.Timestamp
+	20, // 15: allocd.v1.ListAllocationsResponse.allocations:type_name -> allocd.v1.Allocation
+	25, // 16: allocd.v1.ListRangesResponse.ranges:type_name -> allocd.v1.Range
+	3,  // 17: allocd.v1.Range.kind:type_name -> allocd.v1.RangeKind
+	1,  // 18: allocd.v1.Range.family:type_name -> allocd.v1.IPFamily
+	26, // 19: allocd.v1.Range.static_band:type_name -> allocd.v1.Band
+	26, // 20: allocd.v1.Range.dynamic_band:type_name -> allocd.v1.Band
+	0,  // 21: allocd.v1.Range.state:type_name -> allocd.v1.ServiceCIDRState
+	14, // 22: allocd.v1.AllocatorService.Allocate:input_type -> allocd.v1.AllocateRequest
+	16, // 23: allocd.v1.AllocatorService.Release:input_type -> allocd.v1.ReleaseRequest
+	18, // 24: allocd.v1.AllocatorService.GetAllocation:input_type -> allocd.v1.GetAllocationRequest
+	21, // 25: allocd.v1.AllocatorService.ListAllocations:input_type -> allocd.v1.ListAllocationsRequest
+	23, // 26: allocd.v1.AllocatorService.ListRanges:input_type -> allocd.v1.ListRangesRequest
+	5,  // 27: allocd.v1.AllocatorService.CreateServiceCIDR:input_type -> allocd.v1.CreateServiceCIDRRequest
+	7,  // 28: allocd.v1.AllocatorService.GetServiceCIDR:input_type -> allocd.v1.GetServiceCIDRRequest
+	9,  // 29: allocd.v1.AllocatorService.ListServiceCIDRs:input_type -> allocd.v1.ListServiceCIDRsRequest
+	11, // 30: allocd.v1.AllocatorService.DeleteServiceCIDR:input_type -> allocd.v1.DeleteServiceCIDRRequest
+	15, // 31: allocd.v1.AllocatorService.Allocate:output_type -> allocd.v1.AllocateResponse
+	17, // 32: allocd.v1.AllocatorService.Release:output_type -> allocd.v1.ReleaseResponse
+	19, // 33: allocd.v1.AllocatorService.GetAllocation:output_type -> allocd.v1.GetAllocationResponse
+	22, // 34: allocd.v1.AllocatorService.ListAllocations:output_type -> allocd.v1.ListAllocationsResponse
+	24, // 35: allocd.v1.AllocatorService.ListRanges:output_type -> allocd.v1.ListRangesResponse
+	6,  // 36: allocd.v1.AllocatorService.CreateServiceCIDR:output_type -> allocd.v1.CreateServiceCIDRResponse
+	8,  // 37: allocd.v1.AllocatorService.GetServiceCIDR:output_type -> allocd.v1.GetServiceCIDRResponse
+	10, // 38: allocd.v1.AllocatorService.ListServiceCIDRs:output_type -> allocd.v1.ListServiceCIDRsResponse
+	12, // 39: allocd.v1.AllocatorService.DeleteServiceCIDR:output_type -> allocd.v1.DeleteServiceCIDRResponse
+	31, // [31:40] is the sub-list for method output_type
+	22, // [22:31] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_allocd_v1_allocator_proto_init() }
@@ -1418,7 +2035,7 @@ func file_allocd_v1_allocator_proto_init() {
 	if File_allocd_v1_allocator_proto != nil {
 		return
 	}
-	file_allocd_v1_allocator_proto_msgTypes[5].OneofWrappers = []any{
+	file_allocd_v1_allocator_proto_msgTypes[14].OneofWrappers = []any{
 		(*GetAllocationRequest_ClusterIp)(nil),
 		(*GetAllocationRequest_NodePort)(nil),
 	}
@@ -1427,8 +2044,8 @@ func file_allocd_v1_allocator_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allocd_v1_allocator_proto_rawDesc), len(file_allocd_v1_allocator_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   14,
+			NumEnums:      4,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

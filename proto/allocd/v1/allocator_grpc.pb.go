@@ -19,11 +19,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AllocatorService_Allocate_FullMethodName        = "/allocd.v1.AllocatorService/Allocate"
-	AllocatorService_Release_FullMethodName         = "/allocd.v1.AllocatorService/Release"
-	AllocatorService_GetAllocation_FullMethodName   = "/allocd.v1.AllocatorService/GetAllocation"
-	AllocatorService_ListAllocations_FullMethodName = "/allocd.v1.AllocatorService/ListAllocations"
-	AllocatorService_ListRanges_FullMethodName      = "/allocd.v1.AllocatorService/ListRanges"
+	AllocatorService_Allocate_FullMethodName          = "/allocd.v1.AllocatorService/Allocate"
+	AllocatorService_Release_FullMethodName           = "/allocd.v1.AllocatorService/Release"
+	AllocatorService_GetAllocation_FullMethodName     = "/allocd.v1.AllocatorService/GetAllocation"
+	AllocatorService_ListAllocations_FullMethodName   = "/allocd.v1.AllocatorService/ListAllocations"
+	AllocatorService_ListRanges_FullMethodName        = "/allocd.v1.AllocatorService/ListRanges"
+	AllocatorService_CreateServiceCIDR_FullMethodName = "/allocd.v1.AllocatorService/CreateServiceCIDR"
+	AllocatorService_GetServiceCIDR_FullMethodName    = "/allocd.v1.AllocatorService/GetServiceCIDR"
+	AllocatorService_ListServiceCIDRs_FullMethodName  = "/allocd.v1.AllocatorService/ListServiceCIDRs"
+	AllocatorService_DeleteServiceCIDR_FullMethodName = "/allocd.v1.AllocatorService/DeleteServiceCIDR"
 )
 
 // AllocatorServiceClient is the client API for AllocatorService service.
@@ -57,9 +61,30 @@ type AllocatorServiceClient interface {
 	// ListAllocations lists allocations, optionally only those of one range or one owner,
 	// a page at a time (page_size, page_token).
 	ListAllocations(ctx context.Context, in *ListAllocationsRequest, opts ...grpc.CallOption) (*ListAllocationsResponse, error)
-	// ListRanges lists the configured ranges with their size, used and free counts, and
-	// the static/dynamic band split.
+	// ListRanges lists every range: the ClusterIP ranges of the ServiceCIDRs (ready ones
+	// in allocation order, then terminating ones) with their state, and the NodePort
+	// range; each with its size, used and free counts, and the static/dynamic band split.
 	ListRanges(ctx context.Context, in *ListRangesRequest, opts ...grpc.CallOption) (*ListRangesResponse, error)
+	// CreateServiceCIDR adds a ServiceCIDR: one or two CIDRs (at most one per family, 8
+	// to 2^24 addresses each, no host bits) that ClusterIPs are allocated from, on every
+	// replica as soon as its watch sees it (within a second). CIDRs may overlap other
+	// ServiceCIDRs': an address in two of them is still one allocation.
+	// Errors: INVALID_ARGUMENT (BadRequest names the field), ALREADY_EXISTS (the name is
+	// taken).
+	CreateServiceCIDR(ctx context.Context, in *CreateServiceCIDRRequest, opts ...grpc.CallOption) (*CreateServiceCIDRResponse, error)
+	// GetServiceCIDR returns one ServiceCIDR, with what blocks its removal while it is
+	// terminating. NOT_FOUND when there is none of that name (or it was removed).
+	GetServiceCIDR(ctx context.Context, in *GetServiceCIDRRequest, opts ...grpc.CallOption) (*GetServiceCIDRResponse, error)
+	// ListServiceCIDRs returns every ServiceCIDR, by name.
+	ListServiceCIDRs(ctx context.Context, in *ListServiceCIDRsRequest, opts ...grpc.CallOption) (*ListServiceCIDRsResponse, error)
+	// DeleteServiceCIDR marks a ServiceCIDR terminating. Once it returns, no replica
+	// allocates an address from it that no other ready ServiceCIDR holds (each
+	// allocation's etcd transaction compares the state of the ServiceCIDR it draws
+	// from). It is removed as soon as no allocated address lies in it alone (the
+	// kubernetes Service's address included); until then GetServiceCIDR lists the
+	// blockers. Deleting a terminating ServiceCIDR again is not an error.
+	// Errors: NOT_FOUND.
+	DeleteServiceCIDR(ctx context.Context, in *DeleteServiceCIDRRequest, opts ...grpc.CallOption) (*DeleteServiceCIDRResponse, error)
 }
 
 type allocatorServiceClient struct {
@@ -120,6 +145,46 @@ func (c *allocatorServiceClient) ListRanges(ctx context.Context, in *ListRangesR
 	return out, nil
 }
 
+func (c *allocatorServiceClient) CreateServiceCIDR(ctx context.Context, in *CreateServiceCIDRRequest, opts ...grpc.CallOption) (*CreateServiceCIDRResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateServiceCIDRResponse)
+	err := c.cc.Invoke(ctx, AllocatorService_CreateServiceCIDR_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *allocatorServiceClient) GetServiceCIDR(ctx context.Context, in *GetServiceCIDRRequest, opts ...grpc.CallOption) (*GetServiceCIDRResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetServiceCIDRResponse)
+	err := c.cc.Invoke(ctx, AllocatorService_GetServiceCIDR_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *allocatorServiceClient) ListServiceCIDRs(ctx context.Context, in *ListServiceCIDRsRequest, opts ...grpc.CallOption) (*ListServiceCIDRsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListServiceCIDRsResponse)
+	err := c.cc.Invoke(ctx, AllocatorService_ListServiceCIDRs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *allocatorServiceClient) DeleteServiceCIDR(ctx context.Context, in *DeleteServiceCIDRRequest, opts ...grpc.CallOption) (*DeleteServiceCIDRResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteServiceCIDRResponse)
+	err := c.cc.Invoke(ctx, AllocatorService_DeleteServiceCIDR_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AllocatorServiceServer is the server API for AllocatorService service.
 // All implementations must embed UnimplementedAllocatorServiceServer
 // for forward compatibility.
@@ -151,9 +216,30 @@ type AllocatorServiceServer interface {
 	// ListAllocations lists allocations, optionally only those of one range or one owner,
 	// a page at a time (page_size, page_token).
 	ListAllocations(context.Context, *ListAllocationsRequest) (*ListAllocationsResponse, error)
-	// ListRanges lists the configured ranges with their size, used and free counts, and
-	// the static/dynamic band split.
+	// ListRanges lists every range: the ClusterIP ranges of the ServiceCIDRs (ready ones
+	// in allocation order, then terminating ones) with their state, and the NodePort
+	// range; each with its size, used and free counts, and the static/dynamic band split.
 	ListRanges(context.Context, *ListRangesRequest) (*ListRangesResponse, error)
+	// CreateServiceCIDR adds a ServiceCIDR: one or two CIDRs (at most one per family, 8
+	// to 2^24 addresses each, no host bits) that ClusterIPs are allocated from, on every
+	// replica as soon as its watch sees it (within a second). CIDRs may overlap other
+	// ServiceCIDRs': an address in two of them is still one allocation.
+	// Errors: INVALID_ARGUMENT (BadRequest names the field), ALREADY_EXISTS (the name is
+	// taken).
+	CreateServiceCIDR(context.Context, *CreateServiceCIDRRequest) (*CreateServiceCIDRResponse, error)
+	// GetServiceCIDR returns one ServiceCIDR, with what blocks its removal while it is
+	// terminating. NOT_FOUND when there is none of that name (or it was removed).
+	GetServiceCIDR(context.Context, *GetServiceCIDRRequest) (*GetServiceCIDRResponse, error)
+	// ListServiceCIDRs returns every ServiceCIDR, by name.
+	ListServiceCIDRs(context.Context, *ListServiceCIDRsRequest) (*ListServiceCIDRsResponse, error)
+	// DeleteServiceCIDR marks a ServiceCIDR terminating. Once it returns, no replica
+	// allocates an address from it that no other ready ServiceCIDR holds (each
+	// allocation's etcd transaction compares the state of the ServiceCIDR it draws
+	// from). It is removed as soon as no allocated address lies in it alone (the
+	// kubernetes Service's address included); until then GetServiceCIDR lists the
+	// blockers. Deleting a terminating ServiceCIDR again is not an error.
+	// Errors: NOT_FOUND.
+	DeleteServiceCIDR(context.Context, *DeleteServiceCIDRRequest) (*DeleteServiceCIDRResponse, error)
 	mustEmbedUnimplementedAllocatorServiceServer()
 }
 
@@ -178,6 +264,18 @@ func (UnimplementedAllocatorServiceServer) ListAllocations(context.Context, *Lis
 }
 func (UnimplementedAllocatorServiceServer) ListRanges(context.Context, *ListRangesRequest) (*ListRangesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRanges not implemented")
+}
+func (UnimplementedAllocatorServiceServer) CreateServiceCIDR(context.Context, *CreateServiceCIDRRequest) (*CreateServiceCIDRResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateServiceCIDR not implemented")
+}
+func (UnimplementedAllocatorServiceServer) GetServiceCIDR(context.Context, *GetServiceCIDRRequest) (*GetServiceCIDRResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetServiceCIDR not implemented")
+}
+func (UnimplementedAllocatorServiceServer) ListServiceCIDRs(context.Context, *ListServiceCIDRsRequest) (*ListServiceCIDRsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListServiceCIDRs not implemented")
+}
+func (UnimplementedAllocatorServiceServer) DeleteServiceCIDR(context.Context, *DeleteServiceCIDRRequest) (*DeleteServiceCIDRResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteServiceCIDR not implemented")
 }
 func (UnimplementedAllocatorServiceServer) mustEmbedUnimplementedAllocatorServiceServer() {}
 func (UnimplementedAllocatorServiceServer) testEmbeddedByValue()                          {}
@@ -290,6 +388,78 @@ func _AllocatorService_ListRanges_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AllocatorService_CreateServiceCIDR_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateServiceCIDRRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AllocatorServiceServer).CreateServiceCIDR(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AllocatorService_CreateServiceCIDR_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AllocatorServiceServer).CreateServiceCIDR(ctx, req.(*CreateServiceCIDRRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AllocatorService_GetServiceCIDR_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetServiceCIDRRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AllocatorServiceServer).GetServiceCIDR(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AllocatorService_GetServiceCIDR_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AllocatorServiceServer).GetServiceCIDR(ctx, req.(*GetServiceCIDRRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AllocatorService_ListServiceCIDRs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListServiceCIDRsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AllocatorServiceServer).ListServiceCIDRs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AllocatorService_ListServiceCIDRs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AllocatorServiceServer).ListServiceCIDRs(ctx, req.(*ListServiceCIDRsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AllocatorService_DeleteServiceCIDR_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteServiceCIDRRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AllocatorServiceServer).DeleteServiceCIDR(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AllocatorService_DeleteServiceCIDR_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AllocatorServiceServer).DeleteServiceCIDR(ctx, req.(*DeleteServiceCIDRRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AllocatorService_ServiceDesc is the grpc.ServiceDesc for AllocatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -316,6 +486,22 @@ var AllocatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListRanges",
 			Handler:    _AllocatorService_ListRanges_Handler,
+		},
+		{
+			MethodName: "CreateServiceCIDR",
+			Handler:    _AllocatorService_CreateServiceCIDR_Handler,
+		},
+		{
+			MethodName: "GetServiceCIDR",
+			Handler:    _AllocatorService_GetServiceCIDR_Handler,
+		},
+		{
+			MethodName: "ListServiceCIDRs",
+			Handler:    _AllocatorService_ListServiceCIDRs_Handler,
+		},
+		{
+			MethodName: "DeleteServiceCIDR",
+			Handler:    _AllocatorService_DeleteServiceCIDR_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

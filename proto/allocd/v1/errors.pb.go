@@ -89,6 +89,13 @@ const (
 	// UNAVAILABLE: the Endpoints controller's leader is unknown or unreachable.
 	// Metadata: leader.
 	ErrorReason_ENDPOINTS_LEADER_UNAVAILABLE ErrorReason = 22
+	// ALREADY_EXISTS: a ServiceCIDR of that name exists. Metadata: name.
+	ErrorReason_SERVICE_CIDR_EXISTS ErrorReason = 23
+	// NOT_FOUND: no ServiceCIDR of that name (never created, or removed). Metadata: name.
+	ErrorReason_SERVICE_CIDR_NOT_FOUND ErrorReason = 24
+	// FAILED_PRECONDITION, with a PreconditionFailure: the address named lies only in
+	// terminating ServiceCIDRs, where nothing new is allocated. Metadata: item, cidrs.
+	ErrorReason_SERVICE_CIDR_TERMINATING ErrorReason = 25
 )
 
 // Enum value maps for ErrorReason.
@@ -117,6 +124,9 @@ var (
 		20: "SNAPSHOT_REQUIRED",
 		21: "REVISION_COMPACTED",
 		22: "ENDPOINTS_LEADER_UNAVAILABLE",
+		23: "SERVICE_CIDR_EXISTS",
+		24: "SERVICE_CIDR_NOT_FOUND",
+		25: "SERVICE_CIDR_TERMINATING",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":     0,
@@ -142,6 +152,9 @@ var (
 		"SNAPSHOT_REQUIRED":            20,
 		"REVISION_COMPACTED":           21,
 		"ENDPOINTS_LEADER_UNAVAILABLE": 22,
+		"SERVICE_CIDR_EXISTS":          23,
+		"SERVICE_CIDR_NOT_FOUND":       24,
+		"SERVICE_CIDR_TERMINATING":     25,
 	}
 )
 
@@ -176,7 +189,7 @@ var File_allocd_v1_errors_proto protoreflect.FileDescriptor
 
 const file_allocd_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x16allocd/v1/errors.proto\x12\tallocd.v1*\x8c\x04\n" +
+	"\x16allocd/v1/errors.proto\x12\tallocd.v1*\xdf\x04\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vUNAVAILABLE\x10\x01\x12\x14\n" +
@@ -202,7 +215,10 @@ const file_allocd_v1_errors_proto_rawDesc = "" +
 	"\x13ENDPOINTS_NOT_FOUND\x10\x13\x12\x15\n" +
 	"\x11SNAPSHOT_REQUIRED\x10\x14\x12\x16\n" +
 	"\x12REVISION_COMPACTED\x10\x15\x12 \n" +
-	"\x1cENDPOINTS_LEADER_UNAVAILABLE\x10\x16B3Z1github.com/allocd/allocd/proto/allocd/v1;allocdv1b\x06proto3"
+	"\x1cENDPOINTS_LEADER_UNAVAILABLE\x10\x16\x12\x17\n" +
+	"\x13SERVICE_CIDR_EXISTS\x10\x17\x12\x1a\n" +
+	"\x16SERVICE_CIDR_NOT_FOUND\x10\x18\x12\x1c\n" +
+	"\x18SERVICE_CIDR_TERMINATING\x10\x19B3Z1github.com/allocd/allocd/proto/allocd/v1;allocdv1b\x06proto3"
 
 var (
 	file_allocd_v1_errors_proto_rawDescOnce sync.Once

@@ -86,6 +86,15 @@ func (a *Allocator) planAndCommit(ctx context.Context, req Request, o *op, read 
 	if len(picks) == 0 {
 		return Result{}, nil
 	}
+	if err := a.confirmHeld(ctx, req.Owner, picks); err != nil {
+		releasePicks(picks)
+		if !req.DryRun && !read && errors.Is(err, ErrTerminating) {
+			if res, ok, rerr := a.replay(ctx, o); rerr != nil || ok {
+				return res, rerr
+			}
+		}
+		return Result{}, err
+	}
 	if req.DryRun {
 		return a.dryRun(ctx, req.Owner, picks)
 	}
@@ -95,6 +104,16 @@ func (a *Allocator) planAndCommit(ctx context.Context, req Request, o *op, read 
 		return Result{}, r.err
 	}
 	return Result{ClusterIPs: r.ips, NodePorts: r.ports, Revision: r.rev, Replayed: r.replayed}, nil
+}
+
+// releasePicks drops the pending bits of picks that will not be committed.
+func releasePicks(picks []*pick) {
+	for _, p := range picks {
+		if p.pending {
+			p.r.Unpend(p.off)
+			p.pending = false
+		}
+	}
 }
 
 // replay reads o's owner record (a linearizable read) into o and reports, with the
@@ -240,7 +259,9 @@ func (a *Allocator) families(fams []Family, pol Policy) ([]Family, error) {
 		}
 		return order[:1], nil
 	case PreferDualStack:
-		if configured(other) {
+		// The second family only when a ready range can give it: one whose ranges
+		// are all terminating would fail the request instead of leaving it single.
+		if len(t.ready[famIndex(other == IPv4)]) > 0 {
 			return []Family{order[0], other}, nil
 		}
 		return order[:1], nil
@@ -295,6 +316,10 @@ func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, e
 		if err != nil {
 			return Allocation{}, err
 		}
+		if err := a.confirmHeld(ctx, o, []*pick{p}); err != nil {
+			releasePicks([]*pick{p})
+			return Allocation{}, err
+		}
 		op := &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}}
 		if h, ok := a.hints.get(o.UID); ok {
 			op.ownerRev, op.record, op.hinted = h.rev, h.rec, true
@@ -340,11 +365,44 @@ func (a *Allocator) specificPick(it Item) (*pick, error) {
 		return nil, err
 	}
 	if it.Kind == KindClusterIP && r.guard == nil {
-		var in []*rng
-		a.tab.Load().each(it.Addr, func(r *rng, _ uint64) { in = append(in, r) })
-		return nil, &TerminatingError{Item: it, CIDRs: []string{names(in)}}
+		// Only in terminating ranges: acceptable only if the owner holds it already
+		// (confirmHeld checks, before the transaction), as nothing new comes from
+		// there.
+		return &pick{r: r, off: off, item: it, key: a.key(it), specific: true}, nil
 	}
 	return &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.Reserve(off), guard: r.guard}, nil
+}
+
+// terminatingError is the *TerminatingError of an address in terminating ranges only.
+func (a *Allocator) terminatingError(it Item) error {
+	var in []*rng
+	a.tab.Load().each(it.Addr, func(r *rng, _ uint64) { in = append(in, r) })
+	return &TerminatingError{Item: it, CIDRs: []string{names(in)}}
+}
+
+// confirmHeld reads the keys of o's addresses that lie only in terminating ranges
+// (picks with no guard): each must be held by o's owner, and becomes a held pick (a
+// ModRevision compare, no put); otherwise o fails with a *TerminatingError.
+func (a *Allocator) confirmHeld(ctx context.Context, owner Owner, picks []*pick) error {
+	for _, p := range picks {
+		if p.item.Kind != KindClusterIP || p.guard != nil || p.held {
+			continue
+		}
+		resp, err := a.cli.Get(ctx, p.key)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", p.item, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return a.terminatingError(p.item)
+		}
+		kv := resp.Kvs[0]
+		holder, at, err := decodeItemValue(kv.Value)
+		if err != nil || holder.UID != owner.UID {
+			return a.terminatingError(p.item)
+		}
+		p.held, p.createRev, p.modRev, p.at = true, kv.CreateRevision, kv.ModRevision, at
+	}
+	return nil
 }
 
 // pickIP reserves a free address of family f: from the ready ranges in allocation

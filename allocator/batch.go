@@ -88,10 +88,10 @@ func (o *op) newGuards(seen map[string]struct{}) int {
 		if p.guard == nil {
 			continue
 		}
-		if _, ok := seen[p.guard.key]; ok {
+		if _, ok := seen[p.guard.id]; ok {
 			continue
 		}
-		if !slices.ContainsFunc(o.picks[:i], func(q *pick) bool { return q.guard != nil && q.guard.key == p.guard.key }) {
+		if !slices.ContainsFunc(o.picks[:i], func(q *pick) bool { return q.guard != nil && q.guard.id == p.guard.id }) {
 			n++
 		}
 	}
@@ -147,6 +147,12 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 func (a *Allocator) prepare(batch []*op) []*op {
 	live := make([]*op, 0, len(batch))
 	for _, o := range batch {
+		if p := unguarded(o); p != nil {
+			// Never reached through Allocate or Assign (confirmHeld): kept so that no
+			// address is ever created without the compare that fences deletions.
+			o.fail(a.terminatingError(p.item))
+			continue
+		}
 		rec, err := a.nextRecord(o)
 		if err != nil && o.hinted {
 			// The hint may list items the owner no longer holds (released through
@@ -166,6 +172,17 @@ func (a *Allocator) prepare(batch []*op) []*op {
 		live = append(live, o)
 	}
 	return live
+}
+
+// unguarded returns a pick of o that would create an address without comparing a
+// ready ServiceCIDR, or nil.
+func unguarded(o *op) *pick {
+	for _, p := range o.picks {
+		if p.item.Kind == KindClusterIP && p.guard == nil && !p.held {
+			return p
+		}
+	}
+	return nil
 }
 
 // txnOps returns the compares and puts of the transaction of live: a new item key
@@ -191,7 +208,7 @@ func (a *Allocator) txnOps(live []*op, now time.Time) ([]clientv3.Cmp, []clientv
 	all := string(vals)
 	cmps := make([]clientv3.Cmp, 0, n)
 	puts := make([]clientv3.Op, 0, n)
-	var guards []*cidrRef
+	var guards []string // ids
 	for i, o := range live {
 		val := all[spans[i][0]:spans[i][1]]
 		for _, p := range o.picks {
@@ -199,8 +216,8 @@ func (a *Allocator) txnOps(live []*op, now time.Time) ([]clientv3.Cmp, []clientv
 				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(p.key), "=", p.modRev))
 				continue
 			}
-			if p.guard != nil && !slices.Contains(guards, p.guard) {
-				guards = append(guards, p.guard)
+			if p.guard != nil && !slices.Contains(guards, p.guard.id) {
+				guards = append(guards, p.guard.id)
 				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(p.guard.key), "=", p.guard.rev))
 			}
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(p.key), "=", 0))
@@ -412,7 +429,11 @@ func (a *Allocator) resolvePick(o *op, p *pick, kv *mvccpb.KeyValue) (bool, erro
 		if !p.held {
 			return false, nil
 		}
-		// Released since it was read: ask for it again, as at first.
+		// Released since it was read: ask for it again, as at first; unless it lies
+		// only in terminating ranges (no guard), where nothing new is allocated.
+		if p.item.Kind == KindClusterIP && p.guard == nil {
+			return true, a.terminatingError(p.item)
+		}
 		p.held, p.pending = false, p.r.Reserve(p.off)
 		p.createRev, p.modRev, p.at = 0, 0, time.Time{}
 		return true, nil

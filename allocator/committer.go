@@ -186,7 +186,7 @@ func (c *committer) take(minKeys int) []*op {
 		for _, p := range o.picks {
 			seen[p.key] = struct{}{}
 			if p.guard != nil {
-				seen[p.guard.key] = struct{}{} // compared once per transaction
+				seen[p.guard.id] = struct{}{} // compared once per transaction
 			}
 		}
 		n += k

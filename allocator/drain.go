@@ -60,22 +60,19 @@ func (a *Allocator) indexBlocked(c ServiceCIDR) bool {
 
 // removeDrained removes the terminating ServiceCIDR name if, in etcd, no allocated
 // address lies in it and in no ready ServiceCIDR. One read gives the ServiceCIDRs and
-// every address key at one revision; the delete compares that name is still the
+// every address key at one revision (read in pages); the delete compares that name is still the
 // terminating object read and that every ready ServiceCIDR overlapping it is
 // unchanged. Nothing can be allocated from name itself once it is terminating (every
 // allocation compares the revision of the ready ServiceCIDR it draws from), so an
 // address allocated after the read lies in one of those ready ones.
 func (a *Allocator) removeDrained(ctx context.Context, name string) error {
-	read, err := a.cli.Txn(ctx).Then(
-		clientv3.OpGet(a.cidrPrefix, clientv3.WithPrefix()),
-		clientv3.OpGet(a.ipPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-	).Commit()
+	read, err := a.cli.Get(ctx, a.cidrPrefix, clientv3.WithPrefix())
 	if err != nil {
-		return fmt.Errorf("read ServiceCIDRs and addresses: %w", err)
+		return fmt.Errorf("read ServiceCIDRs: %w", err)
 	}
 	var target *ServiceCIDR
 	var ready []ServiceCIDR
-	for _, kv := range read.Responses[0].GetResponseRange().Kvs {
+	for _, kv := range read.Kvs {
 		c, err := decodeCIDR(kv.Value, kv.CreateRevision, kv.ModRevision)
 		switch {
 		case err != nil:
@@ -89,11 +86,15 @@ func (a *Allocator) removeDrained(ctx context.Context, name string) error {
 	if target == nil || target.State != CIDRTerminating {
 		return nil // removed by another replica, or not terminating
 	}
-	for _, kv := range read.Responses[1].GetResponseRange().Kvs {
-		it, ok := a.parseKey(kv.Key)
-		if ok && it.Kind == KindClusterIP && inAny(it.Addr, target.CIDRs) && !inReady(it.Addr, ready) {
-			return nil // still blocked: the index lagged
+	// The address keys at the same revision, in pages.
+	blocked := false
+	err = a.listItems(ctx, read.Header.Revision, func(it Item) {
+		if !blocked && it.Kind == KindClusterIP && inAny(it.Addr, target.CIDRs) && !inReady(it.Addr, ready) {
+			blocked = true
 		}
+	})
+	if err != nil || blocked {
+		return err // blocked: the index lagged
 	}
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(a.cidrKey(name)), "=", target.Revision)}
 	for _, c := range ready {

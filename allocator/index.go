@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -83,7 +84,9 @@ func (a *Allocator) buildTable(cidrs []ServiceCIDR) (*table, []*rng) {
 	t, fresh := buildTable(a.tab.Load(), a.portRange, cidrs, a.newIPRange)
 	for _, r := range t.ip {
 		for i := range r.refs {
-			r.refs[i].key = a.cidrKey(r.refs[i].name)
+			ref := &r.refs[i]
+			ref.key = a.cidrKey(ref.name)
+			ref.id = ref.key + "@" + strconv.FormatInt(ref.rev, 10)
 		}
 	}
 	return t, fresh

@@ -278,3 +278,82 @@ func TestServiceCIDRRestartWithOldFlags(t *testing.T) {
 		t.Errorf("Allocate after restart = %v; want an address of extra", err)
 	}
 }
+
+// TestGuardComparedOncePerRevision: picks that draw from one ServiceCIDR (copies of its
+// reference, from two ranges or two tables) compare its key once per revision seen, so
+// that a group commit counted at 128 operations holds 128; two revisions of one key
+// are both compared.
+func TestGuardComparedOncePerRevision(t *testing.T) {
+	a := &Allocator{store: newStore(nil, nil, "/t")}
+	ref := func(rev int64) *cidrRef {
+		key := a.cidrKey(KubernetesCIDR)
+		return &cidrRef{name: KubernetesCIDR, key: key, rev: rev, ready: true, id: fmt.Sprintf("%s@%d", key, rev)}
+	}
+	r := newIPRangeFor(netip.MustParsePrefix("10.0.0.0/24"))
+	mk := func(uid string, off uint64, g *cidrRef) *op {
+		it := r.item(off)
+		return &op{owner: owner(uid), ownerKey: a.ownerKey(uid), next: &ownerRecord{},
+			picks: []*pick{{r: r, off: off, item: it, key: a.key(it), guard: g}}}
+	}
+	count := func(ops []*op) int {
+		cmps, _ := a.txnOps(ops, time.Now())
+		n := 0
+		for _, c := range cmps {
+			if strings.HasPrefix(string(c.KeyBytes()), a.cidrPrefix) {
+				n++
+			}
+		}
+		return n
+	}
+	same := []*op{mk("x", 1, ref(5)), mk("y", 2, ref(5)), mk("z", 3, ref(5))}
+	if n := count(same); n != 1 {
+		t.Errorf("three picks from copies of one ServiceCIDR reference: %d compares of it; want 1", n)
+	}
+	seen := map[string]struct{}{}
+	total := 0
+	for _, o := range same {
+		total += o.newGuards(seen)
+		seen[o.picks[0].guard.id] = struct{}{}
+	}
+	if total != 1 {
+		t.Errorf("newGuards counted %d compares for them; want 1", total)
+	}
+	if n := count([]*op{mk("x", 1, ref(5)), mk("y", 2, ref(9))}); n != 2 {
+		t.Errorf("picks from two revisions of one ServiceCIDR: %d compares; want 2", n)
+	}
+}
+
+// TestTerminatingFamilies: PreferDualStack falls back to one family when the other
+// has only terminating ranges; an owner asks again for an address it holds in a
+// terminating range (with more), and gets it; another owner does not.
+func TestTerminatingFamilies(t *testing.T) {
+	e := etcdtest.New(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24"))
+	ctx := etcdtest.Context(t)
+	if _, err := a.CreateServiceCIDR(ctx, "v6", []string{"fd00::/120"}); err != nil {
+		t.Fatal(err)
+	}
+	held, err := a.Allocate(ctx, Request{Owner: owner("six"), Families: []Family{IPv6}, Policy: SingleStack})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v6 := held.ClusterIPs[0]
+	if _, err := a.DeleteServiceCIDR(ctx, "v6"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := a.Allocate(ctx, Request{Owner: owner("prefer"), Policy: PreferDualStack})
+	if err != nil || len(res.ClusterIPs) != 1 || !res.ClusterIPs[0].Is4() {
+		t.Errorf("Allocate(PreferDualStack) with IPv6 terminating = %+v, %v; want one IPv4 address", res, err)
+	}
+	res, err = a.Allocate(ctx, Request{Owner: owner("six"), ClusterIPs: []netip.Addr{v6}, NodePortCount: 1})
+	if err != nil || len(res.NodePorts) != 1 || res.ClusterIPs[0] != v6 {
+		t.Errorf("Allocate(%s it holds, and a node port) = %+v, %v; want both", v6, res, err)
+	}
+	if _, err := a.Allocate(ctx, Request{Owner: owner("other"), ClusterIPs: []netip.Addr{v6}}); !errors.Is(err, ErrTerminating) {
+		t.Errorf("Allocate(%s held by another, terminating) = %v; want ErrTerminating", v6, err)
+	}
+	free := netip.MustParseAddr("fd00::77")
+	if _, err := a.Allocate(ctx, Request{Owner: owner("six"), ClusterIPs: []netip.Addr{free}}); !errors.Is(err, ErrTerminating) {
+		t.Errorf("Allocate(%s, free, terminating) = %v; want ErrTerminating", free, err)
+	}
+}

@@ -21,6 +21,9 @@ type cidrRef struct {
 	rev       int64 // ModRevision: what an allocation drawing from it compares
 	createRev int64
 	ready     bool
+	// id is key@rev: what a transaction compares once however many picks share it
+	// (the refs of one ServiceCIDR are copies, one per range and per table).
+	id string
 }
 
 // table is one state of the ranges. See the comment above.

@@ -18,6 +18,8 @@
 //     CreateRevision compare, on the same in-process client;
 //  5. a Kubernetes-style allocator: the whole bitmap of a /12 (128 KiB) in one key,
 //     Get then Txn(ModRevision compare, Put) per allocation, retried on conflict;
+//  6. Allocate in process with one ServiceCIDR and with 1,000 of them, 999 full and
+//     ahead of the one with room (-cidr-runs), and the heap of 1,000 /16s;
 //
 // and prints a table, the CPU per call of the empty call, the floor and Allocate,
 // allocd's own share (Allocate - empty - floor), and the ratios: Allocate against the
@@ -70,6 +72,7 @@ type options struct {
 	dir                        string
 	inProcess                  bool
 	logLevel                   slog.Level
+	cidrRuns                   bool
 }
 
 func main() {
@@ -79,6 +82,7 @@ func main() {
 	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "warm-up before each kind of call")
 	flag.DurationVar(&o.baseline, "baseline-duration", 5*time.Second, "length of the Kubernetes-style baseline run")
 	flag.IntVar(&o.clients, "clients", 64, "concurrent client goroutines")
+	flag.BoolVar(&o.cidrRuns, "cidr-runs", true, "measure Allocate with 1,000 ServiceCIDRs (999 full) against one, and the heap of 1,000 /16s")
 	flag.IntVar(&o.conns, "conns", 4, "gRPC client connections the goroutines share")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs of each measurement (medians reported)")
 	flag.StringVar(&cidr, "cidr", "10.0.0.0/8", "service cluster IP range of the Allocate runs (2^24 addresses: room for every run)")
@@ -178,6 +182,15 @@ func run(ctx context.Context, o options) error {
 	}
 	r.print()
 	fmt.Printf("ClusterIPs in use: %d of %d\n", env.a.Ranges()[0].Used, env.a.Ranges()[0].Size)
+
+	// 5. Many ServiceCIDRs against one.
+	if o.cidrRuns {
+		cr, err := cidrRuns(ctx, o, env)
+		if err != nil {
+			return err
+		}
+		cr.print()
+	}
 	return nil
 }
 

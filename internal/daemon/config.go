@@ -120,7 +120,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data directory of the embedded etcd (created if missing)")
 	fs.StringVar(&c.EmbeddedEtcdClientAddress, "embedded-etcd-client-address", c.EmbeddedEtcdClientAddress, "host:port the embedded etcd serves clients on (etcdctl --endpoints)")
 	fs.StringVar(&c.EmbeddedEtcdPeerAddress, "embedded-etcd-peer-address", c.EmbeddedEtcdPeerAddress, "host:port of the embedded etcd's peer listener")
-	fs.StringVar(&c.ServiceClusterIPRange, "service-cluster-ip-range", c.ServiceClusterIPRange, "ClusterIP CIDRs, one or two (one per family) comma separated; the first is primary")
+	fs.StringVar(&c.ServiceClusterIPRange, "service-cluster-ip-range", c.ServiceClusterIPRange, "ClusterIP CIDRs, one or two (one per family) comma separated, the first primary: they seed the ServiceCIDR \"kubernetes\" on first start; later, etcd's ServiceCIDRs win (CreateServiceCIDR adds ranges at runtime)")
 	fs.StringVar(&c.ServiceNodePortRange, "service-node-port-range", c.ServiceNodePortRange, "NodePort range FIRST-LAST, inclusive")
 	fs.IntVar(&c.KubernetesServiceNodePort, "kubernetes-service-node-port", c.KubernetesServiceNodePort, "NodePort reserved for the kubernetes Service; 0: none")
 	fs.StringVar(&c.MasterLeasePrefix, "master-lease-prefix", c.MasterLeasePrefix, "key prefix of master leases, under --etcd-prefix")

@@ -357,3 +357,63 @@ func TestTerminatingFamilies(t *testing.T) {
 		t.Errorf("Allocate(%s, free, terminating) = %v; want ErrTerminating", free, err)
 	}
 }
+
+// TestOverlappingCIDRs: a /23 added over the kubernetes /24 widens it: the addresses
+// of both are one set of keys (no address handed out twice, every one of the /23
+// handed out once, the full error naming both), and the /24 can be
+// deleted and removed at once although allocations lie in it, since the ready /23
+// holds them all.
+func TestOverlappingCIDRs(t *testing.T) {
+	e := etcdtest.New(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24"))
+	b := start(t, e.NewClient(), testConfig("10.0.0.0/24"))
+	ctx := etcdtest.Context(t)
+	if _, err := a.CreateServiceCIDR(ctx, "wider", []string{"10.0.0.0/23"}); err != nil {
+		t.Fatal(err)
+	}
+	etcdtest.WaitFor(t, 5*time.Second, "the other replica to see the /23", func() bool { return b.Free("10.0.0.0/23") > 0 })
+	seen := map[netip.Addr]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := range 8 {
+		al := []*Allocator{a, b}[w%2]
+		wg.Go(func() {
+			for i := range 64 {
+				uid := fmt.Sprintf("o%d-%d", w, i)
+				res, err := al.Allocate(ctx, Request{Owner: owner(uid)})
+				var fe *FullError
+				if errors.As(err, &fe) && fe.Range == "10.0.0.0/24, 10.0.0.0/23" {
+					continue // the last 3 of 512 calls
+				}
+				if err != nil {
+					t.Errorf("Allocate(%s) = %v", uid, err)
+					return
+				}
+				mu.Lock()
+				if prev, ok := seen[res.ClusterIPs[0]]; ok {
+					t.Errorf("%s handed to %s and %s", res.ClusterIPs[0], prev, uid)
+				}
+				seen[res.ClusterIPs[0]] = uid
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	// The /23's 510 usable addresses (10.0.0.255, the /24's broadcast address, is one
+	// of them), less the kubernetes one.
+	if len(seen) != 509 {
+		t.Errorf("%d allocations; want 509", len(seen))
+	}
+	if _, err := a.DeleteServiceCIDR(ctx, KubernetesCIDR); err != nil {
+		t.Fatal(err)
+	}
+	etcdtest.WaitFor(t, 10*time.Second, "the /24, held by the /23, to be removed", func() bool {
+		_, err := a.GetServiceCIDR(ctx, KubernetesCIDR)
+		return errors.Is(err, ErrCIDRNotFound)
+	})
+	for addr, uid := range seen {
+		if al, err := b.Get(ctx, IP(addr)); err != nil || al.Owner.UID != uid {
+			t.Fatalf("Get(%s) after the /24 was removed = %+v, %v; want held by %s", addr, al, err, uid)
+		}
+	}
+}

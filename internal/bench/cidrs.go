@@ -164,6 +164,7 @@ func heap16(ctx context.Context, e *env) (uint64, error) {
 	without := heap()
 	return with - without, nil
 }
+
 // alternate warms both calls up, then runs them in turn o.repeat times, and returns
 // the run of each with the median CPU per call.
 func alternate(ctx context.Context, o options, an string, a func(ctx context.Context, g, i int) error,

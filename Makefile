@@ -81,7 +81,7 @@ cluster:
 # faults for ALLOCD_FAULT_DURATION (5m), its history checked.
 fault:
 	ALLOCD_FAULT_TESTS=1 $(GO) test -count=1 -v -run 'TestRenewThroughLeaderChange|TestClusterLeaderCrash|TestEndpointsLeaderKill' ./masterlease/ ./internal/etcdtest/ ./cmd/allocd/
-	ALLOCD_FAULT_TESTS=1 ALLOCD_FAULT_DURATION=$${ALLOCD_FAULT_DURATION:-5m} $(GO) test -count=1 -v -timeout 30m -run TestFaultSuite ./internal/fault/
+	ALLOCD_FAULT_TESTS=1 ALLOCD_FAULT_DURATION=$${ALLOCD_FAULT_DURATION:-5m} ALLOCD_FAULT_ELECTION_MS=$${ALLOCD_FAULT_ELECTION_MS:-1000} ALLOCD_FAULT_PAUSE=$${ALLOCD_FAULT_PAUSE:-5s} $(GO) test -count=1 -v -timeout 30m -run TestFaultSuite ./internal/fault/
 
 bench:
 	$(GO) run ./internal/bench

@@ -120,7 +120,7 @@ func releasePicks(picks []*pick) {
 // stored result, whether the owner's last request was o's and the owner still holds
 // its result.
 func (a *Allocator) replay(ctx context.Context, o *op) (Result, bool, error) {
-	resp, err := a.cli.Get(ctx, o.ownerKey)
+	resp, err := a.get(ctx, o.ownerKey)
 	if err != nil {
 		return Result{}, false, fmt.Errorf("read owner record: %w", err)
 	}
@@ -388,7 +388,7 @@ func (a *Allocator) confirmHeld(ctx context.Context, owner Owner, picks []*pick)
 		if p.item.Kind != KindClusterIP || p.guard != nil || p.held {
 			continue
 		}
-		resp, err := a.cli.Get(ctx, p.key)
+		resp, err := a.get(ctx, p.key)
 		if err != nil {
 			return fmt.Errorf("read %s: %w", p.item, err)
 		}

@@ -2,13 +2,17 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/allocd/allocd/internal/badrequest"
 )
@@ -46,6 +50,7 @@ type op struct {
 	cancel    <-chan struct{} // the caller's ctx.Done()
 	conflicts int
 	rounds    int
+	timeouts  int           // transactions of the op whose outcome was unknown
 	res       chan opResult // buffered 1
 }
 
@@ -74,6 +79,45 @@ type opResult struct {
 	ips      []netip.Addr
 	ports    []int
 	err      error
+}
+
+// baseAttempt bounds one transaction or read of the committer. etcd answers in
+// milliseconds, so a call that takes longer waits in a stalled member or for an
+// election: given up on, it is read back through another member and retried rather
+// than left to etcd's own request timeout (5 s + 2 election timeouts) or to the
+// keepalive. A transaction gets longer only when every op in it timed out twice
+// already (an etcd that is slow for everybody still commits them): a stalled member
+// takes a third of the attempts, so one unlucky op must not make the whole batch
+// wait on it.
+const baseAttempt = time.Second
+
+// attemptTimeout is the bound of a transaction of live: baseAttempt, doubled for each
+// timeout past the first that every op of live has seen, up to 8 times.
+func attemptTimeout(live []*op) time.Duration {
+	n := live[0].timeouts
+	for _, o := range live {
+		n = min(n, o.timeouts)
+	}
+	return baseAttempt << min(max(n-1, 0), 3)
+}
+
+// outcomeUnknown reports whether a failed etcd call may have taken effect, or may
+// yet: a timeout, a lost connection, a leader that changed. Errors that say the
+// request was refused (invalid, too large, no space, not permitted) are definite.
+func outcomeUnknown(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	code := status.Code(err)
+	var ee rpctypes.EtcdError // what the etcd client makes of the server's errors
+	if errors.As(err, &ee) {
+		code = ee.Code()
+	}
+	switch code {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Unknown, codes.Aborted, codes.Internal:
+		return true
+	}
+	return false
 }
 
 // keys is how many keys the op's transaction touches: every pick (a held one is
@@ -125,14 +169,29 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 	}
 	cmps, puts := a.txnOps(live, now)
 	a.m.batch(len(live))
-	resp, err := a.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+	tctx, cancel := context.WithTimeout(ctx, attemptTimeout(live))
+	resp, err := a.cli.Txn(tctx).If(cmps...).Then(puts...).Commit()
+	cancel()
 	switch {
-	case err != nil:
+	case err != nil && (ctx.Err() != nil || !outcomeUnknown(err)):
 		a.m.txn("error")
 		for _, o := range live {
 			o.fail(fmt.Errorf("allocation transaction: %w", err))
 		}
 		return nil
+	case err != nil:
+		// The transaction may have committed, or may still commit (it waits in a
+		// stalled member, or its leader is gone). Read its keys back, through the next
+		// member the client picks, and settle each op as after a conflict: a
+		// transaction that committed is found in its owner records (replayed) or its
+		// items; one that did not is retried, and if it commits after all, the compares
+		// of the retry fail and the read-back after that finds it.
+		a.m.txn("unknown")
+		for _, o := range live {
+			o.timeouts++
+		}
+		a.log.Debug("allocation transaction outcome unknown; reading back", "ops", len(live), "err", err)
+		return a.readBack(ctx, live, len(cmps))
 	case resp.Succeeded:
 		a.m.txn("committed")
 		a.committed(ctx, live, resp.Header.Revision, now)
@@ -277,10 +336,19 @@ func (a *Allocator) readBack(ctx context.Context, live []*op, n int) []*op {
 		}
 		gets = append(gets, clientv3.OpGet(o.ownerKey))
 	}
-	read, err := a.cli.Txn(ctx).Then(gets...).Commit()
+	var read *clientv3.TxnResponse
+	var err error
+	for range 3 {
+		rctx, cancel := context.WithTimeout(ctx, baseAttempt)
+		read, err = a.cli.Txn(rctx).Then(gets...).Commit()
+		cancel()
+		if err == nil || ctx.Err() != nil || !outcomeUnknown(err) {
+			break
+		}
+	}
 	if err != nil {
 		for _, o := range live {
-			o.fail(fmt.Errorf("read back conflicting allocations: %w", err))
+			o.fail(fmt.Errorf("read back the allocations of a transaction: %w", err))
 		}
 		return nil
 	}

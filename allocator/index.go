@@ -27,6 +27,28 @@ type settleEntry struct {
 	rev int64
 	r   *rng
 	off uint64
+	at  time.Time // when the revision was committed, as this replica saw it
+}
+
+// watchStall is how long the watch may lag behind a revision this replica committed
+// before it is asked for progress, and as long again before its session is given up
+// and opened anew (on the next member the client picks): a watch served by a
+// stalled member (a paused process, a cut network) sends nothing and fails nothing,
+// and the pending reservations it would settle make the ranges look full.
+const watchStall = 500 * time.Millisecond
+
+// watchLags reports whether a revision this replica committed more than watchStall
+// ago is still ahead of the index.
+func (a *Allocator) watchLags() bool {
+	a.settleMu.Lock()
+	defer a.settleMu.Unlock()
+	now := a.progress.Rev()
+	for _, e := range a.settle {
+		if e.rev > now && time.Since(e.at) > watchStall {
+			return true
+		}
+	}
+	return false
 }
 
 // reload reads the ServiceCIDRs and lists every item key at one revision, builds the
@@ -157,7 +179,7 @@ func (a *Allocator) settleAt(rev int64, r *rng, off uint64) {
 		r.Unpend(off)
 		return
 	}
-	a.settle = append(a.settle, settleEntry{rev: rev, r: r, off: off})
+	a.settle = append(a.settle, settleEntry{rev: rev, r: r, off: off, at: time.Now()})
 	a.settleMu.Unlock()
 }
 
@@ -197,8 +219,23 @@ func (a *Allocator) watchOnce(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(etcdwatch.OwnStream(ctx, "allocator "+a.watchStart)))
 	defer cancel()
 	wch := a.cli.Watch(wctx, a.watchStart, clientv3.WithRange(a.watchEnd), clientv3.WithRev(from))
+	tick := time.NewTicker(watchStall)
+	defer tick.Stop()
+	lagged := false // the watch lagged at the last tick, and was asked for progress
 	for {
 		select {
+		case <-tick.C:
+			switch {
+			case !a.watchLags():
+				lagged = false
+			case lagged:
+				return fmt.Errorf("allocation watch from %d: no progress for %v past a committed revision", from, 2*watchStall)
+			default:
+				lagged = true
+				if err := a.cli.RequestProgress(wctx); err != nil {
+					a.log.Debug("allocation watch progress request failed", "err", err)
+				}
+			}
 		case <-a.progress.Asked():
 			// wctx: the request goes on the watch's stream (same metadata).
 			if err := a.cli.RequestProgress(wctx); err != nil {

@@ -126,6 +126,23 @@ func (s *store) recordRanges(ctx context.Context, want storedRanges) (storedRang
 	return got, nil
 }
 
+// get reads with a bound on each attempt, and tries again (a read changes nothing)
+// when the attempt may have been stuck in a stalled member or an election: the
+// client sends the next attempt to the next member.
+func (s *store) get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	var resp *clientv3.GetResponse
+	var err error
+	for try := range 3 {
+		actx, cancel := context.WithTimeout(ctx, baseAttempt<<(try/2))
+		resp, err = s.cli.Get(actx, key, opts...)
+		cancel()
+		if err == nil || ctx.Err() != nil || !outcomeUnknown(err) {
+			break
+		}
+	}
+	return resp, err
+}
+
 // recordState is an owner record as read, with what compares it.
 type recordState struct {
 	rec *ownerRecord // nil when absent

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -321,4 +322,107 @@ func during(ws []window, s, e time.Duration) bool {
 		}
 	}
 	return false
+}
+
+// kindOf is a fault's kind: its name without the member or replica it hit.
+func kindOf(name string) string {
+	f := strings.Fields(name)
+	for i, w := range f {
+		if strings.HasPrefix(w, "allocd-") || (len(w) == 2 && w[0] == 'm') {
+			f[i] = "*"
+		}
+	}
+	return strings.Join(f, " ")
+}
+
+// stalls reports, per kind of fault, how long after each fault began an Allocate
+// succeeded again: on some replica (first), and on every replica (all; the replica a
+// fault hit, killed or cut off from etcd, is left out), over the faults of that kind:
+// p50 and max.
+func (h *history) stalls(ws []window, replicas int) string {
+	h.mu.Lock()
+	ops := slices.Clone(h.ops)
+	h.mu.Unlock()
+	type agg struct{ first, all []time.Duration }
+	by := map[string]*agg{}
+	var kinds []string
+	for _, w := range ws {
+		firstOK := make([]time.Duration, replicas) // per replica, the end of its first ok Allocate begun after w.start
+		for i := range firstOK {
+			firstOK[i] = -1
+		}
+		for _, o := range ops {
+			if (o.kind != opAllocate && o.kind != opRetry) || o.outcome != ok || o.start < w.start || o.replica < 0 || o.replica >= replicas {
+				continue
+			}
+			if d := o.end - w.start; firstOK[o.replica] < 0 || d < firstOK[o.replica] {
+				firstOK[o.replica] = d
+			}
+		}
+		first, all, complete := time.Duration(-1), time.Duration(0), true
+		for i, d := range firstOK {
+			if strings.Contains(w.name, fmt.Sprintf("allocd-%d ", i)) || strings.HasSuffix(w.name, fmt.Sprintf("allocd-%d", i)) {
+				continue // the replica the fault hit: killed, or cut off from etcd by design
+			}
+			if d < 0 {
+				complete = false
+				continue
+			}
+			if first < 0 || d < first {
+				first = d
+			}
+			all = max(all, d)
+		}
+		if os.Getenv("ALLOCD_FAULT_VERBOSE") != "" {
+			h.explain(ops, w, firstOK)
+		}
+		k := kindOf(w.name)
+		a := by[k]
+		if a == nil {
+			a = &agg{}
+			by[k] = a
+			kinds = append(kinds, k)
+		}
+		if first >= 0 {
+			a.first = append(a.first, first)
+		}
+		if complete {
+			a.all = append(a.all, all)
+		}
+	}
+	sort.Strings(kinds)
+	var b strings.Builder
+	b.WriteString("time from each fault's start to an ok Allocate begun after it (p50 / max over the faults of a kind):\n")
+	for _, k := range kinds {
+		a := by[k]
+		fmt.Fprintf(&b, "  %-34s %3d faults  any replica %s  every replica %s\n", k, max(len(a.first), len(a.all)), pmax(a.first), pmax(a.all))
+	}
+	return b.String()
+}
+
+func pmax(d []time.Duration) string {
+	if len(d) == 0 {
+		return "-"
+	}
+	slices.Sort(d)
+	r := func(x time.Duration) time.Duration { return x.Round(10 * time.Millisecond) }
+	return fmt.Sprintf("%v / %v", r(d[len(d)/2]), r(d[len(d)-1]))
+}
+
+// explain prints, for one fault, each replica's first ok Allocate and the errors of
+// the Allocates begun on it before that (ALLOCD_FAULT_VERBOSE).
+func (h *history) explain(ops []op, w window, firstOK []time.Duration) {
+	for i, d := range firstOK {
+		errs := map[string]int{}
+		for _, o := range ops {
+			if o.replica == i && (o.kind == opAllocate || o.kind == opRetry) && o.outcome != ok && o.start >= w.start && (d < 0 || o.start < w.start+d) {
+				e := o.err
+				if len(e) > 90 {
+					e = e[:90]
+				}
+				errs[e]++
+			}
+		}
+		fmt.Printf("%-34s replica %d first ok after %v; errors before: %v\n", w.name, i, d.Round(10*time.Millisecond), errs)
+	}
 }

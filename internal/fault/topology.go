@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -117,6 +118,23 @@ func build(t testing.TB, dir string) (allocd, member string) {
 	return allocd, member
 }
 
+// electionMs is the etcd members' election timeout: ALLOCD_FAULT_ELECTION_MS (make
+// fault: 1000, etcd's default), or 200 for make test's short run.
+func electionMs() int {
+	if v, err := strconv.Atoi(os.Getenv("ALLOCD_FAULT_ELECTION_MS")); err == nil && v > 0 {
+		return v
+	}
+	return 200
+}
+
+// logLevel is the replicas' --log-level: debug with ALLOCD_FAULT_VERBOSE, else info.
+func logLevel() string {
+	if os.Getenv("ALLOCD_FAULT_VERBOSE") != "" {
+		return "debug"
+	}
+	return "info"
+}
+
 // startTopology builds and starts everything, and returns once every replica serves.
 func startTopology(t testing.TB, ranges, ports string) *topology {
 	t.Helper()
@@ -135,7 +153,7 @@ func startTopology(t testing.TB, ranges, ports string) *topology {
 		p := &proc{name: fmt.Sprintf("etcd-m%d", i), bin: memberBin, logPath: filepath.Join(dir, fmt.Sprintf("etcd-m%d.log", i)),
 			args: []string{"-name", fmt.Sprintf("m%d", i), "-data-dir", filepath.Join(dir, fmt.Sprintf("m%d", i)),
 				"-client-url", tp.etcdURL[i], "-peer-url", peers[i], "-initial-cluster", strings.Join(initial, ","), "-token", token,
-				"-tick-ms", "20", "-election-ms", "200"}}
+				"-tick-ms", strconv.Itoa(max(10, electionMs()/10)), "-election-ms", strconv.Itoa(electionMs())}}
 		if err := p.start(); err != nil {
 			t.Fatal(err)
 		}
@@ -177,7 +195,7 @@ func startTopology(t testing.TB, ranges, ports string) *topology {
 		p := &proc{name: fmt.Sprintf("allocd-%d", i), bin: allocdBin, logPath: filepath.Join(dir, fmt.Sprintf("allocd-%d.log", i)),
 			args: []string{"--etcd-servers", strings.Join(urls, ","), "--grpc-address", addr, "--metrics-address", "",
 				"--service-cluster-ip-range", ranges, "--service-node-port-range", ports,
-				"--master-lease-ttl", "3s", "--shutdown-timeout", "1s", "--log-format", "json"}}
+				"--master-lease-ttl", "3s", "--shutdown-timeout", "1s", "--log-format", "json", "--log-level", logLevel()}}
 		if err := p.start(); err != nil {
 			t.Fatal(err)
 		}

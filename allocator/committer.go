@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -22,6 +23,18 @@ type committer struct {
 	running bool
 	stopped bool
 	notify  chan struct{}
+}
+
+// groupWait is how long a transaction in flight may hold back the next one while
+// the queue fills: etcd commits in milliseconds, and one that takes longer is stuck.
+const groupWait = 100 * time.Millisecond
+
+// deleteTime removes one at from ts.
+func deleteTime(ts []time.Time, at time.Time) []time.Time {
+	if i := slices.IndexFunc(ts, at.Equal); i >= 0 {
+		return slices.Delete(ts, i, i+1)
+	}
+	return ts
 }
 
 // txnTimeout bounds one group-commit transaction.
@@ -75,8 +88,11 @@ func (c *committer) run(ctx context.Context) error {
 	c.running = true
 	c.qmu.Unlock()
 	slots := make(chan struct{}, c.conc)
-	done := make(chan struct{}, c.conc)
+	done := make(chan time.Time, c.conc) // each finished transaction's start
 	inflight := 0
+	var started []time.Time // of the transactions in flight
+	stuck := time.NewTimer(time.Hour) // when the oldest of them passes groupWait
+	defer stuck.Stop()
 	defer func() {
 		for ; inflight > 0; inflight-- {
 			<-done
@@ -99,26 +115,37 @@ func (c *committer) run(ctx context.Context) error {
 		var batch []*op
 		for batch == nil {
 			// With a transaction in flight, wait for half a transaction's worth of
-			// keys (or for it to finish): big batches cost etcd less per request.
-			minKeys := 1
+			// keys (or for it to finish): big batches cost etcd less per request. Not
+			// behind a transaction that has taken longer than groupWait, though: it
+			// waits in a stalled member or for an election, and the calls queued
+			// behind it would wait as long.
+			minKeys, wake := 1, (<-chan time.Time)(nil)
 			if inflight > 0 {
-				minKeys = maxTxnOps / 2
+				if young := groupWait - time.Since(slices.MinFunc(started, time.Time.Compare)); young > 0 {
+					minKeys = maxTxnOps / 2
+					stuck.Reset(young)
+					wake = stuck.C
+				}
 			}
 			if batch = c.take(minKeys); batch != nil {
 				break
 			}
 			select {
 			case <-c.notify:
-			case <-done:
+			case at := <-done:
 				inflight--
+				started = deleteTime(started, at)
+			case <-wake:
 			case <-ctx.Done():
 				<-slots
 				return nil
 			}
 		}
 		inflight++
+		at := time.Now()
+		started = append(started, at)
 		go func() {
-			defer func() { <-slots; done <- struct{}{} }()
+			defer func() { <-slots; done <- at }()
 			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), txnTimeout)
 			retry := c.commit(tctx, batch)
 			cancel()
@@ -127,8 +154,9 @@ func (c *committer) run(ctx context.Context) error {
 		// Collect finished transactions without blocking.
 		for more := true; more; {
 			select {
-			case <-done:
+			case at := <-done:
 				inflight--
+				started = deleteTime(started, at)
 			default:
 				more = false
 			}

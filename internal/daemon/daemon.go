@@ -32,6 +32,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -192,6 +193,7 @@ func (d *Daemon) startEtcd(ctx context.Context) error {
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
 		Logger:               zap.NewNop(),
+		DialOptions:          []grpc.DialOption{grpc.WithChainUnaryInterceptor(slowEtcdCalls(d.log))},
 		MaxCallSendMsgSize:   8 << 20,
 		MaxCallRecvMsgSize:   64 << 20,
 	})
@@ -377,4 +379,26 @@ func newLogger(c Config) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(out, opts))
 	}
 	return slog.New(slog.NewTextHandler(out, opts))
+}
+
+// slowEtcdCall is how long an etcd call may take before it is logged (at debug: the
+// member that held it, for the study of member faults).
+const slowEtcdCall = 500 * time.Millisecond
+
+// slowEtcdCalls logs unary etcd calls that took longer than slowEtcdCall, with the
+// member's address.
+func slowEtcdCalls(log *slog.Logger) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		var p peer.Peer
+		start := time.Now()
+		err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Peer(&p))...)
+		if d := time.Since(start); d > slowEtcdCall && log.Enabled(ctx, slog.LevelDebug) {
+			addr := ""
+			if p.Addr != nil {
+				addr = p.Addr.String()
+			}
+			log.Debug("slow etcd call", "method", method, "member", addr, "took", d.Round(time.Millisecond), "err", err)
+		}
+		return err
+	}
 }

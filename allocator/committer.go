@@ -90,7 +90,7 @@ func (c *committer) run(ctx context.Context) error {
 	slots := make(chan struct{}, c.conc)
 	done := make(chan time.Time, c.conc) // each finished transaction's start
 	inflight := 0
-	var started []time.Time // of the transactions in flight
+	var started []time.Time           // of the transactions in flight
 	stuck := time.NewTimer(time.Hour) // when the oldest of them passes groupWait
 	defer stuck.Stop()
 	defer func() {

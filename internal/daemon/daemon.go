@@ -32,9 +32,9 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
 
 	"github.com/allocd/allocd/internal/embedetcd"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"

@@ -343,7 +343,11 @@ func (h *history) stalls(ws []window, replicas int) string {
 	h.mu.Lock()
 	ops := slices.Clone(h.ops)
 	h.mu.Unlock()
-	type agg struct{ first, all []time.Duration }
+	type agg struct {
+		first, all []time.Duration
+		unknown    int // calls with an unknown outcome that overlap a fault of the kind
+		calls      int
+	}
 	by := map[string]*agg{}
 	var kinds []string
 	for _, w := range ws {
@@ -386,6 +390,14 @@ func (h *history) stalls(ws []window, replicas int) string {
 		if first >= 0 {
 			a.first = append(a.first, first)
 		}
+		for _, o := range ops {
+			if o.kind != opRenew && o.start < w.end && o.end > w.start {
+				a.calls++
+				if o.outcome == unknown {
+					a.unknown++
+				}
+			}
+		}
 		if complete {
 			a.all = append(a.all, all)
 		}
@@ -395,7 +407,8 @@ func (h *history) stalls(ws []window, replicas int) string {
 	b.WriteString("time from each fault's start to an ok Allocate begun after it (p50 / max over the faults of a kind):\n")
 	for _, k := range kinds {
 		a := by[k]
-		fmt.Fprintf(&b, "  %-34s %3d faults  any replica %s  every replica %s\n", k, max(len(a.first), len(a.all)), pmax(a.first), pmax(a.all))
+		fmt.Fprintf(&b, "  %-34s %3d faults  any replica %s  every replica %s  unknown outcomes %d of %d calls during them (%.1f %%)\n",
+			k, max(len(a.first), len(a.all)), pmax(a.first), pmax(a.all), a.unknown, a.calls, 100*float64(a.unknown)/float64(max(a.calls, 1)))
 	}
 	return b.String()
 }

@@ -50,7 +50,6 @@ type op struct {
 	cancel    <-chan struct{} // the caller's ctx.Done()
 	conflicts int
 	rounds    int
-	timeouts  int           // transactions of the op whose outcome was unknown
 	res       chan opResult // buffered 1
 }
 
@@ -81,25 +80,16 @@ type opResult struct {
 	err      error
 }
 
-// baseAttempt bounds one transaction or read of the committer. etcd answers in
-// milliseconds, so a call that takes longer waits in a stalled member or for an
-// election: given up on, it is read back through another member and retried rather
-// than left to etcd's own request timeout (5 s + 2 election timeouts) or to the
-// keepalive. A transaction gets longer only when every op in it timed out twice
-// already (an etcd that is slow for everybody still commits them): a stalled member
-// takes a third of the attempts, so one unlucky op must not make the whole batch
-// wait on it.
-const baseAttempt = time.Second
+// txnAttempt bounds a group-commit transaction. etcd commits in milliseconds; one
+// that takes longer waits in a stalled member (a third of the calls, by the client's
+// round robin) or for an election, and was left to etcd's own request timeout (5 s + 2
+// election timeouts) while it held one of the committer's slots. Its callers get an
+// error of unknown outcome.
+const txnAttempt = 2 * time.Second
 
-// attemptTimeout is the bound of a transaction of live: baseAttempt, doubled for each
-// timeout past the first that every op of live has seen, up to 8 times.
-func attemptTimeout(live []*op) time.Duration {
-	n := live[0].timeouts
-	for _, o := range live {
-		n = min(n, o.timeouts)
-	}
-	return baseAttempt << min(max(n-1, 0), 3)
-}
+// baseAttempt bounds one read of the committer (read-backs, owner records): a read
+// that takes longer is tried again, through the next member.
+const baseAttempt = time.Second
 
 // outcomeUnknown reports whether a failed etcd call may have taken effect, or may
 // yet: a timeout, a lost connection, a leader that changed. Errors that say the
@@ -169,29 +159,21 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 	}
 	cmps, puts := a.txnOps(live, now)
 	a.m.batch(len(live))
-	tctx, cancel := context.WithTimeout(ctx, attemptTimeout(live))
+	tctx, cancel := context.WithTimeout(ctx, txnAttempt)
 	resp, err := a.cli.Txn(tctx).If(cmps...).Then(puts...).Commit()
 	cancel()
 	switch {
-	case err != nil && (ctx.Err() != nil || !outcomeUnknown(err)):
+	case err != nil:
+		// The outcome may be unknown (a timeout, a lost connection, a leader change):
+		// the transaction may commit later, even after a retry of it committed and was
+		// released. The callers learn it as such (a retry of the same request replays
+		// what committed); it is not retried here, where an acknowledgement could
+		// follow while it is still in flight.
 		a.m.txn("error")
 		for _, o := range live {
 			o.fail(fmt.Errorf("allocation transaction: %w", err))
 		}
 		return nil
-	case err != nil:
-		// The transaction may have committed, or may still commit (it waits in a
-		// stalled member, or its leader is gone). Read its keys back, through the next
-		// member the client picks, and settle each op as after a conflict: a
-		// transaction that committed is found in its owner records (replayed) or its
-		// items; one that did not is retried, and if it commits after all, the compares
-		// of the retry fail and the read-back after that finds it.
-		a.m.txn("unknown")
-		for _, o := range live {
-			o.timeouts++
-		}
-		a.log.Debug("allocation transaction outcome unknown; reading back", "ops", len(live), "err", err)
-		return a.readBack(ctx, live, len(cmps))
 	case resp.Succeeded:
 		a.m.txn("committed")
 		a.committed(ctx, live, resp.Header.Revision, now)

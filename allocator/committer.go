@@ -145,7 +145,13 @@ func (c *committer) run(ctx context.Context) error {
 		at := time.Now()
 		started = append(started, at)
 		go func() {
-			defer func() { <-slots; done <- at }()
+			// A transaction still in flight after groupWait gives its slot back: it
+			// waits in a stalled member or for an election, and the slots are for
+			// transactions that etcd is committing.
+			var once sync.Once
+			free := func() { once.Do(func() { <-slots }) }
+			stalled := time.AfterFunc(groupWait, free)
+			defer func() { stalled.Stop(); free(); done <- at }()
 			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), txnTimeout)
 			retry := c.commit(tctx, batch)
 			cancel()

@@ -42,7 +42,7 @@ func newMetrics(a *Allocator, reg prometheus.Registerer) *metrics {
 		}),
 		txns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allocd_allocator_commit_transactions_total",
-			Help: "Group-commit transactions, by result (committed, conflict, error; unknown: timed out or cut off, read back and retried).",
+			Help: "Group-commit transactions, by result (committed, conflict, error).",
 		}, []string{"result"}),
 		allocatedDesc: prometheus.NewDesc("allocd_allocator_allocated",
 			"Allocated items per range and band, as the index sees them.", []string{"range", "band"}, nil),

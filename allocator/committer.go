@@ -144,19 +144,7 @@ func (c *committer) run(ctx context.Context) error {
 		inflight++
 		at := time.Now()
 		started = append(started, at)
-		go func() {
-			// A transaction still in flight after groupWait gives its slot back: it
-			// waits in a stalled member or for an election, and the slots are for
-			// transactions that etcd is committing.
-			var once sync.Once
-			free := func() { once.Do(func() { <-slots }) }
-			stalled := time.AfterFunc(groupWait, free)
-			defer func() { stalled.Stop(); free(); done <- at }()
-			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), txnTimeout)
-			retry := c.commit(tctx, batch)
-			cancel()
-			c.requeue(retry)
-		}()
+		go c.commitBatch(ctx, batch, slots, done, at)
 		// Collect finished transactions without blocking.
 		for more := true; more; {
 			select {
@@ -168,6 +156,21 @@ func (c *committer) run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// commitBatch commits batch (started at at), requeues what is to be retried, and
+// gives its slot back, then reports on done. A transaction still in flight after
+// groupWait gives its slot back early: it waits in a stalled member or for an
+// election, and the slots are for transactions that etcd is committing.
+func (c *committer) commitBatch(ctx context.Context, batch []*op, slots <-chan struct{}, done chan<- time.Time, at time.Time) {
+	var once sync.Once
+	free := func() { once.Do(func() { <-slots }) }
+	stalled := time.AfterFunc(groupWait, free)
+	defer func() { stalled.Stop(); free(); done <- at }()
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), txnTimeout)
+	retry := c.commit(tctx, batch)
+	cancel()
+	c.requeue(retry)
 }
 
 // take removes from the queue the ops of the next transaction: as many as fit in

@@ -319,15 +319,10 @@ func (a *Allocator) readBack(ctx context.Context, live []*op, n int) []*op {
 		gets = append(gets, clientv3.OpGet(o.ownerKey))
 	}
 	var read *clientv3.TxnResponse
-	var err error
-	for range 3 {
-		rctx, cancel := context.WithTimeout(ctx, baseAttempt)
-		read, err = a.cli.Txn(rctx).Then(gets...).Commit()
-		cancel()
-		if err == nil || ctx.Err() != nil || !outcomeUnknown(err) {
-			break
-		}
-	}
+	err := retryRead(ctx, func(ctx context.Context) (err error) {
+		read, err = a.cli.Txn(ctx).Then(gets...).Commit()
+		return err
+	})
 	if err != nil {
 		for _, o := range live {
 			o.fail(fmt.Errorf("read back the allocations of a transaction: %w", err))

@@ -129,8 +129,6 @@ type lastRequest struct {
 	NodePorts  []int        `json:"nodePorts,omitempty"`
 }
 
-func (r *ownerRecord) owner() Owner { return Owner{Namespace: r.Namespace, Name: r.Name, UID: r.UID} }
-
 // itemList returns the items the record lists, ClusterIPs first.
 func (r *ownerRecord) itemList() []Item {
 	items := make([]Item, 0, r.items())

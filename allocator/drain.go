@@ -38,23 +38,8 @@ func (a *Allocator) drainLoop(ctx context.Context) {
 // indexBlocked reports whether the index sees an allocated address that lies in c and
 // in no ready range: then c cannot be removed yet, and etcd need not be asked.
 func (a *Allocator) indexBlocked(c ServiceCIDR) bool {
-	t := a.tab.Load()
 	blocked := false
-	for _, p := range c.CIDRs {
-		r := t.byPrefix[p]
-		if r == nil || blocked {
-			continue
-		}
-		used, _ := r.Counts()
-		if used == 0 {
-			continue
-		}
-		r.EachUsed(func(off uint64) {
-			if !blocked && t.readyHome(r.span.addr(off)) == nil {
-				blocked = true
-			}
-		})
-	}
+	a.tab.Load().eachBlocker(c.CIDRs, func(netip.Addr) bool { blocked = true; return false })
 	return blocked
 }
 
@@ -72,11 +57,8 @@ func (a *Allocator) removeDrained(ctx context.Context, name string) error {
 	}
 	var target *ServiceCIDR
 	var ready []ServiceCIDR
-	for _, kv := range read.Kvs {
-		c, err := decodeCIDR(kv.Value, kv.CreateRevision, kv.ModRevision)
+	for _, c := range a.decodeCIDRs(read.Kvs) {
 		switch {
-		case err != nil:
-			continue
 		case c.Name == name:
 			target = &c
 		case c.State == CIDRReady:

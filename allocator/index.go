@@ -27,29 +27,13 @@ type settleEntry struct {
 	rev int64
 	r   *rng
 	off uint64
-	at  time.Time // when the revision was committed, as this replica saw it
 }
 
-// watchStall is how long the watch may lag behind a revision this replica committed
-// before it is asked for progress, and as long again before its session is given up
-// and opened anew (on the next member the client picks): a watch served by a
-// stalled member (a paused process, a cut network) sends nothing and fails nothing,
-// and the pending reservations it would settle make the ranges look full.
+// watchStall is how long the watch may stay behind a revision this replica committed
+// without moving before it is asked for progress, and as long again before its
+// session is opened anew (etcdwatch.Progress.Lagging): the pending reservations a
+// stalled watch would settle make the ranges look full.
 const watchStall = 500 * time.Millisecond
-
-// watchLags reports whether a revision this replica committed more than watchStall
-// ago is still ahead of the index.
-func (a *Allocator) watchLags() bool {
-	a.settleMu.Lock()
-	defer a.settleMu.Unlock()
-	now := a.progress.Rev()
-	for _, e := range a.settle {
-		if e.rev > now && time.Since(e.at) > watchStall {
-			return true
-		}
-	}
-	return false
-}
 
 // reload reads the ServiceCIDRs and lists every item key at one revision, builds the
 // range table and the used bitsets anew (keeping the pending reservations); the
@@ -60,16 +44,7 @@ func (a *Allocator) reload(ctx context.Context) error {
 		return fmt.Errorf("load ServiceCIDRs: %w", err)
 	}
 	rev := resp.Header.Revision
-	var cidrs []ServiceCIDR
-	for _, kv := range resp.Kvs {
-		c, err := decodeCIDR(kv.Value, kv.CreateRevision, kv.ModRevision)
-		if err != nil {
-			a.log.Warn("undecodable ServiceCIDR; ignored", "key", string(kv.Key), "err", err)
-			continue
-		}
-		cidrs = append(cidrs, c)
-	}
-	t, _ := a.buildTable(cidrs)
+	t, _ := a.buildTable(a.decodeCIDRs(resp.Kvs))
 	used := make(map[*rng]*bitset.BitSet, len(t.all))
 	for _, r := range t.all {
 		used[r] = r.NewUsed()
@@ -95,11 +70,6 @@ func (a *Allocator) reload(ctx context.Context) error {
 // buildTable builds the table of cidrs on the current one (sharing the bitmaps of
 // the prefixes it has), and returns the ranges whose bitmaps are new.
 func (a *Allocator) buildTable(cidrs []ServiceCIDR) (*table, []*rng) {
-	for i := range cidrs {
-		if cidrs[i].Name == KubernetesCIDR {
-			cidrs[0], cidrs[i] = cidrs[i], cidrs[0]
-		}
-	}
 	slices.SortStableFunc(cidrs, func(x, y ServiceCIDR) int {
 		return compareRefs(cidrRef{name: x.Name, createRev: x.CreateRevision}, cidrRef{name: y.Name, createRev: y.CreateRevision})
 	})
@@ -179,7 +149,8 @@ func (a *Allocator) settleAt(rev int64, r *rng, off uint64) {
 		r.Unpend(off)
 		return
 	}
-	a.settle = append(a.settle, settleEntry{rev: rev, r: r, off: off, at: time.Now()})
+	a.settle = append(a.settle, settleEntry{rev: rev, r: r, off: off})
+	a.progress.Expect(rev)
 	a.settleMu.Unlock()
 }
 
@@ -226,7 +197,7 @@ func (a *Allocator) watchOnce(ctx context.Context) error {
 		select {
 		case <-tick.C:
 			switch {
-			case !a.watchLags():
+			case !a.progress.Lagging(watchStall):
 				lagged = false
 			case lagged:
 				return fmt.Errorf("allocation watch from %d: no progress for %v past a committed revision", from, 2*watchStall)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/badrequest"
@@ -154,6 +155,38 @@ func decodeCIDR(v []byte, createRev, modRev int64) (ServiceCIDR, error) {
 	return c, nil
 }
 
+// decodeCIDRs decodes ServiceCIDR keys, skipping (and logging) what does not decode.
+func (s *store) decodeCIDRs(kvs []*mvccpb.KeyValue) []ServiceCIDR {
+	out := make([]ServiceCIDR, 0, len(kvs))
+	for _, kv := range kvs {
+		c, err := decodeCIDR(kv.Value, kv.CreateRevision, kv.ModRevision)
+		if err != nil {
+			s.log.Warn("undecodable ServiceCIDR; ignored", "key", string(kv.Key), "err", err)
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// readCIDR reads the ServiceCIDR name: a *CIDRNotFoundError when etcd has none.
+func (s *store) readCIDR(ctx context.Context, name string) (ServiceCIDR, error) {
+	key := s.cidrKey(name)
+	resp, err := s.cli.Get(ctx, key)
+	if err != nil {
+		return ServiceCIDR{}, fmt.Errorf("read ServiceCIDR %s: %w", name, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return ServiceCIDR{}, &CIDRNotFoundError{Name: name}
+	}
+	kv := resp.Kvs[0]
+	c, err := decodeCIDR(kv.Value, kv.CreateRevision, kv.ModRevision)
+	if err != nil {
+		return ServiceCIDR{}, fmt.Errorf("ServiceCIDR at %s: %w", key, err)
+	}
+	return c, nil
+}
+
 // seedKubernetesCIDR creates the kubernetes ServiceCIDR from cidrs unless it exists,
 // and returns it (the stored one wins, as in Kubernetes: first writer wins).
 func (s *store) seedKubernetesCIDR(ctx context.Context, cidrs []netip.Prefix) (ServiceCIDR, error) {
@@ -224,24 +257,13 @@ func (a *Allocator) CreateServiceCIDR(ctx context.Context, name string, cidrs []
 func (a *Allocator) DeleteServiceCIDR(ctx context.Context, name string) (ServiceCIDR, error) {
 	key := a.cidrKey(name)
 	for range maxConflicts {
-		resp, err := a.cli.Get(ctx, key)
-		if err != nil {
-			return ServiceCIDR{}, fmt.Errorf("read ServiceCIDR %s: %w", name, err)
-		}
-		if len(resp.Kvs) == 0 {
-			return ServiceCIDR{}, &CIDRNotFoundError{Name: name}
-		}
-		kv := resp.Kvs[0]
-		c, err := decodeCIDR(kv.Value, kv.CreateRevision, kv.ModRevision)
-		if err != nil {
-			return ServiceCIDR{}, fmt.Errorf("ServiceCIDR at %s: %w", key, err)
-		}
-		if c.State == CIDRTerminating {
-			return c, nil
+		c, err := a.readCIDR(ctx, name)
+		if err != nil || c.State == CIDRTerminating {
+			return c, err
 		}
 		c.State, c.Terminating = CIDRTerminating, time.Now().UTC().Truncate(time.Second)
 		put, err := a.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", c.Revision)).
 			Then(clientv3.OpPut(key, encodeCIDR(c))).Commit()
 		if err != nil {
 			return ServiceCIDR{}, fmt.Errorf("delete ServiceCIDR %s: %w", name, err)
@@ -268,17 +290,9 @@ func (a *Allocator) GetServiceCIDR(ctx context.Context, name string) (ServiceCID
 	if err := a.Sync(ctx); err != nil {
 		return ServiceCIDR{}, err
 	}
-	resp, err := a.cli.Get(ctx, a.cidrKey(name))
+	c, err := a.readCIDR(ctx, name)
 	if err != nil {
-		return ServiceCIDR{}, fmt.Errorf("read ServiceCIDR %s: %w", name, err)
-	}
-	if len(resp.Kvs) == 0 {
-		return ServiceCIDR{}, &CIDRNotFoundError{Name: name}
-	}
-	kv := resp.Kvs[0]
-	c, err := decodeCIDR(kv.Value, kv.CreateRevision, kv.ModRevision)
-	if err != nil {
-		return ServiceCIDR{}, fmt.Errorf("ServiceCIDR at %s: %w", kv.Key, err)
+		return ServiceCIDR{}, err
 	}
 	if c.State == CIDRTerminating {
 		if err := a.blockers(ctx, &c); err != nil {
@@ -298,19 +312,13 @@ func (a *Allocator) ListServiceCIDRs(ctx context.Context) ([]ServiceCIDR, error)
 	if err != nil {
 		return nil, fmt.Errorf("list ServiceCIDRs: %w", err)
 	}
-	out := make([]ServiceCIDR, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		c, err := decodeCIDR(kv.Value, kv.CreateRevision, kv.ModRevision)
-		if err != nil {
-			a.log.Warn("undecodable ServiceCIDR", "key", string(kv.Key), "err", err)
-			continue
-		}
-		if c.State == CIDRTerminating {
-			if err := a.blockers(ctx, &c); err != nil {
+	out := a.decodeCIDRs(resp.Kvs)
+	for i := range out {
+		if out[i].State == CIDRTerminating {
+			if err := a.blockers(ctx, &out[i]); err != nil {
 				return nil, err
 			}
 		}
-		out = append(out, c)
 	}
 	return out, nil
 }
@@ -318,25 +326,15 @@ func (a *Allocator) ListServiceCIDRs(ctx context.Context) ([]ServiceCIDR, error)
 // blockers fills c's Blockers and Sample from the index: the allocated addresses of
 // its CIDRs that no ready ServiceCIDR holds, with their holders read from etcd.
 func (a *Allocator) blockers(ctx context.Context, c *ServiceCIDR) error {
-	t := a.tab.Load()
 	var sample []Item
 	c.Blockers = 0
-	for _, p := range c.CIDRs {
-		r := t.byPrefix[p]
-		if r == nil {
-			continue
+	a.tab.Load().eachBlocker(c.CIDRs, func(addr netip.Addr) bool {
+		c.Blockers++
+		if len(sample) < BlockerSample {
+			sample = append(sample, IP(addr))
 		}
-		r.EachUsed(func(off uint64) {
-			addr := r.span.addr(off)
-			if t.readyHome(addr) != nil {
-				return
-			}
-			c.Blockers++
-			if len(sample) < BlockerSample {
-				sample = append(sample, IP(addr))
-			}
-		})
-	}
+		return true
+	})
 	c.Sample = nil
 	for _, it := range sample {
 		al, err := a.Get(ctx, it)

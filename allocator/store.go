@@ -131,16 +131,26 @@ func (s *store) recordRanges(ctx context.Context, want storedRanges) (storedRang
 // client sends the next attempt to the next member.
 func (s *store) get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
 	var resp *clientv3.GetResponse
+	err := retryRead(ctx, func(ctx context.Context) (err error) {
+		resp, err = s.cli.Get(ctx, key, opts...)
+		return err
+	})
+	return resp, err
+}
+
+// retryRead runs read up to three times, each attempt bounded by baseAttempt, while
+// it fails in a way a stalled member or an election explains.
+func retryRead(ctx context.Context, read func(ctx context.Context) error) error {
 	var err error
-	for try := range 3 {
-		actx, cancel := context.WithTimeout(ctx, baseAttempt<<(try/2))
-		resp, err = s.cli.Get(actx, key, opts...)
+	for range 3 {
+		actx, cancel := context.WithTimeout(ctx, baseAttempt)
+		err = read(actx)
 		cancel()
 		if err == nil || ctx.Err() != nil || !outcomeUnknown(err) {
 			break
 		}
 	}
-	return resp, err
+	return err
 }
 
 // recordState is an owner record as read, with what compares it.

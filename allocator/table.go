@@ -159,6 +159,23 @@ func (t *table) readyHome(addr netip.Addr) *rng {
 	return nil
 }
 
+// eachBlocker calls fn with every address the index sees allocated in cidrs and in no
+// ready range, until fn returns false.
+func (t *table) eachBlocker(cidrs []netip.Prefix, fn func(addr netip.Addr) bool) {
+	more := true
+	for _, p := range cidrs {
+		r := t.byPrefix[p]
+		if r == nil || !more {
+			continue
+		}
+		r.EachUsed(func(off uint64) {
+			if addr := r.span.addr(off); more && t.readyHome(addr) == nil {
+				more = fn(addr)
+			}
+		})
+	}
+}
+
 // names describes rs for a message: "10.0.0.0/28 (kubernetes), 10.1.0.0/24 (extra)".
 func names(rs []*rng) string {
 	s := make([]string, len(rs))

@@ -164,13 +164,6 @@ func (q *queue) done(key string) {
 	}
 }
 
-// len returns the number of keys waiting to be handed out now.
-func (q *queue) len() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.ready)
-}
-
 // close wakes every get with ok false and stops scheduling.
 func (q *queue) close() {
 	q.mu.Lock()

@@ -47,6 +47,10 @@ type Progress struct {
 	revc    chan struct{} // closed and replaced when rev moves
 	running bool
 	askc    chan struct{}
+	// expect is the newest revision passed to Expect that rev has not reached, and
+	// expectAt when the watch last moved (or was first expected to) while behind it.
+	expect   int64
+	expectAt time.Time
 }
 
 func (p *Progress) init() {
@@ -74,7 +78,36 @@ func (p *Progress) Advance(rev int64) bool {
 	p.rev = rev
 	close(p.revc)
 	p.revc = make(chan struct{})
+	if rev >= p.expect {
+		p.expect = 0
+	} else {
+		p.expectAt = time.Now()
+	}
 	return true
+}
+
+// Expect records that the watch should reach rev, a revision this process saw
+// committed: Lagging reports a watch that does not get there.
+func (p *Progress) Expect(rev int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if rev <= p.rev {
+		return
+	}
+	if p.expect == 0 {
+		p.expectAt = time.Now()
+	}
+	p.expect = max(p.expect, rev)
+}
+
+// Lagging reports whether the watch is behind a revision passed to Expect and has
+// not moved for longer than d: a watch served by a stalled member (a paused process,
+// a cut network) sends nothing and fails nothing, and its session is better opened
+// anew, on the next member the client picks.
+func (p *Progress) Lagging(d time.Duration) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.expect > p.rev && time.Since(p.expectAt) > d
 }
 
 // SetRunning records whether the watcher runs: a Wait fails at once, rather than

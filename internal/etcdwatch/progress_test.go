@@ -84,3 +84,33 @@ func TestLoop(t *testing.T) {
 		t.Errorf("sessions = %d; want 3", got)
 	}
 }
+
+// TestLagging: a watch is lagging once it stays behind a revision it was expected to
+// reach, without moving, for longer than the bound; moving restarts the count, and
+// reaching the revision ends it.
+func TestLagging(t *testing.T) {
+	var p Progress
+	p.Advance(10)
+	p.Expect(9) // reached already
+	if p.Lagging(0) {
+		t.Fatal("Lagging after Expect of a reached revision; want false")
+	}
+	p.Expect(12)
+	p.Expect(15)
+	time.Sleep(30 * time.Millisecond)
+	if !p.Lagging(20 * time.Millisecond) {
+		t.Fatal("Lagging(20ms) 30 ms behind revision 15; want true")
+	}
+	p.Advance(13) // moved, still behind
+	if p.Lagging(20 * time.Millisecond) {
+		t.Fatal("Lagging(20ms) right after the watch moved; want false")
+	}
+	time.Sleep(30 * time.Millisecond)
+	if !p.Lagging(20 * time.Millisecond) {
+		t.Fatal("Lagging(20ms) 30 ms after the watch last moved, behind 15; want true")
+	}
+	p.Advance(15)
+	if p.Lagging(0) {
+		t.Fatal("Lagging after reaching every expected revision; want false")
+	}
+}

@@ -409,12 +409,21 @@ func (a *Allocator) confirmHeld(ctx context.Context, owner Owner, picks []*pick)
 // order, the first that is not full. It fails with a *FullError naming the ready
 // ranges, and saying how to add one, when every one is full.
 func (a *Allocator) pickIP(t *table, f Family) (*pick, error) {
-	ready := t.ready[famIndex(f == IPv4)]
-	for _, r := range ready {
+	fi := famIndex(f == IPv4)
+	ready, cursor := t.ready[fi], &t.cursor[fi]
+	from := int(cursor.Load())
+	for n := range len(ready) {
+		// From the cursor to the end, then the ranges before it (a reservation given
+		// back may have left room there): every ready range before a FullError.
+		i := (from + n) % len(ready)
+		r := ready[i]
 		if r.Full() {
 			continue
 		}
 		if off, ok := r.Pick(); ok {
+			if i > from {
+				cursor.CompareAndSwap(int32(from), int32(i))
+			}
 			it := r.item(off)
 			return &pick{r: r, off: off, item: it, key: a.key(it), pending: true, guard: r.guard}, nil
 		}

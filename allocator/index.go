@@ -253,7 +253,13 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 			continue
 		}
 		put := ev.Type == mvccpb.PUT
-		a.eachRange(a.tab.Load(), it, func(r *rng, off uint64) { r.SetUsed(off, put) })
+		t := a.tab.Load()
+		a.eachRange(t, it, func(r *rng, off uint64) {
+			r.SetUsed(off, put)
+			if !put {
+				t.freed(r)
+			}
+		})
 	}
 	a.advance(evs[len(evs)-1].Kv.ModRevision)
 	return nil

@@ -29,6 +29,8 @@ type rng struct {
 	// allocation drawing from the range compares its key's revision.
 	refs  []cidrRef
 	guard *cidrRef
+	// readyIdx is the range's place in its table's ready list; -1 when not ready.
+	readyIdx int32
 
 	allocSpecific, allocDynamic prometheus.Counter
 }

@@ -417,3 +417,40 @@ func TestOverlappingCIDRs(t *testing.T) {
 		}
 	}
 }
+
+// TestAllocationOrder: the ranges fill in creation order, and an address released in
+// an earlier range is handed out before the later range's (the pick's cursor goes
+// back when the watch sees a release).
+func TestAllocationOrder(t *testing.T) {
+	e := etcdtest.New(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/29"))
+	ctx := etcdtest.Context(t)
+	if _, err := a.CreateServiceCIDR(ctx, "later", []string{"10.1.0.0/24"}); err != nil {
+		t.Fatal(err)
+	}
+	var first netip.Addr
+	for i := range 7 { // the /29's 5 free addresses, then the /24's
+		res, err := a.Allocate(ctx, Request{Owner: owner(fmt.Sprint("o", i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, want := res.ClusterIPs[0], netip.MustParsePrefix("10.0.0.0/29")
+		if i >= 5 {
+			want = netip.MustParsePrefix("10.1.0.0/24")
+		}
+		if !want.Contains(got) {
+			t.Fatalf("Allocate %d = %s; want an address of %s", i, got, want)
+		}
+		if i == 0 {
+			first = got
+		}
+	}
+	if _, _, err := a.Release(ctx, owner("o0"), []Item{IP(first)}, false); err != nil {
+		t.Fatal(err)
+	}
+	etcdtest.WaitFor(t, 5*time.Second, "the index to see the release", func() bool { return a.Free("10.0.0.0/29") == 1 })
+	res, err := a.Allocate(ctx, Request{Owner: owner("again")})
+	if err != nil || res.ClusterIPs[0] != first {
+		t.Errorf("Allocate after releasing %s = %+v, %v; want %s again (the earlier range first)", first, res, err, first)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/allocd/allocd/allocator/bitmap"
 )
@@ -35,8 +36,12 @@ type table struct {
 	ip       []*rng
 	byPrefix map[netip.Prefix]*rng
 	bits     [2][]int
-	// ready are the ready ranges of each family, in allocation order.
-	ready [2][]*rng
+	// ready are the ready ranges of each family, in allocation order; cursor is the
+	// first of them that may have room (the ones before it were full when a pick
+	// passed them, and no release in them was seen since), so that a pick does not
+	// look at a thousand full ranges each time.
+	ready  [2][]*rng
+	cursor [2]atomic.Int32
 	port  *rng
 	all   []*rng // ip, then port
 	cidrs map[string]ServiceCIDR
@@ -103,7 +108,9 @@ func buildTable(old *table, port *rng, cidrs []ServiceCIDR, newRange func(netip.
 		if !slices.Contains(t.bits[f], r.span.prefix.Bits()) {
 			t.bits[f] = append(t.bits[f], r.span.prefix.Bits())
 		}
+		r.readyIdx = -1
 		if r.guard != nil {
+			r.readyIdx = int32(len(t.ready[f]))
 			t.ready[f] = append(t.ready[f], r)
 		}
 	}
@@ -173,6 +180,20 @@ func (t *table) eachBlocker(cidrs []netip.Prefix, fn func(addr netip.Addr) bool)
 				more = fn(addr)
 			}
 		})
+	}
+}
+
+// freed records that r, a range of t, has room again: picks look at it first.
+func (t *table) freed(r *rng) {
+	if r.kind != KindClusterIP || r.readyIdx < 0 {
+		return
+	}
+	c := &t.cursor[famIndex(r.span.is4)]
+	for {
+		cur := c.Load()
+		if r.readyIdx >= cur || c.CompareAndSwap(cur, r.readyIdx) {
+			return
+		}
 	}
 }
 

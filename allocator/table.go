@@ -42,9 +42,9 @@ type table struct {
 	// look at a thousand full ranges each time.
 	ready  [2][]*rng
 	cursor [2]atomic.Int32
-	port  *rng
-	all   []*rng // ip, then port
-	cidrs map[string]ServiceCIDR
+	port   *rng
+	all    []*rng // ip, then port
+	cidrs  map[string]ServiceCIDR
 }
 
 func famIndex(is4 bool) int {

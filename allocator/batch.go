@@ -2,19 +2,16 @@ package allocator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/allocd/allocd/internal/badrequest"
+	"github.com/allocd/allocd/internal/etcdcall"
 )
 
 // maxConflicts bounds how often one request may find its own keys taken before it
@@ -87,29 +84,6 @@ type opResult struct {
 // error of unknown outcome.
 const txnAttempt = 2 * time.Second
 
-// baseAttempt bounds one read of the committer (read-backs, owner records): a read
-// that takes longer is tried again, through the next member.
-const baseAttempt = time.Second
-
-// outcomeUnknown reports whether a failed etcd call may have taken effect, or may
-// yet: a timeout, a lost connection, a leader that changed. Errors that say the
-// request was refused (invalid, too large, no space, not permitted) are definite.
-func outcomeUnknown(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return true
-	}
-	code := status.Code(err)
-	var ee rpctypes.EtcdError // what the etcd client makes of the server's errors
-	if errors.As(err, &ee) {
-		code = ee.Code()
-	}
-	switch code {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Unknown, codes.Aborted, codes.Internal:
-		return true
-	}
-	return false
-}
-
 // keys is how many keys the op's transaction touches: every pick (a held one is
 // compared, the others compared and put) and the owner record.
 func (o *op) keys() int { return 1 + len(o.picks) }
@@ -159,16 +133,21 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 	}
 	cmps, puts := a.txnOps(live, now)
 	a.m.batch(len(live))
-	tctx, cancel := context.WithTimeout(ctx, txnAttempt)
-	resp, err := a.cli.Txn(tctx).If(cmps...).Then(puts...).Commit()
-	cancel()
+	var resp *clientv3.TxnResponse
+	err := etcdcall.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
+		resp, err = a.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+		return err
+	})
 	switch {
 	case err != nil:
-		// The outcome may be unknown (a timeout, a lost connection, a leader change):
-		// the transaction may commit later, even after a retry of it committed and was
-		// released. The callers learn it as such (a retry of the same request replays
-		// what committed); it is not retried here, where an acknowledgement could
-		// follow while it is still in flight.
+		// A transaction that etcd certainly did not apply (no member reached, no
+		// leader) was tried again through the next member for up to txnAttempt; the
+		// callers learn that it was not applied. Any other failure leaves the outcome
+		// unknown (a timeout, a lost connection, a leader change): the transaction may
+		// commit later, even after a retry of it committed and was released. The
+		// callers learn it as such (a retry of the same request replays what
+		// committed); it is not retried here, where an acknowledgement could follow
+		// while it is still in flight.
 		a.m.txn("error")
 		for _, o := range live {
 			o.fail(fmt.Errorf("allocation transaction: %w", err))
@@ -325,7 +304,8 @@ func (a *Allocator) readBack(ctx context.Context, live []*op, n int) []*op {
 	})
 	if err != nil {
 		for _, o := range live {
-			o.fail(fmt.Errorf("read back the allocations of a transaction: %w", err))
+			// The transaction's compares failed: nothing of the op was written.
+			o.fail(etcdcall.Unapplied(fmt.Errorf("read back the allocations of a transaction: %w", err)))
 		}
 		return nil
 	}

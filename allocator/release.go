@@ -9,6 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/badrequest"
+	"github.com/allocd/allocd/internal/etcdcall"
 )
 
 // maxWriteRetries bounds the read-then-compare loops of Release, ReleaseIf and
@@ -80,7 +81,7 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 	if o.UID != "" {
 		recs, err := a.readRecords(ctx, []string{o.UID}, 0)
 		if err != nil {
-			return released{}, false, err
+			return released{}, false, etcdcall.Unapplied(err) // every earlier attempt's compares failed
 		}
 		mine = recs[o.UID]
 	}
@@ -103,7 +104,11 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 	if len(t.cmps) > maxTxnOps || len(t.writes) > maxTxnOps {
 		return released{}, true, badrequest.New("cluster_ips", "too many items and owners for one transaction")
 	}
-	resp, err := a.cli.Txn(ctx).If(t.cmps...).Then(t.writes...).Commit()
+	var resp *clientv3.TxnResponse
+	err := etcdcall.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
+		resp, err = a.cli.Txn(ctx).If(t.cmps...).Then(t.writes...).Commit()
+		return err
+	})
 	if err != nil {
 		return released{}, false, fmt.Errorf("release: %w", err)
 	}
@@ -126,7 +131,7 @@ func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, it
 	}
 	resp, err := a.cli.Txn(ctx).Then(gets...).Commit()
 	if err != nil {
-		return fmt.Errorf("read allocations: %w", err)
+		return etcdcall.Unapplied(fmt.Errorf("read allocations: %w", err))
 	}
 	for i, r := range resp.Responses {
 		kvs := r.GetResponseRange().Kvs
@@ -157,7 +162,7 @@ func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, it
 func (a *Allocator) releaseRecords(ctx context.Context, t *releaseTxn, o Owner, mine recordState, items []Item) error {
 	recs, err := a.readRecords(ctx, t.res.holders, 0)
 	if err != nil {
-		return err
+		return etcdcall.Unapplied(err)
 	}
 	if o.UID != "" {
 		recs[o.UID] = mine

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/allocd/allocd/internal/badrequest"
+	"github.com/allocd/allocd/internal/etcdcall"
 )
 
 // store is the allocator's etcd layer: the keys (see the package doc's Storage), the
@@ -138,19 +140,10 @@ func (s *store) get(ctx context.Context, key string, opts ...clientv3.OpOption) 
 	return resp, err
 }
 
-// retryRead runs read up to three times, each attempt bounded by baseAttempt, while
-// it fails in a way a stalled member or an election explains.
+// retryRead runs read up to three times, each attempt bounded by a second, while it
+// fails in a way a stalled member or an election explains (etcdcall.Read).
 func retryRead(ctx context.Context, read func(ctx context.Context) error) error {
-	var err error
-	for range 3 {
-		actx, cancel := context.WithTimeout(ctx, baseAttempt)
-		err = read(actx)
-		cancel()
-		if err == nil || ctx.Err() != nil || !outcomeUnknown(err) {
-			break
-		}
-	}
-	return err
+	return etcdcall.Read(ctx, time.Second, 3, read)
 }
 
 // recordState is an owner record as read, with what compares it.

@@ -20,6 +20,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/allocd/allocd/internal/etcdcall"
 	"github.com/allocd/allocd/internal/etcdwatch"
 )
 
@@ -34,6 +35,12 @@ const (
 
 	// maxAttempts bounds the compare-and-swap retries of Renew and Remove.
 	maxAttempts = 8
+	// readAttempt bounds one try of a read (tried three times, through the next
+	// member), writeAttempt one write (tried again only while etcd certainly did not
+	// apply it): etcd answers in milliseconds, and a call that takes longer waits in a
+	// stalled member or for an election.
+	readAttempt  = time.Second
+	writeAttempt = 2 * time.Second
 	// timeToLiveParallel bounds the TimeToLive calls in flight for one list.
 	timeToLiveParallel = 16
 	// shutdownName is the key, under the prefix, that RemoveLease with shutdown set
@@ -262,10 +269,22 @@ func (m *Manager) Renew(ctx context.Context, ip string, ttlSeconds int64) (Lease
 	return l, nil
 }
 
-func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (Lease, string, error) {
+func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (_ Lease, _ string, err error) {
 	key := m.key(addr)
+	// A keep-alive extends the lease's TTL: once one was sent, a failure of the call
+	// does not mean that nothing changed.
+	refreshed := false
+	defer func() {
+		if refreshed {
+			err = etcdcall.MayHaveApplied(err)
+		}
+	}()
 	for range maxAttempts {
-		get, err := m.cli.Get(ctx, key)
+		var get *clientv3.GetResponse
+		err := etcdcall.Read(ctx, readAttempt, 3, func(ctx context.Context) (err error) {
+			get, err = m.cli.Get(ctx, key)
+			return err
+		})
 		if err != nil {
 			return Lease{}, "", fmt.Errorf("masterlease: read %s: %w", key, err)
 		}
@@ -276,13 +295,22 @@ func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (Lease,
 		if cur != nil && cur.Lease != 0 && decode(cur.Value).TTLSeconds == ttl {
 			// Same TTL: keep the lease the key already has.
 			id := clientv3.LeaseID(cur.Lease)
-			ka, err := m.cli.KeepAliveOnce(ctx, id)
+			var ka *clientv3.LeaseKeepAliveResponse
+			refreshed = true
+			err := etcdcall.Read(ctx, readAttempt, 3, func(ctx context.Context) (err error) {
+				ka, err = m.cli.KeepAliveOnce(ctx, id) // a refresh: as safe to repeat as a read
+				return err
+			})
 			switch {
 			case err == nil:
-				resp, err := m.cli.Txn(ctx).
-					If(clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)).
-					Then(clientv3.OpPut(key, encode(ttl, ka.TTL), clientv3.WithLease(id))).
-					Commit()
+				var resp *clientv3.TxnResponse
+				err := etcdcall.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
+					resp, err = m.cli.Txn(ctx).
+						If(clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)).
+						Then(clientv3.OpPut(key, encode(ttl, ka.TTL), clientv3.WithLease(id))).
+						Commit()
+					return err
+				})
 				if err != nil {
 					return Lease{}, "", fmt.Errorf("masterlease: write %s: %w", key, err)
 				}
@@ -316,7 +344,11 @@ func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (Lease,
 // has no key and expires by itself within its TTL.
 func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyValue, ttl int64) (Lease, bool, error) {
 	key := m.key(addr)
-	g, err := m.cli.Grant(ctx, ttl)
+	var g *clientv3.LeaseGrantResponse
+	err := etcdcall.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
+		g, err = m.cli.Grant(ctx, ttl)
+		return err
+	})
 	if err != nil {
 		return Lease{}, false, fmt.Errorf("masterlease: grant lease for %s: %w", key, err)
 	}
@@ -324,9 +356,13 @@ func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyV
 	if cur != nil {
 		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)
 	}
-	resp, err := m.cli.Txn(ctx).If(cmp).
-		Then(clientv3.OpPut(key, encode(ttl, g.TTL), clientv3.WithLease(g.ID))).
-		Commit()
+	var resp *clientv3.TxnResponse
+	err = etcdcall.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
+		resp, err = m.cli.Txn(ctx).If(cmp).
+			Then(clientv3.OpPut(key, encode(ttl, g.TTL), clientv3.WithLease(g.ID))).
+			Commit()
+		return err
+	})
 	if err != nil {
 		// The outcome is unknown: the write may have committed and bound the key to
 		// g, so g is not revoked (that would delete the live key). If the write was

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -181,15 +182,21 @@ func (p *Progress) Wait(ctx context.Context, target int64, timeout time.Duration
 // Loop runs one list-and-watch session after another until ctx ends, then returns.
 // A session that ends while ctx lives is logged (what names it) and followed by the
 // next after a pause that doubles from 100 ms up to maxBackoff, and starts again from
-// 100 ms after a session that lasted longer than maxBackoff.
+// 100 ms after a session that lasted longer than maxBackoff. When ctx carries
+// Restarts (WithRestarts), a Fire ends the session and the next starts at once.
 func Loop(ctx context.Context, log *slog.Logger, what string, maxBackoff time.Duration, session func(ctx context.Context) error) {
 	const first = 100 * time.Millisecond
 	backoff := first
+	restarts, _ := ctx.Value(restartsKey{}).(*Restarts)
 	for {
 		start := time.Now()
-		err := session(ctx)
+		restarted, err := runSession(ctx, restarts, session)
 		if ctx.Err() != nil {
 			return
+		}
+		if restarted {
+			log.Info(what+" opened anew: an etcd member was left out", "err", err)
+			continue
 		}
 		if time.Since(start) > maxBackoff {
 			backoff = first
@@ -204,4 +211,61 @@ func Loop(ctx context.Context, log *slog.Logger, what string, maxBackoff time.Du
 		}
 		backoff = min(2*backoff, maxBackoff)
 	}
+}
+
+// runSession runs session with a context that a Fire of restarts (if any) cancels,
+// and reports whether one did.
+func runSession(ctx context.Context, restarts *Restarts, session func(ctx context.Context) error) (bool, error) {
+	if restarts == nil {
+		return false, session(ctx)
+	}
+	fired := restarts.C()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var restarted atomic.Bool
+	go func() {
+		select {
+		case <-fired:
+			restarted.Store(true)
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
+	err := session(sctx)
+	cancel()
+	return restarted.Load(), err
+}
+
+// Restarts tells every Loop whose context carries it to open its session anew: an
+// etcd member was left out of the client's endpoints (a member that stalls, a paused
+// process or a cut network, keeps its connections, and a watch it serves would stay
+// silent until the client's keepalive gives up on it, after 15 s).
+type Restarts struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// NewRestarts returns a Restarts.
+func NewRestarts() *Restarts { return &Restarts{ch: make(chan struct{})} }
+
+// Fire ends the current session of every Loop that carries r.
+func (r *Restarts) Fire() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	close(r.ch)
+	r.ch = make(chan struct{})
+}
+
+// C is closed by the next Fire.
+func (r *Restarts) C() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ch
+}
+
+type restartsKey struct{}
+
+// WithRestarts returns ctx carrying r, for the Loops run with it.
+func WithRestarts(ctx context.Context, r *Restarts) context.Context {
+	return context.WithValue(ctx, restartsKey{}, r)
 }

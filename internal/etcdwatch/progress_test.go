@@ -114,3 +114,38 @@ func TestLagging(t *testing.T) {
 		t.Fatal("Lagging after reaching every expected revision; want false")
 	}
 }
+
+// A Fire of the context's Restarts ends a watch session, and the next starts at once,
+// without the backoff that follows a session that failed.
+func TestLoopRestarts(t *testing.T) {
+	r := NewRestarts()
+	ctx, cancel := context.WithCancel(WithRestarts(context.Background(), r))
+	defer cancel()
+	started := make(chan time.Time, 10)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Loop(ctx, slog.New(slog.DiscardHandler), "test watch", time.Minute, func(ctx context.Context) error {
+			started <- time.Now()
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	<-started
+	// Without the restarts, the three sessions would follow backoffs of 100, 200 and
+	// 400 ms.
+	begin := time.Now()
+	for i := range 3 {
+		r.Fire()
+		select {
+		case <-started:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("restart %d: no new session 5 s after the Fire", i)
+		}
+	}
+	if d := time.Since(begin); d > 300*time.Millisecond {
+		t.Errorf("three restarts took %v; want them at once, without backoff", d)
+	}
+	cancel()
+	<-done
+}

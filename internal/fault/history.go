@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/allocd/allocd/client"
@@ -28,15 +29,15 @@ const (
 
 func (o outcome) String() string { return [...]string{"ok", "definite failure", "unknown"}[o] }
 
-// classify maps an error to an outcome: only the codes allocd answers before writing
-// anything are definite.
+// classify maps an error to an outcome: the codes allocd answers before writing
+// anything are definite, and so is an error that says nothing was applied (the call
+// never reached allocd, or etcd refused the write before proposing it). The checks
+// hold allocd to it: a definite failure that took effect is a violation.
 func classify(err error) outcome {
 	if err == nil {
 		return ok
 	}
-	switch status.Code(err) {
-	case codes.InvalidArgument, codes.AlreadyExists, codes.ResourceExhausted, codes.FailedPrecondition,
-		codes.NotFound, codes.Aborted:
+	if !client.OutcomeUnknown(err) {
 		return definite
 	}
 	return unknown
@@ -62,6 +63,7 @@ type op struct {
 	start, end time.Duration
 	outcome    outcome
 	err        string
+	msg        string // the error of a failed call, in full
 	replica    int
 	asked      []string // Allocate: the specific items asked for
 	holder     string   // ALREADY_EXISTS: the holder's uid, when allocd named it
@@ -91,6 +93,9 @@ func (h *history) record(o op, f func() ([]string, error)) op {
 		o.err = status.Code(err).String()
 		if errors.Is(err, context.DeadlineExceeded) {
 			o.err = "DeadlineExceeded"
+		}
+		if o.outcome != ok {
+			o.msg = err.Error()
 		}
 	}
 	if o.outcome == ok && items != nil {
@@ -293,6 +298,28 @@ func (h *history) summary(faults []window) string {
 	}
 	fmt.Fprintf(&b, "ok latency without faults: %s\n", pcts(outside))
 	fmt.Fprintf(&b, "ok latency during faults:  %s\n", pcts(in))
+	b.WriteString(unknownCauses(ops))
+	return b.String()
+}
+
+// unknownCauses lists the errors of unknown outcome by message (digits masked), the
+// most frequent first: what to work on to cut them.
+func unknownCauses(ops []op) string {
+	digits := regexp.MustCompile(`[0-9]+`)
+	counts := map[string]int{}
+	for _, o := range ops {
+		if o.outcome == unknown {
+			msg := digits.ReplaceAllString(o.msg, "N")
+			counts[msg[:min(len(msg), 160)]]++
+		}
+	}
+	msgs := slices.Collect(maps.Keys(counts))
+	slices.SortFunc(msgs, func(x, y string) int { return counts[y] - counts[x] })
+	var b strings.Builder
+	b.WriteString("errors of unknown outcome, most frequent first:\n")
+	for _, m := range msgs[:min(len(msgs), 12)] {
+		fmt.Fprintf(&b, "  %6d  %s\n", counts[m], m)
+	}
 	return b.String()
 }
 

@@ -210,7 +210,15 @@ func newProxy(t testing.TB, target string) (proxy.Server, string) {
 	to, _ := url.Parse(target)
 	from := url.URL{Scheme: "http", Host: freeAddr(t)}
 	px := proxy.NewServer(proxy.ServerConfig{Logger: zap.NewNop(), From: from, To: *to})
-	<-px.Ready()
+	// A proxy that cannot listen (its port taken meanwhile) reports it on Error and is
+	// never ready: seen once as a suite that hung before its faults began.
+	select {
+	case <-px.Ready():
+	case err := <-px.Error():
+		t.Fatalf("proxy %s to %s: %v", from.Host, target, err)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("proxy %s to %s: not ready after 10 s", from.Host, target)
+	}
 	// The proxy reports every accept, dial and copy error on a channel of 16 and
 	// blocks, accepting and copying nothing more, once it is full: drained, a member's
 	// restart or a reset listener cannot wedge the proxy for good.

@@ -193,7 +193,13 @@ func (m *Manager) load(ctx context.Context) (int64, error) {
 	return resp.Header.Revision, nil
 }
 
-// apply applies one watch response's events and reconciles the endpoints.
+// apply applies one watch response's events and reconciles the endpoints after each
+// revision. A response may carry the events of many revisions: etcd sends a watch that
+// starts behind its current revision (writes between load's list and the watch's
+// creation) everything it missed at once. Reconciling once, after the last, would skip
+// the states in between, and with them the guard's last non-empty endpoints (all of
+// them, when the batch goes from none to none). The events of one revision (one
+// transaction: a delete and its shutdown marker) are applied together.
 func (m *Manager) apply(evs []*clientv3.Event) {
 	if len(evs) == 0 {
 		return
@@ -201,42 +207,47 @@ func (m *Manager) apply(evs []*clientv3.Event) {
 	now := time.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var rev int64
-	for _, ev := range evs {
-		kv := ev.Kv
-		rev = max(rev, kv.ModRevision)
-		if string(kv.Key) == m.shutdownKey {
-			if a, err := netip.ParseAddr(string(kv.Value)); ev.Type == mvccpb.PUT && err == nil {
-				m.lastShut = removal{ip: a, rev: kv.ModRevision}
-			}
-			continue
-		}
-		addr, ok := m.parseKey(string(kv.Key))
-		if !ok {
-			continue
-		}
-		switch ev.Type {
-		case mvccpb.PUT:
-			ttl := decode(kv.Value).GrantedTTLSeconds
-			if prev, ok := m.leases[addr]; !ok || prev.id != clientv3.LeaseID(kv.Lease) {
-				// A new lease (a new API server, or a new TTL): one line. Plain
-				// renewals of the same lease are not logged: they come every TTL/3.
-				m.log.Info("master lease granted", "ip", addr, "lease", kv.Lease, "ttl_seconds", ttl, "revision", kv.ModRevision)
-			}
-			m.leases[addr] = leaseState{
-				id: clientv3.LeaseID(kv.Lease), ttl: ttl, modRev: kv.ModRevision,
-				expires: now.Add(time.Duration(ttl) * time.Second), renewed: now,
-			}
-		case mvccpb.DELETE:
-			// Expired (etcd revoked the lease) or removed: either way the API server
-			// leaves the endpoints.
-			m.log.Info("master lease gone", "ip", addr, "revision", kv.ModRevision)
-			delete(m.leases, addr)
-			m.lastDel = removal{ip: addr, rev: kv.ModRevision}
+	for i, ev := range evs {
+		m.applyEventLocked(ev, now)
+		if rev := ev.Kv.ModRevision; i == len(evs)-1 || evs[i+1].Kv.ModRevision != rev {
+			m.reconcileLocked(rev)
 		}
 	}
-	m.reconcileLocked(rev)
-	m.progress.Advance(rev)
+	m.progress.Advance(evs[len(evs)-1].Kv.ModRevision)
+}
+
+// applyEventLocked applies one watch event to the leases and the removal records.
+func (m *Manager) applyEventLocked(ev *clientv3.Event, now time.Time) {
+	kv := ev.Kv
+	if string(kv.Key) == m.shutdownKey {
+		if a, err := netip.ParseAddr(string(kv.Value)); ev.Type == mvccpb.PUT && err == nil {
+			m.lastShut = removal{ip: a, rev: kv.ModRevision}
+		}
+		return
+	}
+	addr, ok := m.parseKey(string(kv.Key))
+	if !ok {
+		return
+	}
+	switch ev.Type {
+	case mvccpb.PUT:
+		ttl := decode(kv.Value).GrantedTTLSeconds
+		if prev, ok := m.leases[addr]; !ok || prev.id != clientv3.LeaseID(kv.Lease) {
+			// A new lease (a new API server, or a new TTL): one line. Plain
+			// renewals of the same lease are not logged: they come every TTL/3.
+			m.log.Info("master lease granted", "ip", addr, "lease", kv.Lease, "ttl_seconds", ttl, "revision", kv.ModRevision)
+		}
+		m.leases[addr] = leaseState{
+			id: clientv3.LeaseID(kv.Lease), ttl: ttl, modRev: kv.ModRevision,
+			expires: now.Add(time.Duration(ttl) * time.Second), renewed: now,
+		}
+	case mvccpb.DELETE:
+		// Expired (etcd revoked the lease) or removed: either way the API server
+		// leaves the endpoints.
+		m.log.Info("master lease gone", "ip", addr, "revision", kv.ModRevision)
+		delete(m.leases, addr)
+		m.lastDel = removal{ip: addr, rev: kv.ModRevision}
+	}
 }
 
 // reconcileLocked derives the endpoints from the leases as of rev and publishes them

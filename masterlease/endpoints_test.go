@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/etcdtest"
@@ -71,6 +72,15 @@ func mustRemove(t *testing.T, ctx context.Context, m *Manager, ip string, shutdo
 	return rev
 }
 
+func mustEndpoints(t *testing.T, ctx context.Context, m *Manager) Endpoints {
+	t.Helper()
+	eps, err := m.Endpoints(ctx)
+	if err != nil {
+		t.Fatalf("Endpoints() = %v", err)
+	}
+	return eps
+}
+
 // TestWatchEndpoints checks the stream: the current state first, then one message per
 // change in order, none for renewals that change nothing, the guard when storage lists
 // no lease, and the shutdown exception, signalled by another replica.
@@ -88,6 +98,9 @@ func TestWatchEndpoints(t *testing.T) {
 	if initial.Revision == 0 {
 		t.Errorf("initial state revision = 0; want the revision read")
 	}
+	// The other replica lists storage before the first write too: one that listed it
+	// only after the last lease left would publish nothing, not the guard's B below.
+	checkAddrs(t, "other replica's initial state", mustEndpoints(t, ctx, other))
 
 	a := mustRenew(t, ctx, m, "10.0.0.2", 30)
 	got := r.next(t, wait)
@@ -118,11 +131,7 @@ func TestWatchEndpoints(t *testing.T) {
 	// Guard: the last lease removed without shutdown; the endpoints keep B.
 	mustRemove(t, ctx, other, "10.0.0.1", false)
 	for _, mm := range []*Manager{m, other} {
-		eps, err := mm.Endpoints(ctx)
-		if err != nil {
-			t.Fatalf("Endpoints() = %v", err)
-		}
-		checkAddrs(t, "Endpoints() with no lease in storage (guard)", eps, "10.0.0.1")
+		checkAddrs(t, "Endpoints() with no lease in storage (guard)", mustEndpoints(t, ctx, mm), "10.0.0.1")
 		if !mm.snapshot().guarded {
 			t.Errorf("guarded = false with no lease in storage; want true")
 		}
@@ -147,6 +156,104 @@ func TestWatchEndpoints(t *testing.T) {
 	case extra := <-r.ch:
 		t.Errorf("unexpected message %v", extra)
 	default:
+	}
+}
+
+// TestApplyBatch: one watch response may carry the events of many revisions (etcd sends
+// a watch that starts behind its current revision everything it missed at once); the
+// endpoints after it are those of applying the revisions one at a time: the guard keeps
+// the last non-empty state, not the one before the response, and the two events of a
+// shutdown removal's transaction count together.
+func TestApplyBatch(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.New(t)
+	put := func(ip string, rev int64) *clientv3.Event {
+		return &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte(testPrefix + ip),
+			Value: []byte(encode(30, 30)), ModRevision: rev, Lease: rev}}
+	}
+	del := func(ip string, rev int64) *clientv3.Event {
+		return &clientv3.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte(testPrefix + ip), ModRevision: rev}}
+	}
+	shut := func(ip string, rev int64) *clientv3.Event {
+		return &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte(testPrefix + shutdownName),
+			Value: []byte(ip), ModRevision: rev}}
+	}
+	tests := []struct {
+		name    string
+		before  []*clientv3.Event // applied one response per revision
+		batch   []*clientv3.Event // one response
+		want    []string
+		wantRev int64
+		guarded bool
+	}{
+		{"a lease comes and goes", nil,
+			[]*clientv3.Event{put("10.0.0.1", 2), del("10.0.0.1", 3)}, []string{"10.0.0.1"}, 2, true},
+		{"from none to none", nil, []*clientv3.Event{put("10.0.0.2", 2), put("10.0.0.1", 3),
+			del("10.0.0.2", 4), del("10.0.0.1", 5)}, []string{"10.0.0.1"}, 4, true},
+		{"kept: the last state, not the one before", []*clientv3.Event{put("10.0.0.2", 2)},
+			[]*clientv3.Event{put("10.0.0.1", 3), del("10.0.0.2", 4), del("10.0.0.1", 5)}, []string{"10.0.0.1"}, 4, true},
+		{"shutdown, then a lease that goes", []*clientv3.Event{put("10.0.0.3", 2)},
+			[]*clientv3.Event{del("10.0.0.3", 3), shut("10.0.0.3", 3), put("10.0.0.4", 4), del("10.0.0.4", 5)},
+			[]string{"10.0.0.4"}, 4, true},
+		{"shutdown in the batch", nil,
+			[]*clientv3.Event{put("10.0.0.3", 2), del("10.0.0.3", 3), shut("10.0.0.3", 3)}, nil, 3, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newStopped(t, e.Client)
+			for _, ev := range tt.before {
+				m.apply([]*clientv3.Event{ev})
+			}
+			m.apply(tt.batch)
+			checkAddrs(t, "endpoints", m.eps, tt.want...)
+			if m.eps.Revision != tt.wantRev || m.guarded != tt.guarded {
+				t.Errorf("revision, guarded = %d, %v; want %d, %v", m.eps.Revision, m.guarded, tt.wantRev, tt.guarded)
+			}
+			if last := tt.batch[len(tt.batch)-1].Kv.ModRevision; m.progress.Rev() != last {
+				t.Errorf("progress = %d; want %d", m.progress.Rev(), last)
+			}
+		})
+	}
+}
+
+// TestApplyCatchUp replays TestWatchEndpoints's writes as etcd sends them to a watch
+// opened behind its current revision (as Run's watch is when writes come between its
+// list and its creation): in one response. The guard keeps B, as with live events.
+func TestApplyCatchUp(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.New(t)
+	writer := start(t, e.Client)
+	m := newStopped(t, e.Client)
+	ctx := etcdtest.Context(t)
+	from, err := m.load(ctx)
+	if err != nil {
+		t.Fatalf("load() = %v", err)
+	}
+	mustRenew(t, ctx, writer, "10.0.0.2", 30)
+	mustRenew(t, ctx, writer, "10.0.0.1", 30)
+	mustRemove(t, ctx, writer, "10.0.0.2", false)
+	last := mustRemove(t, ctx, writer, "10.0.0.1", false)
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := e.Client.Watch(wctx, testPrefix, clientv3.WithPrefix(), clientv3.WithRev(from+1))
+	responses := 0
+	for m.progress.Rev() < last {
+		select {
+		case resp := <-wch:
+			if err := resp.Err(); err != nil {
+				t.Fatalf("watch: %v", err)
+			}
+			responses++
+			m.apply(resp.Events)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("watch at revision %d after 5s; want %d", m.progress.Rev(), last)
+		}
+	}
+	t.Logf("4 revisions in %d watch responses", responses)
+	checkAddrs(t, "endpoints with no lease in storage (guard)", m.eps, "10.0.0.1")
+	if !m.guarded {
+		t.Errorf("guarded = false with no lease in storage; want true")
 	}
 }
 

@@ -7,7 +7,9 @@
 #   docker run --rm allocd --etcd-servers http://etcd:2379 --grpc-address 0.0.0.0:8080
 #
 # The health check asks the gRPC health service (grpc.health.v1) of the allocd in the
-# container: `allocd health` exits 0 when it answers SERVING.
+# container: `allocd health` exits 0 when it answers SERVING. With TLS (--tls-cert-file),
+# override it with `allocd health --tls-ca-file CA` (docker-compose.yml does); health
+# needs no client certificate.
 
 ARG GO_VERSION=1.26
 

@@ -24,7 +24,20 @@ type AllocatorService struct {
 	allocdv1.UnimplementedAllocatorServiceServer
 	a   *allocator.Allocator
 	log *slog.Logger
+	// forceOnlyByRPC refuses Release with force: see RequireForceRelease.
+	forceOnlyByRPC bool
 }
+
+// ErrForceReleaseRequired is the error of a Release with force after
+// RequireForceRelease. It maps to PERMISSION_DENIED, reason FORCE_RELEASE_REQUIRED.
+var ErrForceReleaseRequired = errors.New("release with force is refused while authorization is on: " +
+	"call allocd.v1.AllocatorService/ForceRelease, which the authorization policy grants apart from Release")
+
+// RequireForceRelease makes Release refuse force (ErrForceReleaseRequired), so that
+// forced releases go through ForceRelease alone: an authorization policy sees the
+// method, not the request, and must be able to grant Release without granting forced
+// releases. Call it before serving.
+func (s *AllocatorService) RequireForceRelease() { s.forceOnlyByRPC = true }
 
 // NewAllocatorService returns the service; log may be nil.
 func NewAllocatorService(a *allocator.Allocator, log *slog.Logger) *AllocatorService {
@@ -91,13 +104,31 @@ func (s *AllocatorService) Allocate(ctx context.Context, req *allocdv1.AllocateR
 
 // Release implements allocdv1.AllocatorServiceServer.
 func (s *AllocatorService) Release(ctx context.Context, req *allocdv1.ReleaseRequest) (*allocdv1.ReleaseResponse, error) {
+	if req.GetForce() && s.forceOnlyByRPC {
+		return nil, Status(ErrForceReleaseRequired)
+	}
+	out, err := s.release(ctx, req.GetOwner(), req.GetClusterIps(), req.GetNodePorts(), req.GetForce())
+	if err != nil {
+		return nil, err
+	}
+	return &allocdv1.ReleaseResponse{ReleasedClusterIps: out.ReleasedClusterIps, ReleasedNodePorts: out.ReleasedNodePorts,
+		Revision: out.Revision}, nil
+}
+
+// ForceRelease implements allocdv1.AllocatorServiceServer: Release with force.
+func (s *AllocatorService) ForceRelease(ctx context.Context, req *allocdv1.ForceReleaseRequest) (*allocdv1.ForceReleaseResponse, error) {
+	return s.release(ctx, req.GetOwner(), req.GetClusterIps(), req.GetNodePorts(), true)
+}
+
+// release validates and runs a release for Release and ForceRelease.
+func (s *AllocatorService) release(ctx context.Context, owner *allocdv1.Owner, ips []string, ports []int32, force bool) (*allocdv1.ForceReleaseResponse, error) {
 	inv := &InvalidError{}
-	o := validOwner(inv, req.GetOwner(), !req.GetForce())
+	o := validOwner(inv, owner, !force)
 	var items []allocator.Item
-	for _, ip := range parseIPs(inv, "cluster_ips", req.GetClusterIps()) {
+	for _, ip := range parseIPs(inv, "cluster_ips", ips) {
 		items = append(items, allocator.IP(ip))
 	}
-	for _, p := range parsePorts(inv, "node_ports", req.GetNodePorts()) {
+	for _, p := range parsePorts(inv, "node_ports", ports) {
 		items = append(items, allocator.Port(p))
 	}
 	if len(items) > allocator.MaxItems {
@@ -109,11 +140,11 @@ func (s *AllocatorService) Release(ctx context.Context, req *allocdv1.ReleaseReq
 	if err := inv.OrNil(); err != nil {
 		return nil, Status(err)
 	}
-	released, rev, err := s.a.Release(ctx, o, items, req.GetForce())
+	released, rev, err := s.a.Release(ctx, o, items, force)
 	if err != nil {
 		return nil, Status(err)
 	}
-	out := &allocdv1.ReleaseResponse{Revision: rev}
+	out := &allocdv1.ForceReleaseResponse{Revision: rev}
 	for _, it := range released {
 		if it.Kind == allocator.KindClusterIP {
 			out.ReleasedClusterIps = append(out.ReleasedClusterIps, it.Addr.String())

@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/allocd/allocd/endpoints"
@@ -36,6 +37,12 @@ func NewEndpointsService(c *endpoints.Controller, rep *repair.Controller, log *s
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &EndpointsService{c: c, rep: rep, log: log}
+}
+
+// SetPeerCredentials makes the calls forwarded to the leader use creds, as
+// RepairService.SetPeerCredentials. Call it before serving.
+func (s *EndpointsService) SetPeerCredentials(creds credentials.TransportCredentials) {
+	s.conns.creds = creds
 }
 
 // Close closes the connections opened to forward calls to the leader.

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 )
@@ -14,6 +15,8 @@ import (
 // (a replica that is not the elected leader forwards the feeds and repair calls to the
 // one that is), by the leader's identity: its advertised gRPC address.
 type leaderConns struct {
+	// creds secure the connections (nil: plaintext); set before the first get.
+	creds credentials.TransportCredentials
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
 }
@@ -25,8 +28,12 @@ func (lc *leaderConns) get(leader string) (*grpc.ClientConn, error) {
 	if cc, ok := lc.conns[leader]; ok {
 		return cc, nil
 	}
+	creds := lc.creds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
 	cc, err := grpc.NewClient(leader,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvMsgSize), grpc.MaxCallSendMsgSize(MaxRecvMsgSize)))
 	if err != nil {
 		return nil, err

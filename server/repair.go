@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -64,6 +65,14 @@ func NewRepairService(c *repair.Controller, log *slog.Logger) *RepairService {
 // SetEndpoints makes the Service snapshots feed the Endpoints controller too (on the
 // leader): one Service feed serves repair and the controller. Call it before serving.
 func (s *RepairService) SetEndpoints(ec *endpoints.Controller) { s.ec = ec }
+
+// SetPeerCredentials makes the calls forwarded to the leader use creds (with TLS on,
+// the replica's own certificate as client certificate and the CA of the replicas';
+// the leader authorizes the replica's identity). Without it they are plaintext. Call
+// it before serving.
+func (s *RepairService) SetPeerCredentials(creds credentials.TransportCredentials) {
+	s.conns.creds = creds
+}
 
 // Close closes the connections opened to forward calls to the leader.
 func (s *RepairService) Close() error { return s.conns.close() }

@@ -72,14 +72,7 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	if err != nil {
 		return err
 	}
-	repairSvc := server.NewRepairService(rep, d.log)
-	repairSvc.SetEndpoints(ec)
-	endpointsSvc := server.NewEndpointsService(ec, rep, d.log)
-	d.closers = append(d.closers, repairSvc.Close, endpointsSvc.Close)
-	d.gates.endpoints.EndpointsServiceServer = endpointsSvc
-	d.gates.alloc.AllocatorServiceServer = server.NewAllocatorService(alloc, d.log)
-	d.gates.lease.LeaseServiceServer = server.NewLeaseService(leases, d.log)
-	d.gates.repair.RepairServiceServer = repairSvc
+	d.swapIn(alloc, leases, rep, ec)
 
 	// The lease manager runs under its own context, cancelled first at shutdown: its
 	// WatchEndpoints streams end with it, so that GracefulStop does not wait on them.
@@ -96,6 +89,28 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	d.group.Go(func() error { return rep.Run(runCtx) })
 	d.group.Go(func() error { masterToEndpoints(leaseCtx, leases, ec, d.log); return nil })
 	return nil
+}
+
+// swapIn builds the gRPC services over the parts, secured as d.sec says (the
+// credentials of calls forwarded to the leader; forced releases by ForceRelease alone
+// when calls are authorized), and swaps them in for the gates.
+func (d *Daemon) swapIn(alloc *allocator.Allocator, leases *masterlease.Manager, rep *repair.Controller, ec *endpoints.Controller) {
+	repairSvc := server.NewRepairService(rep, d.log)
+	repairSvc.SetEndpoints(ec)
+	endpointsSvc := server.NewEndpointsService(ec, rep, d.log)
+	if creds := d.sec.peerCredentials(); creds != nil {
+		repairSvc.SetPeerCredentials(creds)
+		endpointsSvc.SetPeerCredentials(creds)
+	}
+	d.closers = append(d.closers, repairSvc.Close, endpointsSvc.Close)
+	d.gates.endpoints.EndpointsServiceServer = endpointsSvc
+	allocSvc := server.NewAllocatorService(alloc, d.log)
+	if d.sec.authorizing() {
+		allocSvc.RequireForceRelease()
+	}
+	d.gates.alloc.AllocatorServiceServer = allocSvc
+	d.gates.lease.LeaseServiceServer = server.NewLeaseService(leases, d.log)
+	d.gates.repair.RepairServiceServer = repairSvc
 }
 
 // newAllocator builds the allocator of the configured ranges. It talks to an embedded

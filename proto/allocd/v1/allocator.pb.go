@@ -1109,6 +1109,135 @@ func (x *ReleaseResponse) GetRevision() int64 {
 	return 0
 }
 
+// ForceReleaseRequest frees allocations whoever holds them.
+type ForceReleaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// owner whose allocations are released when both lists are empty (uid required
+	// then); with addresses or ports named, it is not checked.
+	Owner *Owner `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	// cluster_ips to free.
+	ClusterIps []string `protobuf:"bytes,2,rep,name=cluster_ips,json=clusterIps,proto3" json:"cluster_ips,omitempty"`
+	// node_ports to free.
+	NodePorts     []int32 `protobuf:"varint,3,rep,packed,name=node_ports,json=nodePorts,proto3" json:"node_ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForceReleaseRequest) Reset() {
+	*x = ForceReleaseRequest{}
+	mi := &file_allocd_v1_allocator_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForceReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForceReleaseRequest) ProtoMessage() {}
+
+func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_allocator_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ForceReleaseRequest) GetOwner() *Owner {
+	if x != nil {
+		return x.Owner
+	}
+	return nil
+}
+
+func (x *ForceReleaseRequest) GetClusterIps() []string {
+	if x != nil {
+		return x.ClusterIps
+	}
+	return nil
+}
+
+func (x *ForceReleaseRequest) GetNodePorts() []int32 {
+	if x != nil {
+		return x.NodePorts
+	}
+	return nil
+}
+
+// ForceReleaseResponse is what was released.
+type ForceReleaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// released_cluster_ips were held and are now free.
+	ReleasedClusterIps []string `protobuf:"bytes,1,rep,name=released_cluster_ips,json=releasedClusterIps,proto3" json:"released_cluster_ips,omitempty"`
+	// released_node_ports were held and are now free.
+	ReleasedNodePorts []int32 `protobuf:"varint,2,rep,packed,name=released_node_ports,json=releasedNodePorts,proto3" json:"released_node_ports,omitempty"`
+	// revision is the etcd revision of the release (0 when nothing had to be written).
+	Revision      int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForceReleaseResponse) Reset() {
+	*x = ForceReleaseResponse{}
+	mi := &file_allocd_v1_allocator_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForceReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForceReleaseResponse) ProtoMessage() {}
+
+func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_allocator_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ForceReleaseResponse) GetReleasedClusterIps() []string {
+	if x != nil {
+		return x.ReleasedClusterIps
+	}
+	return nil
+}
+
+func (x *ForceReleaseResponse) GetReleasedNodePorts() []int32 {
+	if x != nil {
+		return x.ReleasedNodePorts
+	}
+	return nil
+}
+
+func (x *ForceReleaseResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 // GetAllocationRequest names one ClusterIP or one NodePort.
 type GetAllocationRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1125,7 +1254,7 @@ type GetAllocationRequest struct {
 
 func (x *GetAllocationRequest) Reset() {
 	*x = GetAllocationRequest{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[14]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1137,7 +1266,7 @@ func (x *GetAllocationRequest) String() string {
 func (*GetAllocationRequest) ProtoMessage() {}
 
 func (x *GetAllocationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[14]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1150,7 +1279,7 @@ func (x *GetAllocationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAllocationRequest.ProtoReflect.Descriptor instead.
 func (*GetAllocationRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{14}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetAllocationRequest) GetTarget() isGetAllocationRequest_Target {
@@ -1207,7 +1336,7 @@ type GetAllocationResponse struct {
 
 func (x *GetAllocationResponse) Reset() {
 	*x = GetAllocationResponse{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[15]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1348,7 @@ func (x *GetAllocationResponse) String() string {
 func (*GetAllocationResponse) ProtoMessage() {}
 
 func (x *GetAllocationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[15]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1361,7 @@ func (x *GetAllocationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAllocationResponse.ProtoReflect.Descriptor instead.
 func (*GetAllocationResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{15}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetAllocationResponse) GetAllocation() *Allocation {
@@ -1267,7 +1396,7 @@ type Allocation struct {
 
 func (x *Allocation) Reset() {
 	*x = Allocation{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[16]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1279,7 +1408,7 @@ func (x *Allocation) String() string {
 func (*Allocation) ProtoMessage() {}
 
 func (x *Allocation) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[16]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1292,7 +1421,7 @@ func (x *Allocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Allocation.ProtoReflect.Descriptor instead.
 func (*Allocation) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{16}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Allocation) GetRange() string {
@@ -1368,7 +1497,7 @@ type ListAllocationsRequest struct {
 
 func (x *ListAllocationsRequest) Reset() {
 	*x = ListAllocationsRequest{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[17]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1509,7 @@ func (x *ListAllocationsRequest) String() string {
 func (*ListAllocationsRequest) ProtoMessage() {}
 
 func (x *ListAllocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[17]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1522,7 @@ func (x *ListAllocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAllocationsRequest.ProtoReflect.Descriptor instead.
 func (*ListAllocationsRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{17}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListAllocationsRequest) GetRange() string {
@@ -1439,7 +1568,7 @@ type ListAllocationsResponse struct {
 
 func (x *ListAllocationsResponse) Reset() {
 	*x = ListAllocationsResponse{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[18]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1451,7 +1580,7 @@ func (x *ListAllocationsResponse) String() string {
 func (*ListAllocationsResponse) ProtoMessage() {}
 
 func (x *ListAllocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[18]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1464,7 +1593,7 @@ func (x *ListAllocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAllocationsResponse.ProtoReflect.Descriptor instead.
 func (*ListAllocationsResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{18}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListAllocationsResponse) GetAllocations() []*Allocation {
@@ -1497,7 +1626,7 @@ type ListRangesRequest struct {
 
 func (x *ListRangesRequest) Reset() {
 	*x = ListRangesRequest{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[19]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +1638,7 @@ func (x *ListRangesRequest) String() string {
 func (*ListRangesRequest) ProtoMessage() {}
 
 func (x *ListRangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[19]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +1651,7 @@ func (x *ListRangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRangesRequest.ProtoReflect.Descriptor instead.
 func (*ListRangesRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{19}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{21}
 }
 
 // ListRangesResponse lists every configured range.
@@ -1536,7 +1665,7 @@ type ListRangesResponse struct {
 
 func (x *ListRangesResponse) Reset() {
 	*x = ListRangesResponse{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[20]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1677,7 @@ func (x *ListRangesResponse) String() string {
 func (*ListRangesResponse) ProtoMessage() {}
 
 func (x *ListRangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[20]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1690,7 @@ func (x *ListRangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRangesResponse.ProtoReflect.Descriptor instead.
 func (*ListRangesResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{20}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListRangesResponse) GetRanges() []*Range {
@@ -1602,7 +1731,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[21]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1743,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[21]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1756,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{21}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Range) GetName() string {
@@ -1726,7 +1855,7 @@ type Band struct {
 
 func (x *Band) Reset() {
 	*x = Band{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[22]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +1867,7 @@ func (x *Band) String() string {
 func (*Band) ProtoMessage() {}
 
 func (x *Band) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[22]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +1880,7 @@ func (x *Band) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Band.ProtoReflect.Descriptor instead.
 func (*Band) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{22}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Band) GetFirst() string {
@@ -1854,6 +1983,16 @@ const file_allocd_v1_allocator_proto_rawDesc = "" +
 	"\x0fReleaseResponse\x120\n" +
 	"\x14released_cluster_ips\x18\x01 \x03(\tR\x12releasedClusterIps\x12.\n" +
 	"\x13released_node_ports\x18\x02 \x03(\x05R\x11releasedNodePorts\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\"}\n" +
+	"\x13ForceReleaseRequest\x12&\n" +
+	"\x05owner\x18\x01 \x01(\v2\x10.allocd.v1.OwnerR\x05owner\x12\x1f\n" +
+	"\vcluster_ips\x18\x02 \x03(\tR\n" +
+	"clusterIps\x12\x1d\n" +
+	"\n" +
+	"node_ports\x18\x03 \x03(\x05R\tnodePorts\"\x94\x01\n" +
+	"\x14ForceReleaseResponse\x120\n" +
+	"\x14released_cluster_ips\x18\x01 \x03(\tR\x12releasedClusterIps\x12.\n" +
+	"\x13released_node_ports\x18\x02 \x03(\x05R\x11releasedNodePorts\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x03R\brevision\"`\n" +
 	"\x14GetAllocationRequest\x12\x1f\n" +
 	"\n" +
@@ -1925,10 +2064,11 @@ const file_allocd_v1_allocator_proto_rawDesc = "" +
 	"\tRangeKind\x12\x1a\n" +
 	"\x16RANGE_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15RANGE_KIND_CLUSTER_IP\x10\x01\x12\x18\n" +
-	"\x14RANGE_KIND_NODE_PORT\x10\x022\x86\x06\n" +
+	"\x14RANGE_KIND_NODE_PORT\x10\x022\xd7\x06\n" +
 	"\x10AllocatorService\x12C\n" +
 	"\bAllocate\x12\x1a.allocd.v1.AllocateRequest\x1a\x1b.allocd.v1.AllocateResponse\x12@\n" +
-	"\aRelease\x12\x19.allocd.v1.ReleaseRequest\x1a\x1a.allocd.v1.ReleaseResponse\x12R\n" +
+	"\aRelease\x12\x19.allocd.v1.ReleaseRequest\x1a\x1a.allocd.v1.ReleaseResponse\x12O\n" +
+	"\fForceRelease\x12\x1e.allocd.v1.ForceReleaseRequest\x1a\x1f.allocd.v1.ForceReleaseResponse\x12R\n" +
 	"\rGetAllocation\x12\x1f.allocd.v1.GetAllocationRequest\x1a .allocd.v1.GetAllocationResponse\x12X\n" +
 	"\x0fListAllocations\x12!.allocd.v1.ListAllocationsRequest\x1a\".allocd.v1.ListAllocationsResponse\x12I\n" +
 	"\n" +
@@ -1951,7 +2091,7 @@ func file_allocd_v1_allocator_proto_rawDescGZIP() []byte {
 }
 
 var file_allocd_v1_allocator_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_allocd_v1_allocator_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_allocd_v1_allocator_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_allocd_v1_allocator_proto_goTypes = []any{
 	(ServiceCIDRState)(0),             // 0: allocd.v1.ServiceCIDRState
 	(IPFamily)(0),                     // 1: allocd.v1.IPFamily
@@ -1971,22 +2111,24 @@ var file_allocd_v1_allocator_proto_goTypes = []any{
 	(*AllocateResponse)(nil),          // 15: allocd.v1.AllocateResponse
 	(*ReleaseRequest)(nil),            // 16: allocd.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),           // 17: allocd.v1.ReleaseResponse
-	(*GetAllocationRequest)(nil),      // 18: allocd.v1.GetAllocationRequest
-	(*GetAllocationResponse)(nil),     // 19: allocd.v1.GetAllocationResponse
-	(*Allocation)(nil),                // 20: allocd.v1.Allocation
-	(*ListAllocationsRequest)(nil),    // 21: allocd.v1.ListAllocationsRequest
-	(*ListAllocationsResponse)(nil),   // 22: allocd.v1.ListAllocationsResponse
-	(*ListRangesRequest)(nil),         // 23: allocd.v1.ListRangesRequest
-	(*ListRangesResponse)(nil),        // 24: allocd.v1.ListRangesResponse
-	(*Range)(nil),                     // 25: allocd.v1.Range
-	(*Band)(nil),                      // 26: allocd.v1.Band
-	(*timestamppb.Timestamp)(nil),     // 27: google.protobuf.Timestamp
+	(*ForceReleaseRequest)(nil),       // 18: allocd.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),      // 19: allocd.v1.ForceReleaseResponse
+	(*GetAllocationRequest)(nil),      // 20: allocd.v1.GetAllocationRequest
+	(*GetAllocationResponse)(nil),     // 21: allocd.v1.GetAllocationResponse
+	(*Allocation)(nil),                // 22: allocd.v1.Allocation
+	(*ListAllocationsRequest)(nil),    // 23: allocd.v1.ListAllocationsRequest
+	(*ListAllocationsResponse)(nil),   // 24: allocd.v1.ListAllocationsResponse
+	(*ListRangesRequest)(nil),         // 25: allocd.v1.ListRangesRequest
+	(*ListRangesResponse)(nil),        // 26: allocd.v1.ListRangesResponse
+	(*Range)(nil),                     // 27: allocd.v1.Range
+	(*Band)(nil),                      // 28: allocd.v1.Band
+	(*timestamppb.Timestamp)(nil),     // 29: google.protobuf.Timestamp
 }
 var file_allocd_v1_allocator_proto_depIdxs = []int32{
 	0,  // 0: allocd.v1.ServiceCIDR.state:type_name -> allocd.v1.ServiceCIDRState
-	27, // 1: allocd.v1.ServiceCIDR.create_time:type_name -> google.protobuf.Timestamp
-	27, // 2: allocd.v1.ServiceCIDR.delete_time:type_name -> google.protobuf.Timestamp
-	20, // 3: allocd.v1.ServiceCIDR.blocking_sample:type_name -> allocd.v1.Allocation
+	29, // 1: allocd.v1.ServiceCIDR.create_time:type_name -> google.protobuf.Timestamp
+	29, // 2: allocd.v1.ServiceCIDR.delete_time:type_name -> google.protobuf.Timestamp
+	22, // 3: allocd.v1.ServiceCIDR.blocking_sample:type_name -> allocd.v1.Allocation
 	4,  // 4: allocd.v1.CreateServiceCIDRResponse.service_cidr:type_name -> allocd.v1.ServiceCIDR
 	4,  // 5: allocd.v1.GetServiceCIDRResponse.service_cidr:type_name -> allocd.v1.ServiceCIDR
 	4,  // 6: allocd.v1.ListServiceCIDRsResponse.service_cidrs:type_name -> allocd.v1.ServiceCIDR
@@ -1995,39 +2137,42 @@ var file_allocd_v1_allocator_proto_depIdxs = []int32{
 	1,  // 9: allocd.v1.AllocateRequest.ip_families:type_name -> allocd.v1.IPFamily
 	2,  // 10: allocd.v1.AllocateRequest.ip_family_policy:type_name -> allocd.v1.IPFamilyPolicy
 	13, // 11: allocd.v1.ReleaseRequest.owner:type_name -> allocd.v1.Owner
-	20, // 12: allocd.v1.GetAllocationResponse.allocation:type_name -> allocd.v1.Allocation
-	13, // 13: allocd.v1.Allocation.owner:type_name -> allocd.v1.Owner
-	27, // 14: allocd.v1.Allocation.allocate_time:type_name -> google.protobuf.Timestamp
-	20, // 15: allocd.v1.ListAllocationsResponse.allocations:type_name -> allocd.v1.Allocation
-	25, // 16: allocd.v1.ListRangesResponse.ranges:type_name -> allocd.v1.Range
-	3,  // 17: allocd.v1.Range.kind:type_name -> allocd.v1.RangeKind
-	1,  // 18: allocd.v1.Range.family:type_name -> allocd.v1.IPFamily
-	26, // 19: allocd.v1.Range.static_band:type_name -> allocd.v1.Band
-	26, // 20: allocd.v1.Range.dynamic_band:type_name -> allocd.v1.Band
-	0,  // 21: allocd.v1.Range.state:type_name -> allocd.v1.ServiceCIDRState
-	14, // 22: allocd.v1.AllocatorService.Allocate:input_type -> allocd.v1.AllocateRequest
-	16, // 23: allocd.v1.AllocatorService.Release:input_type -> allocd.v1.ReleaseRequest
-	18, // 24: allocd.v1.AllocatorService.GetAllocation:input_type -> allocd.v1.GetAllocationRequest
-	21, // 25: allocd.v1.AllocatorService.ListAllocations:input_type -> allocd.v1.ListAllocationsRequest
-	23, // 26: allocd.v1.AllocatorService.ListRanges:input_type -> allocd.v1.ListRangesRequest
-	5,  // 27: allocd.v1.AllocatorService.CreateServiceCIDR:input_type -> allocd.v1.CreateServiceCIDRRequest
-	7,  // 28: allocd.v1.AllocatorService.GetServiceCIDR:input_type -> allocd.v1.GetServiceCIDRRequest
-	9,  // 29: allocd.v1.AllocatorService.ListServiceCIDRs:input_type -> allocd.v1.ListServiceCIDRsRequest
-	11, // 30: allocd.v1.AllocatorService.DeleteServiceCIDR:input_type -> allocd.v1.DeleteServiceCIDRRequest
-	15, // 31: allocd.v1.AllocatorService.Allocate:output_type -> allocd.v1.AllocateResponse
-	17, // 32: allocd.v1.AllocatorService.Release:output_type -> allocd.v1.ReleaseResponse
-	19, // 33: allocd.v1.AllocatorService.GetAllocation:output_type -> allocd.v1.GetAllocationResponse
-	22, // 34: allocd.v1.AllocatorService.ListAllocations:output_type -> allocd.v1.ListAllocationsResponse
-	24, // 35: allocd.v1.AllocatorService.ListRanges:output_type -> allocd.v1.ListRangesResponse
-	6,  // 36: allocd.v1.AllocatorService.CreateServiceCIDR:output_type -> allocd.v1.CreateServiceCIDRResponse
-	8,  // 37: allocd.v1.AllocatorService.GetServiceCIDR:output_type -> allocd.v1.GetServiceCIDRResponse
-	10, // 38: allocd.v1.AllocatorService.ListServiceCIDRs:output_type -> allocd.v1.ListServiceCIDRsResponse
-	12, // 39: allocd.v1.AllocatorService.DeleteServiceCIDR:output_type -> allocd.v1.DeleteServiceCIDRResponse
-	31, // [31:40] is the sub-list for method output_type
-	22, // [22:31] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	13, // 12: allocd.v1.ForceReleaseRequest.owner:type_name -> allocd.v1.Owner
+	22, // 13: allocd.v1.GetAllocationResponse.allocation:type_name -> allocd.v1.Allocation
+	13, // 14: allocd.v1.Allocation.owner:type_name -> allocd.v1.Owner
+	29, // 15: allocd.v1.Allocation.allocate_time:type_name -> google.protobuf.Timestamp
+	22, // 16: allocd.v1.ListAllocationsResponse.allocations:type_name -> allocd.v1.Allocation
+	27, // 17: allocd.v1.ListRangesResponse.ranges:type_name -> allocd.v1.Range
+	3,  // 18: allocd.v1.Range.kind:type_name -> allocd.v1.RangeKind
+	1,  // 19: allocd.v1.Range.family:type_name -> allocd.v1.IPFamily
+	28, // 20: allocd.v1.Range.static_band:type_name -> allocd.v1.Band
+	28, // 21: allocd.v1.Range.dynamic_band:type_name -> allocd.v1.Band
+	0,  // 22: allocd.v1.Range.state:type_name -> allocd.v1.ServiceCIDRState
+	14, // 23: allocd.v1.AllocatorService.Allocate:input_type -> allocd.v1.AllocateRequest
+	16, // 24: allocd.v1.AllocatorService.Release:input_type -> allocd.v1.ReleaseRequest
+	18, // 25: allocd.v1.AllocatorService.ForceRelease:input_type -> allocd.v1.ForceReleaseRequest
+	20, // 26: allocd.v1.AllocatorService.GetAllocation:input_type -> allocd.v1.GetAllocationRequest
+	23, // 27: allocd.v1.AllocatorService.ListAllocations:input_type -> allocd.v1.ListAllocationsRequest
+	25, // 28: allocd.v1.AllocatorService.ListRanges:input_type -> allocd.v1.ListRangesRequest
+	5,  // 29: allocd.v1.AllocatorService.CreateServiceCIDR:input_type -> allocd.v1.CreateServiceCIDRRequest
+	7,  // 30: allocd.v1.AllocatorService.GetServiceCIDR:input_type -> allocd.v1.GetServiceCIDRRequest
+	9,  // 31: allocd.v1.AllocatorService.ListServiceCIDRs:input_type -> allocd.v1.ListServiceCIDRsRequest
+	11, // 32: allocd.v1.AllocatorService.DeleteServiceCIDR:input_type -> allocd.v1.DeleteServiceCIDRRequest
+	15, // 33: allocd.v1.AllocatorService.Allocate:output_type -> allocd.v1.AllocateResponse
+	17, // 34: allocd.v1.AllocatorService.Release:output_type -> allocd.v1.ReleaseResponse
+	19, // 35: allocd.v1.AllocatorService.ForceRelease:output_type -> allocd.v1.ForceReleaseResponse
+	21, // 36: allocd.v1.AllocatorService.GetAllocation:output_type -> allocd.v1.GetAllocationResponse
+	24, // 37: allocd.v1.AllocatorService.ListAllocations:output_type -> allocd.v1.ListAllocationsResponse
+	26, // 38: allocd.v1.AllocatorService.ListRanges:output_type -> allocd.v1.ListRangesResponse
+	6,  // 39: allocd.v1.AllocatorService.CreateServiceCIDR:output_type -> allocd.v1.CreateServiceCIDRResponse
+	8,  // 40: allocd.v1.AllocatorService.GetServiceCIDR:output_type -> allocd.v1.GetServiceCIDRResponse
+	10, // 41: allocd.v1.AllocatorService.ListServiceCIDRs:output_type -> allocd.v1.ListServiceCIDRsResponse
+	12, // 42: allocd.v1.AllocatorService.DeleteServiceCIDR:output_type -> allocd.v1.DeleteServiceCIDRResponse
+	33, // [33:43] is the sub-list for method output_type
+	23, // [23:33] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_allocd_v1_allocator_proto_init() }
@@ -2035,7 +2180,7 @@ func file_allocd_v1_allocator_proto_init() {
 	if File_allocd_v1_allocator_proto != nil {
 		return
 	}
-	file_allocd_v1_allocator_proto_msgTypes[14].OneofWrappers = []any{
+	file_allocd_v1_allocator_proto_msgTypes[16].OneofWrappers = []any{
 		(*GetAllocationRequest_ClusterIp)(nil),
 		(*GetAllocationRequest_NodePort)(nil),
 	}
@@ -2045,7 +2190,7 @@ func file_allocd_v1_allocator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allocd_v1_allocator_proto_rawDesc), len(file_allocd_v1_allocator_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	AllocatorService_Allocate_FullMethodName          = "/allocd.v1.AllocatorService/Allocate"
 	AllocatorService_Release_FullMethodName           = "/allocd.v1.AllocatorService/Release"
+	AllocatorService_ForceRelease_FullMethodName      = "/allocd.v1.AllocatorService/ForceRelease"
 	AllocatorService_GetAllocation_FullMethodName     = "/allocd.v1.AllocatorService/GetAllocation"
 	AllocatorService_ListAllocations_FullMethodName   = "/allocd.v1.AllocatorService/ListAllocations"
 	AllocatorService_ListRanges_FullMethodName        = "/allocd.v1.AllocatorService/ListRanges"
@@ -54,7 +55,15 @@ type AllocatorServiceClient interface {
 	// Release frees cluster_ips and node_ports of an owner, or all of the owner's
 	// allocations when both lists are empty. Releasing what is already free is not an
 	// error. Releasing what another owner holds is FAILED_PRECONDITION unless force is set.
+	// With authorization on (--authorization-policy-file or --client-ca-file), force is
+	// PERMISSION_DENIED: use ForceRelease, which a policy grants apart from Release.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// ForceRelease frees cluster_ips and node_ports whoever holds them: Release with
+	// force, as an RPC of its own so that an authorization policy can grant it to
+	// operators without granting it to every caller of Release. With owner.uid set and
+	// both lists empty, it frees all of that owner's allocations. Releasing what is
+	// already free is not an error.
+	ForceRelease(ctx context.Context, in *ForceReleaseRequest, opts ...grpc.CallOption) (*ForceReleaseResponse, error)
 	// GetAllocation tells who holds one ClusterIP or NodePort, since when and at which
 	// etcd revision. NOT_FOUND when it is free.
 	GetAllocation(ctx context.Context, in *GetAllocationRequest, opts ...grpc.CallOption) (*GetAllocationResponse, error)
@@ -109,6 +118,16 @@ func (c *allocatorServiceClient) Release(ctx context.Context, in *ReleaseRequest
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ReleaseResponse)
 	err := c.cc.Invoke(ctx, AllocatorService_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *allocatorServiceClient) ForceRelease(ctx context.Context, in *ForceReleaseRequest, opts ...grpc.CallOption) (*ForceReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForceReleaseResponse)
+	err := c.cc.Invoke(ctx, AllocatorService_ForceRelease_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +228,15 @@ type AllocatorServiceServer interface {
 	// Release frees cluster_ips and node_ports of an owner, or all of the owner's
 	// allocations when both lists are empty. Releasing what is already free is not an
 	// error. Releasing what another owner holds is FAILED_PRECONDITION unless force is set.
+	// With authorization on (--authorization-policy-file or --client-ca-file), force is
+	// PERMISSION_DENIED: use ForceRelease, which a policy grants apart from Release.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// ForceRelease frees cluster_ips and node_ports whoever holds them: Release with
+	// force, as an RPC of its own so that an authorization policy can grant it to
+	// operators without granting it to every caller of Release. With owner.uid set and
+	// both lists empty, it frees all of that owner's allocations. Releasing what is
+	// already free is not an error.
+	ForceRelease(context.Context, *ForceReleaseRequest) (*ForceReleaseResponse, error)
 	// GetAllocation tells who holds one ClusterIP or NodePort, since when and at which
 	// etcd revision. NOT_FOUND when it is free.
 	GetAllocation(context.Context, *GetAllocationRequest) (*GetAllocationResponse, error)
@@ -255,6 +282,9 @@ func (UnimplementedAllocatorServiceServer) Allocate(context.Context, *AllocateRe
 }
 func (UnimplementedAllocatorServiceServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedAllocatorServiceServer) ForceRelease(context.Context, *ForceReleaseRequest) (*ForceReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForceRelease not implemented")
 }
 func (UnimplementedAllocatorServiceServer) GetAllocation(context.Context, *GetAllocationRequest) (*GetAllocationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetAllocation not implemented")
@@ -330,6 +360,24 @@ func _AllocatorService_Release_Handler(srv interface{}, ctx context.Context, dec
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AllocatorServiceServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AllocatorService_ForceRelease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForceReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AllocatorServiceServer).ForceRelease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AllocatorService_ForceRelease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AllocatorServiceServer).ForceRelease(ctx, req.(*ForceReleaseRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -474,6 +522,10 @@ var AllocatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _AllocatorService_Release_Handler,
+		},
+		{
+			MethodName: "ForceRelease",
+			Handler:    _AllocatorService_ForceRelease_Handler,
 		},
 		{
 			MethodName: "GetAllocation",

@@ -25,8 +25,8 @@ const (
 // carries (domain "allocd.io"), as google.api.ErrorReason is for Google's APIs: the
 // reason sent is the value's name, and the gRPC code it comes with is given here. A
 // client branches on the code first and on the reason where one code has several
-// meanings (FAILED_PRECONDITION, UNAVAILABLE). The metadata keys named are sent with
-// the reason.
+// meanings (FAILED_PRECONDITION, UNAVAILABLE, RESOURCE_EXHAUSTED: RANGE_FULL or
+// ETCD_NO_SPACE). The metadata keys named are sent with the reason.
 type ErrorReason int32
 
 const (
@@ -37,6 +37,8 @@ const (
 	ErrorReason_UNAVAILABLE ErrorReason = 1
 	// UNAVAILABLE: etcd did not answer (no member reachable, no leader, timeout). The
 	// outcome of a write is unknown: retry the same request (Allocate is idempotent).
+	// Unless the metadata says outcome=not_applied: the write never reached etcd, or
+	// etcd refused it before proposing it, or the call failed before it wrote anything.
 	ErrorReason_ETCD_UNAVAILABLE ErrorReason = 2
 	// INVALID_ARGUMENT, with a BadRequest naming every bad field: nothing was applied.
 	ErrorReason_INVALID_ARGUMENT ErrorReason = 3
@@ -96,6 +98,16 @@ const (
 	// FAILED_PRECONDITION, with a PreconditionFailure: the address named lies only in
 	// terminating ServiceCIDRs, where nothing new is allocated. Metadata: item, cidrs.
 	ErrorReason_SERVICE_CIDR_TERMINATING ErrorReason = 25
+	// PERMISSION_DENIED: Release with force while authorization is on; ForceRelease is
+	// the RPC for it (an authorization policy grants it apart from Release).
+	ErrorReason_FORCE_RELEASE_REQUIRED ErrorReason = 26
+	// RESOURCE_EXHAUSTED, with a Help link: etcd is out of space (its NOSPACE alarm is
+	// raised: the database reached --quota-backend-bytes) and refuses every write; reads
+	// still work. The outcome of the write is unknown: etcd answers NOSPACE also for the
+	// write that filled it, after applying it. Retry the same request once an operator
+	// has freed space (compact, defragment) and disarmed the alarm. Metadata: alarm,
+	// outcome=unknown.
+	ErrorReason_ETCD_NO_SPACE ErrorReason = 27
 )
 
 // Enum value maps for ErrorReason.
@@ -127,6 +139,8 @@ var (
 		23: "SERVICE_CIDR_EXISTS",
 		24: "SERVICE_CIDR_NOT_FOUND",
 		25: "SERVICE_CIDR_TERMINATING",
+		26: "FORCE_RELEASE_REQUIRED",
+		27: "ETCD_NO_SPACE",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":     0,
@@ -155,6 +169,8 @@ var (
 		"SERVICE_CIDR_EXISTS":          23,
 		"SERVICE_CIDR_NOT_FOUND":       24,
 		"SERVICE_CIDR_TERMINATING":     25,
+		"FORCE_RELEASE_REQUIRED":       26,
+		"ETCD_NO_SPACE":                27,
 	}
 )
 
@@ -189,7 +205,7 @@ var File_allocd_v1_errors_proto protoreflect.FileDescriptor
 
 const file_allocd_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x16allocd/v1/errors.proto\x12\tallocd.v1*\xdf\x04\n" +
+	"\x16allocd/v1/errors.proto\x12\tallocd.v1*\x8e\x05\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vUNAVAILABLE\x10\x01\x12\x14\n" +
@@ -218,7 +234,9 @@ const file_allocd_v1_errors_proto_rawDesc = "" +
 	"\x1cENDPOINTS_LEADER_UNAVAILABLE\x10\x16\x12\x17\n" +
 	"\x13SERVICE_CIDR_EXISTS\x10\x17\x12\x1a\n" +
 	"\x16SERVICE_CIDR_NOT_FOUND\x10\x18\x12\x1c\n" +
-	"\x18SERVICE_CIDR_TERMINATING\x10\x19B3Z1github.com/allocd/allocd/proto/allocd/v1;allocdv1b\x06proto3"
+	"\x18SERVICE_CIDR_TERMINATING\x10\x19\x12\x1a\n" +
+	"\x16FORCE_RELEASE_REQUIRED\x10\x1a\x12\x11\n" +
+	"\rETCD_NO_SPACE\x10\x1bB3Z1github.com/allocd/allocd/proto/allocd/v1;allocdv1b\x06proto3"
 
 var (
 	file_allocd_v1_errors_proto_rawDescOnce sync.Once

@@ -1,0 +1,297 @@
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/authz"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/allocd/allocd/tlsfiles"
+)
+
+// clientCAPolicy is the authorization policy of --client-ca-file without
+// --authorization-policy-file: any caller with a verified client certificate (that
+// names something: a URI or DNS SAN, or a subject) may call everything; reflection is
+// open to everyone; grpc.health.v1 is never authorized (see healthMethods).
+const clientCAPolicy = `{
+  "name": "allocd-client-ca",
+  "allow_rules": [
+    {"name": "reflection", "request": {"paths": ["/grpc.reflection.v1.ServerReflection/*", "/grpc.reflection.v1alpha.ServerReflection/*"]}},
+    {"name": "client-certificates", "source": {"principals": ["*"]}}
+  ]
+}`
+
+// healthMethods are answered to every caller, authorized or not, with or without a
+// client certificate: probes and load balancers must reach them whatever the policy.
+const healthMethods = "/grpc.health.v1.Health/"
+
+// validateSecurity checks the TLS and authorization flags and reads their files.
+func (c *Config) validateSecurity() []error {
+	var errs []error
+	if (c.TLSCertFile == "") != (c.TLSPrivateKeyFile == "") {
+		errs = append(errs, errors.New("--tls-cert-file and --tls-private-key-file go together"))
+	} else if c.TLSCertFile != "" {
+		if _, err := tlsfiles.CheckKeyPair(c.TLSCertFile, c.TLSPrivateKeyFile); err != nil {
+			errs = append(errs, fmt.Errorf("--tls-cert-file/--tls-private-key-file: %w", err))
+		}
+	}
+	if c.ClientCAFile != "" {
+		if c.TLSCertFile == "" {
+			errs = append(errs, errors.New("--client-ca-file needs --tls-cert-file and --tls-private-key-file: client certificates are verified in the TLS handshake"))
+		} else if err := tlsfiles.CheckCA(c.ClientCAFile); err != nil {
+			errs = append(errs, fmt.Errorf("--client-ca-file: %w", err))
+		}
+	}
+	if c.AuthorizationPolicyFile != "" {
+		if c.ClientCAFile == "" {
+			errs = append(errs, errors.New("--authorization-policy-file needs --client-ca-file: the policy's principals are client certificate identities"))
+		}
+		if b, err := os.ReadFile(c.AuthorizationPolicyFile); err != nil {
+			errs = append(errs, fmt.Errorf("--authorization-policy-file: %w", err))
+		} else if _, err := authz.NewStatic(string(b)); err != nil {
+			errs = append(errs, fmt.Errorf("--authorization-policy-file %s: %w", c.AuthorizationPolicyFile, err))
+		}
+	}
+	if c.MetricsTLS && (c.TLSCertFile == "" || c.MetricsAddress == "") {
+		errs = append(errs, errors.New("--metrics-tls needs --tls-cert-file, --tls-private-key-file and --metrics-address"))
+	}
+	return errs
+}
+
+// authorizer is what authz.StaticInterceptor and authz.FileWatcherInterceptor have.
+type authorizer interface {
+	UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error)
+	StreamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error
+}
+
+// security is what the TLS and authorization flags make of allocd: the listeners'
+// certificates, the credentials replicas dial each other with, and the authorization
+// of calls. Its zero value is plaintext without authorization.
+type security struct {
+	server  *tlsfiles.Server // nil without --tls-cert-file
+	peer    *tlsfiles.Client // nil without --tls-cert-file
+	authz   authorizer       // nil without --client-ca-file
+	watcher *authz.FileWatcherInterceptor
+	log     *slog.Logger
+}
+
+// newSecurity starts reading the certificates and the policy of c; close stops it.
+func newSecurity(c Config, log *slog.Logger) (*security, error) {
+	s := &security{log: log}
+	if c.TLSCertFile == "" {
+		return s, nil
+	}
+	refresh := c.securityRefresh
+	if refresh <= 0 {
+		refresh = tlsfiles.DefaultRefresh
+	}
+	files := tlsfiles.Files{CertFile: c.TLSCertFile, KeyFile: c.TLSPrivateKeyFile, CAFile: c.ClientCAFile, Refresh: refresh}
+	var err error
+	if s.server, err = tlsfiles.NewServer(files); err != nil {
+		return nil, fmt.Errorf("--tls-cert-file/--tls-private-key-file/--client-ca-file: %w", err)
+	}
+	// Replicas present their own certificate to each other and verify the other's
+	// against the client CAs (the system roots without them).
+	if s.peer, err = tlsfiles.NewClient(files); err != nil {
+		s.close()
+		return nil, fmt.Errorf("--tls-cert-file/--tls-private-key-file/--client-ca-file: %w", err)
+	}
+	switch {
+	case c.AuthorizationPolicyFile != "":
+		s.watcher, err = authz.NewFileWatcherWithOptions(authz.FileWatcherOptions{
+			PolicyFile:      c.AuthorizationPolicyFile,
+			RefreshDuration: files.Refresh,
+			OnPolicyUpdate: func(string) {
+				log.Info("authorization policy loaded", "file", c.AuthorizationPolicyFile)
+			},
+		})
+		s.authz = s.watcher
+	case c.ClientCAFile != "":
+		s.authz, err = authz.NewStatic(clientCAPolicy)
+	}
+	if err != nil {
+		s.close()
+		return nil, fmt.Errorf("--authorization-policy-file %s: %w", c.AuthorizationPolicyFile, err)
+	}
+	warnSecurity(c, log)
+	return s, nil
+}
+
+// warnSecurity logs what the TLS flags leave open, and a replica certificate that
+// other replicas would refuse when it forwards calls to them.
+func warnSecurity(c Config, log *slog.Logger) {
+	switch {
+	case c.ClientCAFile == "":
+		log.Warn("TLS without --client-ca-file: any caller that reaches the port may call everything, forced releases included")
+		return
+	case c.AuthorizationPolicyFile == "":
+		log.Warn("--client-ca-file without --authorization-policy-file: any caller with a verified client certificate may call everything")
+	}
+	pair, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSPrivateKeyFile)
+	if err != nil || len(pair.Certificate) == 0 {
+		return // validateSecurity reported it
+	}
+	cert, err := x509.ParseCertificate(pair.Certificate[0])
+	caPEM, rerr := os.ReadFile(c.ClientCAFile)
+	if err != nil || rerr != nil {
+		return
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		log.Warn("--tls-cert-file is not a client certificate that --client-ca-file verifies: the other replicas will refuse the calls this one forwards to them (repair, feeds)",
+			"err", err)
+	}
+}
+
+// authorizing tells whether calls are authorized (then Release refuses force: see
+// server.AllocatorService.RequireForceRelease).
+func (s *security) authorizing() bool { return s.authz != nil }
+
+// serverOptions are the gRPC server's credentials and authorization interceptors.
+func (s *security) serverOptions() []grpc.ServerOption {
+	var opts []grpc.ServerOption
+	if s.server != nil {
+		opts = append(opts, grpc.Creds(s.server.Credentials()))
+	}
+	if s.authz != nil {
+		opts = append(opts, grpc.ChainUnaryInterceptor(s.authorizeUnary), grpc.ChainStreamInterceptor(s.authorizeStream),
+			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxConnectionAge, MaxConnectionAgeGrace: maxConnectionAgeGrace}))
+	}
+	return opts
+}
+
+// peerCredentials are the credentials of calls forwarded to another replica (nil:
+// plaintext).
+func (s *security) peerCredentials() credentials.TransportCredentials {
+	if s.peer == nil {
+		return nil
+	}
+	return s.peer.Credentials()
+}
+
+func (s *security) close() {
+	if s.watcher != nil {
+		s.watcher.Close()
+	}
+	if s.peer != nil {
+		s.peer.Close()
+	}
+	if s.server != nil {
+		s.server.Close()
+	}
+}
+
+// authorizeUnary asks the policy before the handler runs. The policy's interceptor
+// is run with a handler that does nothing, so that an error of the real handler is
+// never taken for a refusal.
+func (s *security) authorizeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if strings.HasPrefix(info.FullMethod, healthMethods) {
+		return h(ctx, req)
+	}
+	if err := expired(ctx, info.FullMethod); err != nil {
+		return nil, err
+	}
+	allow := func(context.Context, any) (any, error) { return nil, nil }
+	if _, err := s.authz.UnaryInterceptor(ctx, req, info, allow); err != nil {
+		return nil, s.refused(ctx, info.FullMethod, err)
+	}
+	return h(ctx, req)
+}
+
+func (s *security) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if strings.HasPrefix(info.FullMethod, healthMethods) {
+		return h(srv, ss)
+	}
+	if err := expired(ss.Context(), info.FullMethod); err != nil {
+		return err
+	}
+	allow := func(any, grpc.ServerStream) error { return nil }
+	if err := s.authz.StreamInterceptor(srv, ss, info, allow); err != nil {
+		return s.refused(ss.Context(), info.FullMethod, err)
+	}
+	return h(srv, ss)
+}
+
+// expired refuses a call whose client certificate expired after its connection was
+// made: the handshake checked it then, and a connection lives on (for at most
+// maxConnectionAge).
+func expired(ctx context.Context, method string) error {
+	if cert := peerCertificate(ctx); cert != nil && time.Now().After(cert.NotAfter) {
+		return status.Errorf(codes.Unauthenticated, "%s: the client certificate of %q expired at %s: connect again with a valid one",
+			method, identity(cert), cert.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// maxConnectionAge bounds a connection's life when calls are authorized, so that a
+// CA removed from --client-ca-file, or a tightened policy, also reaches the streams
+// (watches) opened before: they are cut after maxConnectionAgeGrace more, and their
+// clients connect again.
+const (
+	maxConnectionAge      = time.Hour
+	maxConnectionAgeGrace = time.Minute
+)
+
+// refused turns the policy's refusal into UNAUTHENTICATED for a caller without a
+// client certificate and PERMISSION_DENIED naming the identity for one with a
+// certificate the policy does not admit.
+func (s *security) refused(ctx context.Context, method string, err error) error {
+	if status.Code(err) != codes.PermissionDenied {
+		s.log.ErrorContext(ctx, "authorization failed", "method", method, "err", err)
+		return status.Error(codes.Internal, "authorization failed")
+	}
+	cert := peerCertificate(ctx)
+	if cert == nil {
+		s.log.DebugContext(ctx, "call without a client certificate refused", "method", method)
+		return status.Errorf(codes.Unauthenticated, "%s needs a client certificate signed by a CA of allocd's --client-ca-file "+
+			"(without one, only grpc.health.v1.Health and what the policy opens to everyone answer)", method)
+	}
+	id := identity(cert)
+	s.log.DebugContext(ctx, "call refused by the authorization policy", "method", method, "identity", id)
+	return status.Errorf(codes.PermissionDenied, "%s: the authorization policy does not allow %q to call it", method, id)
+}
+
+// peerCertificate is the verified client certificate of the call (nil: none).
+func peerCertificate(ctx context.Context) *x509.Certificate {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.PeerCertificates) == 0 {
+		return nil
+	}
+	return info.State.PeerCertificates[0]
+}
+
+// identity is what an authorization policy's principals are matched against, as
+// grpc-go's RBAC engine does (internal/xds/rbac authenticatedMatcher): the URI SANs if
+// the certificate has any, else its DNS SANs, else its subject (RFC 2253 string).
+// With several SANs of the kind, a principal matching any of them matches.
+func identity(cert *x509.Certificate) string {
+	switch {
+	case len(cert.URIs) > 0:
+		ids := make([]string, len(cert.URIs))
+		for i, u := range cert.URIs {
+			ids[i] = u.String()
+		}
+		return strings.Join(ids, ",")
+	case len(cert.DNSNames) > 0:
+		return strings.Join(cert.DNSNames, ",")
+	}
+	return cert.Subject.String()
+}

@@ -29,12 +29,13 @@ func statusErr(t *testing.T, c codes.Code, msg string, details ...protoadapt.Mes
 func TestMapErrorSentinels(t *testing.T) {
 	sentinels := []error{
 		ErrInvalid, ErrAlreadyAllocated, ErrFull, ErrNotFound, ErrNotOwner, ErrStaleSnapshot,
-		ErrFailedPrecondition, ErrUnavailable, ErrAborted, ErrUnimplemented,
+		ErrFailedPrecondition, ErrUnavailable, ErrAborted, ErrUnimplemented, ErrNoSpace,
 		context.Canceled, context.DeadlineExceeded,
 	}
 	notOwner := &errdetails.ErrorInfo{Reason: reasonNotOwner, Domain: "allocd.io"}
 	stale := &errdetails.ErrorInfo{Reason: reasonStaleSnapshot, Domain: "allocd.io"}
 	other := &errdetails.ErrorInfo{Reason: "NOT_LEADER", Domain: "allocd.io"}
+	noSpace := &errdetails.ErrorInfo{Reason: reasonNoSpace, Domain: "allocd.io"}
 	const (
 		allocate = allocdv1.AllocatorService_Allocate_FullMethodName
 		release  = allocdv1.AllocatorService_Release_FullMethodName
@@ -49,6 +50,7 @@ func TestMapErrorSentinels(t *testing.T) {
 		{allocate, statusErr(t, codes.InvalidArgument, "bad"), ErrInvalid},
 		{allocate, statusErr(t, codes.AlreadyExists, "held"), ErrAlreadyAllocated},
 		{allocate, statusErr(t, codes.ResourceExhausted, "full"), ErrFull},
+		{allocate, statusErr(t, codes.ResourceExhausted, "etcd out of space", noSpace), ErrNoSpace},
 		{allocate, statusErr(t, codes.NotFound, "free"), ErrNotFound},
 		{release, statusErr(t, codes.FailedPrecondition, "not yours"), ErrNotOwner},
 		{release, statusErr(t, codes.FailedPrecondition, "not yours", notOwner), ErrNotOwner},

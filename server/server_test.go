@@ -112,6 +112,7 @@ func TestStatus(t *testing.T) {
 		{"etcd leader changed", rpctypes.ErrLeaderChanged, codes.Unavailable},
 		{"etcd too many requests", rpctypes.ErrTooManyRequests, codes.Unavailable},
 		{"etcd request too large", rpctypes.ErrRequestTooLarge, codes.Internal},
+		{"etcd out of space", fmt.Errorf("allocation transaction: %w", rpctypes.ErrNoSpace), codes.ResourceExhausted},
 		{"status kept", status.Error(codes.NotFound, "gone"), codes.NotFound},
 		{"etcd connection broken", fmt.Errorf("read owner record: %w",
 			status.Error(codes.Internal, "stream terminated by RST_STREAM with error code: PROTOCOL_ERROR")), codes.Unavailable},

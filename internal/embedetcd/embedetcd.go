@@ -42,6 +42,10 @@ type Config struct {
 	// InitialCluster ("name=peerURL,...") and ClusterToken start a member of a new
 	// cluster of several (the fault suite's); empty: a cluster of this member alone.
 	InitialCluster, ClusterToken string
+	// QuotaBackendBytes is etcd's --quota-backend-bytes: the size the database file may
+	// reach before etcd raises the NOSPACE alarm and refuses writes; 0: etcd's default
+	// (2 GiB).
+	QuotaBackendBytes int64
 }
 
 // Start starts the member and returns once it serves clients, or with an error that
@@ -74,6 +78,7 @@ func Start(ctx context.Context, c Config) (*embed.Etcd, error) {
 		cfg.InitialCluster, cfg.InitialClusterToken = c.InitialCluster, c.ClusterToken
 	}
 	cfg.UnsafeNoFsync = c.UnsafeNoFsync
+	cfg.QuotaBackendBytes = c.QuotaBackendBytes
 	if c.TickMs > 0 {
 		cfg.TickMs = c.TickMs
 	}

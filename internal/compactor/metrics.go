@@ -1,0 +1,83 @@
+package compactor
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics of a Compactor.
+type metrics struct {
+	steps     *prometheus.CounterVec
+	compacted prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		steps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allocd_etcd_compaction_steps_total",
+			Help: "Compaction steps by result: compacted (this replica compacted), other_replica (another replica compacted since this one last looked: standing by), recorded (first step: nothing old enough yet), failed.",
+		}, []string{"result"}),
+		compacted: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "allocd_etcd_compacted_revision",
+			Help: "The etcd revision compacted last, by this replica or (as the compaction key says) another.",
+		}),
+	}
+	for _, r := range []string{"compacted", "other_replica", "recorded", "failed"} {
+		m.steps.WithLabelValues(r)
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.steps, m.compacted} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("compactor: register metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) step(result string) { m.steps.WithLabelValues(result).Inc() }
+
+// memberMetrics of a Member.
+type memberMetrics struct {
+	size, inUse, quota prometheus.Gauge
+	defrags            *prometheus.CounterVec
+	defragSeconds      prometheus.Histogram
+}
+
+func newMemberMetrics(reg prometheus.Registerer) (*memberMetrics, error) {
+	m := &memberMetrics{
+		size: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "allocd_etcd_db_size_bytes",
+			Help: "Size of the embedded etcd's database file: what its quota (--quota-backend-bytes) is checked against.",
+		}),
+		inUse: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "allocd_etcd_db_size_in_use_bytes",
+			Help: "Part of the embedded etcd's database file in use; the rest is free pages that compaction left and defragmentation gives back.",
+		}),
+		quota: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "allocd_etcd_quota_backend_bytes",
+			Help: "The embedded etcd's quota: when its database file reaches it, etcd raises the NOSPACE alarm and refuses writes.",
+		}),
+		defrags: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allocd_etcd_defrags_total",
+			Help: "Defragmentations of the embedded etcd by result: done, failed.",
+		}, []string{"result"}),
+		defragSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "allocd_etcd_defrag_duration_seconds",
+			Help:    "How long defragmentations of the embedded etcd took: etcd serves nothing meanwhile.",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}),
+	}
+	for _, r := range []string{"done", "failed"} {
+		m.defrags.WithLabelValues(r)
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.size, m.inUse, m.quota, m.defrags, m.defragSeconds} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("compactor: register member metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}

@@ -11,6 +11,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/allocd/allocd/internal/etcdcall"
 )
 
 // Cluster is a running test etcd of several members in this process, for tests of
@@ -37,6 +40,7 @@ type member struct {
 	name, dir, clientURL, peerURL string
 	etcd                          *embed.Etcd   // nil while stopped
 	closed                        chan struct{} // closed when the last stop is over; nil before any
+	proc                          *process      // with BinaryEnv, instead of etcd; nil while stopped
 }
 
 // NewCluster starts size members (named m0, m1, ...) as one new cluster on free
@@ -75,11 +79,14 @@ func NewCluster(t testing.TB, size int) *Cluster {
 		Endpoints:   c.Endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
+		// As allocd's own client: the errors of calls that reached no member say so.
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(etcdcall.NotSentInterceptor()), grpc.WithDisableRetry()},
 	})
 	if err != nil {
 		t.Fatalf("etcd cluster client: %v", err)
 	}
 	c.Client = cli
+	logProcess(t, strings.Join(c.Endpoints, ","))
 	return c
 }
 
@@ -87,6 +94,9 @@ func NewCluster(t testing.TB, size int) *Cluster {
 // waiting up to 10 s for them to have one that is running.
 func (c *Cluster) Leader() int {
 	c.t.Helper()
+	if Binary() != "" {
+		return c.processLeader()
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		for _, m := range c.members {
@@ -112,9 +122,15 @@ func (c *Cluster) Leader() int {
 // StopMember returns. Its listeners close in the background: new requests go to the
 // other members at once, but a client stream already open on it (a watch) stays
 // silent until etcd cuts it, after its request timeout (5.2 s here), and then resumes
-// on another member. Stopping a stopped member does nothing.
+// on another member. With BinaryEnv the member's process is killed, which closes its
+// connections at once. Stopping a stopped member does nothing.
 func (c *Cluster) StopMember(i int) {
 	m := c.members[i]
+	if m.proc != nil {
+		m.proc.kill()
+		m.proc = nil
+		return
+	}
 	if m.etcd == nil {
 		return
 	}
@@ -133,7 +149,7 @@ func (c *Cluster) StopMember(i int) {
 func (c *Cluster) StartMember(i int) {
 	c.t.Helper()
 	m := c.members[i]
-	if m.etcd != nil {
+	if m.etcd != nil || m.proc != nil {
 		return
 	}
 	if m.closed != nil {
@@ -146,6 +162,10 @@ func (c *Cluster) StartMember(i int) {
 // launch starts member i without waiting for it to be ready.
 func (c *Cluster) launch(i int) {
 	c.t.Helper()
+	if Binary() != "" {
+		c.launchProcess(i)
+		return
+	}
 	m := c.members[i]
 	cu, err := url.Parse(m.clientURL)
 	if err != nil {
@@ -177,6 +197,12 @@ func (c *Cluster) launch(i int) {
 func (c *Cluster) waitReady(i int) {
 	c.t.Helper()
 	m := c.members[i]
+	if m.proc != nil {
+		if err := m.proc.waitHealthy(context.Background(), m.clientURL); err != nil {
+			c.t.Fatalf("etcd member %s: %v", m.name, err)
+		}
+		return
+	}
 	select {
 	case <-m.etcd.Server.ReadyNotify():
 	case err := <-m.etcd.Err():
@@ -198,6 +224,9 @@ func (c *Cluster) stopAll() {
 	n := 0
 	for _, m := range c.members {
 		switch {
+		case m.proc != nil:
+			go func(p *process) { p.kill(); done <- struct{}{} }(m.proc)
+			m.proc = nil
 		case m.etcd != nil:
 			go func(e *embed.Etcd) { e.Close(); done <- struct{}{} }(m.etcd)
 			m.etcd = nil

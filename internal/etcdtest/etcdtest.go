@@ -1,6 +1,7 @@
 // Package etcdtest starts a real etcd for tests: one embedded member on free loopback
 // ports in t.TempDir(), stopped by t.Cleanup. Every package's tests use it; nothing in
-// allocd mocks etcd.
+// allocd mocks etcd. With ALLOCD_TEST_ETCD_BINARY (BinaryEnv) the members are processes
+// of that etcd binary instead: make etcd-matrix runs the tests against etcd 3.5 and 3.6.
 //
 //	func TestX(t *testing.T) {
 //		e := etcdtest.New(t)
@@ -18,6 +19,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/allocd/allocd/internal/etcdcall"
 
 	"github.com/allocd/allocd/internal/embedetcd"
 	"github.com/allocd/allocd/internal/loopback"
@@ -32,7 +36,8 @@ type Server struct {
 
 	t       testing.TB
 	cfg     embedetcd.Config
-	etcd    *embed.Etcd
+	etcd    *embed.Etcd // the embedded member; nil while stopped or with BinaryEnv
+	proc    *process    // the member's process with BinaryEnv; nil while stopped
 	clients []*clientv3.Client
 }
 
@@ -62,6 +67,7 @@ func New(t testing.TB, opts ...Option) *Server {
 	s.start()
 	s.Client = s.NewClient()
 	t.Cleanup(s.stop)
+	logProcess(t, s.Endpoint)
 	return s
 }
 
@@ -73,6 +79,8 @@ func (s *Server) NewClient() *clientv3.Client {
 		Endpoints:   []string{s.Endpoint},
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
+		// As allocd's own client: the errors of calls that reached no member say so.
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(etcdcall.NotSentInterceptor()), grpc.WithDisableRetry()},
 	})
 	if err != nil {
 		s.t.Fatalf("etcd client: %v", err)
@@ -85,7 +93,7 @@ func (s *Server) NewClient() *clientv3.Client {
 // crash and restart would. Use it with WithFsync. Existing clients reconnect.
 func (s *Server) Restart() {
 	s.t.Helper()
-	s.etcd.Close()
+	s.Stop()
 	s.start()
 }
 
@@ -95,12 +103,16 @@ func (s *Server) Stop() {
 		s.etcd.Close()
 		s.etcd = nil
 	}
+	if s.proc != nil {
+		s.proc.kill()
+		s.proc = nil
+	}
 }
 
 // Start starts a member stopped by Stop again.
 func (s *Server) Start() {
 	s.t.Helper()
-	if s.etcd == nil {
+	if s.etcd == nil && s.proc == nil {
 		s.start()
 	}
 }
@@ -109,6 +121,14 @@ func (s *Server) start() {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	if Binary() != "" {
+		p, err := startProcess(ctx, s.cfg)
+		if err != nil {
+			s.t.Fatalf("start etcd: %v", err)
+		}
+		s.proc = p
+		return
+	}
 	e, err := embedetcd.Start(ctx, s.cfg)
 	if err != nil {
 		s.t.Fatalf("start etcd: %v", err)

@@ -1,0 +1,158 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"time"
+	"unicode"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/allocd/allocd/client"
+)
+
+// callError is a call to allocd that failed, as a command reports it.
+type callError struct {
+	what    string // what the command did: "describe allocation 10.0.0.10"
+	server  string
+	timeout time.Duration
+	tls     bool // the call was made over TLS
+	json    bool // print the status as JSON
+	write   bool // the call changes state: an unknown outcome is said
+	err     error
+}
+
+func (e *callError) Error() string { return e.what + ": " + e.err.Error() }
+func (e *callError) Unwrap() error { return e.err }
+
+// print writes the error: one line, or its status as JSON.
+func (e *callError) print(w io.Writer) {
+	if e.json {
+		st, ok := status.FromError(e.err)
+		if !ok {
+			st = status.New(codes.Unknown, e.err.Error())
+		}
+		b, err := protojson.Marshal(st.Proto())
+		if err == nil {
+			if err = writeIndented(w, b); err == nil {
+				return
+			}
+		}
+	}
+	fmt.Fprintln(w, "error: "+e.line())
+}
+
+// line says in words what failed, why, and what to do about it: the gRPC code, the
+// message, and what the google.rpc details add (the bad fields, who holds an address,
+// which range is full).
+func (e *callError) line() string {
+	var ce *client.Error
+	if !errors.As(e.err, &ce) {
+		if st, ok := status.FromError(e.err); ok {
+			return fmt.Sprintf("%s: %s: %s", e.what, codeWords(st.Code()), oneLine(st.Message()))
+		}
+		return e.what + ": " + oneLine(e.err.Error())
+	}
+	if unreached(ce) {
+		ask := "is --server right, and is allocd running?"
+		if !e.tls {
+			ask = "is --server right, is allocd running, does it serve TLS (--tls-ca-file)?"
+		}
+		if ce.Code == codes.DeadlineExceeded {
+			return fmt.Sprintf("%s: no answer from allocd at %s within %s: not connected (%s); %s",
+				e.what, e.server, e.timeout, oneLine(ce.Message), ask)
+		}
+		return fmt.Sprintf("%s: cannot reach allocd at %s: %s; %s", e.what, e.server, oneLine(ce.Message), ask)
+	}
+	s := fmt.Sprintf("%s: %s: %s", e.what, codeWords(ce.Code), oneLine(ce.Message))
+	if ce.Code == codes.DeadlineExceeded {
+		s = fmt.Sprintf("%s: allocd at %s did not answer within %s (--timeout)", e.what, e.server, e.timeout)
+	}
+	hints := hints(ce)
+	if e.write && client.OutcomeUnknown(ce) {
+		hints = append(hints, "it may or may not have been applied: look, or run the same command again")
+	}
+	if len(hints) > 0 {
+		s += " (" + strings.Join(hints, "; ") + ")"
+	}
+	return s
+}
+
+// unreached reports whether a call failed without reaching allocd: no connection.
+// allocd itself also says that a call was not applied (outcome=not_applied in its
+// ErrorInfo), with a reason; such a call did reach it.
+func unreached(e *client.Error) bool {
+	return e.NotApplied && e.Reason == "" && (e.Code == codes.Unavailable || e.Code == codes.DeadlineExceeded)
+}
+
+// hints says what the details of e add to its message, and what to do.
+func hints(e *client.Error) []string {
+	var out []string
+	var inv *client.InvalidError
+	if errors.As(e, &inv) && len(inv.Violations) > 0 {
+		fields := make([]string, len(inv.Violations))
+		for i, v := range inv.Violations {
+			fields[i] = v.Field
+		}
+		out = append(out, "bad field: "+strings.Join(fields, ", "))
+	}
+	var held *client.AlreadyAllocatedError
+	if errors.As(e, &held) && held.Resource != "" {
+		out = append(out, fmt.Sprintf("holder: %s; allocd describe allocation %s tells more", holder(e, held), held.Resource))
+	}
+	var full *client.FullError
+	if errors.As(e, &full) {
+		for _, v := range full.Violations {
+			out = append(out, fullHint(v.Subject))
+		}
+	}
+	switch {
+	case errors.Is(e, client.ErrNotOwner):
+		out = append(out, "--force releases it whoever holds it")
+	case errors.Is(e, client.ErrUnauthenticated):
+		out = append(out, "present a client certificate: --tls-cert-file and --tls-private-key-file")
+	case e.Code == codes.Unavailable && e.RetryDelay > 0:
+		out = append(out, fmt.Sprintf("allocd suggests trying again in %s", e.RetryDelay))
+	}
+	return out
+}
+
+// holder names the holder of an address as "namespace/name (uid UID)".
+func holder(e *client.Error, held *client.AlreadyAllocatedError) string {
+	ns, name := e.Metadata["holder_namespace"], e.Metadata["holder_name"]
+	if name == "" || held.HolderUID == "" {
+		return held.Holder
+	}
+	return fmt.Sprintf("%s/%s (uid %s)", ns, name, held.HolderUID)
+}
+
+// fullHint says what to do about a full range.
+func fullHint(subject string) string {
+	if _, err := netip.ParsePrefix(subject); err == nil {
+		return fmt.Sprintf("full: %s; make room: release what is unused (allocd get allocations --range %s) or add a range (allocd create servicecidr NAME CIDR)", subject, subject)
+	}
+	if subject == "" {
+		return "make room: release what is unused (allocd get ranges shows what is full)"
+	}
+	return fmt.Sprintf("full: %s; make room: release unused node ports (allocd get allocations --range %s)", subject, subject)
+}
+
+// codeWords spells a gRPC code in words: AlreadyExists is "already exists".
+func codeWords(c codes.Code) string {
+	var b strings.Builder
+	for i, r := range c.String() {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

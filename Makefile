@@ -12,7 +12,7 @@ GRPCURL_VERSION := v1.9.4
 
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all run build test vet fmt-check lint proto proto-check compose-check tools bench cluster fault clean
+.PHONY: all run build test vet fmt-check lint proto proto-check compose-check certs tools bench soak cluster fault etcd-matrix clean
 
 all: build
 
@@ -59,6 +59,11 @@ compose-check:
 	elif command -v docker-compose >/dev/null; then docker-compose -f docker-compose.yml config -q && echo "docker-compose.yml is valid"; \
 	else echo "docker-compose not installed (apt-get install docker-compose): cannot validate docker-compose.yml"; exit 1; fi
 
+# certs writes a throwaway CA and certificates (server, shim, operator, admin) into
+# deploy/certs for docker compose and for trying TLS by hand; git ignores them.
+certs:
+	$(GO) run ./internal/devpki/mkcerts -out deploy/certs
+
 tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl
 
 $(BIN)/buf:
@@ -83,11 +88,26 @@ fault:
 	ALLOCD_FAULT_TESTS=1 $(GO) test -count=1 -v -run 'TestRenewThroughLeaderChange|TestClusterLeaderCrash|TestEndpointsLeaderKill' ./masterlease/ ./internal/etcdtest/ ./cmd/allocd/
 	ALLOCD_FAULT_TESTS=1 ALLOCD_FAULT_DURATION=$${ALLOCD_FAULT_DURATION:-5m} ALLOCD_FAULT_ELECTION_MS=$${ALLOCD_FAULT_ELECTION_MS:-1000} ALLOCD_FAULT_PAUSE=$${ALLOCD_FAULT_PAUSE:-5s} $(GO) test -count=1 -v -timeout 30m -run TestFaultSuite ./internal/fault/
 
+# etcd-matrix: the tests of every package that starts etcd through internal/etcdtest,
+# against real etcd servers of the versions users run, as processes: each built once from
+# the Go module proxy into .bin/etcd-<version> (scripts/etcd-matrix.sh; logs in
+# .bin/etcd-matrix). Not in `make test`: a few minutes per version.
+ETCD_MATRIX_VERSIONS ?= v3.5.35 v3.6.16
+etcd-matrix:
+	GO=$(GO) bash scripts/etcd-matrix.sh $(ETCD_MATRIX_VERSIONS)
+
 bench:
 	$(GO) run ./internal/bench
 	$(GO) test -run '^$$' -bench BenchmarkRepairPass -benchtime 3x ./repair/
 	$(GO) test -run '^$$' -bench BenchmarkInitialSync -benchtime 3x ./endpoints/
 	$(GO) test -run '^$$' -bench BenchmarkEndpointsFeed -benchtime 1x ./internal/daemon/
+
+# soak: 1,000,000 Allocate+Release cycles against allocd on its embedded etcd (fsync on),
+# the database size every 100,000: with the default --etcd-compaction-interval (5m), then
+# with compaction off. About 5-10 minutes each on the 2-core build machine; not in `make test`.
+soak:
+	$(GO) run ./internal/soak -etcd-compaction-interval 5m
+	$(GO) run ./internal/soak -etcd-compaction-interval 0
 
 clean:
 	rm -rf bin .bin allocd-data cluster-data

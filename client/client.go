@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
 
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
@@ -47,7 +48,10 @@ type options struct {
 }
 
 // WithTLS makes the client use TLS with cfg. Without it the connection is plaintext
-// (allocd listens on loopback by default).
+// (allocd listens on loopback by default). For certificates read from files and read
+// again when they are rotated, pass tlsfiles.Client's DialOption to WithDialOptions
+// instead (package tlsfiles; not imported here, so that a shim that does not use it
+// does not build grpc-go's certificate providers).
 func WithTLS(cfg *tls.Config) Option {
 	return func(o *options) { o.tls = cfg }
 }
@@ -102,6 +106,11 @@ func New(target string, opts ...Option) (*Client, error) {
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(connectParams),
+		// The client retries by itself (RetryPolicy), and tells from grpc.Peer whether an
+		// attempt reached allocd: a retry policy from a service config (a DNS TXT record
+		// can carry one) would hide an earlier attempt that did. gRPC's transparent
+		// retries, of attempts that never reached the server, still happen.
+		grpc.WithDisableRetry(),
 	}, o.dial...)
 	conn, err := grpc.NewClient(target, dial...)
 	if err != nil {
@@ -129,14 +138,26 @@ func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 func unary[Req, Resp any](ctx context.Context, c *Client, method string, req Req,
 	rpc func(context.Context, Req, ...grpc.CallOption) (Resp, error)) (Resp, error) {
 	var resp Resp
+	mayHaveApplied := false // some failed attempt may have taken effect
 	err := c.retry.do(ctx, func(ctx context.Context) error {
+		var p peer.Peer
 		var err error
-		resp, err = rpc(ctx, req)
+		if resp, err = rpc(ctx, req, grpc.Peer(&p)); err != nil && p.Addr == nil {
+			err = &notSentError{err: err} // no stream was made: allocd never saw it
+		}
+		if OutcomeUnknown(mapError(method, err)) {
+			mayHaveApplied = true
+		}
 		return err
 	})
 	if err != nil {
 		var zero Resp
-		return zero, mapError(method, err)
+		err = mapError(method, err)
+		if e := (*Error)(nil); mayHaveApplied && errors.As(err, &e) {
+			// The last attempt may have changed nothing; an earlier one may have.
+			e.NotApplied, e.MayHaveApplied = false, true
+		}
+		return zero, err
 	}
 	return resp, nil
 }
@@ -153,9 +174,29 @@ func (c *Client) Allocate(ctx context.Context, req *allocdv1.AllocateRequest) (*
 
 // Release frees the given ClusterIPs and NodePorts of an owner, or all of its
 // allocations when both lists are empty. Freeing what is free is not an error;
-// freeing what another owner holds is ErrNotOwner unless Force is set.
+// freeing what another owner holds is ErrNotOwner unless Force is set. With Force it
+// calls ForceRelease, the RPC an authorization policy grants apart from Release (an
+// allocd older than ForceRelease gets Release with force).
 func (c *Client) Release(ctx context.Context, req *allocdv1.ReleaseRequest) (*allocdv1.ReleaseResponse, error) {
-	return unary(ctx, c, allocdv1.AllocatorService_Release_FullMethodName, req, c.alloc.Release)
+	if !req.GetForce() {
+		return unary(ctx, c, allocdv1.AllocatorService_Release_FullMethodName, req, c.alloc.Release)
+	}
+	resp, err := unary(ctx, c, allocdv1.AllocatorService_ForceRelease_FullMethodName,
+		&allocdv1.ForceReleaseRequest{Owner: req.GetOwner(), ClusterIps: req.GetClusterIps(), NodePorts: req.GetNodePorts()},
+		c.alloc.ForceRelease)
+	if errors.Is(err, ErrUnimplemented) {
+		rresp, rerr := unary(ctx, c, allocdv1.AllocatorService_Release_FullMethodName, req, c.alloc.Release)
+		var first, last *Error
+		if errors.As(err, &first) && first.MayHaveApplied && errors.As(rerr, &last) {
+			last.NotApplied, last.MayHaveApplied = false, true // an attempt of ForceRelease may have
+		}
+		return rresp, rerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &allocdv1.ReleaseResponse{ReleasedClusterIps: resp.GetReleasedClusterIps(),
+		ReleasedNodePorts: resp.GetReleasedNodePorts(), Revision: resp.GetRevision()}, nil
 }
 
 // GetAllocation tells who holds one ClusterIP or NodePort; ErrNotFound when it is free.

@@ -60,6 +60,18 @@ var (
 	// ErrTerminating is an address named that lies only in terminating ServiceCIDRs
 	// (FAILED_PRECONDITION, reason SERVICE_CIDR_TERMINATING).
 	ErrTerminating = errors.New("only in terminating ServiceCIDRs")
+	// ErrPermissionDenied is a call the server's authorization policy does not allow
+	// the client certificate's identity (PERMISSION_DENIED).
+	ErrPermissionDenied = errors.New("permission denied")
+	// ErrUnauthenticated is a call that needs a client certificate and was made
+	// without one (UNAUTHENTICATED): see WithTLS.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrNoSpace is a write refused because etcd is out of space (RESOURCE_EXHAUSTED,
+	// reason ETCD_NO_SPACE: its NOSPACE alarm is raised). Reads still work; writes
+	// fail until an operator frees space and disarms the alarm. The write that raised
+	// the alarm may have been applied (etcd applies it, then finds the quota
+	// exceeded): OutcomeUnknown is true, retry it once space is freed.
+	ErrNoSpace = errors.New("etcd out of space")
 )
 
 // ErrorInfo reasons that refine FAILED_PRECONDITION (allocd.v1.ErrorReason lists them
@@ -72,6 +84,7 @@ var (
 	reasonSnapshotRequired = allocdv1.ErrorReason_SNAPSHOT_REQUIRED.String()
 	reasonCIDRExists       = allocdv1.ErrorReason_SERVICE_CIDR_EXISTS.String()
 	reasonCIDRTerminating  = allocdv1.ErrorReason_SERVICE_CIDR_TERMINATING.String()
+	reasonNoSpace          = allocdv1.ErrorReason_ETCD_NO_SPACE.String()
 )
 
 // Error is a failed allocd call: the gRPC status with its google.rpc details decoded.
@@ -89,6 +102,15 @@ type Error struct {
 	Metadata map[string]string
 	// RetryDelay is the google.rpc.RetryInfo delay the server suggested (0 when none).
 	RetryDelay time.Duration
+	// NotApplied is set when the call certainly changed nothing although its code
+	// alone (UNAVAILABLE, DEADLINE_EXCEEDED) leaves that open: it never reached
+	// allocd, or allocd says so (ErrorInfo metadata outcome=not_applied: it was not
+	// ready, or etcd refused the write before proposing it). See OutcomeUnknown.
+	NotApplied bool
+	// MayHaveApplied is set when an earlier attempt of the call (the client retries
+	// UNAVAILABLE) failed with an unknown outcome: whatever this error's code says, the
+	// call may have taken effect. See OutcomeUnknown.
+	MayHaveApplied bool
 
 	status *status.Status
 	kind   error // the sentinel, nil for codes without one
@@ -222,6 +244,7 @@ func mapError(method string, err error) error {
 	}
 	e := &Error{Code: st.Code(), Message: st.Message(), status: st}
 	e.decodeDetails(st)
+	e.NotApplied = e.Metadata["outcome"] == "not_applied" || errors.As(err, new(*notSentError))
 	e.kind = kindOf(method, e)
 	// Each code has its typed detail, present even when the server sent none.
 	switch e.Code {
@@ -234,7 +257,7 @@ func mapError(method string, err error) error {
 			e.detail = &AlreadyAllocatedError{}
 		}
 	case codes.ResourceExhausted:
-		if _, ok := e.detail.(*FullError); !ok {
+		if _, ok := e.detail.(*FullError); !ok && e.kind == ErrFull {
 			e.detail = &FullError{}
 		}
 	}
@@ -287,6 +310,9 @@ func kindOf(method string, e *Error) error {
 		}
 		return ErrAlreadyAllocated
 	case codes.ResourceExhausted:
+		if e.Reason == reasonNoSpace {
+			return ErrNoSpace
+		}
 		return ErrFull
 	case codes.NotFound:
 		return ErrNotFound
@@ -317,6 +343,10 @@ func kindOf(method string, e *Error) error {
 		return ErrAborted
 	case codes.Unimplemented:
 		return ErrUnimplemented
+	case codes.PermissionDenied:
+		return ErrPermissionDenied
+	case codes.Unauthenticated:
+		return ErrUnauthenticated
 	case codes.Canceled:
 		return context.Canceled
 	case codes.DeadlineExceeded:
@@ -333,4 +363,48 @@ func isPermanent(err error) bool {
 		return true
 	}
 	return false
+}
+
+// OutcomeUnknown reports whether a failed call may have taken effect, or may yet:
+// UNAVAILABLE, DEADLINE_EXCEEDED, CANCELED, UNKNOWN or INTERNAL (the call timed out or
+// lost its connection after it was sent) unless the error says that nothing was
+// applied; etcd out of space (ErrNoSpace: etcd may have applied the write before it
+// found the quota exceeded); and any error of a call an earlier attempt of which had
+// an unknown outcome. A caller retries such a call with the same request (every allocd write is
+// idempotent) or reads the state back; any other error means nothing changed.
+func OutcomeUnknown(err error) bool {
+	if err == nil {
+		return false
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		switch {
+		case e.MayHaveApplied:
+			return true
+		case e.NotApplied:
+			return false
+		case e.Reason == reasonNoSpace:
+			// etcd applies a write, then finds the quota exceeded and answers NOSPACE.
+			return true
+		}
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unknown, codes.Internal:
+		return true
+	}
+	return false
+}
+
+// notSentError is the error of a call that never reached allocd: gRPC made no stream
+// for it (no connection). It keeps the call's status.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string { return e.err.Error() }
+func (e *notSentError) Unwrap() error { return e.err }
+
+func (e *notSentError) GRPCStatus() *status.Status {
+	if st, ok := status.FromError(e.err); ok {
+		return st
+	}
+	return status.FromContextError(e.err)
 }

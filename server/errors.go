@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/allocd/allocd/internal/badrequest"
+	"github.com/allocd/allocd/internal/etcdcall"
 
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
@@ -45,6 +46,10 @@ func Invalid(field, description string) *InvalidError { return badrequest.New(fi
 // loaded). It maps to UNAVAILABLE with a RetryInfo detail.
 var ErrUnavailable = errors.New("unavailable")
 
+// ErrNotReady is returned for calls that arrive before allocd serves (state not
+// loaded yet): UNAVAILABLE, and certainly not applied.
+var ErrNotReady = errors.New("not ready")
+
 // retryDelay is the RetryInfo delay suggested with UNAVAILABLE.
 const retryDelay = time.Second
 
@@ -58,14 +63,29 @@ func Status(err error) error {
 	if err == nil {
 		return nil
 	}
+	if errors.Is(err, rpctypes.ErrNoSpace) {
+		// Before NotApplied: etcd refused the write for lack of space, which is
+		// certain too, but no retry helps until an operator frees space.
+		return noSpace(err)
+	}
+	if etcdcall.NotApplied(err) {
+		// Before the context's errors: a write that waited for a connection to etcd
+		// until its deadline was still never sent.
+		return unavailableWith("etcd unavailable, nothing applied: "+err.Error(), allocdv1.ErrorReason_ETCD_UNAVAILABLE,
+			map[string]string{"outcome": OutcomeNotApplied})
+	}
 	var inv *InvalidError
 	switch {
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, ErrNotReady):
+		return unavailableWith(err.Error(), allocdv1.ErrorReason_UNAVAILABLE, map[string]string{"outcome": OutcomeNotApplied})
 	case errors.Is(err, ErrUnavailable):
 		return unavailable(err.Error(), allocdv1.ErrorReason_UNAVAILABLE)
+	case errors.Is(err, ErrForceReleaseRequired):
+		return withDetails(codes.PermissionDenied, err.Error(), errorInfo(allocdv1.ErrorReason_FORCE_RELEASE_REQUIRED, nil))
 	}
 	// The domain packages first: a bad snapshot file wraps an invalid snapshot, but is
 	// not the caller's bad input.
@@ -93,6 +113,34 @@ func Status(err error) error {
 		return st.Err()
 	}
 	return status.Error(codes.Internal, err.Error())
+}
+
+// OutcomeNotApplied is the value of the ErrorInfo metadata "outcome" of an UNAVAILABLE
+// error that certainly changed nothing: allocd was not ready, or etcd refused the
+// write before proposing it (no member reached, no leader). Without it, the outcome
+// of a write that failed UNAVAILABLE is unknown.
+const OutcomeNotApplied = "not_applied"
+
+// noSpaceHelp is where etcd says how to free space and disarm the NOSPACE alarm.
+const noSpaceHelp = "https://etcd.io/docs/v3.6/op-guide/maintenance/#space-quota"
+
+// noSpace is etcd's refusal of a write while it is out of space (the NOSPACE alarm):
+// RESOURCE_EXHAUSTED, as etcd answers it and as gRPC defines it ("the entire file
+// system is out of space"); FAILED_PRECONDITION is the caller's own precondition in
+// allocd, and UNAVAILABLE would make clients retry what cannot succeed until an
+// operator acts. No QuotaFailure: clients read that as a full range. The outcome of
+// the write is unknown, not refused: etcd applies a write, then finds the quota
+// exceeded and answers NOSPACE for it (the write that raised the alarm); the writes
+// after it are refused before they are proposed, and clients cannot tell the two
+// apart (metadata outcome=unknown; the Go client's OutcomeUnknown says so).
+func noSpace(err error) error {
+	return withDetails(codes.ResourceExhausted,
+		"etcd is out of space (NOSPACE alarm); reads still work, writes fail until an operator frees space "+
+			"and disarms the alarm (etcdctl compact, etcdctl defrag, etcdctl alarm disarm); the write that filled etcd was applied, "+
+			"so retry the same request once space is freed: "+err.Error(),
+		errorInfo(allocdv1.ErrorReason_ETCD_NO_SPACE, map[string]string{"alarm": "NOSPACE", "outcome": "unknown"}),
+		&errdetails.Help{Links: []*errdetails.Help_Link{{
+			Description: "etcd maintenance: space quota (compact, defragment, disarm the NOSPACE alarm)", Url: noSpaceHelp}}})
 }
 
 // unavailable is UNAVAILABLE with a RetryInfo detail.

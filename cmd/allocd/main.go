@@ -1,6 +1,9 @@
 // Command allocd serves the allocd.v1 API: ClusterIP and NodePort allocation, master
 // leases and the kubernetes Service's endpoints, and the repair loop, all kept in etcd.
 // With no --etcd-servers it runs an embedded etcd in --data-dir.
+//
+// Its subcommands are the operator's command line (package internal/cli: allocd get
+// ranges, allocd release, ...) and the container health check (allocd health).
 package main
 
 import (
@@ -13,15 +16,19 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
 	etcdversion "go.etcd.io/etcd/api/v3/version"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/allocd/allocd/internal/cli"
 	"github.com/allocd/allocd/internal/daemon"
+	"github.com/allocd/allocd/tlsfiles"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -31,10 +38,56 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// run is allocd: serving with the flags of args when they name no subcommand, else the
+// subcommand. It returns the exit code.
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "health" {
-		return health(args[1:], stdout, stderr)
+	root := &cobra.Command{
+		Use:   "allocd",
+		Short: "etcd-native ClusterIP/NodePort allocator and master-lease service over gRPC",
+		// The serving flags are Go flags with their grouped help (daemon.Usage): cobra
+		// leaves them to serve, and routes only subcommands.
+		DisableFlagParsing:         true,
+		Args:                       cobra.ArbitraryArgs,
+		SuggestionsMinimumDistance: 2,
 	}
+	root.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+			if s := root.SuggestionsFor(args[0]); len(s) > 0 {
+				fmt.Fprintf(stderr, "allocd: unknown command %q; did you mean %q? see allocd --help\n", args[0], s[0])
+				return exit(2)
+			}
+		}
+		return exit(serve(args, stdout, stderr, func(w io.Writer) { cli.PrintCommands(w, root) }))
+	}
+	root.AddCommand(&cobra.Command{
+		Use:                "health [--grpc-address ADDR] [--timeout D] [--tls-ca-file FILE]",
+		Short:              "Exit 0 when an allocd answers grpc.health.v1 SERVING (the container health check)",
+		DisableFlagParsing: true, // its Go flags, as before
+		RunE:               func(_ *cobra.Command, args []string) error { return exit(health(args, stdout, stderr)) },
+	})
+	root.AddCommand(cli.Commands()...)
+	help := root.HelpFunc()
+	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
+		if cmd != root {
+			help(cmd, args)
+			return
+		}
+		serve([]string{"--help"}, cmd.OutOrStdout(), cmd.ErrOrStderr(), func(w io.Writer) { cli.PrintCommands(w, root) })
+	})
+	return cli.Execute(context.Background(), root, args, stdout, stderr)
+}
+
+// exit turns an exit code into the error that makes cli.Execute return it.
+func exit(code int) error {
+	if code == 0 {
+		return nil
+	}
+	return cli.ExitCode(code)
+}
+
+// serve runs allocd with the serving flags of args until SIGTERM or SIGINT, and returns
+// the exit code. --help prints the flag groups and then what commands writes.
+func serve(args []string, stdout, stderr io.Writer, commands func(io.Writer)) int {
 	cfg := daemon.DefaultConfig()
 	fs := flag.NewFlagSet("allocd", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -44,6 +97,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			daemon.Usage(stdout, fs)
+			commands(stdout)
 			return 0
 		}
 		fmt.Fprintf(stderr, "allocd: %v; see allocd --help\n", err)
@@ -96,10 +150,25 @@ func health(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	addr := fs.String("grpc-address", daemon.DefaultConfig().GRPCAddress, "host:port of the allocd to check")
 	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for an answer")
+	useTLS := fs.Bool("tls", false, "use TLS (implied by --tls-ca-file), verifying allocd's certificate against the system roots unless --tls-ca-file")
+	files := tlsfiles.Files{}
+	fs.StringVar(&files.CAFile, "tls-ca-file", "", "PEM CA bundle that allocd's certificate is verified against (it must name the host of --grpc-address)")
+	fs.StringVar(&files.CertFile, "tls-cert-file", "", "client certificate to present (health needs none)")
+	fs.StringVar(&files.KeyFile, "tls-private-key-file", "", "private key of --tls-cert-file")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if *useTLS || files != (tlsfiles.Files{}) {
+		c, err := tlsfiles.NewClient(files)
+		if err != nil {
+			fmt.Fprintf(stderr, "allocd health: %v\n", err)
+			return 2
+		}
+		defer c.Close()
+		creds = c.Credentials()
+	}
+	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		fmt.Fprintf(stderr, "allocd health: %v\n", err)
 		return 1

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocd/allocd/internal/cli"
 	"github.com/allocd/allocd/internal/daemon"
 )
 
@@ -39,23 +40,30 @@ type step struct {
 // Values that change from run to run (revisions, lease ids, times, TTLs left) are masked;
 // commands marked "# addresses vary" also have addresses and ports masked.
 func TestReadmeWalkthrough(t *testing.T) {
-	grpcurl, err := exec.LookPath("grpcurl")
-	if err != nil {
-		if p, err2 := filepath.Abs("../../.bin/grpcurl"); err2 == nil {
-			if _, err3 := os.Stat(p); err3 == nil {
-				grpcurl = p
-			}
-		}
+	grpcurl := findGrpcurl(t)
+	runTour(t, "walkthrough", []string{filepath.Dir(grpcurl)}, normalize)
+}
+
+// TestReadmeOperatorTour runs the README's tour of the allocd command line, as
+// TestReadmeWalkthrough runs the grpcurl one: the allocd on PATH is this package built,
+// pointed at the tour's allocd through $ALLOCD_SERVER; grpcurl plays the shims.
+func TestReadmeOperatorTour(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
 	}
-	if grpcurl == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("grpcurl not found: `make tools` installs it into .bin")
-		}
-		t.Skip("grpcurl not found: run `make tools` (CI runs this test)")
-	}
-	steps := parseWalkthrough(t, section(t, readReadme(t), "walkthrough"))
+	grpcurl := findGrpcurl(t)
+	bin := buildAllocd(t)
+	runTour(t, "operator-tour", []string{filepath.Dir(bin), filepath.Dir(grpcurl)}, normalizeCLI)
+}
+
+// runTour runs the commands of the README section name against allocd, started in
+// process where the section says `go run ./cmd/allocd ...`, with path's directories
+// first on PATH, and compares what each prints, as norm masks it, with the README.
+// UPDATE_README=1 writes this run's outputs into the README instead.
+func runTour(t *testing.T, name string, path []string, norm func(string, bool) string) {
+	steps := parseWalkthrough(t, section(t, readReadme(t), name))
 	if len(steps) < 10 {
-		t.Fatalf("walkthrough has %d commands; want the whole tour", len(steps))
+		t.Fatalf("%s has %d commands; want the whole tour", name, len(steps))
 	}
 	var d *daemon.Daemon
 	outputs := make([]string, len(steps))
@@ -65,26 +73,29 @@ func TestReadmeWalkthrough(t *testing.T) {
 			continue
 		}
 		if d == nil {
-			t.Fatalf("step %d (%s) comes before the walkthrough starts allocd", i, s.cmd)
+			t.Fatalf("step %d (%s) comes before the %s starts allocd", i, s.cmd, name)
 		}
 		cmd := strings.ReplaceAll(s.cmd, "127.0.0.1:8080", d.GRPCAddr())
 		cmd = strings.ReplaceAll(cmd, "127.0.0.1:9090", d.MetricsAddr())
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		sh := exec.CommandContext(ctx, "bash", "-c", cmd)
-		sh.Env = append(os.Environ(), "PATH="+filepath.Dir(grpcurl)+string(os.PathListSeparator)+os.Getenv("PATH"))
+		sh.Env = append(os.Environ(), "PATH="+strings.Join(append(path, os.Getenv("PATH")), string(os.PathListSeparator)),
+			cli.ServerEnv+"="+d.GRPCAddr())
 		out, _ := sh.CombinedOutput()
 		cancel()
+		// What allocd says of itself (the repair leader) is said of the README's address.
+		out = []byte(strings.ReplaceAll(string(out), d.GRPCAddr(), "127.0.0.1:8080"))
 		outputs[i] = string(out)
-		got, want := normalize(string(out), s.varies), normalize(s.want, s.varies)
+		got, want := norm(string(out), s.varies), norm(s.want, s.varies)
 		if got != want && os.Getenv("UPDATE_README") == "" {
-			t.Errorf("README step %d:\n$ %s\ngot:\n%s\nwant (as the README says):\n%s", i, s.cmd, out, s.want)
+			t.Errorf("README %s step %d:\n$ %s\ngot:\n%s\nwant (as the README says):\n%s", name, i, s.cmd, out, s.want)
 		}
 	}
 	if os.Getenv("UPDATE_README") != "" {
-		// UPDATE_README=1 go test -run TestReadmeWalkthrough ./cmd/allocd writes the
-		// outputs of this run into the README, for a reviewer to read in the diff.
+		// UPDATE_README=1 go test -run TestReadme ./cmd/allocd writes the outputs of
+		// this run into the README, for a reviewer to read in the diff.
 		readme := readReadme(t)
-		old := section(t, readme, "walkthrough")
+		old := section(t, readme, name)
 		if err := os.WriteFile("../../README.md", []byte(strings.Replace(readme, old, rewriteWalkthrough(old, outputs), 1)), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -257,4 +268,26 @@ func normalize(s string, varies bool) string {
 		s = port.ReplaceAllString(s, "PORT")
 	}
 	return strings.TrimSpace(s)
+}
+
+var (
+	timestamp = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
+	revision  = regexp.MustCompile(`(at revision|Revision:) +\d+`)
+	took      = regexp.MustCompile(`took [^:]+:`)
+	duration  = regexp.MustCompile(`\b\d+[smhdy](\d+[smh])?\b`)
+	yamlKey   = regexp.MustCompile(`(?m)^(\s*(?:- )?)(revision|createRevision|modRevision|leaseId|remainingTtlSeconds|allocateTime|startTime|duration|age|allocationRevision|createTime|deleteTime|leader): .*$`)
+	spaces    = regexp.MustCompile(` {2,}`)
+)
+
+// normalizeCLI masks what normalize masks and what the allocd commands print that
+// changes from run to run: times, ages and TTLs left, revisions, a pass's duration.
+// Runs of spaces count as one, since a column is as wide as what it holds.
+func normalizeCLI(s string, varies bool) string {
+	s = normalize(s, varies)
+	s = timestamp.ReplaceAllString(s, "TIME")
+	s = revision.ReplaceAllString(s, "$1 REV")
+	s = took.ReplaceAllString(s, "took DURATION:")
+	s = duration.ReplaceAllString(s, "DURATION")
+	s = yamlKey.ReplaceAllString(s, "$1$2: _")
+	return spaces.ReplaceAllString(s, "  ")
 }

@@ -26,9 +26,13 @@ type Config struct {
 	DataDir                   string
 	EmbeddedEtcdClientAddress string
 	EmbeddedEtcdPeerAddress   string
+	EtcdCompactionInterval    time.Duration
+	QuotaBackendBytes         int64
 	embeddedEtcdUnsafeNoFsync bool // tests only
 	embeddedEtcdTickMs        uint // tests only
 	embeddedEtcdElectionMs    uint // tests only
+	// tests only: how often the embedded etcd's status is read (1 s when 0)
+	etcdSpacePoll time.Duration
 	// ranges
 	ServiceClusterIPRange     string
 	ServiceNodePortRange      string
@@ -51,6 +55,13 @@ type Config struct {
 	AdvertiseAddress string
 	MetricsAddress   string
 	ShutdownTimeout  time.Duration
+	// security
+	TLSCertFile             string
+	TLSPrivateKeyFile       string
+	ClientCAFile            string
+	AuthorizationPolicyFile string
+	MetricsTLS              bool
+	securityRefresh         time.Duration // tests only: how often the files are read again
 	// logging
 	LogFormat string
 	LogLevel  string
@@ -67,6 +78,8 @@ func DefaultConfig() Config {
 		DataDir:                    "allocd-data",
 		EmbeddedEtcdClientAddress:  "127.0.0.1:12379",
 		EmbeddedEtcdPeerAddress:    "127.0.0.1:12380",
+		EtcdCompactionInterval:     5 * time.Minute,
+		QuotaBackendBytes:          DefaultQuotaBackendBytes,
 		ServiceClusterIPRange:      "10.0.0.0/24",
 		ServiceNodePortRange:       "30000-32767",
 		MasterLeasePrefix:          "/masterleases/",
@@ -92,13 +105,14 @@ type flagGroup struct {
 }
 
 var flagGroups = []flagGroup{
-	{"etcd", []string{"etcd-servers", "etcd-prefix", "etcd-cafile", "etcd-certfile", "etcd-keyfile",
-		"data-dir", "embedded-etcd-client-address", "embedded-etcd-peer-address"}},
+	{"etcd", []string{"etcd-servers", "etcd-prefix", "etcd-cafile", "etcd-certfile", "etcd-keyfile", "etcd-compaction-interval",
+		"data-dir", "embedded-etcd-client-address", "embedded-etcd-peer-address", "quota-backend-bytes"}},
 	{"ranges", []string{"service-cluster-ip-range", "service-node-port-range", "kubernetes-service-node-port"}},
 	{"leases", []string{"master-lease-prefix", "master-lease-ttl", "endpoint-reconciler-interval", "kubernetes-service-port"}},
 	{"repair", []string{"repair-interval", "repair-leak-strikes", "repair-leak-grace", "service-snapshot-file"}},
 	{"endpoints controller", []string{"concurrent-endpoint-syncs", "endpoint-updates-batch-period"}},
 	{"serving", []string{"grpc-address", "advertise-address", "metrics-address", "shutdown-timeout"}},
+	{"security", []string{"tls-cert-file", "tls-private-key-file", "client-ca-file", "authorization-policy-file", "metrics-tls"}},
 	{"logging", []string{"log-format", "log-level"}},
 }
 
@@ -120,6 +134,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data directory of the embedded etcd (created if missing)")
 	fs.StringVar(&c.EmbeddedEtcdClientAddress, "embedded-etcd-client-address", c.EmbeddedEtcdClientAddress, "host:port the embedded etcd serves clients on (etcdctl --endpoints)")
 	fs.StringVar(&c.EmbeddedEtcdPeerAddress, "embedded-etcd-peer-address", c.EmbeddedEtcdPeerAddress, "host:port of the embedded etcd's peer listener")
+	fs.DurationVar(&c.EtcdCompactionInterval, "etcd-compaction-interval", c.EtcdCompactionInterval, "how often etcd's history older than this is compacted, once for all replicas (kube-apiserver's flag); with the embedded etcd also sooner when a burst of writes outgrows the history budget; 0: never (an etcd shared with kube-apiserver, or with its own --auto-compaction-retention, may leave it to them)")
+	fs.Int64Var(&c.QuotaBackendBytes, "quota-backend-bytes", c.QuotaBackendBytes, "size the embedded etcd's database may reach before etcd raises the NOSPACE alarm and refuses writes (etcd's flag); 0: etcd's default, 2 GiB; with --etcd-servers set it on the etcd members")
 	fs.StringVar(&c.ServiceClusterIPRange, "service-cluster-ip-range", c.ServiceClusterIPRange, "ClusterIP CIDRs, one or two (one per family) comma separated, the first primary: they seed the ServiceCIDR \"kubernetes\" on first start; later, etcd's ServiceCIDRs win (CreateServiceCIDR adds ranges at runtime)")
 	fs.StringVar(&c.ServiceNodePortRange, "service-node-port-range", c.ServiceNodePortRange, "NodePort range FIRST-LAST, inclusive")
 	fs.IntVar(&c.KubernetesServiceNodePort, "kubernetes-service-node-port", c.KubernetesServiceNodePort, "NodePort reserved for the kubernetes Service; 0: none")
@@ -137,6 +153,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.AdvertiseAddress, "advertise-address", c.AdvertiseAddress, "host:port other replicas dial to reach this one (repair forwarding); empty: --grpc-address")
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port serving Prometheus /metrics; empty: no metrics listener")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful stop waits for calls in flight before it cuts them")
+	fs.StringVar(&c.TLSCertFile, "tls-cert-file", c.TLSCertFile, "PEM certificate (with its chain) of the gRPC API: with it the API is served over TLS only; re-read when it changes; with --client-ca-file also the client certificate replicas present to each other (server and client auth)")
+	fs.StringVar(&c.TLSPrivateKeyFile, "tls-private-key-file", c.TLSPrivateKeyFile, "PEM private key of --tls-cert-file, in the same directory; re-read when it changes")
+	fs.StringVar(&c.ClientCAFile, "client-ca-file", c.ClientCAFile, "PEM CA bundle: client certificates are verified against it when given, and only callers with one reach anything but health and reflection (all of the API, or what --authorization-policy-file grants); replicas verify each other's server certificates with it; re-read when it changes")
+	fs.StringVar(&c.AuthorizationPolicyFile, "authorization-policy-file", c.AuthorizationPolicyFile, "gRPC authorization policy (JSON, grpc-go authz) over client certificate identities; re-read when it changes; needs --client-ca-file (see deploy/authz)")
+	fs.BoolVar(&c.MetricsTLS, "metrics-tls", c.MetricsTLS, "serve /metrics over HTTPS with --tls-cert-file (no client certificate asked for)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: text or json")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn or error (debug logs every call)")
 }
@@ -147,7 +168,7 @@ func Usage(w io.Writer, fs *flag.FlagSet) {
 
 Usage:
   allocd [flags]                  serve (embedded etcd in --data-dir unless --etcd-servers)
-  allocd health [--grpc-address ADDR]   exit 0 when ADDR answers grpc.health.v1 SERVING
+  allocd health [--grpc-address ADDR] [--tls-ca-file FILE]   exit 0 when ADDR answers grpc.health.v1 SERVING
   allocd --version                print the version and the Go and etcd client versions
 `)
 	for _, g := range flagGroups {
@@ -239,6 +260,8 @@ func (c *Config) Validate() error {
 	if _, err := c.logLevel(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.validateSecurity()...)
+	errs = append(errs, c.validateEtcdSpace()...)
 	if (c.EtcdCertFile == "") != (c.EtcdKeyFile == "") {
 		errs = append(errs, errors.New("--etcd-certfile and --etcd-keyfile go together"))
 	}

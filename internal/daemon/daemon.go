@@ -1,7 +1,8 @@
 // Package daemon wires allocd together: etcd (embedded or remote), the allocator, the
 // master leases, the repair loop, the gRPC server with health and reflection, and the
-// metrics listener. cmd/allocd parses flags into a Config and calls Run; tests call
-// StartForTest.
+// metrics listener; with the security flags, TLS for both, client certificates, and
+// the authorization of calls by grpc-go's authz policy (security.go). cmd/allocd parses
+// flags into a Config and calls Run; tests call StartForTest.
 //
 //	d, err := daemon.Start(ctx, daemon.DefaultConfig())
 //	if err != nil { ... }
@@ -37,6 +38,8 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"github.com/allocd/allocd/internal/embedetcd"
+	"github.com/allocd/allocd/internal/etcdcall"
+	"github.com/allocd/allocd/internal/etcdwatch"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"github.com/allocd/allocd/server"
 )
@@ -46,14 +49,20 @@ type Daemon struct {
 	cfg      Config
 	log      *slog.Logger
 	registry *prometheus.Registry
+	alarms   *prometheus.GaugeVec     // etcd's alarms (space.go)
+	etcdReqs *prometheus.HistogramVec // etcd request latency (etcdmetrics.go)
 
-	etcd   *embed.Etcd // nil with --etcd-servers
-	cli    *clientv3.Client
-	grpc   *grpc.Server
-	health *health.Server
-	lis    net.Listener
-	mlis   net.Listener
-	msrv   *http.Server
+	etcd    *embed.Etcd // nil with --etcd-servers
+	cli     *clientv3.Client
+	etcdTLS *tls.Config // of cli; nil without TLS
+	// restarts opens the watches anew when a member is left out (watchMembers).
+	restarts *etcdwatch.Restarts
+	grpc     *grpc.Server
+	health   *health.Server
+	lis      net.Listener
+	mlis     net.Listener
+	msrv     *http.Server
+	sec      *security // TLS and authorization; closed last
 
 	ready atomic.Bool
 	gates gates
@@ -87,25 +96,34 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg}
+	d := &Daemon{cfg: cfg, restarts: etcdwatch.NewRestarts()}
 	d.log = newLogger(cfg)
 	d.registry = prometheus.NewRegistry()
 	d.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	d.etcdReqs = newEtcdRequestMetrics(d.registry)
 
 	var err error
+	if d.sec, err = newSecurity(cfg, d.log); err != nil {
+		return nil, err
+	}
 	if d.lis, err = net.Listen("tcp", cfg.GRPCAddress); err != nil {
+		d.sec.close()
 		return nil, fmt.Errorf("--grpc-address %s: %w", cfg.GRPCAddress, err)
 	}
 	if cfg.MetricsAddress != "" {
 		if d.mlis, err = net.Listen("tcp", cfg.MetricsAddress); err != nil {
 			d.lis.Close()
+			d.sec.close()
 			return nil, fmt.Errorf("--metrics-address %s: %w", cfg.MetricsAddress, err)
 		}
 	}
+	// Authorization before the gates: a caller the policy refuses learns nothing of
+	// allocd's state, not even that it is starting.
 	d.grpc, d.health = server.NewGRPCServer(server.Options{
-		Logger:        d.log,
-		Registerer:    d.registry,
-		ServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(d.gateUnary), grpc.ChainStreamInterceptor(d.gateStream)},
+		Logger:     d.log,
+		Registerer: d.registry,
+		ServerOptions: append(d.sec.serverOptions(),
+			grpc.ChainUnaryInterceptor(d.gateUnary), grpc.ChainStreamInterceptor(d.gateStream)),
 	})
 	d.gates.alloc.AllocatorServiceServer = allocdv1.UnimplementedAllocatorServiceServer{}
 	d.gates.lease.LeaseServiceServer = allocdv1.UnimplementedLeaseServiceServer{}
@@ -127,31 +145,57 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil
 	})
 	if d.mlis != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{Registry: d.registry}))
-		d.msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		d.group.Go(func() error {
-			if err := d.msrv.Serve(d.mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("metrics: %w", err)
-			}
-			return nil
-		})
+		d.serveMetrics()
 	}
-	d.log.Info("allocd starting", "grpc", d.lis.Addr().String(), "metrics", cfg.MetricsAddress, "etcd", d.etcdDescription())
+	d.log.Info("allocd starting", "grpc", d.lis.Addr().String(), "metrics", cfg.MetricsAddress, "etcd", d.etcdDescription(),
+		"tls", d.sec.server != nil, "authorization", d.sec.authorizing())
 
 	if err := d.startEtcd(ctx); err != nil {
 		d.Close()
 		return nil, err
 	}
-	if err := d.startServices(ctx, runCtx); err != nil {
+	if err := d.startSpace(ctx, runCtx); err != nil {
 		d.Close()
 		return nil, err
+	}
+	if err := d.watchMembers(runCtx); err != nil {
+		d.Close()
+		return nil, err
+	}
+	if err := d.startServices(ctx, etcdwatch.WithRestarts(runCtx, d.restarts)); err != nil {
+		d.Close()
+		return nil, outOfSpaceHint(err)
 	}
 	d.ready.Store(true)
 	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	d.group.Go(func() error { d.watchEtcdHealth(runCtx); return nil })
 	d.log.Info("allocd serving", "grpc", d.lis.Addr().String())
 	return d, nil
+}
+
+// serveMetrics serves /metrics on d.mlis, over HTTPS with --metrics-tls (the gRPC API's
+// certificate, re-read the same way; no client certificate asked for).
+func (d *Daemon) serveMetrics() {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{Registry: d.registry}))
+	d.msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelDebug)} // TLS handshake errors of scrapers, say
+	if d.cfg.MetricsTLS {
+		d.msrv.TLSConfig = d.sec.server.Config()
+		d.msrv.TLSConfig.GetConfigForClient = nil
+	}
+	d.group.Go(func() error {
+		var err error
+		if d.cfg.MetricsTLS {
+			err = d.msrv.ServeTLS(d.mlis, "", "")
+		} else {
+			err = d.msrv.Serve(d.mlis)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		return nil
+	})
 }
 
 func (d *Daemon) etcdDescription() string {
@@ -167,12 +211,13 @@ func (d *Daemon) startEtcd(ctx context.Context) error {
 	var tlsCfg *tls.Config
 	if len(endpoints) == 0 {
 		e, err := embedetcd.Start(ctx, embedetcd.Config{
-			Dir:           d.cfg.DataDir,
-			ClientURL:     "http://" + d.cfg.EmbeddedEtcdClientAddress,
-			PeerURL:       "http://" + d.cfg.EmbeddedEtcdPeerAddress,
-			UnsafeNoFsync: d.cfg.embeddedEtcdUnsafeNoFsync,
-			TickMs:        d.cfg.embeddedEtcdTickMs,
-			ElectionMs:    d.cfg.embeddedEtcdElectionMs,
+			Dir:               d.cfg.DataDir,
+			ClientURL:         "http://" + d.cfg.EmbeddedEtcdClientAddress,
+			PeerURL:           "http://" + d.cfg.EmbeddedEtcdPeerAddress,
+			UnsafeNoFsync:     d.cfg.embeddedEtcdUnsafeNoFsync,
+			TickMs:            d.cfg.embeddedEtcdTickMs,
+			ElectionMs:        d.cfg.embeddedEtcdElectionMs,
+			QuotaBackendBytes: d.cfg.QuotaBackendBytes,
 		})
 		if err != nil {
 			return fmt.Errorf("%w (check --data-dir and --embedded-etcd-client-address/--embedded-etcd-peer-address)", err)
@@ -186,21 +231,12 @@ func (d *Daemon) startEtcd(ctx context.Context) error {
 			return fmt.Errorf("etcd TLS (--etcd-cafile/--etcd-certfile/--etcd-keyfile): %w", err)
 		}
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            endpoints,
-		TLS:                  tlsCfg,
-		DialTimeout:          5 * time.Second,
-		DialKeepAliveTime:    10 * time.Second,
-		DialKeepAliveTimeout: 5 * time.Second,
-		Logger:               zap.NewNop(),
-		DialOptions:          []grpc.DialOption{grpc.WithChainUnaryInterceptor(slowEtcdCalls(d.log))},
-		MaxCallSendMsgSize:   8 << 20,
-		MaxCallRecvMsgSize:   64 << 20,
-	})
+	cli, err := clientv3.New(d.etcdConfig(endpoints, tlsCfg))
 	if err != nil {
 		return fmt.Errorf("etcd client for %s: %w", strings.Join(endpoints, ","), err)
 	}
 	d.cli = cli
+	d.etcdTLS = tlsCfg
 	// Wait for etcd to answer a linearizable read, retrying while the caller waits.
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -220,33 +256,61 @@ func (d *Daemon) startEtcd(ctx context.Context) error {
 	}
 }
 
+// etcdConfig is the configuration of allocd's etcd client over endpoints.
+func (d *Daemon) etcdConfig(endpoints []string, tlsCfg *tls.Config) clientv3.Config {
+	return clientv3.Config{
+		Endpoints:            endpoints,
+		TLS:                  tlsCfg,
+		DialTimeout:          5 * time.Second,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		Logger:               zap.NewNop(),
+		DialOptions:          []grpc.DialOption{grpc.WithChainUnaryInterceptor(etcdRequestMetrics(d.etcdReqs), slowEtcdCalls(d.log), etcdcall.NotSentInterceptor()), grpc.WithDisableRetry()},
+		MaxCallSendMsgSize:   8 << 20,
+		MaxCallRecvMsgSize:   64 << 20,
+	}
+}
+
+// watchMembers keeps the etcd client's endpoints to the members that answer
+// (etcdcall.Members), when --etcd-servers lists more than one.
+func (d *Daemon) watchMembers(ctx context.Context) error {
+	if len(d.cfg.EtcdServers) < 2 {
+		return nil
+	}
+	m, err := etcdcall.NewMembers(d.cli, d.cfg.EtcdServers, d.cfg.EtcdPrefix+"/health", d.log,
+		func(ep string) (*clientv3.Client, error) {
+			return clientv3.New(d.etcdConfig([]string{ep}, d.etcdTLS))
+		})
+	if err != nil {
+		return fmt.Errorf("etcd member probes: %w", err)
+	}
+	m.OnLeftOut = d.restarts.Fire
+	d.closers = append(d.closers, func() error { m.Close(); return nil })
+	d.group.Go(func() error { m.Run(ctx); return nil })
+	return nil
+}
+
 // watchEtcdHealth keeps the health status in step with etcd: NOT_SERVING while etcd does
-// not answer a linearizable read, SERVING again when it does.
+// not answer a linearizable read, or while its NOSPACE alarm is raised (it refuses every
+// write; allocd still answers reads, and writes with RESOURCE_EXHAUSTED), SERVING again
+// when neither holds.
 func (d *Daemon) watchEtcdHealth(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	serving := true
+	state := etcdServing
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := d.cli.Get(rctx, d.cfg.EtcdPrefix+"/health", clientv3.WithCountOnly())
-		cancel()
+		next, err := d.checkEtcd(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		switch {
-		case err != nil && serving:
-			serving = false
-			d.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-			d.log.Warn("etcd unreachable: NOT_SERVING", "err", err)
-		case err == nil && !serving:
-			serving = true
-			d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-			d.log.Info("etcd reachable again: SERVING")
+		if next != state && next != etcdUnknown {
+			d.etcdStateChanged(state, next, err)
+			state = next
 		}
 	}
 }
@@ -269,7 +333,7 @@ func (d *Daemon) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 func isAllocdMethod(m string) bool { return strings.HasPrefix(m, "/allocd.") }
 
 func notReady() error {
-	return server.Status(fmt.Errorf("allocd is starting: state not loaded yet: %w", server.ErrUnavailable))
+	return server.Status(fmt.Errorf("allocd is starting: state not loaded yet: %w", server.ErrNotReady))
 }
 
 // GRPCAddr is the address the gRPC server listens on.
@@ -362,6 +426,9 @@ func (d *Daemon) Close() error {
 		}
 		if d.etcd != nil {
 			d.etcd.Close()
+		}
+		if d.sec != nil {
+			d.sec.close()
 		}
 		d.log.Info("allocd stopped")
 	})

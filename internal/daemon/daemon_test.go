@@ -176,6 +176,9 @@ func TestBadConfig(t *testing.T) {
 		{"tls", func(c *Config) { c.EtcdCertFile = "x.pem" }, "--etcd-keyfile"},
 		{"tls embedded", func(c *Config) { c.EtcdCAFile = "ca.pem" }, "need --etcd-servers"},
 		{"tls http", func(c *Config) { c.EtcdCAFile = "ca.pem"; c.EtcdServers = []string{"http://etcd:2379"} }, "use https://"},
+		{"compaction", func(c *Config) { c.EtcdCompactionInterval = -time.Second }, "--etcd-compaction-interval"},
+		{"quota", func(c *Config) { c.QuotaBackendBytes = -1 }, "--quota-backend-bytes"},
+		{"quota external", func(c *Config) { c.QuotaBackendBytes = 8 << 30; c.EtcdServers = []string{"http://etcd:2379"} }, "set --quota-backend-bytes on the etcd members"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()

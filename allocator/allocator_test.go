@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/allocd/allocd/internal/badrequest"
 	"github.com/allocd/allocd/internal/etcdtest"
 )
 
@@ -751,5 +752,57 @@ func TestSyncBesideAFutureWatch(t *testing.T) {
 	_ = e.Client.Watch(wctx, "/other/", clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	if err := a.Sync(ctx); err != nil {
 		t.Fatalf("Sync() beside a watch from the next revision = %v", err)
+	}
+}
+
+// A first page whose revision etcd compacts while it is read (between its reads of the
+// address and the port keys) is read again at a new revision: the caller sent no token
+// to blame. A token whose revision was compacted is the caller's INVALID_ARGUMENT.
+func TestListPageCompactedMidway(t *testing.T) {
+	e := etcdtest.New(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24", "fd00::/120"))
+	ctx := etcdtest.Context(t)
+	for i := range 3 {
+		if _, err := a.Allocate(ctx, Request{Owner: owner(fmt.Sprint("c", i)), NodePortCount: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, _ := a.ListPage(ctx, ListOptions{PageSize: 1})
+	whole, err := a.ListPage(ctx, ListOptions{PageSize: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	compact := func() {
+		put, err := e.Client.Put(ctx, "/unrelated", "x") // a revision past the page's
+		if err == nil {
+			_, err = e.Client.Compact(ctx, put.Header.Revision)
+		}
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	reads := 0
+	a.afterPageRead = func() {
+		if reads++; reads == 1 {
+			compact()
+		}
+	}
+	page, err := a.ListPage(ctx, ListOptions{PageSize: 100})
+	reads = 0
+	for _, paged := range []bool{false, true} { // RangeStream, and pages (etcd before 3.7)
+		a.noStream.Store(paged)
+		reads = 0
+		if _, all, err := a.List(ctx); err != nil || len(all) != len(whole.Allocations) {
+			t.Errorf("List (paged %v) with a compaction between its reads = %d allocations, %v; want all %d", paged, len(all), err, len(whole.Allocations))
+		}
+	}
+	a.afterPageRead = nil
+	if err != nil || len(page.Allocations) != len(whole.Allocations) {
+		t.Fatalf("ListPage with a compaction between its reads = %d allocations, %v; want all %d", len(page.Allocations), err, len(whole.Allocations))
+	}
+	_, err = a.ListPage(ctx, ListOptions{PageSize: 1, PageToken: first.NextPageToken})
+	var inv *badrequest.Error
+	if !errors.As(err, &inv) {
+		t.Fatalf("ListPage with a compacted token = %v; want INVALID_ARGUMENT page_token", err)
 	}
 }

@@ -67,12 +67,34 @@ func (a *Allocator) List(ctx context.Context) (int64, []Allocation, error) {
 		n += used
 	}
 	all := make([]Allocation, 0, n+n/64+64) // the index's count, and some room
+	var err error
+	for range listTries {
+		var rev int64
+		if rev, all, err = a.listAt(ctx, all[:0]); !errors.Is(err, rpctypes.ErrCompacted) {
+			return rev, all, err
+		}
+		// The revision of the first read was compacted before the last: the caller
+		// wants one consistent view, not that revision. Read again, at a new one.
+	}
+	return 0, nil, err
+}
+
+// listTries bounds List's reads again from a new revision after a compaction.
+const listTries = 3
+
+// listAt appends every allocation to all, read at one revision, and returns it.
+func (a *Allocator) listAt(ctx context.Context, all []Allocation) (int64, []Allocation, error) {
 	var d listDecoder
 	var rev int64
 	for _, prefix := range []string{a.ipPrefix, a.portPrefix} {
 		r, err := a.scan(ctx, prefix, rev, func(kvs []*mvccpb.KeyValue) { all = a.decodeAll(all, kvs, &d) })
+		if a.afterPageRead != nil {
+			a.afterPageRead()
+		}
 		if err != nil {
-			return 0, nil, fmt.Errorf("list allocations: %w", err)
+			// RangeStream's errors come as gRPC statuses: as the etcd client's, so that
+			// List sees a compaction.
+			return 0, nil, fmt.Errorf("list allocations: %w", rpctypes.Error(err))
 		}
 		if rev == 0 {
 			rev = r
@@ -234,7 +256,23 @@ func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) 
 	} else if r != nil {
 		prefixes = prefixes[1:]
 	}
-	pl := pageList{a: a, size: size, rev: rev, keep: keep}
+	for try := 1; ; try++ {
+		page, err := a.fillPage(ctx, pageList{a: a, size: size, rev: rev, keep: keep}, prefixes, after)
+		switch {
+		case !errors.Is(err, rpctypes.ErrCompacted):
+			return page, err
+		case lo.PageToken != "":
+			return Page{}, badrequest.New("page_token", "expired: its revision was compacted; list again from the start")
+		case try == listTries:
+			return Page{}, fmt.Errorf("list allocations: %w", err)
+		}
+		// A first page whose revision was compacted while it was read: read it again
+		// at a new one (the caller sent no token to blame).
+	}
+}
+
+// fillPage fills pl's page from prefixes, after the key after.
+func (a *Allocator) fillPage(ctx context.Context, pl pageList, prefixes []string, after string) (Page, error) {
 	for i, prefix := range prefixes {
 		full, err := pl.prefix(ctx, prefix, after, i == len(prefixes)-1)
 		if err != nil {
@@ -277,8 +315,11 @@ func (pl *pageList) prefix(ctx context.Context, prefix, after string, last bool)
 			opts = append(opts, clientv3.WithRev(pl.rev))
 		}
 		resp, err := pl.a.cli.Get(ctx, key, opts...)
+		if pl.a.afterPageRead != nil {
+			pl.a.afterPageRead()
+		}
 		if errors.Is(err, rpctypes.ErrCompacted) {
-			return true, badrequest.New("page_token", "expired: its revision was compacted; list again from the start")
+			return true, err // ListPage tells whose revision it was
 		}
 		if err != nil {
 			return true, fmt.Errorf("list allocations: %w", err)

@@ -38,6 +38,8 @@ type store struct {
 	// noStream is set once etcd answered RangeStream with Unimplemented.
 	noStream atomic.Bool
 	listPage int // listPageSize; smaller in tests
+	// afterPageRead, when set (tests), runs after each read of ListPage.
+	afterPageRead func()
 }
 
 func newStore(cli *clientv3.Client, log *slog.Logger, prefix string) *store {

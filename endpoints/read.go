@@ -237,8 +237,10 @@ func (c *Controller) watchEvent(ev *clientv3.Event) (WatchEvent, bool, error) {
 				return WatchEvent{}, false, err
 			}
 		} else {
-			ns, name, _ := strings.Cut(c.objectKey(ev.Kv.Key), "/")
-			e.Namespace, e.Name = ns, name
+			// etcd drops the previous value when its revision was compacted (an event
+			// at the compaction revision, or sent late): a Deleted event must carry the
+			// last state, so the watcher lists again instead.
+			return WatchEvent{}, false, &CompactedError{Revision: ev.Kv.ModRevision - 1}
 		}
 		return WatchEvent{Type: Deleted, Endpoints: e, Revision: rev}, true, nil
 	}

@@ -125,3 +125,26 @@ func TestWatch(t *testing.T) {
 		t.Fatalf("Watch from a compacted revision = %v; want a CompactedError", err)
 	}
 }
+
+// A DELETE whose previous state etcd no longer has (compacted at the delete's own
+// revision: etcd drops the previous value) ends the watch with a CompactedError rather
+// than a Deleted event without the last state.
+func TestWatchDeleteWithoutPrevious(t *testing.T) {
+	h := newHarness(t, Config{})
+	h.store(handMade("ns", "a"))
+	ctx := etcdtest.Context(t)
+	del, err := h.cli.Delete(ctx, testPrefix+"/endpoints/ns/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := del.Header.Revision
+	if _, err := h.cli.Compact(ctx, rev); err != nil {
+		t.Fatal(err)
+	}
+	var sent []WatchEvent
+	err = h.c.Watch(ctx, "ns", rev-1, func(e WatchEvent) error { sent = append(sent, e); return nil })
+	var ce *CompactedError
+	if !errors.As(err, &ce) || len(sent) != 0 {
+		t.Fatalf("Watch over a delete whose previous state was compacted = %v, sent %+v; want a CompactedError and nothing sent", err, sent)
+	}
+}

@@ -95,6 +95,11 @@ func Status(err error) error {
 	if errors.As(err, &inv) {
 		return badRequest(err.Error(), inv.Violations...)
 	}
+	if errors.Is(err, rpctypes.ErrCompacted) {
+		// A read at a revision etcd compacted meanwhile (a repair pass's list, say),
+		// where no caller's token or revision is to blame: reading again works.
+		return unavailable("etcd compacted the revision this read needed; retry: "+err.Error(), allocdv1.ErrorReason_ETCD_UNAVAILABLE)
+	}
 	if retryableEtcdError(err) {
 		return unavailable("etcd unavailable: "+err.Error(), allocdv1.ErrorReason_ETCD_UNAVAILABLE)
 	}

@@ -109,6 +109,7 @@ func TestStatus(t *testing.T) {
 		{"etcd unreachable", fmt.Errorf("txn: %w", status.Error(codes.Unavailable, "no leader")), codes.Unavailable},
 		{"etcd timeout", fmt.Errorf("txn: %w", rpctypes.ErrTimeout), codes.Unavailable},
 		{"etcd no leader", fmt.Errorf("txn: %w", rpctypes.ErrNoLeader), codes.Unavailable},
+		{"etcd compacted during a list", fmt.Errorf("list allocations: %w", rpctypes.ErrCompacted), codes.Unavailable},
 		{"etcd leader changed", rpctypes.ErrLeaderChanged, codes.Unavailable},
 		{"etcd too many requests", rpctypes.ErrTooManyRequests, codes.Unavailable},
 		{"etcd request too large", rpctypes.ErrRequestTooLarge, codes.Internal},

@@ -83,6 +83,15 @@ func TestAllocations(t *testing.T) {
 	a.run("release", "--owner", "default/web")
 	a.run("release", "--force", "30030", "-o", "json")
 	a.run("release", "--owner", "default/web")
+	// A UID that is not --owner's, --owner that --force would not check, and an owner
+	// whose name two UIDs carry (deleted and created again): nothing released.
+	a.allocate("default", "cache", "uid-cache-1", []string{"10.0.0.40"})
+	a.allocate("default", "cache", "uid-cache-2", []string{"10.0.0.41"})
+	a.run("release", "--owner", "default/api", "--uid", "uid-db")
+	a.run("release", "--owner", "default/db", "--force", "10.0.0.10")
+	a.run("release", "--owner", "default/cache")
+	a.run("release", "--owner", "default/cache", "--uid", "uid-cache-1")
+	a.run("release", "--owner", "default/cache", "--all-uids")
 	a.run("get", "allocations", "-o", "json")
 	a.golden("allocations")
 }

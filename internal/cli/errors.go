@@ -131,15 +131,25 @@ func holder(e *client.Error, held *client.AlreadyAllocatedError) string {
 	return fmt.Sprintf("%s/%s (uid %s)", ns, name, held.HolderUID)
 }
 
-// fullHint says what to do about a full range.
+// fullHint says what to do about a full range, or several ("10.0.0.0/24, 10.1.0.0/29":
+// every ready ServiceCIDR of a family).
 func fullHint(subject string) string {
-	if _, err := netip.ParsePrefix(subject); err == nil {
-		return fmt.Sprintf("full: %s; make room: release what is unused (allocd get allocations --range %s) or add a range (allocd create servicecidr NAME CIDR)", subject, subject)
-	}
 	if subject == "" {
 		return "make room: release what is unused (allocd get ranges shows what is full)"
 	}
-	return fmt.Sprintf("full: %s; make room: release unused node ports (allocd get allocations --range %s)", subject, subject)
+	var lists []string
+	cidr := false
+	for _, r := range strings.Split(subject, ", ") {
+		if _, err := netip.ParsePrefix(r); err == nil {
+			cidr = true
+		}
+		lists = append(lists, "allocd get allocations --range "+r)
+	}
+	if cidr {
+		return fmt.Sprintf("full: %s; make room: release what is unused (%s) or add a range (allocd create servicecidr NAME CIDR)",
+			subject, strings.Join(lists, "; "))
+	}
+	return fmt.Sprintf("full: %s; make room: release unused node ports (%s)", subject, strings.Join(lists, "; "))
 }
 
 // codeWords spells a gRPC code in words: AlreadyExists is "already exists".

@@ -73,3 +73,17 @@ func TestHelp(t *testing.T) {
 	out, _, _ := execute(context.Background(), "get", "ranges", "--help")
 	compareGolden(t, "help-get-ranges", out)
 }
+
+// TestFullHint: one hint per full range, ServiceCIDRs told from node-port ranges, also
+// when a family's ranges are all full at once (the server lists them in one subject).
+func TestFullHint(t *testing.T) {
+	for subject, want := range map[string]string{
+		"10.0.0.0/24":              "full: 10.0.0.0/24; make room: release what is unused (allocd get allocations --range 10.0.0.0/24) or add a range (allocd create servicecidr NAME CIDR)",
+		"10.0.0.0/24, 10.1.0.0/29": "full: 10.0.0.0/24, 10.1.0.0/29; make room: release what is unused (allocd get allocations --range 10.0.0.0/24; allocd get allocations --range 10.1.0.0/29) or add a range (allocd create servicecidr NAME CIDR)",
+		"30000-32767":              "full: 30000-32767; make room: release unused node ports (allocd get allocations --range 30000-32767)",
+	} {
+		if got := fullHint(subject); got != want {
+			t.Errorf("fullHint(%q) =\n  %s\nwant\n  %s", subject, got, want)
+		}
+	}
+}

@@ -18,21 +18,24 @@ import (
 
 func newRelease(o *options) *cobra.Command {
 	var owner, uid string
-	var force bool
+	var force, allUIDs bool
 	cmd := &cobra.Command{
 		Use:   "release --owner NS/NAME [IP|PORT...]",
 		Short: "Release ClusterIPs and NodePorts of an owner (or, with --force, of whoever holds them)",
 		Long: `Release addresses and ports (Release). Without IP or PORT, everything the owner holds.
 
-Release is owner-checked by UID. With --uid the owner is that UID; without it the
-command finds it: it asks who holds each IP or PORT named (and refuses, releasing
-nothing, when it is not --owner), or, with none named, reads every allocation to find
-the owner's (a Service deleted and created again under its name has a new UID: both
-are released). Releasing what is free is not an error.
+Release is owner-checked by UID. With --uid the owner is that UID, and the command
+first checks that what the UID holds is --owner's (refusing, releasing nothing, when
+it is not). Without it the command finds the UID: it asks who holds each IP or PORT
+named (and refuses when it is not --owner), or, with none named, reads every
+allocation to find the owner's. A Service deleted and created again under its name
+has a new UID: when --owner's allocations carry more than one UID, nothing is
+released and the UIDs are listed; give --uid, or --all-uids to release them all.
+Releasing what is free is not an error.
 
---force releases the IPs and PORTs named whoever holds them, or everything of --owner
-(ForceRelease: with authorization on, a policy grants it to operators apart from
-Release). The Service that still uses a forced address keeps it in its spec: repair
+--force releases the IPs and PORTs named whoever holds them (then --owner is refused:
+it would not be checked), or everything of --owner (ForceRelease: with authorization
+on, a policy grants it to operators apart from Release). The Service that still uses a forced address keeps it in its spec: repair
 reports it (ClusterIPNotAllocated) and allocates it again.`,
 		Example: `  allocd release --owner default/web                 # all of default/web's
   allocd release --owner default/db 10.0.0.10 30010   # two of default/db's
@@ -45,13 +48,15 @@ reports it (ClusterIPNotAllocated) and allocates it again.`,
 			switch {
 			case owner == "" && (!force || it.empty()):
 				return usage(s.cmd, errors.New("missing --owner NAMESPACE/NAME (only --force with the IPs or PORTs to release goes without)"))
+			case owner != "" && force && !it.empty():
+				return usage(s.cmd, errors.New("--owner with --force and IPs or PORTs: --force releases them whoever holds them, so --owner would not be checked; drop one of the two"))
 			case owner != "":
 				var err error
 				if ref, err = parseOwner(owner); err != nil {
 					return usage(s.cmd, err)
 				}
 			}
-			groups, err := releaseGroups(ctx, s, ref, uid, args, force)
+			groups, err := releaseGroups(ctx, s, releaseWhat{ref: ref, uid: uid, allUIDs: allUIDs}, args, force)
 			if err != nil {
 				return err
 			}
@@ -61,6 +66,7 @@ reports it (ClusterIPNotAllocated) and allocates it again.`,
 	cmd.Flags().StringVar(&owner, "owner", "", "owner whose allocations are released, NAMESPACE/NAME (optional with --force and IPs or PORTs)")
 	cmd.Flags().StringVar(&uid, "uid", "", "UID of --owner: skips finding it")
 	cmd.Flags().BoolVar(&force, "force", false, "release whoever holds them (ForceRelease)")
+	cmd.Flags().BoolVar(&allUIDs, "all-uids", false, "with --owner and no IP or PORT: release under every UID --owner's allocations carry")
 	return cmd
 }
 
@@ -72,22 +78,57 @@ type releaseGroup struct {
 	free  []string // named, already free: nothing to do
 }
 
+// releaseWhat is whose allocations a release is for.
+type releaseWhat struct {
+	ref     ownerRef
+	uid     string // --uid
+	allUIDs bool   // --all-uids
+}
+
 // releaseGroups finds the owners' UIDs the release needs, one group per UID.
-func releaseGroups(ctx context.Context, s *session, ref ownerRef, uid string, args []string, force bool) ([]releaseGroup, error) {
+func releaseGroups(ctx context.Context, s *session, w releaseWhat, args []string, force bool) ([]releaseGroup, error) {
 	it := parseItems(args)
-	owner := &allocdv1.Owner{Namespace: ref.namespace, Name: ref.name, Uid: uid}
+	owner := &allocdv1.Owner{Namespace: w.ref.namespace, Name: w.ref.name, Uid: w.uid}
 	switch {
-	case uid != "" || force && !it.empty():
+	case force && !it.empty():
+		return []releaseGroup{{owner: owner, items: it}}, nil
+	case w.uid != "":
+		if err := checkUID(ctx, s, w.ref, w.uid); err != nil {
+			return nil, err
+		}
 		return []releaseGroup{{owner: owner, items: it}}, nil
 	case it.empty():
-		uids, err := ownerUIDs(ctx, s, ref)
+		uids, err := ownerUIDs(ctx, s, w.ref)
+		if err == nil && len(uids) > 1 && !w.allUIDs {
+			return nil, s.fail("release", false, status.Errorf(codes.FailedPrecondition,
+				"%s's allocations carry %d UIDs (%s): a Service deleted and created again under its name; nothing released: "+
+					"give --uid, or --all-uids to release them all", w.ref, len(uids), strings.Join(uids, ", ")))
+		}
 		var groups []releaseGroup
 		for _, u := range uids {
-			groups = append(groups, releaseGroup{owner: &allocdv1.Owner{Namespace: ref.namespace, Name: ref.name, Uid: u}})
+			groups = append(groups, releaseGroup{owner: &allocdv1.Owner{Namespace: w.ref.namespace, Name: w.ref.name, Uid: u}})
 		}
 		return groups, err
 	}
-	return holders(ctx, s, ref, args)
+	return holders(ctx, s, w.ref, args)
+}
+
+// checkUID refuses a --uid whose allocations are not ref's: a mistyped UID would
+// release another owner's.
+func checkUID(ctx context.Context, s *session, ref ownerRef, uid string) error {
+	page, err := call(ctx, s.o, func(ctx context.Context) (*allocdv1.ListAllocationsResponse, error) {
+		return s.c.ListAllocations(ctx, &allocdv1.ListAllocationsRequest{OwnerUid: uid})
+	})
+	if err != nil {
+		return s.fail("release: find the allocations of uid "+uid, false, err)
+	}
+	for _, a := range page.GetAllocations() {
+		if !ref.is(a.GetOwner()) {
+			return s.fail("release", false, status.Errorf(codes.FailedPrecondition,
+				"uid %s holds allocations of %s, not of %s: nothing released", uid, ownerName(a.GetOwner()), ref))
+		}
+	}
+	return nil
 }
 
 // ownerUIDs lists every allocation to find the UIDs that ref's allocations carry.

@@ -42,13 +42,16 @@ shows the countdown). --dry-run reports without writing or counting a strike.
 				return s.fail("repair run", !dryRun, err)
 			}
 			if o.structured() {
-				return printObject(s.out, o.output, report)
+				if err := printObject(s.out, o.output, report); err != nil {
+					return err
+				}
+			} else {
+				if err := printFindings(s.out, report.GetFindings(), o.output == outWide); err != nil {
+					return err
+				}
+				fmt.Fprintln(s.out, passSummary(report))
 			}
-			if err := printFindings(s.out, report.GetFindings(), o.output == outWide); err != nil {
-				return err
-			}
-			fmt.Fprintln(s.out, passSummary(report))
-			if report.GetError() != "" {
+			if report.GetError() != "" { // the pass stopped early: exit 1, in every format
 				return ExitCode(1)
 			}
 			return nil

@@ -45,8 +45,9 @@ type Compactor struct {
 	hurry    chan int64 // revisions Hurry asks to compact now
 
 	// Only the goroutine that runs Run (or RunOnce) uses these.
-	version int64 // the compaction key's version as last seen (kube's compact time)
-	rev     int64 // etcd's revision at the last step: the next compaction's target
+	version   int64 // the compaction key's version as last seen (kube's compact time)
+	rev       int64 // etcd's revision at the last step: the next compaction's target
+	compacted int64 // the highest revision known compacted: the gauge's value
 }
 
 // New returns a Compactor of cfg on cli.
@@ -98,6 +99,12 @@ func (c *Compactor) RunOnce(ctx context.Context) (int64, error) { return c.step(
 // Hurry asks Run for a step now that compacts rev (a revision the caller read a while
 // ago: the history since is kept) rather than the previous step's: the history outgrew
 // its budget. It never blocks; a newer request replaces one Run has not taken yet.
+//
+// Hurry is for the Member of an etcd that allocd runs itself (the embedded one): when
+// that etcd is out of space (NOSPACE) and refuses the compaction key's write, a hurried
+// step compacts rev all the same, without the key, as only Compact frees its space. A
+// step that is not hurried (every interval, on any etcd) then fails, as
+// kube-apiserver's does: an external etcd's space is its operator's.
 func (c *Compactor) Hurry(rev int64) {
 	for {
 		select {
@@ -116,7 +123,8 @@ func (c *Compactor) Hurry(rev int64) {
 // step is one step of kube-apiserver's algorithm. hurried > 0 compacts that revision
 // instead of the previous step's, even on this replica's first step (which otherwise
 // only records: it knows no revision one interval old), and tries the compare again at
-// once if another replica stepped since this one last looked.
+// once if another replica stepped since this one last looked. A hurried step also
+// compacts when etcd refuses the compaction key's write for lack of space (see Hurry).
 func (c *Compactor) step(ctx context.Context, hurried int64) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, compactTimeout)
 	defer cancel()
@@ -127,6 +135,13 @@ func (c *Compactor) step(ctx context.Context, hurried int64) (int64, error) {
 	won, err := c.cas(ctx, target)
 	if err == nil && !won && hurried > 0 {
 		won, err = c.cas(ctx, target)
+	}
+	if hurried > 0 && errors.Is(err, rpctypes.ErrNoSpace) {
+		// etcd is out of space (NOSPACE) and refuses the key's write, but not a
+		// compaction: compact without the key. The replicas' turns are not kept; two
+		// compactions of the same history are harmless (the second is ErrCompacted).
+		c.log.Warn("etcd out of space: compacting without the compaction key", "revision", target)
+		won, err = true, nil
 	}
 	switch {
 	case err != nil:
@@ -147,9 +162,19 @@ func (c *Compactor) step(ctx context.Context, hurried int64) (int64, error) {
 	// ErrCompacted: something else (etcd's own auto-compaction, another compactor)
 	// compacted past target already; the history is as short as asked.
 	c.m.step("compacted")
-	c.m.compacted.Set(float64(target))
+	c.raiseCompacted(target)
 	c.log.Debug("etcd history compacted", "revision", target, "hurried", hurried > 0, "took", time.Since(start).Round(time.Millisecond))
 	return target, nil
+}
+
+// raiseCompacted sets the compacted revision gauge to rev if that raises it: a
+// revision compacted already (ErrCompacted), or one another replica compacted before
+// the one this replica last saw in the key, is no news.
+func (c *Compactor) raiseCompacted(rev int64) {
+	if rev > c.compacted {
+		c.compacted = rev
+		c.m.compacted.Set(float64(rev))
+	}
 }
 
 // cas is the compare-and-swap of a step: if the compaction key's version is the one
@@ -174,7 +199,7 @@ func (c *Compactor) cas(ctx context.Context, target int64) (bool, error) {
 	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
 		c.version = kvs[0].Version
 		if done, err := strconv.ParseInt(string(kvs[0].Value), 10, 64); err == nil && done > 0 {
-			c.m.compacted.Set(float64(done))
+			c.raiseCompacted(done)
 		}
 	}
 	return false, nil

@@ -194,3 +194,40 @@ func TestHurry(t *testing.T) {
 		}
 	}
 }
+
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
+
+// TestCompactedRevisionOnlyRises: the gauge of the compacted revision learns another
+// replica's compaction from the compaction key; a hurried step to an older revision,
+// which etcd answers ErrCompacted, does not take it back.
+func TestCompactedRevisionOnlyRises(t *testing.T) {
+	e := etcdtest.New(t)
+	c := newCompactor(t, e.Client, time.Hour)
+	o := newCompactor(t, e.NewClient(), time.Hour)
+	ctx := etcdtest.Context(t)
+	old := put(t, e.Client, "k")
+	var byOther int64
+	for range 2 { // o records, then compacts what it recorded
+		put(t, e.Client, "k")
+		var err error
+		if byOther, err = o.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if byOther <= old {
+		t.Fatalf("the other replica compacted %d; want past %d", byOther, old)
+	}
+	if got, err := c.step(ctx, old); err != nil || got != old {
+		t.Fatalf("hurried step to %d = %d, %v; want it done (ErrCompacted)", old, got, err)
+	}
+	if got := gaugeValue(t, c.m.compacted); got != float64(byOther) {
+		t.Errorf("allocd_etcd_compacted_revision = %v; want %d, the other replica's, not the older %d", got, byOther, old)
+	}
+}

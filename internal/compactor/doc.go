@@ -25,12 +25,16 @@
 //
 //   - hurries the Compactor when the database in use has grown by more than a history
 //     budget since the last compaction (a burst of writes would otherwise fill the file
-//     long before the interval is up): the Compactor then compacts, still through the
-//     compaction key, everything but the last second of history;
+//     long before the interval is up), or when the member is out of space: the Compactor
+//     then compacts, still through the compaction key, everything older than the newest
+//     revision read at least 2 s before; under NOSPACE, which refuses the key's write,
+//     without the key;
 //   - defragments the member when at least half of its file is free and the free part is
 //     worth the pause (compaction frees pages inside the file; only defragmentation gives
-//     them back, and etcd's quota counts the file's size); Start-time callers use
-//     Defragment, before the member serves allocd;
+//     them back, and etcd's quota counts the file's size), and no more than
+//     DefragMaxInUseBytes is in use (the member serves no client meanwhile; above, it
+//     logs once that an operator should); Start-time callers use Defragment, before the
+//     member serves allocd;
 //   - exports the sizes as metrics (allocd does not serve the embedded etcd's own).
 //
 // etcd has one history for all of its keys: compaction is not limited to --etcd-prefix.

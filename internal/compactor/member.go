@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +21,21 @@ const (
 	defragTimeout = 5 * time.Minute
 	// defragRetry is the pause after a failed defragmentation.
 	defragRetry = time.Minute
+	// hurryFloor is the least age of the revision a hurry compacts: the history of the
+	// last hurryFloor is always kept. The target is the newest revision a status read saw
+	// at least this long ago, not the previous read's: a loop pass that runs long (a slow
+	// Status, a defragmentation) makes the ticker deliver its late tick at once, and two
+	// reads then land milliseconds apart. Two polls: a client that resumes a watch or
+	// turns a page a second old still finds its revision, and at allocd's full speed
+	// (some 1,300 Allocate+Release cycles/s, 600 bytes of history each) the kept history
+	// is under 2 MiB, small beside the 16 MiB budget.
+	hurryFloor = 2 * time.Second
+	// DefragMaxInUseBytes caps automatic defragmentation: a defragmentation blocks the
+	// member (it serves nothing, to allocd nor to any other client, such as the other
+	// replicas of `make cluster`) for a time that grows with the size in use, some
+	// seconds per GiB. Above it a Member logs, once, that an operator should run
+	// `etcdctl defrag` at a quiet time.
+	DefragMaxInUseBytes = 256 << 20
 )
 
 // Maintainer is what a Member needs of etcd's maintenance API: clientv3.Maintenance
@@ -40,13 +56,17 @@ type MemberConfig struct {
 	// hurried. 0: never.
 	HistoryBytes int64
 	// DefragFreeBytes is the least free space (file size - size in use) worth a
-	// defragmentation, which also needs at least half of the file free. Must be > 0.
+	// defragmentation, which also needs at least half of the file free, and at most
+	// DefragMaxInUseBytes in use. Must be > 0.
 	DefragFreeBytes int64
 	// Compactor is the Compactor to hurry; nil: compaction is off, the Member only
 	// defragments after compactions made by others (etcdctl compact).
 	Compactor *Compactor
 	// Poll is how often the member's status is read; 1 s when 0.
 	Poll time.Duration
+	// HistoryFloor is the least age of the revision a hurry compacts; 2 s when 0 (tests
+	// that poll faster shorten it too).
+	HistoryFloor time.Duration
 	// Logger; slog.Default() when nil.
 	Logger *slog.Logger
 	// Registerer gets the metrics; nil: none.
@@ -62,10 +82,21 @@ type Member struct {
 	m    *memberMetrics
 	poll time.Duration
 
+	floor          time.Duration // HistoryFloor
+	maxDefragInUse int64         // DefragMaxInUseBytes; tests lower it
+
 	// Only the goroutine that runs Run (or Defragment before it) uses these.
-	low         int64     // the lowest size in use seen since the last hurry; 0: none yet
-	lastRev     int64     // etcd's revision at the previous status read
-	defragAfter time.Time // no defragmentation before, after a failed one
+	low         int64         // the lowest size in use seen since the last hurry; 0: none yet
+	seen        []observation // status reads: the newest one at least floor old, then the younger ones
+	hurried     int64         // the revision the last hurry asked for
+	defragAfter time.Time     // no defragmentation before, after a failed one
+	advised     bool          // the recommendation to defragment by hand is logged for the current state
+}
+
+// observation is etcd's revision at a status read.
+type observation struct {
+	at  time.Time
+	rev int64
 }
 
 // NewMember returns a Member of the member at cfg.Endpoint, reached through cli.
@@ -84,11 +115,15 @@ func NewMember(cli Maintainer, cfg MemberConfig) (*Member, error) {
 	if err != nil {
 		return nil, err
 	}
-	poll := cfg.Poll
+	poll, floor := cfg.Poll, cfg.HistoryFloor
 	if poll <= 0 {
 		poll = defaultPoll
 	}
-	return &Member{cli: cli, cfg: cfg, log: log.With("component", "compactor", "member", cfg.Endpoint), m: m, poll: poll}, nil
+	if floor <= 0 {
+		floor = hurryFloor
+	}
+	return &Member{cli: cli, cfg: cfg, log: log.With("component", "compactor", "member", cfg.Endpoint), m: m, poll: poll,
+		floor: floor, maxDefragInUse: DefragMaxInUseBytes}, nil
 }
 
 // Run reads the member's status every poll, hurries the Compactor when the history
@@ -112,7 +147,7 @@ func (m *Member) Run(ctx context.Context) error {
 			continue
 		}
 		m.hurry(st)
-		if m.fragmented(st) && time.Now().After(m.defragAfter) {
+		if m.defragWanted(st) && time.Now().After(m.defragAfter) {
 			if err := m.defrag(ctx, st); err != nil && ctx.Err() == nil {
 				m.log.Warn("etcd defragmentation failed; trying again later", "err", err, "after", defragRetry)
 			}
@@ -121,14 +156,16 @@ func (m *Member) Run(ctx context.Context) error {
 }
 
 // Defragment defragments the member if at least half of its file, and at least
-// DefragFreeBytes, is free, and reports whether it did. Call it before Run (at start,
-// before the member serves allocd, when the pause harms nobody), not while Run runs.
+// DefragFreeBytes, is free, and at most DefragMaxInUseBytes in use, and reports
+// whether it did. Call it before Run (at start, before the member serves allocd, when
+// the pause harms fewest: other clients of the member still wait for it), not while
+// Run runs.
 func (m *Member) Defragment(ctx context.Context) (bool, error) {
 	st, err := m.status(ctx)
 	if err != nil {
 		return false, err
 	}
-	if !m.fragmented(st) {
+	if !m.defragWanted(st) {
 		return false, nil
 	}
 	return true, m.defrag(ctx, st)
@@ -151,23 +188,59 @@ func (m *Member) status(ctx context.Context) (*clientv3.StatusResponse, error) {
 	return st, nil
 }
 
-// hurry hurries the Compactor, to compact the revision of the previous read (a poll
-// ago), when the size in use has grown by more than the budget since the lowest size
-// seen after the last hurry: what the history has added since it was last compacted.
+// hurry hurries the Compactor, to compact the newest revision read at least floor ago,
+// when the size in use has grown by more than the budget since the lowest size seen
+// after the last hurry (what the history has added since it was last compacted), or
+// when the member is out of space (NOSPACE: the hurried step compacts without the
+// compaction key, which etcd refuses to write). Never twice for one revision.
 func (m *Member) hurry(st *clientv3.StatusResponse) {
-	defer func() { m.lastRev = st.Header.Revision }()
+	target := m.observe(time.Now(), st.Header.Revision)
 	if m.cfg.Compactor == nil || m.cfg.HistoryBytes == 0 {
 		return
 	}
 	if m.low == 0 || st.DbSizeInUse < m.low {
 		m.low = st.DbSizeInUse
 	}
-	if st.DbSizeInUse-m.low > m.cfg.HistoryBytes && m.lastRev > 0 {
-		m.log.Debug("etcd history over its budget: compacting now", "in_use", st.DbSizeInUse, "grown", st.DbSizeInUse-m.low,
-			"budget", m.cfg.HistoryBytes, "revision", m.lastRev)
-		m.cfg.Compactor.Hurry(m.lastRev)
-		m.low = 0 // measured anew from the next read, after the compaction
+	grown, nospace := st.DbSizeInUse-m.low, slices.Contains(Alarms(st), "NOSPACE")
+	if (grown <= m.cfg.HistoryBytes && !nospace) || target <= m.hurried {
+		return
 	}
+	m.log.Debug("etcd history over its budget, or etcd out of space: compacting now", "in_use", st.DbSizeInUse, "grown", grown,
+		"budget", m.cfg.HistoryBytes, "nospace", nospace, "revision", target)
+	m.cfg.Compactor.Hurry(target)
+	m.hurried = target
+	m.low = 0 // measured anew from the next read, after the compaction
+}
+
+// observe records etcd's revision rev read at now, and returns the newest revision
+// read at least floor before now (0: none yet). It keeps that one and the younger
+// ones: about floor/poll + 1 observations.
+func (m *Member) observe(now time.Time, rev int64) int64 {
+	m.seen = append(m.seen, observation{at: now, rev: rev})
+	for len(m.seen) > 1 && now.Sub(m.seen[1].at) >= m.floor {
+		m.seen = m.seen[1:]
+	}
+	if now.Sub(m.seen[0].at) < m.floor {
+		return 0
+	}
+	return m.seen[0].rev
+}
+
+// defragWanted reports whether to defragment st's member now: it is fragmented, and
+// small enough for the pause to be short. A fragmented member too large for that is
+// logged once (until it is no longer so), with what an operator should do.
+func (m *Member) defragWanted(st *clientv3.StatusResponse) bool {
+	if !m.fragmented(st) || st.DbSizeInUse <= m.maxDefragInUse {
+		m.advised = false
+		return m.fragmented(st)
+	}
+	if !m.advised {
+		m.advised = true
+		m.log.Warn("etcd member mostly free, but too large to defragment automatically: etcd serves no client while it "+
+			"defragments, for a time that grows with the size in use; run etcdctl defrag on it at a quiet time",
+			"size", st.DbSize, "in_use", st.DbSizeInUse, "max_in_use_auto_defrag", m.maxDefragInUse)
+	}
+	return false
 }
 
 // fragmented reports whether defragmenting st's member is worth its pause.

@@ -22,11 +22,23 @@ import (
 // DefaultQuotaBackendBytes is etcd's default quota, 2 GiB: --quota-backend-bytes.
 const DefaultQuotaBackendBytes = 2 << 30
 
+const (
+	// minQuotaBackendBytes is the least --quota-backend-bytes allocd takes (but 0):
+	// below it the history budget, an eighth, is under 2 MiB (a few thousand Allocate
+	// and Release cycles), and an etcd of a few MiB refuses allocd's own writes at its
+	// first start (a quota under 8 bytes would even make the budget 0).
+	minQuotaBackendBytes = 16 << 20
+	// maxRecommendedQuotaBackendBytes is etcd's recommended largest quota, 8 GiB: above
+	// it, allocd starts with a warning.
+	maxRecommendedQuotaBackendBytes = 8 << 30
+)
+
 // historyBudget is how much the embedded etcd's database in use may grow between two
 // compactions before the compactor compacts sooner than --etcd-compaction-interval
-// (all but the last second of history): 16 MiB (some 25,000 Allocate and Release
-// cycles: seconds at full speed, hours at a Kubernetes cluster's pace), at most an
-// eighth of the quota. Defragmentation waits for twice that much free space.
+// (all but the last 2 s or so of history: compactor.Member): 16 MiB (some 25,000
+// Allocate and Release cycles: seconds at full speed, hours at a Kubernetes cluster's
+// pace), at most an eighth of the quota. Defragmentation waits for twice that much
+// free space.
 func historyBudget(quota int64) int64 {
 	if quota == 0 {
 		quota = DefaultQuotaBackendBytes
@@ -43,6 +55,9 @@ func (c *Config) validateEtcdSpace() []error {
 	switch {
 	case c.QuotaBackendBytes < 0:
 		errs = append(errs, fmt.Errorf("--quota-backend-bytes %d: want >= 0 (0: etcd's default, 2 GiB)", c.QuotaBackendBytes))
+	case c.QuotaBackendBytes > 0 && c.QuotaBackendBytes < minQuotaBackendBytes:
+		errs = append(errs, fmt.Errorf("--quota-backend-bytes %d: want at least 16 MiB (%d), or 0 for etcd's default, 2 GiB",
+			c.QuotaBackendBytes, minQuotaBackendBytes))
 	case len(c.EtcdServers) > 0 && c.QuotaBackendBytes != 0 && c.QuotaBackendBytes != DefaultQuotaBackendBytes:
 		errs = append(errs, fmt.Errorf("--quota-backend-bytes %d: applies to the embedded etcd only; with --etcd-servers set --quota-backend-bytes on the etcd members", c.QuotaBackendBytes))
 	}
@@ -52,8 +67,11 @@ func (c *Config) validateEtcdSpace() []error {
 // startSpace runs the compactor (with --etcd-compaction-interval) and, for the
 // embedded etcd, the Member that hurries it and defragments. Before, it frees the
 // embedded etcd's space if it is out of space (startOutOfSpace), and defragments it
-// when compaction has left most of its file free: allocd does not serve yet, so the
-// pause harms nobody. The loops run in d.group under runCtx.
+// when compaction has left most of its file free (and little enough in use for a short
+// pause, compactor.DefragMaxInUseBytes): this allocd does not serve yet, but other
+// clients of the embedded etcd (the other replicas of `make cluster`, which use it
+// through --etcd-servers; an operator's etcdctl) wait for the pause. The loops run in
+// d.group under runCtx.
 func (d *Daemon) startSpace(ctx, runCtx context.Context) error {
 	d.alarms = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "allocd_etcd_alarm",
@@ -78,6 +96,10 @@ func (d *Daemon) startSpace(ctx, runCtx context.Context) error {
 	if d.etcd == nil {
 		return nil // an external etcd's defragmentation is its operator's (README)
 	}
+	if q := d.cfg.QuotaBackendBytes; q > maxRecommendedQuotaBackendBytes {
+		d.log.Warn("--quota-backend-bytes is above etcd's recommended maximum, 8 GiB: a larger database makes the embedded etcd "+
+			"slower to start, to snapshot and to defragment", "quota_backend_bytes", q)
+	}
 	budget := historyBudget(d.cfg.QuotaBackendBytes)
 	// The maintenance calls on d.cli's connection to the member (d.cli's Status and
 	// Defragment would dial a connection per call).
@@ -85,9 +107,10 @@ func (d *Daemon) startSpace(ctx, runCtx context.Context) error {
 	if err := d.startOutOfSpace(ctx, mt, budget); err != nil {
 		return err
 	}
+	// Tests that poll faster keep two polls of history too (2 s at the default 1 s).
 	m, err := compactor.NewMember(mt, compactor.MemberConfig{Endpoint: "http://" + d.cfg.EmbeddedEtcdClientAddress,
 		HistoryBytes: budget, DefragFreeBytes: 2 * budget, Compactor: c, Poll: d.cfg.etcdSpacePoll,
-		Logger: d.log, Registerer: d.registry})
+		HistoryFloor: 2 * d.cfg.etcdSpacePoll, Logger: d.log, Registerer: d.registry})
 	if err != nil {
 		return err
 	}
@@ -100,11 +123,14 @@ func (d *Daemon) startSpace(ctx, runCtx context.Context) error {
 
 // startOutOfSpace makes the embedded etcd writable again when it is out of space at
 // start: etcd keeps its NOSPACE alarm across restarts, and allocd writes to etcd as it
-// starts, so it would not start, and with it would go the only way to reach the
-// embedded etcd. allocd is its only client and serves nothing yet, so it does what the
-// README tells an operator: compact all history (unless --etcd-compaction-interval is
-// 0), defragment, and disarm the alarm if the database then leaves twice the history
-// budget under the quota; else it says what to do.
+// starts, so it would not start, and with it would go the embedded etcd. An etcd out of
+// space serves no writes to anyone, and this allocd serves nothing yet, so it does what
+// the README tells an operator: compact all history (unless --etcd-compaction-interval
+// is 0), defragment, and disarm the alarm if the database then leaves twice the
+// history budget under the quota; else it says what to do. Other clients of the
+// embedded etcd (the other replicas of `make cluster`; anything else pointed at its
+// client address) lose the history they might still have watched from, as after any
+// compaction, and wait for the defragmentation.
 func (d *Daemon) startOutOfSpace(ctx context.Context, mt compactor.Maintainer, budget int64) error {
 	alarms, err := d.cli.AlarmList(ctx)
 	if err != nil {
@@ -171,23 +197,28 @@ const (
 	etcdServing     etcdState = iota
 	etcdUnreachable           // a linearizable read failed
 	etcdNoSpace               // the NOSPACE alarm is raised: writes are refused, reads work
-	etcdUnknown               // reads work, the alarm list could not be read: no change
+	etcdUnknown               // reads work, the status could not be read: no change
 )
 
 // checkEtcd reads a key (linearizable) and the alarms of etcd, and exports the alarms.
+// The alarms come from a member's status (compactor.Alarms), which the member answers
+// by itself: AlarmList goes through raft, a log entry and an fsync on every member,
+// every second.
 func (d *Daemon) checkEtcd(ctx context.Context) (etcdState, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if _, err := d.cli.Get(ctx, d.cfg.EtcdPrefix+"/health", clientv3.WithCountOnly()); err != nil {
 		return etcdUnreachable, err
 	}
-	resp, err := d.cli.AlarmList(ctx)
+	// On d.cli's connection (whichever member it is on), not a new one per call.
+	mt := clientv3.NewMaintenanceFromMaintenanceClient(etcdserverpb.NewMaintenanceClient(d.cli.ActiveConnection()), d.cli)
+	st, err := mt.Status(ctx, "")
 	if err != nil {
 		return etcdUnknown, err
 	}
 	raised := map[string]bool{}
-	for _, a := range resp.Alarms {
-		raised[a.Alarm.String()] = true
+	for _, a := range compactor.Alarms(st) {
+		raised[a] = true
 	}
 	for _, a := range []etcdserverpb.AlarmType{etcdserverpb.AlarmType_NOSPACE, etcdserverpb.AlarmType_CORRUPT} {
 		v := 0.0

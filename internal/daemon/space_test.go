@@ -307,3 +307,94 @@ func TestNoSpaceAtStart(t *testing.T) {
 		t.Errorf("etcd alarms after the start = %v, %v; want none", alarms, err)
 	}
 }
+
+// TestBadQuotaConfig: a --quota-backend-bytes below 16 MiB (but 0) is refused with a
+// message naming the flag and the least value; 0, 16 MiB and more are taken.
+func TestBadQuotaConfig(t *testing.T) {
+	for _, q := range []int64{1, 7, 1 << 20, 16<<20 - 1} {
+		c := DefaultConfig()
+		c.QuotaBackendBytes = q
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--quota-backend-bytes") ||
+			!strings.Contains(err.Error(), "at least 16 MiB") {
+			t.Errorf("Validate() with --quota-backend-bytes %d = %v; want an error naming the flag and 16 MiB", q, err)
+		}
+	}
+	for _, q := range []int64{0, 16 << 20, 9 << 30} {
+		c := DefaultConfig()
+		c.QuotaBackendBytes = q
+		if err := c.Validate(); err != nil {
+			t.Errorf("Validate() with --quota-backend-bytes %d = %v; want nil", q, err)
+		}
+	}
+}
+
+// TestLargeQuotaWarning: an embedded etcd's quota above etcd's recommended 8 GiB starts,
+// with a warning; the default quota starts without one.
+func TestLargeQuotaWarning(t *testing.T) {
+	for _, q := range []int64{9 << 30, DefaultQuotaBackendBytes} {
+		var logs logBuffer
+		StartForTest(t, func(c *Config) { c.QuotaBackendBytes = q; c.LogFormat, c.LogOutput = "json", &logs })
+		n := 0
+		for _, r := range logs.records(map[string]string{"level": "WARN"}) {
+			if v, ok := r["quota_backend_bytes"].(float64); ok && int64(v) == q {
+				n++
+			}
+		}
+		if want := map[bool]int{true: 1, false: 0}[q > 8<<30]; n != want {
+			t.Errorf("--quota-backend-bytes %d: %d warnings about it; want %d", q, n, want)
+		}
+	}
+}
+
+// requests counts allocd's etcd requests of method (Maintenance/Alarm, say).
+func requests(t *testing.T, d *Daemon, method string) uint64 {
+	t.Helper()
+	mfs, err := d.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != "allocd_etcd_request_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "method" && lp.GetValue() == method {
+					n += m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return n
+}
+
+// TestHealthCheckWritesNothing: the health check, every second, reads etcd's alarms
+// from a member's status, not with AlarmList, which etcd runs through raft (a log
+// entry and an fsync on every member each time): an idle allocd adds nothing to etcd's
+// raft log.
+func TestHealthCheckWritesNothing(t *testing.T) {
+	d := StartForTest(t)
+	ctx := etcdtest.Context(t)
+	endpoint := "http://" + d.cfg.EmbeddedEtcdClientAddress
+	time.Sleep(500 * time.Millisecond) // the start's writes settle
+	before, err := d.Client().Status(ctx, endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alarms, statuses := requests(t, d, "Maintenance/Alarm"), requests(t, d, "Maintenance/Status")
+	time.Sleep(3 * time.Second)
+	after, err := d.Client().Status(ctx, endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := requests(t, d, "Maintenance/Alarm") - alarms; n != 0 {
+		t.Errorf("%d AlarmList calls in 3 s; want none", n)
+	}
+	if n := requests(t, d, "Maintenance/Status") - statuses; n < 4 {
+		t.Errorf("%d status reads in 3 s; want the health check's and the Member's, one a second each", n)
+	}
+	if grown := after.RaftIndex - before.RaftIndex; grown > 1 {
+		t.Errorf("etcd's raft index grew by %d in 3 s of an idle allocd; want at most 1", grown)
+	}
+}

@@ -251,8 +251,8 @@ func TestUnreachable(t *testing.T) {
 		}
 	}
 	_, stderr, code := execute(context.Background(), "get", "ranges", "--server", refused, "-o", "json")
-	if code != 1 || !strings.Contains(stderr, `"code": 14`) {
-		t.Errorf("allocd get ranges -o json against nothing = %d, %q; want 1 and the UNAVAILABLE status as JSON", code, stderr)
+	if code != 1 || !strings.Contains(stderr, `"code": 14`) || !strings.Contains(stderr, "cannot reach allocd at "+refused) {
+		t.Errorf("allocd get ranges -o json against nothing = %d, %q; want 1 and the UNAVAILABLE status as JSON, naming the address", code, stderr)
 	}
 }
 

@@ -37,6 +37,10 @@ func (e *callError) print(w io.Writer) {
 		if !ok {
 			st = status.New(codes.Unknown, e.err.Error())
 		}
+		if ce := (*client.Error)(nil); errors.As(e.err, &ce) && unreached(ce) {
+			// Not allocd's answer: say which address was tried.
+			st = status.New(st.Code(), "cannot reach allocd at "+e.server+": "+st.Message())
+		}
 		b, err := protojson.Marshal(st.Proto())
 		if err == nil {
 			if err = writeIndented(w, b); err == nil {
@@ -59,8 +63,12 @@ func (e *callError) line() string {
 		return e.what + ": " + oneLine(e.err.Error())
 	}
 	if unreached(ce) {
-		ask := "is --server right, and is allocd running?"
-		if !e.tls {
+		ask := tlsHint(ce.Message)
+		switch {
+		case ask != "":
+		case e.tls:
+			ask = "is --server right, and is allocd running?"
+		default:
 			ask = "is --server right, is allocd running, does it serve TLS (--tls-ca-file)?"
 		}
 		if ce.Code == codes.DeadlineExceeded {
@@ -81,6 +89,21 @@ func (e *callError) line() string {
 		s += " (" + strings.Join(hints, "; ") + ")"
 	}
 	return s
+}
+
+// tlsHint says what to change when a connection failed in its TLS handshake ("" when
+// msg does not say so).
+func tlsHint(msg string) string {
+	switch {
+	case strings.Contains(msg, "first record does not look like a TLS handshake"):
+		return "allocd at --server serves plaintext: drop --tls and the --tls-* flags"
+	case strings.Contains(msg, "x509:"):
+		return "allocd's certificate is not trusted, or does not name --server: give the CA that signed it with --tls-ca-file"
+	case strings.Contains(msg, "certificate required"), strings.Contains(msg, "bad certificate"),
+		strings.Contains(msg, "unknown certificate authority"), strings.Contains(msg, "expired certificate"):
+		return "allocd refused the client certificate: check --tls-cert-file and --tls-private-key-file against allocd's --client-ca-file, and the certificate's dates"
+	}
+	return ""
 }
 
 // unreached reports whether a call failed without reaching allocd: no connection.

@@ -87,3 +87,18 @@ func TestFullHint(t *testing.T) {
 		}
 	}
 }
+
+// TestTLSHint: a handshake that failed says which TLS flag to change.
+func TestTLSHint(t *testing.T) {
+	for msg, want := range map[string]string{
+		`connection error: desc = "transport: authentication handshake failed: tls: first record does not look like a TLS handshake"`:                             "serves plaintext",
+		`connection error: desc = "transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority"`: "--tls-ca-file",
+		`connection error: desc = "error reading server preface: remote error: tls: unknown certificate authority"`:                                               "--tls-cert-file",
+		`connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:1: connect: connection refused"`:                                            "",
+	} {
+		got := tlsHint(msg)
+		if want == "" && got != "" || !strings.Contains(got, want) {
+			t.Errorf("tlsHint(%q) = %q; want it to mention %q", msg, got, want)
+		}
+	}
+}

@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/authz"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -623,5 +624,189 @@ func TestCertificateExpiresOnOpenConnection(t *testing.T) {
 	_, err := alloc.Allocate(ctx, &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "default", Name: "db", Uid: "uid-db"}})
 	if status.Code(err) != codes.Unauthenticated || !strings.Contains(status.Convert(err).Message(), "expired") {
 		t.Fatalf("Allocate on the same connection after the certificate expired = %v; want UNAUTHENTICATED, expired", err)
+	}
+}
+
+// TestServerAuthOnlyClientCertificateRefused: a client certificate of the right CA and
+// an admin identity, but with the server-auth extended key usage alone, fails the TLS
+// handshake: no call gets through and nothing changes. The same identity with client
+// auth as well is admitted, so the key usage is what refuses it.
+func TestServerAuthOnlyClientCertificateRefused(t *testing.T) {
+	p := newTestPKI(t)
+	d := startSecure(t, p)
+	admin := p.dial(d.GRPCAddr(), &adminLeaf)
+	before := state(t, admin)
+
+	serverOnly := adminLeaf
+	serverOnly.CommonName, serverOnly.Server, serverOnly.Client = "server-auth-only admin", true, false
+	crt, key := p.issue("server-auth-only", serverOnly)
+	pair, err := tls.LoadX509KeyPair(crt, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(leaf.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}) {
+		t.Fatalf("issued certificate has extended key usages %v; want server auth alone", leaf.ExtKeyUsage)
+	}
+	conn := dialFiles(t, d.GRPCAddr(), tlsfiles.Files{CAFile: p.caFile, CertFile: crt, KeyFile: key})
+	for _, m := range mutations {
+		if err := m.call(callCtx(t), conn); status.Code(err) != codes.Unavailable {
+			t.Errorf("%s with a server-auth-only client certificate = %v; want UNAVAILABLE (handshake refused)", m.name, err)
+		}
+	}
+	if _, err := healthpb.NewHealthClient(conn).Check(callCtx(t), &healthpb.HealthCheckRequest{}); status.Code(err) != codes.Unavailable {
+		t.Errorf("Health.Check with a server-auth-only client certificate = %v; want UNAVAILABLE (handshake refused)", err)
+	}
+	if after := state(t, admin); !sameState(before, after) {
+		t.Errorf("calls with a server-auth-only client certificate changed the state:\nbefore %v\nafter  %v", before, after)
+	}
+
+	both := serverOnly
+	both.CommonName, both.Client = "server-and-client-auth admin", true
+	if _, err := allocdv1.NewAllocatorServiceClient(p.dial(d.GRPCAddr(), &both)).ListRanges(callCtx(t), &allocdv1.ListRangesRequest{}); err != nil {
+		t.Errorf("ListRanges with the same identity and client auth too = %v; want OK", err)
+	}
+}
+
+// TestPolicyReloadKeepsLastValidPolicy: a policy file that turns invalid (garbage, an
+// empty allow_rules list, the file deleted) leaves the policy read before in force
+// (the shim still allocates, the operator is still refused) after several refresh
+// periods; a valid file written afterwards is taken, so the file was being read.
+func TestPolicyReloadKeepsLastValidPolicy(t *testing.T) {
+	p := newTestPKI(t)
+	policy := filepath.Join(t.TempDir(), "policy.json")
+	orig, err := os.ReadFile(examplePolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(policy, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := startSecure(t, p, func(c *Config) { c.AuthorizationPolicyFile = policy })
+	shim, operator := p.dial(d.GRPCAddr(), &shimLeaf), p.dial(d.GRPCAddr(), &operatorLeaf)
+	allocate := mutations[0].call
+	inForce := func(stage string) {
+		t.Helper()
+		slug := strings.ReplaceAll(stage, " ", "-")
+		owner := &allocdv1.Owner{Namespace: "default", Name: "keep-" + slug, Uid: "uid-keep-" + slug}
+		if _, err := allocdv1.NewAllocatorServiceClient(shim).Allocate(callCtx(t), &allocdv1.AllocateRequest{Owner: owner, NodePortCount: 1}); err != nil {
+			t.Errorf("%s: shim Allocate = %v; want OK (the previous policy kept)", stage, err)
+		}
+		if err := allocate(callCtx(t), operator); status.Code(err) != codes.PermissionDenied {
+			t.Errorf("%s: operator Allocate = %v; want PERMISSION_DENIED (the previous policy kept)", stage, err)
+		}
+	}
+	inForce("initial")
+
+	write := func(content string) func() error {
+		return func() error { return os.WriteFile(policy, []byte(content), 0o644) }
+	}
+	const emptyRules = `{"name": "allocd", "allow_rules": []}`
+	for _, bad := range []string{"{not json", emptyRules} {
+		if _, err := authz.NewStatic(bad); err == nil {
+			t.Fatalf("authz.NewStatic(%q) = nil error; the test needs an invalid policy", bad)
+		}
+	}
+	for _, bad := range []struct {
+		name  string
+		apply func() error
+	}{
+		{"garbage", write("{not json")},
+		{"empty allow_rules", write(emptyRules)},
+		{"deleted", func() error { return os.Remove(policy) }},
+	} {
+		if err := bad.apply(); err != nil {
+			t.Fatalf("%s: %v", bad.name, err)
+		}
+		time.Sleep(5 * 100 * time.Millisecond) // five refresh periods of startSecure
+		inForce(bad.name)
+	}
+
+	granted := strings.Replace(string(orig), `"spiffe://allocd.local/shim/*"]},`, `"spiffe://allocd.local/shim/*", "spiffe://allocd.local/operator/*"]},`, 1)
+	if granted == string(orig) {
+		t.Fatal("the example policy changed: update this test's edit")
+	}
+	if err := write(granted)(); err != nil {
+		t.Fatal(err)
+	}
+	etcdtest.WaitFor(t, 10*time.Second, "operator Allocate allowed by a valid policy written after the bad ones", func() bool {
+		return allocate(callCtx(t), operator) == nil
+	})
+}
+
+// TestForwardedCallsRefusedAtFollower: with two replicas, callers the policy refuses
+// (an operator; a caller without a client certificate) are refused by the follower
+// itself for the calls it would forward to the leader (PushServiceSnapshot, RunRepair),
+// and the leader's repair status is unchanged: the follower does not lend them its
+// replica identity. A shim's push through the follower then shows in that status.
+func TestForwardedCallsRefusedAtFollower(t *testing.T) {
+	p := newTestPKI(t)
+	e := etcdtest.New(t)
+	var ds []*Daemon
+	for range 2 {
+		ds = append(ds, startSecure(t, p, func(c *Config) { c.EtcdServers = []string{e.Endpoint} }))
+	}
+	probe := p.dial(ds[0].GRPCAddr(), &operatorLeaf)
+	var leader string
+	etcdtest.WaitFor(t, 20*time.Second, "a repair leader", func() bool {
+		st, err := allocdv1.NewRepairServiceClient(probe).GetRepairStatus(callCtx(t), &allocdv1.GetRepairStatusRequest{})
+		leader = st.GetLeader()
+		return err == nil && leader != ""
+	})
+	follower, leading := ds[0], ds[1]
+	if leader == ds[0].GRPCAddr() {
+		follower, leading = ds[1], ds[0]
+	}
+	if leading.GRPCAddr() != leader {
+		t.Fatalf("repair leader %s is neither replica (%s, %s)", leader, ds[0].GRPCAddr(), ds[1].GRPCAddr())
+	}
+	leaderAdmin := p.dial(leading.GRPCAddr(), &adminLeaf)
+	repairStatus := func() *allocdv1.GetRepairStatusResponse {
+		t.Helper()
+		st, err := allocdv1.NewRepairServiceClient(leaderAdmin).GetRepairStatus(callCtx(t), &allocdv1.GetRepairStatusRequest{})
+		if err != nil {
+			t.Fatalf("GetRepairStatus at the leader: %v", err)
+		}
+		return &allocdv1.GetRepairStatusResponse{SnapshotRevision: st.GetSnapshotRevision(), LastReport: st.GetLastReport()}
+	}
+	before := repairStatus()
+
+	runRepair := func(ctx context.Context, conn *grpc.ClientConn) error {
+		_, err := allocdv1.NewRepairServiceClient(conn).RunRepair(ctx, &allocdv1.RunRepairRequest{})
+		return err
+	}
+	for _, caller := range []struct {
+		name    string
+		leaf    *devpki.Leaf
+		code    codes.Code
+		message string // in the refusal: the follower names the caller, not its own identity
+	}{
+		{"operator", &operatorLeaf, codes.PermissionDenied, operatorLeaf.URIs[0]},
+		{"no client certificate", nil, codes.Unauthenticated, "needs a client certificate"},
+	} {
+		conn := p.dial(follower.GRPCAddr(), caller.leaf)
+		for _, m := range []struct {
+			name string
+			call func(context.Context, *grpc.ClientConn) error
+		}{{"PushServiceSnapshot", pushServices}, {"RunRepair", runRepair}} {
+			err := m.call(callCtx(t), conn)
+			if st := status.Convert(err); st.Code() != caller.code || !strings.Contains(st.Message(), caller.message) {
+				t.Errorf("%s at the follower as %s = %v; want %v naming %q", m.name, caller.name, err, caller.code, caller.message)
+			}
+		}
+	}
+	if after := repairStatus(); !proto.Equal(before, after) {
+		t.Errorf("refused calls at the follower changed the leader's repair status:\nbefore %v\nafter  %v", before, after)
+	}
+
+	// The probe sees a forwarded push: the shim's, through the follower.
+	if err := pushServices(callCtx(t), p.dial(follower.GRPCAddr(), &shimLeaf)); err != nil {
+		t.Fatalf("shim PushServiceSnapshot through the follower: %v", err)
+	}
+	if got := repairStatus().GetSnapshotRevision(); got != 1 {
+		t.Errorf("leader's snapshot revision after the shim's forwarded push = %d; want 1", got)
 	}
 }

@@ -39,16 +39,18 @@ import (
 // claim nothing.
 func NotSentInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		t, ok := ctx.Value(tracesKey{}).(*trace)
+		if !ok {
+			return invoker(ctx, method, req, reply, cc, opts...) // not a Write: nothing to record
+		}
 		var p peer.Peer
 		err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Peer(&p))...)
-		if t, ok := ctx.Value(tracesKey{}).(*trace); ok {
-			t.called.Store(true)
-			if err == nil || p.Addr != nil {
-				t.sent.Store(true)
-			}
-			if err != nil && p.Addr != nil && !refused(err) {
-				t.open.Store(true)
-			}
+		t.called.Store(true)
+		if err == nil || p.Addr != nil {
+			t.sent.Store(true)
+		}
+		if err != nil && p.Addr != nil && !refused(err) {
+			t.open.Store(true)
 		}
 		return err
 	}
@@ -66,20 +68,6 @@ type tracesKey struct{}
 // notSent reports whether the call traced by t certainly reached no member.
 func (t *trace) notSent() bool { return t.called.Load() && !t.sent.Load() }
 
-// notSentError is the error of a call that no member received. It keeps the gRPC
-// status of the error it wraps, so that the etcd client and status.Code see it.
-type notSentError struct{ err error }
-
-func (e *notSentError) Error() string { return e.err.Error() }
-func (e *notSentError) Unwrap() error { return e.err }
-
-func (e *notSentError) GRPCStatus() *status.Status {
-	if st, ok := status.FromError(e.err); ok {
-		return st
-	}
-	return status.FromContextError(e.err)
-}
-
 // Unapplied marks err, the failure of an etcd call that a request made before it
 // wrote anything (a read before its write, or a read-back after a transaction whose
 // compares failed): whatever err is, the request changed nothing. Nil stays nil.
@@ -90,6 +78,7 @@ func Unapplied(err error) error {
 	return &unappliedError{err: err}
 }
 
+// unappliedError is an error that Unapplied or Write marked: nothing was applied.
 type unappliedError struct{ err error }
 
 func (e *unappliedError) Error() string { return e.err.Error() }
@@ -118,9 +107,6 @@ func NotApplied(err error) bool {
 	}
 	if oe := (*openError)(nil); errors.As(err, &oe) {
 		return false
-	}
-	if ns := (*notSentError)(nil); errors.As(err, &ns) {
-		return true
 	}
 	if ua := (*unappliedError)(nil); errors.As(err, &ua) {
 		return true
@@ -169,7 +155,7 @@ func Write(ctx context.Context, attempt, budget time.Duration, write func(contex
 		case t.notSent():
 			// No try reached a member (one that timed out waiting for a connection
 			// answers the context's error, which says nothing of where it went).
-			err = &notSentError{err: err}
+			err = &unappliedError{err: err}
 		}
 		if err == nil || !NotApplied(err) || ctx.Err() != nil || time.Until(deadline) < wait {
 			return err

@@ -2,14 +2,12 @@ package main
 
 import (
 	"bytes"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/allocd/allocd/internal/daemon"
 	"github.com/allocd/allocd/internal/devpki"
 )
 
@@ -105,36 +103,14 @@ complete_line "allocd get ranges -o "
 // policy through the commands: without a certificate they are refused with what to
 // do; an operator reads; a shim cannot force a release; an admin can.
 func TestCommandsWithTLS(t *testing.T) {
-	dir := t.TempDir()
-	ca, err := devpki.NewCA("allocd test CA")
-	if err != nil {
-		t.Fatal(err)
+	d, caFile, issue := startTLSDaemon(t)
+	cert := func(name, identity string) []string {
+		crt, key := issue(name, identity)
+		return []string{"--tls-cert-file", crt, "--tls-private-key-file", key}
 	}
-	caFile := filepath.Join(dir, "ca.crt")
-	if err := os.WriteFile(caFile, ca.PEM, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	issue := func(name string, l devpki.Leaf) []string {
-		crt, key, err := ca.Issue(l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		crtFile, keyFile, err := devpki.WriteFiles(dir, name, crt, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return []string{"--tls-cert-file", crtFile, "--tls-private-key-file", keyFile}
-	}
-	d := daemon.StartForTest(t, func(c *daemon.Config) {
-		host, _, _ := net.SplitHostPort(c.GRPCAddress)
-		files := issue("server", devpki.Leaf{IPs: []net.IP{net.ParseIP(host)}, URIs: []string{devpki.ReplicaIdentity}, Server: true, Client: true})
-		c.TLSCertFile, c.TLSPrivateKeyFile = files[1], files[3]
-		c.ClientCAFile = caFile
-		c.AuthorizationPolicyFile = "../../deploy/authz/policy.json"
-	})
-	operator := issue("operator", devpki.Leaf{URIs: []string{devpki.OperatorIdentity + "alice"}, Client: true})
-	shim := issue("shim", devpki.Leaf{URIs: []string{devpki.ShimIdentity + "apiserver-1"}, Client: true})
-	admin := issue("admin", devpki.Leaf{URIs: []string{devpki.AdminIdentity + "bob"}, Client: true})
+	operator := cert("operator", devpki.OperatorIdentity+"alice")
+	shim := cert("shim", devpki.ShimIdentity+"apiserver-1")
+	admin := cert("admin", devpki.AdminIdentity+"bob")
 	for _, step := range []struct {
 		who     string
 		cert    []string

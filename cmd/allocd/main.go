@@ -199,15 +199,4 @@ func buildVersion() string {
 }
 
 // oneLine joins a multi-line error (errors.Join) into one line.
-func oneLine(err error) string {
-	s := err.Error()
-	out := make([]rune, 0, len(s))
-	for _, r := range s {
-		if r == '\n' {
-			out = append(out, ';', ' ')
-			continue
-		}
-		out = append(out, r)
-	}
-	return string(out)
-}
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }

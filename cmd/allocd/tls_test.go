@@ -21,35 +21,13 @@ import (
 // Allocate is refused; a shim allocates but cannot force a release; an admin can.
 func TestTLSAsAUser(t *testing.T) {
 	grpcurl := findGrpcurl(t)
-	dir := t.TempDir()
-	ca, err := devpki.NewCA("allocd test CA")
-	if err != nil {
-		t.Fatal(err)
+	d, caFile, issue := startTLSDaemon(t)
+	cert := func(name, identity string) []string {
+		crt, key := issue(name, identity)
+		return []string{"-cert", crt, "-key", key}
 	}
-	caFile := filepath.Join(dir, "ca.crt")
-	if err := os.WriteFile(caFile, ca.PEM, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	issue := func(name string, l devpki.Leaf) []string {
-		crt, key, err := ca.Issue(l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		crtFile, keyFile, err := devpki.WriteFiles(dir, name, crt, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return []string{"-cert", crtFile, "-key", keyFile}
-	}
-	d := daemon.StartForTest(t, func(c *daemon.Config) {
-		host, _, _ := net.SplitHostPort(c.GRPCAddress)
-		files := issue("server", devpki.Leaf{IPs: []net.IP{net.ParseIP(host)}, URIs: []string{devpki.ReplicaIdentity}, Server: true, Client: true})
-		c.TLSCertFile, c.TLSPrivateKeyFile = files[1], files[3]
-		c.ClientCAFile = caFile
-		c.AuthorizationPolicyFile = "../../deploy/authz/policy.json"
-	})
-	shim := issue("shim", devpki.Leaf{URIs: []string{devpki.ShimIdentity + "apiserver-1"}, Client: true})
-	admin := issue("admin", devpki.Leaf{URIs: []string{devpki.AdminIdentity + "bob"}, Client: true})
+	shim := cert("shim", devpki.ShimIdentity+"apiserver-1")
+	admin := cert("admin", devpki.AdminIdentity+"bob")
 	call := func(cert []string, body, method string) string {
 		args := append([]string{"-cacert", caFile}, cert...)
 		if body != "" {
@@ -84,6 +62,42 @@ func TestTLSAsAUser(t *testing.T) {
 	}
 	if rc := run([]string{"health", "--grpc-address", d.GRPCAddr(), "--timeout", "1s"}, &stdout, &stderr); rc == 0 {
 		t.Errorf("allocd health in plaintext against TLS = 0; want a failure")
+	}
+}
+
+// startTLSDaemon starts an allocd with TLS, client certificates of a test CA (caFile)
+// and the example policy; issue writes a client certificate of that CA for identity and
+// returns its files.
+func startTLSDaemon(t *testing.T) (d *daemon.Daemon, caFile string, issue func(name, identity string) (crtFile, keyFile string)) {
+	t.Helper()
+	dir := t.TempDir()
+	ca, err := devpki.NewCA("allocd test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile = filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(caFile, ca.PEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name string, l devpki.Leaf) (string, string) {
+		crt, key, err := ca.Issue(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		crtFile, keyFile, err := devpki.WriteFiles(dir, name, crt, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return crtFile, keyFile
+	}
+	d = daemon.StartForTest(t, func(c *daemon.Config) {
+		host, _, _ := net.SplitHostPort(c.GRPCAddress)
+		c.TLSCertFile, c.TLSPrivateKeyFile = write("server", devpki.Leaf{IPs: []net.IP{net.ParseIP(host)}, URIs: []string{devpki.ReplicaIdentity}, Server: true, Client: true})
+		c.ClientCAFile = caFile
+		c.AuthorizationPolicyFile = "../../deploy/authz/policy.json"
+	})
+	return d, caFile, func(name, identity string) (string, string) {
+		return write(name, devpki.Leaf{URIs: []string{identity}, Client: true})
 	}
 }
 

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -77,10 +76,7 @@ without writing.`,
 
 // allocatedLine says what an Allocate gave.
 func allocatedLine(req *allocdv1.AllocateRequest, resp *allocdv1.AllocateResponse) string {
-	got := append([]string(nil), resp.GetClusterIps()...)
-	for _, p := range resp.GetNodePorts() {
-		got = append(got, strconv.Itoa(int(p)))
-	}
+	got := itemList(resp.GetClusterIps(), resp.GetNodePorts())
 	who := fmt.Sprintf("%s (uid %s)", ownerName(req.GetOwner()), req.GetOwner().GetUid())
 	switch {
 	case req.GetDryRun():

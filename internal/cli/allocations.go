@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -67,12 +68,25 @@ func getRequest(a string) *allocdv1.GetAllocationRequest {
 	return &allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: a}}
 }
 
-// itemOf is the address or port of an allocation.
-func itemOf(a *allocdv1.Allocation) string {
+// itemOf is the address or port of an allocation (or of a repair finding, a leak
+// candidate).
+func itemOf(a interface {
+	GetClusterIp() string
+	GetNodePort() int32
+}) string {
 	if a.GetClusterIp() != "" {
 		return a.GetClusterIp()
 	}
 	return strconv.Itoa(int(a.GetNodePort()))
+}
+
+// itemList is ips then ports, as items.
+func itemList(ips []string, ports []int32) []string {
+	list := slices.Clone(ips)
+	for _, p := range ports {
+		list = append(list, strconv.Itoa(int(p)))
+	}
+	return list
 }
 
 // ownerName is "namespace/name" of o ("<none>" for an owner known by its UID only).
@@ -134,7 +148,7 @@ allocations as one ListAllocationsResponse (without the page token).`,
 // a time.
 func listAllocations(ctx context.Context, s *session, req *allocdv1.ListAllocationsRequest, ref *ownerRef) error {
 	now := time.Now()
-	l := &list{w: s.out, format: s.o.output, field: "allocations", noun: "allocations",
+	l := &list{w: s.out, format: s.o.output, field: "allocations",
 		header: []string{"ITEM", "RANGE", "OWNER", "UID", "BAND", "AGE"},
 		row: func(m proto.Message, wide bool) []string {
 			a := m.(*allocdv1.Allocation)
@@ -148,14 +162,9 @@ func listAllocations(ctx context.Context, s *session, req *allocdv1.ListAllocati
 		l.header = []string{"ITEM", "RANGE", "OWNER", "UID", "BAND", "CREATE REVISION", "MOD REVISION", "ALLOCATED", "AGE"}
 	}
 	var rev int64
-	for {
-		page, err := call(ctx, s.o, func(ctx context.Context) (*allocdv1.ListAllocationsResponse, error) {
-			return s.c.ListAllocations(ctx, req)
-		})
-		if err != nil {
-			l.page()
-			return s.fail("get allocations", false, err)
-		}
+	err := pages(ctx, s, "get allocations", &req.PageToken, func(ctx context.Context) (*allocdv1.ListAllocationsResponse, error) {
+		return s.c.ListAllocations(ctx, req)
+	}, func(page *allocdv1.ListAllocationsResponse) error {
 		rev = page.GetRevision()
 		for _, a := range page.GetAllocations() {
 			if ref == nil || ref.is(a.GetOwner()) {
@@ -164,13 +173,12 @@ func listAllocations(ctx context.Context, s *session, req *allocdv1.ListAllocati
 				}
 			}
 		}
-		if err := l.page(); err != nil {
-			return err
-		}
-		if req.PageToken = page.GetNextPageToken(); req.PageToken == "" {
-			return l.end(s.err, rev)
-		}
+		return l.page()
+	})
+	if err != nil {
+		return err
 	}
+	return l.end(s.err, rev)
 }
 
 func newDescribeAllocation(o *options) *cobra.Command {

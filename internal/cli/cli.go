@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -66,10 +67,8 @@ func (o *options) check(cmd *cobra.Command) error {
 	if o.timeout <= 0 {
 		return usage(cmd, fmt.Errorf("--timeout %s: want more than 0", o.timeout))
 	}
-	for _, f := range outputs {
-		if o.output == f {
-			return nil
-		}
+	if slices.Contains(outputs, o.output) {
+		return nil
 	}
 	return usage(cmd, fmt.Errorf("--output %q: want one of %s", o.output, strings.Join(outputs, ", ")))
 }
@@ -134,6 +133,24 @@ func attempt[T any](ctx context.Context, o *options, read bool, f func(context.C
 			t.Stop()
 			return v, err
 		case <-t.C:
+		}
+	}
+}
+
+// pages reads a paged listing: list reads the page of *token (its request's page
+// token) and each takes it, until the last page. A failed call is s.fail(what).
+func pages[P interface{ GetNextPageToken() string }](ctx context.Context, s *session, what string, token *string,
+	list func(context.Context) (P, error), each func(P) error) error {
+	for {
+		page, err := call(ctx, s.o, list)
+		if err != nil {
+			return s.fail(what, false, err)
+		}
+		if err := each(page); err != nil {
+			return err
+		}
+		if *token = page.GetNextPageToken(); *token == "" {
+			return nil
 		}
 	}
 }

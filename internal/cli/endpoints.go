@@ -111,7 +111,7 @@ Service's, masterlease for default/kubernetes).`,
 				return getEndpoints(ctx, s, args[0], namespace)
 			}
 			req := &allocdv1.ListServiceEndpointsRequest{Namespace: namespace, PageSize: chunk}
-			l := &list{w: s.out, format: o.output, field: "endpoints", noun: "endpoints",
+			l := &list{w: s.out, format: o.output, field: "endpoints",
 				header: endpointsHeader(o.output == outWide), row: endpointsRow}
 			rev, err := listEndpoints(ctx, s, "get endpoints", req, func(ep *allocdv1.ServiceEndpoints, rev int64) error { return l.add(ep, rev) }, l.page)
 			if err != nil {
@@ -148,26 +148,22 @@ func getEndpoints(ctx context.Context, s *session, arg, namespace string) error 
 // errors.
 func listEndpoints(ctx context.Context, s *session, what string, req *allocdv1.ListServiceEndpointsRequest,
 	each func(*allocdv1.ServiceEndpoints, int64) error, page func() error) (int64, error) {
-	for {
-		resp, err := call(ctx, s.o, func(ctx context.Context) (*allocdv1.ListServiceEndpointsResponse, error) {
-			return s.c.ListServiceEndpoints(ctx, req)
-		})
-		if err != nil {
-			page()
-			return 0, s.fail(what, false, err)
-		}
+	var rev int64
+	err := pages(ctx, s, what, &req.PageToken, func(ctx context.Context) (*allocdv1.ListServiceEndpointsResponse, error) {
+		return s.c.ListServiceEndpoints(ctx, req)
+	}, func(resp *allocdv1.ListServiceEndpointsResponse) error {
+		rev = resp.GetRevision()
 		for _, ep := range resp.GetEndpoints() {
-			if err := each(ep, resp.GetRevision()); err != nil {
-				return 0, err
+			if err := each(ep, rev); err != nil {
+				return err
 			}
 		}
-		if err := page(); err != nil {
-			return 0, err
-		}
-		if req.PageToken = resp.GetNextPageToken(); req.PageToken == "" {
-			return resp.GetRevision(), nil
-		}
+		return page()
+	})
+	if err != nil {
+		return 0, err
 	}
+	return rev, nil
 }
 
 func newWatchEndpoints(o *options) *cobra.Command {
@@ -199,7 +195,7 @@ yaml as a YAML document.`,
 
 // watchEndpoints lists, then watches from the listing's revision, printing each change.
 func watchEndpoints(ctx context.Context, s *session, namespace string) error {
-	p := &changePrinter{w: s.out, format: s.o.output, wide: s.o.output == outWide}
+	p := &changePrinter{w: s.out, format: s.o.output}
 	added := func(ep *allocdv1.ServiceEndpoints, rev int64) error {
 		p.add(&allocdv1.WatchServiceEndpointsResponse{Type: allocdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED, Endpoints: ep, Revision: rev})
 		return nil
@@ -224,7 +220,6 @@ func watchEndpoints(ctx context.Context, s *session, namespace string) error {
 type changePrinter struct {
 	w       io.Writer
 	format  string
-	wide    bool
 	table   *streamTable
 	pending []*allocdv1.WatchServiceEndpointsResponse
 }
@@ -245,13 +240,14 @@ func (p *changePrinter) flush() error {
 		}
 		return nil
 	}
+	wide := p.format == outWide
 	if p.table == nil {
 		p.table = &streamTable{w: p.w, widths: []int{len("MODIFIED") + 3}}
-		p.table.add(append([]string{"EVENT"}, endpointsHeader(p.wide)...))
+		p.table.add(append([]string{"EVENT"}, endpointsHeader(wide)...))
 	}
 	for _, ev := range p.pending {
 		event := strings.TrimPrefix(ev.GetType().String(), "WATCH_EVENT_TYPE_")
-		p.table.add(append([]string{event}, endpointsRow(ev.GetEndpoints(), p.wide)...))
+		p.table.add(append([]string{event}, endpointsRow(ev.GetEndpoints(), wide)...))
 	}
 	return p.table.flush()
 }

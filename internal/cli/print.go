@@ -47,18 +47,27 @@ func marshal(m proto.Message) ([]byte, error) {
 	return out.Bytes(), nil
 }
 
-// printObject writes m as -o json or yaml asks.
-func printObject(w io.Writer, format string, m proto.Message) error {
+// marshalYAML returns m in the API's proto JSON, as YAML.
+func marshalYAML(m proto.Message) ([]byte, error) {
 	b, err := marshal(m)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	return yaml.JSONToYAML(b)
+}
+
+// printObject writes m as -o json or yaml asks.
+func printObject(w io.Writer, format string, m proto.Message) error {
 	if format == outYAML {
-		y, err := yaml.JSONToYAML(b)
+		y, err := marshalYAML(m)
 		if err != nil {
 			return err
 		}
 		_, err = w.Write(y)
+		return err
+	}
+	b, err := marshal(m)
+	if err != nil {
 		return err
 	}
 	return writeIndented(w, b)
@@ -72,7 +81,6 @@ type list struct {
 	w      io.Writer
 	format string
 	field  string // the items' field in the List response: "allocations"
-	noun   string // what the items are, for "No allocations found."
 	header []string
 	row    func(m proto.Message, wide bool) []string
 	table  *streamTable
@@ -114,11 +122,7 @@ func (l *list) add(m proto.Message, rev int64) error {
 }
 
 func (l *list) addYAML(m proto.Message) error {
-	b, err := marshal(m)
-	if err != nil {
-		return err
-	}
-	y, err := yaml.JSONToYAML(b)
+	y, err := marshalYAML(m)
 	if err != nil {
 		return err
 	}
@@ -166,7 +170,7 @@ func (l *list) end(stderr io.Writer, rev int64) error {
 		_, err := fmt.Fprintf(l.w, "revision: \"%d\"\n", l.rev)
 		return err
 	case l.n == 0:
-		fmt.Fprintf(stderr, "No %s found.\n", l.noun)
+		fmt.Fprintf(stderr, "No %s found.\n", l.field)
 		return nil
 	}
 	return l.page()

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -135,22 +134,20 @@ func checkUID(ctx context.Context, s *session, ref ownerRef, uid string) error {
 func ownerUIDs(ctx context.Context, s *session, ref ownerRef) ([]string, error) {
 	var uids []string
 	req := &allocdv1.ListAllocationsRequest{PageSize: 5000}
-	for {
-		page, err := call(ctx, s.o, func(ctx context.Context) (*allocdv1.ListAllocationsResponse, error) {
-			return s.c.ListAllocations(ctx, req)
-		})
-		if err != nil {
-			return nil, s.fail("release: find the allocations of "+ref.String(), false, err)
-		}
+	err := pages(ctx, s, "release: find the allocations of "+ref.String(), &req.PageToken, func(ctx context.Context) (*allocdv1.ListAllocationsResponse, error) {
+		return s.c.ListAllocations(ctx, req)
+	}, func(page *allocdv1.ListAllocationsResponse) error {
 		for _, a := range page.GetAllocations() {
 			if u := a.GetOwner().GetUid(); ref.is(a.GetOwner()) && !slices.Contains(uids, u) {
 				uids = append(uids, u)
 			}
 		}
-		if req.PageToken = page.GetNextPageToken(); req.PageToken == "" {
-			return uids, nil
-		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return uids, nil
 }
 
 // holders asks who holds each of args: every one held must be ref's (one group per
@@ -223,10 +220,7 @@ func release(ctx context.Context, s *session, ref ownerRef, groups []releaseGrou
 
 // releasedLine says what one Release freed.
 func releasedLine(owner *allocdv1.Owner, resp *allocdv1.ReleaseResponse, force bool) string {
-	got := append([]string(nil), resp.GetReleasedClusterIps()...)
-	for _, p := range resp.GetReleasedNodePorts() {
-		got = append(got, strconv.Itoa(int(p)))
-	}
+	got := itemList(resp.GetReleasedClusterIps(), resp.GetReleasedNodePorts())
 	who := ""
 	if owner.GetUid() != "" {
 		who = fmt.Sprintf(" of %s (uid %s)", ownerName(owner), owner.GetUid())

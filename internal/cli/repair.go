@@ -108,11 +108,7 @@ func printRepairStatus(w io.Writer, st *allocdv1.GetRepairStatusResponse, wide b
 		tw = newTable(w)
 		row(tw, "  ITEM", "RANGE", "OWNER", "UID", "STRIKES", "STRIKES LEFT", "AGE")
 		for _, c := range st.GetLeakCandidates() {
-			item := c.GetClusterIp()
-			if item == "" {
-				item = strconv.Itoa(int(c.GetNodePort()))
-			}
-			row(tw, "  "+item, c.GetRange(), ownerName(c.GetOwner()), c.GetOwner().GetUid(), fmt.Sprint(c.GetStrikes()),
+			row(tw, "  "+itemOf(c), c.GetRange(), ownerName(c.GetOwner()), c.GetOwner().GetUid(), fmt.Sprint(c.GetStrikes()),
 				fmt.Sprint(c.GetStrikesLeft()), humanDuration(c.GetAge().AsDuration()))
 		}
 		if err := tw.Flush(); err != nil {
@@ -139,10 +135,7 @@ func printFindings(w io.Writer, findings []*allocdv1.Finding, wide bool) error {
 		row(tw, "REASON", "ITEM", "SERVICE", "MESSAGE")
 	}
 	for _, f := range findings {
-		item := f.GetClusterIp()
-		if item == "" {
-			item = strconv.Itoa(int(f.GetNodePort()))
-		}
+		item := itemOf(f)
 		if wide {
 			row(tw, f.GetReason(), orNone(f.GetRange()), item, ownerName(f.GetService()), f.GetService().GetUid(),
 				fmt.Sprint(f.GetRepaired()), oneLine(f.GetMessage()))

@@ -26,14 +26,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"compacted", "other_replica", "recorded", "failed"} {
 		m.steps.WithLabelValues(r)
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.steps, m.compacted} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("compactor: register metrics: %w", err)
-			}
-		}
+	if err := register(reg, "metrics", m.steps, m.compacted); err != nil {
+		return nil, err
 	}
 	return m, nil
+}
+
+// register registers cs with reg (none when reg is nil); what names them in the error.
+func register(reg prometheus.Registerer, what string, cs ...prometheus.Collector) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("compactor: register %s: %w", what, err)
+		}
+	}
+	return nil
 }
 
 func (m *metrics) step(result string) { m.steps.WithLabelValues(result).Inc() }
@@ -72,12 +81,8 @@ func newMemberMetrics(reg prometheus.Registerer) (*memberMetrics, error) {
 	for _, r := range []string{"done", "failed"} {
 		m.defrags.WithLabelValues(r)
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.size, m.inUse, m.quota, m.defrags, m.defragSeconds} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("compactor: register member metrics: %w", err)
-			}
-		}
+	if err := register(reg, "member metrics", m.size, m.inUse, m.quota, m.defrags, m.defragSeconds); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

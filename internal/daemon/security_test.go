@@ -129,6 +129,58 @@ func startSecure(t *testing.T, p *testPKI, mutate ...func(*Config)) *Daemon {
 	}}, mutate...)...)
 }
 
+// copyExamplePolicy copies the example policy into a file of the test: its path and
+// the policy.
+func copyExamplePolicy(t *testing.T) (path string, policy []byte) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "policy.json")
+	policy, err := os.ReadFile(examplePolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, policy, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path, policy
+}
+
+// grantOperatorAllocate is the example policy with the shims' grant (Allocate among
+// them) extended to operators.
+func grantOperatorAllocate(t *testing.T, policy []byte) string {
+	t.Helper()
+	granted := strings.Replace(string(policy), `"spiffe://allocd.local/shim/*"]},`, `"spiffe://allocd.local/shim/*", "spiffe://allocd.local/operator/*"]},`, 1)
+	if granted == string(policy) {
+		t.Fatal("the example policy changed: update this test's edit")
+	}
+	return granted
+}
+
+// secureFollower starts two replicas with startSecure on one etcd, waits for a repair
+// leader, and returns the replica that does not lead and the one that does.
+func secureFollower(t *testing.T, p *testPKI) (follower, leading *Daemon) {
+	t.Helper()
+	e := etcdtest.New(t)
+	var ds []*Daemon
+	for range 2 {
+		ds = append(ds, startSecure(t, p, func(c *Config) { c.EtcdServers = []string{e.Endpoint} }))
+	}
+	probe := p.dial(ds[0].GRPCAddr(), &operatorLeaf)
+	var leader string
+	etcdtest.WaitFor(t, 20*time.Second, "a repair leader", func() bool {
+		st, err := allocdv1.NewRepairServiceClient(probe).GetRepairStatus(callCtx(t), &allocdv1.GetRepairStatusRequest{})
+		leader = st.GetLeader()
+		return err == nil && leader != ""
+	})
+	follower, leading = ds[0], ds[1]
+	if leader == ds[0].GRPCAddr() {
+		follower, leading = ds[1], ds[0]
+	}
+	if leading.GRPCAddr() != leader {
+		t.Fatalf("repair leader %s is neither replica (%s, %s)", leader, ds[0].GRPCAddr(), ds[1].GRPCAddr())
+	}
+	return follower, leading
+}
+
 func callCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
@@ -464,24 +516,14 @@ func TestCertificateRotation(t *testing.T) {
 // TestPolicyReload edits the policy file: what it grants changes without a restart.
 func TestPolicyReload(t *testing.T) {
 	p := newTestPKI(t)
-	policy := filepath.Join(t.TempDir(), "policy.json")
-	orig, err := os.ReadFile(examplePolicy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(policy, orig, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	policy, orig := copyExamplePolicy(t)
 	d := startSecure(t, p, func(c *Config) { c.AuthorizationPolicyFile = policy })
 	operator := p.dial(d.GRPCAddr(), &operatorLeaf)
 	allocate := mutations[0].call
 	if err := allocate(callCtx(t), operator); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("operator Allocate = %v; want PERMISSION_DENIED", err)
 	}
-	granted := strings.Replace(string(orig), `"spiffe://allocd.local/shim/*"]},`, `"spiffe://allocd.local/shim/*", "spiffe://allocd.local/operator/*"]},`, 1)
-	if granted == string(orig) {
-		t.Fatal("the example policy changed: update this test's edit")
-	}
+	granted := grantOperatorAllocate(t, orig)
 	if err := os.WriteFile(policy, []byte(granted), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -495,22 +537,7 @@ func TestPolicyReload(t *testing.T) {
 // admits the forwarding replica by its certificate (the replica identity).
 func TestForwardingWithTLS(t *testing.T) {
 	p := newTestPKI(t)
-	e := etcdtest.New(t)
-	var ds []*Daemon
-	for range 2 {
-		ds = append(ds, startSecure(t, p, func(c *Config) { c.EtcdServers = []string{e.Endpoint} }))
-	}
-	operator := p.dial(ds[0].GRPCAddr(), &operatorLeaf)
-	var leader string
-	etcdtest.WaitFor(t, 20*time.Second, "a repair leader", func() bool {
-		st, err := allocdv1.NewRepairServiceClient(operator).GetRepairStatus(callCtx(t), &allocdv1.GetRepairStatusRequest{})
-		leader = st.GetLeader()
-		return err == nil && leader != ""
-	})
-	follower := ds[0]
-	if leader == ds[0].GRPCAddr() {
-		follower = ds[1]
-	}
+	follower, _ := secureFollower(t, p)
 	shim, admin := p.dial(follower.GRPCAddr(), &shimLeaf), p.dial(follower.GRPCAddr(), &adminLeaf)
 	if err := pushServices(callCtx(t), shim); err != nil {
 		t.Fatalf("PushServiceSnapshot through the follower: %v", err)
@@ -677,14 +704,7 @@ func TestServerAuthOnlyClientCertificateRefused(t *testing.T) {
 // periods; a valid file written afterwards is taken, so the file was being read.
 func TestPolicyReloadKeepsLastValidPolicy(t *testing.T) {
 	p := newTestPKI(t)
-	policy := filepath.Join(t.TempDir(), "policy.json")
-	orig, err := os.ReadFile(examplePolicy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(policy, orig, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	policy, orig := copyExamplePolicy(t)
 	d := startSecure(t, p, func(c *Config) { c.AuthorizationPolicyFile = policy })
 	shim, operator := p.dial(d.GRPCAddr(), &shimLeaf), p.dial(d.GRPCAddr(), &operatorLeaf)
 	allocate := mutations[0].call
@@ -725,10 +745,7 @@ func TestPolicyReloadKeepsLastValidPolicy(t *testing.T) {
 		inForce(bad.name)
 	}
 
-	granted := strings.Replace(string(orig), `"spiffe://allocd.local/shim/*"]},`, `"spiffe://allocd.local/shim/*", "spiffe://allocd.local/operator/*"]},`, 1)
-	if granted == string(orig) {
-		t.Fatal("the example policy changed: update this test's edit")
-	}
+	granted := grantOperatorAllocate(t, orig)
 	if err := write(granted)(); err != nil {
 		t.Fatal(err)
 	}
@@ -744,25 +761,7 @@ func TestPolicyReloadKeepsLastValidPolicy(t *testing.T) {
 // replica identity. A shim's push through the follower then shows in that status.
 func TestForwardedCallsRefusedAtFollower(t *testing.T) {
 	p := newTestPKI(t)
-	e := etcdtest.New(t)
-	var ds []*Daemon
-	for range 2 {
-		ds = append(ds, startSecure(t, p, func(c *Config) { c.EtcdServers = []string{e.Endpoint} }))
-	}
-	probe := p.dial(ds[0].GRPCAddr(), &operatorLeaf)
-	var leader string
-	etcdtest.WaitFor(t, 20*time.Second, "a repair leader", func() bool {
-		st, err := allocdv1.NewRepairServiceClient(probe).GetRepairStatus(callCtx(t), &allocdv1.GetRepairStatusRequest{})
-		leader = st.GetLeader()
-		return err == nil && leader != ""
-	})
-	follower, leading := ds[0], ds[1]
-	if leader == ds[0].GRPCAddr() {
-		follower, leading = ds[1], ds[0]
-	}
-	if leading.GRPCAddr() != leader {
-		t.Fatalf("repair leader %s is neither replica (%s, %s)", leader, ds[0].GRPCAddr(), ds[1].GRPCAddr())
-	}
+	follower, leading := secureFollower(t, p)
 	leaderAdmin := p.dial(leading.GRPCAddr(), &adminLeaf)
 	repairStatus := func() *allocdv1.GetRepairStatusResponse {
 		t.Helper()

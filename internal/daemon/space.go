@@ -64,6 +64,9 @@ func (c *Config) validateEtcdSpace() []error {
 	return errs
 }
 
+// exportedAlarms are the etcd alarms allocd_etcd_alarm exports.
+var exportedAlarms = []etcdserverpb.AlarmType{etcdserverpb.AlarmType_NOSPACE, etcdserverpb.AlarmType_CORRUPT}
+
 // startSpace runs the compactor (with --etcd-compaction-interval) and, for the
 // embedded etcd, the Member that hurries it and defragments. Before, it frees the
 // embedded etcd's space if it is out of space (startOutOfSpace), and defragments it
@@ -77,7 +80,7 @@ func (d *Daemon) startSpace(ctx, runCtx context.Context) error {
 		Name: "allocd_etcd_alarm",
 		Help: "1 while etcd has raised the alarm (NOSPACE: out of space, every write refused; CORRUPT), else 0.",
 	}, []string{"alarm"})
-	for _, a := range []etcdserverpb.AlarmType{etcdserverpb.AlarmType_NOSPACE, etcdserverpb.AlarmType_CORRUPT} {
+	for _, a := range exportedAlarms {
 		d.alarms.WithLabelValues(a.String())
 	}
 	if err := d.registry.Register(d.alarms); err != nil {
@@ -220,7 +223,7 @@ func (d *Daemon) checkEtcd(ctx context.Context) (etcdState, error) {
 	for _, a := range compactor.Alarms(st) {
 		raised[a] = true
 	}
-	for _, a := range []etcdserverpb.AlarmType{etcdserverpb.AlarmType_NOSPACE, etcdserverpb.AlarmType_CORRUPT} {
+	for _, a := range exportedAlarms {
 		v := 0.0
 		if raised[a.String()] {
 			v = 1

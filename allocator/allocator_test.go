@@ -43,6 +43,13 @@ func start(t *testing.T, cli *clientv3.Client, cfg Config) *Allocator {
 			t.Errorf("Run = %v; want nil", err)
 		}
 	})
+	// Until Run's watch runs, a call that waits for the index to see its own write
+	// (CreateServiceCIDR, say) gives up at once: wait for it, with a write the index
+	// must get past.
+	if _, err := cli.Put(ctx, "/allocator-test-started", ""); err != nil {
+		t.Fatal(err)
+	}
+	etcdtest.WaitFor(t, 10*time.Second, "the allocator's watch to run", func() bool { return a.Sync(ctx) == nil })
 	return a
 }
 

@@ -255,10 +255,12 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 		put := ev.Type == mvccpb.PUT
 		t := a.tab.Load()
 		a.eachRange(t, it, func(r *rng, off uint64) {
-			r.SetUsed(off, put)
 			if !put {
+				// The cursor first: a pick that sees the bit clear also starts at r (one
+				// in between finds r full and moves on).
 				t.freed(r)
 			}
+			r.SetUsed(off, put)
 		})
 	}
 	a.advance(evs[len(evs)-1].Kv.ModRevision)

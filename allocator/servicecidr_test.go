@@ -448,7 +448,15 @@ func TestAllocationOrder(t *testing.T) {
 	if _, _, err := a.Release(ctx, owner("o0"), []Item{IP(first)}, false); err != nil {
 		t.Fatal(err)
 	}
-	etcdtest.WaitFor(t, 5*time.Second, "the index to see the release", func() bool { return a.Free("10.0.0.0/29") == 1 })
+	// Sync, not a wait for the free count: Allocate answers once committed, and the
+	// index may not have seen every allocation yet, so the count could read 1 before
+	// the release was seen.
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if free := a.Free("10.0.0.0/29"); free != 1 {
+		t.Fatalf("free addresses of 10.0.0.0/29 after the release = %d; want 1", free)
+	}
 	res, err := a.Allocate(ctx, Request{Owner: owner("again")})
 	if err != nil || res.ClusterIPs[0] != first {
 		t.Errorf("Allocate after releasing %s = %+v, %v; want %s again (the earlier range first)", first, res, err, first)

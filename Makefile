@@ -25,8 +25,8 @@ build:
 # The fault suite's 15-second run goes last and alone: it loads the machine with six
 # processes and faults, which would skew the timing of the other packages' tests.
 test: vet fmt-check lint proto-check compose-check $(BIN)/grpcurl
-	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/internal/fault$$')
-	$(GO) test -count=1 -timeout 10m ./internal/fault
+	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/internal/testing/fault$$')
+	$(GO) test -count=1 -timeout 10m ./internal/testing/fault
 
 vet:
 	$(GO) vet ./...
@@ -62,7 +62,7 @@ compose-check:
 # certs writes a throwaway CA and certificates (server, shim, operator, admin) into
 # deploy/certs for docker compose and for trying TLS by hand; git ignores them.
 certs:
-	$(GO) run ./internal/devpki/mkcerts -out deploy/certs
+	$(GO) run ./tools/mkcerts -out deploy/certs
 
 tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl
 
@@ -81,14 +81,14 @@ cluster:
 
 # fault: the longer fault runs, outside `make test`: etcd leader crashes while master
 # leases are renewed (3-member embedded cluster); the leading allocd killed with SIGKILL
-# while Pod events flow to the Endpoints controller; the fault suite (internal/fault):
+# while Pod events flow to the Endpoints controller; the fault suite (internal/testing/fault):
 # 3 etcd members and 3 allocd replicas as processes under kills, pauses and network
 # faults for ALLOCD_FAULT_DURATION (5m), its history checked.
 fault:
-	ALLOCD_FAULT_TESTS=1 $(GO) test -count=1 -v -run 'TestRenewThroughLeaderChange|TestClusterLeaderCrash|TestEndpointsLeaderKill' ./masterlease/ ./internal/etcdtest/ ./cmd/allocd/
-	ALLOCD_FAULT_TESTS=1 ALLOCD_FAULT_DURATION=$${ALLOCD_FAULT_DURATION:-5m} ALLOCD_FAULT_ELECTION_MS=$${ALLOCD_FAULT_ELECTION_MS:-1000} ALLOCD_FAULT_PAUSE=$${ALLOCD_FAULT_PAUSE:-5s} $(GO) test -count=1 -v -timeout 30m -run TestFaultSuite ./internal/fault/
+	ALLOCD_FAULT_TESTS=1 $(GO) test -count=1 -v -run 'TestRenewThroughLeaderChange|TestClusterLeaderCrash|TestEndpointsLeaderKill' ./masterlease/ ./internal/testing/etcdtest/ ./cmd/allocd/
+	ALLOCD_FAULT_TESTS=1 ALLOCD_FAULT_DURATION=$${ALLOCD_FAULT_DURATION:-5m} ALLOCD_FAULT_ELECTION_MS=$${ALLOCD_FAULT_ELECTION_MS:-1000} ALLOCD_FAULT_PAUSE=$${ALLOCD_FAULT_PAUSE:-5s} $(GO) test -count=1 -v -timeout 30m -run TestFaultSuite ./internal/testing/fault/
 
-# etcd-matrix: the tests of every package that starts etcd through internal/etcdtest,
+# etcd-matrix: the tests of every package that starts etcd through internal/testing/etcdtest,
 # against real etcd servers of the versions users run, as processes: each built once from
 # the Go module proxy into .bin/etcd-<version> (scripts/etcd-matrix.sh; logs in
 # .bin/etcd-matrix). Not in `make test`: a few minutes per version.
@@ -97,17 +97,17 @@ etcd-matrix:
 	GO=$(GO) bash scripts/etcd-matrix.sh $(ETCD_MATRIX_VERSIONS)
 
 bench:
-	$(GO) run ./internal/bench
+	$(GO) run ./tools/bench
 	$(GO) test -run '^$$' -bench BenchmarkRepairPass -benchtime 3x ./repair/
 	$(GO) test -run '^$$' -bench BenchmarkInitialSync -benchtime 3x ./endpoints/
-	$(GO) test -run '^$$' -bench BenchmarkEndpointsFeed -benchtime 1x ./internal/daemon/
+	$(GO) test -run '^$$' -bench BenchmarkEndpointsFeed -benchtime 1x ./cmd/allocd/daemon/
 
 # soak: 1,000,000 Allocate+Release cycles against allocd on its embedded etcd (fsync on),
 # the database size every 100,000: with the default --etcd-compaction-interval (5m), then
 # with compaction off. About 5-10 minutes each on the 2-core build machine; not in `make test`.
 soak:
-	$(GO) run ./internal/soak -etcd-compaction-interval 5m
-	$(GO) run ./internal/soak -etcd-compaction-interval 0
+	$(GO) run ./tools/soak -etcd-compaction-interval 5m
+	$(GO) run ./tools/soak -etcd-compaction-interval 0
 
 clean:
 	rm -rf bin .bin allocd-data cluster-data

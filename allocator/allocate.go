@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/allocd/allocd/internal/badrequest"
-	"github.com/allocd/allocd/internal/etcdcall"
+	"github.com/allocd/allocd/internal/etcd/call"
 )
 
 // Result is what Allocate allocated.
@@ -123,7 +123,7 @@ func releasePicks(picks []*pick) {
 func (a *Allocator) replay(ctx context.Context, o *op) (Result, bool, error) {
 	resp, err := a.get(ctx, o.ownerKey)
 	if err != nil {
-		return Result{}, false, etcdcall.Unapplied(fmt.Errorf("read owner record: %w", err))
+		return Result{}, false, call.Unapplied(fmt.Errorf("read owner record: %w", err))
 	}
 	o.ownerRev, o.record = 0, nil
 	if len(resp.Kvs) == 0 {
@@ -391,7 +391,7 @@ func (a *Allocator) confirmHeld(ctx context.Context, owner Owner, picks []*pick)
 		}
 		resp, err := a.get(ctx, p.key)
 		if err != nil {
-			return etcdcall.Unapplied(fmt.Errorf("read %s: %w", p.item, err))
+			return call.Unapplied(fmt.Errorf("read %s: %w", p.item, err))
 		}
 		if len(resp.Kvs) == 0 {
 			return a.terminatingError(p.item)

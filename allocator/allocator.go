@@ -14,7 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/allocd/allocd/internal/etcdwatch"
+	"github.com/allocd/allocd/internal/etcd/watch"
 
 	"github.com/allocd/allocd/internal/badrequest"
 )
@@ -40,7 +40,7 @@ type Allocator struct {
 	// progress is the revision the index reflects; settle holds the pending bits that
 	// clear once it reaches their revision (settleMu guards settle, and orders it
 	// with progress); Sync waits at most syncTimeout.
-	progress    etcdwatch.Progress
+	progress    watch.Progress
 	settleMu    sync.Mutex
 	settle      []settleEntry
 	syncTimeout time.Duration

@@ -11,7 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/badrequest"
-	"github.com/allocd/allocd/internal/etcdcall"
+	"github.com/allocd/allocd/internal/etcd/call"
 )
 
 // maxConflicts bounds how often one request may find its own keys taken before it
@@ -134,7 +134,7 @@ func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 	cmps, puts := a.txnOps(live, now)
 	a.m.batch(len(live))
 	var resp *clientv3.TxnResponse
-	err := etcdcall.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
+	err := call.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
 		resp, err = a.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
 		return err
 	})
@@ -305,7 +305,7 @@ func (a *Allocator) readBack(ctx context.Context, live []*op, n int) []*op {
 	if err != nil {
 		for _, o := range live {
 			// The transaction's compares failed: nothing of the op was written.
-			o.fail(etcdcall.Unapplied(fmt.Errorf("read back the allocations of a transaction: %w", err)))
+			o.fail(call.Unapplied(fmt.Errorf("read back the allocations of a transaction: %w", err)))
 		}
 		return nil
 	}

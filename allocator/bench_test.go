@@ -12,8 +12,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 
-	"github.com/allocd/allocd/internal/embedetcd"
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/internal/etcd/embedded"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
 
 // BenchmarkList lists the allocations of 100k dual-stack Services (a /12 and a /108)
@@ -23,7 +23,7 @@ func BenchmarkList(b *testing.B) {
 	const n = 100_000
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	e, err := embedetcd.Start(ctx, embedetcd.Config{Name: "bench", Dir: b.TempDir(), UnsafeNoFsync: true,
+	e, err := embedded.Start(ctx, embedded.Config{Name: "bench", Dir: b.TempDir(), UnsafeNoFsync: true,
 		ClientURL: "http://" + etcdtest.FreeAddr(b), PeerURL: "http://" + etcdtest.FreeAddr(b)})
 	if err != nil {
 		b.Fatal(err)
@@ -84,12 +84,12 @@ func BenchmarkList(b *testing.B) {
 
 // BenchmarkAllocate allocates one ClusterIP per distinct owner from 64 goroutines,
 // through the in-process etcd client of an embedded etcd with fsync on (as
-// internal/bench does, without the gRPC server): the allocator's and etcd's share of
+// tools/bench does, without the gRPC server): the allocator's and etcd's share of
 // an Allocate call. It reports the process CPU time per allocation.
 func BenchmarkAllocate(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	e, err := embedetcd.Start(ctx, embedetcd.Config{Name: "bench", Dir: b.TempDir(),
+	e, err := embedded.Start(ctx, embedded.Config{Name: "bench", Dir: b.TempDir(),
 		ClientURL: "http://" + etcdtest.FreeAddr(b), PeerURL: "http://" + etcdtest.FreeAddr(b)})
 	if err != nil {
 		b.Fatal(err)

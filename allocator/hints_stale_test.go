@@ -3,7 +3,7 @@ package allocator
 import (
 	"testing"
 
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
 
 // TestStaleHintCostsAConflict: replica 1's hint of an owner lists 64 items; the owner

@@ -14,7 +14,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/allocd/allocd/internal/etcdwatch"
+	"github.com/allocd/allocd/internal/etcd/watch"
 )
 
 // The index: each range's bitmap, kept current by a watch of the item keys, and the
@@ -31,7 +31,7 @@ type settleEntry struct {
 
 // watchStall is how long the watch may stay behind a revision this replica committed
 // without moving before it is asked for progress, and as long again before its
-// session is opened anew (etcdwatch.Progress.Lagging): the pending reservations a
+// session is opened anew (watch.Progress.Lagging): the pending reservations a
 // stalled watch would settle make the ranges look full.
 const watchStall = 500 * time.Millisecond
 
@@ -162,7 +162,7 @@ func (a *Allocator) settleAt(rev int64, r *rng, off uint64) {
 // the watch stays behind for too long, and etcd's and ctx's errors.
 func (a *Allocator) Sync(ctx context.Context) error {
 	err := a.progress.Sync(ctx, a.cli, a.configKey, a.syncTimeout)
-	var be *etcdwatch.BehindError
+	var be *watch.BehindError
 	switch {
 	case !errors.As(err, &be):
 		return err
@@ -179,15 +179,15 @@ func (a *Allocator) Sync(ctx context.Context) error {
 func (a *Allocator) watchLoop(ctx context.Context) error {
 	a.progress.SetRunning(true)
 	defer a.progress.SetRunning(false)
-	etcdwatch.Loop(ctx, a.log, "allocation watch", 2*time.Second, a.watchOnce)
+	watch.Loop(ctx, a.log, "allocation watch", 2*time.Second, a.watchOnce)
 	return nil
 }
 
 // watchOnce watches from the index's revision + 1 until the watch fails.
 func (a *Allocator) watchOnce(ctx context.Context) error {
 	from := a.progress.Rev() + 1
-	// Its own watch stream: Sync waits for progress notifications (see etcdwatch).
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(etcdwatch.OwnStream(ctx, "allocator "+a.watchStart)))
+	// Its own watch stream: Sync waits for progress notifications (see package watch).
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(watch.OwnStream(ctx, "allocator "+a.watchStart)))
 	defer cancel()
 	wch := a.cli.Watch(wctx, a.watchStart, clientv3.WithRange(a.watchEnd), clientv3.WithRev(from))
 	tick := time.NewTicker(watchStall)

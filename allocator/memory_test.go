@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
 
 // TestLargestRangesMemoryBounded: the largest ranges allowed, an IPv4 /8 and an IPv6

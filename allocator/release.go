@@ -9,7 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/badrequest"
-	"github.com/allocd/allocd/internal/etcdcall"
+	"github.com/allocd/allocd/internal/etcd/call"
 )
 
 // maxWriteRetries bounds the read-then-compare loops of Release, ReleaseIf and
@@ -81,7 +81,7 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 	if o.UID != "" {
 		recs, err := a.readRecords(ctx, []string{o.UID}, 0)
 		if err != nil {
-			return released{}, false, etcdcall.Unapplied(err) // every earlier attempt's compares failed
+			return released{}, false, call.Unapplied(err) // every earlier attempt's compares failed
 		}
 		mine = recs[o.UID]
 	}
@@ -105,7 +105,7 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 		return released{}, true, badrequest.New("cluster_ips", "too many items and owners for one transaction")
 	}
 	var resp *clientv3.TxnResponse
-	err := etcdcall.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
+	err := call.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
 		resp, err = a.cli.Txn(ctx).If(t.cmps...).Then(t.writes...).Commit()
 		return err
 	})
@@ -131,7 +131,7 @@ func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, it
 	}
 	resp, err := a.cli.Txn(ctx).Then(gets...).Commit()
 	if err != nil {
-		return etcdcall.Unapplied(fmt.Errorf("read allocations: %w", err))
+		return call.Unapplied(fmt.Errorf("read allocations: %w", err))
 	}
 	for i, r := range resp.Responses {
 		kvs := r.GetResponseRange().Kvs
@@ -162,7 +162,7 @@ func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, it
 func (a *Allocator) releaseRecords(ctx context.Context, t *releaseTxn, o Owner, mine recordState, items []Item) error {
 	recs, err := a.readRecords(ctx, t.res.holders, 0)
 	if err != nil {
-		return etcdcall.Unapplied(err)
+		return call.Unapplied(err)
 	}
 	if o.UID != "" {
 		recs[o.UID] = mine

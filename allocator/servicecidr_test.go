@@ -12,7 +12,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
 
 // TestServiceCIDRBadInput: every bad create or delete is refused with the field it

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/allocd/allocd/internal/badrequest"
-	"github.com/allocd/allocd/internal/etcdcall"
+	"github.com/allocd/allocd/internal/etcd/call"
 )
 
 // store is the allocator's etcd layer: the keys (see the package doc's Storage), the
@@ -143,9 +143,9 @@ func (s *store) get(ctx context.Context, key string, opts ...clientv3.OpOption) 
 }
 
 // retryRead runs read up to three times, each attempt bounded by a second, while it
-// fails in a way a stalled member or an election explains (etcdcall.Read).
+// fails in a way a stalled member or an election explains (call.Read).
 func retryRead(ctx context.Context, read func(ctx context.Context) error) error {
-	return etcdcall.Read(ctx, time.Second, 3, read)
+	return call.Read(ctx, time.Second, 3, read)
 }
 
 // recordState is an owner record as read, with what compares it.

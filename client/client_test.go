@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/allocd/allocd/client"
-	"github.com/allocd/allocd/internal/daemon"
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/cmd/allocd/daemon"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 

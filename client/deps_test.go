@@ -18,7 +18,7 @@ var forbiddenDeps = []string{
 	// the daemon): a shim that wants certificates re-read from files imports tlsfiles.
 	"go-spiffe",
 	"envoyproxy",
-	// the operator command line's (internal/cli): its flags and YAML output.
+	// the operator command line's (cmd/allocd/cli): its flags and YAML output.
 	"github.com/spf13/",
 	"sigs.k8s.io/yaml",
 }

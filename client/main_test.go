@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allocd/allocd/internal/daemon"
+	"github.com/allocd/allocd/cmd/allocd/daemon"
 )
 
 // examples holds what the examples started, stopped by TestMain once they ran.

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/allocd/allocd/client"
-	"github.com/allocd/allocd/internal/daemon"
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/cmd/allocd/daemon"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 

@@ -2,7 +2,7 @@ package endpoints
 
 import (
 	"errors"
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 	"maps"
 	"testing"
 	"time"

@@ -3,7 +3,7 @@ package endpoints
 import (
 	"context"
 	"errors"
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 	"strconv"
 	"testing"
 	"time"

@@ -11,7 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/allocd/allocd/internal/etcdwatch"
+	"github.com/allocd/allocd/internal/etcd/watch"
 )
 
 // errFenceLost ends a term: a write found the election key gone or re-created, so
@@ -410,7 +410,7 @@ func (t *term) see(key string, ep *Endpoints, rev int64) {
 // with writes made by others; an object deleted by someone else is synced again (it is
 // re-created if its Service still wants it). After a broken watch it lists again.
 func (t *term) watchStored(ctx context.Context) error {
-	etcdwatch.Loop(ctx, t.c.log, "endpoints watch", 5*time.Second, t.listAndWatch)
+	watch.Loop(ctx, t.c.log, "endpoints watch", 5*time.Second, t.listAndWatch)
 	return nil
 }
 

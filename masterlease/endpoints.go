@@ -12,7 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/allocd/allocd/internal/etcdwatch"
+	"github.com/allocd/allocd/internal/etcd/watch"
 )
 
 const (
@@ -65,7 +65,7 @@ func (m *Manager) Run(ctx context.Context) error {
 		return errors.New("masterlease: Run called twice")
 	}
 	defer m.stop()
-	etcdwatch.Loop(ctx, m.log, "master lease watch", maxBackoff, m.listAndWatch)
+	watch.Loop(ctx, m.log, "master lease watch", maxBackoff, m.listAndWatch)
 	return nil
 }
 
@@ -78,8 +78,8 @@ func (m *Manager) stop() {
 func (m *Manager) listAndWatch(ctx context.Context) error {
 	// WithRequireLeader: a member cut off from its leader ends the watch instead of
 	// leaving it silent, and Run lists again from a member that has one.
-	// Its own watch stream: sync waits for progress notifications (see etcdwatch).
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(etcdwatch.OwnStream(ctx, "masterlease "+m.prefix)))
+	// Its own watch stream: sync waits for progress notifications (see package watch).
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(watch.OwnStream(ctx, "masterlease "+m.prefix)))
 	defer cancel()
 	rev, err := m.load(wctx)
 	if err != nil {
@@ -299,7 +299,7 @@ func (m *Manager) sync(ctx context.Context) error {
 	default:
 	}
 	err := m.progress.Sync(ctx, m.cli, m.shutdownKey, m.syncTimeout)
-	if errors.Is(err, etcdwatch.ErrBehind) {
+	if errors.Is(err, watch.ErrBehind) {
 		return fmt.Errorf("masterlease: %w: %w", err, ErrNotReady)
 	}
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
 
 // recorder collects what one WatchEndpoints sends.

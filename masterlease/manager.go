@@ -20,8 +20,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/allocd/allocd/internal/etcdcall"
-	"github.com/allocd/allocd/internal/etcdwatch"
+	"github.com/allocd/allocd/internal/etcd/call"
+	"github.com/allocd/allocd/internal/etcd/watch"
 )
 
 const (
@@ -100,7 +100,7 @@ type Manager struct {
 	donec       chan struct{} // closed when Run returns
 	// progress is the revision up to which every event of the prefix is applied to
 	// leases and eps; it advances with m.mu held.
-	progress etcdwatch.Progress
+	progress watch.Progress
 
 	mu       sync.Mutex
 	leases   map[netip.Addr]leaseState // as of progress, from Run's watch
@@ -276,12 +276,12 @@ func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (_ Leas
 	refreshed := false
 	defer func() {
 		if refreshed {
-			err = etcdcall.MayHaveApplied(err)
+			err = call.MayHaveApplied(err)
 		}
 	}()
 	for range maxAttempts {
 		var get *clientv3.GetResponse
-		err := etcdcall.Read(ctx, readAttempt, 3, func(ctx context.Context) (err error) {
+		err := call.Read(ctx, readAttempt, 3, func(ctx context.Context) (err error) {
 			get, err = m.cli.Get(ctx, key)
 			return err
 		})
@@ -297,14 +297,14 @@ func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (_ Leas
 			id := clientv3.LeaseID(cur.Lease)
 			var ka *clientv3.LeaseKeepAliveResponse
 			refreshed = true
-			err := etcdcall.Read(ctx, readAttempt, 3, func(ctx context.Context) (err error) {
+			err := call.Read(ctx, readAttempt, 3, func(ctx context.Context) (err error) {
 				ka, err = m.cli.KeepAliveOnce(ctx, id) // a refresh: as safe to repeat as a read
 				return err
 			})
 			switch {
 			case err == nil:
 				var resp *clientv3.TxnResponse
-				err := etcdcall.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
+				err := call.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
 					resp, err = m.cli.Txn(ctx).
 						If(clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)).
 						Then(clientv3.OpPut(key, encode(ttl, ka.TTL), clientv3.WithLease(id))).
@@ -345,7 +345,7 @@ func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (_ Leas
 func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyValue, ttl int64) (Lease, bool, error) {
 	key := m.key(addr)
 	var g *clientv3.LeaseGrantResponse
-	err := etcdcall.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
+	err := call.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
 		g, err = m.cli.Grant(ctx, ttl)
 		return err
 	})
@@ -357,7 +357,7 @@ func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyV
 		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)
 	}
 	var resp *clientv3.TxnResponse
-	err = etcdcall.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
+	err = call.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
 		resp, err = m.cli.Txn(ctx).If(cmp).
 			Then(clientv3.OpPut(key, encode(ttl, g.TTL), clientv3.WithLease(g.ID))).
 			Commit()

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/allocd/allocd/allocator"
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 	"github.com/allocd/allocd/repair"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"github.com/allocd/allocd/repair"
 )

@@ -4,7 +4,7 @@
 # the Go module proxy into .bin/etcd-<version> (once; a temporary module that requires
 # go.etcd.io/etcd/server/v3 at that version and builds its main package: etcd's own
 # go.mod has replace directives, so `go install ...@version` refuses it), then runs the
-# tests of every package whose tests start etcd through internal/etcdtest with
+# tests of every package whose tests start etcd through internal/testing/etcdtest with
 # ALLOCD_TEST_ETCD_BINARY set: each etcdtest.New is then a process of that binary on
 # free loopback ports (NewCluster's tests skip). Logs in .bin/etcd-matrix/<version>.log.
 # Needs only Go and the module proxy. Exit status: non-zero when a version failed.
@@ -43,8 +43,8 @@ newer() {
 # The packages whose tests start etcd through etcdtest; not the fault suite (its own
 # members, make fault) nor cmd/allocd (its only etcdtest user is a make fault test).
 pkgs=$(grep -rlE --include='*_test.go' 'etcdtest\.New(Cluster)?\(' . | xargs -n1 dirname | sort -u |
-	grep -vE '^\./(internal/fault|cmd/allocd)$')
-pkgs="$pkgs ./internal/etcdtest"
+	grep -vE '^\./(internal/testing/fault|cmd/allocd)$')
+pkgs="$pkgs ./internal/testing/etcdtest"
 echo "packages: $(echo $pkgs)"
 
 summary=()

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/allocd/allocd/internal/badrequest"
-	"github.com/allocd/allocd/internal/etcdcall"
+	"github.com/allocd/allocd/internal/etcd/call"
 
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
@@ -68,7 +68,7 @@ func Status(err error) error {
 		// certain too, but no retry helps until an operator frees space.
 		return noSpace(err)
 	}
-	if etcdcall.NotApplied(err) {
+	if call.NotApplied(err) {
 		// Before the context's errors: a write that waited for a connection to etcd
 		// until its deadline was still never sent.
 		return unavailableWith("etcd unavailable, nothing applied: "+err.Error(), allocdv1.ErrorReason_ETCD_UNAVAILABLE,

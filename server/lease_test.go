@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 	"github.com/allocd/allocd/masterlease"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"github.com/allocd/allocd/server"

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/allocd/allocd/allocator"
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"github.com/allocd/allocd/repair"
 )

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/allocd/allocd/internal/devpki"
+	"github.com/allocd/allocd/internal/testing/devpki"
 )
 
 // TestCommandsBesideServing: `allocd --help` and `allocd help` print the serving flags'

@@ -19,8 +19,8 @@ func TestBinaryDeps(t *testing.T) {
 		t.Fatalf("go list -deps: %v", err)
 	}
 	deps := strings.Fields(string(out))
-	if !slices.Contains(deps, "github.com/allocd/allocd/internal/daemon") {
-		t.Fatalf("go list -deps lists %d packages without internal/daemon; the listing is not what this test expects", len(deps))
+	if !slices.Contains(deps, "github.com/allocd/allocd/cmd/allocd/daemon") {
+		t.Fatalf("go list -deps lists %d packages without cmd/allocd/daemon; the listing is not what this test expects", len(deps))
 	}
 	if slices.Contains(deps, "testing") {
 		t.Error("the allocd binary links package testing")

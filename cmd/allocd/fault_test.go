@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/allocd/allocd/client"
-	"github.com/allocd/allocd/internal/etcdtest"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 

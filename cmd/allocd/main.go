@@ -2,7 +2,7 @@
 // leases and the kubernetes Service's endpoints, and the repair loop, all kept in etcd.
 // With no --etcd-servers it runs an embedded etcd in --data-dir.
 //
-// Its subcommands are the operator's command line (package internal/cli: allocd get
+// Its subcommands are the operator's command line (package cmd/allocd/cli: allocd get
 // ranges, allocd release, ...) and the container health check (allocd health).
 package main
 
@@ -26,8 +26,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/allocd/allocd/internal/cli"
-	"github.com/allocd/allocd/internal/daemon"
+	"github.com/allocd/allocd/cmd/allocd/cli"
+	"github.com/allocd/allocd/cmd/allocd/daemon"
 	"github.com/allocd/allocd/tlsfiles"
 )
 

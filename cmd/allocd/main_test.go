@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/allocd/allocd/internal/daemon"
+	"github.com/allocd/allocd/cmd/allocd/daemon"
 )
 
 // buildAllocd builds the binary once per test run.

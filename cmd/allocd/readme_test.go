@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allocd/allocd/internal/cli"
-	"github.com/allocd/allocd/internal/daemon"
+	"github.com/allocd/allocd/cmd/allocd/cli"
+	"github.com/allocd/allocd/cmd/allocd/daemon"
 )
 
 // TestReadmeFlags keeps the README's flag reference equal to `allocd --help`.

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allocd/allocd/internal/daemon"
-	"github.com/allocd/allocd/internal/devpki"
+	"github.com/allocd/allocd/cmd/allocd/daemon"
+	"github.com/allocd/allocd/internal/testing/devpki"
 )
 
 // TestTLSAsAUser drives an allocd with TLS, client certificates and the example policy

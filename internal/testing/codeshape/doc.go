@@ -1,0 +1,5 @@
+// Package codeshape holds no code: its tests check the shape of the repository that
+// the compiler and the linters do not: the floors of the house (which package may
+// import which: TestLayout), no build output or etcd data in git, and no function over
+// 80 lines outside tests.
+package codeshape

@@ -1,0 +1,430 @@
+package fault
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/allocd/allocd/client"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
+)
+
+// suiteDuration is how long operations run: ALLOCD_FAULT_DURATION (make fault: 5m), or
+// 15 s.
+func suiteDuration(t *testing.T) time.Duration {
+	if v := os.Getenv("ALLOCD_FAULT_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("ALLOCD_FAULT_DURATION=%q: %v", v, err)
+		}
+		return d
+	}
+	return 15 * time.Second
+}
+
+// faultNames are the kinds of fault, in injectFaults' order.
+var faultNames = []string{"leader-kill", "allocd-kill", "pause", "partition", "delay"}
+
+// faultKinds are the kinds of fault to inject: ALLOCD_FAULT_KINDS, a comma-separated
+// list of faultNames (to measure one kind), or all of them.
+func faultKinds(t *testing.T) []int {
+	v := os.Getenv("ALLOCD_FAULT_KINDS")
+	if v == "" {
+		return []int{0, 1, 2, 3, 4}
+	}
+	var out []int
+	for _, name := range strings.Split(v, ",") {
+		i := slices.Index(faultNames, strings.TrimSpace(name))
+		if i < 0 {
+			t.Fatalf("ALLOCD_FAULT_KINDS: unknown kind %q; kinds are %s", name, strings.Join(faultNames, ", "))
+		}
+		out = append(out, i)
+	}
+	return out
+}
+
+// pauseFor is how long a member stays stopped: ALLOCD_FAULT_PAUSE (make fault: 5s), or
+// 2 s.
+func pauseFor() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("ALLOCD_FAULT_PAUSE")); err == nil && d > 0 {
+		return d
+	}
+	return 2 * time.Second
+}
+
+// TestFaultSuite: 3 etcd members and 3 allocd replicas as processes; clients allocate
+// and release on a /25 and 200 node ports against every replica while etcd leaders
+// and allocd replicas are killed and restarted, etcd members paused, and the network
+// between a replica and etcd partitioned or slowed; then the history and the final
+// state are checked. make test runs it for 15 s, make fault for 5 minutes.
+func TestFaultSuite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the fault suite runs processes for 15 s or more")
+	}
+	dur := suiteDuration(t)
+	tp := startTopology(t, "10.0.0.0/25", "30000-30199")
+	clients := make([]*client.Client, len(tp.grpc))
+	for i, addr := range tp.grpc {
+		c, err := client.New(addr, client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		clients[i] = c
+	}
+	for i, c := range clients {
+		etcdtest.WaitFor(t, 60*time.Second, fmt.Sprintf("allocd-%d to serve", i), func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, err := c.ListRanges(ctx)
+			return err == nil
+		})
+	}
+
+	h := &history{base: time.Now()}
+	ctx, stop := context.WithTimeout(context.Background(), dur)
+	defer stop()
+	var wg sync.WaitGroup
+	var seq atomic.Int64
+	const workers = 24
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			worker(ctx, h, clients, w, &seq)
+		}()
+	}
+	ls := &leases{renewed: []string{"192.0.2.1", "192.0.2.2"}, abandoned: "192.0.2.9"}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ls.run(ctx, h, clients)
+	}()
+	// Pod events through a Feeder on its own client (retrying, as a shim's would).
+	feedCli, err := client.New(tp.grpc[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { feedCli.Close() })
+	pf := newPods()
+	pf.h = h
+	var epDeleted atomic.Int64
+	podCtx, stopPods := context.WithCancel(context.Background())
+	defer stopPods()
+	// The events stop with the operations; the Feeder and the watch go on until the
+	// check is over.
+	go pf.run(ctx, podCtx, feedCli, clients[1], &epDeleted)
+	var faults []window
+	var recoveries []time.Duration
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		faults, recoveries = injectFaults(ctx, t, tp, h)
+	}()
+	wg.Wait()
+
+	// Heal: every process up, every proxy open, then read the final state.
+	for _, p := range append(append([]*proc{}, tp.etcd...), tp.allocd...) {
+		p.signal(syscall.SIGCONT)
+	}
+	final := map[string]string{}
+	etcdtest.WaitFor(t, 60*time.Second, "the final state", func() bool {
+		f, err := listAll(clients[0])
+		if err != nil {
+			return false
+		}
+		final = f
+		return true
+	})
+	viol := h.check(final)
+	converged := false
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		converged = pf.converged(cctx, clients[2])
+		cancel()
+		if converged {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !converged {
+		viol = append(viol, "shop/web's Endpoints did not converge on the last Pod states within 60 s of the end")
+		pf.mu.Lock()
+		t.Logf("the Feeder's last errors:\n%s", strings.Join(pf.errs, "\n"))
+		pf.mu.Unlock()
+		for i, c := range clients {
+			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			st, err := c.GetRepairStatus(cctx)
+			cancel()
+			t.Logf("allocd-%d (%s): repair status %v, %v", i, tp.grpc[i], st, err)
+		}
+	}
+	if n := epDeleted.Load(); n > 0 {
+		viol = append(viol, violation(fmt.Sprintf("shop/web's Endpoints were deleted %d times; its Service never was", n)))
+	}
+	t.Logf("Pod events: %d readiness flips fed; Endpoints converged: %v; deleted: %d", pf.sent.Load(), converged, epDeleted.Load())
+	lv, nlists := ls.check(faults)
+	viol = append(viol, lv...)
+	t.Logf("master leases: %d renewed every TTL/3 (TTL %v), 1 abandoned; %d lists checked, %d violations", len(ls.renewed), leaseTTL, nlists, len(lv))
+	lstart := time.Now()
+	illegal, undecided, checked := h.linearizable(final, 2*time.Second, time.Minute)
+	for _, it := range illegal {
+		viol = append(viol, violation(fmt.Sprintf("%s: no linearization of its allocation register explains the history", it)))
+	}
+	t.Logf("porcupine: %d item registers checked in %v, %d not linearizable, %d undecided (2 s each, 1 min in all)",
+		checked, time.Since(lstart).Round(time.Millisecond), len(illegal), undecided)
+	t.Logf("ran %v: %d faults\n%s", dur, len(faults), h.summary(faults))
+	for _, f := range faults {
+		t.Logf("fault %-28s %8v - %8v", f.name, f.start.Round(time.Millisecond), f.end.Round(time.Millisecond))
+	}
+	t.Logf("recovery after each fault (first ok operation after it ended): %s", pcts(recoveries))
+	t.Logf("etcd election timeout %d ms; %s", electionMs(), h.stalls(faults, len(tp.grpc)))
+	t.Logf("violations: %d", len(viol))
+	for _, v := range viol {
+		t.Error(v)
+	}
+	if t.Failed() || os.Getenv("ALLOCD_FAULT_VERBOSE") != "" {
+		keep := filepath.Join(os.TempDir(), fmt.Sprintf("allocd-fault-%d", time.Now().Unix()))
+		if err := os.MkdirAll(keep, 0o755); err == nil {
+			for _, p := range append(append([]*proc{}, tp.etcd...), tp.allocd...) {
+				if b, err := os.ReadFile(p.logPath); err == nil {
+					os.WriteFile(filepath.Join(keep, filepath.Base(p.logPath)), b, 0o644)
+				}
+			}
+			t.Logf("the processes' logs are kept in %s", keep)
+		}
+	}
+}
+
+// worker runs operations until ctx ends: dynamic and specific Allocates with and
+// without node ports, retries of its earlier Allocates, Releases of its own owners and
+// forced Releases of any address.
+func worker(ctx context.Context, h *history, clients []*client.Client, w int, seq *atomic.Int64) {
+	r := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+	type held struct {
+		uid string
+		req *allocdv1.AllocateRequest
+		got []string // the items of its first acknowledgement
+	}
+	var mine []held
+	for ctx.Err() == nil {
+		rep := r.IntN(len(clients))
+		c := clients[rep]
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		switch x := r.IntN(100); {
+		case x < 45 || len(mine) == 0: // Allocate, a new owner
+			uid := "w" + strconv.Itoa(w) + "-" + strconv.FormatInt(seq.Add(1), 10)
+			req := &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "fault", Name: uid, Uid: uid}}
+			switch r.IntN(4) {
+			case 0: // a specific address
+				req.ClusterIps = []string{netip.AddrFrom4([4]byte{10, 0, 0, byte(2 + r.IntN(125))}).String()}
+			case 1: // with a node port
+				req.NodePortCount = 1
+			case 2: // a specific node port, no address
+				req.NoClusterIp, req.NodePorts = true, []int32{int32(30000 + r.IntN(200))}
+			}
+			o := h.record(op{kind: opAllocate, owner: uid, replica: rep, items: itemsOf(req.ClusterIps, req.NodePorts)}, func() ([]string, error) {
+				resp, err := c.Allocate(cctx, req)
+				return itemsOf(resp.GetClusterIps(), resp.GetNodePorts()), err
+			})
+			if o.outcome != definite {
+				mine = append(mine, held{uid: uid, req: req})
+			}
+			if o.outcome == ok {
+				mine[len(mine)-1].got = o.items
+			}
+		case x < 60: // retry an earlier Allocate, same owner, same request
+			hd := mine[r.IntN(len(mine))]
+			h.record(op{kind: opRetry, owner: hd.uid, replica: rep}, func() ([]string, error) {
+				resp, err := c.Allocate(cctx, hd.req)
+				return itemsOf(resp.GetClusterIps(), resp.GetNodePorts()), err
+			})
+		case x < 75: // release one named item of an owner of this worker
+			hd := mine[r.IntN(len(mine))]
+			it := hd.got
+			if len(it) == 0 {
+				cancel()
+				continue
+			}
+			req := &allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Namespace: "fault", Name: hd.uid, Uid: hd.uid}}
+			if ip, err := netip.ParseAddr(it[0]); err == nil {
+				req.ClusterIps = []string{ip.String()}
+			} else {
+				p, _ := strconv.Atoi(strings.TrimPrefix(it[0], "port/"))
+				req.NodePorts = []int32{int32(p)}
+			}
+			h.record(op{kind: opRelease, owner: hd.uid, replica: rep, items: it[:1]}, func() ([]string, error) {
+				_, err := c.Release(cctx, req)
+				return nil, err
+			})
+		case x < 95: // release an owner of this worker, all of it
+			i := r.IntN(len(mine))
+			hd := mine[i]
+			o := h.record(op{kind: opRelease, owner: hd.uid, replica: rep}, func() ([]string, error) {
+				_, err := c.Release(cctx, &allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Namespace: "fault", Name: hd.uid, Uid: hd.uid}})
+				return nil, err
+			})
+			if o.outcome == ok {
+				mine = append(mine[:i], mine[i+1:]...)
+			}
+		default: // force-release any address
+			ip := netip.AddrFrom4([4]byte{10, 0, 0, byte(2 + r.IntN(125))}).String()
+			h.record(op{kind: opForce, owner: "", replica: rep, items: []string{ip}}, func() ([]string, error) {
+				_, err := c.Release(cctx, &allocdv1.ReleaseRequest{ClusterIps: []string{ip}, Force: true})
+				return nil, err
+			})
+		}
+		cancel()
+	}
+}
+
+func itemsOf(ips []string, ports []int32) []string {
+	var out []string
+	out = append(out, ips...)
+	for _, p := range ports {
+		out = append(out, "port/"+strconv.Itoa(int(p)))
+	}
+	return out
+}
+
+// listAll reads every allocation: item → owner uid.
+func listAll(c *client.Client) (map[string]string, error) {
+	out := map[string]string{}
+	req := &allocdv1.ListAllocationsRequest{PageSize: 500}
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := c.ListAllocations(ctx, req)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range resp.GetAllocations() {
+			it := a.GetClusterIp()
+			if a.GetNodePort() != 0 {
+				it = "port/" + strconv.Itoa(int(a.GetNodePort()))
+			}
+			out[it] = a.GetOwner().GetUid()
+		}
+		if resp.GetNextPageToken() == "" {
+			return out, nil
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+}
+
+// injectFaults runs one fault after another until ctx ends, each for about 2 s with
+// 1 s of calm between, and returns their windows and the time from each fault's end
+// to the first ok operation after it.
+func injectFaults(ctx context.Context, t *testing.T, tp *topology, h *history) ([]window, []time.Duration) {
+	r := rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano())))
+	var ws []window
+	sleep := func(d time.Duration) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+	}
+	kinds := faultKinds(t)
+	sleep(time.Second)
+	for ctx.Err() == nil {
+		w := window{start: h.now()}
+		switch kinds[r.IntN(len(kinds))] {
+		case 0:
+			l := tp.leader()
+			if l < 0 {
+				sleep(200 * time.Millisecond)
+				continue
+			}
+			w.name, w.etcdLeader = fmt.Sprintf("kill -9 etcd leader m%d", l), true
+			tp.etcd[l].kill()
+			time.Sleep(time.Second)
+			if err := tp.etcd[l].start(); err != nil {
+				t.Errorf("restart etcd m%d: %v", l, err)
+			}
+		case 1:
+			i := r.IntN(len(tp.allocd))
+			w.name = fmt.Sprintf("kill -9 allocd-%d", i)
+			tp.allocd[i].kill()
+			time.Sleep(time.Second)
+			if err := tp.allocd[i].start(); err != nil {
+				t.Errorf("restart allocd-%d: %v", i, err)
+			}
+		case 2:
+			// A follower stays stopped pauseFor (make fault: 5 s), the leader 2 s, less
+			// than the master leases' TTL: a leader stopped longer revokes every lease
+			// when it resumes, renewed or not (etcd 3.7's fix for etcd#15247 checks its
+			// leadership only when its raft ticker lagged, and after SIGCONT it ticks at
+			// once), which is etcd's doing, not allocd's.
+			m := r.IntN(len(tp.etcd))
+			role, pause := "follower", pauseFor()
+			if m == tp.leader() {
+				role, pause = "leader", 2*time.Second
+			}
+			w.name, w.etcdLeader = fmt.Sprintf("SIGSTOP etcd %s m%d", role, m), true
+			tp.etcd[m].signal(syscall.SIGSTOP)
+			time.Sleep(pause)
+			tp.etcd[m].signal(syscall.SIGCONT)
+		case 3:
+			i := r.IntN(len(tp.allocd))
+			// A partition: bytes held, not dropped. (pkg/proxy's blackhole drops bytes
+			// out of the middle of a TCP stream, which no network does: it corrupts the
+			// HTTP/2 framing of the connection for good.)
+			w.name = fmt.Sprintf("partition allocd-%d from etcd", i)
+			for _, px := range tp.proxies[i] {
+				px.PauseTx()
+				px.PauseRx()
+			}
+			time.Sleep(2 * time.Second)
+			for _, px := range tp.proxies[i] {
+				px.UnpauseTx()
+				px.UnpauseRx()
+			}
+		case 4:
+			i := r.IntN(len(tp.allocd))
+			w.name = fmt.Sprintf("delay+reset allocd-%d to etcd", i)
+			for _, px := range tp.proxies[i] {
+				px.DelayTx(300*time.Millisecond, 100*time.Millisecond)
+			}
+			time.Sleep(time.Second)
+			for _, px := range tp.proxies[i] {
+				px.ResetListener()
+			}
+			time.Sleep(time.Second)
+			for _, px := range tp.proxies[i] {
+				px.UndelayTx()
+			}
+		}
+		w.end = h.now()
+		ws = append(ws, w)
+		sleep(time.Second)
+	}
+	// Recovery: the first ok operation that started after each fault ended.
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var rec []time.Duration
+	for _, w := range ws {
+		best := time.Duration(-1)
+		for _, o := range h.ops {
+			if o.outcome == ok && o.start >= w.end && (best < 0 || o.end < best) {
+				best = o.end
+			}
+		}
+		if best >= 0 {
+			rec = append(rec, best-w.end)
+		}
+	}
+	return ws, rec
+}

@@ -16,12 +16,15 @@ import (
 	"github.com/allocd/allocd/repair"
 )
 
-// hookStore is the real allocator with hooks run before List and Assign, to make
-// things happen inside a pass. A hook that returns an error fails the call with it.
+// hookStore is the real allocator with hooks run before List, Assign, Reassign and
+// ReleaseIf, to make things happen inside a pass. A hook that returns an error fails
+// the call with it.
 type hookStore struct {
 	*allocator.Allocator
-	beforeList   func(ctx context.Context) error
-	beforeAssign func(allocator.Owner, allocator.Item) error
+	beforeList     func(ctx context.Context) error
+	beforeAssign   func(allocator.Owner, allocator.Item) error
+	beforeReassign func(allocator.Allocation, allocator.Owner) error
+	beforeRelease  func(allocator.Allocation) error
 }
 
 func (s *hookStore) List(ctx context.Context) (int64, []allocator.Allocation, error) {
@@ -40,6 +43,24 @@ func (s *hookStore) Assign(ctx context.Context, o allocator.Owner, it allocator.
 		}
 	}
 	return s.Allocator.Assign(ctx, o, it)
+}
+
+func (s *hookStore) Reassign(ctx context.Context, al allocator.Allocation, to allocator.Owner) (allocator.Allocation, error) {
+	if s.beforeReassign != nil {
+		if err := s.beforeReassign(al, to); err != nil {
+			return allocator.Allocation{}, err
+		}
+	}
+	return s.Allocator.Reassign(ctx, al, to)
+}
+
+func (s *hookStore) ReleaseIf(ctx context.Context, al allocator.Allocation) (bool, error) {
+	if s.beforeRelease != nil {
+		if err := s.beforeRelease(al); err != nil {
+			return false, err
+		}
+	}
+	return s.Allocator.ReleaseIf(ctx, al)
 }
 
 func hooked(hs **hookStore) func(*allocator.Allocator) repair.Store {

@@ -55,24 +55,27 @@ func TestFindingMessages(t *testing.T) {
 			svc("uid-e", ips("192.168.1.13")), svc("uid-f", ips("192.168.1.13")),
 		},
 		want: []string{
-			"ClusterIPNotValid 10.0.0.zz uid-bad |  | Cluster IP 10.0.0.zz is not a valid IP; please recreate service",
-			"ClusterIPNotValid fd00::1 uid-v6 |  | Cluster IP fd00::1 is not a valid IP: no service CIDR of its family; " +
+			"ClusterIPNotValid 10.0.0.zz uid-bad |  | Cluster IP 10.0.0.zz is not a valid IP; please " +
+				"recreate service",
+			"ClusterIPNotValid fd00::1 uid-v6 |  | Cluster IP fd00::1 is not a valid IP: no service CIDR " +
+				"of its family; please recreate service",
+			"ClusterIPOutOfRange 10.9.0.1 uid-out | 192.168.1.0/24 | Cluster IP 10.9.0.1 is not within the " +
+				"service CIDR 192.168.1.0/24; please recreate service",
+			"PortOutOfRange 80 uid-np | 30000-32767 | Port 80 is not within the port range 30000-32767; " +
 				"please recreate service",
-			"ClusterIPOutOfRange 10.9.0.1 uid-out | 192.168.1.0/24 | Cluster IP 10.9.0.1 is not within the service CIDR " +
-				"192.168.1.0/24; please recreate service",
-			"PortOutOfRange 80 uid-np | 30000-32767 | Port 80 is not within the port range 30000-32767; please recreate service",
-			"ClusterIPAlreadyAllocated 192.168.1.10 uid-b | 192.168.1.0/24 | Cluster IP 192.168.1.10 was assigned to multiple " +
-				"services (also ns/a); please recreate service",
-			"ClusterIPNotAllocated 192.168.1.11 uid-c repaired | 192.168.1.0/24 | Cluster IP 192.168.1.11 is not allocated; repairing",
+			"ClusterIPAlreadyAllocated 192.168.1.10 uid-b | 192.168.1.0/24 | Cluster IP 192.168.1.10 was " +
+				"assigned to multiple services (also ns/a); please recreate service",
+			"ClusterIPNotAllocated 192.168.1.11 uid-c repaired | 192.168.1.0/24 | Cluster IP 192.168.1.11 " +
+				"is not allocated; repairing",
 			"PortNotAllocated 30500 uid-c repaired | 30000-32767 | Port 30500 is not allocated; repairing",
-			"ClusterIPWrongOwner 192.168.1.12 uid-d repaired | 192.168.1.0/24 | Cluster IP 192.168.1.12 is allocated to " +
-				"ns/old uid-old, not to the service that uses it; repairing",
-			"ClusterIPWrongOwner 192.168.1.13 uid-e | 192.168.1.0/24 | Cluster IP 192.168.1.13 is allocated to ns/old2 uid-old2 " +
-				"and used by several services; not reassigned",
-			"ClusterIPAlreadyAllocated 192.168.1.13 uid-f | 192.168.1.0/24 | Cluster IP 192.168.1.13 was assigned to multiple " +
-				"services (also ns/e); please recreate service",
-			"LeakSuspected 192.168.1.50 uid-leak | 192.168.1.0/24 | Cluster IP 192.168.1.50 of ns/leak uid-leak may have leaked: " +
-				"flagging for later clean up (strike 1 of 2)",
+			"ClusterIPWrongOwner 192.168.1.12 uid-d repaired | 192.168.1.0/24 | Cluster IP 192.168.1.12 is " +
+				"allocated to ns/old uid-old, not to the service that uses it; repairing",
+			"ClusterIPWrongOwner 192.168.1.13 uid-e | 192.168.1.0/24 | Cluster IP 192.168.1.13 is " +
+				"allocated to ns/old2 uid-old2 and used by several services; not reassigned",
+			"ClusterIPAlreadyAllocated 192.168.1.13 uid-f | 192.168.1.0/24 | Cluster IP 192.168.1.13 was " +
+				"assigned to multiple services (also ns/e); please recreate service",
+			"LeakSuspected 192.168.1.50 uid-leak | 192.168.1.0/24 | Cluster IP 192.168.1.50 of ns/leak " +
+				"uid-leak may have leaked: flagging for later clean up (strike 1 of 2)",
 			"LeakSuspected 30600 uid-leak | 30000-32767 | Port 30600 of ns/leak uid-leak may have leaked: " +
 				"flagging for later clean up (strike 1 of 2)",
 		},
@@ -86,11 +89,12 @@ func TestFindingMessages(t *testing.T) {
 		},
 		snap: []repair.Service{kubeSvc(ips("192.168.1.1")), svc("uid-d", ips("192.168.1.12"))},
 		want: []string{
-			"ClusterIPWrongOwner 192.168.1.12 uid-d | 192.168.1.0/24 | Cluster IP 192.168.1.12 is allocated to ns/old uid-old, " +
-				"which is newer (revision {}) than the snapshot (received at revision {}); not corrected",
-			"ClusterIPWrongOwner 192.168.1.1 kube-uid | 192.168.1.0/24 | Cluster IP 192.168.1.1, reserved for the " +
-				"default/kubernetes service, is allocated to ns/gone uid-gone, which is newer (revision {}) than the snapshot " +
-				"(received at revision {}); not corrected",
+			"ClusterIPWrongOwner 192.168.1.12 uid-d | 192.168.1.0/24 | Cluster IP 192.168.1.12 is " +
+				"allocated to ns/old uid-old, which is newer (revision {}) than the snapshot (received at " +
+				"revision {}); not corrected",
+			"ClusterIPWrongOwner 192.168.1.1 kube-uid | 192.168.1.0/24 | Cluster IP 192.168.1.1, reserved " +
+				"for the default/kubernetes service, is allocated to ns/gone uid-gone, which is newer " +
+				"(revision {}) than the snapshot (received at revision {}); not corrected",
 		},
 	}, {
 		name: "dry run",
@@ -100,17 +104,18 @@ func TestFindingMessages(t *testing.T) {
 			r.assign("uid-leak", ip("192.168.1.50"))
 			r.release(ip("192.168.1.1"))
 		},
-		snap: []repair.Service{kubeSvc(ips("192.168.1.1")), svc("uid-c", ips("192.168.1.11")), svc("uid-d", ips("192.168.1.12"))},
-		dry:  true,
+		snap: []repair.Service{kubeSvc(ips("192.168.1.1")),
+			svc("uid-c", ips("192.168.1.11")), svc("uid-d", ips("192.168.1.12"))},
+		dry: true,
 		want: []string{
-			"ClusterIPNotAllocated 192.168.1.1 kube-uid | 192.168.1.0/24 | Cluster IP 192.168.1.1, reserved for the " +
-				"default/kubernetes service, is not allocated; would repair (dry run)",
-			"ClusterIPNotAllocated 192.168.1.11 uid-c | 192.168.1.0/24 | Cluster IP 192.168.1.11 is not allocated; " +
-				"would repair (dry run)",
-			"ClusterIPWrongOwner 192.168.1.12 uid-d | 192.168.1.0/24 | Cluster IP 192.168.1.12 is allocated to ns/old uid-old, " +
-				"not to ns/d uid-d; would reassign (dry run)",
-			"LeakReleased 192.168.1.50 uid-leak | 192.168.1.0/24 | Cluster IP 192.168.1.50 of ns/leak uid-leak appears to " +
-				"have leaked: would clean up (dry run)",
+			"ClusterIPNotAllocated 192.168.1.1 kube-uid | 192.168.1.0/24 | Cluster IP 192.168.1.1, " +
+				"reserved for the default/kubernetes service, is not allocated; would repair (dry run)",
+			"ClusterIPNotAllocated 192.168.1.11 uid-c | 192.168.1.0/24 | Cluster IP 192.168.1.11 is not " +
+				"allocated; would repair (dry run)",
+			"ClusterIPWrongOwner 192.168.1.12 uid-d | 192.168.1.0/24 | Cluster IP 192.168.1.12 is " +
+				"allocated to ns/old uid-old, not to ns/d uid-d; would reassign (dry run)",
+			"LeakReleased 192.168.1.50 uid-leak | 192.168.1.0/24 | Cluster IP 192.168.1.50 of ns/leak " +
+				"uid-leak appears to have leaked: would clean up (dry run)",
 		},
 	}, {
 		name: "stale snapshot",
@@ -124,16 +129,17 @@ func TestFindingMessages(t *testing.T) {
 			svc("uid-c", ips("192.168.1.11")), svc("uid-d", ips("192.168.1.12"))},
 		stale: true,
 		want: []string{
-			"SnapshotStale   |  | service snapshot revision 1 is older than revision 2, accepted by another replica: " +
-				"no Service repaired and no leak judged until that snapshot (or a newer one) is pushed here",
-			"ClusterIPNotAllocated 192.168.1.1 kube-uid repaired | 192.168.1.0/24 | Cluster IP 192.168.1.1, reserved for " +
-				"the default/kubernetes service, is not allocated; repairing",
-			"PortWrongOwner 30443 kube-uid | 30000-32767 | Port 30443 is allocated to ns/gone uid-gone, not to " +
-				"default/kubernetes default/kubernetes; not reassigned: the snapshot is stale",
-			"ClusterIPNotAllocated 192.168.1.11 uid-c | 192.168.1.0/24 | Cluster IP 192.168.1.11 is not allocated; " +
-				"not repaired: the snapshot is stale",
-			"ClusterIPWrongOwner 192.168.1.12 uid-d | 192.168.1.0/24 | Cluster IP 192.168.1.12 is allocated to ns/old uid-old, " +
-				"not to ns/d uid-d; not reassigned: the snapshot is stale",
+			"SnapshotStale   |  | service snapshot revision 1 is older than revision 2, accepted by " +
+				"another replica: no Service repaired and no leak judged until that snapshot (or a newer " +
+				"one) is pushed here",
+			"ClusterIPNotAllocated 192.168.1.1 kube-uid repaired | 192.168.1.0/24 | Cluster IP " +
+				"192.168.1.1, reserved for the default/kubernetes service, is not allocated; repairing",
+			"PortWrongOwner 30443 kube-uid | 30000-32767 | Port 30443 is allocated to ns/gone uid-gone, " +
+				"not to default/kubernetes default/kubernetes; not reassigned: the snapshot is stale",
+			"ClusterIPNotAllocated 192.168.1.11 uid-c | 192.168.1.0/24 | Cluster IP 192.168.1.11 is not " +
+				"allocated; not repaired: the snapshot is stale",
+			"ClusterIPWrongOwner 192.168.1.12 uid-d | 192.168.1.0/24 | Cluster IP 192.168.1.12 is " +
+				"allocated to ns/old uid-old, not to ns/d uid-d; not reassigned: the snapshot is stale",
 		},
 	}, {
 		name: "reserved for the kubernetes Service",
@@ -144,12 +150,12 @@ func TestFindingMessages(t *testing.T) {
 		},
 		snap: []repair.Service{kubeSvc(ips("192.168.1.1"), kubePort), svc("uid-b", ips("192.168.1.1"))},
 		want: []string{
-			"ClusterIPAlreadyAllocated 192.168.1.1 uid-b | 192.168.1.0/24 | Cluster IP 192.168.1.1 is reserved for the " +
-				"default/kubernetes service; please recreate service",
-			"ClusterIPNotAllocated 192.168.1.1 kube-uid repaired | 192.168.1.0/24 | Cluster IP 192.168.1.1, reserved for " +
-				"the default/kubernetes service, is not allocated; repairing",
-			"PortWrongOwner 30443 kube-uid repaired | 30000-32767 | Port 30443, reserved for the default/kubernetes service, " +
-				"is allocated to ns/gone uid-gone; repairing",
+			"ClusterIPAlreadyAllocated 192.168.1.1 uid-b | 192.168.1.0/24 | Cluster IP 192.168.1.1 is " +
+				"reserved for the default/kubernetes service; please recreate service",
+			"ClusterIPNotAllocated 192.168.1.1 kube-uid repaired | 192.168.1.0/24 | Cluster IP " +
+				"192.168.1.1, reserved for the default/kubernetes service, is not allocated; repairing",
+			"PortWrongOwner 30443 kube-uid repaired | 30000-32767 | Port 30443, reserved for the " +
+				"default/kubernetes service, is allocated to ns/gone uid-gone; repairing",
 		},
 	}, {
 		name: "repairs and releases that fail",
@@ -187,29 +193,31 @@ func TestFindingMessages(t *testing.T) {
 		snap: []repair.Service{svc("uid-t", ips("192.168.1.20")), svc("uid-u", ips("192.168.1.21")),
 			svc("uid-w", ips("192.168.1.22")), svc("uid-x", ips("192.168.1.23"))},
 		want: []string{
-			"ClusterIPNotAllocated 192.168.1.20 uid-t | 192.168.1.0/24 | Cluster IP 192.168.1.20 is not allocated, but was " +
-				"allocated to ns/thief uid-thief since the pass read etcd; not repaired",
-			"ClusterIPNotAllocated 192.168.1.21 uid-u | 192.168.1.0/24 | Cluster IP 192.168.1.21 is not allocated, and " +
-				"allocating it to ns/u uid-u failed; not repaired: disk on fire",
-			"ClusterIPWrongOwner 192.168.1.22 uid-w | 192.168.1.0/24 | Cluster IP 192.168.1.22 is allocated to ns/old uid-old, " +
-				"but changed since the pass read it, or kept changing; not reassigned: reassign 192.168.1.22: " +
-				"conflict: changed since read",
-			"ClusterIPWrongOwner 192.168.1.23 uid-x | 192.168.1.0/24 | Cluster IP 192.168.1.23 is allocated to ns/old uid-old, " +
-				"and reassigning it to ns/x uid-x failed; not reassigned: disk on fire",
-			"LeakReleased 192.168.1.50 uid-leak repaired | 192.168.1.0/24 | Cluster IP 192.168.1.50 of ns/leak uid-leak " +
-				"appears to have leaked: cleaned up",
-			"LeakSuspected 192.168.1.51 uid-leak | 192.168.1.0/24 | Cluster IP 192.168.1.51 of ns/leak uid-leak appears to " +
-				"have leaked, but cleaning it up failed: kept: disk on fire",
-			"LeakSuspected 192.168.1.52 uid-leak | 192.168.1.0/24 | Cluster IP 192.168.1.52 of ns/leak uid-leak appeared to " +
-				"have leaked, but changed since the pass read it: kept",
+			"ClusterIPNotAllocated 192.168.1.20 uid-t | 192.168.1.0/24 | Cluster IP 192.168.1.20 is not " +
+				"allocated, but was allocated to ns/thief uid-thief since the pass read etcd; not repaired",
+			"ClusterIPNotAllocated 192.168.1.21 uid-u | 192.168.1.0/24 | Cluster IP 192.168.1.21 is not " +
+				"allocated, and allocating it to ns/u uid-u failed; not repaired: disk on fire",
+			"ClusterIPWrongOwner 192.168.1.22 uid-w | 192.168.1.0/24 | Cluster IP 192.168.1.22 is " +
+				"allocated to ns/old uid-old, but changed since the pass read it, or kept changing; not " +
+				"reassigned: reassign 192.168.1.22: conflict: changed since read",
+			"ClusterIPWrongOwner 192.168.1.23 uid-x | 192.168.1.0/24 | Cluster IP 192.168.1.23 is " +
+				"allocated to ns/old uid-old, and reassigning it to ns/x uid-x failed; not reassigned: " +
+				"disk on fire",
+			"LeakReleased 192.168.1.50 uid-leak repaired | 192.168.1.0/24 | Cluster IP 192.168.1.50 of " +
+				"ns/leak uid-leak appears to have leaked: cleaned up",
+			"LeakSuspected 192.168.1.51 uid-leak | 192.168.1.0/24 | Cluster IP 192.168.1.51 of ns/leak " +
+				"uid-leak appears to have leaked, but cleaning it up failed: kept: disk on fire",
+			"LeakSuspected 192.168.1.52 uid-leak | 192.168.1.0/24 | Cluster IP 192.168.1.52 of ns/leak " +
+				"uid-leak appeared to have leaked, but changed since the pass read it: kept",
 		},
 	}, {
 		name:   "leak within its grace",
 		o:      opts{strikes: 1, grace: time.Hour},
 		before: func(r *replica, _ *hookStore) { r.assign("uid-leak", ip("192.168.1.50")) },
 		want: []string{
-			"LeakSuspected 192.168.1.50 uid-leak | 192.168.1.0/24 | Cluster IP 192.168.1.50 of ns/leak uid-leak appears to " +
-				"have leaked, but was only {} old when the snapshot was received (grace 1h0m0s): kept",
+			"LeakSuspected 192.168.1.50 uid-leak | 192.168.1.0/24 | Cluster IP 192.168.1.50 of ns/leak " +
+				"uid-leak appears to have leaked, but was only {} old when the snapshot was received " +
+				"(grace 1h0m0s): kept",
 		},
 	}, {
 		name: "service CIDR full",
@@ -221,9 +229,10 @@ func TestFindingMessages(t *testing.T) {
 		snap: []repair.Service{svc("uid-c", ips("192.168.1.11"))},
 		full: true,
 		want: []string{
-			"ClusterIPNotAllocated 192.168.1.11 uid-c | 192.168.1.0/24 | Cluster IP 192.168.1.11 is not allocated; repairing",
-			"ServiceCIDRFull 192.168.1.11 uid-c | 192.168.1.0/24 | Service CIDR 192.168.1.0/24 is full; you must widen the " +
-				"CIDR in order to create new services",
+			"ClusterIPNotAllocated 192.168.1.11 uid-c | 192.168.1.0/24 | Cluster IP 192.168.1.11 is not " +
+				"allocated; repairing",
+			"ServiceCIDRFull 192.168.1.11 uid-c | 192.168.1.0/24 | Service CIDR 192.168.1.0/24 is full; " +
+				"you must widen the CIDR in order to create new services",
 		},
 	}, {
 		name: "port range full",
@@ -236,8 +245,8 @@ func TestFindingMessages(t *testing.T) {
 		full: true,
 		want: []string{
 			"PortNotAllocated 30500 uid-c | 30000-32767 | Port 30500 is not allocated; repairing",
-			"PortRangeFull 30500 uid-c | 30000-32767 | Port range 30000-32767 is full; you must widen the port range in " +
-				"order to create new services",
+			"PortRangeFull 30500 uid-c | 30000-32767 | Port range 30000-32767 is full; you must widen the " +
+				"port range in order to create new services",
 		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {

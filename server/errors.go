@@ -109,10 +109,16 @@ func Status(err error) error {
 		if st.Code() == codes.Unavailable {
 			return unavailable(st.Message(), allocdv1.ErrorReason_UNAVAILABLE)
 		}
-		// A broken connection to etcd (or to the leader) surfaces as INTERNAL from
-		// gRPC's transport ("stream terminated by RST_STREAM"): the call's outcome is
-		// unknown and a retry may succeed; it is not allocd's internal error.
-		if st.Code() == codes.Internal && strings.Contains(st.Message(), "RST_STREAM") {
+		// INTERNAL from down here is gRPC's client transport, not a server's answer:
+		// grpc-go turns a stream the peer reset (RST_STREAM, save REFUSED_STREAM,
+		// CANCEL and the flow-control codes: its http2ErrConvTab) and a response it
+		// could not read (no trailers, a frame or message it cannot decode) into
+		// INTERNAL. etcd never answers INTERNAL itself (rpctypes has no such error),
+		// and the etcd client retries it as a failure "in the middle of send"
+		// (isHaltErr); a leader's answers are forwarded without this function. The
+		// call's outcome is unknown and a retry may succeed: it is not allocd's
+		// internal error.
+		if st.Code() == codes.Internal {
 			return unavailable(st.Message(), allocdv1.ErrorReason_UNAVAILABLE)
 		}
 		return st.Err()

@@ -117,6 +117,8 @@ func TestStatus(t *testing.T) {
 		{"status kept", status.Error(codes.NotFound, "gone"), codes.NotFound},
 		{"etcd connection broken", fmt.Errorf("read owner record: %w",
 			status.Error(codes.Internal, "stream terminated by RST_STREAM with error code: PROTOCOL_ERROR")), codes.Unavailable},
+		{"etcd response cut", fmt.Errorf("read owner record: %w",
+			status.Error(codes.Internal, "server closed the stream without sending trailers")), codes.Unavailable},
 		{"unknown", errors.New("disk on fire"), codes.Internal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -18,12 +18,12 @@ package call
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/raft/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
@@ -123,10 +123,16 @@ func refused(err error) bool {
 	if ee := rpctypes.Error(err); ee == rpctypes.ErrNoLeader || ee == rpctypes.ErrTooManyRequests {
 		return true
 	}
-	// raft's ErrProposalDropped reaches the client as an UNKNOWN status with its text.
-	st, ok := status.FromError(err)
-	return ok && strings.HasSuffix(st.Message(), "raft proposal dropped")
+	return errors.Is(err, errProposalDropped)
 }
+
+// errProposalDropped is raft's ErrProposalDropped as an etcd member answers it. etcd
+// sends the errors it knows as rpctypes' statuses and any other as an UNKNOWN status
+// with the error's text (togRPCError); the etcd client's rpctypes.Error has no error
+// for it. A gRPC status error is errors.Is-equal to another with the same code,
+// message and details, so this matches the member's answer as it arrives, wrapped or
+// not.
+var errProposalDropped = status.Error(codes.Unknown, raft.ErrProposalDropped.Error())
 
 // retryWait is the first wait between tries of a write that was not applied; it
 // doubles up to maxRetryWait. An election takes about one election timeout.

@@ -429,14 +429,17 @@ func (a *Allocator) pickIP(t *table, f Family) (*pick, error) {
 			return &pick{r: r, off: off, item: it, key: a.key(it), pending: true, guard: r.guard}, nil
 		}
 	}
-	hint := "add a range with CreateServiceCIDR (e.g. grpcurl -d '{\"name\":\"extra\",\"cidrs\":[\"<cidr>\"]}' <allocd> allocd.v1.AllocatorService/CreateServiceCIDR)"
 	if len(ready) == 0 {
-		return nil, &FullError{Range: "no ready ServiceCIDR of " + f.String(), Hint: hint}
+		return nil, &FullError{Range: "no ready ServiceCIDR of " + f.String(), Hint: addRangeHint}
 	}
 	cidrs := make([]string, len(ready))
 	for i, r := range ready {
 		cidrs[i] = r.name
 	}
 	return nil, &FullError{Range: strings.Join(cidrs, ", "),
-		Hint: "every ready ServiceCIDR of " + f.String() + " is full: " + names(ready) + "; " + hint}
+		Hint: "every ready ServiceCIDR of " + f.String() + " is full: " + names(ready) + "; " + addRangeHint}
 }
+
+// addRangeHint is how a FullError of the ClusterIPs says to add a range.
+const addRangeHint = "add a range with CreateServiceCIDR (e.g. grpcurl -d " +
+	"'{\"name\":\"extra\",\"cidrs\":[\"<cidr>\"]}' <allocd> allocd.v1.AllocatorService/CreateServiceCIDR)"

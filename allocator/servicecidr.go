@@ -100,8 +100,8 @@ func ValidateServiceCIDR(name string, cidrs []string) ([]netip.Prefix, error) {
 			v.Add(field, fmt.Sprintf("%q is not a CIDR", s))
 			continue
 		}
-		if err := validatePrefix(p); err != nil {
-			v.Add(field, strings.TrimPrefix(err.Error(), "service cluster IP range "))
+		if problem := prefixProblem(p); problem != "" {
+			v.Add(field, problem)
 			continue
 		}
 		if len(out) == 1 && out[0].Addr().Is4() == p.Addr().Is4() {

@@ -80,7 +80,7 @@ func TestServiceCIDRLifecycle(t *testing.T) {
 				t.Fatalf("Allocate %d = %v", i, err)
 			}
 			var fe *FullError
-			if !errors.As(err, &fe) || fe.Range != "10.0.0.0/28" || !strings.Contains(err.Error(), "CreateServiceCIDR") {
+			if !errors.As(err, &fe) || fe.Range != "10.0.0.0/28" || !strings.HasSuffix(fe.Hint, addRangeHint) {
 				t.Fatalf("Allocate on a full /28 = %v; want a *FullError on 10.0.0.0/28 that says to CreateServiceCIDR", err)
 			}
 			break

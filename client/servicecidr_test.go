@@ -25,8 +25,9 @@ func TestServiceCIDRs(t *testing.T) {
 	}
 	_, err := c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner("full")})
 	var full *client.FullError
-	if !errors.Is(err, client.ErrFull) || !errors.As(err, &full) || !strings.Contains(err.Error(), "CreateServiceCIDR") {
-		t.Fatalf("Allocate on a full /29 = %v; want ErrFull saying to CreateServiceCIDR", err)
+	if !errors.Is(err, client.ErrFull) || !errors.As(err, &full) || len(full.Violations) != 1 ||
+		!strings.Contains(full.Violations[0].Description, "CreateServiceCIDR") {
+		t.Fatalf("Allocate on a full /29 = %v; want ErrFull whose violation says to CreateServiceCIDR", err)
 	}
 
 	if _, err := c.CreateServiceCIDR(ctx, "Bad Name", "10.97.0.0/24"); !errors.Is(err, client.ErrInvalid) {

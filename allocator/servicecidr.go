@@ -74,10 +74,10 @@ type storedCIDR struct {
 
 var cidrName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`)
 
-// ValidateServiceCIDR checks a ServiceCIDR to create: a DNS-subdomain name, one or two
+// validateServiceCIDR checks a ServiceCIDR to create: a DNS-subdomain name, one or two
 // CIDRs of different families, each a plain masked prefix of 8 to 2^24 addresses. It
 // returns an *InvalidError with every violation.
-func ValidateServiceCIDR(name string, cidrs []string) ([]netip.Prefix, error) {
+func validateServiceCIDR(name string, cidrs []string) ([]netip.Prefix, error) {
 	var v badrequest.Error
 	switch {
 	case name == "":
@@ -228,7 +228,7 @@ func prefixes(ps []netip.Prefix) string {
 // *CIDRExistsError, etcd's. Every replica allocates from it once its watch has seen
 // it; the Allocator that created it has when CreateServiceCIDR returns.
 func (a *Allocator) CreateServiceCIDR(ctx context.Context, name string, cidrs []string) (ServiceCIDR, error) {
-	ps, err := ValidateServiceCIDR(name, cidrs)
+	ps, err := validateServiceCIDR(name, cidrs)
 	if err != nil {
 		return ServiceCIDR{}, err
 	}

@@ -206,7 +206,7 @@ func assertStored(t *testing.T, key string, got, want *Endpoints) {
 	if got == nil {
 		return
 	}
-	if !SubsetsEqual(got.Subsets, want.Subsets) {
+	if !subsetsEqual(got.Subsets, want.Subsets) {
 		t.Errorf("%s: subsets = %+v; want %+v", key, got.Subsets, want.Subsets)
 	}
 	if !maps.Equal(got.Labels, want.Labels) {

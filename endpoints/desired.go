@@ -6,13 +6,13 @@ import (
 	"time"
 )
 
-// Truncate cuts subsets to at most max address entries as Kubernetes does (v1.22+):
+// truncate cuts subsets to at most max address entries as Kubernetes does (v1.22+):
 // when the ready ones fit, every ready address is kept and the rest of the budget is
 // shared over the not-ready lists in proportion to their sizes (each share rounded up,
 // capped by what is left, in subset order); otherwise every not-ready address goes and
 // max is shared over the ready lists the same way. Each list keeps its first entries.
 // subsets is not modified; truncated is false (and out is subsets) when they fit.
-func Truncate(subsets []Subset, max int) (out []Subset, truncated bool) {
+func truncate(subsets []Subset, max int) (out []Subset, truncated bool) {
 	ready, notReady := CountAddresses(subsets)
 	if ready+notReady <= max {
 		return subsets, false
@@ -77,7 +77,7 @@ func Desired(svc *Service, subsets []Subset, current *Endpoints, trigger time.Ti
 	ready, notReady := CountAddresses(subsets)
 	e.AddressCount = ready + notReady
 	var truncated bool
-	e.Subsets, truncated = Truncate(subsets, MaxAddresses)
+	e.Subsets, truncated = truncate(subsets, MaxAddresses)
 	if truncated {
 		ann[AnnotationOverCapacity] = Truncated
 	} else {
@@ -102,7 +102,7 @@ func NeedsWrite(current, desired *Endpoints) bool {
 		return true
 	case current.ServiceUID != desired.ServiceUID || current.ManagedBy != desired.ManagedBy:
 		return true
-	case !SubsetsEqual(current.Subsets, desired.Subsets):
+	case !subsetsEqual(current.Subsets, desired.Subsets):
 		return true
 	case current.Annotations[AnnotationOverCapacity] != desired.Annotations[AnnotationOverCapacity]:
 		return true

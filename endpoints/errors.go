@@ -102,5 +102,5 @@ func (e *CompactedError) Unwrap() error { return ErrCompacted }
 // badrequest.MaxViolations; More counts the rest).
 type InvalidError = badrequest.Error
 
-// Violation is one bad field.
-type Violation = badrequest.FieldViolation
+// violation is one bad field.
+type violation = badrequest.FieldViolation

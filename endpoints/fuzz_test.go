@@ -52,7 +52,7 @@ func subsetsFrom(data []byte) []Subset {
 
 // upstreamRepack is RepackSubsets of kubernetes pkg/api/v1/endpoints/util.go written
 // out literally (maps of sets, the -1 sentinel, "port.Port > 0"), without its final
-// hash order: the oracle Repack is fuzzed against.
+// hash order: the oracle repack is fuzzed against.
 func upstreamRepack(subsets []Subset) []Subset {
 	allAddrs := map[addrKey]*Address{}
 	portToAddrReadyMap := map[portKey]map[*Address]bool{}
@@ -128,21 +128,21 @@ func upstreamRepack(subsets []Subset) []Subset {
 	return final
 }
 
-// FuzzRepack: Repack gives what upstream's RepackSubsets gives (in allocd's order), is
+// FuzzRepack: repack gives what upstream's RepackSubsets gives (in allocd's order), is
 // idempotent, and does not depend on the order of its input.
 func FuzzRepack(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 0, 0, 1, 3, 1, 1, 2, 0, 0})
 	f.Add([]byte{0, 0x81, 0, 0, 1, 0x81, 1, 0, 2, 9, 2, 4, 3, 17, 3, 5})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := subsetsFrom(data)
-		out := Repack(in)
-		if want := upstreamRepack(subsetsFrom(data)); !SubsetsEqual(out, want) {
-			t.Fatalf("Repack differs from RepackSubsets:\nin       %s\nRepack   %s\nupstream %s", show(in), show(out), show(want))
+		out := repack(in)
+		if want := upstreamRepack(subsetsFrom(data)); !subsetsEqual(out, want) {
+			t.Fatalf("repack differs from RepackSubsets:\nin       %s\nrepack   %s\nupstream %s", show(in), show(out), show(want))
 		}
 		// Idempotent, except where upstream is not: a port 0 is grouped on its own
 		// but not listed, so its addresses come out as a second port-less subset.
-		if again := Repack(out); !hasPortZero(in) && !SubsetsEqual(again, out) {
-			t.Fatalf("Repack is not idempotent:\n%s\n%s", show(out), show(again))
+		if again := repack(out); !hasPortZero(in) && !subsetsEqual(again, out) {
+			t.Fatalf("repack is not idempotent:\n%s\n%s", show(out), show(again))
 		}
 		// Shuffle the entries: the same canonical result (the copies of one address
 		// are identical here, so which copy comes first does not matter).
@@ -156,8 +156,8 @@ func FuzzRepack(f *testing.F) {
 			shuffled = append(shuffled, s)
 		}
 		r.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-		if other := Repack(shuffled); !SubsetsEqual(other, out) {
-			t.Fatalf("Repack depends on input order:\n%s\n%s", show(out), show(other))
+		if other := repack(shuffled); !subsetsEqual(other, out) {
+			t.Fatalf("repack depends on input order:\n%s\n%s", show(out), show(other))
 		}
 	})
 }
@@ -218,7 +218,7 @@ func FuzzPodFromProto(f *testing.F) {
 		svc := testService(pod.Namespace)
 		svc.Selector = map[string]string{}
 		svc.Ports[0].TargetPort = TargetPort{Name: "http"}
-		Repack(ComputeSubsets(svc, []*Pod{pod}))
+		repack(ComputeSubsets(svc, []*Pod{pod}))
 	})
 }
 

@@ -162,7 +162,7 @@ func (in *inputs) selectPods(namespace string, selector map[string]string) []*Po
 	}
 	out := make([]*Pod, 0, len(shortest))
 	for name := range shortest {
-		if p := ns[name]; p != nil && Selects(selector, p.Labels) {
+		if p := ns[name]; p != nil && selects(selector, p.Labels) {
 			out = append(out, p)
 		}
 	}
@@ -174,7 +174,7 @@ func (in *inputs) selectPods(namespace string, selector map[string]string) []*Po
 // GetPodServiceMemberships.
 func (in *inputs) servicesSelecting(dst map[string]struct{}, p *Pod) {
 	for _, s := range in.svcsByNS[p.Namespace] {
-		if s.Selector != nil && Selects(s.Selector, p.Labels) {
+		if s.Selector != nil && selects(s.Selector, p.Labels) {
 			dst[s.Key()] = struct{}{}
 		}
 	}
@@ -189,7 +189,7 @@ func (in *inputs) podUpdateKeys(old, cur *Pod) map[string]struct{} {
 	if old.ResourceVersion != "" && old.ResourceVersion == cur.ResourceVersion {
 		return nil
 	}
-	podChanged, labelsChanged := PodChange(old, cur)
+	podChanged, labelsChanged := podChange(old, cur)
 	if !podChanged && !labelsChanged {
 		return nil
 	}

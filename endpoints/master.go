@@ -63,7 +63,7 @@ func (t *term) syncMaster(ctx context.Context) error {
 		Namespace: "default",
 		Name:      "kubernetes",
 		Labels:    map[string]string{labelSkipMirror: "true"},
-		Subsets:   Repack(m.Subsets),
+		Subsets:   repack(m.Subsets),
 		ManagedBy: ManagedByMasterLease,
 	}
 	ready, notReady := CountAddresses(desired.Subsets)
@@ -74,7 +74,7 @@ func (t *term) syncMaster(ctx context.Context) error {
 	if cur.ep != nil {
 		desired.Annotations = cur.ep.Annotations
 		if cur.ep.ManagedBy == ManagedByMasterLease && maps.Equal(cur.ep.Labels, desired.Labels) &&
-			SubsetsEqual(cur.ep.Subsets, desired.Subsets) {
+			subsetsEqual(cur.ep.Subsets, desired.Subsets) {
 			return nil
 		}
 	}

@@ -8,10 +8,10 @@ import (
 	"strings"
 )
 
-// Selects reports whether labels carry every pair of selector. A nil selector selects
+// selects reports whether labels carry every pair of selector. A nil selector selects
 // nothing; an empty one selects everything (the feed turns an empty selector into nil,
 // as the API server stores it).
-func Selects(selector, labels map[string]string) bool {
+func selects(selector, labels map[string]string) bool {
 	if selector == nil {
 		return false
 	}
@@ -23,10 +23,10 @@ func Selects(selector, labels map[string]string) bool {
 	return true
 }
 
-// ShouldPodBeInEndpoints reports whether p contributes an address at all: never when
+// shouldPodBeInEndpoints reports whether p contributes an address at all: never when
 // it is terminal (Failed or Succeeded, whatever publishNotReadyAddresses says, v1.25+),
 // has no IP, or is terminating and terminating Pods are not included.
-func ShouldPodBeInEndpoints(p *Pod, includeTerminating bool) bool {
+func shouldPodBeInEndpoints(p *Pod, includeTerminating bool) bool {
 	switch {
 	case p.Phase == PhaseFailed || p.Phase == PhaseSucceeded:
 		return false
@@ -86,11 +86,11 @@ func isHeadless(svc *Service) bool {
 	return ip == "" || ip == "None"
 }
 
-// PodAddress returns the address of p for svc: the first of the Pod's IPs of the
+// podAddress returns the address of p for svc: the first of the Pod's IPs of the
 // Service's family, which is its first ipFamily, else the family of its cluster IP,
 // else (headless, no families) the family of the Pod's first IP. ok is false when the
 // Pod has no IP of that family.
-func PodAddress(svc *Service, p *Pod) (Address, bool) {
+func podAddress(svc *Service, p *Pod) (Address, bool) {
 	v6 := false
 	switch {
 	case len(svc.IPFamilies) > 0:
@@ -117,13 +117,13 @@ func PodAddress(svc *Service, p *Pod) (Address, bool) {
 	return Address{}, false
 }
 
-// PodChange tells how cur differs from old for the controller, as Kubernetes'
+// podChange tells how cur differs from old for the controller, as Kubernetes'
 // podEndpointsChanged: podChanged when the Pod is or was terminating (upstream compares
 // deletionTimestamp pointers, which differ between two copies), its readiness flipped,
 // or its IPs changed; labelsChanged when its labels, hostname or subdomain changed.
 // Other changes (phase alone, node name, ports) enqueue nothing, as upstream: the new
 // state is still what the next sync of its Services reads.
-func PodChange(old, cur *Pod) (podChanged, labelsChanged bool) {
+func podChange(old, cur *Pod) (podChanged, labelsChanged bool) {
 	labelsChanged = !maps.Equal(old.Labels, cur.Labels) || old.Hostname != cur.Hostname || old.Subdomain != cur.Subdomain
 	podChanged = old.Deleting || cur.Deleting || old.Ready != cur.Ready || !slices.Equal(old.PodIPs, cur.PodIPs)
 	return podChanged, labelsChanged

@@ -1,10 +1,10 @@
 package endpoints
 
-// FindPort resolves the target port of sp on p: a number as is (never checked against
+// findPort resolves the target port of sp on p: a number as is (never checked against
 // the containers); a name by the first container port with that name and sp's
 // protocol, in containers, then in sidecars (init containers with restartPolicy
 // Always, v1.32+). ok is false when no port matches.
-func FindPort(p *Pod, sp *ServicePort) (int32, bool) {
+func findPort(p *Pod, sp *ServicePort) (int32, bool) {
 	if sp.TargetPort.Name == "" {
 		return sp.TargetPort.Number, true
 	}

@@ -49,11 +49,11 @@ func validName(namespace, name string) error {
 // *CompactedError. next is "" on the last page.
 func (c *Controller) List(ctx context.Context, namespace string, pageSize int, pageToken string) (eps []*Endpoints, next string, rev int64, err error) {
 	if namespace != "" && strings.Contains(namespace, "/") {
-		return nil, "", 0, &InvalidError{Violations: []Violation{{Field: "namespace", Description: "must not contain '/'"}}}
+		return nil, "", 0, &InvalidError{Violations: []violation{{Field: "namespace", Description: "must not contain '/'"}}}
 	}
 	switch {
 	case pageSize < 0:
-		return nil, "", 0, &InvalidError{Violations: []Violation{{Field: "page_size", Description: "must not be negative"}}}
+		return nil, "", 0, &InvalidError{Violations: []violation{{Field: "page_size", Description: "must not be negative"}}}
 	case pageSize == 0:
 		pageSize = DefaultPageSize
 	case pageSize > MaxPageSize:
@@ -120,7 +120,7 @@ func (t token) String() string {
 
 func parseToken(s, namespace string) (token, error) {
 	bad := func(why string) (token, error) {
-		return token{}, &InvalidError{Violations: []Violation{{Field: "page_token", Description: why}}}
+		return token{}, &InvalidError{Violations: []violation{{Field: "page_token", Description: why}}}
 	}
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
@@ -156,10 +156,10 @@ func tokenRev(s, namespace string) int64 {
 // watches again from the last revision it got.
 func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64, send func(WatchEvent) error) error {
 	if namespace != "" && strings.Contains(namespace, "/") {
-		return &InvalidError{Violations: []Violation{{Field: "namespace", Description: "must not contain '/'"}}}
+		return &InvalidError{Violations: []violation{{Field: "namespace", Description: "must not contain '/'"}}}
 	}
 	if startRev < 0 {
-		return &InvalidError{Violations: []Violation{{Field: "start_revision", Description: "must not be negative"}}}
+		return &InvalidError{Violations: []violation{{Field: "start_revision", Description: "must not be negative"}}}
 	}
 	if startRev == 0 {
 		rev, err := c.sendAll(ctx, namespace, send)

@@ -43,16 +43,16 @@ func TestPodToEndpointAddressForService(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			svc := &Service{Namespace: "ns", Name: "foo", ClusterIPs: []string{tc.clusterIP}, IPFamilies: tc.families}
 			p := &Pod{Namespace: "ns", Name: "pod1", UID: "uid-1", ResourceVersion: "7", NodeName: "node-1", PodIPs: tc.podIPs}
-			a, ok := PodAddress(svc, p)
+			a, ok := podAddress(svc, p)
 			if tc.wantIP == "" {
 				if ok {
-					t.Fatalf("PodAddress = %+v; want none", a)
+					t.Fatalf("podAddress = %+v; want none", a)
 				}
 				return
 			}
 			want := Address{IP: tc.wantIP, NodeName: "node-1", TargetRef: &ObjectRef{Kind: "Pod", Namespace: "ns", Name: "pod1", UID: "uid-1"}}
 			if !ok || !addressEqual(a, want) {
-				t.Fatalf("PodAddress = %+v, %v; want %+v", a, ok, want)
+				t.Fatalf("podAddress = %+v, %v; want %+v", a, ok, want)
 			}
 		})
 	}
@@ -186,7 +186,7 @@ func TestPodContribution(t *testing.T) {
 			if tc.pod != nil {
 				tc.pod(p)
 			}
-			if got := ComputeSubsets(svc, []*Pod{p}); !SubsetsEqual(got, tc.want) {
+			if got := ComputeSubsets(svc, []*Pod{p}); !subsetsEqual(got, tc.want) {
 				t.Errorf("subsets = %s; want %s", show(got), show(tc.want))
 			}
 		})
@@ -204,7 +204,7 @@ func TestNamedPortDifferentNumbers(t *testing.T) {
 		{Addresses: []Address{addr("1.2.3.4", "default", "pod0")}, Ports: []Port{tcp(8080)}},
 		{Addresses: []Address{addr("1.2.3.5", "default", "pod1")}, Ports: []Port{tcp(9090)}},
 	}
-	if !SubsetsEqual(got, want) {
+	if !subsetsEqual(got, want) {
 		t.Errorf("subsets = %s; want %s", show(got), show(want))
 	}
 }
@@ -274,20 +274,20 @@ func TestRepack(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Repack(tc.in)
-			if !SubsetsEqual(got, tc.want) {
-				t.Errorf("Repack = %s; want %s", show(got), show(tc.want))
+			got := repack(tc.in)
+			if !subsetsEqual(got, tc.want) {
+				t.Errorf("repack = %s; want %s", show(got), show(tc.want))
 			}
-			// The first copy must keep its hostname: SubsetsEqual compares it.
-			if again := Repack(got); !SubsetsEqual(again, got) {
-				t.Errorf("Repack is not idempotent: %s then %s", show(got), show(again))
+			// The first copy must keep its hostname: subsetsEqual compares it.
+			if again := repack(got); !subsetsEqual(again, got) {
+				t.Errorf("repack is not idempotent: %s then %s", show(got), show(again))
 			}
 		})
 	}
 }
 
 // sized returns subsets with the given ready and not-ready counts, each on its own
-// port so that Repack keeps them apart, addresses numbered from base.
+// port so that repack keeps them apart, addresses numbered from base.
 func sized(ready, notReady []int) []Subset {
 	var out []Subset
 	ip := 0
@@ -337,7 +337,7 @@ func TestTruncateEndpoints(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			in := sized(tc.ready, tc.notReady)
 			before := slices.Clone(in)
-			out, truncated := Truncate(in, MaxAddresses)
+			out, truncated := truncate(in, MaxAddresses)
 			if truncated != tc.wantTruncated {
 				t.Errorf("truncated = %v; want %v", truncated, tc.wantTruncated)
 			}
@@ -350,8 +350,8 @@ func TestTruncateEndpoints(t *testing.T) {
 					t.Errorf("subset %d: kept %v first; want the first entries kept", i, s.Addresses[0])
 				}
 			}
-			if !SubsetsEqual(in, before) || len(in) > 0 && len(in[0].Addresses) != tc.ready[0] {
-				t.Error("Truncate modified its input")
+			if !subsetsEqual(in, before) || len(in) > 0 && len(in[0].Addresses) != tc.ready[0] {
+				t.Error("truncate modified its input")
 			}
 		})
 	}
@@ -481,13 +481,13 @@ func TestEndpointSubsetsEqualIgnoreResourceVersion(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := SubsetsEqual(base(), tc.change(base())); got != tc.equal {
-				t.Errorf("SubsetsEqual = %v; want %v", got, tc.equal)
+			if got := subsetsEqual(base(), tc.change(base())); got != tc.equal {
+				t.Errorf("subsetsEqual = %v; want %v", got, tc.equal)
 			}
 		})
 	}
-	if !SubsetsEqual(nil, []Subset{}) {
-		t.Error("SubsetsEqual(nil, empty) = false; want true")
+	if !subsetsEqual(nil, []Subset{}) {
+		t.Error("subsetsEqual(nil, empty) = false; want true")
 	}
 }
 
@@ -512,9 +512,9 @@ func TestPodChange(t *testing.T) {
 			old := testPod("default", 0, true, 1)
 			cur := testPod("default", 0, true, 1)
 			tc.change(cur)
-			pod, labels := PodChange(old, cur)
+			pod, labels := podChange(old, cur)
 			if pod != tc.pod || labels != tc.labels {
-				t.Errorf("PodChange = %v, %v; want %v, %v", pod, labels, tc.pod, tc.labels)
+				t.Errorf("podChange = %v, %v; want %v, %v", pod, labels, tc.pod, tc.labels)
 			}
 		})
 	}

@@ -14,10 +14,10 @@ import (
 func ComputeSubsets(svc *Service, pods []*Pod) []Subset {
 	var subsets []Subset
 	for _, p := range pods {
-		if !ShouldPodBeInEndpoints(p, svc.PublishNotReadyAddresses) {
+		if !shouldPodBeInEndpoints(p, svc.PublishNotReadyAddresses) {
 			continue
 		}
-		a, ok := PodAddress(svc, p)
+		a, ok := podAddress(svc, p)
 		if !ok {
 			continue
 		}
@@ -30,7 +30,7 @@ func ComputeSubsets(svc *Service, pods []*Pod) []Subset {
 		}
 		for i := range svc.Ports {
 			sp := &svc.Ports[i]
-			n, ok := FindPort(p, sp)
+			n, ok := findPort(p, sp)
 			if !ok {
 				continue
 			}
@@ -38,7 +38,7 @@ func ComputeSubsets(svc *Service, pods []*Pod) []Subset {
 			subsets = append(subsets, oneSubset(a, []Port{port}, ready))
 		}
 	}
-	return Repack(subsets)
+	return repack(subsets)
 }
 
 func oneSubset(a Address, ports []Port, ready bool) Subset {
@@ -79,7 +79,7 @@ func keyOfPort(p Port) portKey {
 // sentinel port -1.
 var noPort = portKey{port: -1}
 
-// Repack returns subsets in canonical form (Kubernetes' RepackSubsets): every
+// repack returns subsets in canonical form (Kubernetes' RepackSubsets): every
 // (address, port) pair once, an address not ready on a port where it is both ready
 // and not ready, the first copy of an address (by IP and target uid) kept, and one
 // subset per distinct set of (address, readiness) with every port that has exactly
@@ -87,7 +87,7 @@ var noPort = portKey{port: -1}
 // Kubernetes sorts them) then target uid, no target first; ports by name, number,
 // protocol and appProtocol; subsets by their ports, then their addresses. (Kubernetes
 // orders ports and subsets by a hash of their content; allocd does not reproduce it.)
-func Repack(subsets []Subset) []Subset {
+func repack(subsets []Subset) []Subset {
 	addrs := map[addrKey]*Address{}
 	byPort := map[portKey]map[addrKey]bool{} // port -> address -> ready
 	var portOf = map[portKey]Port{}
@@ -239,10 +239,10 @@ func CountAddresses(subsets []Subset) (ready, notReady int) {
 	return ready, notReady
 }
 
-// SubsetsEqual reports whether a and b are the same subsets, in the same order (both
+// subsetsEqual reports whether a and b are the same subsets, in the same order (both
 // canonical): nil and empty are equal, appProtocols compare by value, and targets by
 // kind, namespace, name and uid (Kubernetes ignores their resourceVersion, #50936).
-func SubsetsEqual(a, b []Subset) bool {
+func subsetsEqual(a, b []Subset) bool {
 	return slices.EqualFunc(a, b, func(x, y Subset) bool {
 		return slices.EqualFunc(x.Addresses, y.Addresses, addressEqual) &&
 			slices.EqualFunc(x.NotReadyAddresses, y.NotReadyAddresses, addressEqual) &&

@@ -207,10 +207,10 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Manager, error
 // (ceil(1.5 x election timeout), 2 s with etcd's defaults).
 func (m *Manager) MinTTL() time.Duration { return time.Duration(m.minTTL) * time.Second }
 
-// ParseIP parses the address of an API server: an IPv4 or IPv6 address, not
+// parseAddr parses the address of an API server: an IPv4 or IPv6 address, not
 // unspecified, not multicast, without zone, not IPv4-mapped IPv6 (write it as IPv4).
 // The returned address's String is the canonical form used in the lease key.
-func ParseIP(s string) (netip.Addr, error) {
+func parseAddr(s string) (netip.Addr, error) {
 	inv := invalidRequest()
 	a := parseIP(s, inv)
 	return a, inv.OrNil()

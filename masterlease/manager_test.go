@@ -86,16 +86,16 @@ func TestParseIP(t *testing.T) {
 		{" 10.0.0.1", ""},
 	}
 	for _, tt := range tests {
-		a, err := ParseIP(tt.in)
+		a, err := parseAddr(tt.in)
 		if tt.want == "" {
 			var inv *InvalidError
 			if !errors.As(err, &inv) || !errors.Is(err, ErrInvalid) || inv.Violations[0].Field != "ip" {
-				t.Errorf("ParseIP(%q) = %v, %v; want an *InvalidError on field ip", tt.in, a, err)
+				t.Errorf("parseAddr(%q) = %v, %v; want an *InvalidError on field ip", tt.in, a, err)
 			}
 			continue
 		}
 		if err != nil || a.String() != tt.want {
-			t.Errorf("ParseIP(%q) = %v, %v; want %s", tt.in, a, err, tt.want)
+			t.Errorf("parseAddr(%q) = %v, %v; want %s", tt.in, a, err, tt.want)
 		}
 	}
 }

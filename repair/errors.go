@@ -65,12 +65,9 @@ func (e *NotLeaderError) Unwrap() []error {
 	return []error{ErrNotLeader, e.Err}
 }
 
-// Violation is one bad field of a snapshot, named as in the proto
-// (snapshot.services[3].uid).
-type Violation = badrequest.FieldViolation
-
 // InvalidSnapshotError lists what is wrong with a snapshot (at most
-// badrequest.MaxViolations; More counts the rest).
+// badrequest.MaxViolations; More counts the rest), each field named as in the proto
+// (snapshot.services[3].uid).
 type InvalidSnapshotError = badrequest.Error
 
 // SnapshotFileError is a --service-snapshot-file that cannot be read, parsed or

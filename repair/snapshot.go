@@ -106,9 +106,9 @@ func (s Snapshot) Validate() error {
 	return e
 }
 
-// SnapshotFromProto converts the wire form. The slices of cluster IPs are shared with
+// snapshotFromProto converts the wire form. The slices of cluster IPs are shared with
 // p, which must not change afterwards.
-func SnapshotFromProto(p *allocdv1.ServiceSnapshot) Snapshot {
+func snapshotFromProto(p *allocdv1.ServiceSnapshot) Snapshot {
 	s := Snapshot{Revision: p.GetRevision()}
 	s.Services = AppendServices(make([]Service, 0, len(p.GetServices())), p.GetServices())
 	return s
@@ -149,10 +149,10 @@ func AppendServices(dst []Service, ps []*allocdv1.Service) []Service {
 	return dst
 }
 
-// ReadSnapshotFile reads a snapshot written as the protojson form of
+// readSnapshotFile reads a snapshot written as the protojson form of
 // allocd.v1.ServiceSnapshot ({"revision": "12", "services": [{"namespace": ...}]}) and
 // validates it. Errors are *SnapshotFileError.
-func ReadSnapshotFile(path string) (Snapshot, error) {
+func readSnapshotFile(path string) (Snapshot, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return Snapshot{}, &SnapshotFileError{Path: path, Err: err}
@@ -161,7 +161,7 @@ func ReadSnapshotFile(path string) (Snapshot, error) {
 	if err := protojson.Unmarshal(b, &p); err != nil {
 		return Snapshot{}, &SnapshotFileError{Path: path, Err: err}
 	}
-	s := SnapshotFromProto(&p)
+	s := snapshotFromProto(&p)
 	if err := s.Validate(); err != nil {
 		return Snapshot{}, &SnapshotFileError{Path: path, Err: err}
 	}
@@ -347,7 +347,7 @@ func (c *Controller) snapshot() *accepted {
 // a pushed one), else the kept snapshot.
 func (c *Controller) snapshotForPass(ctx context.Context) (*accepted, error) {
 	if path := c.cfg.SnapshotFile; path != "" {
-		s, err := ReadSnapshotFile(path)
+		s, err := readSnapshotFile(path)
 		if err != nil {
 			return nil, err
 		}

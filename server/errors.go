@@ -36,8 +36,8 @@ var ErrInvalid = badrequest.ErrInvalid
 // package returns (package badrequest).
 type InvalidError = badrequest.Error
 
-// Violation is one bad field of a request.
-type Violation = badrequest.FieldViolation
+// violation is one bad field of a request.
+type violation = badrequest.FieldViolation
 
 // Invalid returns an InvalidError for one field.
 func Invalid(field, description string) *InvalidError { return badrequest.New(field, description) }
@@ -72,7 +72,7 @@ func Status(err error) error {
 		// Before the context's errors: a write that waited for a connection to etcd
 		// until its deadline was still never sent.
 		return unavailableWith("etcd unavailable, nothing applied: "+err.Error(), allocdv1.ErrorReason_ETCD_UNAVAILABLE,
-			map[string]string{"outcome": OutcomeNotApplied})
+			map[string]string{"outcome": outcomeNotApplied})
 	}
 	var inv *InvalidError
 	switch {
@@ -81,7 +81,7 @@ func Status(err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, ErrNotReady):
-		return unavailableWith(err.Error(), allocdv1.ErrorReason_UNAVAILABLE, map[string]string{"outcome": OutcomeNotApplied})
+		return unavailableWith(err.Error(), allocdv1.ErrorReason_UNAVAILABLE, map[string]string{"outcome": outcomeNotApplied})
 	case errors.Is(err, ErrUnavailable):
 		return unavailable(err.Error(), allocdv1.ErrorReason_UNAVAILABLE)
 	case errors.Is(err, ErrForceReleaseRequired):
@@ -126,11 +126,11 @@ func Status(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-// OutcomeNotApplied is the value of the ErrorInfo metadata "outcome" of an UNAVAILABLE
+// outcomeNotApplied is the value of the ErrorInfo metadata "outcome" of an UNAVAILABLE
 // error that certainly changed nothing: allocd was not ready, or etcd refused the
 // write before proposing it (no member reached, no leader). Without it, the outcome
 // of a write that failed UNAVAILABLE is unknown.
-const OutcomeNotApplied = "not_applied"
+const outcomeNotApplied = "not_applied"
 
 // noSpaceHelp is where etcd says how to free space and disarm the NOSPACE alarm.
 const noSpaceHelp = "https://etcd.io/docs/v3.6/op-guide/maintenance/#space-quota"
@@ -166,7 +166,7 @@ func unavailableWith(msg string, reason allocdv1.ErrorReason, metadata map[strin
 }
 
 // badRequest is INVALID_ARGUMENT with a BadRequest detail naming every bad field.
-func badRequest(msg string, vs ...Violation) error {
+func badRequest(msg string, vs ...violation) error {
 	br := &errdetails.BadRequest{}
 	for _, v := range vs {
 		br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{

@@ -18,11 +18,11 @@ import (
 	"github.com/allocd/allocd/tlsfiles"
 )
 
-// DefaultServer is the allocd the commands call without --server or $ALLOCD_SERVER:
+// defaultServer is the allocd the commands call without --server or $ALLOCD_SERVER:
 // allocd's default --grpc-address.
-const DefaultServer = "127.0.0.1:8080"
+const defaultServer = "127.0.0.1:8080"
 
-// ServerEnv names the environment variable that replaces DefaultServer, as
+// ServerEnv names the environment variable that replaces defaultServer, as
 // ETCDCTL_ENDPOINTS does for etcdctl.
 const ServerEnv = "ALLOCD_SERVER"
 
@@ -47,7 +47,7 @@ type options struct {
 
 // register adds the shared flags to fs (a command's persistent flags).
 func (o *options) register(fs *pflag.FlagSet) {
-	fs.StringVar(&o.server, "server", DefaultServer, "host:port of the allocd to call ($"+ServerEnv+" replaces the default)")
+	fs.StringVar(&o.server, "server", defaultServer, "host:port of the allocd to call ($"+ServerEnv+" replaces the default)")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "how long to wait for allocd to connect and answer, per call")
 	fs.StringVarP(&o.output, "output", "o", outTable, "output format: "+strings.Join(outputs, ", ")+" (json is the API's proto JSON)")
 	fs.BoolVar(&o.tls, "tls", false, "use TLS (implied by --tls-ca-file), verifying allocd's certificate against the system roots unless --tls-ca-file")

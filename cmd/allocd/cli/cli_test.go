@@ -258,7 +258,7 @@ func TestUnreachable(t *testing.T) {
 
 // TestDefaultServer: the commands call the address allocd serves on by default.
 func TestDefaultServer(t *testing.T) {
-	if got := daemon.DefaultConfig().GRPCAddress; got != DefaultServer {
-		t.Errorf("DefaultServer = %q; allocd's default --grpc-address is %q", DefaultServer, got)
+	if got := daemon.DefaultConfig().GRPCAddress; got != defaultServer {
+		t.Errorf("defaultServer = %q; allocd's default --grpc-address is %q", defaultServer, got)
 	}
 }

@@ -73,7 +73,7 @@ func completeOutput(cmd *cobra.Command) {
 // PrintCommands writes the commands of root, one a line, after the serving flags of
 // `allocd --help`.
 func PrintCommands(w io.Writer, root *cobra.Command) {
-	fmt.Fprintf(w, "\nCommands (allocd COMMAND --help for each; they call the allocd at --server, default %s):\n", DefaultServer)
+	fmt.Fprintf(w, "\nCommands (allocd COMMAND --help for each; they call the allocd at --server, default %s):\n", defaultServer)
 	for _, c := range root.Commands() {
 		if c.IsAvailableCommand() || c.Name() == "help" {
 			fmt.Fprintf(w, "  %-12s %s\n", c.Name(), c.Short)

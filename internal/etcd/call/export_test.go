@@ -1,0 +1,4 @@
+package call
+
+// Transient is transient, for the external tests.
+var Transient = transient

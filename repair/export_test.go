@@ -1,0 +1,4 @@
+package repair
+
+// SnapshotFromProto is snapshotFromProto, for the external tests.
+var SnapshotFromProto = snapshotFromProto

@@ -199,10 +199,10 @@ func (a *Allocator) locate(it Item) (*rng, uint64, error) {
 	return nil, 0, badrequest.New("kind", "unknown item kind")
 }
 
-// RangeOf returns the name of it's range: ErrNoRange when no range has its IP
+// rangeOf returns the name of it's range: ErrNoRange when no range has its IP
 // family, a *NotInRangeError when it lies outside (or is the network or broadcast
 // address of) every range.
-func (a *Allocator) RangeOf(it Item) (string, error) {
+func (a *Allocator) rangeOf(it Item) (string, error) {
 	r, _, err := a.locate(it)
 	if err != nil {
 		return "", err
@@ -210,9 +210,9 @@ func (a *Allocator) RangeOf(it Item) (string, error) {
 	return r.name, nil
 }
 
-// RangeNames returns the ClusterIP ranges (in allocation order), then the NodePort
+// rangeNames returns the ClusterIP ranges (in allocation order), then the NodePort
 // range.
-func (a *Allocator) RangeNames() []string {
+func (a *Allocator) rangeNames() []string {
 	t := a.tab.Load()
 	names := make([]string, len(t.all))
 	for i, r := range t.all {
@@ -259,5 +259,5 @@ func (a *Allocator) IsStatic(it Item) bool {
 	return err == nil && r.Static(off)
 }
 
-// KubernetesIP returns the address reserved for the kubernetes service.
-func (a *Allocator) KubernetesIP() netip.Addr { return a.kubeIP }
+// kubernetesIP returns the address reserved for the kubernetes service.
+func (a *Allocator) kubernetesIP() netip.Addr { return a.kubeIP }

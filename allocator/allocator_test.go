@@ -222,11 +222,11 @@ func TestRangesMismatch(t *testing.T) {
 		if err != nil {
 			t.Fatalf("New(%v) = %v; want the stored kubernetes ServiceCIDR used", cfg.ClusterIPRanges, err)
 		}
-		if got := strings.Join(a.RangeNames(), " "); got != "10.0.0.0/24 30000-32767" {
-			t.Errorf("New(%v).RangeNames() = %s; want the stored ranges 10.0.0.0/24 30000-32767", cfg.ClusterIPRanges, got)
+		if got := strings.Join(a.rangeNames(), " "); got != "10.0.0.0/24 30000-32767" {
+			t.Errorf("New(%v).rangeNames() = %s; want the stored ranges 10.0.0.0/24 30000-32767", cfg.ClusterIPRanges, got)
 		}
-		if a.KubernetesIP() != netip.MustParseAddr("10.0.0.1") {
-			t.Errorf("New(%v).KubernetesIP() = %s; want 10.0.0.1", cfg.ClusterIPRanges, a.KubernetesIP())
+		if a.kubernetesIP() != netip.MustParseAddr("10.0.0.1") {
+			t.Errorf("New(%v).kubernetesIP() = %s; want 10.0.0.1", cfg.ClusterIPRanges, a.kubernetesIP())
 		}
 	}
 	// Another prefix is another allocd.
@@ -432,8 +432,8 @@ func TestRepairAPI(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24"))
 	ctx := etcdtest.Context(t)
-	if got := a.RangeNames(); fmt.Sprint(got) != "[10.0.0.0/24 30000-32767]" {
-		t.Errorf("RangeNames() = %v", got)
+	if got := a.rangeNames(); fmt.Sprint(got) != "[10.0.0.0/24 30000-32767]" {
+		t.Errorf("rangeNames() = %v", got)
 	}
 	if !a.IsReserved(IP(netip.MustParseAddr("10.0.0.1"))) || a.IsReserved(IP(netip.MustParseAddr("10.0.0.2"))) {
 		t.Errorf("IsReserved: want 10.0.0.1 only")
@@ -688,7 +688,7 @@ func TestList(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24", "fd00::/120"))
 	ctx := etcdtest.Context(t)
-	want := map[Item]Owner{IP(a.KubernetesIP()): KubernetesOwner}
+	want := map[Item]Owner{IP(a.kubernetesIP()): KubernetesOwner}
 	for i := range 20 {
 		o := owner(fmt.Sprint("u", i))
 		if i == 3 {

@@ -267,7 +267,7 @@ func TestRangeSet(t *testing.T) {
 	a.tab.Store(tab)
 	a.kubeIP, a.kubePort = netip.MustParseAddr("10.0.0.1"), 30005
 	s := a.RangeSet()
-	if got, want := strings.Join(s.Names(), ","), strings.Join(a.RangeNames(), ","); got != want {
+	if got, want := strings.Join(s.Names(), ","), strings.Join(a.rangeNames(), ","); got != want {
 		t.Errorf("Names() = %s; want %s", got, want)
 	}
 	items := []Item{Port(30000), Port(30099), Port(30100), Port(29999), Port(30005), {Kind: KindClusterIP}, {Kind: 9}}
@@ -276,9 +276,9 @@ func TestRangeSet(t *testing.T) {
 	}
 	for _, it := range items {
 		got, gerr := s.Of(it)
-		want, werr := a.RangeOf(it)
+		want, werr := a.rangeOf(it)
 		if got != want || fmt.Sprint(gerr) != fmt.Sprint(werr) {
-			t.Errorf("RangeSet.Of(%v) = %q, %v; Allocator.RangeOf = %q, %v", it, got, gerr, want, werr)
+			t.Errorf("RangeSet.Of(%v) = %q, %v; Allocator.rangeOf = %q, %v", it, got, gerr, want, werr)
 		}
 		if s.IsReserved(it) != a.IsReserved(it) {
 			t.Errorf("RangeSet.IsReserved(%v) = %v; Allocator.IsReserved = %v", it, s.IsReserved(it), a.IsReserved(it))

@@ -232,7 +232,7 @@ func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) 
 			}
 		}
 		if r == nil {
-			return Page{}, badrequest.New("range", fmt.Sprintf("no range %q; ranges are %s", lo.Range, strings.Join(a.RangeNames(), ", ")))
+			return Page{}, badrequest.New("range", fmt.Sprintf("no range %q; ranges are %s", lo.Range, strings.Join(a.rangeNames(), ", ")))
 		}
 	}
 	// An address in overlapping ranges is listed under each of them.

@@ -219,7 +219,7 @@ func (a *Allocator) Reassign(ctx context.Context, al Allocation, to Owner) (Allo
 			return Allocation{}, err
 		case rev != 0:
 			a.logConditional(ctx, al, &to, rev)
-			r, _ := a.RangeOf(al.Item)
+			r, _ := a.rangeOf(al.Item)
 			return Allocation{Item: al.Item, Range: r, Owner: to, AllocateTime: ra.now,
 				CreateRevision: al.CreateRevision, ModRevision: rev}, nil
 		case done:

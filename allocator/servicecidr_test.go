@@ -116,7 +116,7 @@ func TestServiceCIDRLifecycle(t *testing.T) {
 	if c, err := a.GetServiceCIDR(ctx, KubernetesCIDR); err != nil || c.Blockers != 1 || c.Sample[0].Owner != KubernetesOwner {
 		t.Fatalf("GetServiceCIDR(kubernetes) after the releases = %+v, %v; want blocked by the kubernetes address only", c, err)
 	}
-	if _, _, err := a.Release(ctx, KubernetesOwner, []Item{IP(a.KubernetesIP())}, false); err != nil {
+	if _, _, err := a.Release(ctx, KubernetesOwner, []Item{IP(a.kubernetesIP())}, false); err != nil {
 		t.Fatalf("Release(kubernetes address) = %v", err)
 	}
 	etcdtest.WaitFor(t, 10*time.Second, "the drained ServiceCIDR to be removed", func() bool {
@@ -127,8 +127,8 @@ func TestServiceCIDRLifecycle(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].Name != "extra" {
 		t.Errorf("ListServiceCIDRs() = %+v, %v; want extra only", list, err)
 	}
-	if got := strings.Join(a.RangeNames(), " "); got != "10.0.1.0/24 30000-32767" {
-		t.Errorf("RangeNames() = %s; want 10.0.1.0/24 30000-32767", got)
+	if got := strings.Join(a.rangeNames(), " "); got != "10.0.1.0/24 30000-32767" {
+		t.Errorf("rangeNames() = %s; want 10.0.1.0/24 30000-32767", got)
 	}
 }
 
@@ -144,7 +144,7 @@ func TestServiceCIDRAcrossReplicas(t *testing.T) {
 	}
 	created := time.Now()
 	etcdtest.WaitFor(t, time.Second, "the other replica to see the new CIDR", func() bool {
-		return strings.Contains(strings.Join(b.RangeNames(), " "), "10.9.0.0/24")
+		return strings.Contains(strings.Join(b.rangeNames(), " "), "10.9.0.0/24")
 	})
 	t.Logf("seen by the other replica after %v", time.Since(created))
 	res, err := b.Allocate(ctx, Request{Owner: owner("b"), ClusterIPs: []netip.Addr{netip.MustParseAddr("10.9.0.77")}})

@@ -32,6 +32,7 @@ const (
 	CIDRTerminating
 )
 
+// String returns "ready" or "terminating".
 func (s CIDRState) String() string {
 	switch s {
 	case CIDRReady:

@@ -35,8 +35,10 @@ type Kind string
 
 // The kinds of feeds.
 const (
+	// KindService is the feed of Services.
 	KindService Kind = "Service"
-	KindPod     Kind = "Pod"
+	// KindPod is the feed of Pods.
+	KindPod Kind = "Pod"
 )
 
 // NotLeaderError says who leads ("" when nobody does, or when it is unknown).
@@ -44,6 +46,7 @@ type NotLeaderError struct {
 	Leader string
 }
 
+// Error names the leader, if one is known.
 func (e *NotLeaderError) Error() string {
 	if e.Leader == "" {
 		return "this replica does not lead the endpoints controller and no leader is known"
@@ -60,6 +63,7 @@ type SnapshotRequiredError struct {
 	Kind Kind
 }
 
+// Error names the kind of snapshot to push first.
 func (e *SnapshotRequiredError) Error() string {
 	return "no " + string(e.Kind) + " snapshot in this term of leadership: push a " + string(e.Kind) +
 		" snapshot before " + string(e.Kind) + " events"
@@ -74,6 +78,7 @@ type StaleSnapshotError struct {
 	Revision, Applied int64
 }
 
+// Error names both revisions.
 func (e *StaleSnapshotError) Error() string {
 	return fmt.Sprintf("%s snapshot revision %d is older than the revision %d already applied", e.Kind, e.Revision, e.Applied)
 }
@@ -87,6 +92,7 @@ type CompactedError struct {
 	Revision, Compacted int64
 }
 
+// Error names the revision and says what to do.
 func (e *CompactedError) Error() string {
 	s := "revision " + strconv.FormatInt(e.Revision, 10) + " has been compacted"
 	if e.Compacted > 0 {

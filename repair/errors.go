@@ -31,6 +31,7 @@ type StaleSnapshotError struct {
 	Accepted int64
 }
 
+// Error names both revisions.
 func (e *StaleSnapshotError) Error() string {
 	return fmt.Sprintf("snapshot revision %d is older than the last accepted revision %d", e.Revision, e.Accepted)
 }
@@ -46,6 +47,7 @@ type NotLeaderError struct {
 	Err    error
 }
 
+// Error names the leader, if one is elected, and why it could not be reached.
 func (e *NotLeaderError) Error() string {
 	switch {
 	case e.Leader == "":
@@ -78,6 +80,7 @@ type SnapshotFileError struct {
 	Err  error
 }
 
+// Error names the file and the cause.
 func (e *SnapshotFileError) Error() string {
 	return "service snapshot file " + e.Path + ": " + e.Err.Error()
 }

@@ -1,4 +1,3 @@
-// Package loopback hands tests and test setups addresses to listen on.
 package loopback
 
 import (

@@ -27,6 +27,7 @@ type BehindError struct {
 	Timeout     time.Duration
 }
 
+// Error names both revisions, and how long the watch was waited for.
 func (e *BehindError) Error() string {
 	if !e.Running {
 		return fmt.Sprintf("watch at revision %d, etcd at %d, and the watch is not running", e.Rev, e.Target)

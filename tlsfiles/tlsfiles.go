@@ -97,13 +97,15 @@ func NewServer(f Files) (*Server, error) {
 			return nil, fmt.Errorf("tlsfiles: %w", err)
 		}
 	}
-	id, err := pemfile.NewProvider(pemfile.Options{CertFile: f.CertFile, KeyFile: f.KeyFile, RefreshDuration: f.refresh()})
+	id, err := pemfile.NewProvider(pemfile.Options{CertFile: f.CertFile, KeyFile: f.KeyFile,
+		RefreshDuration: f.refresh()})
 	if err != nil {
 		return nil, fmt.Errorf("tlsfiles: %w", err)
 	}
 	s := &Server{identity: id}
 	if f.CAFile != "" {
-		if s.roots, err = pemfile.NewProvider(pemfile.Options{RootFile: f.CAFile, RefreshDuration: f.refresh()}); err != nil {
+		if s.roots, err = pemfile.NewProvider(pemfile.Options{RootFile: f.CAFile,
+			RefreshDuration: f.refresh()}); err != nil {
 			id.Close()
 			return nil, fmt.Errorf("tlsfiles: %w", err)
 		}
@@ -155,8 +157,9 @@ func (s *Server) Close() {
 // Client is the TLS side of a connection to an allocd over Files: its CA bundle and
 // its certificate, if any, are read again every Refresh. Close stops that.
 type Client struct {
-	creds     credentials.TransportCredentials
-	providers []certprovider.Provider
+	creds      credentials.TransportCredentials
+	providers  []certprovider.Provider
+	handshakes handshakes
 }
 
 // NewClient checks the files and starts reading them every Refresh. The server's
@@ -168,7 +171,8 @@ func NewClient(f Files) (*Client, error) {
 		if _, err := CheckKeyPair(f.CertFile, f.KeyFile); err != nil {
 			return nil, fmt.Errorf("tlsfiles: %w", err)
 		}
-		p, err := pemfile.NewProvider(pemfile.Options{CertFile: f.CertFile, KeyFile: f.KeyFile, RefreshDuration: f.refresh()})
+		p, err := pemfile.NewProvider(pemfile.Options{CertFile: f.CertFile, KeyFile: f.KeyFile,
+			RefreshDuration: f.refresh()})
 		if err != nil {
 			return nil, fmt.Errorf("tlsfiles: %w", err)
 		}
@@ -193,7 +197,7 @@ func NewClient(f Files) (*Client, error) {
 		c.Close()
 		return nil, fmt.Errorf("tlsfiles: %w", err)
 	}
-	c.creds = creds
+	c.creds = recording{TransportCredentials: creds, h: &c.handshakes}
 	return c, nil
 }
 

@@ -113,7 +113,8 @@ func tlsHint(err error) string {
 	case err == nil:
 	case errors.As(err, &header):
 		return "allocd at --server serves plaintext: drop --tls and the --tls-* flags"
-	case errors.As(err, &verify), errors.As(err, &unknown), errors.As(err, &hostname), errors.As(err, &invalid):
+	case errors.As(err, &verify), errors.As(err, &unknown), errors.As(err, &hostname),
+		errors.As(err, &invalid):
 		return "allocd's certificate is not trusted, or does not name --server: give the CA that signed it " +
 			"with --tls-ca-file"
 	case errors.As(err, &remote) && remote.Op == "remote error" && refusals[alertOf(remote.Err)]:

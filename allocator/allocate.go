@@ -77,7 +77,8 @@ func (a *Allocator) planAndCommit(ctx context.Context, req Request, o *op, read 
 		// A retry of a request that committed finds the range full (it may have taken
 		// the last item itself, or its range may be terminating since) before it gets
 		// to the owner record: look there.
-		if !req.DryRun && !read && (errors.Is(err, ErrFull) || errors.Is(err, ErrNoRange) || errors.Is(err, ErrTerminating)) {
+		if !req.DryRun && !read &&
+			(errors.Is(err, ErrFull) || errors.Is(err, ErrNoRange) || errors.Is(err, ErrTerminating)) {
 			if res, ok, rerr := a.replay(ctx, o); rerr != nil || ok {
 				return res, rerr
 			}
@@ -142,7 +143,8 @@ func (a *Allocator) replay(ctx context.Context, o *op) (Result, bool, error) {
 	if rec.Last == nil || rec.Last.Hash != o.hash || !rec.holdsLast() {
 		return Result{}, false, nil
 	}
-	return Result{ClusterIPs: rec.Last.ClusterIPs, NodePorts: rec.Last.NodePorts, Revision: kv.ModRevision, Replayed: true}, true, nil
+	return Result{ClusterIPs: rec.Last.ClusterIPs, NodePorts: rec.Last.NodePorts, Revision: kv.ModRevision,
+		Replayed: true}, true, nil
 }
 
 // plan validates req and reserves (pending) the items it asks for.
@@ -161,7 +163,8 @@ func (a *Allocator) plan(req Request) (picks []*pick, err error) {
 		return nil, badrequest.New("node_port_count", "must not be negative")
 	}
 	if n := len(req.ClusterIPs) + len(req.NodePorts) + req.NodePortCount; n > MaxItems {
-		return nil, badrequest.New("node_ports", fmt.Sprintf("%d items asked for; at most %d per request", n, MaxItems))
+		return nil, badrequest.New("node_ports",
+			fmt.Sprintf("%d items asked for; at most %d per request", n, MaxItems))
 	}
 	t := a.tab.Load()
 	specific := func(it Item) error {
@@ -371,7 +374,8 @@ func (a *Allocator) specificPick(it Item) (*pick, error) {
 		// there.
 		return &pick{r: r, off: off, item: it, key: a.key(it), specific: true}, nil
 	}
-	return &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.Reserve(off), guard: r.guard}, nil
+	return &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.Reserve(off),
+		guard: r.guard}, nil
 }
 
 // terminatingError is the *TerminatingError of an address in terminating ranges only.

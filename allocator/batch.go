@@ -99,7 +99,8 @@ func (o *op) newGuards(seen map[string]struct{}) int {
 		if _, ok := seen[p.guard.id]; ok {
 			continue
 		}
-		if !slices.ContainsFunc(o.picks[:i], func(q *pick) bool { return q.guard != nil && q.guard.id == p.guard.id }) {
+		sameGuard := func(q *pick) bool { return q.guard != nil && q.guard.id == p.guard.id }
+		if !slices.ContainsFunc(o.picks[:i], sameGuard) {
 			n++
 		}
 	}
@@ -370,7 +371,8 @@ func (a *Allocator) nextRecord(o *op) (*ownerRecord, error) {
 		rec.Last = last
 	}
 	if rec.items() > MaxItems {
-		return nil, badrequest.New("owner", fmt.Sprintf("owner %s would hold %d items; at most %d", o.owner.UID, rec.items(), MaxItems))
+		return nil, badrequest.New("owner",
+			fmt.Sprintf("owner %s would hold %d items; at most %d", o.owner.UID, rec.items(), MaxItems))
 	}
 	return rec, nil
 }

@@ -20,7 +20,8 @@
 // range's bitmap in one key: 128 KiB per write for a /12, one key that serialises
 // every writer):
 //
-//	<prefix>/config/ranges          {"clusterIPRanges":["10.96.0.0/12","fd00::/108"],"nodePortRange":"30000-32767"}
+//	<prefix>/config/ranges          {"clusterIPRanges":["10.96.0.0/12","fd00::/108"],
+//	                                 "nodePortRange":"30000-32767"}
 //	                                written once (CreateRevision == 0); a replica configured
 //	                                with another node port range refuses to start
 //	                                (*RangesMismatchError)
@@ -42,8 +43,9 @@
 // existing one. A retry of the same request by the same owner UID finds the record
 // and returns the stored result (Replayed), also when the range has filled since (a
 // request that finds its range full reads the owner record before failing); a
-// different request of an existing owner allocates more. One request names at most MaxItems items, so that its keys and its
-// record fit in etcd's 128 operations per transaction.
+// different request of an existing owner allocates more. One request names at most
+// MaxItems items, so that its keys and its record fit in etcd's 128 operations per
+// transaction.
 //
 // # Index
 //

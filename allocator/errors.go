@@ -120,7 +120,8 @@ type RangesMismatchError struct {
 
 // Error names both sets of ranges and the flag every replica must agree on.
 func (e *RangesMismatchError) Error() string {
-	return fmt.Sprintf("configured ranges %s differ from the ranges %s recorded in etcd at %s; every replica must be started with the same --service-node-port-range",
+	return fmt.Sprintf("configured ranges %s differ from the ranges %s recorded in etcd at %s; every "+
+		"replica must be started with the same --service-node-port-range",
 		e.Configured, e.Stored, e.Key)
 }
 
@@ -167,7 +168,8 @@ type TerminatingError struct {
 
 // Error names the address and the terminating ServiceCIDRs that hold it.
 func (e *TerminatingError) Error() string {
-	return fmt.Sprintf("%s %s lies only in %s, which is terminating: nothing new is allocated there; ask for an address of a ready ServiceCIDR",
+	return fmt.Sprintf("%s %s lies only in %s, which is terminating: nothing new is allocated there; ask "+
+		"for an address of a ready ServiceCIDR",
 		e.Item.Kind, e.Item, strings.Join(e.CIDRs, ", "))
 }
 

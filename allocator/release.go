@@ -34,7 +34,8 @@ func (a *Allocator) Release(ctx context.Context, o Owner, items []Item, force bo
 		}
 	}
 	if len(items) > MaxItems {
-		return nil, 0, badrequest.New("node_ports", fmt.Sprintf("%d items; at most %d per request", len(items), MaxItems))
+		return nil, 0, badrequest.New("node_ports",
+			fmt.Sprintf("%d items; at most %d per request", len(items), MaxItems))
 	}
 	for i, it := range items {
 		if _, _, err := a.locate(it); err != nil {
@@ -76,7 +77,8 @@ type releaseTxn struct {
 
 // releaseOnce makes one attempt of Release: it reports what it released, whether it
 // is done (false: a compare failed, read again) and an error.
-func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, force bool) (released, bool, error) {
+func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item,
+	force bool) (released, bool, error) {
 	var mine recordState
 	if o.UID != "" {
 		recs, err := a.readRecords(ctx, []string{o.UID}, 0)
@@ -102,7 +104,8 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 		return released{}, true, nil
 	}
 	if len(t.cmps) > maxTxnOps || len(t.writes) > maxTxnOps {
-		return released{}, true, badrequest.New("cluster_ips", "too many items and owners for one transaction")
+		return released{}, true, badrequest.New("cluster_ips",
+			"too many items and owners for one transaction")
 	}
 	var resp *clientv3.TxnResponse
 	err := call.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
@@ -124,7 +127,8 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 // releaseItems reads items at one revision and adds a delete, compared at the
 // revision read, for each one allocated: to o, or to anyone with force (else a
 // *NotOwnerError).
-func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, items []Item, force bool) error {
+func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, items []Item,
+	force bool) error {
 	gets := make([]clientv3.Op, len(items))
 	for i, it := range items {
 		gets[i] = clientv3.OpGet(a.key(it))
@@ -145,7 +149,8 @@ func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, it
 		if holder.UID != o.UID && !force {
 			return &NotOwnerError{Item: items[i], Holder: holder, Requester: o}
 		}
-		t.cmps = append(t.cmps, clientv3.Compare(clientv3.ModRevision(a.key(items[i])), "=", kvs[0].ModRevision))
+		t.cmps = append(t.cmps,
+			clientv3.Compare(clientv3.ModRevision(a.key(items[i])), "=", kvs[0].ModRevision))
 		t.writes = append(t.writes, clientv3.OpDelete(a.key(items[i])))
 		t.res.released = append(t.res.released, items[i])
 		if _, ok := t.byHolder[holder.UID]; !ok && holder.UID != "" && holder.UID != o.UID {
@@ -159,7 +164,8 @@ func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, it
 // releaseRecords adds the writes of the owner records that lose the released items:
 // every holder's, and o's own (which loses every item named: it may list items that
 // were already free), each compared at the revision read.
-func (a *Allocator) releaseRecords(ctx context.Context, t *releaseTxn, o Owner, mine recordState, items []Item) error {
+func (a *Allocator) releaseRecords(ctx context.Context, t *releaseTxn, o Owner, mine recordState,
+	items []Item) error {
 	recs, err := a.readRecords(ctx, t.res.holders, 0)
 	if err != nil {
 		return call.Unapplied(err)
@@ -283,7 +289,8 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 
 // movedRecord returns the write (nil: none) of uid's record, as read in st, when al
 // leaves its owner and, with ra, goes to ra.to; and the compare that guards it.
-func (a *Allocator) movedRecord(uid string, st recordState, al Allocation, ra *reassign) (clientv3.Cmp, *clientv3.Op, error) {
+func (a *Allocator) movedRecord(uid string, st recordState, al Allocation,
+	ra *reassign) (clientv3.Cmp, *clientv3.Op, error) {
 	var next *ownerRecord
 	if st.rec != nil {
 		next = st.rec.clone()
@@ -297,7 +304,8 @@ func (a *Allocator) movedRecord(uid string, st recordState, al Allocation, ra *r
 		next.Namespace, next.Name = ra.to.Namespace, ra.to.Name
 		next.add(al.Item)
 		if next.items() > MaxItems {
-			return clientv3.Cmp{}, nil, badrequest.New("owner", fmt.Sprintf("owner %s would hold more than %d items", uid, MaxItems))
+			return clientv3.Cmp{}, nil, badrequest.New("owner",
+				fmt.Sprintf("owner %s would hold more than %d items", uid, MaxItems))
 		}
 	}
 	var w clientv3.Op

@@ -84,7 +84,8 @@ func validateServiceCIDR(name string, cidrs []string) ([]netip.Prefix, error) {
 	case name == "":
 		v.Add("name", "must not be empty")
 	case len(name) > 253 || !cidrName.MatchString(name):
-		v.Add("name", fmt.Sprintf("%q is not a DNS subdomain: lower-case letters, digits, '-' and '.', at most 253, starting and ending with a letter or digit", name))
+		v.Add("name", fmt.Sprintf("%q is not a DNS subdomain: lower-case letters, digits, '-' and '.', at "+
+			"most 253, starting and ending with a letter or digit", name))
 	}
 	switch len(cidrs) {
 	case 1, 2:
@@ -106,7 +107,8 @@ func validateServiceCIDR(name string, cidrs []string) ([]netip.Prefix, error) {
 			continue
 		}
 		if len(out) == 1 && out[0].Addr().Is4() == p.Addr().Is4() {
-			v.Add(field, fmt.Sprintf("%s and %s are of the same IP family; a second CIDR must be of the other family", out[0], p))
+			v.Add(field, fmt.Sprintf(
+				"%s and %s are of the same IP family; a second CIDR must be of the other family", out[0], p))
 			continue
 		}
 		out = append(out, p)
@@ -120,7 +122,8 @@ func validateServiceCIDR(name string, cidrs []string) ([]netip.Prefix, error) {
 func (s *store) cidrKey(name string) string { return s.cidrPrefix + name }
 
 func encodeCIDR(c ServiceCIDR) string {
-	sc := storedCIDR{Name: c.Name, State: c.State.String(), Created: c.Created.UTC(), Terminating: c.Terminating.UTC()}
+	sc := storedCIDR{Name: c.Name, State: c.State.String(), Created: c.Created.UTC(),
+		Terminating: c.Terminating.UTC()}
 	for _, p := range c.CIDRs {
 		sc.CIDRs = append(sc.CIDRs, p.String())
 	}
@@ -211,7 +214,8 @@ func (s *store) seedKubernetesCIDR(ctx context.Context, cidrs []netip.Prefix) (S
 		return ServiceCIDR{}, fmt.Errorf("ServiceCIDR at %s: %w", key, err)
 	}
 	if !slices.Equal(stored.CIDRs, cidrs) {
-		s.log.Warn("the kubernetes ServiceCIDR in etcd differs from --service-cluster-ip-range; the stored one is used (add ranges with CreateServiceCIDR)",
+		s.log.Warn("the kubernetes ServiceCIDR in etcd differs from --service-cluster-ip-range; the stored "+
+			"one is used (add ranges with CreateServiceCIDR)",
 			"stored", prefixes(stored.CIDRs), "flag", prefixes(cidrs))
 	}
 	return stored, nil
@@ -271,7 +275,8 @@ func (a *Allocator) DeleteServiceCIDR(ctx context.Context, name string) (Service
 		}
 		if put.Succeeded {
 			c.Revision = put.Header.Revision
-			a.log.Info("ServiceCIDR terminating", "name", name, "cidrs", prefixes(c.CIDRs), "revision", c.Revision)
+			a.log.Info("ServiceCIDR terminating", "name", name, "cidrs", prefixes(c.CIDRs),
+				"revision", c.Revision)
 			a.waitIndex(ctx, c.Revision)
 			return c, nil
 		}

@@ -17,13 +17,15 @@ import (
 // not at all. A malformed Pod is ErrInvalid naming the field; a snapshot older than
 // the one the leader applied in its term is ErrStaleSnapshot. The whole stream is
 // retried on UNAVAILABLE: pushing the same revision again is harmless.
-func (c *Client) PushPodSnapshot(ctx context.Context, snap *allocdv1.PodSnapshot) (*allocdv1.PushPodSnapshotResponse, error) {
+func (c *Client) PushPodSnapshot(ctx context.Context,
+	snap *allocdv1.PodSnapshot) (*allocdv1.PushPodSnapshotResponse, error) {
 	var resp *allocdv1.PushPodSnapshotResponse
 	err := c.retry.do(ctx, func(ctx context.Context) error {
 		var err error
 		resp, err = pushChunks(ctx, c.chunk, snap.GetPods(), c.eps.PushPodSnapshot,
 			func(pods []*allocdv1.Pod) *allocdv1.PushPodSnapshotRequest {
-				return &allocdv1.PushPodSnapshotRequest{Snapshot: &allocdv1.PodSnapshot{Revision: snap.GetRevision(), Pods: pods}}
+				return &allocdv1.PushPodSnapshotRequest{
+					Snapshot: &allocdv1.PodSnapshot{Revision: snap.GetRevision(), Pods: pods}}
 			})
 		return err
 	})
@@ -66,7 +68,8 @@ func pushChunks[T, Req, Resp any](ctx context.Context, n int, items []T,
 // for a malformed event, whose message is not applied. It is retried on UNAVAILABLE:
 // replayed events are ignored. With no batch it is a heartbeat, which answers
 // ErrSnapshotRequired while the leader lacks snapshots.
-func (c *Client) PushEvents(ctx context.Context, batches ...*allocdv1.PushEventsRequest) (*allocdv1.PushEventsResponse, error) {
+func (c *Client) PushEvents(ctx context.Context,
+	batches ...*allocdv1.PushEventsRequest) (*allocdv1.PushEventsResponse, error) {
 	var resp *allocdv1.PushEventsResponse
 	err := c.retry.do(ctx, func(ctx context.Context) error {
 		var err error
@@ -79,7 +82,8 @@ func (c *Client) PushEvents(ctx context.Context, batches ...*allocdv1.PushEvents
 	return resp, nil
 }
 
-func pushEventsOnce(ctx context.Context, eps allocdv1.EndpointsServiceClient, batches []*allocdv1.PushEventsRequest) (*allocdv1.PushEventsResponse, error) {
+func pushEventsOnce(ctx context.Context, eps allocdv1.EndpointsServiceClient,
+	batches []*allocdv1.PushEventsRequest) (*allocdv1.PushEventsResponse, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := eps.PushEvents(ctx)
@@ -98,7 +102,8 @@ func pushEventsOnce(ctx context.Context, eps allocdv1.EndpointsServiceClient, ba
 }
 
 // GetServiceEndpoints returns the stored Endpoints of one Service; ErrNotFound when none.
-func (c *Client) GetServiceEndpoints(ctx context.Context, namespace, name string) (*allocdv1.ServiceEndpoints, error) {
+func (c *Client) GetServiceEndpoints(ctx context.Context, namespace,
+	name string) (*allocdv1.ServiceEndpoints, error) {
 	resp, err := unary(ctx, c, allocdv1.EndpointsService_GetServiceEndpoints_FullMethodName,
 		&allocdv1.GetServiceEndpointsRequest{Namespace: namespace, Name: name}, c.eps.GetServiceEndpoints)
 	return resp.GetEndpoints(), err
@@ -107,15 +112,18 @@ func (c *Client) GetServiceEndpoints(ctx context.Context, namespace, name string
 // ListServiceEndpoints returns one page of Endpoints; pass NextPageToken back as
 // PageToken (with the same namespace) for the next one. Every page of one listing is
 // read at its Revision: watch from it to follow on.
-func (c *Client) ListServiceEndpoints(ctx context.Context, req *allocdv1.ListServiceEndpointsRequest) (*allocdv1.ListServiceEndpointsResponse, error) {
-	return unary(ctx, c, allocdv1.EndpointsService_ListServiceEndpoints_FullMethodName, req, c.eps.ListServiceEndpoints)
+func (c *Client) ListServiceEndpoints(ctx context.Context,
+	req *allocdv1.ListServiceEndpointsRequest) (*allocdv1.ListServiceEndpointsResponse, error) {
+	return unary(ctx, c, allocdv1.EndpointsService_ListServiceEndpoints_FullMethodName, req,
+		c.eps.ListServiceEndpoints)
 }
 
 // WatchServiceEndpoints opens one watch and calls fn with each change, in order, from
 // the calling goroutine. It returns fn's error if fn fails, ctx's error when ctx ends,
 // ErrCompacted when req.StartRevision was compacted (list again), and otherwise what
 // broke the stream. Resume a broken watch from the last Revision fn saw.
-func (c *Client) WatchServiceEndpoints(ctx context.Context, req *allocdv1.WatchServiceEndpointsRequest, fn func(*allocdv1.WatchServiceEndpointsResponse) error) error {
+func (c *Client) WatchServiceEndpoints(ctx context.Context, req *allocdv1.WatchServiceEndpointsRequest,
+	fn func(*allocdv1.WatchServiceEndpointsResponse) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	const method = allocdv1.EndpointsService_WatchServiceEndpoints_FullMethodName
@@ -126,7 +134,8 @@ func (c *Client) WatchServiceEndpoints(ctx context.Context, req *allocdv1.WatchS
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			return watchEnd(ctx, fmt.Errorf("client: endpoints watch ended by the server: %w", ErrUnavailable))
+			return watchEnd(ctx,
+				fmt.Errorf("client: endpoints watch ended by the server: %w", ErrUnavailable))
 		}
 		if err != nil {
 			return watchEnd(ctx, mapError(method, err))

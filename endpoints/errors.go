@@ -80,7 +80,8 @@ type StaleSnapshotError struct {
 
 // Error names both revisions.
 func (e *StaleSnapshotError) Error() string {
-	return fmt.Sprintf("%s snapshot revision %d is older than the revision %d already applied", e.Kind, e.Revision, e.Applied)
+	return fmt.Sprintf("%s snapshot revision %d is older than the revision %d already applied", e.Kind,
+		e.Revision, e.Applied)
 }
 
 // Unwrap returns ErrStaleSnapshot.

@@ -38,8 +38,9 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
 	})
 	m.latency = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "allocd_endpoints_event_to_commit_seconds",
-		Help:    "From the acknowledgement of the earliest event behind a write to the write's commit in etcd.",
+		Name: "allocd_endpoints_event_to_commit_seconds",
+		Help: "From the acknowledgement of the earliest event behind a write " +
+			"to the write's commit in etcd.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 	})
 	m.feed = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -59,7 +60,8 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 	truncated := prometheus.NewDesc("allocd_endpoints_truncated_objects",
 		"Stored Endpoints objects truncated to 1000 addresses (over-capacity annotation set).", nil, nil)
 	col := collector{c: c, objects: objects, truncated: truncated}
-	for _, x := range []prometheus.Collector{m.writes, m.syncs, m.duration, m.latency, m.feed, m.leader, m.snapRev, col} {
+	for _, x := range []prometheus.Collector{m.writes, m.syncs, m.duration, m.latency, m.feed, m.leader,
+		m.snapRev, col} {
 		if err := reg.Register(x); err != nil {
 			return nil, err
 		}

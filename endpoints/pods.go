@@ -124,7 +124,9 @@ func podAddress(svc *Service, p *Pod) (Address, bool) {
 // Other changes (phase alone, node name, ports) enqueue nothing, as upstream: the new
 // state is still what the next sync of its Services reads.
 func podChange(old, cur *Pod) (podChanged, labelsChanged bool) {
-	labelsChanged = !maps.Equal(old.Labels, cur.Labels) || old.Hostname != cur.Hostname || old.Subdomain != cur.Subdomain
-	podChanged = old.Deleting || cur.Deleting || old.Ready != cur.Ready || !slices.Equal(old.PodIPs, cur.PodIPs)
+	labelsChanged = !maps.Equal(old.Labels, cur.Labels) || old.Hostname != cur.Hostname ||
+		old.Subdomain != cur.Subdomain
+	podChanged = old.Deleting || cur.Deleting || old.Ready != cur.Ready ||
+		!slices.Equal(old.PodIPs, cur.PodIPs)
 	return podChanged, labelsChanged
 }

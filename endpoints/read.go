@@ -47,13 +47,16 @@ func validName(namespace, name string) error {
 // one listing is read at the revision of the first (returned), so that a listing is
 // one consistent state; a page whose revision was compacted meanwhile is a
 // *CompactedError. next is "" on the last page.
-func (c *Controller) List(ctx context.Context, namespace string, pageSize int, pageToken string) (eps []*Endpoints, next string, rev int64, err error) {
+func (c *Controller) List(ctx context.Context, namespace string, pageSize int,
+	pageToken string) (eps []*Endpoints, next string, rev int64, err error) {
 	if namespace != "" && strings.Contains(namespace, "/") {
-		return nil, "", 0, &InvalidError{Violations: []violation{{Field: "namespace", Description: "must not contain '/'"}}}
+		return nil, "", 0, &InvalidError{
+			Violations: []violation{{Field: "namespace", Description: "must not contain '/'"}}}
 	}
 	switch {
 	case pageSize < 0:
-		return nil, "", 0, &InvalidError{Violations: []violation{{Field: "page_size", Description: "must not be negative"}}}
+		return nil, "", 0, &InvalidError{
+			Violations: []violation{{Field: "page_size", Description: "must not be negative"}}}
 	case pageSize == 0:
 		pageSize = DefaultPageSize
 	case pageSize > MaxPageSize:
@@ -115,7 +118,8 @@ type token struct {
 }
 
 func (t token) String() string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.rev, 10) + "\n" + t.namespace + "\n" + t.after))
+	return base64.RawURLEncoding.EncodeToString(
+		[]byte(strconv.FormatInt(t.rev, 10) + "\n" + t.namespace + "\n" + t.after))
 }
 
 func parseToken(s, namespace string) (token, error) {
@@ -135,7 +139,8 @@ func parseToken(s, namespace string) (token, error) {
 		return bad("not a token this server issued")
 	}
 	if parts[1] != namespace {
-		return bad(fmt.Sprintf("issued for namespace %q, not %q: pass the same namespace on every page", parts[1], namespace))
+		return bad(fmt.Sprintf("issued for namespace %q, not %q: pass the same namespace on every page",
+			parts[1], namespace))
 	}
 	return token{rev: rev, namespace: parts[1], after: parts[2]}, nil
 }
@@ -154,12 +159,15 @@ func tokenRev(s, namespace string) int64 {
 // when send fails (its error), with a *CompactedError when the history it needs was
 // compacted, or with the watch's error (etcd unreachable, no leader): the caller then
 // watches again from the last revision it got.
-func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64, send func(WatchEvent) error) error {
+func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64,
+	send func(WatchEvent) error) error {
 	if namespace != "" && strings.Contains(namespace, "/") {
-		return &InvalidError{Violations: []violation{{Field: "namespace", Description: "must not contain '/'"}}}
+		return &InvalidError{
+			Violations: []violation{{Field: "namespace", Description: "must not contain '/'"}}}
 	}
 	if startRev < 0 {
-		return &InvalidError{Violations: []violation{{Field: "start_revision", Description: "must not be negative"}}}
+		return &InvalidError{
+			Violations: []violation{{Field: "start_revision", Description: "must not be negative"}}}
 	}
 	if startRev == 0 {
 		rev, err := c.sendAll(ctx, namespace, send)
@@ -174,7 +182,8 @@ func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	wch := c.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(startRev+1), clientv3.WithPrevKV())
+	wch := c.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(startRev+1),
+		clientv3.WithPrevKV())
 	for wr := range wch {
 		if wr.CompactRevision != 0 {
 			return &CompactedError{Revision: startRev, Compacted: wr.CompactRevision}
@@ -203,7 +212,8 @@ func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64
 
 // sendAll sends every current object as Added, listing a page at a time at one
 // revision, and returns that revision.
-func (c *Controller) sendAll(ctx context.Context, namespace string, send func(WatchEvent) error) (int64, error) {
+func (c *Controller) sendAll(ctx context.Context, namespace string,
+	send func(WatchEvent) error) (int64, error) {
 	var rev int64
 	tok := ""
 	for {

@@ -166,7 +166,8 @@ func signature(set map[addrKey]bool) string {
 	for k := range set {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(a, b addrKey) int { return cmp.Or(strings.Compare(a.ip, b.ip), strings.Compare(a.uid, b.uid)) })
+	slices.SortFunc(keys,
+		func(a, b addrKey) int { return cmp.Or(strings.Compare(a.ip, b.ip), strings.Compare(a.uid, b.uid)) })
 	var b strings.Builder
 	for _, k := range keys {
 		b.WriteString(k.ip)
@@ -206,7 +207,8 @@ func compareAddresses(a, b Address) int {
 
 func comparePorts(a, b Port) int {
 	ka, kb := keyOfPort(a), keyOfPort(b)
-	c := cmp.Or(strings.Compare(ka.name, kb.name), cmp.Compare(ka.port, kb.port), strings.Compare(ka.protocol, kb.protocol))
+	c := cmp.Or(strings.Compare(ka.name, kb.name), cmp.Compare(ka.port, kb.port),
+		strings.Compare(ka.protocol, kb.protocol))
 	if c != 0 {
 		return c
 	}
@@ -251,7 +253,8 @@ func subsetsEqual(a, b []Subset) bool {
 }
 
 func addressEqual(a, b Address) bool {
-	if a.IP != b.IP || a.Hostname != b.Hostname || a.NodeName != b.NodeName || (a.TargetRef == nil) != (b.TargetRef == nil) {
+	if a.IP != b.IP || a.Hostname != b.Hostname || a.NodeName != b.NodeName ||
+		(a.TargetRef == nil) != (b.TargetRef == nil) {
 		return false
 	}
 	return a.TargetRef == nil || *a.TargetRef == *b.TargetRef

@@ -33,7 +33,8 @@ type StaleSnapshotError struct {
 
 // Error names both revisions.
 func (e *StaleSnapshotError) Error() string {
-	return fmt.Sprintf("snapshot revision %d is older than the last accepted revision %d", e.Revision, e.Accepted)
+	return fmt.Sprintf("snapshot revision %d is older than the last accepted revision %d", e.Revision,
+		e.Accepted)
 }
 
 // Unwrap lets errors.Is(err, ErrStaleSnapshot) match.

@@ -201,8 +201,8 @@ func TestFindingMessages(t *testing.T) {
 				"allocated to ns/old uid-old, but changed since the pass read it, or kept changing; not " +
 				"reassigned: reassign 192.168.1.22: conflict: changed since read",
 			"ClusterIPWrongOwner 192.168.1.23 uid-x | 192.168.1.0/24 | Cluster IP 192.168.1.23 is " +
-				"allocated to ns/old uid-old, and reassigning it to ns/x uid-x failed; not reassigned: " +
-				"disk on fire",
+				"allocated to ns/old uid-old, and reassigning it to ns/x uid-x failed; not " +
+				"reassigned: disk on fire",
 			"LeakReleased 192.168.1.50 uid-leak repaired | 192.168.1.0/24 | Cluster IP 192.168.1.50 of " +
 				"ns/leak uid-leak appears to have leaked: cleaned up",
 			"LeakSuspected 192.168.1.51 uid-leak | 192.168.1.0/24 | Cluster IP 192.168.1.51 of ns/leak " +

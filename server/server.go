@@ -96,11 +96,13 @@ func NewGRPCServer(o Options) (*grpc.Server, *health.Server) {
 // logFailures logs calls that end INTERNAL or UNKNOWN: the caller sees only a status,
 // the operator needs the cause. Everything else is the caller's business.
 func logFailures(log *slog.Logger) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo,
+		handler grpc.UnaryHandler) (any, error) {
 		resp, err := handler(ctx, req)
 		if err != nil {
 			if c := status.Code(err); c == codes.Internal || c == codes.Unknown {
-				log.ErrorContext(ctx, "call failed", "method", info.FullMethod, "code", c.String(), "err", err)
+				log.ErrorContext(ctx, "call failed", "method", info.FullMethod, "code", c.String(), "err",
+					err)
 			}
 		}
 		return resp, err

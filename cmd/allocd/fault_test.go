@@ -85,8 +85,8 @@ func TestEndpointsLeaderKill(t *testing.T) {
 	var clients []*client.Client
 	for range 2 {
 		addr := free(t)
-		cmd := exec.Command(bin, "--etcd-servers", e.Endpoint, "--grpc-address", addr, "--metrics-address", "",
-			"--data-dir", t.TempDir())
+		cmd := exec.Command(bin, "--etcd-servers", e.Endpoint, "--grpc-address", addr,
+			"--metrics-address", "", "--data-dir", t.TempDir())
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -114,13 +114,17 @@ func TestEndpointsLeaderKill(t *testing.T) {
 	})
 	other := 1 - leader
 
-	st := &feedStore{rev: 1, pods: map[string]*allocdv1.Pod{}, svcs: []*allocdv1.Service{{Namespace: "shop", Name: "web", Uid: "uid-web",
-		ClusterIps: []string{"10.0.0.50"}, Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
-		Ports: []*allocdv1.ServicePortSpec{{Name: "http", Port: 80, TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 8080}}}}}}}
+	st := &feedStore{rev: 1, pods: map[string]*allocdv1.Pod{},
+		svcs: []*allocdv1.Service{{Namespace: "shop", Name: "web", Uid: "uid-web",
+			ClusterIps: []string{"10.0.0.50"},
+			Selector:   &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
+			Ports: []*allocdv1.ServicePortSpec{{Name: "http", Port: 80,
+				TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 8080}}}}}}}
 	for i := range 50 {
 		name := fmt.Sprintf("web-%d", i)
 		st.pods[name] = &allocdv1.Pod{Namespace: "shop", Name: name, Uid: "uid-" + name, ResourceVersion: "1",
-			Labels: map[string]string{"app": "web"}, PodIps: []string{fmt.Sprintf("10.244.1.%d", i+1)}, Phase: "Running", Ready: true}
+			Labels: map[string]string{"app": "web"}, PodIps: []string{fmt.Sprintf("10.244.1.%d", i+1)},
+			Phase: "Running", Ready: true}
 	}
 	f := client.NewFeeder(clients[other], st, client.WithHeartbeat(200*time.Millisecond))
 	go f.Run(ctx)
@@ -155,14 +159,17 @@ func TestEndpointsLeaderKill(t *testing.T) {
 	wg.Wait()
 
 	wantReady, wantNotReady := st.readyCount()
-	etcdtest.WaitFor(t, 30*time.Second, "Endpoints equal to the store after the leader was killed", func() bool {
-		ep, err := clients[other].GetServiceEndpoints(ctx, "shop", "web")
-		if err != nil || len(ep.GetSubsets()) != 1 {
-			return false
-		}
-		return len(ep.GetSubsets()[0].GetAddresses()) == wantReady && len(ep.GetSubsets()[0].GetNotReadyAddresses()) == wantNotReady
-	})
-	t.Logf("converged %.1f s after the kill: %d ready, %d not ready", time.Since(killed).Seconds(), wantReady, wantNotReady)
+	etcdtest.WaitFor(t, 30*time.Second, "Endpoints equal to the store after the leader was killed",
+		func() bool {
+			ep, err := clients[other].GetServiceEndpoints(ctx, "shop", "web")
+			if err != nil || len(ep.GetSubsets()) != 1 {
+				return false
+			}
+			return len(ep.GetSubsets()[0].GetAddresses()) == wantReady &&
+				len(ep.GetSubsets()[0].GetNotReadyAddresses()) == wantNotReady
+		})
+	t.Logf("converged %.1f s after the kill: %d ready, %d not ready", time.Since(killed).Seconds(), wantReady,
+		wantNotReady)
 	mu.Lock()
 	defer mu.Unlock()
 	if deleted != 0 {

@@ -47,17 +47,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.RunE = func(cmd *cobra.Command, args []string) error {
 		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 			if s := root.SuggestionsFor(args[0]); len(s) > 0 {
-				fmt.Fprintf(stderr, "allocd: unknown command %q; did you mean %q? see allocd --help\n", args[0], s[0])
+				fmt.Fprintf(stderr, "allocd: unknown command %q; did you mean %q? see allocd --help\n",
+					args[0], s[0])
 				return exit(2)
 			}
 		}
 		return exit(serve(args, stdout, stderr, func(w io.Writer) { cli.PrintCommands(w, root) }))
 	}
 	root.AddCommand(&cobra.Command{
-		Use:                "health [--grpc-address ADDR] [--timeout D] [--tls-ca-file FILE]",
-		Short:              "Exit 0 when an allocd answers grpc.health.v1 SERVING (the container health check)",
+		Use: "health [--grpc-address ADDR] [--timeout D] [--tls-ca-file FILE]",
+		Short: "Exit 0 when an allocd answers grpc.health.v1 SERVING " +
+			"(the container health check)",
 		DisableFlagParsing: true, // its Go flags, as before
-		RunE:               func(_ *cobra.Command, args []string) error { return exit(health(args, stdout, stderr)) },
+		RunE: func(_ *cobra.Command, args []string) error {
+			return exit(health(args, stdout, stderr))
+		},
 	})
 	root.AddCommand(cli.Commands()...)
 	help := root.HelpFunc()
@@ -66,7 +70,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			help(cmd, args)
 			return
 		}
-		serve([]string{"--help"}, cmd.OutOrStdout(), cmd.ErrOrStderr(), func(w io.Writer) { cli.PrintCommands(w, root) })
+		serve([]string{"--help"}, cmd.OutOrStdout(), cmd.ErrOrStderr(),
+			func(w io.Writer) { cli.PrintCommands(w, root) })
 	})
 	return cli.Execute(context.Background(), root, args, stdout, stderr)
 }
@@ -102,7 +107,8 @@ func serve(args []string, stdout, stderr io.Writer, commands func(io.Writer)) in
 		return 2
 	}
 	if *showVersion {
-		fmt.Fprintf(stdout, "allocd %s\ngo %s\netcd client %s\n", buildVersion(), runtime.Version(), etcdversion.Version)
+		fmt.Fprintf(stdout, "allocd %s\ngo %s\netcd client %s\n", buildVersion(), runtime.Version(),
+			etcdversion.Version)
 		return 0
 	}
 	if err := cfg.Validate(); err != nil {
@@ -144,9 +150,11 @@ func health(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	addr := fs.String("grpc-address", daemon.DefaultConfig().GRPCAddress, "host:port of the allocd to check")
 	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for an answer")
-	useTLS := fs.Bool("tls", false, "use TLS (implied by --tls-ca-file), verifying allocd's certificate against the system roots unless --tls-ca-file")
+	useTLS := fs.Bool("tls", false, "use TLS (implied by --tls-ca-file), verifying allocd's certificate "+
+		"against the system roots unless --tls-ca-file")
 	files := tlsfiles.Files{}
-	fs.StringVar(&files.CAFile, "tls-ca-file", "", "PEM CA bundle that allocd's certificate is verified against (it must name the host of --grpc-address)")
+	fs.StringVar(&files.CAFile, "tls-ca-file", "", "PEM CA bundle that allocd's certificate is verified "+
+		"against (it must name the host of --grpc-address)")
 	fs.StringVar(&files.CertFile, "tls-cert-file", "", "client certificate to present (health needs none)")
 	fs.StringVar(&files.KeyFile, "tls-private-key-file", "", "private key of --tls-cert-file")
 	if err := fs.Parse(args); err != nil {

@@ -24,7 +24,8 @@ func TestReadmeFlags(t *testing.T) {
 	run([]string{"--help"}, &help, &help)
 	want := "```text\n" + help.String() + "```\n"
 	if strings.TrimSpace(got) != strings.TrimSpace(want) {
-		t.Errorf("README flags section differs from allocd --help; paste this between the flags markers:\n%s", want)
+		t.Errorf("README flags section differs from allocd --help; paste this between the flags markers:\n%s",
+			want)
 	}
 }
 
@@ -79,7 +80,8 @@ func runTour(t *testing.T, name string, path []string, norm func(string, bool) s
 		cmd = strings.ReplaceAll(cmd, "127.0.0.1:9090", d.MetricsAddr())
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		sh := exec.CommandContext(ctx, "bash", "-c", cmd)
-		sh.Env = append(os.Environ(), "PATH="+strings.Join(append(path, os.Getenv("PATH")), string(os.PathListSeparator)),
+		sh.Env = append(os.Environ(),
+			"PATH="+strings.Join(append(path, os.Getenv("PATH")), string(os.PathListSeparator)),
 			cli.ServerEnv+"="+d.GRPCAddr())
 		out, _ := sh.CombinedOutput()
 		cancel()
@@ -88,7 +90,8 @@ func runTour(t *testing.T, name string, path []string, norm func(string, bool) s
 		outputs[i] = string(out)
 		got, want := norm(string(out), s.varies), norm(s.want, s.varies)
 		if got != want && os.Getenv("UPDATE_README") == "" {
-			t.Errorf("README %s step %d:\n$ %s\ngot:\n%s\nwant (as the README says):\n%s", name, i, s.cmd, out, s.want)
+			t.Errorf("README %s step %d:\n$ %s\ngot:\n%s\nwant (as the README says):\n%s", name, i, s.cmd,
+				out, s.want)
 		}
 	}
 	if os.Getenv("UPDATE_README") != "" {
@@ -96,7 +99,8 @@ func runTour(t *testing.T, name string, path []string, norm func(string, bool) s
 		// this run into the README, for a reviewer to read in the diff.
 		readme := readReadme(t)
 		old := section(t, readme, name)
-		if err := os.WriteFile("../../README.md", []byte(strings.Replace(readme, old, rewriteWalkthrough(old, outputs), 1)), 0o644); err != nil {
+		if err := os.WriteFile("../../README.md",
+			[]byte(strings.Replace(readme, old, rewriteWalkthrough(old, outputs), 1)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -254,10 +258,12 @@ func startFromReadme(t *testing.T, args string) *daemon.Daemon {
 }
 
 var (
-	volatile = regexp.MustCompile(`"(revision|createRevision|modRevision|leaseId|remainingTtlSeconds|allocateTime|startTime|duration|age|allocationRevision|snapshotRevision|leader|createTime|deleteTime)": ("[^"]*"|-?\d+)`)
-	ipv4     = regexp.MustCompile(`\b\d{1,3}(\.\d{1,3}){3}\b`)
-	ipv6     = regexp.MustCompile(`\b[0-9a-f]{1,4}(:[0-9a-f]{0,4}){2,7}\b`)
-	port     = regexp.MustCompile(`\b3[0-2]\d{3}\b`)
+	volatile = regexp.MustCompile(`"(revision|createRevision|modRevision|leaseId|remainingTtlSeconds|` +
+		`allocateTime|startTime|duration|age|allocationRevision|snapshotRevision|leader|createTime|` +
+		`deleteTime)": ("[^"]*"|-?\d+)`)
+	ipv4 = regexp.MustCompile(`\b\d{1,3}(\.\d{1,3}){3}\b`)
+	ipv6 = regexp.MustCompile(`\b[0-9a-f]{1,4}(:[0-9a-f]{0,4}){2,7}\b`)
+	port = regexp.MustCompile(`\b3[0-2]\d{3}\b`)
 )
 
 func normalize(s string, varies bool) string {
@@ -275,8 +281,10 @@ var (
 	revision  = regexp.MustCompile(`(at revision|Revision:) +\d+`)
 	took      = regexp.MustCompile(`took [^:]+:`)
 	duration  = regexp.MustCompile(`\b\d+[smhdy](\d+[smh])?\b`)
-	yamlKey   = regexp.MustCompile(`(?m)^(\s*(?:- )?)(revision|createRevision|modRevision|leaseId|remainingTtlSeconds|allocateTime|startTime|duration|age|allocationRevision|createTime|deleteTime|leader): .*$`)
-	spaces    = regexp.MustCompile(` {2,}`)
+	yamlKey   = regexp.MustCompile(`(?m)^(\s*(?:- )?)(revision|createRevision|modRevision|leaseId|` +
+		`remainingTtlSeconds|allocateTime|startTime|duration|age|allocationRevision|createTime|deleteTime|` +
+		`leader): .*$`)
+	spaces = regexp.MustCompile(` {2,}`)
 )
 
 // normalizeCLI masks what normalize masks and what the allocd commands print that

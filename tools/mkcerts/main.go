@@ -12,7 +12,8 @@ import (
 )
 
 func main() {
-	out := flag.String("out", "deploy/certs", "directory to write the certificates and keys to (created if missing)")
+	out := flag.String("out", "deploy/certs",
+		"directory to write the certificates and keys to (created if missing)")
 	hosts := flag.String("hosts", "", "more DNS names or IPs of the server certificate, comma separated")
 	flag.Parse()
 	if err := write(*out, *hosts); err != nil {
@@ -54,8 +55,9 @@ func write(dir, hosts string) error {
 		}
 	}
 	leaves := map[string]devpki.Leaf{
-		"server":   server,
-		"shim":     {CommonName: "apiserver-1", URIs: []string{devpki.ShimIdentity + "apiserver-1"}, Client: true},
+		"server": server,
+		"shim": {CommonName: "apiserver-1", URIs: []string{devpki.ShimIdentity + "apiserver-1"},
+			Client: true},
 		"operator": {CommonName: "operator", URIs: []string{devpki.OperatorIdentity + "alice"}, Client: true},
 		"admin":    {CommonName: "admin", URIs: []string{devpki.AdminIdentity + "bob"}, Client: true},
 	}
@@ -75,6 +77,7 @@ func write(dir, hosts string) error {
 			}
 		}
 	}
-	fmt.Printf("wrote ca, server, shim, operator and admin certificates and keys to %s\n", filepath.Clean(dir))
+	fmt.Printf("wrote ca, server, shim, operator and admin certificates and keys to %s\n",
+		filepath.Clean(dir))
 	return nil
 }

@@ -52,8 +52,10 @@ func TestTLSHint(t *testing.T) {
 		want  string // in the hint; "" for no hint
 	}{
 		{"plaintext server", serveHealth(t, nil).Addr().String(), with(caFile, mine), "serves plaintext"},
-		{"server certificate of another CA", secure.Addr().String(), with(otherCAFile, mine), "--tls-ca-file"},
-		{"client certificate of another CA", secure.Addr().String(), with(caFile, foreign), "--tls-cert-file"},
+		{"server certificate of another CA", secure.Addr().String(), with(otherCAFile, mine),
+			"--tls-ca-file"},
+		{"client certificate of another CA", secure.Addr().String(), with(caFile, foreign),
+			"--tls-cert-file"},
 		{"no client certificate", secure.Addr().String(), tlsfiles.Files{CAFile: caFile}, "--tls-cert-file"},
 		{"nothing listening", refused, with(caFile, mine), ""},
 		{"all right", secure.Addr().String(), with(caFile, mine), ""},

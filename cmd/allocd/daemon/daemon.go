@@ -89,7 +89,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, restarts: watch.NewRestarts()}
 	d.log = newLogger(cfg)
 	d.registry = prometheus.NewRegistry()
-	d.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	d.registry.MustRegister(collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	d.etcdReqs = newEtcdRequestMetrics(d.registry)
 
 	var err error
@@ -115,14 +116,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		ServerOptions: append(d.sec.serverOptions(),
 			grpc.ChainUnaryInterceptor(d.gateUnary), grpc.ChainStreamInterceptor(d.gateStream)),
 	})
-	d.gates.alloc.AllocatorServiceServer = allocdv1.UnimplementedAllocatorServiceServer{}
-	d.gates.lease.LeaseServiceServer = allocdv1.UnimplementedLeaseServiceServer{}
-	d.gates.repair.RepairServiceServer = allocdv1.UnimplementedRepairServiceServer{}
-	allocdv1.RegisterAllocatorServiceServer(d.grpc, &d.gates.alloc)
-	allocdv1.RegisterLeaseServiceServer(d.grpc, &d.gates.lease)
-	allocdv1.RegisterRepairServiceServer(d.grpc, &d.gates.repair)
-	d.gates.endpoints.EndpointsServiceServer = allocdv1.UnimplementedEndpointsServiceServer{}
-	allocdv1.RegisterEndpointsServiceServer(d.grpc, &d.gates.endpoints)
+	d.registerGates()
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
@@ -137,8 +131,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if d.mlis != nil {
 		d.serveMetrics()
 	}
-	d.log.Info("allocd starting", "grpc", d.lis.Addr().String(), "metrics", cfg.MetricsAddress, "etcd", d.etcdDescription(),
-		"tls", d.sec.server != nil, "authorization", d.sec.authorizing())
+	d.log.Info("allocd starting", "grpc", d.lis.Addr().String(), "metrics", cfg.MetricsAddress,
+		"etcd", d.etcdDescription(), "tls", d.sec.server != nil, "authorization", d.sec.authorizing())
 
 	if err := d.startEtcd(ctx); err != nil {
 		d.Close()
@@ -163,13 +157,27 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	return d, nil
 }
 
+// registerGates registers the allocd services on d.grpc through d.gates, unimplemented
+// until their state is loaded.
+func (d *Daemon) registerGates() {
+	d.gates.alloc.AllocatorServiceServer = allocdv1.UnimplementedAllocatorServiceServer{}
+	d.gates.lease.LeaseServiceServer = allocdv1.UnimplementedLeaseServiceServer{}
+	d.gates.repair.RepairServiceServer = allocdv1.UnimplementedRepairServiceServer{}
+	d.gates.endpoints.EndpointsServiceServer = allocdv1.UnimplementedEndpointsServiceServer{}
+	allocdv1.RegisterAllocatorServiceServer(d.grpc, &d.gates.alloc)
+	allocdv1.RegisterLeaseServiceServer(d.grpc, &d.gates.lease)
+	allocdv1.RegisterRepairServiceServer(d.grpc, &d.gates.repair)
+	allocdv1.RegisterEndpointsServiceServer(d.grpc, &d.gates.endpoints)
+}
+
 // serveMetrics serves /metrics on d.mlis, over HTTPS with --metrics-tls (the gRPC API's
 // certificate, re-read the same way; no client certificate asked for).
 func (d *Daemon) serveMetrics() {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{Registry: d.registry}))
 	d.msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
-		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelDebug)} // TLS handshake errors of scrapers, say
+		// The TLS handshake errors of scrapers, say.
+		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelDebug)}
 	if d.cfg.MetricsTLS {
 		d.msrv.TLSConfig = d.sec.server.Config()
 		d.msrv.TLSConfig.GetConfigForClient = nil
@@ -210,12 +218,14 @@ func (d *Daemon) startEtcd(ctx context.Context) error {
 			QuotaBackendBytes: d.cfg.QuotaBackendBytes,
 		})
 		if err != nil {
-			return fmt.Errorf("%w (check --data-dir and --embedded-etcd-client-address/--embedded-etcd-peer-address)", err)
+			return fmt.Errorf(
+				"%w (check --data-dir and --embedded-etcd-client-address/--embedded-etcd-peer-address)", err)
 		}
 		d.etcd = e
 		endpoints = []string{"http://" + d.cfg.EmbeddedEtcdClientAddress}
 	} else if d.cfg.EtcdCAFile != "" || d.cfg.EtcdCertFile != "" {
-		info := transport.TLSInfo{CertFile: d.cfg.EtcdCertFile, KeyFile: d.cfg.EtcdKeyFile, TrustedCAFile: d.cfg.EtcdCAFile}
+		info := transport.TLSInfo{CertFile: d.cfg.EtcdCertFile, KeyFile: d.cfg.EtcdKeyFile,
+			TrustedCAFile: d.cfg.EtcdCAFile}
 		var err error
 		if tlsCfg, err = info.ClientConfig(); err != nil {
 			return fmt.Errorf("etcd TLS (--etcd-cafile/--etcd-certfile/--etcd-keyfile): %w", err)
@@ -255,9 +265,10 @@ func (d *Daemon) etcdConfig(endpoints []string, tlsCfg *tls.Config) clientv3.Con
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
 		Logger:               zap.NewNop(),
-		DialOptions:          []grpc.DialOption{grpc.WithChainUnaryInterceptor(etcdRequestMetrics(d.etcdReqs), slowEtcdCalls(d.log), call.NotSentInterceptor()), grpc.WithDisableRetry()},
-		MaxCallSendMsgSize:   8 << 20,
-		MaxCallRecvMsgSize:   64 << 20,
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(etcdRequestMetrics(d.etcdReqs),
+			slowEtcdCalls(d.log), call.NotSentInterceptor()), grpc.WithDisableRetry()},
+		MaxCallSendMsgSize: 8 << 20,
+		MaxCallRecvMsgSize: 64 << 20,
 	}
 }
 
@@ -306,14 +317,16 @@ func (d *Daemon) watchEtcdHealth(ctx context.Context) {
 }
 
 // gateUnary answers UNAVAILABLE for allocd calls that arrive before the state is loaded.
-func (d *Daemon) gateUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+func (d *Daemon) gateUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
+	h grpc.UnaryHandler) (any, error) {
 	if !d.ready.Load() && isAllocdMethod(info.FullMethod) {
 		return nil, notReady()
 	}
 	return h(ctx, req)
 }
 
-func (d *Daemon) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+func (d *Daemon) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo,
+	h grpc.StreamHandler) error {
 	if !d.ready.Load() && isAllocdMethod(info.FullMethod) {
 		return notReady()
 	}
@@ -369,7 +382,8 @@ func (d *Daemon) Close() error {
 			select {
 			case <-stopped:
 			case <-t.C:
-				d.log.Warn("graceful stop timed out; cutting calls in flight", "timeout", d.cfg.ShutdownTimeout)
+				d.log.Warn("graceful stop timed out; cutting calls in flight",
+					"timeout", d.cfg.ShutdownTimeout)
 				d.grpc.Stop()
 				<-stopped
 			}
@@ -445,7 +459,8 @@ const slowEtcdCall = 500 * time.Millisecond
 // slowEtcdCalls logs unary etcd calls that took longer than slowEtcdCall, with the
 // member's address.
 func slowEtcdCalls(log *slog.Logger) grpc.UnaryClientInterceptor {
-	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		var p peer.Peer
 		start := time.Now()
 		err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Peer(&p))...)
@@ -454,7 +469,8 @@ func slowEtcdCalls(log *slog.Logger) grpc.UnaryClientInterceptor {
 			if p.Addr != nil {
 				addr = p.Addr.String()
 			}
-			log.Debug("slow etcd call", "method", method, "member", addr, "took", d.Round(time.Millisecond), "err", err)
+			log.Debug("slow etcd call", "method", method, "member", addr, "took", d.Round(time.Millisecond),
+				"err", err)
 		}
 		return err
 	}

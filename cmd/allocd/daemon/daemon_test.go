@@ -47,7 +47,8 @@ func listServices(t *testing.T, conn *grpc.ClientConn) []string {
 	if err != nil {
 		t.Fatalf("reflection: %v", err)
 	}
-	if err := st.Send(&rpb.ServerReflectionRequest{MessageRequest: &rpb.ServerReflectionRequest_ListServices{}}); err != nil {
+	if err := st.Send(&rpb.ServerReflectionRequest{
+		MessageRequest: &rpb.ServerReflectionRequest_ListServices{}}); err != nil {
 		t.Fatalf("reflection send: %v", err)
 	}
 	resp, err := st.Recv()
@@ -68,8 +69,10 @@ func TestServesHealthReflectionMetrics(t *testing.T) {
 		t.Fatalf("Health.Check = %v, %v; want SERVING", got, err)
 	}
 	names := listServices(t, conn)
-	for _, want := range []string{"allocd.v1.AllocatorService", "allocd.v1.LeaseService", "allocd.v1.RepairService",
-		"grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"} {
+	for _, want := range []string{"allocd.v1.AllocatorService", "allocd.v1.LeaseService",
+		"allocd.v1.RepairService",
+		"grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+		"grpc.reflection.v1alpha.ServerReflection"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("reflection services = %v; want %s among them", names, want)
 		}
@@ -80,7 +83,8 @@ func TestServesHealthReflectionMetrics(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"grpc_server_handled_total", "grpc_server_handling_seconds", "go_goroutines", "process_cpu_seconds_total"} {
+	for _, want := range []string{"grpc_server_handled_total", "grpc_server_handling_seconds",
+		"go_goroutines", "process_cpu_seconds_total"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics has no %s", want)
 		}
@@ -117,7 +121,8 @@ func TestCloseThenRestartOnSameDataDir(t *testing.T) {
 		t.Fatalf("restart on the same data dir: %v", err)
 	}
 	defer d2.Close()
-	if got, err := healthStatus(t, dial(t, d2.GRPCAddr())); err != nil || got != healthpb.HealthCheckResponse_SERVING {
+	if got, err := healthStatus(t, dial(t, d2.GRPCAddr())); err != nil ||
+		got != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("Health.Check after restart = %v, %v; want SERVING", got, err)
 	}
 	r, err := d2.Client().Get(ctx, cfg.EtcdPrefix+"/test/marker")
@@ -130,7 +135,8 @@ func TestTwoSideBySide(t *testing.T) {
 	a := StartForTest(t)
 	b := StartForTest(t)
 	for _, d := range []*Daemon{a, b} {
-		if got, err := healthStatus(t, dial(t, d.GRPCAddr())); err != nil || got != healthpb.HealthCheckResponse_SERVING {
+		if got, err := healthStatus(t, dial(t, d.GRPCAddr())); err != nil ||
+			got != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("Health.Check(%s) = %v, %v; want SERVING", d.GRPCAddr(), got, err)
 		}
 	}
@@ -175,10 +181,15 @@ func TestBadConfig(t *testing.T) {
 		{"ttl", func(c *Config) { c.MasterLeaseTTL = 2 * time.Hour }, "--master-lease-ttl"},
 		{"tls", func(c *Config) { c.EtcdCertFile = "x.pem" }, "--etcd-keyfile"},
 		{"tls embedded", func(c *Config) { c.EtcdCAFile = "ca.pem" }, "need --etcd-servers"},
-		{"tls http", func(c *Config) { c.EtcdCAFile = "ca.pem"; c.EtcdServers = []string{"http://etcd:2379"} }, "use https://"},
-		{"compaction", func(c *Config) { c.EtcdCompactionInterval = -time.Second }, "--etcd-compaction-interval"},
+		{"tls http", func(c *Config) {
+			c.EtcdCAFile, c.EtcdServers = "ca.pem", []string{"http://etcd:2379"}
+		}, "use https://"},
+		{"compaction", func(c *Config) { c.EtcdCompactionInterval = -time.Second },
+			"--etcd-compaction-interval"},
 		{"quota", func(c *Config) { c.QuotaBackendBytes = -1 }, "--quota-backend-bytes"},
-		{"quota external", func(c *Config) { c.QuotaBackendBytes = 8 << 30; c.EtcdServers = []string{"http://etcd:2379"} }, "set --quota-backend-bytes on the etcd members"},
+		{"quota external",
+			func(c *Config) { c.QuotaBackendBytes = 8 << 30; c.EtcdServers = []string{"http://etcd:2379"} },
+			"set --quota-backend-bytes on the etcd members"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
@@ -234,7 +245,8 @@ func TestNotServingUntilEtcdAnswers(t *testing.T) {
 	if s, err := healthStatus(t, conn); err != nil || s != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("Health.Check once started = %v, %v; want SERVING", s, err)
 	}
-	if _, err := allocdv1.NewAllocatorServiceClient(conn).ListRanges(ctx, &allocdv1.ListRangesRequest{}); err != nil {
+	if _, err := allocdv1.NewAllocatorServiceClient(conn).ListRanges(ctx,
+		&allocdv1.ListRangesRequest{}); err != nil {
 		t.Errorf("ListRanges once started = %v", err)
 	}
 }

@@ -29,7 +29,8 @@ import (
 const clientCAPolicy = `{
   "name": "allocd-client-ca",
   "allow_rules": [
-    {"name": "reflection", "request": {"paths": ["/grpc.reflection.v1.ServerReflection/*", "/grpc.reflection.v1alpha.ServerReflection/*"]}},
+    {"name": "reflection", "request": {"paths": [
+      "/grpc.reflection.v1.ServerReflection/*", "/grpc.reflection.v1alpha.ServerReflection/*"]}},
     {"name": "client-certificates", "source": {"principals": ["*"]}}
   ]
 }`
@@ -50,30 +51,35 @@ func (c *Config) validateSecurity() []error {
 	}
 	if c.ClientCAFile != "" {
 		if c.TLSCertFile == "" {
-			errs = append(errs, errors.New("--client-ca-file needs --tls-cert-file and --tls-private-key-file: client certificates are verified in the TLS handshake"))
+			errs = append(errs, errors.New("--client-ca-file needs --tls-cert-file and "+
+				"--tls-private-key-file: client certificates are verified in the TLS handshake"))
 		} else if err := tlsfiles.CheckCA(c.ClientCAFile); err != nil {
 			errs = append(errs, fmt.Errorf("--client-ca-file: %w", err))
 		}
 	}
 	if c.AuthorizationPolicyFile != "" {
 		if c.ClientCAFile == "" {
-			errs = append(errs, errors.New("--authorization-policy-file needs --client-ca-file: the policy's principals are client certificate identities"))
+			errs = append(errs, errors.New("--authorization-policy-file needs --client-ca-file: the "+
+				"policy's principals are client certificate identities"))
 		}
 		if b, err := os.ReadFile(c.AuthorizationPolicyFile); err != nil {
 			errs = append(errs, fmt.Errorf("--authorization-policy-file: %w", err))
 		} else if _, err := authz.NewStatic(string(b)); err != nil {
-			errs = append(errs, fmt.Errorf("--authorization-policy-file %s: %w", c.AuthorizationPolicyFile, err))
+			errs = append(errs,
+				fmt.Errorf("--authorization-policy-file %s: %w", c.AuthorizationPolicyFile, err))
 		}
 	}
 	if c.MetricsTLS && (c.TLSCertFile == "" || c.MetricsAddress == "") {
-		errs = append(errs, errors.New("--metrics-tls needs --tls-cert-file, --tls-private-key-file and --metrics-address"))
+		errs = append(errs,
+			errors.New("--metrics-tls needs --tls-cert-file, --tls-private-key-file and --metrics-address"))
 	}
 	return errs
 }
 
 // authorizer is what authz.StaticInterceptor and authz.FileWatcherInterceptor have.
 type authorizer interface {
-	UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error)
+	UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo,
+		h grpc.UnaryHandler) (any, error)
 	StreamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error
 }
 
@@ -98,7 +104,8 @@ func newSecurity(c Config, log *slog.Logger) (*security, error) {
 	if refresh <= 0 {
 		refresh = tlsfiles.DefaultRefresh
 	}
-	files := tlsfiles.Files{CertFile: c.TLSCertFile, KeyFile: c.TLSPrivateKeyFile, CAFile: c.ClientCAFile, Refresh: refresh}
+	files := tlsfiles.Files{CertFile: c.TLSCertFile, KeyFile: c.TLSPrivateKeyFile, CAFile: c.ClientCAFile,
+		Refresh: refresh}
 	var err error
 	if s.server, err = tlsfiles.NewServer(files); err != nil {
 		return nil, fmt.Errorf("--tls-cert-file/--tls-private-key-file/--client-ca-file: %w", err)
@@ -135,10 +142,12 @@ func newSecurity(c Config, log *slog.Logger) (*security, error) {
 func warnSecurity(c Config, log *slog.Logger) {
 	switch {
 	case c.ClientCAFile == "":
-		log.Warn("TLS without --client-ca-file: any caller that reaches the port may call everything, forced releases included")
+		log.Warn("TLS without --client-ca-file: any caller that reaches the port may call everything, " +
+			"forced releases included")
 		return
 	case c.AuthorizationPolicyFile == "":
-		log.Warn("--client-ca-file without --authorization-policy-file: any caller with a verified client certificate may call everything")
+		log.Warn("--client-ca-file without --authorization-policy-file: any caller with a verified client " +
+			"certificate may call everything")
 	}
 	pair, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSPrivateKeyFile)
 	if err != nil || len(pair.Certificate) == 0 {
@@ -151,8 +160,10 @@ func warnSecurity(c Config, log *slog.Logger) {
 	}
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(caPEM)
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		log.Warn("--tls-cert-file is not a client certificate that --client-ca-file verifies: the other replicas will refuse the calls this one forwards to them (repair, feeds)",
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		log.Warn("--tls-cert-file is not a client certificate that --client-ca-file verifies: the other "+
+			"replicas will refuse the calls this one forwards to them (repair, feeds)",
 			"err", err)
 	}
 }
@@ -168,8 +179,10 @@ func (s *security) serverOptions() []grpc.ServerOption {
 		opts = append(opts, grpc.Creds(s.server.Credentials()))
 	}
 	if s.authz != nil {
-		opts = append(opts, grpc.ChainUnaryInterceptor(s.authorizeUnary), grpc.ChainStreamInterceptor(s.authorizeStream),
-			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxConnectionAge, MaxConnectionAgeGrace: maxConnectionAgeGrace}))
+		opts = append(opts, grpc.ChainUnaryInterceptor(s.authorizeUnary),
+			grpc.ChainStreamInterceptor(s.authorizeStream),
+			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxConnectionAge,
+				MaxConnectionAgeGrace: maxConnectionAgeGrace}))
 	}
 	return opts
 }
@@ -198,7 +211,8 @@ func (s *security) close() {
 // authorizeUnary asks the policy before the handler runs. The policy's interceptor
 // is run with a handler that does nothing, so that an error of the real handler is
 // never taken for a refusal.
-func (s *security) authorizeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+func (s *security) authorizeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
+	h grpc.UnaryHandler) (any, error) {
 	if strings.HasPrefix(info.FullMethod, healthMethods) {
 		return h(ctx, req)
 	}
@@ -212,7 +226,8 @@ func (s *security) authorizeUnary(ctx context.Context, req any, info *grpc.Unary
 	return h(ctx, req)
 }
 
-func (s *security) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+func (s *security) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo,
+	h grpc.StreamHandler) error {
 	if strings.HasPrefix(info.FullMethod, healthMethods) {
 		return h(srv, ss)
 	}
@@ -231,7 +246,8 @@ func (s *security) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Str
 // maxConnectionAge).
 func expired(ctx context.Context, method string) error {
 	if cert := peerCertificate(ctx); cert != nil && time.Now().After(cert.NotAfter) {
-		return status.Errorf(codes.Unauthenticated, "%s: the client certificate of %q expired at %s: connect again with a valid one",
+		return status.Errorf(codes.Unauthenticated,
+			"%s: the client certificate of %q expired at %s: connect again with a valid one",
 			method, identity(cert), cert.NotAfter.UTC().Format(time.RFC3339))
 	}
 	return nil
@@ -257,12 +273,14 @@ func (s *security) refused(ctx context.Context, method string, err error) error 
 	cert := peerCertificate(ctx)
 	if cert == nil {
 		s.log.DebugContext(ctx, "call without a client certificate refused", "method", method)
-		return status.Errorf(codes.Unauthenticated, "%s needs a client certificate signed by a CA of allocd's --client-ca-file "+
-			"(without one, only grpc.health.v1.Health and what the policy opens to everyone answer)", method)
+		return status.Errorf(codes.Unauthenticated,
+			"%s needs a client certificate signed by a CA of allocd's --client-ca-file (without one, only "+
+				"grpc.health.v1.Health and what the policy opens to everyone answer)", method)
 	}
 	id := identity(cert)
 	s.log.DebugContext(ctx, "call refused by the authorization policy", "method", method, "identity", id)
-	return status.Errorf(codes.PermissionDenied, "%s: the authorization policy does not allow %q to call it", method, id)
+	return status.Errorf(codes.PermissionDenied, "%s: the authorization policy does not allow %q to call it",
+		method, id)
 }
 
 // peerCertificate is the verified client certificate of the call (nil: none).

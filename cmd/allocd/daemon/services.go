@@ -94,7 +94,8 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 // swapIn builds the gRPC services over the parts, secured as d.sec says (the
 // credentials of calls forwarded to the leader; forced releases by ForceRelease alone
 // when calls are authorized), and swaps them in for the gates.
-func (d *Daemon) swapIn(alloc *allocator.Allocator, leases *masterlease.Manager, rep *repair.Controller, ec *endpoints.Controller) {
+func (d *Daemon) swapIn(alloc *allocator.Allocator, leases *masterlease.Manager, rep *repair.Controller,
+	ec *endpoints.Controller) {
 	repairSvc := server.NewRepairService(rep, d.log)
 	repairSvc.SetEndpoints(ec)
 	endpointsSvc := server.NewEndpointsService(ec, rep, d.log)
@@ -165,7 +166,8 @@ func (d *Daemon) identity() string {
 // masterToEndpoints hands every state of the master leases' Endpoints of
 // default/kubernetes to the Endpoints controller, which stores them beside the others,
 // until ctx ends.
-func masterToEndpoints(ctx context.Context, m *masterlease.Manager, ec *endpoints.Controller, log *slog.Logger) {
+func masterToEndpoints(ctx context.Context, m *masterlease.Manager, ec *endpoints.Controller,
+	log *slog.Logger) {
 	for ctx.Err() == nil {
 		err := m.WatchEndpoints(ctx, func(e masterlease.Endpoints) error {
 			if len(e.Ports) == 0 {

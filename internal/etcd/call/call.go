@@ -23,7 +23,8 @@ import (
 // clientv3.Config.DialOptions. Calls made without Write are not traced: their errors
 // claim nothing.
 func NotSentInterceptor() grpc.UnaryClientInterceptor {
-	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		t, ok := ctx.Value(tracesKey{}).(*trace)
 		if !ok {
 			return invoker(ctx, method, req, reply, cc, opts...) // not a Write: nothing to record
@@ -134,7 +135,8 @@ func Write(ctx context.Context, attempt, budget time.Duration, write func(contex
 	wait := retryWait
 	for {
 		t := &trace{}
-		actx, cancel := context.WithTimeout(context.WithValue(clientv3.WithRequireLeader(ctx), tracesKey{}, t), attempt)
+		actx, cancel := context.WithTimeout(context.WithValue(clientv3.WithRequireLeader(ctx), tracesKey{},
+			t), attempt)
 		err := write(actx)
 		cancel()
 		switch {

@@ -79,7 +79,9 @@ func Start(ctx context.Context, c Config) (*embed.Etcd, error) {
 	}
 	cfg.LogLevel = c.LogLevel
 	if cfg.LogLevel == "" {
-		cfg.LogLevel = "panic" // etcd logs expected listener errors at "error" on every Close; real failures come back from StartEtcd and Err()
+		// etcd logs expected listener errors at "error" on every Close; real failures come
+		// back from StartEtcd and Err().
+		cfg.LogLevel = "panic"
 	}
 	// No metrics listener of etcd's own: allocd serves its metrics.
 	cfg.ListenMetricsUrls = nil

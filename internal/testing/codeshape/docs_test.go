@@ -67,7 +67,8 @@ func goFiles(t *testing.T, fn func(rel, path string)) {
 func TestDocGo(t *testing.T) {
 	dirs := map[string]bool{}
 	goFiles(t, func(rel, _ string) {
-		if dir := filepath.ToSlash(filepath.Dir(rel)); !strings.HasSuffix(rel, "_test.go") && !generatedDirs[dir] {
+		if dir := filepath.ToSlash(filepath.Dir(rel)); !strings.HasSuffix(rel, "_test.go") &&
+			!generatedDirs[dir] {
 			dirs[dir] = true
 		}
 	})

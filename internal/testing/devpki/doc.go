@@ -7,5 +7,6 @@
 //
 //	ca, err := devpki.NewCA("allocd test CA")
 //	if err != nil { ... }
-//	crt, key, err := ca.Issue(devpki.Leaf{URIs: []string{devpki.ShimIdentity + "apiserver-1"}, Client: true})
+//	crt, key, err := ca.Issue(devpki.Leaf{URIs: []string{devpki.ShimIdentity + "apiserver-1"},
+//		Client: true})
 package devpki

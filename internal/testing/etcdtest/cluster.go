@@ -80,7 +80,8 @@ func NewCluster(t testing.TB, size int) *Cluster {
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
 		// As allocd's own client: the errors of calls that reached no member say so.
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(call.NotSentInterceptor()), grpc.WithDisableRetry()},
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(call.NotSentInterceptor()),
+			grpc.WithDisableRetry()},
 	})
 	if err != nil {
 		t.Fatalf("etcd cluster client: %v", err)

@@ -70,7 +70,8 @@ func (s *Server) NewClient() *clientv3.Client {
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
 		// As allocd's own client: the errors of calls that reached no member say so.
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(call.NotSentInterceptor()), grpc.WithDisableRetry()},
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(call.NotSentInterceptor()),
+			grpc.WithDisableRetry()},
 	})
 	if err != nil {
 		s.t.Fatalf("etcd client: %v", err)

@@ -97,7 +97,8 @@ func startProcess(ctx context.Context, c embedded.Config) (*process, error) {
 func launchProcess(c embedded.Config) (*process, error) {
 	bin := binary()
 	if !filepath.IsAbs(bin) {
-		return nil, fmt.Errorf("%s=%s: want an absolute path (go test runs each package's tests in the package's directory)", binaryEnv, bin)
+		return nil, fmt.Errorf("%s=%s: want an absolute path (go test runs each package's tests in the "+
+			"package's directory)", binaryEnv, bin)
 	}
 	p := &process{log: strings.TrimSuffix(c.Dir, "/") + ".etcd.log", done: make(chan struct{})}
 	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
@@ -170,7 +171,8 @@ func (p *process) logTail() string {
 func (c *Cluster) launchProcess(i int) {
 	c.t.Helper()
 	m := c.members[i]
-	p, err := launchProcess(embedded.Config{Name: m.name, Dir: m.dir, ClientURL: m.clientURL, PeerURL: m.peerURL,
+	p, err := launchProcess(embedded.Config{Name: m.name, Dir: m.dir, ClientURL: m.clientURL,
+		PeerURL:        m.peerURL,
 		InitialCluster: c.initial, ClusterToken: c.token, UnsafeNoFsync: true, TickMs: 10, ElectionMs: 100})
 	if err != nil {
 		c.t.Fatalf("start etcd member %s: %v", m.name, err)

@@ -26,8 +26,9 @@ type pods struct {
 	h    *history
 }
 
-var webService = &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web", ClusterIps: []string{"None"},
-	Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
+var webService = &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web",
+	ClusterIps: []string{"None"},
+	Selector:   &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
 	Ports: []*allocdv1.ServicePortSpec{{Name: "http", Port: 80,
 		TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 8080}}}}}
 
@@ -65,14 +66,16 @@ func (p *pods) ListPods() ([]*allocdv1.Pod, int64, error) {
 // events of shop/web on a watch from another replica (there must be none: the Service
 // never goes away).
 func (p *pods) run(events, ctx context.Context, feed, watch *client.Client, deleted *atomic.Int64) {
-	f := client.NewFeeder(feed, p, client.WithHeartbeat(200*time.Millisecond), client.WithPushTimeout(5*time.Second), client.WithFeedErrors(func(err error) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if len(p.errs) == 20 {
-			p.errs = p.errs[1:]
-		}
-		p.errs = append(p.errs, fmt.Sprintf("%v: %v", p.h.now().Round(time.Millisecond), err))
-	}))
+	f := client.NewFeeder(feed, p, client.WithHeartbeat(200*time.Millisecond),
+		client.WithPushTimeout(5*time.Second),
+		client.WithFeedErrors(func(err error) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if len(p.errs) == 20 {
+				p.errs = p.errs[1:]
+			}
+			p.errs = append(p.errs, fmt.Sprintf("%v: %v", p.h.now().Round(time.Millisecond), err))
+		}))
 	go f.Run(ctx)
 	go func() {
 		for ctx.Err() == nil {

@@ -4,15 +4,6 @@ import (
 	"time"
 )
 
-// Fence proves leadership in a write: the election key of the term and its
-// CreateRevision. Every write of a term is an etcd transaction that compares
-// CreateRevision(Key) = Rev, so a deposed leader can never write after its successor
-// was elected (etcd's concurrency.Election Proclaim does the same).
-type Fence struct {
-	Key string
-	Rev int64
-}
-
 // EventType is what happened to an object of a feed.
 type EventType int
 

@@ -10,6 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+
+	"github.com/allocd/allocd/leader"
 )
 
 // scale builds nsCount namespaces of svcPerNS Services, each selecting podsPerSvc Pods
@@ -62,7 +64,9 @@ func BenchmarkInitialSync(b *testing.B) {
 		}
 		done := make(chan error, 1)
 		ctx, cancel := contextWithCancel(b)
-		go func() { done <- c.Lead(ctx, Fence{Key: testPrefix + "/repair/leader/x", Rev: resp.Header.Revision}) }()
+		go func() {
+			done <- c.Lead(ctx, leader.Fence{Key: testPrefix + "/repair/leader/x", Rev: resp.Header.Revision})
+		}()
 		for !c.Leading() {
 			time.Sleep(time.Millisecond)
 		}

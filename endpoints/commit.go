@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allocd/allocd/leader"
 )
 
 // Limits of one group commit: etcd's default --max-txn-ops is 128 (the compares count
@@ -20,7 +22,7 @@ const (
 
 // write is one Endpoints write a worker hands to the committer: put ep (or delete when
 // ep is nil) at key, if etcd still holds what cur says. done runs once with the
-// revision or the error (errFenceLost, errConflict, or etcd's).
+// revision or the error (leader.ErrFenceLost, errConflict, or etcd's).
 type write struct {
 	key  string
 	cur  storedObj
@@ -110,10 +112,10 @@ func (cm *committer) commit(ctx context.Context, batch []*write) {
 	t := cm.t
 	for len(batch) > 0 {
 		cmps := make([]clientv3.Cmp, 0, len(batch)+1)
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(t.fence.Key), "=", t.fence.Rev))
+		cmps = append(cmps, t.fence.Cmp())
 		ops := make([]clientv3.Op, 0, len(batch))
 		gets := make([]clientv3.Op, 0, len(batch)+1)
-		gets = append(gets, clientv3.OpGet(t.fence.Key))
+		gets = append(gets, t.fence.Get())
 		for _, w := range batch {
 			k := t.c.etcdKey(w.key)
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", w.cur.modRev()))
@@ -139,9 +141,9 @@ func (cm *committer) commit(ctx context.Context, batch []*write) {
 			}
 			return
 		}
-		if fk := resp.Responses[0].GetResponseRange().GetKvs(); len(fk) == 0 || fk[0].CreateRevision != t.fence.Rev {
+		if !t.fence.Held(resp, 0) {
 			for _, w := range batch {
-				w.done(0, errFenceLost)
+				w.done(0, leader.ErrFenceLost)
 			}
 			return
 		}

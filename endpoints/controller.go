@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allocd/allocd/leader"
 )
 
 // Config configures a Controller.
@@ -101,7 +103,7 @@ func (c *Controller) currentTerm() (*term, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.term == nil {
-		return nil, &NotLeaderError{}
+		return nil, &leader.NotLeaderError{Controller: "endpoints"}
 	}
 	return c.term, nil
 }
@@ -110,8 +112,8 @@ func (c *Controller) currentTerm() (*term, error) {
 // session is lost or at shutdown) or a write finds the fence gone. It returns nil when
 // ctx ended, else why the term ended. Terms do not overlap: Lead waits for every
 // goroutine of its term before it returns.
-func (c *Controller) Lead(ctx context.Context, f Fence) error {
-	if f.Key == "" || f.Rev <= 0 {
+func (c *Controller) Lead(ctx context.Context, f leader.Fence) error {
+	if !f.Valid() {
 		return fmt.Errorf("endpoints: bad fence %+v", f)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)

@@ -10,6 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+
+	"github.com/allocd/allocd/leader"
 )
 
 // harness runs a Controller leading one term on a real etcd.
@@ -18,7 +20,7 @@ type harness struct {
 	etcd   *etcdtest.Server
 	cli    *clientv3.Client
 	c      *Controller
-	fence  Fence
+	fence  leader.Fence
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -53,7 +55,7 @@ func (h *harness) lead() {
 	if err != nil {
 		h.t.Fatalf("put election key: %v", err)
 	}
-	h.fence = Fence{Key: key, Rev: resp.Header.Revision}
+	h.fence = leader.Fence{Key: key, Rev: resp.Header.Revision}
 	lctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	h.done = make(chan error, 1)

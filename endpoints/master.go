@@ -5,6 +5,8 @@ import (
 	"errors"
 	"maps"
 	"time"
+
+	"github.com/allocd/allocd/leader"
 )
 
 // masterKey is the Service whose Endpoints the master leases produce.
@@ -39,7 +41,7 @@ func (t *term) keepMaster(ctx context.Context) error {
 		err := t.syncMaster(ctx)
 		switch {
 		case err == nil:
-		case errors.Is(err, errFenceLost):
+		case errors.Is(err, leader.ErrFenceLost):
 			t.cancel(err)
 			return nil
 		case errors.Is(err, errConflict):

@@ -12,11 +12,9 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/allocd/allocd/internal/etcd/watch"
-)
 
-// errFenceLost ends a term: a write found the election key gone or re-created, so
-// another replica may lead.
-var errFenceLost = errors.New("endpoints: leadership lost (the election key changed): a write was refused by the fence")
+	"github.com/allocd/allocd/leader"
+)
 
 // errConflict: the stored object changed since it was read; the sync runs again on the
 // fresh state.
@@ -26,7 +24,7 @@ var errConflict = errors.New("endpoints: stored object changed under the write")
 // objects as etcd holds them, and the workers.
 type term struct {
 	c      *Controller
-	fence  Fence
+	fence  leader.Fence
 	cancel context.CancelCauseFunc
 
 	mu      sync.RWMutex // guards in and started
@@ -52,7 +50,7 @@ type storedObj struct {
 	rev int64
 }
 
-func newTerm(c *Controller, f Fence, cancel context.CancelCauseFunc) *term {
+func newTerm(c *Controller, f leader.Fence, cancel context.CancelCauseFunc) *term {
 	t := &term{
 		c:       c,
 		fence:   f,
@@ -298,7 +296,7 @@ func (t *term) finish(ctx context.Context, key string, since, start time.Time, e
 	switch {
 	case err == nil:
 		t.queue.forget(key)
-	case errors.Is(err, errFenceLost):
+	case errors.Is(err, leader.ErrFenceLost):
 		t.cancel(err)
 	case errors.Is(err, errConflict):
 		t.queue.add(key, since)

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
 )
 
 // subsetsFrom builds subsets from fuzz bytes, four bytes an entry: which subset, the

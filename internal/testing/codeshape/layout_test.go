@@ -129,6 +129,13 @@ func TestLayoutRules(t *testing.T) {
 		{"cmd/allocd", "cmd/allocd/daemon", false},
 		{"internal/testing/fault", "cmd/allocd/daemon", false},
 		{"tools/bench", "internal/etcd/embedded", false},
+		{"cmd/allocd", "cmd/allocd/app", false},
+		{"cmd/allocd/app", "cmd/allocd/daemon", false},
+		{"cmd/allocd/daemon", "cmd/allocd/app", true},
+		{"cmd/allocd/cli", "cmd/allocd/app", true},
+		{"tools/gendocs", "cmd/allocd/app", false},
+		{"internal/testing/doctest", "cmd/allocd/daemon", false},
+		{"cmd/allocd/app", "internal/testing/doctest", true},
 	} {
 		got := violations(map[string][]string{tc.pkg: {tc.dep}})
 		if (len(got) > 0) != tc.bad {

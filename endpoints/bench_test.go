@@ -54,7 +54,7 @@ func scale(nsCount, svcPerNS, podsPerSvc int) ([]*Service, []*Pod) {
 func BenchmarkInitialSync(b *testing.B) {
 	for range b.N {
 		e := etcdtest.New(b, etcdtest.WithFsync())
-		c, err := New(e.Client, Config{Prefix: testPrefix})
+		c, err := New(e.Client, Config{Prefix: testPrefix, DisableEndpointSlices: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -86,7 +86,7 @@ func BenchmarkInitialSync(b *testing.B) {
 		t, _ := c.currentTerm()
 		for {
 			time.Sleep(5 * time.Millisecond)
-			if t.queue.idle() {
+			if t.idle() {
 				resp, err := e.Client.Get(ctx, testPrefix+"/endpoints/", withPrefixCount()...)
 				if err != nil {
 					b.Fatal(err)

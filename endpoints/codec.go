@@ -206,21 +206,9 @@ func decodeAddress(b []byte) (Address, error) {
 		case 3:
 			a.NodeName = string(v)
 		case 4:
-			r := &ObjectRef{}
+			r, err := decodeRef(v)
 			a.TargetRef = r
-			return fields(v, stringsSchema, func(num protowire.Number, v []byte, _ uint64) error {
-				switch num {
-				case 1:
-					r.Kind = string(v)
-				case 2:
-					r.Namespace = string(v)
-				case 3:
-					r.Name = string(v)
-				case 4:
-					r.UID = string(v)
-				}
-				return nil
-			})
+			return err
 		}
 		return nil
 	})

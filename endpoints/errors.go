@@ -39,6 +39,7 @@ type Kind string
 const (
 	KindService Kind = "Service"
 	KindPod     Kind = "Pod"
+	KindNode    Kind = "Node"
 )
 
 // SnapshotRequiredError is an event of Kind before any snapshot of that kind in the

@@ -27,10 +27,12 @@ type harness struct {
 
 const testPrefix = "/allocd"
 
-// newHarness starts etcd and a controller; existing objects are stored before the
-// term starts (as an earlier leader or a person left them).
+// newHarness starts etcd and the Endpoints controller alone (newSliceHarness runs
+// the EndpointSlice controller); existing objects are stored before the term starts
+// (as an earlier leader or a person left them).
 func newHarness(t *testing.T, cfg Config, existing ...*Endpoints) *harness {
 	t.Helper()
+	cfg.DisableEndpointSlices = true
 	e := etcdtest.New(t)
 	h := &harness{t: t, etcd: e, cli: e.Client}
 	for _, ep := range existing {
@@ -127,12 +129,12 @@ func (h *harness) settle() {
 		default:
 			return false
 		}
-		return t.queue.idle()
+		return t.idle()
 	})
 	// A key handed out and finished between two looks is done; one more look after a
 	// pause catches a key queued by the watch of the last write.
 	time.Sleep(20 * time.Millisecond)
-	etcdtest.WaitFor(h.t, 10*time.Second, "controller idle", t.queue.idle)
+	etcdtest.WaitFor(h.t, 10*time.Second, "controller idle", t.idle)
 }
 
 // rev returns etcd's current revision: unchanged means nothing was written.

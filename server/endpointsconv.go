@@ -27,9 +27,18 @@ func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidE
 		ClusterIPs:               p.GetClusterIps(),
 		IPFamilies:               p.GetIpFamilies(),
 		PublishNotReadyAddresses: p.GetPublishNotReadyAddresses(),
+		Annotations:              p.GetAnnotations(),
+		TrafficDistribution:      p.GetTrafficDistribution(),
 	}
 	feedMeta(field, s.Namespace, s.Name, s.UID, true, inv)
 	feedLabelKeys(field+".labels", s.Labels, inv)
+	feedLabelKeys(field+".annotations", s.Annotations, inv)
+	switch s.TrafficDistribution {
+	case "", endpoints.TrafficPreferClose, endpoints.TrafficPreferSameZone, endpoints.TrafficPreferSameNode:
+	default:
+		inv.Add(field+".traffic_distribution", strconv.Quote(s.TrafficDistribution)+
+			" is not PreferClose, PreferSameZone, PreferSameNode or empty")
+	}
 	if sel := p.GetSelector().GetMatchLabels(); len(sel) > 0 {
 		s.Selector = sel
 		feedLabelKeys(field+".selector.match_labels", sel, inv)

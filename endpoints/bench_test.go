@@ -10,6 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+
+	"github.com/allocd/allocd/leader"
 )
 
 // scale builds nsCount namespaces of svcPerNS Services, each selecting podsPerSvc Pods
@@ -27,21 +29,18 @@ func scale(nsCount, svcPerNS, podsPerSvc int) ([]*Service, []*Pod) {
 				ClusterIPs: []string{fmt.Sprintf("10.96.%d.%d", ip/250%250, ip%250+1)},
 				Labels:     map[string]string{"app": app},
 				Selector:   map[string]string{"app": app},
-				Ports: []ServicePort{{Name: "http", Port: 80, TargetPort: TargetPort{Name: "http"},
-					Protocol: ProtocolTCP}},
+				Ports:      []ServicePort{{Name: "http", Port: 80, TargetPort: TargetPort{Name: "http"}, Protocol: ProtocolTCP}},
 			})
 			for p := range podsPerSvc {
 				ip++
 				pods = append(pods, &Pod{
-					Namespace: ns, Name: fmt.Sprintf("%s-%d", app, p),
-					UID:             fmt.Sprintf("%s-%s-%d", ns, app, p),
+					Namespace: ns, Name: fmt.Sprintf("%s-%d", app, p), UID: fmt.Sprintf("%s-%s-%d", ns, app, p),
 					ResourceVersion: "1",
 					Labels:          map[string]string{"app": app, "pod-template-hash": "5d8f7c9b4"},
 					NodeName:        fmt.Sprintf("node-%d", ip%100),
 					PodIPs:          []string{fmt.Sprintf("10.%d.%d.%d", 1+ip/62500, ip/250%250, ip%250+1)},
 					Phase:           PhaseRunning, Ready: true,
-					Containers: []Container{{Name: "app",
-						Ports: []ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: ProtocolTCP}}}},
+					Containers: []Container{{Name: "app", Ports: []ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: ProtocolTCP}}}},
 				})
 			}
 		}
@@ -55,7 +54,7 @@ func scale(nsCount, svcPerNS, podsPerSvc int) ([]*Service, []*Pod) {
 func BenchmarkInitialSync(b *testing.B) {
 	for range b.N {
 		e := etcdtest.New(b, etcdtest.WithFsync())
-		c, err := New(e.Client, Config{Prefix: testPrefix})
+		c, err := New(e.Client, Config{Prefix: testPrefix, DisableEndpointSlices: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -65,8 +64,9 @@ func BenchmarkInitialSync(b *testing.B) {
 		}
 		done := make(chan error, 1)
 		ctx, cancel := contextWithCancel(b)
-		fence := Fence{Key: testPrefix + "/repair/leader/x", Rev: resp.Header.Revision}
-		go func() { done <- c.Lead(ctx, fence) }()
+		go func() {
+			done <- c.Lead(ctx, leader.Fence{Key: testPrefix + "/repair/leader/x", Rev: resp.Header.Revision})
+		}()
 		for !c.Leading() {
 			time.Sleep(time.Millisecond)
 		}
@@ -86,7 +86,7 @@ func BenchmarkInitialSync(b *testing.B) {
 		t, _ := c.currentTerm()
 		for {
 			time.Sleep(5 * time.Millisecond)
-			if t.queue.idle() {
+			if t.idle() {
 				resp, err := e.Client.Get(ctx, testPrefix+"/endpoints/", withPrefixCount()...)
 				if err != nil {
 					b.Fatal(err)

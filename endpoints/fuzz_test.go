@@ -7,10 +7,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"google.golang.org/protobuf/proto"
-
-	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
 // subsetsFrom builds subsets from fuzz bytes, four bytes an entry: which subset, the
@@ -52,7 +48,7 @@ func subsetsFrom(data []byte) []Subset {
 
 // upstreamRepack is RepackSubsets of kubernetes pkg/api/v1/endpoints/util.go written
 // out literally (maps of sets, the -1 sentinel, "port.Port > 0"), without its final
-// hash order: the oracle repack is fuzzed against.
+// hash order: the oracle Repack is fuzzed against.
 func upstreamRepack(subsets []Subset) []Subset {
 	allAddrs := map[addrKey]*Address{}
 	portToAddrReadyMap := map[portKey]map[*Address]bool{}
@@ -128,22 +124,22 @@ func upstreamRepack(subsets []Subset) []Subset {
 	return final
 }
 
-// FuzzRepack: repack gives what upstream's RepackSubsets gives (in allocd's order), is
+// FuzzRepack: Repack gives what upstream's RepackSubsets gives (in allocd's order), is
 // idempotent, and does not depend on the order of its input.
 func FuzzRepack(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 0, 0, 1, 3, 1, 1, 2, 0, 0})
 	f.Add([]byte{0, 0x81, 0, 0, 1, 0x81, 1, 0, 2, 9, 2, 4, 3, 17, 3, 5})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := subsetsFrom(data)
-		out := repack(in)
+		out := Repack(in)
 		if want := upstreamRepack(subsetsFrom(data)); !subsetsEqual(out, want) {
-			t.Fatalf("repack differs from RepackSubsets:\nin       %s\nrepack   %s\nupstream %s", show(in),
+			t.Fatalf("Repack differs from RepackSubsets:\nin       %s\nRepack   %s\nupstream %s", show(in),
 				show(out), show(want))
 		}
 		// Idempotent, except where upstream is not: a port 0 is grouped on its own
 		// but not listed, so its addresses come out as a second port-less subset.
-		if again := repack(out); !hasPortZero(in) && !subsetsEqual(again, out) {
-			t.Fatalf("repack is not idempotent:\n%s\n%s", show(out), show(again))
+		if again := Repack(out); !hasPortZero(in) && !subsetsEqual(again, out) {
+			t.Fatalf("Repack is not idempotent:\n%s\n%s", show(out), show(again))
 		}
 		// Shuffle the entries: the same canonical result (the copies of one address
 		// are identical here, so which copy comes first does not matter).
@@ -157,8 +153,8 @@ func FuzzRepack(f *testing.F) {
 			shuffled = append(shuffled, s)
 		}
 		r.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-		if other := repack(shuffled); !subsetsEqual(other, out) {
-			t.Fatalf("repack depends on input order:\n%s\n%s", show(out), show(other))
+		if other := Repack(shuffled); !subsetsEqual(other, out) {
+			t.Fatalf("Repack depends on input order:\n%s\n%s", show(out), show(other))
 		}
 	})
 }
@@ -172,106 +168,4 @@ func hasPortZero(subs []Subset) bool {
 		}
 	}
 	return false
-}
-
-// FuzzPodFromProto: any Pod the wire can carry is refused with field violations or
-// accepted with canonical IPs and a known phase; never a panic.
-func FuzzPodFromProto(f *testing.F) {
-	for _, p := range []*allocdv1.Pod{
-		{Namespace: "ns", Name: "p", Uid: "u", PodIps: []string{"10.0.0.1", "fd00::1"}, Phase: "Running",
-			Ready: true,
-			Containers: []*allocdv1.Container{{Name: "c",
-				Ports: []*allocdv1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}},
-		{Namespace: "ns", Name: "p", Uid: "u", PodIps: []string{"010.000.000.001"}, Phase: "Pending"},
-		{Namespace: "", Name: "p", PodIps: []string{"not-an-ip"}, Phase: "Runing"},
-	} {
-		b, err := proto.Marshal(p)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		var p allocdv1.Pod
-		if proto.Unmarshal(data, &p) != nil {
-			return
-		}
-		inv := &InvalidError{}
-		pod := PodFromProto(&p, "pod", inv)
-		if inv.OrNil() != nil {
-			if len(inv.Violations) == 0 {
-				t.Fatal("an error without violations")
-			}
-			return
-		}
-		if pod.Namespace == "" || pod.Name == "" || pod.UID == "" {
-			t.Fatalf("accepted a Pod without namespace, name or uid: %+v", pod)
-		}
-		switch pod.Phase {
-		case PhasePending, PhaseRunning, PhaseSucceeded, PhaseFailed, PhaseUnknown:
-		default:
-			t.Fatalf("accepted phase %q", pod.Phase)
-		}
-		for _, ip := range pod.PodIPs {
-			if c, ok := CanonicalIP(ip); !ok || c != ip {
-				t.Fatalf("accepted IP %q is not canonical (%q, %v)", ip, c, ok)
-			}
-		}
-		// What the controller does with an accepted Pod must not panic either.
-		svc := testService(pod.Namespace)
-		svc.Selector = map[string]string{}
-		svc.Ports[0].TargetPort = TargetPort{Name: "http"}
-		repack(ComputeSubsets(svc, []*Pod{pod}))
-	})
-}
-
-// FuzzEventsFromProto: a PushEvents message is refused whole with field violations or
-// accepted with every event typed, carrying one object, at a positive revision not
-// above the message's; never a panic.
-func FuzzEventsFromProto(f *testing.F) {
-	for _, m := range []*allocdv1.PushEventsRequest{
-		{Revision: 3, Events: []*allocdv1.Event{
-			{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Object: &allocdv1.Event_Pod{
-				Pod: &allocdv1.Pod{Namespace: "ns", Name: "p", Uid: "u", PodIps: []string{"10.0.0.1"}}}},
-			{Type: allocdv1.EventType_EVENT_TYPE_DELETE, Revision: 2,
-				Object: &allocdv1.Event_Service{Service: &allocdv1.Service{Namespace: "ns", Name: "s"}}},
-		}},
-		{Revision: 0, Events: []*allocdv1.Event{{Type: allocdv1.EventType_EVENT_TYPE_UNSPECIFIED}}},
-		{Revision: 5, Events: []*allocdv1.Event{{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Revision: 9,
-			Object: &allocdv1.Event_Service{Service: &allocdv1.Service{Namespace: "ns", Name: "s", Uid: "u",
-				Ports: []*allocdv1.ServicePortSpec{{Port: 80, Protocol: "HTTP"}}}}}}},
-	} {
-		b, err := proto.Marshal(m)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		var m allocdv1.PushEventsRequest
-		if proto.Unmarshal(data, &m) != nil {
-			return
-		}
-		evs, err := EventsFromProto(&m)
-		if err != nil {
-			if evs != nil {
-				t.Fatalf("an error (%v) with %d events", err, len(evs))
-			}
-			return
-		}
-		if len(evs) != len(m.GetEvents()) {
-			t.Fatalf("%d events accepted of %d", len(evs), len(m.GetEvents()))
-		}
-		for i, ev := range evs {
-			if ev.Type != Upsert && ev.Type != Delete {
-				t.Fatalf("event %d: type %v", i, ev.Type)
-			}
-			if (ev.Service == nil) == (ev.Pod == nil) {
-				t.Fatalf("event %d: service %v, pod %v; want exactly one", i, ev.Service, ev.Pod)
-			}
-			if ev.Revision <= 0 || ev.Revision > m.GetRevision() {
-				t.Fatalf("event %d: revision %d with the message's %d", i, ev.Revision, m.GetRevision())
-			}
-		}
-	})
 }

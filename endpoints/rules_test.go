@@ -297,20 +297,20 @@ func TestRepack(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got := repack(tc.in)
+			got := Repack(tc.in)
 			if !subsetsEqual(got, tc.want) {
-				t.Errorf("repack = %s; want %s", show(got), show(tc.want))
+				t.Errorf("Repack = %s; want %s", show(got), show(tc.want))
 			}
 			// The first copy must keep its hostname: subsetsEqual compares it.
-			if again := repack(got); !subsetsEqual(again, got) {
-				t.Errorf("repack is not idempotent: %s then %s", show(got), show(again))
+			if again := Repack(got); !subsetsEqual(again, got) {
+				t.Errorf("Repack is not idempotent: %s then %s", show(got), show(again))
 			}
 		})
 	}
 }
 
 // sized returns subsets with the given ready and not-ready counts, each on its own
-// port so that repack keeps them apart, addresses numbered from base.
+// port so that Repack keeps them apart, addresses numbered from base.
 func sized(ready, notReady []int) []Subset {
 	var out []Subset
 	ip := 0

@@ -38,7 +38,7 @@ func ComputeSubsets(svc *Service, pods []*Pod) []Subset {
 			subsets = append(subsets, oneSubset(a, []Port{port}, ready))
 		}
 	}
-	return repack(subsets)
+	return Repack(subsets)
 }
 
 func oneSubset(a Address, ports []Port, ready bool) Subset {
@@ -79,7 +79,7 @@ func keyOfPort(p Port) portKey {
 // sentinel port -1.
 var noPort = portKey{port: -1}
 
-// repack returns subsets in canonical form (Kubernetes' RepackSubsets): every
+// Repack returns subsets in canonical form (Kubernetes' RepackSubsets): every
 // (address, port) pair once, an address not ready on a port where it is both ready
 // and not ready, the first copy of an address (by IP and target uid) kept, and one
 // subset per distinct set of (address, readiness) with every port that has exactly
@@ -87,7 +87,7 @@ var noPort = portKey{port: -1}
 // Kubernetes sorts them) then target uid, no target first; ports by name, number,
 // protocol and appProtocol; subsets by their ports, then their addresses. (Kubernetes
 // orders ports and subsets by a hash of their content; allocd does not reproduce it.)
-func repack(subsets []Subset) []Subset {
+func Repack(subsets []Subset) []Subset {
 	addrs := map[addrKey]*Address{}
 	byPort := map[portKey]map[addrKey]bool{} // port -> address -> ready
 	var portOf = map[portKey]Port{}

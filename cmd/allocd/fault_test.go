@@ -42,6 +42,13 @@ func (s *feedStore) ListPods() ([]*allocdv1.Pod, int64, error) {
 	return out, s.rev, nil
 }
 
+// ListNodes lists no Node: the Pods name none.
+func (s *feedStore) ListNodes() ([]*allocdv1.Node, int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return nil, s.rev, nil
+}
+
 // flip changes the readiness of one Pod and tells f, as an informer's update.
 func (s *feedStore) flip(f *client.Feeder, name string) {
 	s.mu.Lock()

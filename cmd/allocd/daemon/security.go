@@ -16,9 +16,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/allocd/allocd/server"
 	"github.com/allocd/allocd/tlsfiles"
 )
 
@@ -29,8 +30,7 @@ import (
 const clientCAPolicy = `{
   "name": "allocd-client-ca",
   "allow_rules": [
-    {"name": "reflection", "request": {"paths": [
-      "/grpc.reflection.v1.ServerReflection/*", "/grpc.reflection.v1alpha.ServerReflection/*"]}},
+    {"name": "reflection", "request": {"paths": ["/grpc.reflection.v1.ServerReflection/*", "/grpc.reflection.v1alpha.ServerReflection/*"]}},
     {"name": "client-certificates", "source": {"principals": ["*"]}}
   ]
 }`
@@ -51,35 +51,30 @@ func (c *Config) validateSecurity() []error {
 	}
 	if c.ClientCAFile != "" {
 		if c.TLSCertFile == "" {
-			errs = append(errs, errors.New("--client-ca-file needs --tls-cert-file and "+
-				"--tls-private-key-file: client certificates are verified in the TLS handshake"))
+			errs = append(errs, errors.New("--client-ca-file needs --tls-cert-file and --tls-private-key-file: client certificates are verified in the TLS handshake"))
 		} else if err := tlsfiles.CheckCA(c.ClientCAFile); err != nil {
 			errs = append(errs, fmt.Errorf("--client-ca-file: %w", err))
 		}
 	}
 	if c.AuthorizationPolicyFile != "" {
 		if c.ClientCAFile == "" {
-			errs = append(errs, errors.New("--authorization-policy-file needs --client-ca-file: the "+
-				"policy's principals are client certificate identities"))
+			errs = append(errs, errors.New("--authorization-policy-file needs --client-ca-file: the policy's principals are client certificate identities"))
 		}
 		if b, err := os.ReadFile(c.AuthorizationPolicyFile); err != nil {
 			errs = append(errs, fmt.Errorf("--authorization-policy-file: %w", err))
 		} else if _, err := authz.NewStatic(string(b)); err != nil {
-			errs = append(errs,
-				fmt.Errorf("--authorization-policy-file %s: %w", c.AuthorizationPolicyFile, err))
+			errs = append(errs, fmt.Errorf("--authorization-policy-file %s: %w", c.AuthorizationPolicyFile, err))
 		}
 	}
 	if c.MetricsTLS && (c.TLSCertFile == "" || c.MetricsAddress == "") {
-		errs = append(errs,
-			errors.New("--metrics-tls needs --tls-cert-file, --tls-private-key-file and --metrics-address"))
+		errs = append(errs, errors.New("--metrics-tls needs --tls-cert-file, --tls-private-key-file and --metrics-address"))
 	}
 	return errs
 }
 
 // authorizer is what authz.StaticInterceptor and authz.FileWatcherInterceptor have.
 type authorizer interface {
-	UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo,
-		h grpc.UnaryHandler) (any, error)
+	UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error)
 	StreamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error
 }
 
@@ -92,6 +87,11 @@ type security struct {
 	authz   authorizer       // nil without --client-ca-file
 	watcher *authz.FileWatcherInterceptor
 	log     *slog.Logger
+	// self is the identity of this replica's certificate (--tls-cert-file at start): the
+	// one identity whose calls may carry forwarding metadata when calls are authorized.
+	self string
+	// stopPolicyCheck stops checkPolicyFile's goroutine and waits for it.
+	stopPolicyCheck func()
 }
 
 // newSecurity starts reading the certificates and the policy of c; close stops it.
@@ -104,8 +104,7 @@ func newSecurity(c Config, log *slog.Logger) (*security, error) {
 	if refresh <= 0 {
 		refresh = tlsfiles.DefaultRefresh
 	}
-	files := tlsfiles.Files{CertFile: c.TLSCertFile, KeyFile: c.TLSPrivateKeyFile, CAFile: c.ClientCAFile,
-		Refresh: refresh}
+	files := tlsfiles.Files{CertFile: c.TLSCertFile, KeyFile: c.TLSPrivateKeyFile, CAFile: c.ClientCAFile, Refresh: refresh}
 	var err error
 	if s.server, err = tlsfiles.NewServer(files); err != nil {
 		return nil, fmt.Errorf("--tls-cert-file/--tls-private-key-file/--client-ca-file: %w", err)
@@ -116,8 +115,12 @@ func newSecurity(c Config, log *slog.Logger) (*security, error) {
 		s.close()
 		return nil, fmt.Errorf("--tls-cert-file/--tls-private-key-file/--client-ca-file: %w", err)
 	}
+	if leaf, err := tlsfiles.CheckKeyPair(c.TLSCertFile, c.TLSPrivateKeyFile); err == nil && leaf != nil {
+		s.self = tlsfiles.Identity(leaf)
+	}
 	switch {
 	case c.AuthorizationPolicyFile != "":
+		s.stopPolicyCheck = checkPolicyFile(c.AuthorizationPolicyFile, files.Refresh, log)
 		s.watcher, err = authz.NewFileWatcherWithOptions(authz.FileWatcherOptions{
 			PolicyFile:      c.AuthorizationPolicyFile,
 			RefreshDuration: files.Refresh,
@@ -142,12 +145,10 @@ func newSecurity(c Config, log *slog.Logger) (*security, error) {
 func warnSecurity(c Config, log *slog.Logger) {
 	switch {
 	case c.ClientCAFile == "":
-		log.Warn("TLS without --client-ca-file: any caller that reaches the port may call everything, " +
-			"forced releases included")
+		log.Warn("TLS without --client-ca-file: any caller that reaches the port may call everything, forced releases included")
 		return
 	case c.AuthorizationPolicyFile == "":
-		log.Warn("--client-ca-file without --authorization-policy-file: any caller with a verified client " +
-			"certificate may call everything")
+		log.Warn("--client-ca-file without --authorization-policy-file: any caller with a verified client certificate may call everything")
 	}
 	pair, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSPrivateKeyFile)
 	if err != nil || len(pair.Certificate) == 0 {
@@ -160,10 +161,8 @@ func warnSecurity(c Config, log *slog.Logger) {
 	}
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(caPEM)
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		log.Warn("--tls-cert-file is not a client certificate that --client-ca-file verifies: the other "+
-			"replicas will refuse the calls this one forwards to them (repair, feeds)",
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		log.Warn("--tls-cert-file is not a client certificate that --client-ca-file verifies: the other replicas will refuse the calls this one forwards to them (repair, feeds)",
 			"err", err)
 	}
 }
@@ -179,10 +178,8 @@ func (s *security) serverOptions() []grpc.ServerOption {
 		opts = append(opts, grpc.Creds(s.server.Credentials()))
 	}
 	if s.authz != nil {
-		opts = append(opts, grpc.ChainUnaryInterceptor(s.authorizeUnary),
-			grpc.ChainStreamInterceptor(s.authorizeStream),
-			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxConnectionAge,
-				MaxConnectionAgeGrace: maxConnectionAgeGrace}))
+		opts = append(opts, grpc.ChainUnaryInterceptor(s.authorizeUnary), grpc.ChainStreamInterceptor(s.authorizeStream),
+			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxConnectionAge, MaxConnectionAgeGrace: maxConnectionAgeGrace}))
 	}
 	return opts
 }
@@ -197,6 +194,9 @@ func (s *security) peerCredentials() credentials.TransportCredentials {
 }
 
 func (s *security) close() {
+	if s.stopPolicyCheck != nil {
+		s.stopPolicyCheck()
+	}
 	if s.watcher != nil {
 		s.watcher.Close()
 	}
@@ -211,8 +211,7 @@ func (s *security) close() {
 // authorizeUnary asks the policy before the handler runs. The policy's interceptor
 // is run with a handler that does nothing, so that an error of the real handler is
 // never taken for a refusal.
-func (s *security) authorizeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
-	h grpc.UnaryHandler) (any, error) {
+func (s *security) authorizeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	if strings.HasPrefix(info.FullMethod, healthMethods) {
 		return h(ctx, req)
 	}
@@ -223,11 +222,10 @@ func (s *security) authorizeUnary(ctx context.Context, req any, info *grpc.Unary
 	if _, err := s.authz.UnaryInterceptor(ctx, req, info, allow); err != nil {
 		return nil, s.refused(ctx, info.FullMethod, err)
 	}
-	return h(ctx, req)
+	return h(s.trustForwarding(ctx, info.FullMethod), req)
 }
 
-func (s *security) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo,
-	h grpc.StreamHandler) error {
+func (s *security) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	if strings.HasPrefix(info.FullMethod, healthMethods) {
 		return h(srv, ss)
 	}
@@ -238,17 +236,62 @@ func (s *security) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Str
 	if err := s.authz.StreamInterceptor(srv, ss, info, allow); err != nil {
 		return s.refused(ss.Context(), info.FullMethod, err)
 	}
+	if ctx := s.trustForwarding(ss.Context(), info.FullMethod); ctx != ss.Context() {
+		ss = contextStream{ServerStream: ss, ctx: ctx}
+	}
 	return h(srv, ss)
+}
+
+// contextStream is a ServerStream with another context.
+type contextStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (c contextStream) Context() context.Context { return c.ctx }
+
+// trustForwarding honours the forwarding metadata of a call (server.ForwardingMetadata:
+// which replica forwarded it, for whom, and a Service snapshot's receipt) only from a
+// caller whose certificate identity is this replica's own (replicas share their
+// certificate's identity, as the example policy's replica principal does): from anyone
+// else it is dropped, so that no caller can pass for a replica (skip the leader's
+// forwarding guard, or move the leak fence of a snapshot). A forwarded call is logged
+// at debug with the original caller's identity.
+func (s *security) trustForwarding(ctx context.Context, method string) context.Context {
+	md, ok := metadata.FromIncomingContext(ctx)
+	if !ok {
+		return ctx
+	}
+	carries := false
+	for _, k := range server.ForwardingMetadata {
+		if len(md.Get(k)) > 0 {
+			carries = true
+		}
+	}
+	if !carries {
+		return ctx
+	}
+	id := tlsfiles.PeerIdentity(ctx)
+	if s.self != "" && id == s.self {
+		replica, caller, _ := server.ForwardedFor(ctx)
+		s.log.DebugContext(ctx, "forwarded call", "method", method, "replica", replica, "identity", caller)
+		return ctx
+	}
+	md = md.Copy()
+	for _, k := range server.ForwardingMetadata {
+		md.Delete(k)
+	}
+	s.log.DebugContext(ctx, "forwarding metadata dropped: the caller is not a replica", "method", method, "identity", id)
+	return metadata.NewIncomingContext(ctx, md)
 }
 
 // expired refuses a call whose client certificate expired after its connection was
 // made: the handshake checked it then, and a connection lives on (for at most
 // maxConnectionAge).
 func expired(ctx context.Context, method string) error {
-	if cert := peerCertificate(ctx); cert != nil && time.Now().After(cert.NotAfter) {
-		return status.Errorf(codes.Unauthenticated,
-			"%s: the client certificate of %q expired at %s: connect again with a valid one",
-			method, identity(cert), cert.NotAfter.UTC().Format(time.RFC3339))
+	if cert := tlsfiles.PeerCertificate(ctx); cert != nil && time.Now().After(cert.NotAfter) {
+		return status.Errorf(codes.Unauthenticated, "%s: the client certificate of %q expired at %s: connect again with a valid one",
+			method, tlsfiles.Identity(cert), cert.NotAfter.UTC().Format(time.RFC3339))
 	}
 	return nil
 }
@@ -270,46 +313,54 @@ func (s *security) refused(ctx context.Context, method string, err error) error 
 		s.log.ErrorContext(ctx, "authorization failed", "method", method, "err", err)
 		return status.Error(codes.Internal, "authorization failed")
 	}
-	cert := peerCertificate(ctx)
+	cert := tlsfiles.PeerCertificate(ctx)
 	if cert == nil {
 		s.log.DebugContext(ctx, "call without a client certificate refused", "method", method)
-		return status.Errorf(codes.Unauthenticated,
-			"%s needs a client certificate signed by a CA of allocd's --client-ca-file (without one, only "+
-				"grpc.health.v1.Health and what the policy opens to everyone answer)", method)
+		return status.Errorf(codes.Unauthenticated, "%s needs a client certificate signed by a CA of allocd's --client-ca-file "+
+			"(without one, only grpc.health.v1.Health and what the policy opens to everyone answer)", method)
 	}
-	id := identity(cert)
+	id := tlsfiles.Identity(cert)
 	s.log.DebugContext(ctx, "call refused by the authorization policy", "method", method, "identity", id)
-	return status.Errorf(codes.PermissionDenied, "%s: the authorization policy does not allow %q to call it",
-		method, id)
+	return status.Errorf(codes.PermissionDenied, "%s: the authorization policy does not allow %q to call it", method, id)
 }
 
-// peerCertificate is the verified client certificate of the call (nil: none).
-func peerCertificate(ctx context.Context) *x509.Certificate {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return nil
-	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.PeerCertificates) == 0 {
-		return nil
-	}
-	return info.State.PeerCertificates[0]
-}
-
-// identity is what an authorization policy's principals are matched against, as
-// grpc-go's RBAC engine does (internal/xds/rbac authenticatedMatcher): the URI SANs if
-// the certificate has any, else its DNS SANs, else its subject (RFC 2253 string).
-// With several SANs of the kind, a principal matching any of them matches.
-func identity(cert *x509.Certificate) string {
-	switch {
-	case len(cert.URIs) > 0:
-		ids := make([]string, len(cert.URIs))
-		for i, u := range cert.URIs {
-			ids[i] = u.String()
+// checkPolicyFile reads the policy file every refresh and logs, once per change, a
+// file that cannot be read or is not a valid policy: grpc-go's file watcher keeps the
+// last valid policy then and says so only through grpc-go's logger, which operators
+// rarely see. It returns the function that stops it (and waits for it).
+func checkPolicyFile(path string, refresh time.Duration, log *slog.Logger) func() {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(refresh)
+		defer tick.Stop()
+		last := ""
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			why := policyFileProblem(path)
+			if why != last && why != "" {
+				log.Error("authorization policy file cannot be used; the last valid policy stays in force",
+					"file", path, "error", why)
+			}
+			last = why
 		}
-		return strings.Join(ids, ",")
-	case len(cert.DNSNames) > 0:
-		return strings.Join(cert.DNSNames, ",")
+	}()
+	return func() { close(stop); <-done }
+}
+
+// policyFileProblem says what is wrong with the policy file, "" when nothing is.
+func policyFileProblem(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
 	}
-	return cert.Subject.String()
+	if _, err := authz.NewStatic(string(b)); err != nil {
+		return err.Error()
+	}
+	return ""
 }

@@ -62,6 +62,13 @@ func (p *pods) ListPods() ([]*allocdv1.Pod, int64, error) {
 	return out, p.rev, nil
 }
 
+// ListNodes lists no Node: the Pods name none.
+func (p *pods) ListNodes() ([]*allocdv1.Node, int64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return nil, p.rev, nil
+}
+
 // run flips Pods until events ends, feeds them until ctx ends, and counts the DELETED
 // events of shop/web on a watch from another replica (there must be none: the Service
 // never goes away).

@@ -1,4 +1,10 @@
-package main
+// Package app is the allocd command: serving (package daemon, with its Go flags and
+// their grouped help), the container health check (allocd health) and the operator's
+// commands (package cli) under one cobra root. cmd/allocd runs it; tools/gendocs writes
+// the command line's reference (docs/operators/cli) from NewCommand.
+//
+//	os.Exit(app.Run(os.Args[1:], os.Stdout, os.Stderr))
+package app
 
 import (
 	"context"
@@ -6,7 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"runtime"
 	"runtime/debug"
@@ -25,16 +30,19 @@ import (
 	"github.com/allocd/allocd/tlsfiles"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
+// version is set at build time with
+// -ldflags "-X github.com/allocd/allocd/cmd/allocd/app.version=...".
 var version = ""
 
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+// Run is allocd: serving with the flags of args when they name no subcommand, else the
+// subcommand. It returns the exit code.
+func Run(args []string, stdout, stderr io.Writer) int {
+	return cli.Execute(context.Background(), NewCommand(stdout, stderr), args, stdout, stderr)
 }
 
-// run is allocd: serving with the flags of args when they name no subcommand, else the
-// subcommand. It returns the exit code.
-func run(args []string, stdout, stderr io.Writer) int {
+// NewCommand returns allocd's root command, whose commands write to stdout and stderr.
+// Run executes it with cli.Execute, which adds cobra's completion command.
+func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "allocd",
 		Short: "etcd-native ClusterIP/NodePort allocator and master-lease service over gRPC",
@@ -47,21 +55,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.RunE = func(cmd *cobra.Command, args []string) error {
 		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 			if s := root.SuggestionsFor(args[0]); len(s) > 0 {
-				fmt.Fprintf(stderr, "allocd: unknown command %q; did you mean %q? see allocd --help\n",
-					args[0], s[0])
+				fmt.Fprintf(stderr, "allocd: unknown command %q; did you mean %q? see allocd --help\n", args[0], s[0])
 				return exit(2)
 			}
 		}
 		return exit(serve(args, stdout, stderr, func(w io.Writer) { cli.PrintCommands(w, root) }))
 	}
 	root.AddCommand(&cobra.Command{
-		Use: "health [--grpc-address ADDR] [--timeout D] [--tls-ca-file FILE]",
-		Short: "Exit 0 when an allocd answers grpc.health.v1 SERVING " +
-			"(the container health check)",
+		Use:                "health [--grpc-address ADDR] [--timeout D] [--tls-ca-file FILE]",
+		Short:              "Exit 0 when an allocd answers grpc.health.v1 SERVING (the container health check)",
 		DisableFlagParsing: true, // its Go flags, as before
-		RunE: func(_ *cobra.Command, args []string) error {
-			return exit(health(args, stdout, stderr))
-		},
+		RunE:               func(_ *cobra.Command, args []string) error { return exit(health(args, stdout, stderr)) },
 	})
 	root.AddCommand(cli.Commands()...)
 	help := root.HelpFunc()
@@ -70,10 +74,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			help(cmd, args)
 			return
 		}
-		serve([]string{"--help"}, cmd.OutOrStdout(), cmd.ErrOrStderr(),
-			func(w io.Writer) { cli.PrintCommands(w, root) })
+		serve([]string{"--help"}, cmd.OutOrStdout(), cmd.ErrOrStderr(), func(w io.Writer) { cli.PrintCommands(w, root) })
 	})
-	return cli.Execute(context.Background(), root, args, stdout, stderr)
+	return root
 }
 
 // exit turns an exit code into the error that makes cli.Execute return it.
@@ -107,8 +110,7 @@ func serve(args []string, stdout, stderr io.Writer, commands func(io.Writer)) in
 		return 2
 	}
 	if *showVersion {
-		fmt.Fprintf(stdout, "allocd %s\ngo %s\netcd client %s\n", buildVersion(), runtime.Version(),
-			etcdversion.Version)
+		fmt.Fprintf(stdout, "allocd %s\ngo %s\netcd client %s\n", buildVersion(), runtime.Version(), etcdversion.Version)
 		return 0
 	}
 	if err := cfg.Validate(); err != nil {
@@ -150,11 +152,9 @@ func health(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	addr := fs.String("grpc-address", daemon.DefaultConfig().GRPCAddress, "host:port of the allocd to check")
 	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for an answer")
-	useTLS := fs.Bool("tls", false, "use TLS (implied by --tls-ca-file), verifying allocd's certificate "+
-		"against the system roots unless --tls-ca-file")
+	useTLS := fs.Bool("tls", false, "use TLS (implied by --tls-ca-file), verifying allocd's certificate against the system roots unless --tls-ca-file")
 	files := tlsfiles.Files{}
-	fs.StringVar(&files.CAFile, "tls-ca-file", "", "PEM CA bundle that allocd's certificate is verified "+
-		"against (it must name the host of --grpc-address)")
+	fs.StringVar(&files.CAFile, "tls-ca-file", "", "PEM CA bundle that allocd's certificate is verified against (it must name the host of --grpc-address)")
 	fs.StringVar(&files.CertFile, "tls-cert-file", "", "client certificate to present (health needs none)")
 	fs.StringVar(&files.KeyFile, "tls-private-key-file", "", "private key of --tls-cert-file")
 	if err := fs.Parse(args); err != nil {

@@ -1,4 +1,0 @@
-package repair
-
-// SnapshotFromProto is snapshotFromProto, for the external tests.
-var SnapshotFromProto = snapshotFromProto

@@ -107,7 +107,8 @@ func (f *Feeder) DeletePod(namespace, name string, rev int64) {
 
 // UpsertNode queues the add or update of a Node, at the store revision rev.
 func (f *Feeder) UpsertNode(node *allocdv1.Node, rev int64) {
-	f.add(&allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Revision: rev, Object: &allocdv1.Event_Node{Node: node}})
+	f.add(&allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Revision: rev,
+		Object: &allocdv1.Event_Node{Node: node}})
 }
 
 // DeleteNode queues the delete of a Node, at the store revision rev.

@@ -160,7 +160,8 @@ func (t *term) masterSliceOp(ep *Endpoints) (writeOp, bool) {
 func sameMasterSlice(a, b *EndpointSlice) bool {
 	return a.AddressType == b.AddressType && maps.Equal(a.Labels, b.Labels) &&
 		slices.EqualFunc(a.Ports, b.Ports, func(x, y SlicePort) bool {
-			return x.Name == y.Name && x.Port == y.Port && x.Protocol == y.Protocol && x.AppProtocol == nil && y.AppProtocol == nil
+			return x.Name == y.Name && x.Port == y.Port && x.Protocol == y.Protocol && x.AppProtocol == nil &&
+				y.AppProtocol == nil
 		}) &&
 		slices.EqualFunc(a.Endpoints, b.Endpoints, func(x, y SliceEndpoint) bool {
 			return slices.Equal(x.Addresses, y.Addresses) && boolPtrEqual(x.Ready, y.Ready) &&

@@ -73,7 +73,8 @@ func (c *Controller) endpointsStore() store[*Endpoints] {
 // one listing is read at the revision of the first (returned), so that a listing is
 // one consistent state; a page whose revision was compacted meanwhile is a
 // *CompactedError. next is "" on the last page.
-func (c *Controller) List(ctx context.Context, namespace string, pageSize int, pageToken string) (eps []*Endpoints, next string, rev int64, err error) {
+func (c *Controller) List(ctx context.Context, namespace string, pageSize int,
+	pageToken string) (eps []*Endpoints, next string, rev int64, err error) {
 	if err := validScope("namespace", namespace); err != nil {
 		return nil, "", 0, err
 	}
@@ -86,13 +87,15 @@ func (c *Controller) List(ctx context.Context, namespace string, pageSize int, p
 // when send fails (its error), with a *CompactedError when the history it needs was
 // compacted, or with the watch's error (etcd unreachable, no leader): the caller then
 // watches again from the last revision it got.
-func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64, send func(WatchEvent) error) error {
+func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64,
+	send func(WatchEvent) error) error {
 	if err := validScope("namespace", namespace); err != nil {
 		return err
 	}
-	return c.endpointsStore().watch(ctx, namespace, startRev, func(t WatchType, e *Endpoints, rev int64) error {
-		return send(WatchEvent{Type: t, Endpoints: e, Revision: rev})
-	})
+	return c.endpointsStore().watch(ctx, namespace, startRev,
+		func(t WatchType, e *Endpoints, rev int64) error {
+			return send(WatchEvent{Type: t, Endpoints: e, Revision: rev})
+		})
 }
 
 // validScope refuses a namespace (or name) that would escape its place in the key
@@ -105,7 +108,8 @@ func validScope(field, s string) error {
 }
 
 // list returns a page of the objects under scope ("" for all, "ns", or "ns/svc").
-func (s store[T]) list(ctx context.Context, scope string, pageSize int, pageToken string) (out []T, next string, rev int64, err error) {
+func (s store[T]) list(ctx context.Context, scope string, pageSize int,
+	pageToken string) (out []T, next string, rev int64, err error) {
 	switch {
 	case pageSize < 0:
 		return nil, "", 0, &InvalidError{
@@ -179,7 +183,8 @@ type token struct {
 }
 
 func (t token) String() string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.rev, 10) + "\n" + t.scope + "\n" + t.after))
+	return base64.RawURLEncoding.EncodeToString(
+		[]byte(strconv.FormatInt(t.rev, 10) + "\n" + t.scope + "\n" + t.after))
 }
 
 func parseToken(s, scope string) (token, error) {
@@ -199,7 +204,8 @@ func parseToken(s, scope string) (token, error) {
 		return bad("not a token this server issued")
 	}
 	if parts[1] != scope {
-		return bad(fmt.Sprintf("issued for %q, not %q: pass the same namespace (and service) on every page", parts[1], scope))
+		return bad(fmt.Sprintf("issued for %q, not %q: pass the same namespace (and service) on every page",
+			parts[1], scope))
 	}
 	return token{rev: rev, scope: parts[1], after: parts[2]}, nil
 }
@@ -213,7 +219,8 @@ func tokenRev(s, scope string) int64 {
 }
 
 // watch sends the changes of the objects under scope (see Controller.Watch).
-func (s store[T]) watch(ctx context.Context, scope string, startRev int64, send func(WatchType, T, int64) error) error {
+func (s store[T]) watch(ctx context.Context, scope string, startRev int64,
+	send func(WatchType, T, int64) error) error {
 	if startRev < 0 {
 		return &InvalidError{
 			Violations: []violation{{Field: "start_revision", Description: "must not be negative"}}}
@@ -231,7 +238,8 @@ func (s store[T]) watch(ctx context.Context, scope string, startRev int64, send 
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	wch := s.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(startRev+1), clientv3.WithPrevKV())
+	wch := s.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(startRev+1),
+		clientv3.WithPrevKV())
 	for wr := range wch {
 		if wr.CompactRevision != 0 {
 			return &CompactedError{Revision: startRev, Compacted: wr.CompactRevision}
@@ -253,7 +261,8 @@ func (s store[T]) watch(ctx context.Context, scope string, startRev int64, send 
 
 // sendAll sends every current object as Added, listing a page at a time at one
 // revision, and returns that revision.
-func (s store[T]) sendAll(ctx context.Context, scope string, send func(WatchType, T, int64) error) (int64, error) {
+func (s store[T]) sendAll(ctx context.Context, scope string,
+	send func(WatchType, T, int64) error) (int64, error) {
 	var rev int64
 	tok := ""
 	for {

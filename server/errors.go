@@ -233,7 +233,8 @@ func domainStatus(err error) error {
 	// masterlease: bad ip/ttl_seconds, state not ready, CAS retries exhausted.
 	// leader: not the leader of the controller called.
 	// Each returns nil for an error that is not its package's.
-	for _, m := range []func(error) error{allocatorStatus, leaderStatus, repairStatus, leaseStatus, endpointsStatus} {
+	mappers := []func(error) error{allocatorStatus, leaderStatus, repairStatus, leaseStatus, endpointsStatus}
+	for _, m := range mappers {
 		if st := m(err); st != nil {
 			return st
 		}
@@ -351,7 +352,8 @@ func leaderStatus(err error) error {
 	if nl.Leader == "" || nl.Err != nil {
 		return unavailableWith(err.Error(), allocdv1.ErrorReason_REPAIR_LEADER_UNAVAILABLE, md)
 	}
-	return withDetails(codes.FailedPrecondition, err.Error(), errorInfo(allocdv1.ErrorReason_NOT_REPAIR_LEADER, md))
+	return withDetails(codes.FailedPrecondition, err.Error(),
+		errorInfo(allocdv1.ErrorReason_NOT_REPAIR_LEADER, md))
 }
 
 // repairStatus maps the errors of package repair (the repair case of domainStatus).
@@ -411,8 +413,9 @@ func endpointsStatus(err error) error {
 				"applied_revision": strconv.FormatInt(stale.Applied, 10)}))
 	case errors.As(err, &comp):
 		return withDetails(codes.OutOfRange, msg,
-			errorInfo(allocdv1.ErrorReason_REVISION_COMPACTED, map[string]string{"revision": strconv.FormatInt(comp.Revision, 10),
-				"compacted_revision": strconv.FormatInt(comp.Compacted, 10)}))
+			errorInfo(allocdv1.ErrorReason_REVISION_COMPACTED,
+				map[string]string{"revision": strconv.FormatInt(comp.Revision, 10),
+					"compacted_revision": strconv.FormatInt(comp.Compacted, 10)}))
 	case errors.Is(err, endpoints.ErrNotReady):
 		return unavailable(msg, allocdv1.ErrorReason_UNAVAILABLE)
 	}

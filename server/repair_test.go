@@ -56,7 +56,8 @@ func startRepairNode(t *testing.T, cli *clientv3.Client) *repairNode {
 		t.Fatalf("allocator.New: %v", err)
 	}
 	wg.Go(func() { n.alloc.Run(ctx) })
-	el, err := leader.New(cli, leader.Config{Prefix: "/allocd/repair/leader", Identity: n.addr, SessionTTL: time.Second})
+	el, err := leader.New(cli,
+		leader.Config{Prefix: "/allocd/repair/leader", Identity: n.addr, SessionTTL: time.Second})
 	if err != nil {
 		t.Fatalf("leader.New: %v", err)
 	}

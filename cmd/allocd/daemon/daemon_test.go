@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -171,38 +172,58 @@ func TestBadConfig(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		mutate func(*Config)
-		want   string
+		flag   string // refused
+		why    error  // the refusal's Kind (or cause)
 	}{
-		{"cidr", func(c *Config) { c.ServiceClusterIPRange = "10.0.0.0" }, "--service-cluster-ip-range"},
-		{"ports", func(c *Config) { c.ServiceNodePortRange = "32767-30000" }, "--service-node-port-range"},
-		{"format", func(c *Config) { c.LogFormat = "xml" }, "--log-format"},
-		{"level", func(c *Config) { c.LogLevel = "loud" }, "--log-level"},
-		{"addr", func(c *Config) { c.GRPCAddress = "8080" }, "--grpc-address"},
-		{"ttl", func(c *Config) { c.MasterLeaseTTL = 2 * time.Hour }, "--master-lease-ttl"},
-		{"tls", func(c *Config) { c.EtcdCertFile = "x.pem" }, "--etcd-keyfile"},
-		{"tls embedded", func(c *Config) { c.EtcdCAFile = "ca.pem" }, "need --etcd-servers"},
+		{"cidr", func(c *Config) { c.ServiceClusterIPRange = "10.0.0.0" }, "--service-cluster-ip-range",
+			ErrFlagValue},
+		{"ports", func(c *Config) { c.ServiceNodePortRange = "32767-30000" }, "--service-node-port-range",
+			ErrFlagValue},
+		{"format", func(c *Config) { c.LogFormat = "xml" }, "--log-format", ErrFlagValue},
+		{"level", func(c *Config) { c.LogLevel = "loud" }, "--log-level", ErrFlagValue},
+		{"addr", func(c *Config) { c.GRPCAddress = "8080" }, "--grpc-address", ErrFlagValue},
+		{"ttl", func(c *Config) { c.MasterLeaseTTL = 2 * time.Hour }, "--master-lease-ttl", ErrFlagValue},
+		{"tls", func(c *Config) { c.EtcdCertFile = "x.pem" }, "--etcd-keyfile", ErrFlagsTogether},
+		{"tls embedded", func(c *Config) { c.EtcdCAFile = "ca.pem" }, "--etcd-servers", ErrFlagNeeds},
 		{"tls http", func(c *Config) {
 			c.EtcdCAFile, c.EtcdServers = "ca.pem", []string{"http://etcd:2379"}
-		}, "use https://"},
+		}, "--etcd-servers", ErrFlagConflict},
 		{"compaction", func(c *Config) { c.EtcdCompactionInterval = -time.Second },
-			"--etcd-compaction-interval"},
-		{"quota", func(c *Config) { c.QuotaBackendBytes = -1 }, "--quota-backend-bytes"},
+			"--etcd-compaction-interval", ErrFlagValue},
+		{"quota", func(c *Config) { c.QuotaBackendBytes = -1 }, "--quota-backend-bytes", ErrFlagValue},
 		{"quota external",
 			func(c *Config) { c.QuotaBackendBytes = 8 << 30; c.EtcdServers = []string{"http://etcd:2379"} },
-			"set --quota-backend-bytes on the etcd members"},
+			"--quota-backend-bytes", ErrFlagConflict},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
 			tc.mutate(&c)
-			err := c.Validate()
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("Validate() = %v; want an error naming %s", err, tc.want)
+			if err := c.Validate(); !refuses(err, tc.flag, tc.why) {
+				t.Errorf("Validate() = %v; want a *FlagError of %s for %v", err, tc.flag, tc.why)
 			}
 		})
 	}
 	if err := (func() *Config { c := DefaultConfig(); return &c })().Validate(); err != nil {
 		t.Errorf("DefaultConfig().Validate() = %v; want nil", err)
 	}
+}
+
+// refuses reports whether err (an errors.Join of them, say) holds a *FlagError about
+// flag that errors.Is why.
+func refuses(err error, flag string, why error) bool {
+	var walk func(error) bool
+	walk = func(err error) bool {
+		switch e := err.(type) {
+		case *FlagError:
+			return slices.Contains(e.Flags, flag) && errors.Is(e, why)
+		case interface{ Unwrap() []error }:
+			return slices.ContainsFunc(e.Unwrap(), walk)
+		case interface{ Unwrap() error }:
+			return walk(e.Unwrap())
+		}
+		return false
+	}
+	return walk(err)
 }
 
 // TestNotServingUntilEtcdAnswers starts allocd against an etcd that is not there yet:

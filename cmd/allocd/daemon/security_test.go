@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -412,6 +413,16 @@ func reason(st *status.Status) string {
 	return ""
 }
 
+// errorMetadata returns the metadata of st's google.rpc.ErrorInfo, nil without one.
+func errorMetadata(st *status.Status) map[string]string {
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok {
+			return ei.GetMetadata()
+		}
+	}
+	return nil
+}
+
 // TestClientForceReleaseWithTLSFiles: the Go client, with tlsfiles' credentials, releases
 // with Force through ForceRelease as an admin, and gets ErrPermissionDenied as a shim.
 func TestClientForceReleaseWithTLSFiles(t *testing.T) {
@@ -642,45 +653,51 @@ func TestSecurityConfig(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		mutate func(*Config)
-		want   string
+		flag   string // refused
+		why    error  // the refusal's Kind or cause
+		not    error  // a cause it is not, if any
 	}{
 		{"cert without key", func(c *Config) { c.TLSCertFile = crt },
-			"--tls-cert-file and --tls-private-key-file go together"},
+			"--tls-private-key-file", ErrFlagsTogether, nil},
 		{"key without cert", func(c *Config) { c.TLSPrivateKeyFile = key },
-			"--tls-cert-file and --tls-private-key-file go together"},
+			"--tls-cert-file", ErrFlagsTogether, nil},
 		{"unreadable cert", func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile = crt+".missing", key },
-			"--tls-cert-file"},
+			"--tls-cert-file", fs.ErrNotExist, nil},
 		{"key in another directory",
-			func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile = crt, keyElsewhere }, "one directory"},
+			func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile = crt, keyElsewhere },
+			"--tls-private-key-file", tlsfiles.ErrPair, nil},
 		{"key of another certificate",
 			func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile = crt, mismatched },
-			"private key does not match"},
+			"--tls-private-key-file", tlsfiles.ErrKeyMismatch, nil},
 		{"CA without cert", func(c *Config) { c.ClientCAFile = p.caFile },
-			"--client-ca-file needs --tls-cert-file"},
+			"--tls-cert-file", ErrFlagNeeds, nil},
 		{"unreadable CA",
 			func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile, c.ClientCAFile = crt, key, crt+".missing" },
-			"--client-ca-file"},
+			"--client-ca-file", fs.ErrNotExist, nil},
 		{"CA file without a certificate",
 			func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile, c.ClientCAFile = crt, key, badPolicy },
-			"no PEM certificate"},
+			"--client-ca-file", tlsfiles.ErrNoCertificate, nil},
 		{"policy without CA", func(c *Config) {
 			c.TLSCertFile, c.TLSPrivateKeyFile, c.AuthorizationPolicyFile = crt, key, examplePolicy
-		}, "--authorization-policy-file needs --client-ca-file"},
+		}, "--client-ca-file", ErrFlagNeeds, nil},
 		{"unreadable policy", func(c *Config) {
 			c.TLSCertFile, c.TLSPrivateKeyFile = crt, key
 			c.ClientCAFile, c.AuthorizationPolicyFile = p.caFile, badPolicy+".missing"
-		}, "--authorization-policy-file"},
+		}, "--authorization-policy-file", fs.ErrNotExist, nil},
 		{"bad policy", func(c *Config) {
 			c.TLSCertFile, c.TLSPrivateKeyFile = crt, key
 			c.ClientCAFile, c.AuthorizationPolicyFile = p.caFile, badPolicy
-		}, "--authorization-policy-file " + badPolicy},
-		{"metrics TLS without cert", func(c *Config) { c.MetricsTLS = true }, "--metrics-tls needs"},
+		}, "--authorization-policy-file", ErrFlagValue, fs.ErrNotExist},
+		{"metrics TLS without cert", func(c *Config) { c.MetricsTLS = true },
+			"--metrics-address", ErrFlagNeeds, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
 			tc.mutate(&c)
-			if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("Validate() = %v; want an error with %q", err, tc.want)
+			err := c.Validate()
+			if !refuses(err, tc.flag, tc.why) || tc.not != nil && errors.Is(err, tc.not) {
+				t.Errorf("Validate() = %v; want a *FlagError of %s for %v (not %v)", err, tc.flag, tc.why,
+					tc.not)
 			}
 		})
 	}
@@ -927,7 +944,8 @@ func TestForwardingMetadataOnlyFromReplicas(t *testing.T) {
 	admin0 := p.dial(ds[0].GRPCAddr(), &adminLeaf)
 	var leaderAddr string
 	etcdtest.WaitFor(t, 20*time.Second, "a repair leader", func() bool {
-		st, err := allocdv1.NewRepairServiceClient(admin0).GetRepairStatus(callCtx(t), &allocdv1.GetRepairStatusRequest{})
+		st, err := allocdv1.NewRepairServiceClient(admin0).GetRepairStatus(callCtx(t),
+			&allocdv1.GetRepairStatusRequest{})
 		leaderAddr = st.GetLeader()
 		return err == nil && leaderAddr != ""
 	})
@@ -943,22 +961,29 @@ func TestForwardingMetadataOnlyFromReplicas(t *testing.T) {
 		t.Fatalf("shim PushServiceSnapshot through the follower: %v", err)
 	}
 	admin := p.dial(follower.GRPCAddr(), &adminLeaf)
-	if _, err := allocdv1.NewRepairServiceClient(admin).RunRepair(claim(t), &allocdv1.RunRepairRequest{DryRun: true}); err != nil {
-		t.Errorf("admin RunRepair at the follower claiming to be forwarded = %v; want it forwarded to the leader (the claim dropped)", err)
+	if _, err := allocdv1.NewRepairServiceClient(admin).RunRepair(claim(t),
+		&allocdv1.RunRepairRequest{DryRun: true}); err != nil {
+		t.Errorf("admin RunRepair at the follower claiming to be forwarded = %v; want it forwarded to the "+
+			"leader (the claim dropped)", err)
 	}
-	etcdtest.WaitFor(t, 10*time.Second, "the leader's log of the forwarded call naming the admin", func() bool {
-		return strings.Contains(logs[leaderAddr].String(), "forwarded call") &&
-			strings.Contains(logs[leaderAddr].String(), adminLeaf.URIs[0])
-	})
+	etcdtest.WaitFor(t, 10*time.Second, "the leader's log of the forwarded call naming the admin",
+		func() bool {
+			return strings.Contains(logs[leaderAddr].String(), "forwarded call") &&
+				strings.Contains(logs[leaderAddr].String(), adminLeaf.URIs[0])
+		})
 	if strings.Contains(logs[leaderAddr].String(), "mallory") {
 		t.Errorf("the leader logged the identity the admin's call claimed:\n%s", logs[leaderAddr].String())
 	}
 
 	replica := replicaLeaf()
 	replicaConn := p.dial(follower.GRPCAddr(), &replica)
-	_, err := allocdv1.NewRepairServiceClient(replicaConn).RunRepair(claim(t), &allocdv1.RunRepairRequest{DryRun: true})
-	if st := status.Convert(err); st.Code() != codes.FailedPrecondition || !strings.Contains(st.Message(), leaderAddr) {
-		t.Errorf("replica RunRepair at the follower, forwarded already = %v; want FAILED_PRECONDITION naming the leader %s", err, leaderAddr)
+	_, err := allocdv1.NewRepairServiceClient(replicaConn).RunRepair(claim(t),
+		&allocdv1.RunRepairRequest{DryRun: true})
+	if st := status.Convert(err); st.Code() != codes.FailedPrecondition ||
+		reason(st) != allocdv1.ErrorReason_NOT_REPAIR_LEADER.String() ||
+		errorMetadata(st)["leader"] != leaderAddr {
+		t.Errorf("replica RunRepair at the follower, forwarded already = %v; want FAILED_PRECONDITION "+
+			"naming the leader %s", err, leaderAddr)
 	}
 }
 

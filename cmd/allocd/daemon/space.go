@@ -50,21 +50,22 @@ func historyBudget(quota int64) int64 {
 func (c *Config) validateEtcdSpace() []error {
 	var errs []error
 	if c.EtcdCompactionInterval < 0 {
-		errs = append(errs, fmt.Errorf("--etcd-compaction-interval %v: want >= 0 (0: never compact)",
-			c.EtcdCompactionInterval))
+		errs = append(errs, badValue("--etcd-compaction-interval",
+			"--etcd-compaction-interval %v: want >= 0 (0: never compact)", c.EtcdCompactionInterval))
 	}
 	switch {
 	case c.QuotaBackendBytes < 0:
-		errs = append(errs,
-			fmt.Errorf("--quota-backend-bytes %d: want >= 0 (0: etcd's default, 2 GiB)", c.QuotaBackendBytes))
+		errs = append(errs, badValue("--quota-backend-bytes",
+			"--quota-backend-bytes %d: want >= 0 (0: etcd's default, 2 GiB)", c.QuotaBackendBytes))
 	case c.QuotaBackendBytes > 0 && c.QuotaBackendBytes < minQuotaBackendBytes:
-		errs = append(errs,
-			fmt.Errorf("--quota-backend-bytes %d: want at least 16 MiB (%d), or 0 for etcd's default, 2 GiB",
-				c.QuotaBackendBytes, minQuotaBackendBytes))
+		errs = append(errs, badValue("--quota-backend-bytes",
+			"--quota-backend-bytes %d: want at least 16 MiB (%d), or 0 for etcd's default, 2 GiB",
+			c.QuotaBackendBytes, minQuotaBackendBytes))
 	case len(c.EtcdServers) > 0 && c.QuotaBackendBytes != 0 &&
 		c.QuotaBackendBytes != DefaultQuotaBackendBytes:
-		errs = append(errs, fmt.Errorf("--quota-backend-bytes %d: applies to the embedded etcd only; with "+
-			"--etcd-servers set --quota-backend-bytes on the etcd members", c.QuotaBackendBytes))
+		errs = append(errs, flagError(ErrFlagConflict, []string{"--quota-backend-bytes", "--etcd-servers"},
+			"--quota-backend-bytes %d: applies to the embedded etcd only; with --etcd-servers set "+
+				"--quota-backend-bytes on the etcd members", c.QuotaBackendBytes))
 	}
 	return errs
 }
@@ -175,12 +176,13 @@ func (d *Daemon) startOutOfSpace(ctx context.Context, mt compactor.Maintainer, b
 		return fmt.Errorf("status of the embedded etcd: %w", err)
 	}
 	if st.DbSize > st.DbSizeQuota-2*budget {
-		hint := "raise --quota-backend-bytes"
+		hint, flags := "raise --quota-backend-bytes", []string{"--quota-backend-bytes"}
 		if d.cfg.EtcdCompactionInterval == 0 {
 			hint += ", or start once with --etcd-compaction-interval above 0 to compact its history"
+			flags = append(flags, "--etcd-compaction-interval")
 		}
-		return fmt.Errorf("the embedded etcd in %s is out of space (alarm NOSPACE): its database takes %d "+
-			"bytes of --quota-backend-bytes %d after defragmentation: %s",
+		return flagError(ErrFlagValue, flags, "the embedded etcd in %s is out of space (alarm NOSPACE): "+
+			"its database takes %d bytes of --quota-backend-bytes %d after defragmentation: %s",
 			d.cfg.DataDir, st.DbSize, st.DbSizeQuota, hint)
 	}
 	for _, a := range nospace {

@@ -1,6 +1,7 @@
 package endpoints
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -475,6 +476,95 @@ func TestSliceNodeEventsNeedSnapshot(t *testing.T) {
 		var req *SnapshotRequiredError
 		if !errors.As(err, &req) || req.Kind != KindNode {
 			t.Errorf("ApplyEvents(%d events) = %v; want a SnapshotRequiredError of Node", len(evs), err)
+		}
+	}
+}
+
+// TestSliceAcceptance is issue 21's acceptance scenario: a dual-stack Service with a
+// named target port, 250 ready Pods on Nodes in two zones, some terminating: three
+// IPv4 and three IPv6 slices of at most 100, zones filled, terminating endpoints
+// ready=false, serving=<Ready>, terminating=true. A Pod turning not ready is exactly
+// one slice MODIFIED on a running watch; no endpoint is ever in two slices of a group.
+func TestSliceAcceptance(t *testing.T) {
+	svc := sliceService("ns")
+	svc.ClusterIPs = []string{"10.96.0.10", "fd00::10"}
+	svc.IPFamilies = []string{FamilyIPv4, FamilyIPv6}
+	svc.Ports[0].TargetPort = TargetPort{Name: "http"}
+	var pods []*Pod
+	for i := range 250 {
+		p := slicePod("ns", i, true, 0, 4)
+		p.PodIPs = append(p.PodIPs, fmt.Sprintf("fd00::%x", i+1))
+		p.Containers = []Container{{Name: "c", Ports: []ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: ProtocolTCP}}}}
+		p.Deleting = i%25 == 0
+		p.Ready = !(i%50 == 0) // half of the terminating ones still ready
+		pods = append(pods, p)
+	}
+	h := newSliceHarness(t, Config{})
+	h.sliceSnapshots(1, []*Service{svc}, testNodes(4, 2), pods)
+	h.settle()
+	sl := h.slices("ns", "foo")
+	perType := map[string][]int{}
+	for _, s := range sl {
+		perType[s.AddressType] = append(perType[s.AddressType], len(s.Endpoints))
+		if len(s.Ports) != 1 || s.Ports[0].Port != 8080 || s.Ports[0].Name != "" {
+			t.Errorf("slice %s ports %+v; want the named port resolved to 8080", s.Name, s.Ports)
+		}
+		for _, e := range s.Endpoints {
+			i := 0
+			fmt.Sscanf(e.TargetRef.Name, "pod%d", &i)
+			if e.Zone != "zone-"+string(rune('a'+i%4%2)) {
+				t.Errorf("%s zone %q", e.TargetRef.Name, e.Zone)
+			}
+			if pods[i].Deleting && (*e.Ready || *e.Serving != pods[i].Ready || !*e.Terminating) {
+				t.Errorf("terminating %s: ready %v serving %v terminating %v; want false, %v, true",
+					e.TargetRef.Name, *e.Ready, *e.Serving, *e.Terminating, pods[i].Ready)
+			}
+		}
+	}
+	for _, at := range []string{AddressTypeIPv4, AddressTypeIPv6} {
+		if n := perType[at]; len(n) != 3 || slices.Max(n) > 100 || n[0]+n[1]+n[2] != 250 {
+			t.Errorf("%s slices %v; want three of at most 100, 250 endpoints", at, n)
+		}
+	}
+	checkSlices(t, svc, sl, 100)
+
+	// A running watch from now: one Pod turns not ready.
+	ctx, cancel := context.WithCancel(etcdtest.Context(t))
+	defer cancel()
+	events := make(chan SliceWatchEvent, 100)
+	go h.c.WatchSlices(ctx, "ns", h.rev(), func(ev SliceWatchEvent) error { events <- ev; return nil })
+	flip := *pods[101]
+	flip.Ready, flip.ResourceVersion = false, "2"
+	h.events(Event{Type: Upsert, Revision: 2, Pod: &flip})
+	h.settle()
+	var got []SliceWatchEvent
+	for done := false; !done; {
+		select {
+		case ev := <-events:
+			got = append(got, ev)
+		case <-time.After(300 * time.Millisecond):
+			done = true
+		}
+	}
+	// Dual-stack: the Pod is an endpoint of an IPv4 and of an IPv6 slice.
+	if len(got) != 2 || got[0].Type != Modified || got[1].Type != Modified || got[0].Slice.AddressType == got[1].Slice.AddressType ||
+		got[0].Revision != got[1].Revision {
+		t.Errorf("watch after one readiness flip: %d events; want two MODIFIED (its IPv4 and IPv6 slices) of one revision", len(got))
+	}
+	noDuplicates(t, h.slices("ns", "foo"))
+}
+
+// noDuplicates fails when an endpoint (a Pod) is in two slices of one address type.
+func noDuplicates(t *testing.T, sl []*EndpointSlice) {
+	t.Helper()
+	seen := map[string]string{}
+	for _, s := range sl {
+		for _, e := range s.Endpoints {
+			k := s.AddressType + "/" + e.TargetRef.Name
+			if other, dup := seen[k]; dup {
+				t.Errorf("%s is in slices %s and %s", k, other, s.Name)
+			}
+			seen[k] = s.Name
 		}
 	}
 }

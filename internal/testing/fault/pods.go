@@ -43,7 +43,7 @@ func newPods() *pods {
 func webPod(i int, ready bool, rev int64) *allocdv1.Pod {
 	return &allocdv1.Pod{Namespace: "shop", Name: fmt.Sprintf("web-%d", i), Uid: fmt.Sprintf("uid-web-%d", i),
 		ResourceVersion: fmt.Sprint(rev), Labels: map[string]string{"app": "web"},
-		PodIps: []string{fmt.Sprintf("10.244.0.%d", i+1)}, Phase: "Running", Ready: ready}
+		PodIps: []string{fmt.Sprintf("10.244.0.%d", i+1)}, Phase: "Running", Ready: ready, NodeName: "node-a"}
 }
 
 func (p *pods) ListServices() ([]*allocdv1.Service, int64, error) {
@@ -62,11 +62,12 @@ func (p *pods) ListPods() ([]*allocdv1.Pod, int64, error) {
 	return out, p.rev, nil
 }
 
-// ListNodes lists no Node: the Pods name none.
+// ListNodes lists the one Node the Pods run on.
 func (p *pods) ListNodes() ([]*allocdv1.Node, int64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return nil, p.rev, nil
+	return []*allocdv1.Node{{Name: "node-a", Ready: true,
+		Labels: map[string]string{"topology.kubernetes.io/zone": "zone-a"}}}, p.rev, nil
 }
 
 // run flips Pods until events ends, feeds them until ctx ends, and counts the DELETED

@@ -45,6 +45,19 @@ type Allocator struct {
 	settle      []settleEntry
 	syncTimeout time.Duration
 
+	// cpCh hands the watch's snapshots of the index to the checkpoint writer;
+	// cpChanges counts the item changes applied since the last one, taken at cpLast
+	// (both the watch goroutine's alone).
+	cpCh      chan *indexSnapshot
+	cpChanges int
+	cpLast    time.Time
+	// cpEvery, cpMaxAge and cpMinGap are checkpointEvery, checkpointMaxAge and
+	// checkpointMinGap (smaller in tests); loadedFrom says how New loaded the index
+	// ("checkpoint" or "list").
+	cpEvery            int
+	cpMaxAge, cpMinGap time.Duration
+	loadedFrom         string
+
 	// hints are the owner records last written or read.
 	hints ownerHints
 	// committer groups Allocate and Assign calls into transactions while Run runs.
@@ -52,7 +65,8 @@ type Allocator struct {
 }
 
 // New validates cfg, records the ranges in etcd (refusing ranges that differ from the
-// recorded ones with a *RangesMismatchError), loads the allocations into the index
+// recorded ones with a *RangesMismatchError), loads the index (from a checkpoint and
+// the events since, else by listing every allocation: checkpoint.go)
 // and reserves the first address of the primary range (and KubernetesNodePort) for
 // KubernetesOwner. The Allocator serves when New returns; Run keeps it current.
 func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, error) {
@@ -68,6 +82,11 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, err
 		log:         log,
 		kubePort:    cfg.KubernetesNodePort,
 		syncTimeout: defaultSyncTimeout,
+		cpCh:        make(chan *indexSnapshot, 1),
+		cpLast:      time.Now(),
+		cpEvery:     checkpointEvery,
+		cpMaxAge:    checkpointMaxAge,
+		cpMinGap:    checkpointMinGap,
 	}
 	conc := cfg.CommitConcurrency
 	if conc <= 0 {
@@ -93,7 +112,7 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, err
 		return nil, err
 	}
 	a.kubeIP = newIPSpan(kube.CIDRs[0]).addr(0)
-	if err := a.reload(ctx); err != nil {
+	if err := a.load(ctx); err != nil {
 		return nil, err
 	}
 	if err := a.reserveKubernetes(ctx); err != nil {
@@ -162,6 +181,7 @@ func (a *Allocator) Run(ctx context.Context) error {
 	g.Go(func() error { return a.watchLoop(ctx) })
 	g.Go(func() error { return a.committer.run(ctx) })
 	g.Go(func() error { a.drainLoop(ctx); return nil })
+	g.Go(func() error { a.checkpointLoop(ctx); return nil })
 	return g.Wait()
 }
 

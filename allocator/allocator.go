@@ -58,6 +58,11 @@ type Allocator struct {
 	cpMaxAge, cpMinGap time.Duration
 	loadedFrom         string
 
+	// epochVersion and epochCreate are the epoch key's version and CreateRevision as
+	// last seen, at epochAt (unix nanoseconds, when the version last moved): see
+	// fence.go.
+	epochVersion, epochCreate, epochAt atomic.Int64
+
 	// hints are the owner records last written or read.
 	hints ownerHints
 	// committer groups Allocate and Assign calls into transactions while Run runs.
@@ -105,6 +110,9 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, err
 	}
 	stored, err := a.recordRanges(ctx, want)
 	if err != nil {
+		return nil, err
+	}
+	if err := a.ensureEpoch(ctx); err != nil {
 		return nil, err
 	}
 	kube, err := a.seedKubernetes(ctx, stored)
@@ -182,6 +190,7 @@ func (a *Allocator) Run(ctx context.Context) error {
 	g.Go(func() error { return a.committer.run(ctx) })
 	g.Go(func() error { a.drainLoop(ctx); return nil })
 	g.Go(func() error { a.checkpointLoop(ctx); return nil })
+	g.Go(func() error { a.epochLoop(ctx); return nil })
 	return g.Wait()
 }
 

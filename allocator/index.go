@@ -252,6 +252,9 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 		}
 		it, ok := a.parseKey(ev.Kv.Key)
 		if !ok {
+			if ev.Type == mvccpb.PUT && string(ev.Kv.Key) == a.epochKey {
+				a.epochSeen(ev.Kv.Version, ev.Kv.CreateRevision)
+			}
 			continue
 		}
 		put := ev.Type == mvccpb.PUT

@@ -72,6 +72,18 @@ type releaseTxn struct {
 	// byHolder lists the released items of each holder (the owner's own record loses
 	// every item named, held or already free).
 	byHolder map[string][]Item
+	// epoch fences the transaction once it makes a tombstone (fence.go).
+	epoch  int64
+	fenced bool
+}
+
+// addTombstone adds the writes that make uid's record (rec, as read) a tombstone, and
+// the fence they need.
+func (a *Allocator) addTombstone(t *releaseTxn, uid string, rec *ownerRecord) {
+	t.writes = append(t.writes, a.tombstone(uid, rec, t.epoch)...)
+	if !t.fenced {
+		t.cmps, t.fenced = append(t.cmps, a.fenceCmps(t.epoch)...), true
+	}
 }
 
 // releaseOnce makes one attempt of Release: it reports what it released, whether it
@@ -91,7 +103,7 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 		}
 		items = mine.rec.itemList()
 	}
-	t := &releaseTxn{byHolder: map[string][]Item{}}
+	t := &releaseTxn{byHolder: map[string][]Item{}, epoch: a.epochVersion.Load()}
 	if err := a.releaseItems(ctx, t, o, items, force); err != nil {
 		return released{}, true, err
 	}
@@ -177,8 +189,10 @@ func (a *Allocator) releaseRecords(ctx context.Context, t *releaseTxn, o Owner, 
 			next.remove(it)
 		}
 		switch {
+		case next.items() == 0 && st.rec.items() == 0:
+			continue // a tombstone already
 		case next.items() == 0:
-			t.writes = append(t.writes, clientv3.OpDelete(a.ownerKey(uid)))
+			a.addTombstone(t, uid, st.rec)
 		case recordChanged(st.rec, next):
 			t.writes = append(t.writes, clientv3.OpPut(a.ownerKey(uid), string(appendOwnerRecord(nil, next))))
 		default:
@@ -257,8 +271,9 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 	if ra != nil {
 		writes[0] = clientv3.OpPut(key, string(appendItemValue(nil, ra.to, ra.now)))
 	}
+	t := &releaseTxn{epoch: a.epochVersion.Load()}
 	for _, uid := range uids {
-		cmp, w, err := a.movedRecord(uid, recs[uid], al, ra)
+		cmp, w, err := a.movedRecord(t, uid, recs[uid], al, ra)
 		if err != nil {
 			return 0, true, err
 		}
@@ -266,6 +281,7 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 			cmps, writes = append(cmps, cmp), append(writes, *w)
 		}
 	}
+	cmps, writes = append(cmps, t.cmps...), append(writes, t.writes...)
 	resp, err := a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
 		return 0, false, fmt.Errorf("write %s: %w", key, err)
@@ -282,8 +298,9 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 }
 
 // movedRecord returns the write (nil: none) of uid's record, as read in st, when al
-// leaves its owner and, with ra, goes to ra.to; and the compare that guards it.
-func (a *Allocator) movedRecord(uid string, st recordState, al Allocation, ra *reassign) (clientv3.Cmp, *clientv3.Op, error) {
+// leaves its owner and, with ra, goes to ra.to; and the compare that guards it. A
+// record left empty becomes a tombstone: its writes and fence go into t.
+func (a *Allocator) movedRecord(t *releaseTxn, uid string, st recordState, al Allocation, ra *reassign) (clientv3.Cmp, *clientv3.Op, error) {
 	var next *ownerRecord
 	if st.rec != nil {
 		next = st.rec.clone()
@@ -302,8 +319,10 @@ func (a *Allocator) movedRecord(uid string, st recordState, al Allocation, ra *r
 	}
 	var w clientv3.Op
 	switch {
-	case next.items() == 0 && st.rec != nil:
-		w = clientv3.OpDelete(a.ownerKey(uid))
+	case next.items() == 0 && st.rec != nil && st.rec.items() > 0:
+		a.addTombstone(t, uid, st.rec)
+		t.cmps = append(t.cmps, st.cmp(a.ownerKey(uid)))
+		return clientv3.Cmp{}, nil, nil
 	case next.items() == 0:
 		return clientv3.Cmp{}, nil, nil
 	case st.rec == nil || recordChanged(st.rec, next):

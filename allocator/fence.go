@@ -1,0 +1,230 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// No allocation comes back: a transaction built before a release never commits after
+// it. An Allocate whose transaction waited in a stalled member, while its caller's
+// retry committed and the caller released everything, would otherwise land later and
+// hand the owner back what it released: its compares (the owner record absent, or at
+// the revision read; the item keys absent) hold again once the release deleted them.
+//
+//   - A full release (and repair's, and a forced one, when it empties a record) keeps
+//     the owner record as a tombstone (no items) instead of deleting it: the compare of
+//     any transaction built before it fails, whether it expected no record or the one
+//     the release replaced. An owner that allocates again (a Service turned
+//     ExternalName and back) follows the tombstone like any record.
+//   - Tombstones are deleted after a bounded time, counted on etcd, not on a clock: the
+//     epoch key <prefix>/epoch is rewritten every epochInterval by one replica (a
+//     compare of its version), and every allocation and release transaction compares
+//     Version(epoch) < e + epochSlack, e being the epoch its replica knew when the call
+//     began, and the epoch's CreateRevision. A release records e + epochSlack (u, above
+//     the epoch's version when it commits) in its index key
+//     <prefix>/tombstones/<u>/<uid>; the tombstone is deleted only by a transaction
+//     that compares Version(epoch) >= u + epochSlack, when every transaction built
+//     before the release fails its epoch compare.
+//
+// A call waits at most epochSlack epochs (about 10 s) for its transaction to commit;
+// tombstones live about 10 to 20 s: the keys they cost are the releases of that time.
+
+const (
+	epochInterval = time.Second
+	epochSlack    = 10
+	// tombstoneBatch is how many tombstones one collecting transaction deletes.
+	tombstoneBatch = 32
+	// fenceOps is how many compares fenceCmps adds to a transaction.
+	fenceOps = 2
+)
+
+// epochSeen records the epoch key as etcd holds it (a watch event, a read or a
+// write): its version and CreateRevision.
+func (a *Allocator) epochSeen(version, create int64) {
+	if create != a.epochCreate.Load() {
+		a.epochCreate.Store(create)
+		a.epochVersion.Store(version)
+		a.epochAt.Store(time.Now().UnixNano())
+		return
+	}
+	for {
+		v := a.epochVersion.Load()
+		if version <= v {
+			return
+		}
+		if a.epochVersion.CompareAndSwap(v, version) {
+			a.epochAt.Store(time.Now().UnixNano())
+			return
+		}
+	}
+}
+
+// ensureEpoch creates the epoch key unless it exists, and records it.
+func (a *Allocator) ensureEpoch(ctx context.Context) error {
+	resp, err := a.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.epochKey), "=", 0)).
+		Then(clientv3.OpPut(a.epochKey, "")).Else(clientv3.OpGet(a.epochKey)).Commit()
+	if err != nil {
+		return fmt.Errorf("epoch key %s: %w", a.epochKey, err)
+	}
+	if resp.Succeeded {
+		a.epochSeen(1, resp.Header.Revision)
+		return nil
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		a.epochSeen(kvs[0].Version, kvs[0].CreateRevision)
+	}
+	return nil
+}
+
+// fenceCmps are the compares of a transaction built from epoch e: it commits only
+// while the epoch key is the same key and below e + epochSlack.
+func (a *Allocator) fenceCmps(e int64) []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.Version(a.epochKey), "<", e+epochSlack),
+		clientv3.Compare(clientv3.CreateRevision(a.epochKey), "=", a.epochCreate.Load()),
+	}
+}
+
+// fenceFailed reports whether the epoch key as read (kv, nil when absent) fails the
+// fence of epoch e: the call is then too old to commit and must be begun again.
+func (a *Allocator) fenceFailed(kv *mvccpb.KeyValue, e int64) bool {
+	if kv == nil {
+		return true
+	}
+	a.epochSeen(kv.Version, kv.CreateRevision)
+	return kv.Version >= e+epochSlack || kv.CreateRevision != a.epochCreate.Load()
+}
+
+func (s *store) tombstoneKey(u int64, uid string) string {
+	return s.tombPrefix + fmt.Sprintf("%020d", u) + "/" + uid
+}
+
+// tombstone returns the writes that turn uid's record (rec, as read) into a tombstone
+// and index it for collection, in a transaction fenced at epoch e.
+func (a *Allocator) tombstone(uid string, rec *ownerRecord, e int64) []clientv3.Op {
+	t := &ownerRecord{Namespace: rec.Namespace, Name: rec.Name, UID: uid}
+	return []clientv3.Op{
+		clientv3.OpPut(a.ownerKey(uid), string(appendOwnerRecord(nil, t))),
+		clientv3.OpPut(a.tombstoneKey(e+epochSlack, uid), ""),
+	}
+}
+
+// epochLoop moves the epoch on every epochInterval (when no replica has for that
+// long) and collects the tombstones it makes old enough, until ctx ends.
+func (a *Allocator) epochLoop(ctx context.Context) {
+	t := time.NewTicker(epochInterval / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if time.Since(time.Unix(0, a.epochAt.Load())) < epochInterval {
+			continue
+		}
+		bumped, err := a.bumpEpoch(ctx)
+		if err != nil {
+			a.log.Debug("epoch not moved", "err", err)
+			continue
+		}
+		if !bumped {
+			continue
+		}
+		if err := a.collectTombstones(ctx); err != nil {
+			a.log.Debug("tombstones not collected", "err", err)
+		}
+	}
+}
+
+// bumpEpoch rewrites the epoch key if it is at the version this replica knows; it
+// reports whether it did.
+func (a *Allocator) bumpEpoch(ctx context.Context) (bool, error) {
+	v, c := a.epochVersion.Load(), a.epochCreate.Load()
+	cctx, cancel := context.WithTimeout(ctx, epochInterval)
+	defer cancel()
+	resp, err := a.cli.Txn(cctx).If(clientv3.Compare(clientv3.Version(a.epochKey), "=", v),
+		clientv3.Compare(clientv3.CreateRevision(a.epochKey), "=", c)).
+		Then(clientv3.OpPut(a.epochKey, "")).Else(clientv3.OpGet(a.epochKey)).Commit()
+	if err != nil {
+		return false, err
+	}
+	if resp.Succeeded {
+		a.epochSeen(v+1, c)
+		return true, nil
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		a.epochSeen(kvs[0].Version, kvs[0].CreateRevision)
+		return false, nil
+	}
+	return false, a.ensureEpoch(cctx)
+}
+
+// collectTombstones deletes the tombstones whose every earlier transaction is fenced
+// off (index key u with u + epochSlack <= the epoch), a batch at a time, and the index
+// keys of owners that allocated again since.
+func (a *Allocator) collectTombstones(ctx context.Context) error {
+	v, c := a.epochVersion.Load(), a.epochCreate.Load()
+	if v < 2*epochSlack {
+		return nil
+	}
+	end := a.tombPrefix + fmt.Sprintf("%020d", v-epochSlack+1)
+	for range 16 {
+		resp, err := a.cli.Get(ctx, a.tombPrefix, clientv3.WithRange(end), clientv3.WithKeysOnly(),
+			clientv3.WithLimit(tombstoneBatch))
+		if err != nil || len(resp.Kvs) == 0 {
+			return err
+		}
+		if err := a.collectBatch(ctx, resp.Kvs, c); err != nil {
+			return err
+		}
+		if !resp.More {
+			return nil
+		}
+	}
+	return nil
+}
+
+// collectBatch deletes the tombstones of a batch of index keys (and the keys).
+func (a *Allocator) collectBatch(ctx context.Context, keys []*mvccpb.KeyValue, create int64) error {
+	var uids []string
+	var us, revs []int64
+	for _, kv := range keys {
+		rest := strings.TrimPrefix(string(kv.Key), a.tombPrefix)
+		us0, uid, ok := strings.Cut(rest, "/")
+		u, err := strconv.ParseInt(us0, 10, 64)
+		if !ok || err != nil {
+			continue
+		}
+		uids, us, revs = append(uids, uid), append(us, u), append(revs, kv.ModRevision)
+	}
+	recs, err := a.readRecords(ctx, uids, 0)
+	if err != nil {
+		return err
+	}
+	maxU := int64(0)
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(a.epochKey), "=", create)}
+	var dels []clientv3.Op
+	for i, uid := range uids {
+		dels = append(dels, clientv3.OpDelete(a.tombstoneKey(us[i], uid)))
+		// The tombstone this key indexes was written with it, at its revision; a record
+		// at another revision is another tombstone (indexed by its own key) or the
+		// owner's allocations since: only the index key goes.
+		st := recs[uid]
+		if st.rec == nil || st.rec.items() > 0 || st.rev != revs[i] {
+			continue
+		}
+		maxU = max(maxU, us[i])
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(a.ownerKey(uid)), "=", st.rev))
+		dels = append(dels, clientv3.OpDelete(a.ownerKey(uid)))
+	}
+	cmps = append(cmps, clientv3.Compare(clientv3.Version(a.epochKey), ">", maxU+epochSlack-1))
+	_, err = a.cli.Txn(ctx).If(cmps...).Then(dels...).Commit()
+	return err
+}

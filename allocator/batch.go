@@ -33,7 +33,7 @@ type op struct {
 	hash     string // Allocate: the request's idempotency hash
 	picks    []*pick
 	// fence is the epoch the call began in: its transactions compare it (fence.go).
-	fence int64
+	fence fence
 
 	// ownerRev is the ModRevision of the owner's record, 0 when none is expected;
 	// record is that record. next is the record the op's transaction writes (when
@@ -230,11 +230,15 @@ func (a *Allocator) txnOps(live []*op, now time.Time) ([]clientv3.Cmp, []clientv
 	all := string(vals)
 	cmps := make([]clientv3.Cmp, 0, n+2)
 	puts := make([]clientv3.Op, 0, n)
-	fence := live[0].fence
+	// The oldest fence of the batch; ops fenced on another epoch key (it was made
+	// anew) fail the compare and learn it in the read-back.
+	f := live[0].fence
 	for _, o := range live {
-		fence = min(fence, o.fence)
+		if o.fence.version < f.version {
+			f = o.fence
+		}
 	}
-	cmps = append(cmps, a.fenceCmps(fence)...)
+	cmps = append(cmps, a.fenceCmps(f)...)
 	var guards []string // ids
 	for i, o := range live {
 		val := all[spans[i][0]:spans[i][1]]

@@ -155,7 +155,7 @@ func (a *Allocator) writeCheckpoint(ctx context.Context, snap *indexSnapshot) (b
 	mine := a.checkpointDataKey(snap.rev, 0)
 	tr, err := a.cli.Txn(ctx).If(headCmp).
 		Then(clientv3.OpPut(a.cpHeadKey, string(hv)), clientv3.OpDelete(a.cpDataPrefix, clientv3.WithRange(mine))).
-		Else(clientv3.OpDelete(a.checkpointDataKey(snap.rev, 0), clientv3.WithPrefix())).Commit()
+		Else(clientv3.OpDelete(fmt.Sprintf("%s%020d/", a.cpDataPrefix, snap.rev), clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return false, fmt.Errorf("write checkpoint head at %d: %w", snap.rev, err)
 	}

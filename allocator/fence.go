@@ -82,23 +82,32 @@ func (a *Allocator) ensureEpoch(ctx context.Context) error {
 	return nil
 }
 
-// fenceCmps are the compares of a transaction built from epoch e: it commits only
-// while the epoch key is the same key and below e + epochSlack.
-func (a *Allocator) fenceCmps(e int64) []clientv3.Cmp {
+// fence is the epoch a call began in: the epoch key's version and CreateRevision as
+// its replica knew them.
+type fence struct{ version, create int64 }
+
+// fenceNow is the fence of a call that begins now.
+func (a *Allocator) fenceNow() fence {
+	return fence{version: a.epochVersion.Load(), create: a.epochCreate.Load()}
+}
+
+// fenceCmps are the compares of a transaction fenced at f: it commits only while the
+// epoch key is the same key and its version below f.version + epochSlack.
+func (a *Allocator) fenceCmps(f fence) []clientv3.Cmp {
 	return []clientv3.Cmp{
-		clientv3.Compare(clientv3.Version(a.epochKey), "<", e+epochSlack),
-		clientv3.Compare(clientv3.CreateRevision(a.epochKey), "=", a.epochCreate.Load()),
+		clientv3.Compare(clientv3.Version(a.epochKey), "<", f.version+epochSlack),
+		clientv3.Compare(clientv3.CreateRevision(a.epochKey), "=", f.create),
 	}
 }
 
 // fenceFailed reports whether the epoch key as read (kv, nil when absent) fails the
-// fence of epoch e: the call is then too old to commit and must be begun again.
-func (a *Allocator) fenceFailed(kv *mvccpb.KeyValue, e int64) bool {
+// fence f: the call is then too old to commit and must be begun again.
+func (a *Allocator) fenceFailed(kv *mvccpb.KeyValue, f fence) bool {
 	if kv == nil {
 		return true
 	}
 	a.epochSeen(kv.Version, kv.CreateRevision)
-	return kv.Version >= e+epochSlack || kv.CreateRevision != a.epochCreate.Load()
+	return kv.Version >= f.version+epochSlack || kv.CreateRevision != f.create
 }
 
 func (s *store) tombstoneKey(u int64, uid string) string {
@@ -106,12 +115,13 @@ func (s *store) tombstoneKey(u int64, uid string) string {
 }
 
 // tombstone returns the writes that turn uid's record (rec, as read) into a tombstone
-// and index it for collection, in a transaction fenced at epoch e.
-func (a *Allocator) tombstone(uid string, rec *ownerRecord, e int64) []clientv3.Op {
+// and index it for collection, in a transaction fenced at f: the epoch is below
+// f.version + epochSlack when it commits.
+func (a *Allocator) tombstone(uid string, rec *ownerRecord, f fence) []clientv3.Op {
 	t := &ownerRecord{Namespace: rec.Namespace, Name: rec.Name, UID: uid}
 	return []clientv3.Op{
 		clientv3.OpPut(a.ownerKey(uid), string(appendOwnerRecord(nil, t))),
-		clientv3.OpPut(a.tombstoneKey(e+epochSlack, uid), ""),
+		clientv3.OpPut(a.tombstoneKey(f.version+epochSlack, uid), ""),
 	}
 }
 

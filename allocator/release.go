@@ -73,7 +73,7 @@ type releaseTxn struct {
 	// every item named, held or already free).
 	byHolder map[string][]Item
 	// epoch fences the transaction once it makes a tombstone (fence.go).
-	epoch  int64
+	epoch  fence
 	fenced bool
 }
 
@@ -103,7 +103,7 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 		}
 		items = mine.rec.itemList()
 	}
-	t := &releaseTxn{byHolder: map[string][]Item{}, epoch: a.epochVersion.Load()}
+	t := &releaseTxn{byHolder: map[string][]Item{}, epoch: a.fenceNow()}
 	if err := a.releaseItems(ctx, t, o, items, force); err != nil {
 		return released{}, true, err
 	}
@@ -118,13 +118,16 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 	}
 	var resp *clientv3.TxnResponse
 	err := call.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
-		resp, err = a.cli.Txn(ctx).If(t.cmps...).Then(t.writes...).Commit()
+		resp, err = a.cli.Txn(ctx).If(t.cmps...).Then(t.writes...).Else(clientv3.OpGet(a.epochKey)).Commit()
 		return err
 	})
 	if err != nil {
 		return released{}, false, fmt.Errorf("release: %w", err)
 	}
 	if !resp.Succeeded {
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			a.epochSeen(kvs[0].Version, kvs[0].CreateRevision) // the next attempt's fence
+		}
 		return released{}, false, nil
 	}
 	a.hints.del(o.UID)
@@ -271,7 +274,7 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 	if ra != nil {
 		writes[0] = clientv3.OpPut(key, string(appendItemValue(nil, ra.to, ra.now)))
 	}
-	t := &releaseTxn{epoch: a.epochVersion.Load()}
+	t := &releaseTxn{epoch: a.fenceNow()}
 	for _, uid := range uids {
 		cmp, w, err := a.movedRecord(t, uid, recs[uid], al, ra)
 		if err != nil {
@@ -282,13 +285,16 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 		}
 	}
 	cmps, writes = append(cmps, t.cmps...), append(writes, t.writes...)
-	resp, err := a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(key)).Commit()
+	resp, err := a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(key), clientv3.OpGet(a.epochKey)).Commit()
 	if err != nil {
 		return 0, false, fmt.Errorf("write %s: %w", key, err)
 	}
 	if resp.Succeeded {
 		a.hints.del(uids...)
 		return resp.Header.Revision, true, nil
+	}
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		a.epochSeen(kvs[0].Version, kvs[0].CreateRevision) // the next attempt's fence
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 || kvs[0].ModRevision != al.ModRevision {

@@ -47,6 +47,8 @@ type options struct {
 	keep         bool
 	repair       bool
 	logLevel     string
+	abFull       string
+	abRounds     int
 }
 
 func main() {
@@ -70,7 +72,15 @@ func main() {
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory")
 	flag.BoolVar(&o.repair, "repair", true, "measure a repair pass at each point")
 	flag.StringVar(&o.logLevel, "log-level", "warn", "allocd's --log-level")
+	flag.StringVar(&o.abFull, "ab-full", "", "instead of the points: Allocate on an empty store and on the store in this work directory (an earlier -dir, kept), alternating")
+	flag.IntVar(&o.abRounds, "ab-rounds", 3, "rounds of -ab-full")
 	flag.Parse()
+	if o.abFull != "" {
+		if err := abRun(context.Background(), o, o.abFull); err != nil {
+			fail(err)
+		}
+		return
+	}
 	for _, s := range strings.Split(points, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n <= 0 {

@@ -190,12 +190,13 @@ func (s *stack) rateRun(ctx context.Context, f *filler, n int) (float64, time.Du
 	var uids []string
 	cpu0 := procCPU(pid)
 	start := time.Now()
+	run := start.UnixNano() // owners of this run only: none was ever released
 	deadline := start.Add(s.o.rateDuration)
 	var wg sync.WaitGroup
 	for g := range f.clients {
 		wg.Go(func() {
 			for i := 0; time.Now().Before(deadline); i++ {
-				uid := fmt.Sprintf("rate-%d-%d-%d", n, g, i)
+				uid := fmt.Sprintf("rate-%d-%d-%d", run, g, i)
 				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 				_, err := f.alloc(g).Allocate(cctx, &allocdv1.AllocateRequest{
 					Owner: &allocdv1.Owner{Namespace: "scale", Name: uid, Uid: uid}})

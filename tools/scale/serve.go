@@ -8,6 +8,7 @@ import (
 	_ "net/http/pprof" // the serve mode's profiles
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/allocd/allocd/cmd/allocd/daemon"
@@ -57,12 +58,25 @@ func etcdMain(args []string) int {
 	fs.StringVar(&c.Dir, "data-dir", "", "data directory")
 	fs.StringVar(&c.ClientURL, "client-url", "", "client URL")
 	fs.StringVar(&c.PeerURL, "peer-url", "", "peer URL")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the start (until ready) to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "scale etcd:", err)
+			return 1
+		}
+		pprof.StartCPUProfile(f)
+		defer f.Close()
+	}
 	e, err := embedded.Start(ctx, c)
+	if *cpuprofile != "" {
+		pprof.StopCPUProfile()
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "scale etcd:", err)
 		return 1

@@ -44,14 +44,20 @@ const (
 	// checkpointMinGap spaces checkpoints of different replicas: a replica that reads
 	// a head younger than that leaves it be.
 	checkpointMinGap = 2 * time.Second
+	// checkpointIdle is how old a checkpoint may grow while nothing changes, so that
+	// its revision stays younger than etcd's compaction (allocd's default interval is
+	// 5 minutes) and a restart can replay from it.
+	checkpointIdle = 2 * time.Minute
 	// checkpointPart bounds a data key's value (etcd takes requests up to 1.5 MiB).
 	checkpointPart = 256 << 10
 )
 
-// indexSnapshot is the used sets of the index at rev.
+// indexSnapshot is the used sets of the index at rev, after changes item changes
+// since the last one.
 type indexSnapshot struct {
-	rev    int64
-	ranges []snapRange
+	rev     int64
+	changes int
+	ranges  []snapRange
 }
 
 type snapRange struct {
@@ -133,8 +139,9 @@ func (a *Allocator) writeCheckpoint(ctx context.Context, snap *indexSnapshot) (b
 	headCmp := clientv3.Compare(clientv3.CreateRevision(a.cpHeadKey), "=", 0)
 	if len(resp.Kvs) > 0 {
 		var old checkpointHead
+		young := func(d time.Duration) bool { return time.Since(old.Time) < d && old.Time.Before(time.Now()) }
 		if json.Unmarshal(resp.Kvs[0].Value, &old) == nil &&
-			(old.Rev >= snap.rev || time.Since(old.Time) < a.cpMinGap && old.Time.Before(time.Now())) {
+			(old.Rev >= snap.rev || young(a.cpMinGap) || snap.changes == 0 && young(checkpointIdle)) {
 			return false, nil
 		}
 		headCmp = clientv3.Compare(clientv3.ModRevision(a.cpHeadKey), "=", resp.Kvs[0].ModRevision)
@@ -318,14 +325,17 @@ func (a *Allocator) load(ctx context.Context) error {
 // maybeCheckpoint hands a snapshot of the index to the checkpoint writer when enough
 // changed, or anything changed long enough ago. The watch goroutine calls it.
 func (a *Allocator) maybeCheckpoint() {
-	if a.cpCh == nil || a.cpChanges == 0 {
+	if a.cpCh == nil {
 		return
 	}
-	if a.cpChanges < a.cpEvery && time.Since(a.cpLast) < a.cpMaxAge {
+	age := time.Since(a.cpLast)
+	if a.cpChanges < a.cpEvery && (a.cpChanges == 0 || age < a.cpMaxAge) && age < checkpointIdle {
 		return
 	}
+	snap := a.snapshotIndex()
+	snap.changes = a.cpChanges
 	select {
-	case a.cpCh <- a.snapshotIndex():
+	case a.cpCh <- snap:
 		a.cpChanges, a.cpLast = 0, time.Now()
 	default: // the writer is busy with the last one
 	}

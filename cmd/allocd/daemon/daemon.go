@@ -19,7 +19,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -209,22 +208,6 @@ func (d *Daemon) etcdDescription() string {
 // embeddedTickMs is the raft tick of the embedded etcd (see startEtcd).
 const embeddedTickMs = 10
 
-// embeddedGCPercent is the GOGC of an allocd with its embedded etcd, unless GOGC is
-// set. The live heap is then mostly etcd's index of every key (about 550 MB at a
-// million allocations), dense with pointers: at Go's default of 100 marking it took
-// about 40 % of the process's CPU under Allocate load at 1M, against a few percent on
-// an empty store. At 300 the collector runs a third as often; the heap may grow to
-// 4x the live one, which keeps the RSS within twice what etcd alone needs (its heap
-// at 2x, plus the database pages both map): docs/contributors/scale.md.
-const embeddedGCPercent = 300
-
-// setEmbeddedGC sets embeddedGCPercent unless GOGC is set.
-func setEmbeddedGC() {
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(embeddedGCPercent)
-	}
-}
-
 // startEtcd starts the embedded member (when no --etcd-servers) and connects to etcd.
 func (d *Daemon) startEtcd(ctx context.Context) error {
 	endpoints := d.cfg.EtcdServers
@@ -235,7 +218,6 @@ func (d *Daemon) startEtcd(ctx context.Context) error {
 		// etcd's 100 ms ticks (it skips all but one tick of the first 10). With 10 ms
 		// ticks that is at most 110 ms of the restart; it has no peer to lose a
 		// heartbeat to.
-		setEmbeddedGC()
 		tick, election := d.cfg.embeddedEtcdTickMs, d.cfg.embeddedEtcdElectionMs
 		if tick == 0 {
 			tick, election = embeddedTickMs, 10*embeddedTickMs

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"github.com/bits-and-blooms/bitset"
@@ -21,8 +23,8 @@ import (
 // replica starts by reading a few keys and the watch's events since that revision
 // instead of listing every allocation (a million keys: tens of seconds).
 //
-//	<prefix>/checkpoints/head                 {"rev":R,"time":..,"ranges":[{"name","size","used","parts","crc32"}]}
-//	<prefix>/checkpoints/data/<R, 20 digits>/<n, 6 digits>
+//	<prefix>/checkpoints/head                 {"rev":R,"id":..,"time":..,"ranges":[{"name","size","used","parts","crc32"}]}
+//	<prefix>/checkpoints/data/<R, 20 digits>-<id>/<n, 6 digits>
 //	                                          a part (at most 256 KiB) of the ranges' bitsets in
 //	                                          the head's order, each the flate-compressed
 //	                                          little-endian words of the set
@@ -69,6 +71,7 @@ type snapRange struct {
 // checkpointHead is the JSON of the head key.
 type checkpointHead struct {
 	Rev    int64             `json:"rev"`
+	ID     string            `json:"id"` // of the writer: the parts' directory
 	Time   time.Time         `json:"time"`
 	Ranges []checkpointRange `json:"ranges"`
 }
@@ -81,8 +84,15 @@ type checkpointRange struct {
 	CRC   uint32 `json:"crc32"`
 }
 
-func (s *store) checkpointDataKey(rev int64, n int) string {
-	return fmt.Sprintf("%s%020d/%06d", s.cpDataPrefix, rev, n)
+// checkpointDir is the prefix of the parts of the checkpoint at rev written by the
+// writer id: two replicas that write one of the same revision at once never touch
+// each other's parts.
+func (s *store) checkpointDir(rev int64, id string) string {
+	return fmt.Sprintf("%s%020d-%s/", s.cpDataPrefix, rev, id)
+}
+
+func (s *store) checkpointDataKey(rev int64, id string, n int) string {
+	return fmt.Sprintf("%s%06d", s.checkpointDir(rev, id), n)
 }
 
 // snapshotIndex copies the used sets of every range. Only the goroutine that applies
@@ -150,8 +160,9 @@ func (a *Allocator) writeCheckpoint(ctx context.Context, snap *indexSnapshot) (b
 	if err != nil {
 		return false, err
 	}
+	head.ID = strconv.FormatUint(rand.Uint64(), 36)
 	for i, p := range parts {
-		if _, err := a.cli.Put(ctx, a.checkpointDataKey(snap.rev, i), string(p)); err != nil {
+		if _, err := a.cli.Put(ctx, a.checkpointDataKey(snap.rev, head.ID, i), string(p)); err != nil {
 			return false, fmt.Errorf("write checkpoint at %d: %w", snap.rev, err)
 		}
 	}
@@ -159,10 +170,12 @@ func (a *Allocator) writeCheckpoint(ctx context.Context, snap *indexSnapshot) (b
 	if err != nil {
 		return false, err
 	}
-	mine := a.checkpointDataKey(snap.rev, 0)
+	// Won: the parts of every older checkpoint go (and those of writers that lost);
+	// lost: this writer's parts go.
+	older := fmt.Sprintf("%s%020d", a.cpDataPrefix, snap.rev)
 	tr, err := a.cli.Txn(ctx).If(headCmp).
-		Then(clientv3.OpPut(a.cpHeadKey, string(hv)), clientv3.OpDelete(a.cpDataPrefix, clientv3.WithRange(mine))).
-		Else(clientv3.OpDelete(fmt.Sprintf("%s%020d/", a.cpDataPrefix, snap.rev), clientv3.WithPrefix())).Commit()
+		Then(clientv3.OpPut(a.cpHeadKey, string(hv)), clientv3.OpDelete(a.cpDataPrefix, clientv3.WithRange(older))).
+		Else(clientv3.OpDelete(a.checkpointDir(snap.rev, head.ID), clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return false, fmt.Errorf("write checkpoint head at %d: %w", snap.rev, err)
 	}
@@ -233,7 +246,7 @@ func (a *Allocator) decodeCheckpoint(head checkpointHead, data map[string][]byte
 	for _, cr := range head.Ranges {
 		var z []byte
 		for range cr.Parts {
-			p, ok := data[a.checkpointDataKey(head.Rev, n)]
+			p, ok := data[a.checkpointDataKey(head.Rev, head.ID, n)]
 			if !ok {
 				return nil, fmt.Errorf("%w: part %d of %d missing", errNoCheckpoint, n, head.Rev)
 			}

@@ -51,6 +51,7 @@ type Allocator struct {
 	cpCh      chan *indexSnapshot
 	cpChanges int
 	cpLast    time.Time
+	cpRev     int64 // of the last snapshot handed over
 	// cpEvery, cpMaxAge and cpMinGap are checkpointEvery, checkpointMaxAge and
 	// checkpointMinGap (smaller in tests); loadedFrom says how New loaded the index
 	// ("checkpoint" or "list").
@@ -62,6 +63,8 @@ type Allocator struct {
 	// last seen, at epochAt (unix nanoseconds, when the version last moved): see
 	// fence.go.
 	epochVersion, epochCreate, epochAt atomic.Int64
+	// epochGone is set when the watch sees the epoch key deleted.
+	epochGone atomic.Bool
 
 	// hints are the owner records last written or read.
 	hints ownerHints

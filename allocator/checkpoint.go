@@ -329,7 +329,12 @@ func (a *Allocator) load(ctx context.Context) error {
 	if err := a.reload(ctx); err != nil {
 		return err
 	}
-	a.cpChanges = a.cpEvery // write one soon
+	// As many changes as items listed: a large store writes a checkpoint at once, a
+	// small one after its first changes.
+	for _, r := range a.tab.Load().all {
+		used, _ := r.Counts()
+		a.cpChanges += int(used)
+	}
 	a.loadedFrom = "list"
 	a.log.Info("index loaded", "from", "list", "took", time.Since(start).Round(time.Millisecond))
 	return nil
@@ -342,14 +347,15 @@ func (a *Allocator) maybeCheckpoint() {
 		return
 	}
 	age := time.Since(a.cpLast)
-	if a.cpChanges < a.cpEvery && (a.cpChanges == 0 || age < a.cpMaxAge) && age < checkpointIdle {
+	idle := age >= checkpointIdle && a.progress.Rev() > a.cpRev // keep its revision young
+	if a.cpChanges < a.cpEvery && (a.cpChanges == 0 || age < a.cpMaxAge) && !idle {
 		return
 	}
 	snap := a.snapshotIndex()
 	snap.changes = a.cpChanges
 	select {
 	case a.cpCh <- snap:
-		a.cpChanges, a.cpLast = 0, time.Now()
+		a.cpChanges, a.cpLast, a.cpRev = 0, time.Now(), snap.rev
 	default: // the writer is busy with the last one
 	}
 }

@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -104,6 +105,7 @@ func (a *Allocator) fenceCmps(f fence) []clientv3.Cmp {
 // fence f: the call is then too old to commit and must be begun again.
 func (a *Allocator) fenceFailed(kv *mvccpb.KeyValue, f fence) bool {
 	if kv == nil {
+		a.epochGone.Store(true)
 		return true
 	}
 	a.epochSeen(kv.Version, kv.CreateRevision)
@@ -112,6 +114,26 @@ func (a *Allocator) fenceFailed(kv *mvccpb.KeyValue, f fence) bool {
 
 func (s *store) tombstoneKey(u int64, uid string) string {
 	return s.tombPrefix + fmt.Sprintf("%020d", u) + "/" + uid
+}
+
+// noSpaceWrites rewrites the writes of a release for an etcd out of space, which
+// refuses every put: the tombstones (and their index keys) become deletions of the
+// records, and the epoch key is deleted, which fails every transaction built before
+// the release as surely (their compare of its CreateRevision).
+func (a *Allocator) noSpaceWrites(t *releaseTxn) ([]clientv3.Op, bool) {
+	out := make([]clientv3.Op, 0, len(t.writes)+1)
+	for _, w := range t.writes {
+		switch k := string(w.KeyBytes()); {
+		case !w.IsPut():
+			out = append(out, w)
+		case strings.HasPrefix(k, a.tombPrefix):
+		case slices.Contains(t.tombs, k):
+			out = append(out, clientv3.OpDelete(k))
+		default:
+			return nil, false // a record that keeps items: a put
+		}
+	}
+	return append(out, clientv3.OpDelete(a.epochKey)), true
 }
 
 // tombstone returns the writes that turn uid's record (rec, as read) into a tombstone
@@ -126,7 +148,9 @@ func (a *Allocator) tombstone(uid string, rec *ownerRecord, f fence) []clientv3.
 }
 
 // epochLoop moves the epoch on every epochInterval (when no replica has for that
-// long) and collects the tombstones it makes old enough, until ctx ends.
+// long) while tombstones wait to be collected, and collects those it makes old enough,
+// until ctx ends. An idle allocd writes nothing. A deleted epoch key (a release while
+// etcd is out of space deletes it) is made anew.
 func (a *Allocator) epochLoop(ctx context.Context) {
 	t := time.NewTicker(epochInterval / 4)
 	defer t.Stop()
@@ -136,21 +160,35 @@ func (a *Allocator) epochLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		if a.epochGone.Load() {
+			if err := a.ensureEpoch(ctx); err != nil {
+				a.log.Debug("epoch key not made anew", "err", err)
+				continue
+			}
+			a.epochGone.Store(false)
+		}
 		if time.Since(time.Unix(0, a.epochAt.Load())) < epochInterval {
 			continue
 		}
-		bumped, err := a.bumpEpoch(ctx)
-		if err != nil {
-			a.log.Debug("epoch not moved", "err", err)
-			continue
-		}
-		if !bumped {
-			continue
-		}
-		if err := a.collectTombstones(ctx); err != nil {
-			a.log.Debug("tombstones not collected", "err", err)
+		if err := a.epochRound(ctx); err != nil {
+			a.log.Debug("epoch round", "err", err)
 		}
 	}
+}
+
+// epochRound moves the epoch on and collects tombstones, when any wait.
+func (a *Allocator) epochRound(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, epochInterval)
+	defer cancel()
+	resp, err := a.cli.Get(cctx, a.tombPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || resp.Count == 0 {
+		return err
+	}
+	bumped, err := a.bumpEpoch(ctx)
+	if err != nil || !bumped {
+		return err
+	}
+	return a.collectTombstones(ctx)
 }
 
 // bumpEpoch rewrites the epoch key if it is at the version this replica knows; it
@@ -177,11 +215,26 @@ func (a *Allocator) bumpEpoch(ctx context.Context) (bool, error) {
 }
 
 // collectTombstones deletes the tombstones whose every earlier transaction is fenced
-// off (index key u with u + epochSlack <= the epoch), a batch at a time, and the index
-// keys of owners that allocated again since.
+// off, a batch at a time, and the index keys of owners that allocated again since:
+// those written under an earlier epoch key (ModRevision below its CreateRevision:
+// every transaction built before it was made fails its compare), and those of this
+// one whose u + epochSlack the epoch has reached.
 func (a *Allocator) collectTombstones(ctx context.Context) error {
 	v, c := a.epochVersion.Load(), a.epochCreate.Load()
-	if v < 2*epochSlack {
+	for range 16 {
+		resp, err := a.cli.Get(ctx, a.tombPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+			clientv3.WithMaxModRev(c-1), clientv3.WithLimit(tombstoneBatch))
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) == 0 {
+			break
+		}
+		if err := a.collectBatch(ctx, resp.Kvs, c, false); err != nil {
+			return err
+		}
+	}
+	if v < epochSlack {
 		return nil
 	}
 	end := a.tombPrefix + fmt.Sprintf("%020d", v-epochSlack+1)
@@ -191,7 +244,7 @@ func (a *Allocator) collectTombstones(ctx context.Context) error {
 		if err != nil || len(resp.Kvs) == 0 {
 			return err
 		}
-		if err := a.collectBatch(ctx, resp.Kvs, c); err != nil {
+		if err := a.collectBatch(ctx, resp.Kvs, c, true); err != nil {
 			return err
 		}
 		if !resp.More {
@@ -201,8 +254,10 @@ func (a *Allocator) collectTombstones(ctx context.Context) error {
 	return nil
 }
 
-// collectBatch deletes the tombstones of a batch of index keys (and the keys).
-func (a *Allocator) collectBatch(ctx context.Context, keys []*mvccpb.KeyValue, create int64) error {
+// collectBatch deletes the tombstones of a batch of index keys (and the keys), under
+// the epoch key of CreateRevision create and, with byVersion, at a version past every
+// key's u + epochSlack.
+func (a *Allocator) collectBatch(ctx context.Context, keys []*mvccpb.KeyValue, create int64, byVersion bool) error {
 	var uids []string
 	var us, revs []int64
 	for _, kv := range keys {
@@ -234,7 +289,9 @@ func (a *Allocator) collectBatch(ctx context.Context, keys []*mvccpb.KeyValue, c
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(a.ownerKey(uid)), "=", st.rev))
 		dels = append(dels, clientv3.OpDelete(a.ownerKey(uid)))
 	}
-	cmps = append(cmps, clientv3.Compare(clientv3.Version(a.epochKey), ">", maxU+epochSlack-1))
+	if byVersion {
+		cmps = append(cmps, clientv3.Compare(clientv3.Version(a.epochKey), ">", maxU+epochSlack-1))
+	}
 	_, err = a.cli.Txn(ctx).If(cmps...).Then(dels...).Commit()
 	return err
 }

@@ -252,8 +252,12 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 		}
 		it, ok := a.parseKey(ev.Kv.Key)
 		if !ok {
-			if ev.Type == mvccpb.PUT && string(ev.Kv.Key) == a.epochKey {
+			switch {
+			case string(ev.Kv.Key) != a.epochKey:
+			case ev.Type == mvccpb.PUT:
 				a.epochSeen(ev.Kv.Version, ev.Kv.CreateRevision)
+			default:
+				a.epochGone.Store(true)
 			}
 			continue
 		}

@@ -2,10 +2,12 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/badrequest"
@@ -72,15 +74,18 @@ type releaseTxn struct {
 	// byHolder lists the released items of each holder (the owner's own record loses
 	// every item named, held or already free).
 	byHolder map[string][]Item
-	// epoch fences the transaction once it makes a tombstone (fence.go).
+	// epoch fences the transaction once it makes a tombstone (fence.go); tombs are the
+	// keys of the records it makes tombstones.
 	epoch  fence
 	fenced bool
+	tombs  []string
 }
 
 // addTombstone adds the writes that make uid's record (rec, as read) a tombstone, and
 // the fence they need.
 func (a *Allocator) addTombstone(t *releaseTxn, uid string, rec *ownerRecord) {
 	t.writes = append(t.writes, a.tombstone(uid, rec, t.epoch)...)
+	t.tombs = append(t.tombs, a.ownerKey(uid))
 	if !t.fenced {
 		t.cmps, t.fenced = append(t.cmps, a.fenceCmps(t.epoch)...), true
 	}
@@ -116,11 +121,13 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 	if len(t.cmps) > maxTxnOps || len(t.writes) > maxTxnOps {
 		return released{}, true, badrequest.New("cluster_ips", "too many items and owners for one transaction")
 	}
-	var resp *clientv3.TxnResponse
-	err := call.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
-		resp, err = a.cli.Txn(ctx).If(t.cmps...).Then(t.writes...).Else(clientv3.OpGet(a.epochKey)).Commit()
-		return err
-	})
+	resp, err := a.releaseTxn(ctx, t.cmps, t.writes)
+	if isNoSpace(err) && len(t.tombs) > 0 {
+		// etcd out of space refuses the tombstones' puts; deletions free space.
+		if w, ok := a.noSpaceWrites(t); ok {
+			resp, err = a.releaseTxn(ctx, t.cmps, w)
+		}
+	}
 	if err != nil {
 		return released{}, false, fmt.Errorf("release: %w", err)
 	}
@@ -134,6 +141,22 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 	a.hints.del(t.res.holders...)
 	t.res.rev = resp.Header.Revision
 	return t.res, true, nil
+}
+
+// releaseTxn runs a release's transaction (reading the epoch key when a compare
+// fails).
+func (a *Allocator) releaseTxn(ctx context.Context, cmps []clientv3.Cmp, writes []clientv3.Op) (*clientv3.TxnResponse, error) {
+	var resp *clientv3.TxnResponse
+	err := call.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
+		resp, err = a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(a.epochKey)).Commit()
+		return err
+	})
+	return resp, err
+}
+
+// isNoSpace reports whether err is etcd's NOSPACE refusal.
+func isNoSpace(err error) bool {
+	return err != nil && (errors.Is(err, rpctypes.ErrNoSpace) || errors.Is(rpctypes.Error(err), rpctypes.ErrNoSpace))
 }
 
 // releaseItems reads items at one revision and adds a delete, compared at the

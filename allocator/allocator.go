@@ -11,9 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/status"
 
+	"github.com/allocd/allocd/internal/etcd/call"
 	"github.com/allocd/allocd/internal/etcd/watch"
 
 	"github.com/allocd/allocd/internal/badrequest"
@@ -107,29 +110,60 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, err
 	a.m = newMetrics(a, cfg.Registerer)
 	a.m.counters(a.portRange)
 
+	// etcd may fail a call for a passing reason while a replica starts (an election,
+	// a member restarting): each step is idempotent, so the start is tried again.
+	for {
+		err := a.start(ctx)
+		if err == nil {
+			return a, nil
+		}
+		if !startTransient(err) || ctx.Err() != nil {
+			return nil, err
+		}
+		a.log.Warn("allocator start failed; trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// startTransient reports whether err, from New's start, is etcd's and passing (an
+// election, a lost connection, a timeout); allocd's own verdicts (ranges that differ
+// from the recorded ones) are not.
+func startTransient(err error) bool {
+	var se interface{ GRPCStatus() *status.Status }
+	var ee rpctypes.EtcdError
+	if !errors.As(err, &se) && !errors.As(err, &ee) && !errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	return call.Transient(err)
+}
+
+// start records the ranges, seeds the kubernetes ServiceCIDR, loads the index and
+// reserves the kubernetes address and node port (New).
+func (a *Allocator) start(ctx context.Context) error {
 	want := storedRanges{NodePortRange: a.portRange.name}
-	for _, p := range cfg.ClusterIPRanges {
+	for _, p := range a.flagCIDRs {
 		want.ClusterIPRanges = append(want.ClusterIPRanges, p.String())
 	}
 	stored, err := a.recordRanges(ctx, want)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := a.ensureEpoch(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	kube, err := a.seedKubernetes(ctx, stored)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	a.kubeIP = newIPSpan(kube.CIDRs[0]).addr(0)
 	if err := a.load(ctx); err != nil {
-		return nil, err
+		return err
 	}
-	if err := a.reserveKubernetes(ctx); err != nil {
-		return nil, err
-	}
-	return a, nil
+	return a.reserveKubernetes(ctx)
 }
 
 // seedKubernetes creates the kubernetes ServiceCIDR unless it exists: from the

@@ -26,7 +26,8 @@ func checkTombstone(t *testing.T, cli *clientv3.Client, a *Allocator, uid string
 	}
 	rec, err := decodeOwnerRecord(resp.Kvs[0].Value)
 	if err != nil || rec.items() != 0 || rec.Last != nil {
-		t.Errorf("owner record of %s after its full release = %s, %v; want a tombstone (no items, no last request)", uid, resp.Kvs[0].Value, err)
+		t.Errorf("owner record of %s after its full release = %s, %v; want a tombstone (no items, no last request)",
+			uid, resp.Kvs[0].Value, err)
 	}
 }
 
@@ -126,7 +127,8 @@ func raceRelease(t *testing.T, collect bool) {
 
 	holds := heldBy(t, e.Client, other, o.UID)
 	if len(holds) != 0 {
-		t.Errorf("after %s's acknowledged full release (of %v), etcd holds %v for it: the held transaction committed", o.UID, res.ClusterIPs, holds)
+		t.Errorf("after %s's acknowledged full release (of %v), etcd holds %v for it: the held transaction committed",
+			o.UID, res.ClusterIPs, holds)
 	}
 	if !collect {
 		checkTombstone(t, e.Client, other, o.UID)

@@ -329,7 +329,8 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 // movedRecord returns the write (nil: none) of uid's record, as read in st, when al
 // leaves its owner and, with ra, goes to ra.to; and the compare that guards it. A
 // record left empty becomes a tombstone: its writes and fence go into t.
-func (a *Allocator) movedRecord(t *releaseTxn, uid string, st recordState, al Allocation, ra *reassign) (clientv3.Cmp, *clientv3.Op, error) {
+func (a *Allocator) movedRecord(t *releaseTxn, uid string, st recordState, al Allocation,
+	ra *reassign) (clientv3.Cmp, *clientv3.Op, error) {
 	var next *ownerRecord
 	if st.rec != nil {
 		next = st.rec.clone()

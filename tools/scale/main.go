@@ -62,17 +62,20 @@ func main() {
 	}
 	var o options
 	var points string
-	flag.StringVar(&points, "points", "10000,100000,300000,1000000", "allocation counts to measure at (the empty store is measured first)")
+	flag.StringVar(&points, "points", "10000,100000,300000,1000000",
+		"allocation counts to measure at (the empty store is measured first)")
 	flag.StringVar(&o.cidr, "cidr", "10.0.0.0/11", "--service-cluster-ip-range (a /11: room for 1M allocations and the rate runs)")
 	flag.IntVar(&o.clients, "clients", 64, "concurrent client goroutines (fill and rate runs)")
 	flag.DurationVar(&o.rateDuration, "rate-duration", 10*time.Second, "length of each Allocate rate run")
-	flag.IntVar(&o.profileAt, "profile-at", 1_000_000, "take CPU and heap profiles of allocd during the rate run at this point (0: none)")
+	flag.IntVar(&o.profileAt, "profile-at", 1_000_000,
+		"take CPU and heap profiles of allocd during the rate run at this point (0: none)")
 	flag.StringVar(&o.profileDir, "profile-dir", ".", "where the profiles go")
 	flag.StringVar(&o.dir, "dir", "", "work directory (default: a new temporary one, removed at the end)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory")
 	flag.BoolVar(&o.repair, "repair", true, "measure a repair pass at each point")
 	flag.StringVar(&o.logLevel, "log-level", "warn", "allocd's --log-level")
-	flag.StringVar(&o.abFull, "ab-full", "", "instead of the points: Allocate on an empty store and on the store in this work directory (an earlier -dir, kept), alternating")
+	flag.StringVar(&o.abFull, "ab-full", "", "instead of the points: Allocate on an empty store and on "+
+		"the store in this work directory (an earlier -dir, kept), alternating")
 	flag.IntVar(&o.abRounds, "ab-rounds", 3, "rounds of -ab-full")
 	flag.Parse()
 	if o.abFull != "" {

@@ -314,7 +314,8 @@ func pushSnapshot(ctx context.Context, rc allocdv1.RepairServiceClient, rev int6
 	const chunk = 50_000
 	for i := 0; i == 0 || i < len(svcs); i += chunk {
 		part := svcs[i:min(i+chunk, len(svcs))]
-		if err := stream.Send(&allocdv1.PushServiceSnapshotRequest{Snapshot: &allocdv1.ServiceSnapshot{Revision: rev, Services: part}}); err != nil {
+		req := &allocdv1.PushServiceSnapshotRequest{Snapshot: &allocdv1.ServiceSnapshot{Revision: rev, Services: part}}
+		if err := stream.Send(req); err != nil {
 			_, err = stream.CloseAndRecv()
 			return fmt.Errorf("push snapshot: %w", err)
 		}

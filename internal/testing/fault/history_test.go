@@ -25,12 +25,14 @@ func TestAfterFullRelease(t *testing.T) {
 		{"held after the release, the unknown Allocate ended before it", []op{alloc(0, 50, unknown), alloc(60, 70, ok), release},
 			map[string]string{"10.0.0.5": "a"}, true},
 		{"nothing held after the release", []op{alloc(0, 50, unknown), alloc(60, 70, ok), release}, map[string]string{}, false},
-		{"an Allocate after the release", []op{alloc(60, 70, ok), release, alloc(120, 130, ok)}, map[string]string{"10.0.0.5": "a"}, false},
+		{"an Allocate after the release", []op{alloc(60, 70, ok), release, alloc(120, 130, ok)},
+			map[string]string{"10.0.0.5": "a"}, false},
 		{"an unknown Allocate overlapping the release", []op{alloc(60, 70, ok), release, alloc(90, 105, unknown)},
 			map[string]string{"10.0.0.5": "a"}, false},
 		{"a definite failure after the release", []op{alloc(60, 70, ok), release, alloc(120, 130, definite)},
 			map[string]string{"10.0.0.5": "a"}, true},
-		{"the full release failed", []op{alloc(60, 70, ok), {kind: opRelease, owner: "a", start: ms(100), end: ms(110), outcome: definite}},
+		{"the full release failed",
+			[]op{alloc(60, 70, ok), {kind: opRelease, owner: "a", start: ms(100), end: ms(110), outcome: definite}},
 			map[string]string{"10.0.0.5": "a"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

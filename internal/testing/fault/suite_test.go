@@ -326,7 +326,8 @@ func racer(ctx context.Context, h *history, clients []*client.Client, w int, seq
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		return h.record(op{kind: opRelease, owner: uid, items: items}, func() ([]string, error) {
-			_, err := c.Release(cctx, &allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Namespace: "fault", Name: uid, Uid: uid}, ClusterIps: items})
+			owner := &allocdv1.Owner{Namespace: "fault", Name: uid, Uid: uid}
+			_, err := c.Release(cctx, &allocdv1.ReleaseRequest{Owner: owner, ClusterIps: items})
 			return nil, err
 		})
 	}
@@ -338,7 +339,8 @@ func racer(ctx context.Context, h *history, clients []*client.Client, w int, seq
 		}
 		rounds.Add(1)
 		b := newOwner()
-		c1, c2, c3, c4 := clients[r.IntN(len(clients))], clients[r.IntN(len(clients))], clients[r.IntN(len(clients))], clients[r.IntN(len(clients))]
+		pick := func() *client.Client { return clients[r.IntN(len(clients))] }
+		c1, c2, c3, c4 := pick(), pick(), pick(), pick()
 		var wg sync.WaitGroup
 		wg.Go(func() { release(c1, a, []string{ip}) })
 		wg.Go(func() { release(c2, a, []string{ip}) })

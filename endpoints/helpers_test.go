@@ -124,10 +124,12 @@ func (h *harness) settle() {
 		h.t.Fatalf("no term: %v", err)
 	}
 	etcdtest.WaitFor(h.t, 10*time.Second, "controller idle", func() bool {
-		select {
-		case <-t.listed:
-		default:
-			return false
+		for _, c := range []chan struct{}{t.listed, t.slicesListed} {
+			select {
+			case <-c:
+			default:
+				return false
+			}
 		}
 		return t.idle()
 	})

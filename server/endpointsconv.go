@@ -5,6 +5,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/allocd/allocd/endpoints"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
@@ -266,8 +268,15 @@ func eventsFromProto(req *allocdv1.PushEventsRequest) ([]endpoints.Event, error)
 			} else {
 				ev.Pod = podFromProto(o.Pod, f+".pod", inv)
 			}
+		case *allocdv1.Event_Node:
+			if ev.Type == endpoints.Delete {
+				ev.Node = &endpoints.Node{Name: o.Node.GetName()}
+				feedNodeName(f+".node.name", ev.Node.Name, inv)
+			} else {
+				ev.Node = nodeFromProto(o.Node, f+".node", inv)
+			}
 		default:
-			inv.Add(f, "must carry a service or a pod")
+			inv.Add(f, "must carry a service, a pod or a node")
 		}
 		evs = append(evs, ev)
 	}
@@ -377,4 +386,83 @@ func addressesFromProto(ps []*allocdv1.EndpointAddress) []endpoints.Address {
 		out[i] = a
 	}
 	return out
+}
+
+// nodeFromProto converts and validates a Node of the feed.
+func nodeFromProto(p *allocdv1.Node, field string, inv *endpoints.InvalidError) *endpoints.Node {
+	n := &endpoints.Node{
+		Name:                 p.GetName(),
+		ResourceVersion:      p.GetResourceVersion(),
+		Labels:               p.GetLabels(),
+		Ready:                p.GetReady(),
+		AllocatableCPUMillis: p.GetAllocatableCpuMillis(),
+	}
+	feedNodeName(field+".name", n.Name, inv)
+	feedLabelKeys(field+".labels", n.Labels, inv)
+	if n.AllocatableCPUMillis < 0 {
+		inv.Add(field+".allocatable_cpu_millis", strconv.FormatInt(n.AllocatableCPUMillis, 10)+" is negative")
+	}
+	return n
+}
+
+// feedNodeName checks a Node's name: not empty, without '/'.
+func feedNodeName(field, name string, inv *endpoints.InvalidError) {
+	if name == "" || strings.Contains(name, "/") {
+		inv.Add(field, "must be a non-empty name without '/'")
+	}
+}
+
+// sliceToProto is the API form of a stored slice.
+func sliceToProto(s *endpoints.EndpointSlice) *allocdv1.EndpointSlice {
+	p := &allocdv1.EndpointSlice{
+		Namespace:      s.Namespace,
+		Name:           s.Name,
+		Labels:         s.Labels,
+		Annotations:    s.Annotations,
+		AddressType:    s.AddressType,
+		ServiceUid:     s.ServiceUID,
+		Revision:       s.Revision,
+		CreateRevision: s.CreateRevision,
+		Endpoints:      make([]*allocdv1.SliceEndpoint, len(s.Endpoints)),
+		Ports:          make([]*allocdv1.EndpointSlicePort, len(s.Ports)),
+	}
+	for i := range s.Endpoints {
+		p.Endpoints[i] = sliceEndpointToProto(&s.Endpoints[i])
+	}
+	for i, pt := range s.Ports {
+		p.Ports[i] = &allocdv1.EndpointSlicePort{Name: proto.String(pt.Name), Port: proto.Int32(pt.Port),
+			Protocol: proto.String(pt.Protocol), AppProtocol: pt.AppProtocol}
+	}
+	return p
+}
+
+func sliceEndpointToProto(e *endpoints.SliceEndpoint) *allocdv1.SliceEndpoint {
+	p := &allocdv1.SliceEndpoint{
+		Addresses:  e.Addresses,
+		Conditions: &allocdv1.EndpointConditions{Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating},
+		Hostname:   optional(e.Hostname),
+		NodeName:   optional(e.NodeName),
+		Zone:       optional(e.Zone),
+	}
+	if r := e.TargetRef; r != nil {
+		p.TargetRef = &allocdv1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Uid: r.UID}
+	}
+	if h := e.Hints; h != nil {
+		p.Hints = &allocdv1.EndpointHints{}
+		for _, z := range h.ForZones {
+			p.Hints.ForZones = append(p.Hints.ForZones, &allocdv1.ForZone{Name: z})
+		}
+		for _, n := range h.ForNodes {
+			p.Hints.ForNodes = append(p.Hints.ForNodes, &allocdv1.ForNode{Name: n})
+		}
+	}
+	return p
+}
+
+// optional is s as an optional string field: absent when empty.
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }

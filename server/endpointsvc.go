@@ -98,6 +98,61 @@ func podSnapshot(rev int64, chunks []*allocdv1.PushPodSnapshotRequest) ([]*endpo
 	return pods, nil
 }
 
+// PushNodeSnapshot takes a Node snapshot in one or more chunks of one revision; it is
+// applied (or forwarded) when the stream closes, whole or not at all.
+func (s *EndpointsService) PushNodeSnapshot(stream grpc.ClientStreamingServer[allocdv1.PushNodeSnapshotRequest, allocdv1.PushNodeSnapshotResponse]) error {
+	ctx := stream.Context()
+	chunks, rev, err := receiveChunks(stream, func(r *allocdv1.PushNodeSnapshotRequest) (int64, bool) {
+		return r.GetSnapshot().GetRevision(), r.GetSnapshot() != nil
+	}, nil)
+	if err != nil {
+		return err
+	}
+	nodes, err := nodeSnapshot(rev, chunks)
+	if err != nil {
+		return Status(err)
+	}
+	fresp, forwarded, err := toLeader(ctx, s.fw, controllerEndpoints, chunks,
+		streamVia(allocdv1.NewEndpointsServiceClient, allocdv1.EndpointsServiceClient.PushNodeSnapshot))
+	switch {
+	case err != nil:
+		return err
+	case forwarded:
+		return stream.SendAndClose(fresp)
+	}
+	if err := s.c.ApplyNodeSnapshot(ctx, rev, nodes); err != nil {
+		return Status(err)
+	}
+	return stream.SendAndClose(&allocdv1.PushNodeSnapshotResponse{Revision: rev, NodeCount: int64(len(nodes))})
+}
+
+// nodeSnapshot converts and validates a Node snapshot: a positive revision,
+// well-formed Nodes, no two of one name.
+func nodeSnapshot(rev int64, chunks []*allocdv1.PushNodeSnapshotRequest) ([]*endpoints.Node, error) {
+	inv := &endpoints.InvalidError{}
+	if rev <= 0 {
+		inv.Add("snapshot.revision", "must be positive (the revision of the Node store the list was taken at)")
+	}
+	var nodes []*endpoints.Node
+	seen := map[string]int{}
+	for _, ch := range chunks {
+		for _, p := range ch.GetSnapshot().GetNodes() {
+			i := len(nodes)
+			f := "snapshot.nodes[" + strconv.Itoa(i) + "]"
+			n := nodeFromProto(p, f, inv)
+			if j, dup := seen[n.Name]; dup {
+				inv.Add(f+".name", fmt.Sprintf("%s is also snapshot.nodes[%d]", n.Name, j))
+			}
+			seen[n.Name] = i
+			nodes = append(nodes, n)
+		}
+	}
+	if err := inv.OrNil(); err != nil {
+		return nil, err
+	}
+	return nodes, nil
+}
+
 // endpointsServices converts the Services of a snapshot's chunks for the Endpoints
 // controller, refusing a malformed one or two of one namespace and name.
 func endpointsServices(chunks []*allocdv1.PushServiceSnapshotRequest) ([]*endpoints.Service, error) {
@@ -176,7 +231,7 @@ func (s *EndpointsService) apply(ctx context.Context, msgs []*allocdv1.PushEvent
 		s.rep.ApplyServiceEvents(repairEvents(msgs[i]))
 		resp.Applied += int64(res.Applied)
 		resp.Ignored += int64(res.Ignored)
-		resp.ServiceRevision, resp.PodRevision = res.ServiceRevision, res.PodRevision
+		resp.ServiceRevision, resp.PodRevision, resp.NodeRevision = res.ServiceRevision, res.PodRevision, res.NodeRevision
 	}
 	if len(batches) == 0 {
 		// An empty stream is a heartbeat: it answers SNAPSHOT_REQUIRED while the
@@ -185,7 +240,7 @@ func (s *EndpointsService) apply(ctx context.Context, msgs []*allocdv1.PushEvent
 		if err != nil {
 			return nil, err
 		}
-		resp.ServiceRevision, resp.PodRevision = res.ServiceRevision, res.PodRevision
+		resp.ServiceRevision, resp.PodRevision, resp.NodeRevision = res.ServiceRevision, res.PodRevision, res.NodeRevision
 	}
 	return resp, nil
 }
@@ -220,6 +275,36 @@ func (s *EndpointsService) WatchServiceEndpoints(req *allocdv1.WatchServiceEndpo
 			Type:      allocdv1.WatchEventType(ev.Type),
 			Endpoints: endpointsToProto(ev.Endpoints),
 			Revision:  ev.Revision,
+		})
+	})
+	if err != nil && stream.Context().Err() == nil {
+		return Status(err)
+	}
+	return nil
+}
+
+// ListEndpointSlices returns one page of slices.
+func (s *EndpointsService) ListEndpointSlices(ctx context.Context, req *allocdv1.ListEndpointSlicesRequest) (*allocdv1.ListEndpointSlicesResponse, error) {
+	sl, next, rev, err := s.c.ListSlices(ctx, req.GetNamespace(), req.GetServiceName(), int(req.GetPageSize()), req.GetPageToken())
+	if err != nil {
+		return nil, Status(err)
+	}
+	resp := &allocdv1.ListEndpointSlicesResponse{NextPageToken: next, Revision: rev,
+		EndpointSlices: make([]*allocdv1.EndpointSlice, len(sl))}
+	for i, es := range sl {
+		resp.EndpointSlices[i] = sliceToProto(es)
+	}
+	return resp, nil
+}
+
+// WatchEndpointSlices streams changes of slices until the client goes away or the
+// server stops.
+func (s *EndpointsService) WatchEndpointSlices(req *allocdv1.WatchEndpointSlicesRequest, stream grpc.ServerStreamingServer[allocdv1.WatchEndpointSlicesResponse]) error {
+	err := s.c.WatchSlices(stream.Context(), req.GetNamespace(), req.GetStartRevision(), func(ev endpoints.SliceWatchEvent) error {
+		return stream.Send(&allocdv1.WatchEndpointSlicesResponse{
+			Type:          allocdv1.WatchEventType(ev.Type),
+			EndpointSlice: sliceToProto(ev.Slice),
+			Revision:      ev.Revision,
 		})
 	})
 	if err != nil && stream.Context().Err() == nil {

@@ -230,6 +230,7 @@ func (d *Daemon) startEtcd(ctx context.Context) error {
 			TickMs:            tick,
 			ElectionMs:        election,
 			QuotaBackendBytes: d.cfg.QuotaBackendBytes,
+			MaxTxnOps:         uint(d.cfg.EtcdMaxTxnOps),
 		})
 		if err != nil {
 			return fmt.Errorf("%w (check --data-dir and --embedded-etcd-client-address/--embedded-etcd-peer-address)", err)

@@ -44,13 +44,23 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	if err != nil {
 		return err
 	}
+	endpointOn, sliceOn, err := c.controllers()
+	if err != nil {
+		return err
+	}
 	ec, err := endpoints.New(d.cli, endpoints.Config{
-		Prefix:       c.EtcdPrefix,
-		Workers:      c.ConcurrentEndpointSyncs,
-		BatchPeriod:  c.EndpointUpdatesBatchPeriod,
-		MasterResync: c.EndpointReconcilerInterval,
-		Logger:       d.log,
-		Registerer:   d.registry,
+		Prefix:                c.EtcdPrefix,
+		Workers:               c.ConcurrentEndpointSyncs,
+		BatchPeriod:           c.EndpointUpdatesBatchPeriod,
+		MasterResync:          c.EndpointReconcilerInterval,
+		DisableEndpoints:      !endpointOn,
+		DisableEndpointSlices: !sliceOn,
+		SliceWorkers:          c.ConcurrentServiceEndpointSyncs,
+		SliceBatchPeriod:      c.EndpointSliceUpdatesBatchPeriod,
+		MaxEndpointsPerSlice:  c.MaxEndpointsPerSlice,
+		MaxTxnOps:             c.EtcdMaxTxnOps,
+		Logger:                d.log,
+		Registerer:            d.registry,
 	})
 	if err != nil {
 		return err

@@ -33,10 +33,11 @@ type claim struct {
 // claims names every marked block of README.md and docs/; a block that none claims
 // fails TestDocMarkers.
 var claims = map[string]claim{
-	"quick-tour":         {cli: true, norm: normalizeCLI, min: 6},  // README.md
-	"cli-tour":           {cli: true, norm: normalizeCLI, min: 30}, // docs/operators/cli-tour.md
-	"grpcurl-tour":       {cli: false, norm: normalize, min: 40},   // docs/operators/grpcurl-tour.md
-	"service-cidrs-tour": {cli: false, norm: normalize, min: 8},    // docs/operators/service-cidrs.md
+	"quick-tour":          {cli: true, norm: normalizeCLI, min: 6},  // README.md
+	"cli-tour":            {cli: true, norm: normalizeCLI, min: 30}, // docs/operators/cli-tour.md
+	"grpcurl-tour":        {cli: false, norm: normalize, min: 40},   // docs/operators/grpcurl-tour.md
+	"service-cidrs-tour":  {cli: false, norm: normalize, min: 8},    // docs/operators/service-cidrs.md
+	"endpointslices-tour": {cli: true, norm: normalizeCLI, min: 9},  // docs/shims/endpointslices.md
 }
 
 // docs reads every markdown file that the tests cover, by path relative to root.

@@ -330,11 +330,10 @@ func (c *Config) Validate() error {
 		errs = append(errs, badValue("--repair-interval", "--repair-interval %s: want > 0", c.RepairInterval))
 	}
 	if c.EndpointReconcilerInterval <= 0 {
-		errs = append(errs,
-			badValue("--endpoint-reconciler-interval", "--endpoint-reconciler-interval %s: want > 0",
-				c.EndpointReconcilerInterval))
+		errs = append(errs, badValue("--endpoint-reconciler-interval",
+			"--endpoint-reconciler-interval %s: want > 0", c.EndpointReconcilerInterval))
 	}
-	errs = append(errs, c.validateControllers()...)
+	errs = append(errs, c.validateEndpointControllers()...)
 	if c.RepairLeakStrikes < 1 {
 		errs = append(errs,
 			badValue("--repair-leak-strikes", "--repair-leak-strikes %d: want >= 1", c.RepairLeakStrikes))
@@ -353,44 +352,6 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.validateEtcdSpace()...)
 	errs = append(errs, c.validateEtcdTLS()...)
 	return errors.Join(errs...)
-}
-
-// validateControllers checks the flags of the endpoint controllers.
-func (c *Config) validateControllers() []error {
-	var errs []error
-	if c.ConcurrentEndpointSyncs < 1 {
-		errs = append(errs,
-			badValue("--concurrent-endpoint-syncs", "--concurrent-endpoint-syncs %d: want >= 1",
-				c.ConcurrentEndpointSyncs))
-	}
-	if _, _, err := c.controllers(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.ConcurrentServiceEndpointSyncs < 1 {
-		errs = append(errs,
-			badValue("--concurrent-service-endpoint-syncs",
-				"--concurrent-service-endpoint-syncs %d: want >= 1", c.ConcurrentServiceEndpointSyncs))
-	}
-	if c.EndpointSliceUpdatesBatchPeriod < 0 {
-		errs = append(errs, badValue("--endpointslice-updates-batch-period",
-			"--endpointslice-updates-batch-period %v: want >= 0",
-			c.EndpointSliceUpdatesBatchPeriod))
-	}
-	if c.MaxEndpointsPerSlice < 1 || c.MaxEndpointsPerSlice > 1000 {
-		errs = append(errs, badValue("--max-endpoints-per-slice", "--max-endpoints-per-slice %d: want 1-1000",
-			c.MaxEndpointsPerSlice))
-	}
-	if c.EtcdMaxTxnOps < 2 {
-		errs = append(errs,
-			badValue("--etcd-max-txn-ops", "--etcd-max-txn-ops %d: want >= 2 (etcd's default is 128)",
-				c.EtcdMaxTxnOps))
-	}
-	if c.EndpointUpdatesBatchPeriod < 0 {
-		errs = append(errs,
-			badValue("--endpoint-updates-batch-period", "--endpoint-updates-batch-period %v: want >= 0",
-				c.EndpointUpdatesBatchPeriod))
-	}
-	return errs
 }
 
 // validateEtcdTLS checks the TLS flags of an external etcd.
@@ -416,6 +377,40 @@ func (c *Config) validateEtcdTLS() []error {
 						"--etcd-servers %s: use https:// with --etcd-cafile/--etcd-certfile", u))
 			}
 		}
+	}
+	return errs
+}
+
+// validateEndpointControllers checks the flags of the Endpoints and EndpointSlice
+// controllers.
+func (c *Config) validateEndpointControllers() []error {
+	var errs []error
+	if c.ConcurrentEndpointSyncs < 1 {
+		errs = append(errs, badValue("--concurrent-endpoint-syncs",
+			"--concurrent-endpoint-syncs %d: want >= 1", c.ConcurrentEndpointSyncs))
+	}
+	if _, _, err := c.controllers(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ConcurrentServiceEndpointSyncs < 1 {
+		errs = append(errs, badValue("--concurrent-service-endpoint-syncs",
+			"--concurrent-service-endpoint-syncs %d: want >= 1", c.ConcurrentServiceEndpointSyncs))
+	}
+	if c.EndpointSliceUpdatesBatchPeriod < 0 {
+		errs = append(errs, badValue("--endpointslice-updates-batch-period",
+			"--endpointslice-updates-batch-period %v: want >= 0", c.EndpointSliceUpdatesBatchPeriod))
+	}
+	if c.MaxEndpointsPerSlice < 1 || c.MaxEndpointsPerSlice > 1000 {
+		errs = append(errs, badValue("--max-endpoints-per-slice", "--max-endpoints-per-slice %d: want 1-1000",
+			c.MaxEndpointsPerSlice))
+	}
+	if c.EtcdMaxTxnOps < 2 {
+		errs = append(errs, badValue("--etcd-max-txn-ops",
+			"--etcd-max-txn-ops %d: want >= 2 (etcd's default is 128)", c.EtcdMaxTxnOps))
+	}
+	if c.EndpointUpdatesBatchPeriod < 0 {
+		errs = append(errs, badValue("--endpoint-updates-batch-period",
+			"--endpoint-updates-batch-period %v: want >= 0", c.EndpointUpdatesBatchPeriod))
 	}
 	return errs
 }

@@ -165,7 +165,7 @@ func Write(ctx context.Context, attempt, budget time.Duration, write func(contex
 }
 
 // Read runs read up to tries times, each try bounded by attempt, while it fails in a
-// way that a stalled member or an election explains (transient): the etcd client sends
+// way that a stalled member or an election explains (Transient): the etcd client sends
 // the next try to the next member.
 func Read(ctx context.Context, attempt time.Duration, tries int, read func(context.Context) error) error {
 	var err error
@@ -173,18 +173,18 @@ func Read(ctx context.Context, attempt time.Duration, tries int, read func(conte
 		actx, cancel := context.WithTimeout(ctx, attempt)
 		err = read(actx)
 		cancel()
-		if err == nil || ctx.Err() != nil || !transient(err) {
+		if err == nil || ctx.Err() != nil || !Transient(err) {
 			break
 		}
 	}
 	return err
 }
 
-// transient reports whether a failed etcd call failed for a passing reason: a timeout,
+// Transient reports whether a failed etcd call failed for a passing reason: a timeout,
 // a lost connection, a leader that changed. A write that failed so may have taken
 // effect, or may yet, unless NotApplied. Errors that say the request was refused
-// (invalid, too large, no space, not permitted) are not transient.
-func transient(err error) bool {
+// (invalid, too large, no space, not permitted) are not Transient.
+func Transient(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}

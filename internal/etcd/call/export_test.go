@@ -1,4 +1,0 @@
-package call
-
-// Transient is transient, for the external tests.
-var Transient = transient

@@ -104,12 +104,24 @@ func (a *Allocator) fenceCmps(f fence) []clientv3.Cmp {
 // fenceFailed reports whether the epoch key as read (kv, nil when absent) fails the
 // fence f: the call is then too old to commit and must be begun again.
 func (a *Allocator) fenceFailed(kv *mvccpb.KeyValue, f fence) bool {
+	a.epochRead(kv)
+	if kv == nil {
+		return f.create != 0
+	}
+	return kv.Version >= f.version+epochSlack || kv.CreateRevision != f.create
+}
+
+// epochRead records the epoch key as read (kv nil: absent, deleted by a release
+// while etcd was out of space). While it is absent, calls are fenced by its absence
+// (CreateRevision 0): every transaction built before the delete compares a CreateRevision
+// that is not 0, and fails; the epoch loop makes the key anew once etcd takes writes.
+func (a *Allocator) epochRead(kv *mvccpb.KeyValue) {
 	if kv == nil {
 		a.epochGone.Store(true)
-		return true
+		a.epochSeen(0, 0)
+		return
 	}
 	a.epochSeen(kv.Version, kv.CreateRevision)
-	return kv.Version >= f.version+epochSlack || kv.CreateRevision != f.create
 }
 
 func (s *store) tombstoneKey(u int64, uid string) string {

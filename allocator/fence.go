@@ -46,20 +46,23 @@ const (
 )
 
 // epochSeen records the epoch key as etcd holds it (a watch event, a read or a
-// write): its version and CreateRevision.
+// write): its version and CreateRevision, together (a fence never pairs the version of
+// one key with the CreateRevision of the next). A version never goes back for one key;
+// a key made anew (a larger CreateRevision) replaces the older one's state, and the
+// key's absence (0, 0) replaces whatever was seen (a stale absence only makes calls
+// fail their compare and read the key again).
 func (a *Allocator) epochSeen(version, create int64) {
-	if create != a.epochCreate.Load() {
-		a.epochCreate.Store(create)
-		a.epochVersion.Store(version)
-		a.epochAt.Store(time.Now().UnixNano())
-		return
-	}
 	for {
-		v := a.epochVersion.Load()
-		if version <= v {
-			return
+		cur := a.epoch.Load()
+		if cur != nil {
+			switch {
+			case create != 0 && create < cur.create:
+				return // an earlier key's
+			case create == cur.create && version <= cur.version:
+				return
+			}
 		}
-		if a.epochVersion.CompareAndSwap(v, version) {
+		if a.epoch.CompareAndSwap(cur, &fence{version: version, create: create}) {
 			a.epochAt.Store(time.Now().UnixNano())
 			return
 		}
@@ -89,7 +92,10 @@ type fence struct{ version, create int64 }
 
 // fenceNow is the fence of a call that begins now.
 func (a *Allocator) fenceNow() fence {
-	return fence{version: a.epochVersion.Load(), create: a.epochCreate.Load()}
+	if f := a.epoch.Load(); f != nil {
+		return *f
+	}
+	return fence{}
 }
 
 // fenceCmps are the compares of a transaction fenced at f: it commits only while the
@@ -206,7 +212,8 @@ func (a *Allocator) epochRound(ctx context.Context) error {
 // bumpEpoch rewrites the epoch key if it is at the version this replica knows; it
 // reports whether it did.
 func (a *Allocator) bumpEpoch(ctx context.Context) (bool, error) {
-	v, c := a.epochVersion.Load(), a.epochCreate.Load()
+	f := a.fenceNow()
+	v, c := f.version, f.create
 	cctx, cancel := context.WithTimeout(ctx, epochInterval)
 	defer cancel()
 	resp, err := a.cli.Txn(cctx).If(clientv3.Compare(clientv3.Version(a.epochKey), "=", v),
@@ -232,7 +239,8 @@ func (a *Allocator) bumpEpoch(ctx context.Context) (bool, error) {
 // every transaction built before it was made fails its compare), and those of this
 // one whose u + epochSlack the epoch has reached.
 func (a *Allocator) collectTombstones(ctx context.Context) error {
-	v, c := a.epochVersion.Load(), a.epochCreate.Load()
+	f := a.fenceNow()
+	v, c := f.version, f.create
 	for range 16 {
 		resp, err := a.cli.Get(ctx, a.tombPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 			clientv3.WithMaxModRev(c-1), clientv3.WithLimit(tombstoneBatch))

@@ -63,7 +63,7 @@ type Allocator struct {
 	loadedFrom         string
 
 	// epoch is the epoch key's version and CreateRevision as last seen, at epochAt
-	// (unix nanoseconds, when the version last moved): see fence.go.
+	// (monotonicNow, when the version last moved): see fence.go.
 	epoch   atomic.Pointer[fence]
 	epochAt atomic.Int64
 	// epochGone is set when the watch sees the epoch key deleted.

@@ -45,6 +45,13 @@ const (
 	fenceOps = 2
 )
 
+// processStart is the reading of the monotonic clock that monotonicNow counts from.
+var processStart = time.Now()
+
+// monotonicNow is the time since the process started, on the monotonic clock: a
+// wall clock stepped back does not hold the epoch still.
+func monotonicNow() time.Duration { return time.Since(processStart) }
+
 // epochSeen records the epoch key as etcd holds it (a watch event, a read or a
 // write): its version and CreateRevision, together (a fence never pairs the version of
 // one key with the CreateRevision of the next). A version never goes back for one key;
@@ -63,7 +70,7 @@ func (a *Allocator) epochSeen(version, create int64) {
 			}
 		}
 		if a.epoch.CompareAndSwap(cur, &fence{version: version, create: create}) {
-			a.epochAt.Store(time.Now().UnixNano())
+			a.epochAt.Store(int64(monotonicNow()))
 			return
 		}
 	}
@@ -185,7 +192,7 @@ func (a *Allocator) epochLoop(ctx context.Context) {
 			}
 			a.epochGone.Store(false)
 		}
-		if time.Since(time.Unix(0, a.epochAt.Load())) < epochInterval {
+		if monotonicNow()-time.Duration(a.epochAt.Load()) < epochInterval {
 			continue
 		}
 		if err := a.epochRound(ctx); err != nil {

@@ -1,0 +1,170 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// normEndpoints is an Endpoints object as the comparison sees it: what a reader of the
+// object uses, without what differs between two clusters by nature (UIDs,
+// resourceVersions, creation times) and with the trigger time reduced to its presence
+// (it derives from each cluster's own Service creation time).
+type normEndpoints struct {
+	Labels      map[string]string
+	Annotations map[string]string
+	Subsets     []normSubset
+}
+
+type normSubset struct {
+	Ports    []string
+	Ready    []string
+	NotReady []string
+}
+
+func normalizeEndpoints(ep *corev1.Endpoints) normEndpoints {
+	n := normEndpoints{Labels: ep.Labels, Annotations: map[string]string{}}
+	for k, v := range ep.Annotations {
+		if k == corev1.EndpointsLastChangeTriggerTime {
+			v = "(set)"
+		}
+		n.Annotations[k] = v
+	}
+	for _, s := range ep.Subsets {
+		var ns normSubset
+		for _, p := range s.Ports {
+			app := ""
+			if p.AppProtocol != nil {
+				app = *p.AppProtocol
+			}
+			ns.Ports = append(ns.Ports, fmt.Sprintf("%s/%d/%s/%s", p.Name, p.Port, p.Protocol, app))
+		}
+		for _, a := range s.Addresses {
+			ns.Ready = append(ns.Ready, addrString(a))
+		}
+		for _, a := range s.NotReadyAddresses {
+			ns.NotReady = append(ns.NotReady, addrString(a))
+		}
+		slices.Sort(ns.Ports)
+		slices.Sort(ns.Ready)
+		slices.Sort(ns.NotReady)
+		n.Subsets = append(n.Subsets, ns)
+	}
+	sort.Slice(n.Subsets, func(i, j int) bool {
+		return fmt.Sprint(n.Subsets[i]) < fmt.Sprint(n.Subsets[j])
+	})
+	return n
+}
+
+func addrString(a corev1.EndpointAddress) string {
+	node := "<nil>"
+	if a.NodeName != nil {
+		node = *a.NodeName
+	}
+	ref := "<nil>"
+	if r := a.TargetRef; r != nil {
+		ref = fmt.Sprintf("%s/%s/%s", r.Kind, r.Namespace, r.Name)
+	}
+	return fmt.Sprintf("%s host=%q node=%s ref=%s", a.IP, a.Hostname, node, ref)
+}
+
+// listEndpoints returns the normalized Endpoints of namespace ns by name.
+func listEndpoints(ctx context.Context, cs kubernetes.Interface, ns string) (map[string]normEndpoints, error) {
+	list, err := cs.CoreV1().Endpoints(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]normEndpoints{}
+	for i := range list.Items {
+		out[list.Items[i].Name] = normalizeEndpoints(&list.Items[i])
+	}
+	return out, nil
+}
+
+// diffEndpoints describes how b differs from a ("" when equal).
+func diffEndpoints(a, b map[string]normEndpoints) string {
+	var out []string
+	names := slices.Sorted(maps.Keys(a))
+	for n := range b {
+		if _, ok := a[n]; !ok {
+			names = append(names, n)
+		}
+	}
+	for _, n := range names {
+		x, okx := a[n]
+		y, oky := b[n]
+		switch {
+		case !okx:
+			out = append(out, fmt.Sprintf("%s: only in allocd's cluster: %s", n, js(y)))
+		case !oky:
+			out = append(out, fmt.Sprintf("%s: only in the reference cluster: %s", n, js(x)))
+		case js(x) != js(y):
+			out = append(out, fmt.Sprintf("%s:\n  reference: %s\n  allocd:    %s", n, js(x), js(y)))
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func js(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// readyCounts is, per Endpoints name, the number of ready and not-ready addresses
+// (summed over subsets, counting each address once per subset).
+func readyCounts(m map[string]normEndpoints) map[string][2]int {
+	out := map[string][2]int{}
+	for n, e := range m {
+		var c [2]int
+		for _, s := range e.Subsets {
+			c[0] += len(s.Ready)
+			c[1] += len(s.NotReady)
+		}
+		out[n] = c
+	}
+	return out
+}
+
+// waitSameEndpoints waits until both clusters hold, in the test namespace, Endpoints
+// whose address counts are want (per Service name; a name absent from want must have
+// no Endpoints), and then requires them to be equal. It fails with the difference.
+func waitSameEndpoints(t testing.TB, ref, alc kubernetes.Interface, want map[string][2]int, limit time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(limit)
+	var a, b map[string]normEndpoints
+	var err error
+	for {
+		a, err = listEndpoints(ctx, ref, testNS)
+		if err == nil {
+			b, err = listEndpoints(ctx, alc, testNS)
+		}
+		if err == nil && countsAre(a, want) && countsAre(b, want) && diffEndpoints(a, b) == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("listing Endpoints: %v", err)
+	}
+	t.Fatalf("Endpoints not the same within %v.\nwant counts %v\nreference counts %v\nallocd counts    %v\ndiff:\n%s",
+		limit, want, readyCounts(a), readyCounts(b), diffEndpoints(a, b))
+}
+
+func countsAre(m map[string]normEndpoints, want map[string][2]int) bool {
+	got := readyCounts(m)
+	return maps.Equal(got, want)
+}

@@ -53,4 +53,3 @@ func (m *Metrics) Wrote(kind, verb string) {
 	}
 	m.writes.WithLabelValues(kind, verb).Inc()
 }
-

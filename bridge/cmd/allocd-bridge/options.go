@@ -23,7 +23,7 @@ type options struct {
 	qps                float32
 	burst              int
 
-	allocd                        string
+	allocd                          string
 	allocdCA, allocdCert, allocdKey string
 
 	endpointSyncs int

@@ -133,7 +133,7 @@ kube-bins: $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager
 $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager: test/kube/k8s/go.mod test/kube/k8s/go.sum
 	@grep -q 'k8s.io/kubernetes $(KUBE_VERSION)$$' test/kube/k8s/go.mod || \
 		{ echo "test/kube/k8s/go.mod does not pin k8s.io/kubernetes $(KUBE_VERSION)"; exit 1; }
-	cd test/kube/k8s && $(GO) build -trimpath -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
+	cd test/kube/k8s && $(GO) build -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
 kube-e2e: kube-bins
 	$(GO) build -o $(KUBE_BIN)/allocd ./cmd/allocd
 	cd bridge && $(GO) build -o $(KUBE_BIN)/allocd-bridge ./cmd/allocd-bridge

@@ -33,8 +33,9 @@ func newCommand() *cobra.Command {
 writes the Endpoints that allocd computes into the cluster (run kube-controller-manager
 with --controllers=*,-endpoint), and allocates in allocd every ClusterIP and NodePort the
 cluster's Services hold, under the Service's UID.`,
-		SilenceUsage: true,
-		Args:         cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return run(cmd.Context(), o)
 		},

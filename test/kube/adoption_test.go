@@ -15,8 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/allocd/allocd/client"
-	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
 const adoptNS = "adopt"

@@ -12,11 +12,11 @@ import (
 // allocdSide is allocd (two replicas on the shared etcd, under their own prefix) and
 // the bridge between it and one cluster.
 type allocdSide struct {
-	t        testing.TB
-	Replicas []*proc
-	Addrs    []string
-	Bridge   *proc
-	Client   *client.Client
+	t            testing.TB
+	Replicas     []*proc
+	Addrs        []string
+	Bridge       *proc
+	Client       *client.Client
 	bridgeHealth string
 	bridgeArgs   []string
 }
@@ -55,7 +55,7 @@ func startAllocd(t testing.TB, etcd string, n int, extra ...string) *allocdSide 
 // target is a gRPC target reaching every replica (the bridge follows the one that
 // answers).
 func (s *allocdSide) target() string {
-	return "ipv4:" + strings.Join(s.Addrs, ",")
+	return strings.Join(s.Addrs, ",")
 }
 
 // startBridge starts the bridge for cluster c with kubeconfig.

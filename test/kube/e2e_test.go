@@ -192,7 +192,9 @@ func (p *pair) testEndpoints(t *testing.T) {
 	want["web"], want["head"] = [2]int{6, 2}, [2]int{6, 2}
 	t.Run("terminating pods", func(t *testing.T) { waitSameEndpoints(t, p.ref.Admin, p.alc.Admin, want, convergeLimit) })
 
-	p.both(t, func(ctx context.Context, cs kubernetes.Interface) error { return setNodeZone(ctx, cs, "node-1", "zone-c") })
+	p.both(t, func(ctx context.Context, cs kubernetes.Interface) error {
+		return setNodeZone(ctx, cs, "node-1", "zone-c")
+	})
 	t.Run("node changes zone", func(t *testing.T) { waitSameEndpoints(t, p.ref.Admin, p.alc.Admin, want, convergeLimit) })
 
 	p.both(t, func(ctx context.Context, cs kubernetes.Interface) error {

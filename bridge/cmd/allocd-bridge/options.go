@@ -7,9 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -45,7 +49,7 @@ func (o *options) addConnectionFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.master, "master", o.master, "address of the API server (overrides the kubeconfig's)")
 	fs.Float32Var(&o.qps, "kube-api-qps", o.qps, "queries per second to the API server")
 	fs.IntVar(&o.burst, "kube-api-burst", o.burst, "burst of queries to the API server")
-	fs.StringVar(&o.allocd, "allocd-address", o.allocd, "gRPC target of allocd (host:port, dns:///name:port)")
+	fs.StringVar(&o.allocd, "allocd-address", o.allocd, "allocd: a gRPC target (host:port, dns:///name:port) or replicas host:port,host:port")
 	fs.StringVar(&o.allocdCA, "allocd-ca-file", o.allocdCA, "PEM CA bundle to verify allocd's certificate; with it allocd is reached over TLS")
 	fs.StringVar(&o.allocdCert, "allocd-cert-file", o.allocdCert, "PEM client certificate presented to allocd")
 	fs.StringVar(&o.allocdKey, "allocd-key-file", o.allocdKey, "PEM private key of --allocd-cert-file")
@@ -88,12 +92,25 @@ func (o *options) kubeClient() (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(cfg)
 }
 
+// allocdClient connects to --allocd-address: one gRPC target, or a comma-separated list
+// of host:port replicas (the connection moves to another when the one it uses fails).
 func (o *options) allocdClient() (*client.Client, error) {
+	target, opts := o.allocd, []client.Option(nil)
+	if strings.Contains(o.allocd, ",") {
+		r := manual.NewBuilderWithScheme("allocd-replicas")
+		var addrs []resolver.Address
+		for _, a := range strings.Split(o.allocd, ",") {
+			addrs = append(addrs, resolver.Address{Addr: strings.TrimSpace(a)})
+		}
+		r.InitialState(resolver.State{Addresses: addrs})
+		target = r.Scheme() + ":///replicas"
+		opts = append(opts, client.WithDialOptions(grpc.WithResolvers(r)))
+	}
 	if o.allocdCA == "" {
 		if o.allocdCert != "" || o.allocdKey != "" {
 			return nil, errors.New("--allocd-cert-file and --allocd-key-file need --allocd-ca-file")
 		}
-		return client.New(o.allocd)
+		return client.New(target, opts...)
 	}
 	pem, err := os.ReadFile(o.allocdCA)
 	if err != nil {
@@ -111,5 +128,5 @@ func (o *options) allocdClient() (*client.Client, error) {
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}
-	return client.New(o.allocd, client.WithTLS(cfg))
+	return client.New(target, append(opts, client.WithTLS(cfg))...)
 }

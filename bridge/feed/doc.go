@@ -5,7 +5,7 @@
 // asking for them brings new snapshots.
 //
 //	factory := informers.NewSharedInformerFactory(kube, 0)
-//	src, err := feed.New(log, factory, c, nil)
+//	src, err := feed.New(log, kube, factory, c, nil)
 //	if err != nil {
 //		return err
 //	}

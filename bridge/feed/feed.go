@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
 	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/allocd/allocd/client"
@@ -31,22 +32,18 @@ func (k kind) String() string { return [...]string{"services", "pods"}[k] }
 // Source feeds allocd from a cluster: its informers' callbacks become the Feeder's
 // events, their caches its snapshots. It is the Feeder's Lister.
 //
-// The revision of a snapshot of a kind is the highest resourceVersion the Source has
-// handed to the Feeder for that kind: every change up to it is in the informer's cache
-// (an informer updates its cache before it calls the handlers), so an event the leader
-// then ignores as not newer is one the snapshot holds. It never goes down, so that a
-// snapshot after a delete of the newest object is not refused as stale.
+// Snapshots are listed from the API server, not from the informers' caches: a list
+// is exact at its resourceVersion, so an event the leader then ignores as not newer is
+// one the snapshot holds, and a restarted bridge's snapshot is never older than what
+// the bridge before it pushed (a Service deleted at revision N makes the leader's
+// Service revision N, newer than every remaining Service's own resourceVersion).
 type Source struct {
 	log      *slog.Logger
+	kube     kubernetes.Interface
 	feeder   *client.Feeder
 	informer [kinds]cache.SharedIndexInformer
 
-	mu   sync.Mutex
-	seen [kinds]int64
-
-	resyncs atomic.Int64
-	// OnEvent, when set before Run, is called after each event handed to the Feeder
-	// (adoption follows Services through it).
+	resyncs   atomic.Int64
 	onService func(old, cur *corev1.Service)
 }
 
@@ -60,11 +57,11 @@ func WithServiceHandler(f func(old, cur *corev1.Service)) Option {
 	return func(s *Source) { s.onService = f }
 }
 
-// New returns a Source over the Services and Pods informers of f, pushing to c through
-// a Feeder made with fopts. Call it before f.Start: it registers its handlers.
-func New(log *slog.Logger, f informers.SharedInformerFactory, c *client.Client, fopts []client.FeederOption,
-	opts ...Option) (*Source, error) {
-	s := &Source{log: log, onService: func(_, _ *corev1.Service) {}}
+// New returns a Source over the Services and Pods informers of f (of the cluster kube),
+// pushing to c through a Feeder made with fopts. Call it before f.Start: it registers its handlers.
+func New(log *slog.Logger, kube kubernetes.Interface, f informers.SharedInformerFactory, c *client.Client,
+	fopts []client.FeederOption, opts ...Option) (*Source, error) {
+	s := &Source{log: log, kube: kube, onService: func(_, _ *corev1.Service) {}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -84,7 +81,7 @@ func New(log *slog.Logger, f informers.SharedInformerFactory, c *client.Client, 
 		}); err != nil {
 			return nil, fmt.Errorf("feed: %s informer: %w", k, err)
 		}
-		if _, err := inf.AddEventHandler(s.handler(k)); err != nil {
+		if _, err := inf.AddEventHandler(s.handler()); err != nil {
 			return nil, fmt.Errorf("feed: %s informer: %w", k, err)
 		}
 	}
@@ -108,47 +105,32 @@ func (s *Source) resync() {
 // tombstone.
 func (s *Source) Resyncs() int64 { return s.resyncs.Load() }
 
-func (s *Source) handler(k kind) cache.ResourceEventHandlerFuncs {
+func (s *Source) handler() cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.upsert(k, nil, obj) },
-		UpdateFunc: func(old, cur any) { s.upsert(k, old, cur) },
-		DeleteFunc: func(obj any) { s.remove(k, obj) },
+		AddFunc:    func(obj any) { s.upsert(nil, obj) },
+		UpdateFunc: func(old, cur any) { s.upsert(old, cur) },
+		DeleteFunc: s.remove,
 	}
 }
 
-// saw records rev as handed to the Feeder for k.
-func (s *Source) saw(k kind, rev int64) {
-	s.mu.Lock()
-	s.seen[k] = max(s.seen[k], rev)
-	s.mu.Unlock()
-}
-
-func (s *Source) upsert(k kind, old, obj any) {
+func (s *Source) upsert(old, obj any) {
 	switch o := obj.(type) {
 	case *corev1.Service:
-		rev := Revision(o)
-		s.feeder.UpsertService(Service(o), rev)
-		s.saw(k, rev)
+		s.feeder.UpsertService(Service(o), Revision(o))
 		prev, _ := old.(*corev1.Service)
 		s.onService(prev, o)
 	case *corev1.Pod:
-		rev := Revision(o)
-		s.feeder.UpsertPod(Pod(o), rev)
-		s.saw(k, rev)
+		s.feeder.UpsertPod(Pod(o), Revision(o))
 	}
 }
 
-func (s *Source) remove(k kind, obj any) {
+func (s *Source) remove(obj any) {
 	switch o := obj.(type) {
 	case *corev1.Service:
-		rev := Revision(o)
-		s.feeder.DeleteService(o.Namespace, o.Name, rev)
-		s.saw(k, rev)
+		s.feeder.DeleteService(o.Namespace, o.Name, Revision(o))
 		s.onService(o, nil)
 	case *corev1.Pod:
-		rev := Revision(o)
-		s.feeder.DeletePod(o.Namespace, o.Name, rev)
-		s.saw(k, rev)
+		s.feeder.DeletePod(o.Namespace, o.Name, Revision(o))
 	case cache.DeletedFinalStateUnknown:
 		// The delete was missed (a relist found the object gone): its revision is
 		// unknown, so an event could be ignored as old. A snapshot is exact.
@@ -159,40 +141,67 @@ func (s *Source) remove(k kind, obj any) {
 	}
 }
 
-// ListServices lists the Services of the informer's cache (the Feeder's Lister).
+// ListServices lists every Service from the API server (the Feeder's Lister): a
+// snapshot at the list's resourceVersion, exact whatever the informers' caches hold at
+// the time (an informer's cache can be mid-relist, in no revision order) and never
+// older than what an earlier bridge pushed.
 func (s *Source) ListServices() ([]*allocdv1.Service, int64, error) {
-	rev := s.revision(services)
-	objs := s.informer[services].GetStore().List()
-	out := make([]*allocdv1.Service, 0, len(objs))
-	for _, o := range objs {
-		out = append(out, Service(o.(*corev1.Service)))
-	}
-	return out, rev, nil
-}
-
-// ListPods lists the Pods of the informer's cache (the Feeder's Lister).
-func (s *Source) ListPods() ([]*allocdv1.Pod, int64, error) {
-	rev := s.revision(pods)
-	objs := s.informer[pods].GetStore().List()
-	out := make([]*allocdv1.Pod, 0, len(objs))
-	for _, o := range objs {
-		out = append(out, Pod(o.(*corev1.Pod)))
-	}
-	return out, rev, nil
-}
-
-// revision is the revision of a snapshot of k taken now. Read before the listing: the
-// cache then holds at least every change up to it. With no object seen yet it is the
-// informer's list revision.
-func (s *Source) revision(k kind) int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.seen[k] == 0 {
-		if rv, err := strconv.ParseInt(s.informer[k].LastSyncResourceVersion(), 10, 64); err == nil {
-			s.seen[k] = rv
+	var out []*allocdv1.Service
+	rev, err := listAll(func(ctx context.Context, opts metav1.ListOptions) (string, string, error) {
+		l, err := s.kube.CoreV1().Services("").List(ctx, opts)
+		if err != nil {
+			return "", "", err
 		}
+		for i := range l.Items {
+			out = append(out, Service(&l.Items[i]))
+		}
+		return l.ResourceVersion, l.Continue, nil
+	})
+	return out, rev, err
+}
+
+// ListPods lists every Pod from the API server (the Feeder's Lister), as ListServices.
+func (s *Source) ListPods() ([]*allocdv1.Pod, int64, error) {
+	var out []*allocdv1.Pod
+	rev, err := listAll(func(ctx context.Context, opts metav1.ListOptions) (string, string, error) {
+		l, err := s.kube.CoreV1().Pods("").List(ctx, opts)
+		if err != nil {
+			return "", "", err
+		}
+		for i := range l.Items {
+			out = append(out, Pod(&l.Items[i]))
+		}
+		return l.ResourceVersion, l.Continue, nil
+	})
+	return out, rev, err
+}
+
+// listAll pages through a list (every page at the first's resourceVersion), within
+// two minutes (the Lister interface has no context), and returns that resourceVersion
+// as a revision.
+func listAll(page func(context.Context, metav1.ListOptions) (rv, cont string, err error)) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	opts := metav1.ListOptions{Limit: 500}
+	var first string
+	for {
+		rv, cont, err := page(ctx, opts)
+		if err != nil {
+			return 0, fmt.Errorf("feed: list: %w", err)
+		}
+		if first == "" {
+			first = rv
+		}
+		if cont == "" {
+			break
+		}
+		opts.Continue = cont
 	}
-	return max(s.seen[k], 1)
+	rev, err := strconv.ParseInt(first, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("feed: list resourceVersion %q: %w", first, err)
+	}
+	return rev, nil
 }
 
 // HasSynced reports whether both informers have their initial lists.

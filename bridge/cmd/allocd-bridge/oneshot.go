@@ -48,7 +48,7 @@ func runImport(ctx context.Context, o *options, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "ServiceCIDRs: %d in the cluster, %d created in allocd %v\n", len(cidrs.Items), len(created), created)
-	var n, adopted, held, conflicts int
+	var n, adopted, held, conflicts, failed int
 	opts := metav1.ListOptions{Limit: 500}
 	for {
 		list, err := kube.CoreV1().Services("").List(ctx, opts)
@@ -58,10 +58,12 @@ func runImport(ctx context.Context, o *options, out io.Writer) error {
 		for i := range list.Items {
 			s := &list.Items[i]
 			res, err := a.Service(ctx, s)
-			if err != nil {
-				return err
-			}
 			n++
+			if err != nil {
+				failed++
+				fmt.Fprintf(out, "FAILED %s/%s: %v\n", s.Namespace, s.Name, err)
+				continue
+			}
 			adopted += len(res.Adopted)
 			held += len(res.Held)
 			conflicts += len(res.Conflicts)
@@ -77,10 +79,10 @@ func runImport(ctx context.Context, o *options, out io.Writer) error {
 		}
 		opts.Continue = list.Continue
 	}
-	fmt.Fprintf(out, "Services: %d; addresses and ports adopted: %d, already held: %d, conflicts: %d\n",
-		n, adopted, held, conflicts)
-	if conflicts > 0 {
-		return fmt.Errorf("%d conflicts", conflicts)
+	fmt.Fprintf(out, "Services: %d; addresses and ports adopted: %d, already held: %d, conflicts: %d, failed: %d\n",
+		n, adopted, held, conflicts, failed)
+	if conflicts+failed > 0 {
+		return fmt.Errorf("%d conflicts, %d Services failed", conflicts, failed)
 	}
 	return nil
 }

@@ -102,7 +102,7 @@ func newBridge(o *options) (*bridge, error) {
 		fopts = append(fopts, feed.WithServiceHandler(b.adopter.ServiceChanged))
 	}
 	feedErrors := func(err error) { b.log.Info("feeding allocd failed; retrying", "error", err) }
-	b.src, err = feed.New(b.log, b.factory, b.c, []client.FeederOption{client.WithFeedErrors(feedErrors)}, fopts...)
+	b.src, err = feed.New(b.log, b.kube, b.factory, b.c, []client.FeederOption{client.WithFeedErrors(feedErrors)}, fopts...)
 	if err != nil {
 		return nil, err
 	}

@@ -30,6 +30,10 @@ type Adopter struct {
 	conflicts map[string]Conflict // by Service UID and resource
 }
 
+// kubernetesOwnerUID is the owner UID under which allocd reserves the first address of
+// its primary range for the kubernetes Service (allocator.KubernetesOwner).
+const kubernetesOwnerUID = "default/kubernetes"
+
 // Conflict is an address or port a Service holds in the cluster that allocd gives to
 // another owner.
 type Conflict struct {
@@ -209,6 +213,11 @@ func (a *Adopter) one(ctx context.Context, owner *allocdv1.Owner, ips []string, 
 	switch {
 	case err == nil:
 		res.Adopted = append(res.Adopted, name)
+	case errors.As(err, &held) && held.HolderUID == kubernetesOwnerUID &&
+		owner.Namespace == "default" && owner.Name == "kubernetes":
+		// allocd reserves the kubernetes Service's address at start, as kube-apiserver
+		// does, under an owner of its own: the same Service.
+		res.Held = append(res.Held, name)
 	case errors.As(err, &held):
 		res.Conflicts = append(res.Conflicts, Conflict{Service: owner.Namespace + "/" + owner.Name,
 			UID: owner.Uid, Resource: name, Holder: held.Holder})

@@ -10,6 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+
+	"github.com/allocd/allocd/leader"
 )
 
 // scale builds nsCount namespaces of svcPerNS Services, each selecting podsPerSvc Pods
@@ -52,7 +54,7 @@ func scale(nsCount, svcPerNS, podsPerSvc int) ([]*Service, []*Pod) {
 func BenchmarkInitialSync(b *testing.B) {
 	for range b.N {
 		e := etcdtest.New(b, etcdtest.WithFsync())
-		c, err := New(e.Client, Config{Prefix: testPrefix})
+		c, err := New(e.Client, Config{Prefix: testPrefix, DisableEndpointSlices: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -62,7 +64,9 @@ func BenchmarkInitialSync(b *testing.B) {
 		}
 		done := make(chan error, 1)
 		ctx, cancel := contextWithCancel(b)
-		go func() { done <- c.Lead(ctx, Fence{Key: testPrefix + "/repair/leader/x", Rev: resp.Header.Revision}) }()
+		go func() {
+			done <- c.Lead(ctx, leader.Fence{Key: testPrefix + "/repair/leader/x", Rev: resp.Header.Revision})
+		}()
 		for !c.Leading() {
 			time.Sleep(time.Millisecond)
 		}
@@ -82,7 +86,7 @@ func BenchmarkInitialSync(b *testing.B) {
 		t, _ := c.currentTerm()
 		for {
 			time.Sleep(5 * time.Millisecond)
-			if t.queue.idle() {
+			if t.idle() {
 				resp, err := e.Client.Get(ctx, testPrefix+"/endpoints/", withPrefixCount()...)
 				if err != nil {
 					b.Fatal(err)

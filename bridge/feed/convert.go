@@ -34,6 +34,10 @@ func Service(s *corev1.Service) *allocdv1.Service {
 		Labels:                   s.Labels,
 		Type:                     string(s.Spec.Type),
 		PublishNotReadyAddresses: s.Spec.PublishNotReadyAddresses,
+		Annotations:              s.Annotations,
+	}
+	if s.Spec.TrafficDistribution != nil {
+		out.TrafficDistribution = *s.Spec.TrafficDistribution
 	}
 	for _, f := range s.Spec.IPFamilies {
 		out.IpFamilies = append(out.IpFamilies, string(f))
@@ -134,6 +138,21 @@ func container(c corev1.Container) *allocdv1.Container {
 	for _, p := range c.Ports {
 		out.Ports = append(out.Ports, &allocdv1.ContainerPort{Name: p.Name, ContainerPort: p.ContainerPort,
 			Protocol: protocol(p.Protocol)})
+	}
+	return out
+}
+
+// Node converts a Kubernetes Node into the feed's message: its zone (labels), whether
+// it is Ready, and its allocatable CPU (topology hints).
+func Node(n *corev1.Node) *allocdv1.Node {
+	out := &allocdv1.Node{Name: n.Name, ResourceVersion: n.ResourceVersion, Labels: n.Labels}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			out.Ready = c.Status == corev1.ConditionTrue
+		}
+	}
+	if cpu, ok := n.Status.Allocatable[corev1.ResourceCPU]; ok {
+		out.AllocatableCpuMillis = cpu.MilliValue()
 	}
 	return out
 }

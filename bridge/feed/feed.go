@@ -24,10 +24,11 @@ type kind int
 const (
 	services kind = iota
 	pods
+	nodes
 	kinds
 )
 
-func (k kind) String() string { return [...]string{"services", "pods"}[k] }
+func (k kind) String() string { return [...]string{"services", "pods", "nodes"}[k] }
 
 // Source feeds allocd from a cluster: its informers' callbacks become the Feeder's
 // events, their caches its snapshots. It is the Feeder's Lister.
@@ -68,6 +69,7 @@ func New(log *slog.Logger, kube kubernetes.Interface, f informers.SharedInformer
 	s.feeder = client.NewFeeder(c, s, fopts...)
 	s.informer[services] = f.Core().V1().Services().Informer()
 	s.informer[pods] = f.Core().V1().Pods().Informer()
+	s.informer[nodes] = f.Core().V1().Nodes().Informer()
 	for k := range kinds {
 		inf := s.informer[k]
 		if err := inf.SetTransform(dropManagedFields); err != nil {
@@ -121,6 +123,8 @@ func (s *Source) upsert(old, obj any) {
 		s.onService(prev, o)
 	case *corev1.Pod:
 		s.feeder.UpsertPod(Pod(o), Revision(o))
+	case *corev1.Node:
+		s.feeder.UpsertNode(Node(o), Revision(o))
 	}
 }
 
@@ -131,6 +135,8 @@ func (s *Source) remove(obj any) {
 		s.onService(o, nil)
 	case *corev1.Pod:
 		s.feeder.DeletePod(o.Namespace, o.Name, Revision(o))
+	case *corev1.Node:
+		s.feeder.DeleteNode(o.Name, Revision(o))
 	case cache.DeletedFinalStateUnknown:
 		// The delete was missed (a relist found the object gone): its revision is
 		// unknown, so an event could be ignored as old. A snapshot is exact.
@@ -176,6 +182,22 @@ func (s *Source) ListPods() ([]*allocdv1.Pod, int64, error) {
 	return out, rev, err
 }
 
+// ListNodes lists every Node from the API server (the Feeder's Lister), as ListServices.
+func (s *Source) ListNodes() ([]*allocdv1.Node, int64, error) {
+	var out []*allocdv1.Node
+	rev, err := listAll(func(ctx context.Context, opts metav1.ListOptions) (string, string, error) {
+		l, err := s.kube.CoreV1().Nodes().List(ctx, opts)
+		if err != nil {
+			return "", "", err
+		}
+		for i := range l.Items {
+			out = append(out, Node(&l.Items[i]))
+		}
+		return l.ResourceVersion, l.Continue, nil
+	})
+	return out, rev, err
+}
+
 // listAll pages through a list (every page at the first's resourceVersion), within
 // two minutes (the Lister interface has no context), and returns that resourceVersion
 // as a revision.
@@ -204,16 +226,21 @@ func listAll(page func(context.Context, metav1.ListOptions) (rv, cont string, er
 	return rev, nil
 }
 
-// HasSynced reports whether both informers have their initial lists.
+// HasSynced reports whether the informers have their initial lists.
 func (s *Source) HasSynced() bool {
-	return s.informer[services].HasSynced() && s.informer[pods].HasSynced()
+	for _, inf := range s.informer {
+		if !inf.HasSynced() {
+			return false
+		}
+	}
+	return true
 }
 
 // Run waits for the informers' caches (started by the caller's factory), then feeds
 // allocd until ctx ends: snapshots first, then events in order, and snapshots again
 // whenever a watch breaks, a delete is seen as a tombstone, or allocd asks for them.
 func (s *Source) Run(ctx context.Context) error {
-	if !cache.WaitForCacheSync(ctx.Done(), s.informer[services].HasSynced, s.informer[pods].HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), s.HasSynced) {
 		return ctx.Err()
 	}
 	s.log.Info("informers synced; feeding allocd")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
@@ -170,4 +171,141 @@ func waitSameEndpoints(t testing.TB, ref, alc kubernetes.Interface, want map[str
 func countsAre(m map[string]normEndpoints, want map[string][2]int) bool {
 	got := readyCounts(m)
 	return maps.Equal(got, want)
+}
+
+// normSliceGroup is the EndpointSlices of one Service and address type as the
+// comparison sees them: what kube-proxy and CoreDNS read, up to slice names and the
+// order inside slices (endpoints are sorted); the trigger time is left out as for
+// Endpoints. Slices counts how many slices hold them.
+type normSliceGroup struct {
+	Labels    map[string]string
+	Owner     string
+	Ports     []string
+	Endpoints []string
+	Slices    int `json:"-"`
+}
+
+func listSlices(ctx context.Context, cs kubernetes.Interface, ns string) (map[string]*normSliceGroup, error) {
+	list, err := cs.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*normSliceGroup{}
+	for _, s := range list.Items {
+		var ports []string
+		for _, p := range s.Ports {
+			ports = append(ports, fmt.Sprintf("%s/%d/%s/%s", deref(p.Name), deref(p.Port), deref(p.Protocol), deref(p.AppProtocol)))
+		}
+		slices.Sort(ports)
+		key := s.Labels[discoveryv1.LabelServiceName] + " " + string(s.AddressType) + " " + strings.Join(ports, ",")
+		g := out[key]
+		if g == nil {
+			g = &normSliceGroup{Labels: s.Labels, Ports: ports}
+			for _, o := range s.OwnerReferences {
+				g.Owner = fmt.Sprintf("%s/%s controller=%v block=%v", o.Kind, o.Name, deref(o.Controller), deref(o.BlockOwnerDeletion))
+			}
+			out[key] = g
+		}
+		g.Slices++
+		for _, e := range s.Endpoints {
+			ref := "<nil>"
+			if r := e.TargetRef; r != nil {
+				ref = r.Kind + "/" + r.Namespace + "/" + r.Name
+			}
+			g.Endpoints = append(g.Endpoints, fmt.Sprintf("%v ready=%v serving=%v terminating=%v host=%v node=%v zone=%v ref=%s hints=%s",
+				e.Addresses, ptr(e.Conditions.Ready), ptr(e.Conditions.Serving), ptr(e.Conditions.Terminating),
+				ptr(e.Hostname), ptr(e.NodeName), ptr(e.Zone), ref, js(e.Hints)))
+		}
+	}
+	for _, g := range out {
+		slices.Sort(g.Endpoints)
+	}
+	return out, nil
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+func ptr[T any](p *T) string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprint(*p)
+}
+
+// diffSlices describes how allocd's slices (b) differ from the reference's (a): a group
+// (Service, address type, ports) missing on one side, different contents, or more
+// slices than upstream uses.
+func diffSlices(a, b map[string]*normSliceGroup) string {
+	var out []string
+	keys := slices.Sorted(maps.Keys(a))
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	for _, k := range keys {
+		x, y := a[k], b[k]
+		switch {
+		case x == nil:
+			out = append(out, fmt.Sprintf("%s: only in allocd's cluster: %s", k, js(y)))
+		case y == nil:
+			out = append(out, fmt.Sprintf("%s: only in the reference cluster: %s", k, js(x)))
+		case js(x) != js(y):
+			out = append(out, fmt.Sprintf("%s:\n  reference: %s\n  allocd:    %s", k, js(x), js(y)))
+		case y.Slices > x.Slices:
+			out = append(out, fmt.Sprintf("%s: allocd uses %d slices, the reference %d", k, y.Slices, x.Slices))
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// waitSameSlices waits until the EndpointSlices of both clusters' test namespace agree
+// (diffSlices) and hold, per Service, as many endpoints as want's Endpoints counts say
+// for its IPv4 group, or fails with the difference.
+func waitSameSlices(t testing.TB, ref, alc kubernetes.Interface, want map[string][2]int, limit time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(limit)
+	var a, b map[string]*normSliceGroup
+	var err error
+	for {
+		a, err = listSlices(ctx, ref, testNS)
+		if err == nil {
+			b, err = listSlices(ctx, alc, testNS)
+		}
+		if err == nil && sliceCountsAre(a, want) && diffSlices(a, b) == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("listing EndpointSlices: %v", err)
+	}
+	t.Fatalf("EndpointSlices not the same within %v:\n%s", limit, diffSlices(a, b))
+}
+
+// sliceCountsAre: every Service of want has IPv4 slices holding its Endpoints' count
+// of addresses (ready and not ready; the Endpoints' truncation at 1000 aside).
+func sliceCountsAre(m map[string]*normSliceGroup, want map[string][2]int) bool {
+	got := map[string]int{}
+	for _, g := range m {
+		if len(g.Endpoints) > 0 && strings.HasPrefix(g.Endpoints[0], "[10.") {
+			got[g.Labels[discoveryv1.LabelServiceName]] += len(g.Endpoints)
+		}
+	}
+	for name, c := range want {
+		if n := c[0] + c[1]; n < 1000 && got[name] != n {
+			return false
+		}
+	}
+	return true
 }

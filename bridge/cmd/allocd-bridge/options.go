@@ -31,6 +31,7 @@ type options struct {
 	allocdCA, allocdCert, allocdKey string
 
 	endpointSyncs int
+	sliceSyncs    int
 	serviceSyncs  int
 	adopt         bool
 	kubernetesSvc bool
@@ -40,7 +41,7 @@ type options struct {
 }
 
 func defaultOptions() *options {
-	return &options{qps: 200, burst: 400, allocd: "127.0.0.1:8080", endpointSyncs: 5, serviceSyncs: 5,
+	return &options{qps: 200, burst: 400, allocd: "127.0.0.1:8080", endpointSyncs: 5, sliceSyncs: 5, serviceSyncs: 5,
 		adopt: true, healthAddress: "127.0.0.1:10260", logLevel: "info"}
 }
 
@@ -59,6 +60,8 @@ func (o *options) addConnectionFlags(fs *pflag.FlagSet) {
 func (o *options) addRunFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.endpointSyncs, "concurrent-endpoint-syncs", o.endpointSyncs,
 		"Endpoints written into the cluster at once (kube-controller-manager's flag)")
+	fs.IntVar(&o.sliceSyncs, "concurrent-service-endpoint-syncs", o.sliceSyncs,
+		"EndpointSlices written into the cluster at once (kube-controller-manager's flag); 0: write none (allocd's EndpointSlice controller off)")
 	fs.IntVar(&o.serviceSyncs, "concurrent-service-syncs", o.serviceSyncs,
 		"Services whose allocations are adopted into allocd at once")
 	fs.BoolVar(&o.adopt, "adopt", o.adopt, "allocate in allocd the ClusterIPs and NodePorts the cluster's Services hold")

@@ -113,6 +113,14 @@ func newBridge(o *options) (*bridge, error) {
 		return nil, err
 	}
 	b.writers = append(b.writers, w)
+	if o.sliceSyncs > 0 {
+		slices := write.NewEndpointSlices(b.c, b.kube, b.factory, m, o.kubernetesSvc)
+		ws := write.New(b.log, slices, o.sliceSyncs, m)
+		if err := ws.Register(); err != nil {
+			return nil, err
+		}
+		b.writers = append(b.writers, ws)
+	}
 	return b, nil
 }
 

@@ -5,6 +5,8 @@ import (
 	"crypto/x509/pkix"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,6 +31,8 @@ type pair struct {
 	alc    *cluster
 	allocd *allocdSide
 	lease  *proc
+	// moved are the Nodes moved to another zone (see movedZones).
+	moved movedZones
 }
 
 func newPair(t *testing.T) *pair {
@@ -193,6 +197,7 @@ func (p *pair) testEndpoints(t *testing.T) {
 	p.both(t, func(ctx context.Context, cs kubernetes.Interface) error {
 		return setNodeZone(ctx, cs, "node-1", "zone-c")
 	})
+	p.moved = movedZones{"node-1": "zone-c"}
 	t.Run("node changes zone", func(t *testing.T) { p.converge(t, want, 2, convergeLimit) })
 
 	p.both(t, func(ctx context.Context, cs kubernetes.Interface) error {
@@ -214,7 +219,7 @@ func (p *pair) converge(t *testing.T, want map[string][2]int, terminating int, l
 			sw[n] = [2]int{c[0], c[1] + terminating}
 		}
 	}
-	waitSameSlices(t, p.ref.Admin, p.alc.Admin, sw, limit)
+	waitSameSlices(t, p.ref.Admin, p.alc.Admin, sw, p.moved, limit)
 }
 
 // scale makes the Service "big" have n ready Pods (big-0 ... big-(n-1)) in both clusters.
@@ -290,5 +295,26 @@ func (p *pair) testKubernetesService(t *testing.T) {
 	}
 	if a, b := js(normalizeEndpoints(ref)), js(normalizeEndpoints(alc)); a != b {
 		t.Errorf("default/kubernetes Endpoints differ (ports aside):\n  reference: %s\n  allocd:    %s (last: %s)", a, b, last)
+	}
+	// Its EndpointSlice too, as kube-apiserver's reconciler writes it (the port aside).
+	var a, b map[string]*normSliceGroup
+	etcdtest.WaitFor(t, convergeLimit, "default/kubernetes EndpointSlice", func() bool {
+		var err1, err2 error
+		a, err1 = listSlices(ctx, p.ref.Admin, "default")
+		b, err2 = listSlices(ctx, p.alc.Admin, "default")
+		return err1 == nil && err2 == nil && len(b) > 0
+	})
+	portless := func(m map[string]*normSliceGroup) string {
+		var out []string
+		for _, g := range m {
+			c := *g
+			c.Ports = nil
+			out = append(out, js(c))
+		}
+		slices.Sort(out)
+		return strings.Join(out, "\n")
+	}
+	if x, y := portless(a), portless(b); x != y {
+		t.Errorf("default/kubernetes EndpointSlices differ (ports aside):\n  reference: %s\n  allocd:    %s", x, y)
 	}
 }

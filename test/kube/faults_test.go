@@ -72,11 +72,14 @@ func (p *pair) testFaults(t *testing.T) {
 		// The reference converges while the bridge is down; allocd's cluster then lags.
 		p.allocd.Bridge.Start()
 		p.allocd.WaitBridgeReady(t)
-		waitSameEndpoints(t, p.ref.Admin, p.alc.Admin, want, convergeLimit)
+		p.converge(t, want, 2, convergeLimit)
 		// A restarted bridge writes what changed (web and head) and nothing else.
 		time.Sleep(2 * time.Second)
 		if n := p.bridgeWrites(t, "endpoints"); n > 2 {
 			t.Errorf("restarted bridge wrote %d Endpoints; want at most 2 (web and head changed while it was down)", n)
+		}
+		if n := p.bridgeWrites(t, "endpointslices"); n > 2 {
+			t.Errorf("restarted bridge wrote %d EndpointSlices; want at most 2 (web's and head's changed while it was down)", n)
 		}
 	})
 
@@ -99,7 +102,7 @@ func (p *pair) testFaults(t *testing.T) {
 		// stuck feed cannot pass for a converged one.
 		p.flipBoth(t, "web-5", false, 11)
 		want["web"], want["head"] = [2]int{ready - 2, notReady + 2}, [2]int{ready - 2, notReady + 2}
-		waitSameEndpoints(t, p.ref.Admin, p.alc.Admin, want, 2*convergeLimit)
+		p.converge(t, want, 2, 2*convergeLimit)
 		p.allocd.Replicas[killed].Start()
 	})
 
@@ -107,7 +110,7 @@ func (p *pair) testFaults(t *testing.T) {
 		p.alc.RestartAPIServer()
 		p.flipBoth(t, "web-3", true, 12)
 		want["web"], want["head"] = [2]int{ready - 1, notReady + 1}, [2]int{ready - 1, notReady + 1}
-		waitSameEndpoints(t, p.ref.Admin, p.alc.Admin, want, 2*convergeLimit)
+		p.converge(t, want, 2, 2*convergeLimit)
 	})
 
 	t.Run("foreign write put right", func(t *testing.T) {
@@ -120,11 +123,11 @@ func (p *pair) testFaults(t *testing.T) {
 		if _, err := p.alc.Admin.CoreV1().Endpoints(testNS).Update(ctx, ep, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		waitSameEndpoints(t, p.ref.Admin, p.alc.Admin, want, convergeLimit)
+		p.converge(t, want, 2, convergeLimit)
 		if err := p.alc.Admin.CoreV1().Endpoints(testNS).Delete(ctx, "head", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		waitSameEndpoints(t, p.ref.Admin, p.alc.Admin, want, convergeLimit)
+		p.converge(t, want, 2, convergeLimit)
 	})
 
 	t.Run("unmanaged endpoints untouched", func(t *testing.T) {

@@ -32,6 +32,8 @@ type op struct {
 	assign   bool   // Assign: do not record the request for replay
 	hash     string // Allocate: the request's idempotency hash
 	picks    []*pick
+	// fence is the epoch the call began in: its transactions compare it (fence.go).
+	fence fence
 
 	// ownerRev is the ModRevision of the owner's record, 0 when none is expected;
 	// record is that record. next is the record the op's transaction writes (when
@@ -226,8 +228,17 @@ func (a *Allocator) txnOps(live []*op, now time.Time) ([]clientv3.Cmp, []clientv
 		spans = append(spans, sp)
 	}
 	all := string(vals)
-	cmps := make([]clientv3.Cmp, 0, n)
+	cmps := make([]clientv3.Cmp, 0, n+2)
 	puts := make([]clientv3.Op, 0, n)
+	// The oldest fence of the batch; ops fenced on another epoch key (it was made
+	// anew) fail the compare and learn it in the read-back.
+	f := live[0].fence
+	for _, o := range live {
+		if o.fence.version < f.version {
+			f = o.fence
+		}
+	}
+	cmps = append(cmps, a.fenceCmps(f)...)
 	var guards []string // ids
 	for i, o := range live {
 		val := all[spans[i][0]:spans[i][1]]
@@ -297,6 +308,7 @@ func (a *Allocator) readBack(ctx context.Context, live []*op, n int) []*op {
 		}
 		gets = append(gets, clientv3.OpGet(o.ownerKey))
 	}
+	gets = append(gets, clientv3.OpGet(a.epochKey))
 	var read *clientv3.TxnResponse
 	err := retryRead(ctx, func(ctx context.Context) (err error) {
 		read, err = a.cli.Txn(ctx).Then(gets...).Commit()
@@ -317,6 +329,12 @@ func (a *Allocator) readBack(ctx context.Context, live []*op, n int) []*op {
 	}
 	var retry []*op
 	for _, o := range live {
+		if a.fenceFailed(kvs[a.epochKey], o.fence) {
+			// Begun more than epochSlack epochs ago: a release since may count on its
+			// transactions failing. Nothing of it was written.
+			o.fail(fmt.Errorf("owner %s: the call outlasted its epoch fence: %w", o.owner.UID, ErrConflict))
+			continue
+		}
 		if a.guardChanged(o, kvs) {
 			o.fail(&rangesChangedError{rev: read.Header.Revision})
 			continue

@@ -15,7 +15,8 @@ import (
 // Node, and the store revision they are at, e.g. the highest resourceVersion seen).
 // The EndpointSlice controller needs the Nodes (their zones, and a Pod whose Node is
 // unknown is left out of the slices); with it turned off (--controllers), ListNodes
-// may return none.
+// may return none. Every revision must be positive (a snapshot of revision 0 is
+// refused).
 type Lister interface {
 	ListServices() (services []*allocdv1.Service, revision int64, err error)
 	ListPods() (pods []*allocdv1.Pod, revision int64, err error)

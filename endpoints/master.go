@@ -63,6 +63,11 @@ func (t *term) syncMaster(ctx context.Context) error {
 	if m == nil {
 		return nil
 	}
+	for _, prefix := range []string{t.c.etcdKey(masterKey), t.c.slicesOf(masterKey)} {
+		if err := t.reloadUnsure(ctx, prefix); err != nil {
+			return err
+		}
+	}
 	w := &write{}
 	desired, changed := t.masterEndpointsObject(m)
 	if changed {

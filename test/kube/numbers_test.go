@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -123,22 +124,24 @@ func (p *pair) flipLatency(t *testing.T, rate, services, podsPer int, d time.Dur
 	offset := flipOffset
 	flipOffset += n
 	var wg sync.WaitGroup
-	results := map[string][]time.Duration{}
+	eps, sls := map[string][]time.Duration{}, map[string][]time.Duration{}
 	var mu sync.Mutex
 	for _, c := range []*cluster{p.ref, p.alc} {
 		wg.Go(func() {
-			lat, err := measureFlips(c.Admin, rate, n, offset, services, podsPer)
+			e, s, err := measureFlips(c.Admin, rate, n, offset, services, podsPer)
 			if err != nil {
 				t.Errorf("%s: %v", c.name, err)
 			}
 			mu.Lock()
-			results[c.name] = lat
+			eps[c.name], sls[c.name] = e, s
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
+	t.Logf("readiness flip → EndpointSlice in the API, %d flips at %d/s: kube-controller-manager %s; allocd+bridge %s",
+		n, rate, percentiles(sls["ref"], n), percentiles(sls["alc"], n))
 	t.Logf("readiness flip → Endpoints in the API, %d flips at %d/s: kube-controller-manager %s; allocd+bridge %s",
-		n, rate, percentiles(results["ref"], n), percentiles(results["alc"], n))
+		n, rate, percentiles(eps["ref"], n), percentiles(eps["alc"], n))
 }
 
 var flipOffset int
@@ -155,21 +158,26 @@ func percentiles(d []time.Duration, n int) string {
 // measureFlips watches the namespace's Endpoints, makes n flips at rate per second on
 // Pods offset, offset+1, ... (spread over the Services), and returns the latency of each
 // flip seen within a minute of the last.
-func measureFlips(cs kubernetes.Interface, rate, n, offset, services, podsPer int) ([]time.Duration, error) {
+func measureFlips(cs kubernetes.Interface, rate, n, offset, services, podsPer int) (eps, slices []time.Duration, err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	list, err := cs.CoreV1().Endpoints(testNS).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	w, err := cs.CoreV1().Endpoints(testNS).Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer w.Stop()
+	sw, err := cs.DiscoveryV1().EndpointSlices(testNS).Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer sw.Stop()
 	var mu sync.Mutex
-	pending := map[string]flip{} // by IP
-	var lat []time.Duration
+	pending := map[string]flip{}      // by IP, until the Endpoints show it
+	pendingSlice := map[string]flip{} // by IP, until a slice shows it
 	go func() {
 		for ev := range w.ResultChan() {
 			ep, ok := ev.Object.(*corev1.Endpoints)
@@ -180,10 +188,30 @@ func measureFlips(cs kubernetes.Interface, rate, n, offset, services, podsPer in
 			mu.Lock()
 			for _, s := range ep.Subsets {
 				for _, a := range s.NotReadyAddresses {
-					if f, ok := pending[a.IP]; ok && !f.ready && f.svc == ep.Name {
-						lat = append(lat, now.Sub(f.at))
+					if f, ok := pending[a.IP]; ok && f.svc == ep.Name {
+						eps = append(eps, now.Sub(f.at))
 						delete(pending, a.IP)
 					}
+				}
+			}
+			mu.Unlock()
+		}
+	}()
+	go func() {
+		for ev := range sw.ResultChan() {
+			sl, ok := ev.Object.(*discoveryv1.EndpointSlice)
+			if !ok || ev.Type == watch.Deleted {
+				continue
+			}
+			now := time.Now()
+			mu.Lock()
+			for _, e := range sl.Endpoints {
+				if len(e.Addresses) == 0 || e.Conditions.Ready == nil || *e.Conditions.Ready {
+					continue
+				}
+				if f, ok := pendingSlice[e.Addresses[0]]; ok && f.svc == sl.Labels[discoveryv1.LabelServiceName] {
+					slices = append(slices, now.Sub(f.at))
+					delete(pendingSlice, e.Addresses[0])
 				}
 			}
 			mu.Unlock()
@@ -207,13 +235,14 @@ func measureFlips(cs kubernetes.Interface, rate, n, offset, services, podsPer in
 			// answer comes back.
 			f.at = time.Now()
 			mu.Lock()
-			pending[f.ip] = f
+			pending[f.ip], pendingSlice[f.ip] = f, f
 			mu.Unlock()
 			_, err := cs.CoreV1().Pods(testNS).Patch(ctx, f.pod, types.StrategicMergePatchType, patch,
 				metav1.PatchOptions{}, "status")
 			if err != nil {
 				mu.Lock()
 				delete(pending, f.ip)
+				delete(pendingSlice, f.ip)
 				mu.Unlock()
 			}
 		})
@@ -222,7 +251,7 @@ func measureFlips(cs kubernetes.Interface, rate, n, offset, services, podsPer in
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
 		mu.Lock()
-		left := len(pending)
+		left := len(pending) + len(pendingSlice)
 		mu.Unlock()
 		if left == 0 {
 			break
@@ -231,5 +260,5 @@ func measureFlips(cs kubernetes.Interface, rate, n, offset, services, podsPer in
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	return slices.Clone(lat), nil
+	return append([]time.Duration(nil), eps...), append([]time.Duration(nil), slices...), nil
 }

@@ -92,6 +92,9 @@ func (o *options) kubeClient() (kubernetes.Interface, error) {
 	}
 	cfg.QPS, cfg.Burst = o.qps, o.burst
 	cfg.UserAgent = "allocd-bridge"
+	// Every write of an Endpoints draws the API server's deprecation warning; as
+	// kube-controller-manager's endpoint controller, the bridge writes them anyway.
+	cfg.WarningHandler = rest.NoWarnings{}
 	return kubernetes.NewForConfig(cfg)
 }
 

@@ -62,10 +62,10 @@ type Allocator struct {
 	cpMaxAge, cpMinGap time.Duration
 	loadedFrom         string
 
-	// epochVersion and epochCreate are the epoch key's version and CreateRevision as
-	// last seen, at epochAt (unix nanoseconds, when the version last moved): see
-	// fence.go.
-	epochVersion, epochCreate, epochAt atomic.Int64
+	// epoch is the epoch key's version and CreateRevision as last seen, at epochAt
+	// (monotonicNow, when the version last moved): see fence.go.
+	epoch   atomic.Pointer[fence]
+	epochAt atomic.Int64
 	// epochGone is set when the watch sees the epoch key deleted.
 	epochGone atomic.Bool
 

@@ -193,7 +193,27 @@ func (a *Allocator) prepare(batch []*op) []*op {
 		o.next, o.putRecord = rec, o.record == nil || recordChanged(o.record, rec)
 		live = append(live, o)
 	}
-	return live
+	return oneEpochKey(live)
+}
+
+// oneEpochKey keeps the ops of live fenced on the epoch key of its first op: the
+// transaction compares one fence, and an op fenced on another epoch key (the key was
+// made anew, after a release while etcd was out of space, between the two ops' starts)
+// must not commit under a fence that is not its own. Those fail as a call that
+// outlasted its fence does, and are planned again.
+func oneEpochKey(live []*op) []*op {
+	if len(live) == 0 {
+		return live
+	}
+	keep := live[:0]
+	for _, o := range live {
+		if o.fence.create != live[0].fence.create {
+			o.fail(fmt.Errorf("owner %s: the epoch key changed since the call began: %w", o.owner.UID, ErrConflict))
+			continue
+		}
+		keep = append(keep, o)
+	}
+	return keep
 }
 
 // unguarded returns a pick of o that would create an address without comparing a
@@ -230,8 +250,8 @@ func (a *Allocator) txnOps(live []*op, now time.Time) ([]clientv3.Cmp, []clientv
 	all := string(vals)
 	cmps := make([]clientv3.Cmp, 0, n+2)
 	puts := make([]clientv3.Op, 0, n)
-	// The oldest fence of the batch; ops fenced on another epoch key (it was made
-	// anew) fail the compare and learn it in the read-back.
+	// The oldest fence of the batch (every op of it is fenced on one epoch key:
+	// oneEpochKey).
 	f := live[0].fence
 	for _, o := range live {
 		if o.fence.version < f.version {

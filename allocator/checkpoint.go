@@ -210,6 +210,11 @@ func (a *Allocator) loadCheckpoint(ctx context.Context) error {
 	if !found || head.Rev <= 0 {
 		return errNoCheckpoint
 	}
+	if rev := a.progress.Rev(); rev > head.Rev {
+		// An earlier try of the start brought the index past the checkpoint: the
+		// catch-up from here would skip the events between the two.
+		return fmt.Errorf("%w: the index is at %d, past the checkpoint's %d", errNoCheckpoint, rev, head.Rev)
+	}
 	used, err := a.decodeCheckpoint(head, data)
 	if err != nil {
 		return err

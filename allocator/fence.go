@@ -45,22 +45,32 @@ const (
 	fenceOps = 2
 )
 
+// processStart is the reading of the monotonic clock that monotonicNow counts from.
+var processStart = time.Now()
+
+// monotonicNow is the time since the process started, on the monotonic clock: a
+// wall clock stepped back does not hold the epoch still.
+func monotonicNow() time.Duration { return time.Since(processStart) }
+
 // epochSeen records the epoch key as etcd holds it (a watch event, a read or a
-// write): its version and CreateRevision.
+// write): its version and CreateRevision, together (a fence never pairs the version of
+// one key with the CreateRevision of the next). A version never goes back for one key;
+// a key made anew (a larger CreateRevision) replaces the older one's state, and the
+// key's absence (0, 0) replaces whatever was seen (a stale absence only makes calls
+// fail their compare and read the key again).
 func (a *Allocator) epochSeen(version, create int64) {
-	if create != a.epochCreate.Load() {
-		a.epochCreate.Store(create)
-		a.epochVersion.Store(version)
-		a.epochAt.Store(time.Now().UnixNano())
-		return
-	}
 	for {
-		v := a.epochVersion.Load()
-		if version <= v {
-			return
+		cur := a.epoch.Load()
+		if cur != nil {
+			switch {
+			case create != 0 && create < cur.create:
+				return // an earlier key's
+			case create == cur.create && version <= cur.version:
+				return
+			}
 		}
-		if a.epochVersion.CompareAndSwap(v, version) {
-			a.epochAt.Store(time.Now().UnixNano())
+		if a.epoch.CompareAndSwap(cur, &fence{version: version, create: create}) {
+			a.epochAt.Store(int64(monotonicNow()))
 			return
 		}
 	}
@@ -89,7 +99,10 @@ type fence struct{ version, create int64 }
 
 // fenceNow is the fence of a call that begins now.
 func (a *Allocator) fenceNow() fence {
-	return fence{version: a.epochVersion.Load(), create: a.epochCreate.Load()}
+	if f := a.epoch.Load(); f != nil {
+		return *f
+	}
+	return fence{}
 }
 
 // fenceCmps are the compares of a transaction fenced at f: it commits only while the
@@ -104,12 +117,24 @@ func (a *Allocator) fenceCmps(f fence) []clientv3.Cmp {
 // fenceFailed reports whether the epoch key as read (kv, nil when absent) fails the
 // fence f: the call is then too old to commit and must be begun again.
 func (a *Allocator) fenceFailed(kv *mvccpb.KeyValue, f fence) bool {
+	a.epochRead(kv)
+	if kv == nil {
+		return f.create != 0
+	}
+	return kv.Version >= f.version+epochSlack || kv.CreateRevision != f.create
+}
+
+// epochRead records the epoch key as read (kv nil: absent, deleted by a release
+// while etcd was out of space). While it is absent, calls are fenced by its absence
+// (CreateRevision 0): every transaction built before the delete compares a CreateRevision
+// that is not 0, and fails; the epoch loop makes the key anew once etcd takes writes.
+func (a *Allocator) epochRead(kv *mvccpb.KeyValue) {
 	if kv == nil {
 		a.epochGone.Store(true)
-		return true
+		a.epochSeen(0, 0)
+		return
 	}
 	a.epochSeen(kv.Version, kv.CreateRevision)
-	return kv.Version >= f.version+epochSlack || kv.CreateRevision != f.create
 }
 
 func (s *store) tombstoneKey(u int64, uid string) string {
@@ -167,7 +192,7 @@ func (a *Allocator) epochLoop(ctx context.Context) {
 			}
 			a.epochGone.Store(false)
 		}
-		if time.Since(time.Unix(0, a.epochAt.Load())) < epochInterval {
+		if monotonicNow()-time.Duration(a.epochAt.Load()) < epochInterval {
 			continue
 		}
 		if err := a.epochRound(ctx); err != nil {
@@ -194,7 +219,8 @@ func (a *Allocator) epochRound(ctx context.Context) error {
 // bumpEpoch rewrites the epoch key if it is at the version this replica knows; it
 // reports whether it did.
 func (a *Allocator) bumpEpoch(ctx context.Context) (bool, error) {
-	v, c := a.epochVersion.Load(), a.epochCreate.Load()
+	f := a.fenceNow()
+	v, c := f.version, f.create
 	cctx, cancel := context.WithTimeout(ctx, epochInterval)
 	defer cancel()
 	resp, err := a.cli.Txn(cctx).If(clientv3.Compare(clientv3.Version(a.epochKey), "=", v),
@@ -220,7 +246,8 @@ func (a *Allocator) bumpEpoch(ctx context.Context) (bool, error) {
 // every transaction built before it was made fails its compare), and those of this
 // one whose u + epochSlack the epoch has reached.
 func (a *Allocator) collectTombstones(ctx context.Context) error {
-	v, c := a.epochVersion.Load(), a.epochCreate.Load()
+	f := a.fenceNow()
+	v, c := f.version, f.create
 	for range 16 {
 		resp, err := a.cli.Get(ctx, a.tombPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 			clientv3.WithMaxModRev(c-1), clientv3.WithLimit(tombstoneBatch))

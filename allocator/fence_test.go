@@ -36,8 +36,8 @@ func checkTombstone(t *testing.T, cli *clientv3.Client, a *Allocator, uid string
 func passEpochs(t *testing.T, a *Allocator) {
 	t.Helper()
 	ctx := etcdtest.Context(t)
-	target := a.epochVersion.Load() + 2*epochSlack + 1
-	for a.epochVersion.Load() < target {
+	target := a.fenceNow().version + 2*epochSlack + 1
+	for a.fenceNow().version < target {
 		if _, err := a.bumpEpoch(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -188,4 +188,26 @@ func newProxy(t *testing.T, target string) (proxy.Server, string) {
 	}()
 	t.Cleanup(func() { px.Close() })
 	return px, from.String()
+}
+
+// TestEpochSeenKeepsPairs: the epoch's version and CreateRevision are recorded
+// together: a late event of the key before it was made anew never lends its version
+// to the new key (the fence would be looser than the key allows).
+func TestEpochSeenKeepsPairs(t *testing.T) {
+	a := &Allocator{}
+	a.epochSeen(59, 100)
+	a.epochSeen(1, 500)  // the key made anew
+	a.epochSeen(60, 100) // a late event of the old key
+	if f := a.fenceNow(); f != (fence{version: 1, create: 500}) {
+		t.Errorf("after a late event of the old key: fence %+v; want {1 500}", f)
+	}
+	a.epochSeen(3, 500)
+	a.epochSeen(2, 500)
+	if f := a.fenceNow(); f != (fence{version: 3, create: 500}) {
+		t.Errorf("a version went back: fence %+v; want {3 500}", f)
+	}
+	a.epochSeen(0, 0) // deleted
+	if f := a.fenceNow(); f != (fence{}) {
+		t.Errorf("after the key's delete: fence %+v; want its absence", f)
+	}
 }

@@ -257,7 +257,7 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 			case ev.Type == mvccpb.PUT:
 				a.epochSeen(ev.Kv.Version, ev.Kv.CreateRevision)
 			default:
-				a.epochGone.Store(true)
+				a.epochRead(nil)
 			}
 			continue
 		}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -132,9 +133,7 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 		return released{}, false, fmt.Errorf("release: %w", err)
 	}
 	if !resp.Succeeded {
-		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			a.epochSeen(kvs[0].Version, kvs[0].CreateRevision) // the next attempt's fence
-		}
+		a.epochRead(firstKV(resp.Responses[0].GetResponseRange().Kvs)) // the next attempt's fence
 		return released{}, false, nil
 	}
 	a.hints.del(o.UID)
@@ -152,6 +151,14 @@ func (a *Allocator) releaseTxn(ctx context.Context, cmps []clientv3.Cmp, writes 
 		return err
 	})
 	return resp, err
+}
+
+// firstKV is the first of kvs, nil when there is none.
+func firstKV(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
+	if len(kvs) == 0 {
+		return nil
+	}
+	return kvs[0]
 }
 
 // isNoSpace reports whether err is etcd's NOSPACE refusal.
@@ -308,7 +315,16 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 		}
 	}
 	cmps, writes = append(cmps, t.cmps...), append(writes, t.writes...)
-	resp, err := a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(key), clientv3.OpGet(a.epochKey)).Commit()
+	txn := func(writes []clientv3.Op) (*clientv3.TxnResponse, error) {
+		return a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(key), clientv3.OpGet(a.epochKey)).Commit()
+	}
+	resp, err := txn(writes)
+	if isNoSpace(err) && len(t.tombs) > 0 {
+		// etcd out of space refuses the tombstone's puts; deletions free space.
+		if w, ok := a.noSpaceWrites(&releaseTxn{writes: writes, tombs: t.tombs}); ok {
+			resp, err = txn(w)
+		}
+	}
 	if err != nil {
 		return 0, false, fmt.Errorf("write %s: %w", key, err)
 	}
@@ -316,9 +332,7 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 		a.hints.del(uids...)
 		return resp.Header.Revision, true, nil
 	}
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-		a.epochSeen(kvs[0].Version, kvs[0].CreateRevision) // the next attempt's fence
-	}
+	a.epochRead(firstKV(resp.Responses[1].GetResponseRange().Kvs)) // the next attempt's fence
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 || kvs[0].ModRevision != al.ModRevision {
 		return 0, true, nil

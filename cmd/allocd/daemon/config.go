@@ -257,27 +257,7 @@ func (c *Config) Validate() error {
 	if c.EndpointReconcilerInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--endpoint-reconciler-interval %s: want > 0", c.EndpointReconcilerInterval))
 	}
-	if c.ConcurrentEndpointSyncs < 1 {
-		errs = append(errs, fmt.Errorf("--concurrent-endpoint-syncs %d: want >= 1", c.ConcurrentEndpointSyncs))
-	}
-	if _, _, err := c.controllers(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.ConcurrentServiceEndpointSyncs < 1 {
-		errs = append(errs, fmt.Errorf("--concurrent-service-endpoint-syncs %d: want >= 1", c.ConcurrentServiceEndpointSyncs))
-	}
-	if c.EndpointSliceUpdatesBatchPeriod < 0 {
-		errs = append(errs, fmt.Errorf("--endpointslice-updates-batch-period %v: want >= 0", c.EndpointSliceUpdatesBatchPeriod))
-	}
-	if c.MaxEndpointsPerSlice < 1 || c.MaxEndpointsPerSlice > 1000 {
-		errs = append(errs, fmt.Errorf("--max-endpoints-per-slice %d: want 1-1000", c.MaxEndpointsPerSlice))
-	}
-	if c.EtcdMaxTxnOps < 2 {
-		errs = append(errs, fmt.Errorf("--etcd-max-txn-ops %d: want >= 2 (etcd's default is 128)", c.EtcdMaxTxnOps))
-	}
-	if c.EndpointUpdatesBatchPeriod < 0 {
-		errs = append(errs, fmt.Errorf("--endpoint-updates-batch-period %v: want >= 0", c.EndpointUpdatesBatchPeriod))
-	}
+	errs = append(errs, c.validateEndpointControllers()...)
 	if c.RepairLeakStrikes < 1 {
 		errs = append(errs, fmt.Errorf("--repair-leak-strikes %d: want >= 1", c.RepairLeakStrikes))
 	}
@@ -308,6 +288,34 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateEndpointControllers checks the flags of the Endpoints and EndpointSlice
+// controllers.
+func (c *Config) validateEndpointControllers() []error {
+	var errs []error
+	if c.ConcurrentEndpointSyncs < 1 {
+		errs = append(errs, fmt.Errorf("--concurrent-endpoint-syncs %d: want >= 1", c.ConcurrentEndpointSyncs))
+	}
+	if _, _, err := c.controllers(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ConcurrentServiceEndpointSyncs < 1 {
+		errs = append(errs, fmt.Errorf("--concurrent-service-endpoint-syncs %d: want >= 1", c.ConcurrentServiceEndpointSyncs))
+	}
+	if c.EndpointSliceUpdatesBatchPeriod < 0 {
+		errs = append(errs, fmt.Errorf("--endpointslice-updates-batch-period %v: want >= 0", c.EndpointSliceUpdatesBatchPeriod))
+	}
+	if c.MaxEndpointsPerSlice < 1 || c.MaxEndpointsPerSlice > 1000 {
+		errs = append(errs, fmt.Errorf("--max-endpoints-per-slice %d: want 1-1000", c.MaxEndpointsPerSlice))
+	}
+	if c.EtcdMaxTxnOps < 2 {
+		errs = append(errs, fmt.Errorf("--etcd-max-txn-ops %d: want >= 2 (etcd's default is 128)", c.EtcdMaxTxnOps))
+	}
+	if c.EndpointUpdatesBatchPeriod < 0 {
+		errs = append(errs, fmt.Errorf("--endpoint-updates-batch-period %v: want >= 0", c.EndpointUpdatesBatchPeriod))
+	}
+	return errs
 }
 
 // clusterIPRanges parses --service-cluster-ip-range into masked prefixes.

@@ -44,24 +44,7 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	if err != nil {
 		return err
 	}
-	endpointOn, sliceOn, err := c.controllers()
-	if err != nil {
-		return err
-	}
-	ec, err := endpoints.New(d.cli, endpoints.Config{
-		Prefix:                c.EtcdPrefix,
-		Workers:               c.ConcurrentEndpointSyncs,
-		BatchPeriod:           c.EndpointUpdatesBatchPeriod,
-		MasterResync:          c.EndpointReconcilerInterval,
-		DisableEndpoints:      !endpointOn,
-		DisableEndpointSlices: !sliceOn,
-		SliceWorkers:          c.ConcurrentServiceEndpointSyncs,
-		SliceBatchPeriod:      c.EndpointSliceUpdatesBatchPeriod,
-		MaxEndpointsPerSlice:  c.MaxEndpointsPerSlice,
-		MaxTxnOps:             c.EtcdMaxTxnOps,
-		Logger:                d.log,
-		Registerer:            d.registry,
-	})
+	ec, err := d.newEndpoints()
 	if err != nil {
 		return err
 	}
@@ -128,6 +111,29 @@ func (d *Daemon) swapIn(alloc *allocator.Allocator, leases *masterlease.Manager,
 	d.gates.alloc.AllocatorServiceServer = allocSvc
 	d.gates.lease.LeaseServiceServer = server.NewLeaseService(leases, d.log)
 	d.gates.repair.RepairServiceServer = repairSvc
+}
+
+// newEndpoints builds the Endpoints and EndpointSlice controllers.
+func (d *Daemon) newEndpoints() (*endpoints.Controller, error) {
+	c := d.cfg
+	endpointOn, sliceOn, err := c.controllers()
+	if err != nil {
+		return nil, err
+	}
+	return endpoints.New(d.cli, endpoints.Config{
+		Prefix:                c.EtcdPrefix,
+		Workers:               c.ConcurrentEndpointSyncs,
+		BatchPeriod:           c.EndpointUpdatesBatchPeriod,
+		MasterResync:          c.EndpointReconcilerInterval,
+		DisableEndpoints:      !endpointOn,
+		DisableEndpointSlices: !sliceOn,
+		SliceWorkers:          c.ConcurrentServiceEndpointSyncs,
+		SliceBatchPeriod:      c.EndpointSliceUpdatesBatchPeriod,
+		MaxEndpointsPerSlice:  c.MaxEndpointsPerSlice,
+		MaxTxnOps:             c.EtcdMaxTxnOps,
+		Logger:                d.log,
+		Registerer:            d.registry,
+	})
 }
 
 // newAllocator builds the allocator of the configured ranges. It talks to an embedded

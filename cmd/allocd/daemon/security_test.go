@@ -31,7 +31,7 @@ import (
 )
 
 // examplePolicy is the policy the repository ships: the tests check what it grants.
-const examplePolicy = "../../deploy/authz/policy.json"
+const examplePolicy = "../../../deploy/authz/policy.json"
 
 // testPKI is a CA of a test, and certificates it issued, in files under dir.
 type testPKI struct {

@@ -16,7 +16,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/allocd/allocd/cmd/allocd/daemon"
+	"github.com/allocd/allocd/internal/testing/leakcheck"
 )
+
+func TestMain(m *testing.M) { leakcheck.MustTestMain(m) }
 
 // buildAllocd builds the binary once per test run.
 func buildAllocd(t *testing.T) string {

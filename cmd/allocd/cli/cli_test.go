@@ -240,6 +240,8 @@ func TestUnreachable(t *testing.T) {
 		{[]string{"watch", "endpoints", "--server", refused}, "watch endpoints: cannot reach allocd at " + refused + ": "},
 		{[]string{"get", "ranges", "--server", silent.Addr().String()}, "get ranges: no answer from allocd at " + silent.Addr().String() + " within 1s"},
 		{[]string{"watch", "endpoints", "--server", silent.Addr().String()}, "watch endpoints: no answer from allocd at " + silent.Addr().String() + " within 1s"},
+		{[]string{"health", "--server", refused}, "health: cannot reach allocd at " + refused + ": "},
+		{[]string{"health", "--server", silent.Addr().String()}, "health: no answer from allocd at " + silent.Addr().String() + " within 1s"},
 	} {
 		var stderr string
 		var code int

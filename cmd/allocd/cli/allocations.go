@@ -204,8 +204,10 @@ A number is a NodePort, anything else a ClusterIP. A free address is NOT_FOUND.`
 			if o.structured() {
 				return printObject(s.out, o.output, a)
 			}
+			// One more than is shown, to know whether there are more: allocd answers an
+			// owner's listing in one page, whatever page_size says.
 			held, err := call(ctx, o, func(ctx context.Context) (*allocdv1.ListAllocationsResponse, error) {
-				return s.c.ListAllocations(ctx, &allocdv1.ListAllocationsRequest{OwnerUid: a.GetOwner().GetUid(), PageSize: maxHeldShown})
+				return s.c.ListAllocations(ctx, &allocdv1.ListAllocationsRequest{OwnerUid: a.GetOwner().GetUid(), PageSize: maxHeldShown + 1})
 			})
 			return describeAllocation(s, a, held, err)
 		}),
@@ -226,7 +228,8 @@ func describeAllocation(s *session, a *allocdv1.Allocation, held *allocdv1.ListA
 	for _, h := range held.GetAllocations() {
 		all = append(all, itemOf(h))
 	}
-	if held.GetNextPageToken() != "" {
+	if len(all) > maxHeldShown || held.GetNextPageToken() != "" {
+		all = all[:min(len(all), maxHeldShown)]
 		all = append(all, "and more: allocd get allocations --uid "+a.GetOwner().GetUid())
 	}
 	if heldErr != nil {

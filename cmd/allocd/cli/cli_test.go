@@ -3,7 +3,9 @@ package cli
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -262,5 +264,37 @@ func TestUnreachable(t *testing.T) {
 func TestDefaultServer(t *testing.T) {
 	if got := daemon.DefaultConfig().GRPCAddress; got != DefaultServer {
 		t.Errorf("DefaultServer = %q; allocd's default --grpc-address is %q", DefaultServer, got)
+	}
+}
+
+// TestDescribeHolderHas: describe lists up to maxHeldShown of what the holder has,
+// then an "and more" line when it has more (allocd answers an owner's listing in one
+// page, so there is no page token to tell).
+func TestDescribeHolderHas(t *testing.T) {
+	a := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, n := range []int{maxHeldShown, maxHeldShown + 1, 3 * maxHeldShown} {
+		uid := fmt.Sprintf("uid-%d", n)
+		res, err := a.c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "default", Name: uid, Uid: uid},
+			NoClusterIp: true, NodePortCount: int32(n)})
+		if err != nil {
+			t.Fatalf("Allocate(%d node ports) = %v", n, err)
+		}
+		out := a.run("describe", "allocation", strconv.Itoa(int(res.GetNodePorts()[0])))
+		var has string
+		for _, line := range strings.Split(out, "\n") {
+			if h, ok := strings.CutPrefix(line, "Holder has:"); ok {
+				has = strings.TrimSpace(h)
+			}
+		}
+		items, more := strings.Split(has, ", "), false
+		if last := items[len(items)-1]; last == "and more: allocd get allocations --uid "+uid {
+			items, more = items[:len(items)-1], true
+		}
+		if want := n > maxHeldShown; len(items) != min(n, maxHeldShown) || more != want {
+			t.Errorf("describe of an owner of %d ports: Holder has %d items, and more: %v; want %d, %v\n%s",
+				n, len(items), more, min(n, maxHeldShown), want, out)
+		}
 	}
 }

@@ -118,7 +118,9 @@ node port range, like 30000-32767); --uid one owner, by its UID (allocd filters)
 --owner one owner by namespace and name (this command filters: every page is read).
 
 -o wide adds when each was allocated and its etcd revisions; -o json prints the
-allocations as one ListAllocationsResponse (without the page token).`,
+allocations as one ListAllocationsResponse (without the page token). A page that fails
+after others were printed ends the document with the page token of the page that
+failed (nextPageToken), the error on stderr and exit 1: the output stays valid.`,
 		Example: `  allocd get allocations
   allocd get allocations --owner default/web
   allocd get allocations --range 10.0.0.0/24 -o wide
@@ -176,7 +178,7 @@ func listAllocations(ctx context.Context, s *session, req *allocdv1.ListAllocati
 		return l.page()
 	})
 	if err != nil {
-		return err
+		return l.cut(req.GetPageToken(), err)
 	}
 	return l.end(s.err, rev)
 }

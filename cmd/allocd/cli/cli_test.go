@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,9 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"sigs.k8s.io/yaml"
+
 	"github.com/allocd/allocd/client"
 	"github.com/allocd/allocd/cmd/allocd/daemon"
 	"github.com/allocd/allocd/internal/loopback"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
@@ -295,6 +302,72 @@ func TestDescribeHolderHas(t *testing.T) {
 		if want := n > maxHeldShown; len(items) != min(n, maxHeldShown) || more != want {
 			t.Errorf("describe of an owner of %d ports: Holder has %d items, and more: %v; want %d, %v\n%s",
 				n, len(items), more, min(n, maxHeldShown), want, out)
+		}
+	}
+}
+
+// compactingWriter is stdout that, at its first write (the first page printed),
+// compacts etcd's history past the listing's revision: the next page's token has
+// expired, and the listing fails after a page.
+type compactingWriter struct {
+	t   *testing.T
+	cli *clientv3.Client
+	buf bytes.Buffer
+}
+
+func (w *compactingWriter) Write(p []byte) (int, error) {
+	if w.buf.Len() == 0 {
+		ctx := etcdtest.Context(w.t)
+		resp, err := w.cli.Put(ctx, "/cut-short", "x")
+		if err == nil {
+			_, err = w.cli.Compact(ctx, resp.Header.Revision)
+		}
+		if err != nil {
+			w.t.Errorf("compact etcd under the listing: %v", err)
+		}
+	}
+	return w.buf.Write(p)
+}
+
+// TestListingCutShort: a listing whose later page fails prints, with -o json or yaml,
+// one valid document of what it fetched, with the page token of the page that failed,
+// and the error on stderr, exit 1; a table keeps its rows.
+func TestListingCutShort(t *testing.T) {
+	a := start(t)
+	for i := range 3 {
+		a.allocate("default", fmt.Sprint("web-", i), fmt.Sprint("uid-", i), nil, int32(30100+i))
+	}
+	for _, format := range []string{"json", "yaml", "table"} {
+		out := &compactingWriter{t: t, cli: a.d.Client()}
+		var stderr bytes.Buffer
+		root := &cobra.Command{Use: "allocd"}
+		root.AddCommand(Commands()...)
+		code := Execute(context.Background(), root, []string{"get", "allocations", "--chunk-size", "1", "-o", format}, out, &stderr)
+		if code != 1 || !strings.Contains(stderr.String(), "page_token") {
+			t.Errorf("-o %s: get allocations cut short = %d, stderr %q; want 1 and the expired page token's error", format, code, stderr.String())
+		}
+		doc := out.buf.Bytes()
+		switch format {
+		case "table":
+			if got := strings.Count(out.buf.String(), "\n"); got != 2 {
+				t.Errorf("-o table cut short printed %d lines:\n%s\nwant the header and the first page's row", got, doc)
+			}
+			continue
+		case "yaml":
+			var err error
+			if doc, err = yaml.YAMLToJSON(doc); err != nil {
+				t.Errorf("-o yaml cut short is no YAML document: %v\n%s", err, out.buf.String())
+				continue
+			}
+		}
+		var resp allocdv1.ListAllocationsResponse
+		if err := protojson.Unmarshal(doc, &resp); err != nil {
+			t.Errorf("-o %s cut short is no ListAllocationsResponse: %v\n%s", format, err, out.buf.String())
+			continue
+		}
+		if len(resp.GetAllocations()) != 1 || resp.GetNextPageToken() == "" || resp.GetRevision() == 0 {
+			t.Errorf("-o %s cut short = %d allocations, page token %q, revision %d; want the first page's one, its token and revision",
+				format, len(resp.GetAllocations()), resp.GetNextPageToken(), resp.GetRevision())
 		}
 	}
 }

@@ -115,7 +115,7 @@ Service's, masterlease for default/kubernetes).`,
 				header: endpointsHeader(o.output == outWide), row: endpointsRow}
 			rev, err := listEndpoints(ctx, s, "get endpoints", req, func(ep *allocdv1.ServiceEndpoints, rev int64) error { return l.add(ep, rev) }, l.page)
 			if err != nil {
-				return err
+				return l.cut(req.GetPageToken(), err)
 			}
 			return l.end(s.err, rev)
 		}),

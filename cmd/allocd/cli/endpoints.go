@@ -175,7 +175,13 @@ func newWatchEndpoints(o *options) *cobra.Command {
 		Long: `List the Endpoints (of -n's namespace, or every one) as ADDED, then follow them
 (WatchServiceEndpoints from the listing's revision) and print one line per change,
 ADDED, MODIFIED or DELETED, as kubectl get -w --output-watch-events does, until Ctrl-C
-(or SIGTERM), which exits 0. A broken stream (allocd gone) exits 1.
+(or SIGTERM), which exits 0. An allocd out of reach at the start exits 1.
+
+A stream that breaks (allocd restarted, the connection cut) is opened again from the
+last change printed, after a pause that grows up to 5s while it keeps failing (said on
+stderr); no change is printed twice, none is missed. When etcd has compacted that
+revision meanwhile, the Endpoints are listed again and what changed since is printed as
+the changes it makes: DELETED for what is gone, ADDED or MODIFIED for the rest.
 
 -o json prints each change as one line of JSON (a WatchServiceEndpointsResponse), -o
 yaml as a YAML document.`,
@@ -191,28 +197,6 @@ yaml as a YAML document.`,
 	}
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", "only this namespace (default: every namespace)")
 	return cmd
-}
-
-// watchEndpoints lists, then watches from the listing's revision, printing each change.
-func watchEndpoints(ctx context.Context, s *session, namespace string) error {
-	p := &changePrinter{w: s.out, format: s.o.output}
-	added := func(ep *allocdv1.ServiceEndpoints, rev int64) error {
-		p.add(&allocdv1.WatchServiceEndpointsResponse{Type: allocdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED, Endpoints: ep, Revision: rev})
-		return nil
-	}
-	rev, err := listEndpoints(ctx, s, "watch endpoints", &allocdv1.ListServiceEndpointsRequest{Namespace: namespace}, added, p.flush)
-	if err != nil {
-		return err
-	}
-	req := &allocdv1.WatchServiceEndpointsRequest{Namespace: namespace, StartRevision: rev}
-	err = s.c.WatchServiceEndpoints(ctx, req, func(ev *allocdv1.WatchServiceEndpointsResponse) error {
-		p.add(ev)
-		return p.flush()
-	})
-	if ctx.Err() != nil {
-		return nil // interrupted: the way a watch ends
-	}
-	return s.fail("watch endpoints", false, err)
 }
 
 // changePrinter prints watch events one line each, in a streamTable: the listing's

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -95,6 +96,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the repair metrics; nil means no metrics.
 	Registerer prometheus.Registerer
+	// Clock times the passes (Interval), the pause before campaigning again, and
+	// stamps snapshot receipts (LeakGrace is measured to them); nil means the real
+	// clock. Tests advance a fake one.
+	Clock clockwork.Clock
 	// OnLead, when set, runs for every term of leadership, beside the passes, with the
 	// term's context and the election key and its CreateRevision: the fence of other
 	// controllers that run on the one elected leader (the Endpoints controller). The
@@ -235,6 +240,9 @@ func New(cli *clientv3.Client, store Store, cfg Config) (*Controller, error) {
 	if cfg.SessionTTL < time.Second {
 		cfg.SessionTTL = time.Second
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = clockwork.NewRealClock()
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -278,7 +286,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(retryDelay):
+		case <-c.cfg.Clock.After(retryDelay):
 		}
 	}
 }
@@ -401,7 +409,7 @@ func (c *Controller) passes(ctx, lctx context.Context, t *term) error {
 	if c.cfg.SnapshotFile != "" || c.snapshot() != nil {
 		c.periodicPass(lctx, t)
 	}
-	tick := time.NewTicker(c.cfg.Interval)
+	tick := c.cfg.Clock.NewTicker(c.cfg.Interval)
 	defer tick.Stop()
 	for {
 		select {
@@ -410,7 +418,7 @@ func (c *Controller) passes(ctx, lctx context.Context, t *term) error {
 				return nil
 			}
 			return errSessionLost
-		case <-tick.C:
+		case <-tick.Chan():
 			c.periodicPass(lctx, t)
 		}
 	}
@@ -561,7 +569,7 @@ func (c *Controller) Status(ctx context.Context) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	now := time.Now()
+	now := c.cfg.Clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := Status{LastReport: c.last, Leader: leader, Leading: self}

@@ -59,7 +59,7 @@ func newTerm(c *Controller, f Fence, cancel context.CancelCauseFunc) *term {
 		cancel:  cancel,
 		in:      newInputs(),
 		startc:  make(chan struct{}),
-		queue:   newQueue(),
+		queue:   newQueue(c.cfg.Clock),
 		tracker: NewTriggerTracker(),
 		masterc: make(chan struct{}, 1),
 		stored:  map[string]storedObj{},

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,8 +112,12 @@ func TestServiceCIDRLifecycle(t *testing.T) {
 			t.Fatalf("Release(%s) = %v", addr, err)
 		}
 	}
-	// The kubernetes Service's address blocks it like any other.
-	time.Sleep(3 * drainEvery)
+	// The kubernetes Service's address blocks it like any other: a look of the drain
+	// loop, with the releases in the index, leaves it.
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a.drain(ctx)
 	if c, err := a.GetServiceCIDR(ctx, KubernetesCIDR); err != nil || c.Blockers != 1 || c.Sample[0].Owner != KubernetesOwner {
 		t.Fatalf("GetServiceCIDR(kubernetes) after the releases = %+v, %v; want blocked by the kubernetes address only", c, err)
 	}
@@ -179,6 +184,7 @@ func TestServiceCIDRDeleteRace(t *testing.T) {
 			rev  int64
 		}
 		var commits []commit
+		var tries atomic.Int64 // Allocate calls returned
 		for w := range 8 {
 			al := []*Allocator{a, b}[w%2]
 			wg.Go(func() {
@@ -189,6 +195,7 @@ func TestServiceCIDRDeleteRace(t *testing.T) {
 					default:
 					}
 					res, err := al.Allocate(ctx, Request{Owner: owner(fmt.Sprintf("r%d-%d-%d", round, w, i))})
+					tries.Add(1)
 					if err != nil {
 						continue
 					}
@@ -198,12 +205,14 @@ func TestServiceCIDRDeleteRace(t *testing.T) {
 				}
 			})
 		}
-		time.Sleep(20 * time.Millisecond)
+		// The delete lands among allocations in flight, and they go on after it.
+		etcdtest.WaitFor(t, 10*time.Second, "allocations under way", func() bool { return tries.Load() >= 8 })
 		del, err := []*Allocator{a, b}[round%2].DeleteServiceCIDR(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		after := tries.Load()
+		etcdtest.WaitFor(t, 10*time.Second, "allocations after the delete", func() bool { return tries.Load() >= after+16 })
 		close(stop)
 		wg.Wait()
 		for _, c := range commits {

@@ -44,22 +44,14 @@ func portStrings(ports []int32) []string {
 	return out
 }
 
-// eventually polls f until it is true, for up to 10 s.
+// eventually polls f, each call within 2 s, until it is true, for up to 10 s.
 func eventually(t *testing.T, what string, f func(ctx context.Context) bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	etcdtest.WaitFor(t, 10*time.Second, what, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		ok := f(ctx)
-		cancel()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 10s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		defer cancel()
+		return f(ctx)
+	})
 }
 
 // TestAllocations lists, describes, allocates and releases through the commands what a

@@ -254,10 +254,10 @@ func converge(t *testing.T, replicas map[string]replica, want view) {
 	for name, r := range replicas {
 		var got view
 		var err error
-		deadline := time.Now().Add(20 * time.Second)
-		for got, err = r.view(ctx); (err != nil || !got.equal(want)) && time.Now().Before(deadline); got, err = r.view(ctx) {
-			time.Sleep(50 * time.Millisecond)
-		}
+		etcdtest.Eventually(20*time.Second, func() bool {
+			got, err = r.view(ctx)
+			return err == nil && got.equal(want)
+		})
 		if err != nil || !got.equal(want) {
 			t.Errorf("%s replica serves %v, %v; want %v (etcd's keys and leases)", name, got, err, want)
 		}

@@ -79,7 +79,7 @@ func TestNoLeaderRetried(t *testing.T) {
 			return err
 		})
 	}()
-	time.Sleep(300 * time.Millisecond)
+	etcdtest.WaitFor(t, 5*time.Second, "a try refused for want of a leader", func() bool { return refused.Load() > 0 })
 	c.StartMember(1)
 	if err := <-done; err != nil {
 		t.Fatalf("Write after the election: %v", err)

@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/allocd/allocd/internal/etcd/call"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
@@ -43,12 +44,22 @@ func blackhole(t *testing.T) string {
 	return "http://" + lis.Addr().String()
 }
 
+// probes counts the probes started, by every member's probe client.
+var probes atomic.Int64
+
+func countProbes(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker,
+	opts ...grpc.CallOption) error {
+	probes.Add(1)
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
 func startMembers(t *testing.T, endpoints []string, onLeftOut func()) *clientv3.Client {
 	t.Helper()
 	cli := newClient(t, endpoints[0], true)
 	cli.SetEndpoints(endpoints...)
 	m, err := call.NewMembers(cli, endpoints, "/health", slog.New(slog.DiscardHandler), func(ep string) (*clientv3.Client, error) {
-		return clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		return clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: time.Second, Logger: zap.NewNop(),
+			DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(countProbes)}})
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -89,8 +100,13 @@ func TestMembersLeaveOutStalled(t *testing.T) {
 // When no member answers, all stay: leaving none would make every call fail at once.
 func TestMembersKeepAllWhenNoneAnswers(t *testing.T) {
 	holes := []string{blackhole(t), blackhole(t)}
+	before := probes.Load()
 	cli := startMembers(t, holes, func() { t.Error("OnLeftOut called with no member answering") })
-	time.Sleep(time.Second) // two rounds of probes
+	// Run starts a round once it has acted on the one before: once the fourth round
+	// has started, three (restartAfter) were missed and acted on.
+	etcdtest.WaitFor(t, 10*time.Second, "four rounds of probes", func() bool {
+		return probes.Load()-before > 3*int64(len(holes))
+	})
 	if got := cli.Endpoints(); !slices.Equal(got, holes) {
 		t.Fatalf("endpoints = %v, want all of %v", got, holes)
 	}

@@ -63,9 +63,7 @@ func BenchmarkInitialSync(b *testing.B) {
 		done := make(chan error, 1)
 		ctx, cancel := contextWithCancel(b)
 		go func() { done <- c.Lead(ctx, Fence{Key: testPrefix + "/repair/leader/x", Rev: resp.Header.Revision}) }()
-		for !c.Leading() {
-			time.Sleep(time.Millisecond)
-		}
+		etcdtest.WaitFor(b, 10*time.Second, "the term", c.Leading)
 		runtime.GC()
 		var m0 runtime.MemStats
 		runtime.ReadMemStats(&m0)
@@ -80,18 +78,16 @@ func BenchmarkInitialSync(b *testing.B) {
 		}
 		start := time.Now()
 		t, _ := c.currentTerm()
-		for {
-			time.Sleep(5 * time.Millisecond)
-			if t.queue.idle() {
-				resp, err := e.Client.Get(ctx, testPrefix+"/endpoints/", withPrefixCount()...)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if resp.Count == 10000 {
-					break
-				}
+		etcdtest.WaitFor(b, time.Minute, "10,000 Endpoints committed", func() bool {
+			if !t.queue.idle() {
+				return false
 			}
-		}
+			resp, err := e.Client.Get(ctx, testPrefix+"/endpoints/", withPrefixCount()...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return resp.Count == 10000
+		})
 		elapsed := time.Since(start)
 		runtime.GC()
 		var m1 runtime.MemStats

@@ -78,9 +78,7 @@ func BenchmarkRepairPass100k(b *testing.B) {
 		b.Fatal(err)
 	}
 	wg.Go(func() { ctl.Run(ctx) })
-	for !ctl.IsLeader() {
-		time.Sleep(time.Millisecond)
-	}
+	etcdtest.WaitFor(b, 10*time.Second, "repair leadership", ctl.IsLeader)
 	rc, err := ctl.Receive(ctx)
 	if err != nil {
 		b.Fatal(err)

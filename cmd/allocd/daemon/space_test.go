@@ -6,11 +6,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -219,6 +221,14 @@ func fill(t *testing.T, cli *clientv3.Client) {
 	for i := 0; ; i++ {
 		_, err := cli.Put(etcdtest.Context(t), "/filler", v)
 		if errors.Is(err, rpctypes.ErrNoSpace) {
+			// etcd refuses the write at once and raises its alarm through raft a moment
+			// later: a member closed before that restarts without it.
+			etcdtest.WaitFor(t, 10*time.Second, "the NOSPACE alarm", func() bool {
+				resp, err := cli.AlarmList(etcdtest.Context(t))
+				return err == nil && slices.ContainsFunc(resp.Alarms, func(a *etcdserverpb.AlarmMember) bool {
+					return a.Alarm == etcdserverpb.AlarmType_NOSPACE
+				})
+			})
 			return
 		}
 		if err != nil || i == 64 {
@@ -309,7 +319,31 @@ func TestNoSpaceAtStart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	fill(t, d.Client())
+	// etcd raises NOSPACE once its file, free pages included, would pass the quota:
+	// filled until what a defragmentation leaves is more than allocd's start accepts
+	// (twice the history budget under the quota), else the start rightly frees it.
+	endpoint := "http://" + cfg.EmbeddedEtcdClientAddress
+	for i := 0; ; i++ {
+		fill(t, d.Client())
+		if _, err := d.Client().Defragment(ctx, endpoint); err != nil {
+			t.Fatal(err)
+		}
+		st, err := d.Client().Status(ctx, endpoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.DbSize > cfg.QuotaBackendBytes-2*historyBudget(cfg.QuotaBackendBytes) {
+			break
+		}
+		if i == 5 {
+			t.Fatalf("etcd holds %d bytes after 5 fills and defragmentations; want more than %d", st.DbSize,
+				cfg.QuotaBackendBytes-2*historyBudget(cfg.QuotaBackendBytes))
+		}
+		if _, err := d.Client().AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: st.Header.MemberId,
+			Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	d.Close()
 
 	if d, err := Start(ctx, cfg); err == nil || !strings.Contains(err.Error(), "--quota-backend-bytes") ||

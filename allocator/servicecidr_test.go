@@ -162,6 +162,9 @@ func TestServiceCIDRAcrossReplicas(t *testing.T) {
 // it as fast as they can, many times: no allocation committed after the delete lies
 // only in the deleted CIDR, and once it is removed no address lies in it alone.
 func TestServiceCIDRDeleteRace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("eight rounds of a race on two replicas: seconds")
+	}
 	e := etcdtest.New(t)
 	// A /29 that fills at once: the allocations then come from the CIDR of the round.
 	a := start(t, e.Client, testConfig("10.0.0.0/29"))

@@ -177,6 +177,9 @@ func TestRetryUnavailable(t *testing.T) {
 // TestLeaseKeeper keeps a 1s lease alive well past its TTL, then removes it on cancel
 // within twice the renew interval.
 func TestLeaseKeeper(t *testing.T) {
+	if testing.Short() {
+		t.Skip("keeps a lease over real TTLs: seconds")
+	}
 	d := daemon.StartForTest(t)
 	c := newClient(t, d.GRPCAddr())
 	ctx := etcdtest.Context(t)

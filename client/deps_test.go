@@ -25,6 +25,9 @@ var forbiddenDeps = []string{
 
 // TestDeps checks, with `go list -deps`, what importing the client package builds.
 func TestDeps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		t.Skipf("go command not found: %v", err)

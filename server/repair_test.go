@@ -401,6 +401,9 @@ func TestRepairServiceForwarding(t *testing.T) {
 // TestRepairServiceLargeSnapshot: 100k Services are accepted in chunks, and in one
 // message (about 6 MiB, under the 16 MiB limit).
 func TestRepairServiceLargeSnapshot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("pushes a large snapshot: seconds")
+	}
 	e := etcdtest.New(t)
 	n := startRepairNode(t, e.Client)
 	waitRepairLeader(t, n)

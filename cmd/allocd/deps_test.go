@@ -10,6 +10,9 @@ import (
 // TestBinaryDeps checks, with `go list -deps`, that the allocd binary does not link
 // package testing (test helpers of the daemon take an interface instead).
 func TestBinaryDeps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		t.Skipf("go command not found: %v", err)

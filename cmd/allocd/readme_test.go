@@ -40,6 +40,9 @@ type step struct {
 // Values that change from run to run (revisions, lease ids, times, TTLs left) are masked;
 // commands marked "# addresses vary" also have addresses and ports masked.
 func TestReadmeWalkthrough(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs grpcurl and the commands of the README as processes")
+	}
 	grpcurl := findGrpcurl(t)
 	runTour(t, "walkthrough", []string{filepath.Dir(grpcurl)}, normalize)
 }

@@ -208,6 +208,9 @@ func TestLeasesAndRepair(t *testing.T) {
 // TestUnreachable: an allocd that refuses connections, and one that accepts them and
 // never answers, are each one line naming the address, within the timeout.
 func TestUnreachable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out --timeout against an allocd that never answers: seconds")
+	}
 	refused, err := loopback.FreeAddr()
 	if err != nil {
 		t.Fatal(err)

@@ -166,6 +166,9 @@ func readChange(t *testing.T, ch chan string, after string) change {
 // while it is away, etcd compacts past that change: the watch lists again and prints
 // what changed since (a Service created, one deleted).
 func TestWatchEndpointsResumes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("stops and starts an allocd replica twice: seconds")
+	}
 	a := start(t) // the first replica, with etcd; the shim pushes to it
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -196,6 +196,9 @@ func etcdTruth(t *testing.T, cli *clientv3.Client) (ips, ports int64) {
 // stored: shop/web's Endpoints are deleted behind its back while it is cut off, and it
 // must write them again.
 func TestCompactionRelist(t *testing.T) {
+	if testing.Short() {
+		t.Skip("partitions replicas and waits for them to converge: seconds")
+	}
 	e := etcdtest.New(t)
 	setup := func(c *Config) {
 		c.EtcdServers = []string{e.Endpoint}

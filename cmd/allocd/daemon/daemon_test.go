@@ -137,6 +137,9 @@ func TestTwoSideBySide(t *testing.T) {
 }
 
 func TestHealthFollowsEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the health check to see etcd gone, and a bounded shutdown: seconds")
+	}
 	// allocd against an external etcd (another daemon's embedded one), which we stop.
 	etcdHost := StartForTest(t)
 	d := StartForTest(t, func(c *Config) {

@@ -136,6 +136,9 @@ func wantNoSpace(t *testing.T, call string, err error) {
 // compact, defrag and alarm disarm, the same allocd allocates and renews again, and
 // serves.
 func TestNoSpace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills etcd to its quota and frees it: seconds")
+	}
 	var logs logBuffer
 	d := StartForTest(t, func(c *Config) {
 		c.QuotaBackendBytes = 16 << 20
@@ -282,6 +285,9 @@ func freeSpace(t *testing.T, d *Daemon) time.Time {
 // by time in this test): the history budget makes allocd compact sooner, so etcd never
 // runs out of space, and Allocate still works at the end.
 func TestHistoryBudget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 64 MiB against the daemon's real-time space poll: seconds")
+	}
 	d := StartForTest(t, func(c *Config) {
 		c.QuotaBackendBytes = 16 << 20
 		c.etcdSpacePoll = 50 * time.Millisecond
@@ -435,6 +441,9 @@ func requests(t *testing.T, d *Daemon, method string) uint64 {
 // entry and an fsync on every member each time): an idle allocd adds nothing to etcd's
 // raft log.
 func TestHealthCheckWritesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("watches two seconds of the real-time health check")
+	}
 	d := StartForTest(t)
 	ctx := etcdtest.Context(t)
 	endpoint := "http://" + d.cfg.EmbeddedEtcdClientAddress

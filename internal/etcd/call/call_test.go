@@ -55,6 +55,9 @@ func TestNotSentIsNotApplied(t *testing.T) {
 // A member without a leader refuses a write that asks for one; Write tries again until
 // a leader is elected, and the write is applied once.
 func TestNoLeaderRetried(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three etcd members, an election: seconds")
+	}
 	c := etcdtest.NewCluster(t, 3)
 	c.StopMember(1)
 	c.StopMember(2)

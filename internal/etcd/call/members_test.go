@@ -75,6 +75,9 @@ func startMembers(t *testing.T, endpoints []string, onLeftOut func()) *clientv3.
 // A member that accepts connections and never answers is left out of the client's
 // endpoints within a second, and the writes go to the member that answers.
 func TestMembersLeaveOutStalled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-time probes of a stalled member: seconds")
+	}
 	e := etcdtest.New(t)
 	hole := blackhole(t)
 	var leftOut atomic.Int32
@@ -99,6 +102,9 @@ func TestMembersLeaveOutStalled(t *testing.T) {
 
 // When no member answers, all stay: leaving none would make every call fail at once.
 func TestMembersKeepAllWhenNoneAnswers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for rounds of real-time probes")
+	}
 	holes := []string{blackhole(t), blackhole(t)}
 	before := probes.Load()
 	cli := startMembers(t, holes, func() { t.Error("OnLeftOut called with no member answering") })
@@ -114,6 +120,9 @@ func TestMembersKeepAllWhenNoneAnswers(t *testing.T) {
 
 // A member that stops is left out, and comes back when it serves again.
 func TestMembersComeBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three etcd members stopped and started: seconds")
+	}
 	c := etcdtest.NewCluster(t, 3)
 	cli := startMembers(t, c.Endpoints, nil)
 	c.StopMember(2)

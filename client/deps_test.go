@@ -21,6 +21,9 @@ var forbiddenDeps = []string{
 	// the operator command line's (cmd/allocd/cli): its flags and YAML output.
 	"github.com/spf13/",
 	"sigs.k8s.io/yaml",
+	// the tests' goroutine-leak check and harnesses.
+	"go.uber.org/goleak",
+	"github.com/allocd/allocd/internal/testing/",
 }
 
 // TestDeps checks, with `go list -deps`, what importing the client package builds.

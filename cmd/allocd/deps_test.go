@@ -8,7 +8,8 @@ import (
 )
 
 // TestBinaryDeps checks, with `go list -deps`, that the allocd binary does not link
-// package testing (test helpers of the daemon take an interface instead).
+// package testing (test helpers of the daemon take an interface instead), nor the
+// tests' leak check (goleak) and harnesses.
 func TestBinaryDeps(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go list")
@@ -25,7 +26,9 @@ func TestBinaryDeps(t *testing.T) {
 	if !slices.Contains(deps, "github.com/allocd/allocd/cmd/allocd/daemon") {
 		t.Fatalf("go list -deps lists %d packages without cmd/allocd/daemon; the listing is not what this test expects", len(deps))
 	}
-	if slices.Contains(deps, "testing") {
-		t.Error("the allocd binary links package testing")
+	for _, dep := range deps {
+		if dep == "testing" || dep == "go.uber.org/goleak" || strings.HasPrefix(dep, "github.com/allocd/allocd/internal/testing/") {
+			t.Errorf("the allocd binary links %s, which is the tests'", dep)
+		}
 	}
 }

@@ -13,7 +13,7 @@ GRPCURL_VERSION := v1.9.4
 
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all run build test test-unit vet fmt-check lint proto proto-check compose-check certs tools bench soak cluster fault etcd-matrix clean
+.PHONY: all run build test test-unit vet fmt-check lint proto proto-check docs docs-check compose-check certs tools bench soak cluster fault etcd-matrix clean
 
 all: build
 
@@ -25,7 +25,7 @@ build:
 
 # The fault suite's 15-second run goes last and alone: it loads the machine with six
 # processes and faults, which would skew the timing of the other packages' tests.
-test: vet fmt-check lint proto-check compose-check $(BIN)/grpcurl
+test: vet fmt-check lint proto-check docs-check compose-check $(BIN)/grpcurl
 	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/internal/testing/fault$$')
 	$(GO) test -count=1 -timeout 10m ./internal/testing/fault
 
@@ -61,6 +61,21 @@ proto-check: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
 		diff -r $$tmp/proto/allocd/v1 proto/allocd/v1 -x '*.proto' | head -40; \
 		echo "generated code is stale: run make proto and commit"; exit 1; \
 	else echo "generated code is up to date"; fi
+
+# docs writes the command line's reference, a page per command, from the root command
+# that allocd runs (cobra's doc generator: tools/gendocs).
+docs:
+	$(GO) run ./tools/gendocs -out docs/operators/cli
+
+# docs-check regenerates the reference into a temporary directory and fails if the
+# committed pages differ (a page added, changed or left behind).
+docs-check:
+	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	$(GO) run ./tools/gendocs -out $$tmp && \
+	if ! diff -r -q $$tmp docs/operators/cli >/dev/null; then \
+		diff -r $$tmp docs/operators/cli | head -40; \
+		echo "the command line's reference is stale: run make docs and commit"; exit 1; \
+	else echo "the command line's reference is up to date"; fi
 
 # compose-check validates docker-compose.yml offline (Debian's docker-compose package).
 compose-check:

@@ -28,7 +28,7 @@
 //	                                {"name","cidrs":[..],"state":"ready"|"terminating",..}: the
 //	                                ClusterIP ranges (servicecidr.go); "kubernetes" is seeded
 //	                                from the flags; every allocation compares the revision
-//	                                of the one it draws from (see README, Service CIDRs)
+//	                                of the one it draws from (see docs/operators/service-cidrs.md)
 //	<prefix>/clusterips/<ip>        {"namespace":..,"name":..,"uid":..,"time":RFC 3339}
 //	<prefix>/nodeports/<port>       the same; <ip> is the canonical form (netip.Addr.String)
 //	<prefix>/owners/<uid>           {"namespace","name","uid","clusterIPs":[..],"nodePorts":[..],

@@ -33,6 +33,24 @@ func (c *Client) PushPodSnapshot(ctx context.Context, snap *allocdv1.PodSnapshot
 	return resp, nil
 }
 
+// PushNodeSnapshot pushes a Node snapshot (the EndpointSlice controller's zones and
+// topology hints), in chunks like PushPodSnapshot.
+func (c *Client) PushNodeSnapshot(ctx context.Context, snap *allocdv1.NodeSnapshot) (*allocdv1.PushNodeSnapshotResponse, error) {
+	var resp *allocdv1.PushNodeSnapshotResponse
+	err := c.retry.do(ctx, func(ctx context.Context) error {
+		var err error
+		resp, err = pushChunks(ctx, c.chunk, snap.GetNodes(), c.eps.PushNodeSnapshot,
+			func(nodes []*allocdv1.Node) *allocdv1.PushNodeSnapshotRequest {
+				return &allocdv1.PushNodeSnapshotRequest{Snapshot: &allocdv1.NodeSnapshot{Revision: snap.GetRevision(), Nodes: nodes}}
+			})
+		return err
+	})
+	if err != nil {
+		return nil, mapError(allocdv1.EndpointsService_PushNodeSnapshot_FullMethodName, err)
+	}
+	return resp, nil
+}
+
 // pushChunks sends items over one client stream opened by open, n at a time, each
 // chunk wrapped by msg (at least one chunk, empty for no item), and returns the
 // answer.
@@ -59,7 +77,7 @@ func pushChunks[T, Req, Resp any](ctx context.Context, n int, items []T,
 	return stream.CloseAndRecv()
 }
 
-// PushEvents sends batches of Service and Pod events over one stream; the leader
+// PushEvents sends batches of Service, Pod and Node events over one stream; the leader
 // applies them in order, ignoring what is not newer than what it applied. It is
 // ErrSnapshotRequired when the leader has no snapshot of an event's kind in its
 // current term (push snapshots, then the events again), ErrInvalid (naming the field)
@@ -116,17 +134,42 @@ func (c *Client) ListServiceEndpoints(ctx context.Context, req *allocdv1.ListSer
 // ErrCompacted when req.StartRevision was compacted (list again), and otherwise what
 // broke the stream. Resume a broken watch from the last Revision fn saw.
 func (c *Client) WatchServiceEndpoints(ctx context.Context, req *allocdv1.WatchServiceEndpointsRequest, fn func(*allocdv1.WatchServiceEndpointsResponse) error) error {
+	return watchStream(ctx, allocdv1.EndpointsService_WatchServiceEndpoints_FullMethodName, "endpoints",
+		func(ctx context.Context) (grpc.ServerStreamingClient[allocdv1.WatchServiceEndpointsResponse], error) {
+			return c.eps.WatchServiceEndpoints(ctx, req)
+		}, fn)
+}
+
+// ListEndpointSlices returns one page of EndpointSlices, of every namespace, one
+// namespace, or one Service (ServiceName with its Namespace); pass NextPageToken back
+// as PageToken (with the same namespace and service) for the next one. Every page of
+// one listing is read at its Revision: watch from it to follow on.
+func (c *Client) ListEndpointSlices(ctx context.Context, req *allocdv1.ListEndpointSlicesRequest) (*allocdv1.ListEndpointSlicesResponse, error) {
+	return unary(ctx, c, allocdv1.EndpointsService_ListEndpointSlices_FullMethodName, req, c.eps.ListEndpointSlices)
+}
+
+// WatchEndpointSlices opens one watch of EndpointSlices and calls fn with each change,
+// as WatchServiceEndpoints does.
+func (c *Client) WatchEndpointSlices(ctx context.Context, req *allocdv1.WatchEndpointSlicesRequest, fn func(*allocdv1.WatchEndpointSlicesResponse) error) error {
+	return watchStream(ctx, allocdv1.EndpointsService_WatchEndpointSlices_FullMethodName, "endpoint slices",
+		func(ctx context.Context) (grpc.ServerStreamingClient[allocdv1.WatchEndpointSlicesResponse], error) {
+			return c.eps.WatchEndpointSlices(ctx, req)
+		}, fn)
+}
+
+// watchStream runs one watch stream that open opens, calling fn with each message.
+func watchStream[Resp any](ctx context.Context, method, what string,
+	open func(context.Context) (grpc.ServerStreamingClient[Resp], error), fn func(*Resp) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	const method = allocdv1.EndpointsService_WatchServiceEndpoints_FullMethodName
-	stream, err := c.eps.WatchServiceEndpoints(ctx, req)
+	stream, err := open(ctx)
 	if err != nil {
 		return watchEnd(ctx, mapError(method, err))
 	}
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			return watchEnd(ctx, fmt.Errorf("client: endpoints watch ended by the server: %w", ErrUnavailable))
+			return watchEnd(ctx, fmt.Errorf("client: %s watch ended by the server: %w", what, ErrUnavailable))
 		}
 		if err != nil {
 			return watchEnd(ctx, mapError(method, err))

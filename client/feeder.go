@@ -11,15 +11,20 @@ import (
 )
 
 // Lister gives a Feeder the full state of the caller's stores, for a snapshot: a
-// shim implements it over its informers' caches (every Service, every Pod, and the
-// store revision they are at, e.g. the highest resourceVersion seen).
+// shim implements it over its informers' caches (every Service, every Pod, every
+// Node, and the store revision they are at, e.g. the highest resourceVersion seen).
+// The EndpointSlice controller needs the Nodes (their zones, and a Pod whose Node is
+// unknown is left out of the slices); with it turned off (--controllers), ListNodes
+// may return none. Every revision must be positive (a snapshot of revision 0 is
+// refused).
 type Lister interface {
 	ListServices() (services []*allocdv1.Service, revision int64, err error)
 	ListPods() (pods []*allocdv1.Pod, revision int64, err error)
+	ListNodes() (nodes []*allocdv1.Node, revision int64, err error)
 }
 
-// Feeder feeds allocd's Endpoints controller from a shim's informer callbacks: it
-// pushes a snapshot of both kinds, then the events in batches; when the leader needs
+// Feeder feeds allocd's Endpoints and EndpointSlice controllers from a shim's
+// informer callbacks: it pushes a snapshot of every kind, then the events in batches; when the leader needs
 // snapshots (a new term of leadership, ErrSnapshotRequired), when a push fails
 // otherwise, or when its queue overflows, it pushes snapshots again and goes on. It
 // never drops an event silently: events queued before a snapshot are covered by it.
@@ -98,7 +103,18 @@ func (f *Feeder) DeletePod(namespace, name string, rev int64) {
 		Object: &allocdv1.Event_Pod{Pod: &allocdv1.Pod{Namespace: namespace, Name: name}}})
 }
 
-// Resync makes Run push snapshots of both kinds again (as an informer's relist).
+// UpsertNode queues the add or update of a Node, at the store revision rev.
+func (f *Feeder) UpsertNode(node *allocdv1.Node, rev int64) {
+	f.add(&allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Revision: rev, Object: &allocdv1.Event_Node{Node: node}})
+}
+
+// DeleteNode queues the delete of a Node, at the store revision rev.
+func (f *Feeder) DeleteNode(name string, rev int64) {
+	f.add(&allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_DELETE, Revision: rev,
+		Object: &allocdv1.Event_Node{Node: &allocdv1.Node{Name: name}}})
+}
+
+// Resync makes Run push snapshots of every kind again (as an informer's relist).
 func (f *Feeder) Resync() {
 	f.mu.Lock()
 	f.resnap = true
@@ -212,7 +228,7 @@ func (f *Feeder) step(ctx context.Context, idle *time.Timer) error {
 	return nil
 }
 
-// pushSnapshots pushes the Services, then the Pods.
+// pushSnapshots pushes the Services, then the Nodes, then the Pods.
 func (f *Feeder) pushSnapshots(ctx context.Context) error {
 	svcs, srev, err := f.l.ListServices()
 	if err != nil {
@@ -220,6 +236,13 @@ func (f *Feeder) pushSnapshots(ctx context.Context) error {
 	}
 	if _, err := f.c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: srev, Services: svcs}); err != nil {
 		return fmt.Errorf("client: push service snapshot: %w", err)
+	}
+	nodes, nrev, err := f.l.ListNodes()
+	if err != nil {
+		return fmt.Errorf("client: list nodes: %w", err)
+	}
+	if _, err := f.c.PushNodeSnapshot(ctx, &allocdv1.NodeSnapshot{Revision: nrev, Nodes: nodes}); err != nil {
+		return fmt.Errorf("client: push node snapshot: %w", err)
 	}
 	pods, prev, err := f.l.ListPods()
 	if err != nil {

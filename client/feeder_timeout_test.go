@@ -15,6 +15,7 @@ type emptyLister struct{}
 
 func (emptyLister) ListServices() ([]*allocdv1.Service, int64, error) { return nil, 1, nil }
 func (emptyLister) ListPods() ([]*allocdv1.Pod, int64, error)         { return nil, 1, nil }
+func (emptyLister) ListNodes() ([]*allocdv1.Node, int64, error)       { return nil, 1, nil }
 
 // TestFeederPushTimeout: a replica that accepts the connection and never answers
 // (cut off, hung) makes each push fail after the push timeout instead of holding the

@@ -4,15 +4,6 @@ import (
 	"time"
 )
 
-// Fence proves leadership in a write: the election key of the term and its
-// CreateRevision. Every write of a term is an etcd transaction that compares
-// CreateRevision(Key) = Rev, so a deposed leader can never write after its successor
-// was elected (etcd's concurrency.Election Proclaim does the same).
-type Fence struct {
-	Key string
-	Rev int64
-}
-
 // EventType is what happened to an object of a feed.
 type EventType int
 
@@ -22,13 +13,26 @@ const (
 	Delete
 )
 
-// Event is one change of a Service or a Pod in the caller's store. Exactly one of
-// Service and Pod is set; for a Delete only their namespace and name matter.
+// Event is one change of a Service, a Pod or a Node in the caller's store. Exactly
+// one of Service, Pod and Node is set; for a Delete only their namespace and name
+// matter.
 type Event struct {
 	Type     EventType
 	Revision int64
 	Service  *Service
 	Pod      *Pod
+	Node     *Node
+}
+
+// kind is the kind of the event's object.
+func (ev Event) kind() Kind {
+	switch {
+	case ev.Service != nil:
+		return KindService
+	case ev.Pod != nil:
+		return KindPod
+	}
+	return KindNode
 }
 
 // EventsResult tells what ApplyEvents did.
@@ -36,8 +40,8 @@ type EventsResult struct {
 	// Applied events changed the inputs; Ignored ones were not newer than what was
 	// applied for their kind, or changed nothing the Endpoints depend on.
 	Applied, Ignored int
-	// ServiceRevision and PodRevision applied after the events.
-	ServiceRevision, PodRevision int64
+	// ServiceRevision, PodRevision and NodeRevision applied after the events.
+	ServiceRevision, PodRevision, NodeRevision int64
 }
 
 // WatchType is the kind of a change of a stored Endpoints object.

@@ -10,6 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+
+	"github.com/allocd/allocd/leader"
 )
 
 // scale builds nsCount namespaces of svcPerNS Services, each selecting podsPerSvc Pods
@@ -52,7 +54,7 @@ func scale(nsCount, svcPerNS, podsPerSvc int) ([]*Service, []*Pod) {
 func BenchmarkInitialSync(b *testing.B) {
 	for range b.N {
 		e := etcdtest.New(b, etcdtest.WithFsync())
-		c, err := New(e.Client, Config{Prefix: testPrefix})
+		c, err := New(e.Client, Config{Prefix: testPrefix, DisableEndpointSlices: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -62,7 +64,9 @@ func BenchmarkInitialSync(b *testing.B) {
 		}
 		done := make(chan error, 1)
 		ctx, cancel := contextWithCancel(b)
-		go func() { done <- c.Lead(ctx, Fence{Key: testPrefix + "/repair/leader/x", Rev: resp.Header.Revision}) }()
+		go func() {
+			done <- c.Lead(ctx, leader.Fence{Key: testPrefix + "/repair/leader/x", Rev: resp.Header.Revision})
+		}()
 		etcdtest.WaitFor(b, 10*time.Second, "the term", c.Leading)
 		runtime.GC()
 		var m0 runtime.MemStats
@@ -79,7 +83,7 @@ func BenchmarkInitialSync(b *testing.B) {
 		start := time.Now()
 		t, _ := c.currentTerm()
 		etcdtest.WaitFor(b, time.Minute, "10,000 Endpoints committed", func() bool {
-			if !t.queue.idle() {
+			if !t.idle() {
 				return false
 			}
 			resp, err := e.Client.Get(ctx, testPrefix+"/endpoints/", withPrefixCount()...)

@@ -2,55 +2,113 @@ package endpoints
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allocd/allocd/leader"
 )
 
-// Limits of one group commit: etcd's default --max-txn-ops is 128 (the compares count
-// too: one per write plus the fence), and a request must stay under its 1.5 MiB limit.
+// Limits of one group commit: a request must stay under etcd's 1.5 MiB limit (its
+// --max-request-bytes: maxTxnBytes of values leaves room for the keys, compares and
+// the request's framing), and the compares of a transaction (one per op plus the
+// fence) under its --max-txn-ops (Config.MaxTxnOps, etcd's default 128).
 const (
-	maxBatchWrites = 64
-	maxBatchBytes  = 1 << 20
+	maxBatchOps   = 64
+	maxBatchBytes = 1 << 20
+	maxTxnBytes   = 1 << 20
 	// maxInFlight transactions at once: etcd commits concurrent transactions with one
 	// fsync, so a few in flight keep its pipeline full.
 	maxInFlight = 4
 )
 
-// write is one Endpoints write a worker hands to the committer: put ep (or delete when
-// ep is nil) at key, if etcd still holds what cur says. done runs once with the
-// revision or the error (errFenceLost, errConflict, or etcd's).
+// writeOp is one key of a write: put val at key (delete when val is nil), if etcd
+// still holds the ModRevision modRev there (0: nothing). view is the term's view of
+// the key's kind; obj the object written (nil for a delete), createRev its
+// CreateRevision when it exists already.
+type writeOp struct {
+	key       string
+	modRev    int64
+	val       []byte
+	view      storedView
+	obj       any
+	createRev int64
+}
+
+// storedView is the term's view of one kind of stored object, kept current by the
+// committer: committed records an op that committed at rev; refresh records what etcd
+// holds for a key after a conflict (kv nil: nothing, at rev); unknown marks a key
+// whose write may or may not have committed (the transaction failed without an
+// answer): the view reads it again from etcd before it is used.
+type storedView interface {
+	committed(op *writeOp, rev int64)
+	refresh(key string, kv *mvccpb.KeyValue, rev int64)
+	unknown(key string)
+}
+
+// write is what a sync hands to the committer: ops that commit in one transaction
+// (one revision) or not at all, so that a watcher never sees half of a Service's
+// change. done runs once with the revision or the error (leader.ErrFenceLost,
+// errConflict, or etcd's). A write larger than one transaction takes (more ops than
+// --max-txn-ops, more bytes than a request) is committed in several, in order: the
+// sync puts creates first, then updates, then deletes, so that a watcher sees an
+// endpoint of a group leave its old slice only after it is in its new one, never in
+// two slices of its group (endpoints do not move within a group).
 type write struct {
-	key  string
-	cur  storedObj
-	ep   *Endpoints
-	val  []byte
+	ops  []writeOp
 	done func(rev int64, err error)
+}
+
+func (w *write) bytes() int {
+	n := 0
+	for _, op := range w.ops {
+		n += len(op.val)
+	}
+	return n
 }
 
 // committer groups the writes of the workers into transactions, so that the initial
 // sync of thousands of Services costs tens of fsyncs, not thousands, while each write
-// keeps its own compare: a batch whose compares fail is split and retried, never
+// keeps its own compares: a batch whose compares fail is split and retried, never
 // applied in part.
 type committer struct {
-	t  *term
-	in chan *write
+	t       *term
+	in      chan *write
+	maxOps  int           // ops of one transaction: MaxTxnOps minus the fence
+	stopped chan struct{} // closed once run has failed every write it will not commit
 }
 
 func newCommitter(t *term) *committer {
-	return &committer{t: t, in: make(chan *write, maxBatchWrites*maxInFlight)}
+	return &committer{t: t, in: make(chan *write, maxBatchOps*maxInFlight), maxOps: t.c.cfg.MaxTxnOps - 1,
+		stopped: make(chan struct{})}
 }
 
+// errCommitterStopped fails a write submitted after the term's committer stopped.
+var errCommitterStopped = errors.New("endpoints: the term is over: nothing more is written")
+
 // submit queues w; it blocks while the committer is saturated, and fails w when ctx
-// ends first.
+// ends first or the committer has stopped.
 func (cm *committer) submit(ctx context.Context, w *write) {
+	select {
+	case <-cm.stopped:
+		w.done(0, errCommitterStopped)
+		return
+	default:
+	}
 	select {
 	case cm.in <- w:
 	case <-ctx.Done():
 		w.done(0, ctx.Err())
+	case <-cm.stopped:
+		w.done(0, errCommitterStopped)
 	}
 }
+
+// fits reports whether a write of ops ops and size bytes fits in one transaction.
+func (cm *committer) fits(ops, size int) bool { return ops <= cm.maxOps && size <= maxTxnBytes }
 
 // run commits batches until ctx ends; writes still queued then fail with ctx's error.
 func (cm *committer) run(ctx context.Context) {
@@ -58,29 +116,37 @@ func (cm *committer) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer func() {
 		wg.Wait()
+		close(cm.stopped)
 		for {
 			select {
 			case w := <-cm.in:
-				w.done(0, ctx.Err())
+				w.done(0, errCommitterStopped)
 			default:
 				return
 			}
 		}
 	}()
+	var next *write // taken from the queue but left for the next batch
 	for {
-		var first *write
-		select {
-		case <-ctx.Done():
-			return
-		case first = <-cm.in:
+		first := next
+		next = nil
+		if first == nil {
+			select {
+			case <-ctx.Done():
+				return
+			case first = <-cm.in:
+			}
 		}
-		batch, size := []*write{first}, len(first.val)
+		batch, ops, size := []*write{first}, len(first.ops), first.bytes()
 	fill:
-		for len(batch) < maxBatchWrites && size < maxBatchBytes {
+		for ops < maxBatchOps && size < maxBatchBytes {
 			select {
 			case w := <-cm.in:
-				batch = append(batch, w)
-				size += len(w.val)
+				if !cm.fits(ops+len(w.ops), size+w.bytes()) {
+					next = w
+					break fill
+				}
+				batch, ops, size = append(batch, w), ops+len(w.ops), size+w.bytes()
 			default:
 				break fill
 			}
@@ -88,104 +154,146 @@ func (cm *committer) run(ctx context.Context) {
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
-			for _, w := range batch {
-				w.done(0, ctx.Err())
+			for _, w := range append(batch, next) {
+				if w != nil {
+					w.done(0, ctx.Err())
+				}
 			}
 			return
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			defer func() { <-sem }()
+			if len(batch) == 1 && !cm.fits(len(batch[0].ops), batch[0].bytes()) {
+				cm.commitLarge(ctx, batch[0])
+				return
+			}
 			cm.commit(ctx, batch)
-		}()
+		})
 	}
 }
 
 // commit writes batch in one transaction that holds only if the term still leads and
-// every object is what its write expects. When a compare fails, the writes whose
-// objects changed get errConflict (after the term's view learnt the new state) and the
-// others are committed again without them.
+// every key is what its op expects. When a compare fails, the writes whose keys
+// changed get errConflict (after the term's views learnt the new state) and the others
+// are committed again without them.
 func (cm *committer) commit(ctx context.Context, batch []*write) {
-	t := cm.t
 	for len(batch) > 0 {
-		cmps := make([]clientv3.Cmp, 0, len(batch)+1)
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(t.fence.Key), "=", t.fence.Rev))
-		ops := make([]clientv3.Op, 0, len(batch))
-		gets := make([]clientv3.Op, 0, len(batch)+1)
-		gets = append(gets, clientv3.OpGet(t.fence.Key))
-		for _, w := range batch {
-			k := t.c.etcdKey(w.key)
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", w.cur.modRev()))
-			if w.ep == nil {
-				ops = append(ops, clientv3.OpDelete(k))
-			} else {
-				ops = append(ops, clientv3.OpPut(k, string(w.val)))
-			}
-			gets = append(gets, clientv3.OpGet(k))
-		}
-		resp, err := t.c.cli.Txn(ctx).If(cmps...).Then(ops...).Else(gets...).Commit()
+		resp, err := cm.txn(ctx, batch)
 		if err != nil {
+			// The transaction may have committed: the views read those keys again
+			// before they are used, so that a retry never builds on a state that
+			// lacks what it wrote.
 			for _, w := range batch {
-				w.done(0, fmt.Errorf("write endpoints %s: %w", w.key, err))
+				for _, op := range w.ops {
+					op.view.unknown(op.key)
+				}
+				w.done(0, err)
 			}
 			return
 		}
 		rev := resp.Header.Revision
 		if resp.Succeeded {
 			for _, w := range batch {
-				t.see(w.key, w.committed(rev), rev)
+				for i := range w.ops {
+					w.ops[i].view.committed(&w.ops[i], rev)
+				}
 				w.done(rev, nil)
 			}
 			return
 		}
-		if fk := resp.Responses[0].GetResponseRange().GetKvs(); len(fk) == 0 || fk[0].CreateRevision != t.fence.Rev {
+		if !cm.t.fence.Held(resp, 0) {
 			for _, w := range batch {
-				w.done(0, errFenceLost)
+				w.done(0, leader.ErrFenceLost)
 			}
 			return
 		}
 		var again []*write
-		for i, w := range batch {
-			kvs := resp.Responses[i+1].GetResponseRange().GetKvs()
-			switch {
-			case len(kvs) == 0 && w.cur.modRev() == 0, len(kvs) == 1 && kvs[0].ModRevision == w.cur.modRev():
+		at := 1 // the response of the first op's get
+		for _, w := range batch {
+			if cm.conflicts(w, resp, at, rev) {
+				w.done(0, errConflict)
+			} else {
 				again = append(again, w)
-			case len(kvs) == 0:
-				t.see(w.key, nil, rev)
-				w.done(0, errConflict)
-			default:
-				e, err := decode(kvs[0].Value, kvs[0].ModRevision, kvs[0].CreateRevision)
-				if err != nil {
-					w.done(0, fmt.Errorf("endpoints %s: %w", w.key, err))
-					continue
-				}
-				t.see(w.key, e, kvs[0].ModRevision)
-				w.done(0, errConflict)
 			}
+			at += len(w.ops)
 		}
 		batch = again
 	}
 }
 
-// modRev is the ModRevision etcd must still have for the object (0: absent).
-func (s storedObj) modRev() int64 {
-	if s.ep == nil {
-		return 0
+// conflicts reports whether an op of w found its key changed, by the gets of a failed
+// transaction (from response at), and then refreshes the views of w's keys.
+func (cm *committer) conflicts(w *write, resp *clientv3.TxnResponse, at int, rev int64) bool {
+	changed := false
+	for i, op := range w.ops {
+		kvs := resp.Responses[at+i].GetResponseRange().GetKvs()
+		held := len(kvs) == 0 && op.modRev == 0 || len(kvs) == 1 && kvs[0].ModRevision == op.modRev
+		changed = changed || !held
 	}
-	return s.ep.Revision
+	if !changed {
+		return false
+	}
+	for i, op := range w.ops {
+		var kv *mvccpb.KeyValue
+		if kvs := resp.Responses[at+i].GetResponseRange().GetKvs(); len(kvs) == 1 {
+			kv = kvs[0]
+		}
+		op.view.refresh(op.key, kv, rev)
+	}
+	return true
 }
 
-// committed is the object as etcd holds it after the write committed at rev (nil for
-// a delete).
-func (w *write) committed(rev int64) *Endpoints {
-	if w.ep == nil {
-		return nil
+// txn runs the fenced transaction of batch's ops, with a get of the fence and of every
+// key in Else.
+func (cm *committer) txn(ctx context.Context, batch []*write) (*clientv3.TxnResponse, error) {
+	t := cm.t
+	n := 0
+	for _, w := range batch {
+		n += len(w.ops)
 	}
-	cp := *w.ep
-	cp.Revision, cp.CreateRevision = rev, rev
-	if w.cur.ep != nil {
-		cp.CreateRevision = w.cur.ep.CreateRevision
+	cmps := make([]clientv3.Cmp, 0, n+1)
+	ops := make([]clientv3.Op, 0, n)
+	gets := make([]clientv3.Op, 0, n+1)
+	cmps = append(cmps, t.fence.Cmp())
+	gets = append(gets, t.fence.Get())
+	for _, w := range batch {
+		for _, op := range w.ops {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(op.key), "=", op.modRev))
+			if op.val == nil {
+				ops = append(ops, clientv3.OpDelete(op.key))
+			} else {
+				ops = append(ops, clientv3.OpPut(op.key, string(op.val)))
+			}
+			gets = append(gets, clientv3.OpGet(op.key))
+		}
 	}
-	return &cp
+	resp, err := t.c.cli.Txn(ctx).If(cmps...).Then(ops...).Else(gets...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("write %d keys (%s, ...): %w", n, batch[0].ops[0].key, err)
+	}
+	return resp, nil
+}
+
+// commitLarge commits a write larger than one transaction takes, in transactions
+// that each take as many of its ops, in order, as fit; a conflict or an error stops
+// it (what committed before stays, and the views know it).
+func (cm *committer) commitLarge(ctx context.Context, w *write) {
+	var rev int64
+	for start := 0; start < len(w.ops); {
+		end, size := start, 0
+		for end < len(w.ops) && (end == start || cm.fits(end-start+1, size+len(w.ops[end].val))) {
+			size += len(w.ops[end].val)
+			end++
+		}
+		part := &write{ops: w.ops[start:end]}
+		var err error
+		part.done = func(r int64, e error) { rev, err = r, e }
+		cm.commit(ctx, []*write{part})
+		if err != nil {
+			w.done(0, err)
+			return
+		}
+		start = end
+	}
+	w.done(rev, nil)
 }

@@ -1,6 +1,7 @@
 package endpoints
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allocd/allocd/leader"
 )
 
 // Config configures a Controller.
@@ -30,6 +33,24 @@ type Config struct {
 	// (kube-apiserver's endpoint reconcile interval, --endpoint-reconciler-interval);
 	// 0 means DefaultMasterResync.
 	MasterResync time.Duration
+	// DisableEndpoints and DisableEndpointSlices turn a controller off
+	// (--controllers without endpoint, or without endpointslice). The Endpoints and
+	// the EndpointSlice of default/kubernetes are kept either way, as kube-apiserver
+	// keeps them.
+	DisableEndpoints, DisableEndpointSlices bool
+	// SliceWorkers is the number of Services whose slices are synced at once
+	// (--concurrent-service-endpoint-syncs); 0 means DefaultWorkers.
+	SliceWorkers int
+	// SliceBatchPeriod delays the slices' sync after a Pod or Node event
+	// (--endpointslice-updates-batch-period); 0 syncs at once.
+	SliceBatchPeriod time.Duration
+	// MaxEndpointsPerSlice (--max-endpoints-per-slice): 0 means
+	// DefaultMaxEndpointsPerSlice; 1 to MaxMaxEndpointsPerSlice.
+	MaxEndpointsPerSlice int
+	// MaxTxnOps is the most compares (and ops) etcd takes in one transaction (its
+	// --max-txn-ops); 0 means etcd's default, 128. A sync of one Service writes its
+	// objects in one transaction while they fit.
+	MaxTxnOps int
 	// Logger receives one line per write and the term's changes; nil discards.
 	Logger *slog.Logger
 	// Registerer receives the metrics; nil means none.
@@ -55,6 +76,9 @@ type Controller struct {
 	log     *slog.Logger
 	metrics *metrics
 	prefix  string // <Prefix>/endpoints/
+	// slicePrefix is <Prefix>/endpointslices/: slices are stored under
+	// <slicePrefix><namespace>/<service>/<name>.
+	slicePrefix string
 
 	mu     sync.Mutex
 	term   *term      // the current term, nil when not leading
@@ -66,9 +90,19 @@ func New(cli *clientv3.Client, cfg Config) (*Controller, error) {
 	if cli == nil {
 		return nil, errors.New("endpoints: nil etcd client")
 	}
-	if cfg.Workers < 0 || cfg.BatchPeriod < 0 || cfg.MasterResync < 0 {
-		return nil, fmt.Errorf("endpoints: negative workers %d, batch period %v or master resync %v", cfg.Workers, cfg.BatchPeriod, cfg.MasterResync)
+	if cfg.Workers < 0 || cfg.BatchPeriod < 0 || cfg.MasterResync < 0 || cfg.SliceWorkers < 0 || cfg.SliceBatchPeriod < 0 {
+		return nil, fmt.Errorf("endpoints: negative workers %d/%d, batch period %v/%v or master resync %v",
+			cfg.Workers, cfg.SliceWorkers, cfg.BatchPeriod, cfg.SliceBatchPeriod, cfg.MasterResync)
 	}
+	if cfg.MaxEndpointsPerSlice < 0 || cfg.MaxEndpointsPerSlice > MaxMaxEndpointsPerSlice {
+		return nil, fmt.Errorf("endpoints: max endpoints per slice %d: want 1 to %d", cfg.MaxEndpointsPerSlice, MaxMaxEndpointsPerSlice)
+	}
+	if cfg.MaxTxnOps != 0 && cfg.MaxTxnOps < 2 {
+		return nil, fmt.Errorf("endpoints: max txn ops %d: want at least 2", cfg.MaxTxnOps)
+	}
+	cfg.SliceWorkers = cmp.Or(cfg.SliceWorkers, DefaultWorkers)
+	cfg.MaxEndpointsPerSlice = cmp.Or(cfg.MaxEndpointsPerSlice, DefaultMaxEndpointsPerSlice)
+	cfg.MaxTxnOps = cmp.Or(cfg.MaxTxnOps, 128)
 	if cfg.MasterResync == 0 {
 		cfg.MasterResync = DefaultMasterResync
 	}
@@ -83,10 +117,11 @@ func New(cli *clientv3.Client, cfg Config) (*Controller, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	c := &Controller{
-		cli:    cli,
-		cfg:    cfg,
-		log:    log.With("component", "endpoints"),
-		prefix: strings.TrimSuffix(cfg.Prefix, "/") + "/endpoints/",
+		cli:         cli,
+		cfg:         cfg,
+		log:         log.With("component", "endpoints"),
+		prefix:      strings.TrimSuffix(cfg.Prefix, "/") + "/endpoints/",
+		slicePrefix: strings.TrimSuffix(cfg.Prefix, "/") + "/endpointslices/",
 	}
 	m, err := newMetrics(cfg.Registerer, c)
 	if err != nil {
@@ -108,7 +143,7 @@ func (c *Controller) currentTerm() (*term, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.term == nil {
-		return nil, &NotLeaderError{}
+		return nil, &leader.NotLeaderError{Controller: "endpoints"}
 	}
 	return c.term, nil
 }
@@ -117,8 +152,8 @@ func (c *Controller) currentTerm() (*term, error) {
 // session is lost or at shutdown) or a write finds the fence gone. It returns nil when
 // ctx ended, else why the term ended. Terms do not overlap: Lead waits for every
 // goroutine of its term before it returns.
-func (c *Controller) Lead(ctx context.Context, f Fence) error {
-	if f.Key == "" || f.Rev <= 0 {
+func (c *Controller) Lead(ctx context.Context, f leader.Fence) error {
+	if !f.Valid() {
 		return fmt.Errorf("endpoints: bad fence %+v", f)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -172,6 +207,16 @@ func (c *Controller) ApplyPodSnapshot(ctx context.Context, rev int64, pods []*Po
 		return err
 	}
 	return t.applySnapshot(KindPod, rev, func(in *inputs) { in.setPods(rev, pods) })
+}
+
+// ApplyNodeSnapshot replaces the Nodes of the term's inputs (the EndpointSlice
+// controller's zones and topology hints), and syncs every Service's slices.
+func (c *Controller) ApplyNodeSnapshot(ctx context.Context, rev int64, nodes []*Node) error {
+	t, err := c.currentTerm()
+	if err != nil {
+		return err
+	}
+	return t.applySnapshot(KindNode, rev, func(in *inputs) { in.setNodes(rev, nodes) })
 }
 
 // ApplyEvents applies events in order on top of the snapshots of the term. An event of

@@ -9,6 +9,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+	"github.com/allocd/allocd/leader"
 )
 
 // syncCase is one case of kube-controller-manager's endpoints_controller_test.go, as
@@ -408,8 +409,8 @@ func TestFence(t *testing.T) {
 	h.events(Event{Type: Upsert, Revision: 2, Pod: notReady})
 	select {
 	case err := <-h.done:
-		if !errors.Is(err, errFenceLost) {
-			t.Fatalf("Lead = %v; want errFenceLost", err)
+		if !errors.Is(err, leader.ErrFenceLost) {
+			t.Fatalf("Lead = %v; want leader.ErrFenceLost", err)
 		}
 		h.cancel = nil
 	case <-time.After(5 * time.Second):

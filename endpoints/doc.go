@@ -33,15 +33,15 @@
 //
 // # Leadership
 //
-// One replica writes: the one elected through etcd (the repair election), for one term
-// at a time (Lead). Every write is a transaction that also compares the election key's
+// One replica writes: the leader elected by package leader, for one term at a time
+// (its leader.Elector runs Lead). Every write is a transaction that also compares the election key's
 // CreateRevision, so a deposed leader can never write after its successor. A term
 // writes nothing before it has a snapshot of both kinds pushed during the term; events
 // before that are refused (SnapshotRequiredError), which tells the feeder to push
 // snapshots again. Reads (Get, List, Watch) are served by every replica from etcd.
 //
 //	c, _ := endpoints.New(cli, endpoints.Config{Prefix: "/allocd"})
-//	go c.Lead(ctx, endpoints.Fence{Key: electionKey, Rev: electionRev})
+//	go el.Run(ctx, c.Lead) // el is the replica's *leader.Elector
 //	c.ApplyServiceSnapshot(ctx, rev, services)
 //	c.ApplyPodSnapshot(ctx, rev, pods)
 //	c.ApplyEvents(ctx, []endpoints.Event{{Type: endpoints.Upsert, Revision: rev + 1, Pod: pod}})

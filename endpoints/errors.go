@@ -6,6 +6,8 @@ import (
 	"strconv"
 
 	"github.com/allocd/allocd/internal/badrequest"
+
+	"github.com/allocd/allocd/leader"
 )
 
 // Sentinels of the package.
@@ -13,8 +15,8 @@ var (
 	// ErrNotFound: no Endpoints object of that name.
 	ErrNotFound = errors.New("endpoints not found")
 	// ErrNotLeader: this replica does not lead (or its term ended); feeds go to the
-	// leader. NotLeaderError wraps it.
-	ErrNotLeader = errors.New("not the endpoints controller leader")
+	// leader. The *leader.NotLeaderError of the feeds wraps it.
+	ErrNotLeader = leader.ErrNotLeader
 	// ErrSnapshotRequired: an event of a kind of which this term has no snapshot yet.
 	// SnapshotRequiredError wraps it.
 	ErrSnapshotRequired = errors.New("snapshot required")
@@ -37,22 +39,8 @@ type Kind string
 const (
 	KindService Kind = "Service"
 	KindPod     Kind = "Pod"
+	KindNode    Kind = "Node"
 )
-
-// NotLeaderError says who leads ("" when nobody does, or when it is unknown).
-type NotLeaderError struct {
-	Leader string
-}
-
-func (e *NotLeaderError) Error() string {
-	if e.Leader == "" {
-		return "this replica does not lead the endpoints controller and no leader is known"
-	}
-	return "this replica does not lead the endpoints controller; the leader is " + e.Leader
-}
-
-// Unwrap returns ErrNotLeader.
-func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
 
 // SnapshotRequiredError is an event of Kind before any snapshot of that kind in the
 // leader's current term.

@@ -10,6 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+
+	"github.com/allocd/allocd/leader"
 )
 
 // harness runs a Controller leading one term on a real etcd.
@@ -18,17 +20,19 @@ type harness struct {
 	etcd   *etcdtest.Server
 	cli    *clientv3.Client
 	c      *Controller
-	fence  Fence
+	fence  leader.Fence
 	cancel context.CancelFunc
 	done   chan error
 }
 
 const testPrefix = "/allocd"
 
-// newHarness starts etcd and a controller; existing objects are stored before the
-// term starts (as an earlier leader or a person left them).
+// newHarness starts etcd and the Endpoints controller alone (newSliceHarness runs
+// the EndpointSlice controller); existing objects are stored before the term starts
+// (as an earlier leader or a person left them).
 func newHarness(t *testing.T, cfg Config, existing ...*Endpoints) *harness {
 	t.Helper()
+	cfg.DisableEndpointSlices = true
 	e := etcdtest.New(t)
 	h := &harness{t: t, etcd: e, cli: e.Client}
 	for _, ep := range existing {
@@ -53,7 +57,7 @@ func (h *harness) lead() {
 	if err != nil {
 		h.t.Fatalf("put election key: %v", err)
 	}
-	h.fence = Fence{Key: key, Rev: resp.Header.Revision}
+	h.fence = leader.Fence{Key: key, Rev: resp.Header.Revision}
 	lctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	h.done = make(chan error, 1)
@@ -120,21 +124,23 @@ func (h *harness) settle() {
 		h.t.Fatalf("no term: %v", err)
 	}
 	etcdtest.WaitFor(h.t, 10*time.Second, "controller idle", func() bool {
-		select {
-		case <-t.listed:
-		default:
-			return false
+		for _, c := range []chan struct{}{t.listed, t.slicesListed} {
+			select {
+			case <-c:
+			default:
+				return false
+			}
 		}
-		return t.queue.idle()
+		return t.idle()
 	})
 	// A key handed out and finished between two looks is done; one more look after a
 	// pause catches a key queued by the watch of the last write.
 	time.Sleep(20 * time.Millisecond)
-	etcdtest.WaitFor(h.t, 10*time.Second, "controller idle", t.queue.idle)
+	etcdtest.WaitFor(h.t, 10*time.Second, "controller idle", t.idle)
 }
 
-// syncing reports whether the term has both snapshots and runs its workers, which
-// write the Endpoints of Services (and delete leftovers).
+// syncing reports whether a controller of the term has the snapshots it needs and
+// runs its workers, which write the objects of Services (and delete leftovers).
 func (h *harness) syncing() bool {
 	h.t.Helper()
 	t, err := h.c.currentTerm()
@@ -143,7 +149,12 @@ func (h *harness) syncing() bool {
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return t.started
+	for _, half := range []*half{t.eps, t.slices} {
+		if half != nil && half.started {
+			return true
+		}
+	}
+	return false
 }
 
 // masterSynced sets the master leases' Endpoints to ep and returns once the term has

@@ -1,5 +1,10 @@
 package endpoints
 
+import (
+	"maps"
+	"strings"
+)
+
 // inputs are the controller's view of the feeds in one term: the Services and Pods of
 // the last snapshot of each kind with the events applied since, indexed for the two
 // questions the controller asks: which Pods does a Service select, and which Services
@@ -8,14 +13,21 @@ package endpoints
 //
 // Not safe for concurrent use: the term guards it with its mutex.
 type inputs struct {
-	svcRev, podRev     int64
-	haveSvcs, havePods bool
+	svcRev, podRev, nodeRev       int64
+	haveSvcs, havePods, haveNodes bool
 
 	services map[string]*Service            // by "ns/name"
 	svcsByNS map[string]map[string]*Service // ns -> name -> Service
 	pods     map[string]map[string]*Pod     // ns -> name -> Pod
 	// labels indexes the Pods of a namespace by each of their labels.
 	labels map[string]map[label]map[string]struct{}
+
+	nodes map[string]*Node // by name
+	// podsOnNode indexes the Pods by spec.nodeName: "ns/name" keys.
+	podsOnNode map[string]map[string]struct{}
+	// topology is the zones' shares of the Nodes' CPU for topology hints; nil when
+	// the Nodes say too little (see computeTopology).
+	topology map[string]float64
 }
 
 // label is one key=value pair of a Pod's labels.
@@ -23,11 +35,34 @@ type label struct{ k, v string }
 
 func newInputs() *inputs {
 	return &inputs{
-		services: map[string]*Service{},
-		svcsByNS: map[string]map[string]*Service{},
-		pods:     map[string]map[string]*Pod{},
-		labels:   map[string]map[label]map[string]struct{}{},
+		services:   map[string]*Service{},
+		svcsByNS:   map[string]map[string]*Service{},
+		pods:       map[string]map[string]*Pod{},
+		labels:     map[string]map[label]map[string]struct{}{},
+		nodes:      map[string]*Node{},
+		podsOnNode: map[string]map[string]struct{}{},
 	}
+}
+
+// have reports whether every kind has a snapshot.
+func (in *inputs) have(kinds ...Kind) bool {
+	for _, k := range kinds {
+		if _, ok := in.revision(k); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// revision returns the revision applied for kind and whether a snapshot of it is in.
+func (in *inputs) revision(k Kind) (int64, bool) {
+	switch k {
+	case KindService:
+		return in.svcRev, in.haveSvcs
+	case KindPod:
+		return in.podRev, in.havePods
+	}
+	return in.nodeRev, in.haveNodes
 }
 
 // setServices replaces every Service.
@@ -71,6 +106,7 @@ func (in *inputs) deleteService(namespace, name string) *Service {
 func (in *inputs) setPods(rev int64, pods []*Pod) {
 	in.pods = map[string]map[string]*Pod{}
 	in.labels = map[string]map[label]map[string]struct{}{}
+	in.podsOnNode = map[string]map[string]struct{}{}
 	for _, p := range pods {
 		in.putPod(p)
 	}
@@ -88,6 +124,14 @@ func (in *inputs) putPod(p *Pod) {
 		in.unindex(old)
 	}
 	ns[p.Name] = p
+	if p.NodeName != "" {
+		on := in.podsOnNode[p.NodeName]
+		if on == nil {
+			on = map[string]struct{}{}
+			in.podsOnNode[p.NodeName] = on
+		}
+		on[p.Key()] = struct{}{}
+	}
 	idx := in.labels[p.Namespace]
 	if idx == nil {
 		idx = map[label]map[string]struct{}{}
@@ -120,6 +164,12 @@ func (in *inputs) deletePod(namespace, name string) *Pod {
 }
 
 func (in *inputs) unindex(p *Pod) {
+	if on := in.podsOnNode[p.NodeName]; on != nil {
+		delete(on, p.Key())
+		if len(on) == 0 {
+			delete(in.podsOnNode, p.NodeName)
+		}
+	}
 	idx := in.labels[p.Namespace]
 	for k, v := range p.Labels {
 		if set := idx[label{k, v}]; set != nil {
@@ -215,3 +265,84 @@ func (in *inputs) podUpdateKeys(old, cur *Pod) map[string]struct{} {
 	}
 	return keys
 }
+
+// setNodes replaces every Node.
+func (in *inputs) setNodes(rev int64, nodes []*Node) {
+	in.nodes = make(map[string]*Node, len(nodes))
+	for _, n := range nodes {
+		in.nodes[n.Name] = n
+	}
+	in.topology = computeTopology(in.nodes)
+	in.nodeRev, in.haveNodes = rev, true
+}
+
+// putNode stores n, replacing the Node of the same name.
+func (in *inputs) putNode(n *Node) {
+	in.nodes[n.Name] = n
+	in.topology = computeTopology(in.nodes)
+}
+
+// deleteNode removes a Node.
+func (in *inputs) deleteNode(name string) {
+	delete(in.nodes, name)
+	in.topology = computeTopology(in.nodes)
+}
+
+// node returns the Node of that name; ok is false when there is none (a Pod without a
+// node name has none).
+func (in *inputs) node(name string) (*Node, bool) {
+	n, ok := in.nodes[name]
+	return n, ok
+}
+
+// servicesOfNode adds to dst the keys of the Services that select a Pod on the Node.
+func (in *inputs) servicesOfNode(dst map[string]struct{}, node string) {
+	for key := range in.podsOnNode[node] {
+		ns, name, _ := strings.Cut(key, "/")
+		if p := in.pods[ns][name]; p != nil {
+			in.servicesSelecting(dst, p)
+		}
+	}
+}
+
+// servicesWithHints adds to dst the keys of the Services that ask for topology hints.
+func (in *inputs) servicesWithHints(dst map[string]struct{}) {
+	for key, s := range in.services {
+		if s.Selector != nil && hintsEnabled(s.Annotations) {
+			dst[key] = struct{}{}
+		}
+	}
+}
+
+// computeTopology returns each zone's share of the allocatable CPU of the Nodes that
+// are ready and not of the control plane (SetNodes), nil when such a Node lacks a zone
+// or CPU, or fewer than two zones have any.
+func computeTopology(nodes map[string]*Node) map[string]float64 {
+	byZone := map[string]int64{}
+	var total int64
+	for _, n := range nodes {
+		if _, cp := n.Labels[LabelControlPlane]; cp {
+			continue
+		}
+		if _, m := n.Labels[LabelMaster]; m || !n.Ready {
+			continue
+		}
+		zone := n.Zone()
+		if zone == "" || n.AllocatableCPUMillis <= 0 {
+			return nil
+		}
+		byZone[zone] += n.AllocatableCPUMillis
+		total += n.AllocatableCPUMillis
+	}
+	if total == 0 || len(byZone) < 2 {
+		return nil
+	}
+	out := make(map[string]float64, len(byZone))
+	for z, cpu := range byZone {
+		out[z] = float64(cpu) / float64(total)
+	}
+	return out
+}
+
+// topologyEqual reports whether two topologies are the same.
+func topologyEqual(a, b map[string]float64) bool { return maps.Equal(a, b) }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
 	"time"
+
+	"github.com/allocd/allocd/leader"
 )
 
 // masterKey is the Service whose Endpoints the master leases produce.
@@ -39,7 +42,7 @@ func (t *term) keepMaster(ctx context.Context) error {
 		err := t.syncMaster(ctx)
 		switch {
 		case err == nil:
-		case errors.Is(err, errFenceLost):
+		case errors.Is(err, leader.ErrFenceLost):
 			t.cancel(err)
 			return nil
 		case errors.Is(err, errConflict):
@@ -53,11 +56,43 @@ func (t *term) keepMaster(ctx context.Context) error {
 	}
 }
 
+// syncMaster writes the master leases' Endpoints of default/kubernetes and their
+// EndpointSlice, in one transaction, when either differs from what is stored.
 func (t *term) syncMaster(ctx context.Context) error {
 	m := t.c.masterEndpoints()
 	if m == nil {
 		return nil
 	}
+	for _, prefix := range []string{t.c.etcdKey(masterKey), t.c.slicesOf(masterKey)} {
+		if err := t.reloadUnsure(ctx, prefix); err != nil {
+			return err
+		}
+	}
+	w := &write{}
+	desired, changed := t.masterEndpointsObject(m)
+	if changed {
+		op, err := t.endpointsOp(masterKey, t.storedObj(masterKey), desired)
+		if err != nil {
+			return err
+		}
+		w.ops = append(w.ops, op)
+	}
+	if desired != nil || t.masterSlice() != nil {
+		if op, ok := t.masterSliceOp(desired); ok {
+			w.ops = append(w.ops, op)
+		}
+	}
+	if len(w.ops) == 0 {
+		return nil
+	}
+	_, err := t.commitNow(ctx, w)
+	return err
+}
+
+// masterEndpointsObject returns the Endpoints of default/kubernetes the leases make
+// (nil: none to store, there being no address and nothing stored) and whether they
+// differ from the stored object.
+func (t *term) masterEndpointsObject(m *Endpoints) (*Endpoints, bool) {
 	cur := t.storedObj(masterKey)
 	desired := &Endpoints{
 		Namespace: "default",
@@ -69,19 +104,73 @@ func (t *term) syncMaster(ctx context.Context) error {
 	ready, notReady := CountAddresses(desired.Subsets)
 	desired.AddressCount = ready + notReady
 	if cur.ep == nil && desired.AddressCount == 0 {
-		return nil
+		return nil, false
 	}
 	if cur.ep != nil {
 		desired.Annotations = cur.ep.Annotations
 		if cur.ep.ManagedBy == ManagedByMasterLease && maps.Equal(cur.ep.Labels, desired.Labels) &&
 			SubsetsEqual(cur.ep.Subsets, desired.Subsets) {
-			return nil
+			return desired, false
 		}
 	}
-	val, err := encode(desired)
-	if err != nil {
-		return err
+	return desired, true
+}
+
+// masterSliceName is the name of default/kubernetes' slice, as kube-apiserver names it.
+const masterSliceName = "kubernetes"
+
+// masterSlice returns the stored slice of default/kubernetes, nil when none.
+func (t *term) masterSlice() *EndpointSlice {
+	t.slicesMu.Lock()
+	defer t.slicesMu.Unlock()
+	return t.storedSlices[masterKey][masterSliceName].s
+}
+
+// masterSliceOp is the op that makes default/kubernetes' slice follow its Endpoints
+// ep, as kube-apiserver's EndpointsAdapter does (EnsureEndpointSliceFromEndpoints):
+// the label kubernetes.io/service-name alone, no owner, address type IPv4 unless
+// every address is IPv6, the ports of the subset, one endpoint per address with only
+// the ready condition set. ok is false when the stored slice already says so.
+func (t *term) masterSliceOp(ep *Endpoints) (writeOp, bool) {
+	s := &EndpointSlice{Namespace: "default", Name: masterSliceName, Service: "kubernetes",
+		Labels: map[string]string{LabelServiceName: "kubernetes"}, AddressType: AddressTypeIPv4}
+	if ep != nil && len(ep.Subsets) > 0 {
+		sub := ep.Subsets[0]
+		v6 := len(sub.Addresses)+len(sub.NotReadyAddresses) > 0
+		for _, list := range [][]Address{sub.Addresses, sub.NotReadyAddresses} {
+			for _, a := range list {
+				v6 = v6 && isIPv6(a.IP)
+				s.Endpoints = append(s.Endpoints, SliceEndpoint{Addresses: []string{a.IP},
+					Ready:    boolPtr(len(list) == len(sub.Addresses) && &list[0] == &sub.Addresses[0]),
+					Hostname: a.Hostname, NodeName: a.NodeName, TargetRef: a.TargetRef})
+			}
+		}
+		if v6 {
+			s.AddressType = AddressTypeIPv6
+		}
+		for _, p := range sub.Ports {
+			s.Ports = append(s.Ports, SlicePort{Name: p.Name, Port: p.Port, Protocol: p.Protocol})
+		}
 	}
-	_, err = t.commitNow(ctx, &write{key: masterKey, cur: cur, ep: desired, val: val})
-	return err
+	cur := t.masterSlice()
+	if cur == nil {
+		cur = &EndpointSlice{Namespace: "default", Service: "kubernetes", Name: masterSliceName}
+	} else if sameMasterSlice(cur, s) {
+		return writeOp{}, false
+	}
+	return t.sliceOp(cur, s), true
+}
+
+// sameMasterSlice reports whether two slices of default/kubernetes say the same.
+func sameMasterSlice(a, b *EndpointSlice) bool {
+	return a.AddressType == b.AddressType && maps.Equal(a.Labels, b.Labels) &&
+		slices.EqualFunc(a.Ports, b.Ports, func(x, y SlicePort) bool {
+			return x.Name == y.Name && x.Port == y.Port && x.Protocol == y.Protocol && x.AppProtocol == nil && y.AppProtocol == nil
+		}) &&
+		slices.EqualFunc(a.Endpoints, b.Endpoints, func(x, y SliceEndpoint) bool {
+			return slices.Equal(x.Addresses, y.Addresses) && boolPtrEqual(x.Ready, y.Ready) &&
+				x.Hostname == y.Hostname && x.NodeName == y.NodeName && refEqual(x.TargetRef, y.TargetRef) &&
+				x.Serving == nil && y.Serving == nil && x.Terminating == nil && y.Terminating == nil &&
+				x.Hints == nil && y.Hints == nil && x.Zone == y.Zone
+		})
 }

@@ -17,6 +17,8 @@ type metrics struct {
 	feed     *prometheus.CounterVec
 	leader   prometheus.Gauge
 	snapRev  *prometheus.GaugeVec
+	// slice are the EndpointSlice controller's.
+	slice *sliceMetrics
 }
 
 func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
@@ -44,7 +46,7 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 	})
 	m.feed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allocd_endpoints_feed_events_total",
-		Help: "Service and Pod events taken by the leader, by result: applied or ignored.",
+		Help: "Service, Pod and Node events taken by the leader, by result: applied or ignored.",
 	}, []string{"result"})
 	m.leader = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "allocd_endpoints_leader",
@@ -52,14 +54,16 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 	})
 	m.snapRev = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "allocd_endpoints_snapshot_revision",
-		Help: "Source revision of the last snapshot applied in this term, by kind (Service, Pod).",
+		Help: "Source revision of the last snapshot applied in this term, by kind (Service, Pod, Node).",
 	}, []string{"kind"})
 	objects := prometheus.NewDesc("allocd_endpoints_objects",
 		"Endpoints objects stored in etcd, as the leader sees them (0 on other replicas).", nil, nil)
 	truncated := prometheus.NewDesc("allocd_endpoints_truncated_objects",
 		"Stored Endpoints objects truncated to 1000 addresses (over-capacity annotation set).", nil, nil)
 	col := collector{c: c, objects: objects, truncated: truncated}
-	for _, x := range []prometheus.Collector{m.writes, m.syncs, m.duration, m.latency, m.feed, m.leader, m.snapRev, col} {
+	m.slice = newSliceMetrics()
+	for _, x := range append([]prometheus.Collector{m.writes, m.syncs, m.duration, m.latency, m.feed, m.leader, m.snapRev, col},
+		m.slice.collectors()...) {
 		if err := reg.Register(x); err != nil {
 			return nil, err
 		}

@@ -13,6 +13,23 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// The reads of the stored Endpoints objects and EndpointSlices, served by every
+// replica from etcd: Get, List (paged, every page read at the revision of the first)
+// and Watch (resumable from a revision). One implementation, store, serves both kinds.
+
+// store reads one kind of stored object under prefix.
+type store[T any] struct {
+	cli    *clientv3.Client
+	prefix string
+	what   string // "endpoints", "endpoint slices": in errors
+	// depth is the number of '/' in a key under prefix ("ns/name": 1; "ns/svc/name": 2).
+	depth  int
+	decode func(kv *mvccpb.KeyValue) (T, error)
+	// revision is an object's ModRevision: the revision of its Added event in a
+	// watch's initial listing.
+	revision func(T) int64
+}
+
 // Get returns the stored Endpoints of namespace/name (a linearizable read), or
 // ErrNotFound.
 func (c *Controller) Get(ctx context.Context, namespace, name string) (*Endpoints, error) {
@@ -42,15 +59,53 @@ func validName(namespace, name string) error {
 	return inv.OrNil()
 }
 
+// endpointsStore reads the stored Endpoints objects.
+func (c *Controller) endpointsStore() store[*Endpoints] {
+	return store[*Endpoints]{cli: c.cli, prefix: c.prefix, what: "endpoints", depth: 1,
+		decode: func(kv *mvccpb.KeyValue) (*Endpoints, error) {
+			return decode(kv.Value, kv.ModRevision, kv.CreateRevision)
+		},
+		revision: func(e *Endpoints) int64 { return e.Revision }}
+}
+
 // List returns up to pageSize objects (0: DefaultPageSize; capped at MaxPageSize) of
 // namespace ("" for all), sorted by namespace and name, after pageToken. Every page of
 // one listing is read at the revision of the first (returned), so that a listing is
 // one consistent state; a page whose revision was compacted meanwhile is a
 // *CompactedError. next is "" on the last page.
 func (c *Controller) List(ctx context.Context, namespace string, pageSize int, pageToken string) (eps []*Endpoints, next string, rev int64, err error) {
-	if namespace != "" && strings.Contains(namespace, "/") {
-		return nil, "", 0, &InvalidError{Violations: []Violation{{Field: "namespace", Description: "must not contain '/'"}}}
+	if err := validScope("namespace", namespace); err != nil {
+		return nil, "", 0, err
 	}
+	return c.endpointsStore().list(ctx, namespace, pageSize, pageToken)
+}
+
+// Watch sends the changes of the stored objects of namespace ("" for all) to send: with
+// startRev 0, first every current object as Added (read at one revision R), then the
+// changes after R; with startRev N, the changes after N. It returns when ctx ends (nil),
+// when send fails (its error), with a *CompactedError when the history it needs was
+// compacted, or with the watch's error (etcd unreachable, no leader): the caller then
+// watches again from the last revision it got.
+func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64, send func(WatchEvent) error) error {
+	if err := validScope("namespace", namespace); err != nil {
+		return err
+	}
+	return c.endpointsStore().watch(ctx, namespace, startRev, func(t WatchType, e *Endpoints, rev int64) error {
+		return send(WatchEvent{Type: t, Endpoints: e, Revision: rev})
+	})
+}
+
+// validScope refuses a namespace (or name) that would escape its place in the key
+// space; "" is every namespace.
+func validScope(field, s string) error {
+	if strings.Contains(s, "/") {
+		return &InvalidError{Violations: []Violation{{Field: field, Description: "must not contain '/'"}}}
+	}
+	return nil
+}
+
+// list returns a page of the objects under scope ("" for all, "ns", or "ns/svc").
+func (s store[T]) list(ctx context.Context, scope string, pageSize int, pageToken string) (out []T, next string, rev int64, err error) {
 	switch {
 	case pageSize < 0:
 		return nil, "", 0, &InvalidError{Violations: []Violation{{Field: "page_size", Description: "must not be negative"}}}
@@ -59,30 +114,30 @@ func (c *Controller) List(ctx context.Context, namespace string, pageSize int, p
 	case pageSize > MaxPageSize:
 		pageSize = MaxPageSize
 	}
-	prefix := c.prefix
-	if namespace != "" {
-		prefix += namespace + "/"
+	prefix := s.prefix
+	if scope != "" {
+		prefix += scope + "/"
 	}
 	start, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
 	opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(pageSize) + 1)}
 	if pageToken != "" {
-		tok, err := parseToken(pageToken, namespace)
+		tok, err := parseToken(pageToken, scope)
 		if err != nil {
 			return nil, "", 0, err
 		}
-		start = c.etcdKey(tok.after) + "\x00"
+		start = s.prefix + tok.after + "\x00"
 		opts = append(opts, clientv3.WithRev(tok.rev))
 	}
-	resp, err := c.cli.Get(ctx, start, opts...)
+	resp, err := s.cli.Get(ctx, start, opts...)
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrCompacted) {
-			return nil, "", 0, &CompactedError{Revision: tokenRev(pageToken, namespace)}
+			return nil, "", 0, &CompactedError{Revision: tokenRev(pageToken, scope)}
 		}
-		return nil, "", 0, fmt.Errorf("list endpoints: %w", err)
+		return nil, "", 0, fmt.Errorf("list %s: %w", s.what, err)
 	}
 	rev = resp.Header.Revision
 	if pageToken != "" {
-		rev = tokenRev(pageToken, namespace)
+		rev = tokenRev(pageToken, scope)
 	}
 	kvs := resp.Kvs
 	more := len(kvs) > pageSize
@@ -90,35 +145,43 @@ func (c *Controller) List(ctx context.Context, namespace string, pageSize int, p
 		kvs = kvs[:pageSize]
 	}
 	for _, kv := range kvs {
-		key := c.objectKey(kv.Key)
-		if key == "" {
+		if s.relKey(kv.Key) == "" {
 			continue
 		}
-		e, err := decode(kv.Value, kv.ModRevision, kv.CreateRevision)
+		o, err := s.decode(kv)
 		if err != nil {
-			return nil, "", 0, fmt.Errorf("list endpoints: %s: %w", kv.Key, err)
+			return nil, "", 0, fmt.Errorf("list %s: %s: %w", s.what, kv.Key, err)
 		}
-		eps = append(eps, e)
+		out = append(out, o)
 	}
 	if more && len(kvs) > 0 {
-		next = token{rev: rev, namespace: namespace, after: c.objectKey(kvs[len(kvs)-1].Key)}.String()
+		next = token{rev: rev, scope: scope, after: s.relKey(kvs[len(kvs)-1].Key)}.String()
 	}
-	return eps, next, rev, nil
+	return out, next, rev, nil
 }
 
-// token is a List page token: the revision of the listing, the namespace it lists, and
-// the last key of the previous page.
+// relKey is the key under prefix ("ns/name", "ns/svc/name"), "" when k is not one.
+func (s store[T]) relKey(k []byte) string {
+	r, ok := strings.CutPrefix(string(k), s.prefix)
+	if !ok || strings.Count(r, "/") != s.depth {
+		return ""
+	}
+	return r
+}
+
+// token is a List page token: the revision of the listing, the scope it lists, and the
+// last key of the previous page.
 type token struct {
-	rev       int64
-	namespace string
-	after     string
+	rev   int64
+	scope string
+	after string
 }
 
 func (t token) String() string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.rev, 10) + "\n" + t.namespace + "\n" + t.after))
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.rev, 10) + "\n" + t.scope + "\n" + t.after))
 }
 
-func parseToken(s, namespace string) (token, error) {
+func parseToken(s, scope string) (token, error) {
 	bad := func(why string) (token, error) {
 		return token{}, &InvalidError{Violations: []Violation{{Field: "page_token", Description: why}}}
 	}
@@ -134,63 +197,48 @@ func parseToken(s, namespace string) (token, error) {
 	if err != nil || rev <= 0 || parts[2] == "" {
 		return bad("not a token this server issued")
 	}
-	if parts[1] != namespace {
-		return bad(fmt.Sprintf("issued for namespace %q, not %q: pass the same namespace on every page", parts[1], namespace))
+	if parts[1] != scope {
+		return bad(fmt.Sprintf("issued for %q, not %q: pass the same namespace (and service) on every page", parts[1], scope))
 	}
-	return token{rev: rev, namespace: parts[1], after: parts[2]}, nil
+	return token{rev: rev, scope: parts[1], after: parts[2]}, nil
 }
 
-func tokenRev(s, namespace string) int64 {
-	t, err := parseToken(s, namespace)
+func tokenRev(s, scope string) int64 {
+	t, err := parseToken(s, scope)
 	if err != nil {
 		return 0
 	}
 	return t.rev
 }
 
-// Watch sends the changes of the stored objects of namespace ("" for all) to send: with
-// startRev 0, first every current object as Added (read at one revision R), then the
-// changes after R; with startRev N, the changes after N. It returns when ctx ends (nil),
-// when send fails (its error), with a *CompactedError when the history it needs was
-// compacted, or with the watch's error (etcd unreachable, no leader): the caller then
-// watches again from the last revision it got.
-func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64, send func(WatchEvent) error) error {
-	if namespace != "" && strings.Contains(namespace, "/") {
-		return &InvalidError{Violations: []Violation{{Field: "namespace", Description: "must not contain '/'"}}}
-	}
+// watch sends the changes of the objects under scope (see Controller.Watch).
+func (s store[T]) watch(ctx context.Context, scope string, startRev int64, send func(WatchType, T, int64) error) error {
 	if startRev < 0 {
 		return &InvalidError{Violations: []Violation{{Field: "start_revision", Description: "must not be negative"}}}
 	}
 	if startRev == 0 {
-		rev, err := c.sendAll(ctx, namespace, send)
+		rev, err := s.sendAll(ctx, scope, send)
 		if err != nil {
 			return err
 		}
 		startRev = rev
 	}
-	prefix := c.prefix
-	if namespace != "" {
-		prefix += namespace + "/"
+	prefix := s.prefix
+	if scope != "" {
+		prefix += scope + "/"
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	wch := c.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(startRev+1), clientv3.WithPrevKV())
+	wch := s.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(startRev+1), clientv3.WithPrevKV())
 	for wr := range wch {
 		if wr.CompactRevision != 0 {
 			return &CompactedError{Revision: startRev, Compacted: wr.CompactRevision}
 		}
 		if err := wr.Err(); err != nil {
-			return fmt.Errorf("watch endpoints: %w", err)
+			return fmt.Errorf("watch %s: %w", s.what, err)
 		}
 		for _, ev := range wr.Events {
-			we, ok, err := c.watchEvent(ev)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				continue
-			}
-			if err := send(we); err != nil {
+			if err := s.sendEvent(ev, send); err != nil {
 				return err
 			}
 		}
@@ -198,22 +246,22 @@ func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64
 	if ctx.Err() != nil {
 		return nil
 	}
-	return fmt.Errorf("watch endpoints: %w", ErrNotReady)
+	return fmt.Errorf("watch %s: %w", s.what, ErrNotReady)
 }
 
 // sendAll sends every current object as Added, listing a page at a time at one
 // revision, and returns that revision.
-func (c *Controller) sendAll(ctx context.Context, namespace string, send func(WatchEvent) error) (int64, error) {
+func (s store[T]) sendAll(ctx context.Context, scope string, send func(WatchType, T, int64) error) (int64, error) {
 	var rev int64
 	tok := ""
 	for {
-		eps, next, r, err := c.List(ctx, namespace, MaxPageSize, tok)
+		objs, next, r, err := s.list(ctx, scope, MaxPageSize, tok)
 		if err != nil {
 			return 0, err
 		}
 		rev = r
-		for _, e := range eps {
-			if err := send(WatchEvent{Type: Added, Endpoints: e, Revision: e.Revision}); err != nil {
+		for _, o := range objs {
+			if err := send(Added, o, s.revision(o)); err != nil {
 				return 0, err
 			}
 		}
@@ -224,33 +272,32 @@ func (c *Controller) sendAll(ctx context.Context, namespace string, send func(Wa
 	}
 }
 
-func (c *Controller) watchEvent(ev *clientv3.Event) (WatchEvent, bool, error) {
-	if c.objectKey(ev.Kv.Key) == "" {
-		return WatchEvent{}, false, nil
+// sendEvent sends one etcd event of an object under the prefix.
+func (s store[T]) sendEvent(ev *clientv3.Event, send func(WatchType, T, int64) error) error {
+	if s.relKey(ev.Kv.Key) == "" {
+		return nil
 	}
 	rev := ev.Kv.ModRevision
 	if ev.Type == mvccpb.DELETE {
-		e := &Endpoints{}
-		if ev.PrevKv != nil {
-			var err error
-			if e, err = decode(ev.PrevKv.Value, ev.PrevKv.ModRevision, ev.PrevKv.CreateRevision); err != nil {
-				return WatchEvent{}, false, err
-			}
-		} else {
+		if ev.PrevKv == nil {
 			// etcd drops the previous value when its revision was compacted (an event
 			// at the compaction revision, or sent late): a Deleted event must carry the
 			// last state, so the watcher lists again instead.
-			return WatchEvent{}, false, &CompactedError{Revision: ev.Kv.ModRevision - 1}
+			return &CompactedError{Revision: ev.Kv.ModRevision - 1}
 		}
-		return WatchEvent{Type: Deleted, Endpoints: e, Revision: rev}, true, nil
+		o, err := s.decode(ev.PrevKv)
+		if err != nil {
+			return err
+		}
+		return send(Deleted, o, rev)
 	}
-	e, err := decode(ev.Kv.Value, ev.Kv.ModRevision, ev.Kv.CreateRevision)
+	o, err := s.decode(ev.Kv)
 	if err != nil {
-		return WatchEvent{}, false, err
+		return err
 	}
 	t := Modified
 	if ev.IsCreate() {
 		t = Added
 	}
-	return WatchEvent{Type: t, Endpoints: e, Revision: rev}, true, nil
+	return send(t, o, rev)
 }

@@ -3,45 +3,51 @@ package endpoints
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/allocd/allocd/internal/etcd/watch"
+	"github.com/allocd/allocd/leader"
 )
 
-// errFenceLost ends a term: a write found the election key gone or re-created, so
-// another replica may lead.
-var errFenceLost = errors.New("endpoints: leadership lost (the election key changed): a write was refused by the fence")
-
-// errConflict: the stored object changed since it was read; the sync runs again on the
-// fresh state.
+// errConflict: a stored object changed since it was read; the sync runs again on the
+// fresh state, at once maxConflictsInARow times, then with backoff (a key someone
+// else keeps changing must not keep a worker busy).
 var errConflict = errors.New("endpoints: stored object changed under the write")
 
-// term is one term of leadership: the inputs of the feeds, the work queue, the stored
-// objects as etcd holds them, and the workers.
+const maxConflictsInARow = 3
+
+// term is one term of leadership: the inputs of the feeds, the two controllers (the
+// Endpoints controller and the EndpointSlice controller, each with its work queue and
+// workers, either of which may be off), the stored objects as etcd holds them, and
+// the group committer both write through.
 type term struct {
 	c      *Controller
-	fence  Fence
+	fence  leader.Fence
 	cancel context.CancelCauseFunc
 
-	mu      sync.RWMutex // guards in and started
-	in      *inputs
-	started bool // both snapshots are in: the workers run
-	startc  chan struct{}
+	mu sync.RWMutex // guards in and the halves' started
+	in *inputs
 
-	queue     *queue
+	eps    *half // nil when the Endpoints controller is off
+	slices *half // nil when the EndpointSlice controller is off
+
 	committer *committer
-	tracker   *TriggerTracker
 	masterc   chan struct{}
 
+	epTracker, sliceTracker *TriggerTracker
+
 	storedMu sync.Mutex
-	stored   map[string]storedObj // by "ns/name"
+	stored   map[string]storedObj // Endpoints by "ns/name"
 	listed   chan struct{}        // closed once stored was listed
+	// unsure are the keys (Endpoints: "ns/name"; slices: the Service's key) of
+	// writes whose outcome is unknown: read again from etcd before their next sync.
+	unsure map[string]bool
+
+	slicesMu     sync.Mutex
+	storedSlices map[string]map[string]storedSlice // slices by Service key and name
+	slicesListed chan struct{}                     // closed once storedSlices was listed
 }
 
 // storedObj is what etcd holds for a key as this term last saw it: the object (nil when
@@ -52,75 +58,109 @@ type storedObj struct {
 	rev int64
 }
 
-func newTerm(c *Controller, f Fence, cancel context.CancelCauseFunc) *term {
+// half is one of the term's controllers: what it syncs a Service key with, its queue
+// and workers, and the snapshots it waits for.
+type half struct {
+	name    string
+	queue   *queue
+	workers int
+	batch   time.Duration // after a Pod or Node event
+	needs   []Kind        // snapshots the workers wait for
+	listed  <-chan struct{}
+	startc  chan struct{}
+	started bool
+	// sync computes the write that makes key's stored objects what the inputs want
+	// (nil: none); after runs once it committed.
+	sync   func(ctx context.Context, key string) (w *write, after func(rev int64, since time.Time), err error)
+	synced func(d time.Duration, err error)
+	// sweep returns the keys of the stored objects, synced once the workers start
+	// (kube-controller-manager's checkLeftoverEndpoints; the orphan sweep of slices).
+	sweep func() []string
+}
+
+func newTerm(c *Controller, f leader.Fence, cancel context.CancelCauseFunc) *term {
 	t := &term{
-		c:       c,
-		fence:   f,
-		cancel:  cancel,
-		in:      newInputs(),
-		startc:  make(chan struct{}),
-		queue:   newQueue(c.cfg.Clock),
-		tracker: NewTriggerTracker(),
-		masterc: make(chan struct{}, 1),
-		stored:  map[string]storedObj{},
-		listed:  make(chan struct{}),
+		c:            c,
+		fence:        f,
+		cancel:       cancel,
+		in:           newInputs(),
+		masterc:      make(chan struct{}, 1),
+		stored:       map[string]storedObj{},
+		unsure:       map[string]bool{},
+		listed:       make(chan struct{}),
+		storedSlices: map[string]map[string]storedSlice{},
+		slicesListed: make(chan struct{}),
+		epTracker:    NewTriggerTracker(),
+		sliceTracker: NewTriggerTracker(),
+	}
+	if !c.cfg.DisableEndpoints {
+		t.eps = t.newEndpointsHalf()
+	}
+	if !c.cfg.DisableEndpointSlices {
+		t.slices = t.newSlicesHalf()
 	}
 	t.committer = newCommitter(t)
 	return t
 }
 
-// run lists and watches the stored objects, keeps the master leases' object stored, and
-// once both snapshots are in, runs the workers; until ctx ends.
+// halves returns the controllers that are on.
+func (t *term) halves() []*half {
+	var out []*half
+	for _, h := range []*half{t.eps, t.slices} {
+		if h != nil {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// run lists and watches the stored objects, keeps the master leases' objects stored,
+// and runs each controller's workers once it has its snapshots; until ctx ends.
 func (t *term) run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { t.queue.runTimers(); return nil })
 	g.Go(func() error { t.committer.run(ctx); return nil })
-	g.Go(func() error {
-		<-ctx.Done()
-		t.queue.close()
-		return nil
-	})
 	g.Go(func() error { return t.watchStored(ctx) })
+	g.Go(func() error { return t.watchStoredSlices(ctx) })
 	g.Go(func() error { return t.keepMaster(ctx) })
-	g.Go(func() error {
-		select {
-		case <-ctx.Done():
+	for _, h := range t.halves() {
+		g.Go(func() error { h.queue.runTimers(); return nil })
+		g.Go(func() error {
+			<-ctx.Done()
+			h.queue.close()
 			return nil
-		case <-t.startc:
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.listed:
-		}
-		// The start-up sweep (kube-controller-manager's checkLeftoverEndpoints), made
-		// only now that the Service snapshot is complete: every stored object is synced,
-		// so that one whose Service is gone is deleted.
-		t.storedMu.Lock()
-		for k := range t.stored {
-			t.queue.add(k, time.Time{})
-		}
-		t.storedMu.Unlock()
-		var wg sync.WaitGroup
-		for range t.c.cfg.Workers {
-			wg.Add(1)
-			go func() { defer wg.Done(); t.work(ctx) }()
-		}
-		wg.Wait()
-		return nil
-	})
+		})
+		g.Go(func() error { t.runHalf(ctx, h); return nil })
+	}
 	return g.Wait()
 }
 
-// applySnapshot replaces the inputs of one kind and queues every Service and every
-// stored object. The first time both kinds are in, the workers start.
+// runHalf waits until h has its snapshots and its stored objects are listed, queues
+// every stored object once (so that one whose Service is gone is deleted: made only
+// now that the Service snapshot is complete), and runs h's workers.
+func (t *term) runHalf(ctx context.Context, h *half) {
+	for _, c := range []<-chan struct{}{h.startc, h.listed} {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c:
+		}
+	}
+	for _, k := range h.sweep() {
+		h.queue.add(k, time.Time{})
+	}
+	var wg sync.WaitGroup
+	for range h.workers {
+		wg.Go(func() { t.work(ctx, h) })
+	}
+	wg.Wait()
+}
+
+// applySnapshot replaces the inputs of one kind and queues every Service for each
+// controller that reads that kind, and every stored object. A controller whose
+// snapshots are all in starts.
 func (t *term) applySnapshot(kind Kind, rev int64, set func(*inputs)) error {
 	t.mu.Lock()
-	cur, have := t.in.svcRev, t.in.haveSvcs
-	if kind == KindPod {
-		cur, have = t.in.podRev, t.in.havePods
-	}
-	if have && rev < cur {
+	if cur, have := t.in.revision(kind); have && rev < cur {
 		t.mu.Unlock()
 		return &StaleSnapshotError{Kind: kind, Revision: rev, Applied: cur}
 	}
@@ -129,24 +169,31 @@ func (t *term) applySnapshot(kind Kind, rev int64, set func(*inputs)) error {
 	for k := range t.in.services {
 		keys = append(keys, k)
 	}
-	start := !t.started && t.in.haveSvcs && t.in.havePods
-	if start {
-		t.started = true
+	var starting []*half
+	for _, h := range t.halves() {
+		if !h.started && t.in.have(h.needs...) {
+			h.started = true
+			starting = append(starting, h)
+		}
 	}
+	svcRev, podRev := t.in.svcRev, t.in.podRev
 	t.mu.Unlock()
 	now := time.Now()
-	for _, k := range keys {
-		t.queue.add(k, now)
+	for _, h := range t.halves() {
+		if kind == KindNode && h != t.slices {
+			continue // only the slices read Nodes
+		}
+		for _, k := range keys {
+			h.queue.add(k, now)
+		}
+		for _, k := range h.sweep() {
+			h.queue.add(k, time.Time{})
+		}
 	}
-	t.storedMu.Lock()
-	for k := range t.stored {
-		t.queue.add(k, time.Time{})
-	}
-	t.storedMu.Unlock()
-	if start {
-		close(t.startc)
-		t.c.log.Info("endpoints controller has both snapshots; syncing every Service and sweeping orphans",
-			"services", len(keys), "service_revision", t.in.svcRev, "pod_revision", t.in.podRev)
+	for _, h := range starting {
+		close(h.startc)
+		t.c.log.Info(h.name+" controller has its snapshots; syncing every Service and sweeping orphans",
+			"services", len(keys), "service_revision", svcRev, "pod_revision", podRev)
 	}
 	t.c.metrics.snapshot(kind, rev)
 	return nil
@@ -156,40 +203,25 @@ func (t *term) applySnapshot(kind Kind, rev int64, set func(*inputs)) error {
 func (t *term) applyEvents(evs []Event) (EventsResult, error) {
 	now := time.Now()
 	t.mu.Lock()
-	if len(evs) == 0 {
-		// A heartbeat: it tells the feeder whether this term still needs snapshots.
-		switch {
-		case !t.in.haveSvcs:
-			t.mu.Unlock()
-			return EventsResult{}, &SnapshotRequiredError{Kind: KindService}
-		case !t.in.havePods:
-			t.mu.Unlock()
-			return EventsResult{}, &SnapshotRequiredError{Kind: KindPod}
-		}
-	}
-	for _, ev := range evs {
-		if ev.Service != nil && !t.in.haveSvcs {
-			t.mu.Unlock()
-			return EventsResult{}, &SnapshotRequiredError{Kind: KindService}
-		}
-		if ev.Pod != nil && !t.in.havePods {
-			t.mu.Unlock()
-			return EventsResult{}, &SnapshotRequiredError{Kind: KindPod}
-		}
+	if err := t.snapshotRequired(evs); err != nil {
+		t.mu.Unlock()
+		return EventsResult{}, err
 	}
 	var res EventsResult
-	soon := map[string]struct{}{}
-	later := map[string]struct{}{}
+	keys := newEventKeys()
 	// Events of one message may share a revision (0 means the message's): each is a
 	// change of its own, applied in order. A message sent again after an unknown
 	// outcome is not newer than what it applied, and is ignored.
-	var svcOpen, podOpen int64 = -1, -1
+	open := map[Kind]int64{KindService: -1, KindPod: -1, KindNode: -1}
 	for _, ev := range evs {
 		var changed bool
-		if ev.Service != nil {
-			changed = t.applyServiceEvent(ev, soon, &svcOpen)
-		} else {
-			changed = t.applyPodEvent(ev, later, &podOpen)
+		switch {
+		case ev.Service != nil:
+			changed = t.applyServiceEvent(ev, keys, open)
+		case ev.Pod != nil:
+			changed = t.applyPodEvent(ev, keys, open)
+		default:
+			changed = t.applyNodeEvent(ev, keys, open)
 		}
 		if changed {
 			res.Applied++
@@ -197,16 +229,60 @@ func (t *term) applyEvents(evs []Event) (EventsResult, error) {
 			res.Ignored++
 		}
 	}
-	res.ServiceRevision, res.PodRevision = t.in.svcRev, t.in.podRev
+	res.ServiceRevision, res.PodRevision, res.NodeRevision = t.in.svcRev, t.in.podRev, t.in.nodeRev
 	t.mu.Unlock()
-	for k := range soon {
-		t.queue.add(k, now)
-	}
-	for k := range later {
-		t.queue.addAfter(k, t.c.cfg.BatchPeriod, now)
-	}
+	keys.queue(t, now)
 	t.c.metrics.events(res.Applied, res.Ignored)
 	return res, nil
+}
+
+// snapshotRequired refuses a batch with an event of a kind this term has no snapshot
+// of; a batch of no event (a heartbeat) is refused while a controller that is on lacks
+// a snapshot, so that a feeder learns of a new term. Called with t.mu held.
+func (t *term) snapshotRequired(evs []Event) error {
+	if len(evs) == 0 {
+		for _, h := range t.halves() {
+			for _, k := range h.needs {
+				if !t.in.have(k) {
+					return &SnapshotRequiredError{Kind: k}
+				}
+			}
+		}
+	}
+	for _, ev := range evs {
+		k := ev.kind()
+		if !t.in.have(k) {
+			return &SnapshotRequiredError{Kind: k}
+		}
+	}
+	return nil
+}
+
+// eventKeys are the Service keys a batch of events queues: soon at once, later after
+// the batch period of the controller (Pod events), slices for the slices alone (Node
+// events).
+type eventKeys struct {
+	soon, later, slices map[string]struct{}
+}
+
+func newEventKeys() *eventKeys {
+	return &eventKeys{soon: map[string]struct{}{}, later: map[string]struct{}{}, slices: map[string]struct{}{}}
+}
+
+func (k *eventKeys) queue(t *term, now time.Time) {
+	for _, h := range t.halves() {
+		for key := range k.soon {
+			h.queue.add(key, now)
+		}
+		for key := range k.later {
+			h.queue.addAfter(key, h.batch, now)
+		}
+	}
+	if t.slices != nil {
+		for key := range k.slices {
+			t.slices.queue.addAfter(key, t.slices.batch, now)
+		}
+	}
 }
 
 // newer reports whether an event at rev applies over its kind's applied revision cur:
@@ -216,11 +292,11 @@ func newer(rev, cur, open int64) bool { return rev > cur || rev == open }
 
 // applyServiceEvent applies one Service event; a Service change syncs its key at once
 // (kube-controller-manager queues every Service add, update and delete).
-func (t *term) applyServiceEvent(ev Event, keys map[string]struct{}, open *int64) bool {
-	if !newer(ev.Revision, t.in.svcRev, *open) {
+func (t *term) applyServiceEvent(ev Event, keys *eventKeys, open map[Kind]int64) bool {
+	if !newer(ev.Revision, t.in.svcRev, open[KindService]) {
 		return false
 	}
-	t.in.svcRev, *open = ev.Revision, ev.Revision
+	t.in.svcRev, open[KindService] = ev.Revision, ev.Revision
 	s := ev.Service
 	if ev.Type == Delete {
 		if t.in.deleteService(s.Namespace, s.Name) == nil {
@@ -229,17 +305,17 @@ func (t *term) applyServiceEvent(ev Event, keys map[string]struct{}, open *int64
 	} else {
 		t.in.putService(s)
 	}
-	keys[s.Key()] = struct{}{}
+	keys.soon[s.Key()] = struct{}{}
 	return true
 }
 
 // applyPodEvent applies one Pod event and collects the Services to sync after the
 // batch period, as kube-controller-manager's addPod, updatePod and deletePod.
-func (t *term) applyPodEvent(ev Event, keys map[string]struct{}, open *int64) bool {
-	if !newer(ev.Revision, t.in.podRev, *open) {
+func (t *term) applyPodEvent(ev Event, keys *eventKeys, open map[Kind]int64) bool {
+	if !newer(ev.Revision, t.in.podRev, open[KindPod]) {
 		return false
 	}
-	t.in.podRev, *open = ev.Revision, ev.Revision
+	t.in.podRev, open[KindPod] = ev.Revision, ev.Revision
 	p := ev.Pod
 	old := t.in.pod(p.Namespace, p.Name)
 	switch {
@@ -248,10 +324,10 @@ func (t *term) applyPodEvent(ev Event, keys map[string]struct{}, open *int64) bo
 			return false
 		}
 		t.in.deletePod(p.Namespace, p.Name)
-		t.in.servicesSelecting(keys, old)
+		t.in.servicesSelecting(keys.later, old)
 	case old == nil:
 		t.in.putPod(p)
-		t.in.servicesSelecting(keys, p)
+		t.in.servicesSelecting(keys.later, p)
 	default:
 		t.in.putPod(p)
 		ks := t.in.podUpdateKeys(old, p)
@@ -259,32 +335,69 @@ func (t *term) applyPodEvent(ev Event, keys map[string]struct{}, open *int64) bo
 			return false
 		}
 		for k := range ks {
-			keys[k] = struct{}{}
+			keys.later[k] = struct{}{}
 		}
 	}
 	return true
 }
 
-// work syncs keys until the queue closes. A sync that needs a write hands it to the
-// committer and goes on with the next key: the key stays in processing (no other
-// worker takes it) until its write committed or failed.
-func (t *term) work(ctx context.Context) {
+// applyNodeEvent applies one Node event. Nodes matter to the slices alone: a Node
+// that appears, goes or changes zone re-syncs the Services of its Pods (their
+// endpoints' zones; a Pod of an unknown Node is left out), which Kubernetes does not;
+// a change of the topology hints' CPU shares re-syncs the Services that ask for hints.
+func (t *term) applyNodeEvent(ev Event, keys *eventKeys, open map[Kind]int64) bool {
+	if !newer(ev.Revision, t.in.nodeRev, open[KindNode]) {
+		return false
+	}
+	t.in.nodeRev, open[KindNode] = ev.Revision, ev.Revision
+	n := ev.Node
+	old := t.in.nodes[n.Name]
+	topoBefore := t.in.topology
+	if ev.Type == Delete {
+		if old == nil {
+			return false
+		}
+		t.in.deleteNode(n.Name)
+	} else {
+		if old != nil && old.ResourceVersion != "" && old.ResourceVersion == n.ResourceVersion {
+			return false
+		}
+		t.in.putNode(n)
+	}
+	if old == nil || ev.Type == Delete || old.Zone() != n.Zone() {
+		t.in.servicesOfNode(keys.slices, n.Name)
+	}
+	if !topologyEqual(topoBefore, t.in.topology) {
+		t.in.servicesWithHints(keys.slices)
+	}
+	return true
+}
+
+// work syncs the keys of h until its queue closes. A sync that needs a write hands it
+// to the committer and goes on with the next key: the key stays in processing (no
+// other worker takes it) until its write committed or failed.
+func (t *term) work(ctx context.Context, h *half) {
 	for {
-		key, since, ok := t.queue.get()
+		key, since, ok := h.queue.get()
 		if !ok {
 			return
 		}
 		start := time.Now()
-		w, err := t.sync(key)
+		w, after, err := h.sync(ctx, key)
 		if w == nil {
-			t.finish(ctx, key, since, start, err)
+			t.finish(ctx, h, key, since, start, err)
 			continue
 		}
-		w.done = func(rev int64, err error) {
-			if err == nil {
-				t.wrote(w, rev, since)
+		w.done = func(rev int64, werr error) {
+			if werr == nil && after != nil {
+				after(rev, since)
 			}
-			t.finish(ctx, key, since, start, err)
+			// A sync that wrote what it could and skipped Pods of unknown Nodes
+			// reports them after the write: the key is retried.
+			if werr == nil {
+				werr = err
+			}
+			t.finish(ctx, h, key, since, start, werr)
 		}
 		t.committer.submit(ctx, w)
 	}
@@ -293,91 +406,21 @@ func (t *term) work(ctx context.Context) {
 // finish ends the processing of key after its sync (and write, if any): a success
 // resets its backoff, a conflict syncs it again at once on the fresh state, a lost
 // fence ends the term, anything else retries with backoff.
-func (t *term) finish(ctx context.Context, key string, since, start time.Time, err error) {
-	t.c.metrics.synced(time.Since(start), err)
+func (t *term) finish(ctx context.Context, h *half, key string, since, start time.Time, err error) {
+	h.synced(time.Since(start), err)
 	switch {
 	case err == nil:
-		t.queue.forget(key)
-	case errors.Is(err, errFenceLost):
+		h.queue.forget(key)
+	case errors.Is(err, leader.ErrFenceLost):
 		t.cancel(err)
-	case errors.Is(err, errConflict):
-		t.queue.add(key, since)
+	case errors.Is(err, errConflict) && h.queue.conflicted(key) <= maxConflictsInARow:
+		h.queue.add(key, since)
 	case ctx.Err() != nil:
 	default:
-		t.c.log.Warn("endpoints sync failed; retrying", "service", key, "error", err)
-		t.queue.retryWith(key, since)
+		t.c.log.Warn(h.name+" sync failed; retrying", "service", key, "error", err)
+		h.queue.retryWith(key, since)
 	}
-	t.queue.done(key)
-}
-
-// sync computes what the stored Endpoints of key must become (a.5 of the reference) and
-// returns the write that makes them so, nil when none is needed.
-func (t *term) sync(key string) (*write, error) {
-	if key == masterKey && t.c.masterEndpoints() != nil {
-		return nil, nil // keepMaster owns it
-	}
-	t.mu.RLock()
-	svc := t.in.services[key]
-	var pods []*Pod
-	if svc != nil && svc.Type != TypeExternalName && svc.Selector != nil {
-		pods = t.in.selectPods(svc.Namespace, svc.Selector)
-	}
-	t.mu.RUnlock()
-	cur := t.storedObj(key)
-	switch {
-	case svc == nil:
-		t.tracker.Forget(key)
-		return deleteOwned(key, cur), nil
-	case svc.Type == TypeExternalName:
-		// Deliberate deviation: Kubernetes leaves what it wrote before the Service
-		// became ExternalName; allocd deletes the object it wrote.
-		return deleteOwned(key, cur), nil
-	case svc.Selector == nil:
-		return nil, nil // Endpoints of a Service without selector are not ours
-	}
-	trigger := t.tracker.Compute(svc, pods)
-	subsets := ComputeSubsets(svc, pods)
-	desired := Desired(svc, subsets, cur.ep, trigger)
-	if !NeedsWrite(cur.ep, desired) {
-		return nil, nil
-	}
-	val, err := encode(desired)
-	if err != nil {
-		return nil, err
-	}
-	return &write{key: key, cur: cur, ep: desired, val: val}, nil
-}
-
-// deleteOwned is the delete of the stored object of key if this controller wrote it;
-// objects of others (hand-made ones, the master leases', leader-election records) are
-// left alone.
-func deleteOwned(key string, cur storedObj) *write {
-	if cur.ep == nil || cur.ep.ManagedBy != ManagedByController || cur.ep.Annotations[AnnotationLeader] != "" {
-		return nil
-	}
-	return &write{key: key, cur: cur}
-}
-
-// wrote records a committed write: metrics and one log line.
-func (t *term) wrote(w *write, rev int64, since time.Time) {
-	kind := "update"
-	switch {
-	case w.ep == nil:
-		kind = "delete"
-	case w.cur.ep == nil:
-		kind = "create"
-	}
-	t.c.metrics.wrote(kind)
-	if w.ep == nil {
-		t.c.log.Info("endpoints deleted", "service", w.key, "revision", rev)
-		return
-	}
-	if !since.IsZero() {
-		t.c.metrics.eventToCommit(time.Since(since))
-	}
-	ready, notReady := CountAddresses(w.ep.Subsets)
-	t.c.log.Info("endpoints "+kind+"d", "service", w.key, "managed_by", w.ep.ManagedBy, "ready", ready,
-		"not_ready", notReady, "addresses_before_truncation", w.ep.AddressCount, "revision", rev)
+	h.queue.done(key)
 }
 
 // commitNow hands w to the committer and waits for its outcome.
@@ -389,120 +432,20 @@ func (t *term) commitNow(ctx context.Context, w *write) (int64, error) {
 	ch := make(chan result, 1)
 	w.done = func(rev int64, err error) { ch <- result{rev, err} }
 	t.committer.submit(ctx, w)
-	r := <-ch
-	if r.err == nil {
-		t.wrote(w, r.rev, time.Time{})
-	}
-	return r.rev, r.err
-}
-
-// see records the state of key at rev, unless the term already saw a newer one.
-func (t *term) see(key string, ep *Endpoints, rev int64) {
-	t.storedMu.Lock()
-	defer t.storedMu.Unlock()
-	if cur, ok := t.stored[key]; ok && cur.rev >= rev {
-		return
-	}
-	t.stored[key] = storedObj{ep: ep, rev: rev}
-}
-
-// watchStored lists the stored objects, then watches them, keeping t.stored current
-// with writes made by others; an object deleted by someone else is synced again (it is
-// re-created if its Service still wants it). After a broken watch it lists again.
-func (t *term) watchStored(ctx context.Context) error {
-	watch.Loop(ctx, t.c.log, "endpoints watch", 5*time.Second, t.listAndWatch)
-	return nil
-}
-
-func (t *term) listAndWatch(ctx context.Context) error {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	resp, err := t.c.cli.Get(wctx, t.c.prefix, clientv3.WithPrefix())
-	if err != nil {
-		return fmt.Errorf("list endpoints: %w", err)
-	}
-	rev := resp.Header.Revision
-	listed := make(map[string]*Endpoints, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		key := t.c.objectKey(kv.Key)
-		if key == "" {
-			continue
-		}
-		e, err := decode(kv.Value, kv.ModRevision, kv.CreateRevision)
-		if err != nil {
-			t.c.log.Warn("stored endpoints unreadable; ignored", "key", string(kv.Key), "error", err)
-			continue
-		}
-		listed[key] = e
-	}
-	t.storedMu.Lock()
-	for key, e := range listed {
-		if cur, ok := t.stored[key]; !ok || cur.rev < e.Revision {
-			t.stored[key] = storedObj{ep: e, rev: e.Revision}
-		}
-	}
-	var gone []string
-	for key, cur := range t.stored {
-		if _, ok := listed[key]; !ok && cur.ep != nil && cur.rev <= rev {
-			t.stored[key] = storedObj{rev: rev}
-			gone = append(gone, key)
-		}
-	}
-	t.storedMu.Unlock()
 	select {
-	case <-t.listed:
-		for _, k := range gone {
-			t.queue.add(k, time.Time{})
-		}
-	default:
-		close(t.listed)
-	}
-	wch := t.c.cli.Watch(wctx, t.c.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	for wr := range wch {
-		if err := wr.Err(); err != nil {
-			return fmt.Errorf("watch endpoints: %w", err)
-		}
-		for _, ev := range wr.Events {
-			t.applyStoredEvent(ev)
-		}
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return errors.New("watch endpoints: channel closed")
-}
-
-// applyStoredEvent folds one etcd event into t.stored; a delete by someone else queues
-// the key (Kubernetes watches Endpoints deletions for the same reason).
-func (t *term) applyStoredEvent(ev *clientv3.Event) {
-	key := t.c.objectKey(ev.Kv.Key)
-	if key == "" {
-		return
-	}
-	rev := ev.Kv.ModRevision
-	var e *Endpoints
-	if ev.Type == mvccpb.PUT {
-		var err error
-		if e, err = decode(ev.Kv.Value, ev.Kv.ModRevision, ev.Kv.CreateRevision); err != nil {
-			t.c.log.Warn("stored endpoints unreadable; ignored", "key", string(ev.Kv.Key), "error", err)
-			return
-		}
-	}
-	t.storedMu.Lock()
-	cur, ok := t.stored[key]
-	newer := !ok || cur.rev < rev
-	if newer {
-		t.stored[key] = storedObj{ep: e, rev: rev}
-	}
-	t.storedMu.Unlock()
-	if newer && ev.Type == mvccpb.DELETE {
-		t.queue.add(key, time.Time{})
+	case r := <-ch:
+		return r.rev, r.err
+	case <-ctx.Done():
+		return 0, ctx.Err() // done still runs, into ch, when the committer gets to w
 	}
 }
 
-// storedObj returns what etcd holds for key, as the term last saw it.
-func (t *term) storedObj(key string) storedObj {
-	t.storedMu.Lock()
-	defer t.storedMu.Unlock()
-	return t.stored[key]
+// idle reports whether no controller of the term has work queued or in progress.
+func (t *term) idle() bool {
+	for _, h := range t.halves() {
+		if !h.queue.idle() {
+			return false
+		}
+	}
+	return true
 }

@@ -75,6 +75,10 @@ type Service struct {
 	Ports                    []ServicePort
 	// CreationTime is metadata.creationTimestamp, zero when unknown.
 	CreationTime time.Time
+	// Annotations carry the topology-mode annotation (EndpointSlice controller).
+	Annotations map[string]string
+	// TrafficDistribution is spec.trafficDistribution ("" when unset).
+	TrafficDistribution string
 }
 
 // ClusterIP returns spec.clusterIP: the first of ClusterIPs, "" when there is none.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/allocd/allocd/allocator"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+	"github.com/allocd/allocd/leader"
 	"github.com/allocd/allocd/repair"
 )
 
@@ -73,11 +74,15 @@ func BenchmarkRepairPass100k(b *testing.B) {
 	}
 	b.Logf("setup: %d Services allocated in %v", n, time.Since(start).Round(time.Millisecond))
 
-	ctl, err := repair.New(e.Client, a, repair.Config{Prefix: prefix, Interval: time.Hour, Identity: "bench"})
+	el, err := leader.New(e.Client, leader.Config{Prefix: prefix + "/repair/leader", Identity: "bench"})
 	if err != nil {
 		b.Fatal(err)
 	}
-	wg.Go(func() { ctl.Run(ctx) })
+	ctl, err := repair.New(e.Client, a, repair.Config{Prefix: prefix, Interval: time.Hour, Leadership: el})
+	if err != nil {
+		b.Fatal(err)
+	}
+	wg.Go(func() { el.Run(ctx, ctl.Lead) })
 	etcdtest.WaitFor(b, 10*time.Second, "repair leadership", ctl.IsLeader)
 	rc, err := ctl.Receive(ctx)
 	if err != nil {

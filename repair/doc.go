@@ -3,9 +3,9 @@
 // the Service snapshot feed (pushed over gRPC, or read from a JSON file at each pass),
 // judges the allocations in etcd against it, repairs what it can, reports the rest,
 // and frees leaked allocations only after a countdown. One replica at a time runs
-// passes: the leader elected through etcd (go.etcd.io/etcd/client/v3/concurrency)
-// under <prefix>/repair/leader; the election value is the leader's gRPC address, so
-// that other replicas can forward to it. The last accepted snapshot revision is kept
+// passes: the leader elected by package leader (its Elector runs Lead for every term);
+// the election value is the leader's gRPC address, so that other replicas can forward
+// to it. The last accepted snapshot revision is kept
 // at <prefix>/repair/snapshot-revision, so that no replica accepts an older one.
 //
 // The Controller's doc lists every case a pass repairs and the leak rules.
@@ -26,12 +26,12 @@
 //		Interval:    3 * time.Minute,
 //		LeakStrikes: 3,
 //		LeakGrace:   time.Minute,
-//		Identity:    "10.0.0.5:8443",
+//		Leadership:  el, // the replica's *leader.Elector
 //	})
 //	if err != nil { ... }
-//	g.Go(func() error { return c.Run(ctx) }) // campaigns; passes while leader
+//	g.Go(func() error { return el.Run(ctx, c.Lead) }) // campaigns; passes while leader
 //
 //	r, _ := c.Receive(ctx)                     // when a snapshot starts to arrive
 //	err = c.Accept(ctx, snapshot, r)           // *StaleSnapshotError if older than the last
-//	report, err := c.RunRepair(ctx, false)     // on the leader; *NotLeaderError elsewhere
+//	report, err := c.RunRepair(ctx, false)     // on the leader; *leader.NotLeaderError elsewhere
 package repair

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/allocd/allocd/internal/badrequest"
+	"github.com/allocd/allocd/leader"
 )
 
 var (
@@ -13,8 +14,9 @@ var (
 	// ErrNoSnapshot is returned by a pass when no snapshot was pushed and no snapshot
 	// file is configured.
 	ErrNoSnapshot = errors.New("no service snapshot: push one or set --service-snapshot-file")
-	// ErrNotLeader is the sentinel of NotLeaderError.
-	ErrNotLeader = errors.New("not the repair leader")
+	// ErrNotLeader is the sentinel of the *leader.NotLeaderError of a call only the
+	// leader serves.
+	ErrNotLeader = leader.ErrNotLeader
 	// ErrInvalidSnapshot is the sentinel of InvalidSnapshotError (badrequest's, shared
 	// by allocd's packages).
 	ErrInvalidSnapshot = badrequest.ErrInvalid
@@ -37,33 +39,6 @@ func (e *StaleSnapshotError) Error() string {
 
 // Unwrap lets errors.Is(err, ErrStaleSnapshot) match.
 func (e *StaleSnapshotError) Unwrap() error { return ErrStaleSnapshot }
-
-// NotLeaderError is returned when this replica is not the elected repair leader and
-// could not hand the call to it. Leader is the leader's identity (its gRPC address),
-// empty when no leader is elected; Err is why forwarding to it failed, if it was tried.
-type NotLeaderError struct {
-	Leader string
-	Err    error
-}
-
-func (e *NotLeaderError) Error() string {
-	switch {
-	case e.Leader == "":
-		return "not the repair leader, and no repair leader is elected yet"
-	case e.Err != nil:
-		return "not the repair leader; the leader " + e.Leader + " is unreachable: " + e.Err.Error()
-	}
-	return "not the repair leader; the repair leader is " + e.Leader
-}
-
-// Unwrap lets errors.Is(err, ErrNotLeader) match, and errors.Is and errors.As reach
-// the error of the failed call to the leader, if any.
-func (e *NotLeaderError) Unwrap() []error {
-	if e.Err == nil {
-		return []error{ErrNotLeader}
-	}
-	return []error{ErrNotLeader, e.Err}
-}
 
 // Violation is one bad field of a snapshot, named as in the proto
 // (snapshot.services[3].uid).

@@ -17,7 +17,9 @@ import (
 
 	"github.com/allocd/allocd/allocator"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+	"github.com/allocd/allocd/leader"
 	"github.com/allocd/allocd/repair"
+	"github.com/allocd/allocd/server"
 )
 
 const prefix = "/allocd"
@@ -40,6 +42,7 @@ type replica struct {
 	t     *testing.T
 	cli   *clientv3.Client
 	alloc *allocator.Allocator
+	el    *leader.Elector
 	ctl   *repair.Controller
 	reg   *prometheus.Registry
 	id    string
@@ -95,27 +98,31 @@ func newReplica(t *testing.T, cli *clientv3.Client, o opts, id string) *replica 
 		store = o.wrap(a)
 	}
 	reg := prometheus.NewRegistry()
+	el, err := leader.New(cli, leader.Config{Prefix: prefix + "/repair/leader", Identity: id, SessionTTL: time.Second})
+	if err != nil {
+		t.Fatalf("leader.New: %v", err)
+	}
 	ctl, err := repair.New(cli, store, repair.Config{
-		Prefix:       prefix,
-		Interval:     o.interval,
-		LeakStrikes:  o.strikes,
-		LeakGrace:    o.grace,
-		SnapshotFile: o.file,
-		Identity:     id,
-		SessionTTL:   time.Second,
-		Registerer:   reg,
-		Clock:        o.clock,
+		Prefix:            prefix,
+		Interval:          o.interval,
+		LeakStrikes:       o.strikes,
+		LeakGrace:         o.grace,
+		SnapshotFile:      o.file,
+		ParseSnapshotFile: server.ParseServiceSnapshotJSON,
+		Leadership:        el,
+		Registerer:        reg,
+		Clock:             o.clock,
 	})
 	if err != nil {
 		t.Fatalf("repair.New: %v", err)
 	}
-	r := &replica{t: t, cli: cli, alloc: a, ctl: ctl, reg: reg, id: id, stop: func() {}}
+	r := &replica{t: t, cli: cli, alloc: a, el: el, ctl: ctl, reg: reg, id: id, stop: func() {}}
 	if !o.noRun {
 		rctx, rcancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			if err := ctl.Run(rctx); err != nil {
+			if err := el.Run(rctx, ctl.Lead); err != nil {
 				t.Errorf("repair Run: %v", err)
 			}
 		}()

@@ -190,7 +190,7 @@ func run(t *testing.T, r *replica) func() {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := r.ctl.Run(ctx); err != nil {
+		if err := r.el.Run(ctx, r.ctl.Lead); err != nil {
 			t.Errorf("%s Run: %v", r.id, err)
 		}
 	}()

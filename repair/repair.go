@@ -7,15 +7,14 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/allocd/allocd/allocator"
+	"github.com/allocd/allocd/leader"
 )
 
 // Store is what repair needs of the allocator; *allocator.Allocator implements it.
@@ -67,13 +66,12 @@ const (
 const (
 	DefaultInterval    = 3 * time.Minute
 	DefaultLeakStrikes = 3
-	DefaultSessionTTL  = 10 * time.Second
 )
 
 // Config configures a Controller.
 type Config struct {
-	// Prefix is the etcd prefix of allocd, e.g. "/allocd". Repair keeps its keys under
-	// <Prefix>/repair/: the election (leader/) and the last accepted snapshot revision.
+	// Prefix is the etcd prefix of allocd, e.g. "/allocd". Repair keeps the last accepted
+	// snapshot revision under <Prefix>/repair/ (beside the election's key, leader/).
 	Prefix string
 	// Interval between passes (--repair-interval); 0 means DefaultInterval.
 	Interval time.Duration
@@ -83,35 +81,34 @@ type Config struct {
 	// LeakGrace is how old an allocation must have been when the judging snapshot was
 	// received before it can be released (--repair-leak-grace). 0 means no grace.
 	LeakGrace time.Duration
-	// SnapshotFile is a JSON (protojson ServiceSnapshot) file re-read at each pass;
-	// "" means none.
-	SnapshotFile string
-	// Identity is this replica's gRPC address as other replicas can dial it: the
-	// value of the election key, so that non-leaders can forward to the leader.
-	Identity string
-	// SessionTTL is the TTL of the election lease: how long a dead leader keeps
-	// leadership. 0 means DefaultSessionTTL.
-	SessionTTL time.Duration
+	// SnapshotFile is a file re-read at each pass (--service-snapshot-file); "" means
+	// none. ParseSnapshotFile reads its content (the daemon's: the protojson form of
+	// allocd.v1.ServiceSnapshot, which the server converts); required with a file.
+	SnapshotFile      string
+	ParseSnapshotFile func([]byte) (Snapshot, error)
+	// Leadership tells who leads (the replica's leader.Elector): Status names the
+	// leader, and a call that only the leader serves names it in its
+	// *leader.NotLeaderError. Required.
+	Leadership Leadership
 	// Logger receives one line per finding and the leadership changes; nil discards.
 	Logger *slog.Logger
 	// Registerer receives the repair metrics; nil means no metrics.
 	Registerer prometheus.Registerer
-	// Clock times the passes (Interval), the pause before campaigning again, and
-	// stamps snapshot receipts (LeakGrace is measured to them); nil means the real
-	// clock. Tests advance a fake one.
+	// Clock times the passes (Interval) and stamps snapshot receipts (LeakGrace is
+	// measured to them); nil means the real clock. Tests advance a fake one.
 	Clock clockwork.Clock
-	// OnLead, when set, runs for every term of leadership, beside the passes, with the
-	// term's context and the election key and its CreateRevision: the fence of other
-	// controllers that run on the one elected leader (the Endpoints controller). The
-	// term waits for it before it ends; when it returns an error while the term lasts,
-	// the term ends (resigns) and the replica campaigns again.
-	OnLead func(ctx context.Context, electionKey string, electionRev int64) error
+}
+
+// Leadership is what repair needs of the election: who leads.
+type Leadership interface {
+	Leader(ctx context.Context) (identity string, self bool, err error)
 }
 
 // Controller is the repair loop of allocd: kube-apiserver's ClusterIP and NodePort
 // repair controllers, judged against a snapshot of Services pushed by the API server
 // (or read from a file) instead of a list of the Service registry. Exactly one replica
-// runs passes at a time: the leader elected under <Prefix>/repair/leader.
+// runs passes at a time: the leader elected by package leader, for which the replica's
+// leader.Elector runs Lead.
 //
 // A pass reads every allocation at one etcd revision and rebuilds what the snapshot
 // says should be allocated. For each ClusterIP (each family) and NodePort of each
@@ -175,12 +172,10 @@ type Controller struct {
 	log     *slog.Logger
 	metrics *metrics
 
-	electionPrefix string
-	revisionKey    string
+	revisionKey string
 
 	acceptMu sync.Mutex // serializes Accept
 	passMu   sync.Mutex // serializes passes
-	leading  atomic.Bool
 
 	mu         sync.Mutex // guards the fields below
 	snap       *accepted
@@ -221,24 +216,21 @@ func New(cli *clientv3.Client, store Store, cfg Config) (*Controller, error) {
 	if cli == nil || store == nil {
 		return nil, errors.New("repair: nil etcd client or store")
 	}
-	if cfg.Identity == "" {
-		return nil, errors.New("repair: Identity (this replica's gRPC address) is required")
+	if cfg.Leadership == nil {
+		return nil, errors.New("repair: Leadership (the replica's leader.Elector) is required")
 	}
-	if cfg.Interval < 0 || cfg.LeakStrikes < 0 || cfg.LeakGrace < 0 || cfg.SessionTTL < 0 {
-		return nil, fmt.Errorf("repair: negative interval %v, strikes %d, grace %v or session TTL %v",
-			cfg.Interval, cfg.LeakStrikes, cfg.LeakGrace, cfg.SessionTTL)
+	if cfg.SnapshotFile != "" && cfg.ParseSnapshotFile == nil {
+		return nil, errors.New("repair: a SnapshotFile needs ParseSnapshotFile")
+	}
+	if cfg.Interval < 0 || cfg.LeakStrikes < 0 || cfg.LeakGrace < 0 {
+		return nil, fmt.Errorf("repair: negative interval %v, strikes %d or grace %v",
+			cfg.Interval, cfg.LeakStrikes, cfg.LeakGrace)
 	}
 	if cfg.Interval == 0 {
 		cfg.Interval = DefaultInterval
 	}
 	if cfg.LeakStrikes == 0 {
 		cfg.LeakStrikes = DefaultLeakStrikes
-	}
-	if cfg.SessionTTL == 0 {
-		cfg.SessionTTL = DefaultSessionTTL
-	}
-	if cfg.SessionTTL < time.Second {
-		cfg.SessionTTL = time.Second
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clockwork.NewRealClock()
@@ -253,130 +245,26 @@ func New(cli *clientv3.Client, store Store, cfg Config) (*Controller, error) {
 	}
 	p := strings.TrimSuffix(cfg.Prefix, "/") + "/repair/"
 	return &Controller{
-		cli:            cli,
-		store:          store,
-		cfg:            cfg,
-		log:            log.With("component", "repair"),
-		metrics:        m,
-		electionPrefix: p + "leader",
-		revisionKey:    p + "snapshot-revision",
-		candidates:     map[allocator.Item]*candidate{},
+		cli:         cli,
+		store:       store,
+		cfg:         cfg,
+		log:         log.With("component", "repair"),
+		metrics:     m,
+		revisionKey: p + "snapshot-revision",
+		candidates:  map[allocator.Item]*candidate{},
 	}, nil
 }
 
-// retryDelay is the pause between two campaigns after an etcd failure.
-const retryDelay = time.Second
-
-// resignTimeout bounds Resign at shutdown.
-const resignTimeout = 2 * time.Second
-
-var errSessionLost = errors.New("repair election session lost")
-
-// Run campaigns for repair leadership until ctx ends, and while leader runs a first
-// pass (if a snapshot or a snapshot file is there) and then one every Interval. It
-// resigns when ctx ends or the session is lost, and campaigns again after a loss.
-// It returns nil when ctx ends.
-func (c *Controller) Run(ctx context.Context) error {
-	for {
-		err := c.lead(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		c.log.WarnContext(ctx, "repair leadership ended; campaigning again", "error", err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-c.cfg.Clock.After(retryDelay):
-		}
-	}
-}
-
-// lead runs one term: campaign, passes, resign.
-func (c *Controller) lead(ctx context.Context) error {
-	s, err := c.session(ctx)
-	if err != nil {
-		return err
-	}
-	defer c.endSession(ctx, s)
-	e := concurrency.NewElection(s, c.electionPrefix)
-	if err := e.Campaign(ctx, c.cfg.Identity); err != nil {
-		return fmt.Errorf("repair campaign: %w", err)
-	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resignTimeout)
-		defer cancel()
-		if err := e.Resign(rctx); err != nil {
-			c.log.WarnContext(ctx, "repair leader resign failed; the election lease ends it", "error", err)
-		}
-	}()
-	select {
-	case <-s.Done():
-		return errSessionLost
-	default:
-	}
-
-	// lctx ends with ctx or with the session, so that a pass stops when leadership is
-	// lost. The goroutine is waited for before lead returns.
-	lctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		select {
-		case <-s.Done():
-			cancel()
-		case <-lctx.Done():
-		}
-	}()
-	defer wg.Wait()
-	defer cancel()
-
-	t := c.beginTerm(lctx)
+// Lead runs passes for one term of leadership (see package leader): a first pass at
+// once if there is a snapshot or a snapshot file, then one every Interval, until ctx
+// ends. It returns nil then. Repair's writes are the allocator's conditional ones: the
+// fence is not needed to keep a deposed leader from harm, only its term.
+func (c *Controller) Lead(ctx context.Context, _ leader.Fence) error {
+	t := c.beginTerm(ctx)
 	defer c.endTerm()
-	c.log.InfoContext(ctx, "elected repair leader", "identity", c.cfg.Identity, "key", e.Key())
-	if c.cfg.OnLead != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := c.cfg.OnLead(lctx, e.Key(), e.Rev()); err != nil && lctx.Err() == nil {
-				c.log.WarnContext(ctx, "a controller of this term failed; resigning", "error", err)
-				cancel()
-			}
-		}()
-	}
-	return c.passes(ctx, lctx, t)
-}
-
-// session grants the election lease and starts its keepalive. The lease is granted
-// under ctx, so that a start against an unreachable etcd ends with ctx. The session's
-// context outlives ctx so that Resign and the lease revoke of endSession still reach
-// etcd at shutdown (each bounded by a timeout).
-func (c *Controller) session(ctx context.Context) (*concurrency.Session, error) {
-	ttl := int64(c.cfg.SessionTTL / time.Second)
-	lease, err := c.cli.Grant(ctx, ttl)
-	if err != nil {
-		return nil, fmt.Errorf("repair election lease: %w", err)
-	}
-	s, err := concurrency.NewSession(c.cli,
-		concurrency.WithTTL(int(ttl)),
-		concurrency.WithLease(lease.ID),
-		concurrency.WithContext(context.WithoutCancel(ctx)))
-	if err != nil {
-		return nil, fmt.Errorf("repair election session: %w", err)
-	}
-	return s, nil
-}
-
-// endSession stops s's keepalive and revokes its lease within resignTimeout; if that
-// fails, the lease ends with its TTL. (Not s.Close: it revokes with a timeout of the
-// whole session TTL, which holds up a shutdown while etcd is unreachable.)
-func (c *Controller) endSession(ctx context.Context, s *concurrency.Session) {
-	s.Orphan()
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resignTimeout)
-	defer cancel()
-	if _, err := c.cli.Revoke(rctx, s.Lease()); err != nil {
-		c.log.WarnContext(ctx, "repair election lease revoke failed; it ends with its TTL", "error", err)
-	}
+	c.log.InfoContext(ctx, "repair leading")
+	c.passes(ctx, t)
+	return nil
 }
 
 // beginTerm starts a term of leadership that ends with lctx. A new term counts
@@ -389,7 +277,6 @@ func (c *Controller) beginTerm(lctx context.Context) *term {
 	c.candidates = map[allocator.Item]*candidate{}
 	c.mu.Unlock()
 	c.metrics.leakCandidates(c.store.RangeSet().Names(), nil)
-	c.leading.Store(true)
 	c.metrics.setLeader(true)
 	return t
 }
@@ -399,27 +286,23 @@ func (c *Controller) endTerm() {
 	c.mu.Lock()
 	c.term = nil
 	c.mu.Unlock()
-	c.leading.Store(false)
 	c.metrics.setLeader(false)
 }
 
 // passes runs a pass at once when there is something to judge against, then one
-// every Interval, until lctx ends: nil when ctx ended too, errSessionLost otherwise.
-func (c *Controller) passes(ctx, lctx context.Context, t *term) error {
+// every Interval, until ctx ends.
+func (c *Controller) passes(ctx context.Context, t *term) {
 	if c.cfg.SnapshotFile != "" || c.snapshot() != nil {
-		c.periodicPass(lctx, t)
+		c.periodicPass(ctx, t)
 	}
 	tick := c.cfg.Clock.NewTicker(c.cfg.Interval)
 	defer tick.Stop()
 	for {
 		select {
-		case <-lctx.Done():
-			if ctx.Err() != nil {
-				return nil
-			}
-			return errSessionLost
+		case <-ctx.Done():
+			return
 		case <-tick.Chan():
-			c.periodicPass(lctx, t)
+			c.periodicPass(ctx, t)
 		}
 	}
 }
@@ -442,26 +325,17 @@ func (c *Controller) periodicPass(ctx context.Context, t *term) {
 	}
 }
 
-// IsLeader reports whether this replica holds the repair leadership now.
-func (c *Controller) IsLeader() bool { return c.leading.Load() }
+// IsLeader reports whether a term of repair leadership runs here.
+func (c *Controller) IsLeader() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.term != nil
+}
 
-// Identity returns the identity this replica campaigns with.
-func (c *Controller) Identity() string { return c.cfg.Identity }
-
-// Leader returns the identity of the repair leader ("" when none is elected) and
-// whether it is this replica.
+// Leader returns the identity of the leader ("" when none is elected) and whether it
+// is this replica.
 func (c *Controller) Leader(ctx context.Context) (identity string, self bool, err error) {
-	if c.leading.Load() {
-		return c.cfg.Identity, true, nil
-	}
-	resp, err := c.cli.Get(ctx, c.electionPrefix+"/", clientv3.WithFirstCreate()...)
-	if err != nil {
-		return "", false, fmt.Errorf("read repair leader: %w", err)
-	}
-	if len(resp.Kvs) == 0 {
-		return "", false, nil
-	}
-	return string(resp.Kvs[0].Value), false, nil
+	return c.cfg.Leadership.Leader(ctx)
 }
 
 // RunRepair runs a pass now, if this replica is the leader (else a *NotLeaderError
@@ -502,11 +376,11 @@ func (c *Controller) RunRepair(ctx context.Context, dryRun bool) (*Report, error
 // notLeader returns the *NotLeaderError naming the current leader, or the error of
 // reading it.
 func (c *Controller) notLeader(ctx context.Context) error {
-	leader, _, err := c.Leader(ctx)
+	id, _, err := c.Leader(ctx)
 	if err != nil {
 		return err
 	}
-	return &NotLeaderError{Leader: leader}
+	return &leader.NotLeaderError{Controller: "repair", Leader: id}
 }
 
 func isStale(err error) bool { return errors.Is(err, ErrStaleSnapshot) }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/allocd/allocd/allocator"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+	leaderpkg "github.com/allocd/allocd/leader"
 	"github.com/allocd/allocd/repair"
 )
 
@@ -557,7 +558,7 @@ func TestRepairTwoReplicas(t *testing.T) {
 			st.LastReport, st.Leader, st.Leading, leader.id)
 	}
 	_, err := follower.ctl.RunRepair(context.Background(), false)
-	var nl *repair.NotLeaderError
+	var nl *leaderpkg.NotLeaderError
 	if !errors.As(err, &nl) || nl.Leader != leader.id {
 		t.Errorf("follower RunRepair() = %v; want a NotLeaderError naming %s", err, leader.id)
 	}

@@ -9,9 +9,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/protobuf/encoding/protojson"
-
-	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 
 	"github.com/allocd/allocd/allocator"
 )
@@ -106,62 +103,17 @@ func (s Snapshot) Validate() error {
 	return e
 }
 
-// SnapshotFromProto converts the wire form. The slices of cluster IPs are shared with
-// p, which must not change afterwards.
-func SnapshotFromProto(p *allocdv1.ServiceSnapshot) Snapshot {
-	s := Snapshot{Revision: p.GetRevision()}
-	s.Services = AppendServices(make([]Service, 0, len(p.GetServices())), p.GetServices())
-	return s
-}
-
-// AppendServices converts Services of the wire form (one chunk of a snapshot) and
-// appends them to dst.
-func AppendServices(dst []Service, ps []*allocdv1.Service) []Service {
-	for _, p := range ps {
-		svc := Service{
-			Namespace:           p.GetNamespace(),
-			Name:                p.GetName(),
-			UID:                 p.GetUid(),
-			ClusterIPs:          p.GetClusterIps(),
-			HealthCheckNodePort: int(p.GetHealthCheckNodePort()),
-		}
-		if n := len(p.GetNodePorts()); n > 0 {
-			svc.NodePorts = make([]NodePort, n)
-			for i, np := range p.GetNodePorts() {
-				svc.NodePorts[i] = NodePort{Port: int(np.GetPort()), Protocol: np.GetProtocol()}
-			}
-		}
-		// The node ports of ports[] (the Endpoints feed's form) count too, once.
-		for _, sp := range p.GetPorts() {
-			if sp.GetNodePort() == 0 {
-				continue
-			}
-			np := NodePort{Port: int(sp.GetNodePort()), Protocol: sp.GetProtocol()}
-			if np.Protocol == "" {
-				np.Protocol = "TCP"
-			}
-			if !slices.Contains(svc.NodePorts, np) {
-				svc.NodePorts = append(svc.NodePorts, np)
-			}
-		}
-		dst = append(dst, svc)
-	}
-	return dst
-}
-
-// ReadSnapshotFile reads a snapshot written as the protojson form of
-// allocd.v1.ServiceSnapshot ({"revision": "12", "services": [{"namespace": ...}]}) and
-// validates it. Errors are *SnapshotFileError.
-func ReadSnapshotFile(path string) (Snapshot, error) {
+// readSnapshotFile reads the snapshot file with the configured parser and validates
+// it. Errors are *SnapshotFileError.
+func (c *Controller) readSnapshotFile(path string) (Snapshot, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return Snapshot{}, &SnapshotFileError{Path: path, Err: err}
 	}
-	var p allocdv1.ServiceSnapshot
-	if err := protojson.Unmarshal(b, &p); err != nil {
+	s, err := c.cfg.ParseSnapshotFile(b)
+	if err != nil {
 		return Snapshot{}, &SnapshotFileError{Path: path, Err: err}
 	}
-	s := SnapshotFromProto(&p)
 	if err := s.Validate(); err != nil {
 		return Snapshot{}, &SnapshotFileError{Path: path, Err: err}
 	}
@@ -347,7 +299,7 @@ func (c *Controller) snapshot() *accepted {
 // a pushed one), else the kept snapshot.
 func (c *Controller) snapshotForPass(ctx context.Context) (*accepted, error) {
 	if path := c.cfg.SnapshotFile; path != "" {
-		s, err := ReadSnapshotFile(path)
+		s, err := c.readSnapshotFile(path)
 		if err != nil {
 			return nil, err
 		}

@@ -8,90 +8,63 @@ import (
 	"strconv"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/status"
 
 	"github.com/allocd/allocd/endpoints"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"github.com/allocd/allocd/repair"
 )
 
+// controllerEndpoints names the Endpoints controller in *leader.NotLeaderError.
+const controllerEndpoints = "endpoints"
+
 // EndpointsService implements allocdv1.EndpointsServiceServer over an
-// endpoints.Controller. The controller runs on the repair leader: a replica that is
-// not the leader forwards PushPodSnapshot and PushEvents to it (the election value is
-// its gRPC address) and answers UNAVAILABLE naming it when it cannot be reached. Get,
-// List and Watch are answered by every replica from etcd.
+// endpoints.Controller. The controller runs on the leader: a replica that does not
+// lead forwards PushPodSnapshot and PushEvents to it (through its Forwarder) and
+// answers UNAVAILABLE naming it when it cannot be reached. Get, List and Watch are
+// answered by every replica from etcd.
 type EndpointsService struct {
 	allocdv1.UnimplementedEndpointsServiceServer
-	c     *endpoints.Controller
-	rep   *repair.Controller
-	log   *slog.Logger
-	conns leaderConns
+	c   *endpoints.Controller
+	rep *repair.Controller
+	fw  *Forwarder
+	log *slog.Logger
 }
 
-// NewEndpointsService returns the EndpointsService of c, whose leader is rep's. Call
-// Close at shutdown.
-func NewEndpointsService(c *endpoints.Controller, rep *repair.Controller, log *slog.Logger) *EndpointsService {
+// NewEndpointsService returns the EndpointsService of c; the Service events it takes
+// feed rep too. It forwards through fw.
+func NewEndpointsService(c *endpoints.Controller, rep *repair.Controller, fw *Forwarder, log *slog.Logger) *EndpointsService {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &EndpointsService{c: c, rep: rep, log: log}
+	return &EndpointsService{c: c, rep: rep, fw: fw, log: log}
 }
-
-// SetPeerCredentials makes the calls forwarded to the leader use creds, as
-// RepairService.SetPeerCredentials. Call it before serving.
-func (s *EndpointsService) SetPeerCredentials(creds credentials.TransportCredentials) {
-	s.conns.creds = creds
-}
-
-// Close closes the connections opened to forward calls to the leader.
-func (s *EndpointsService) Close() error { return s.conns.close() }
 
 // PushPodSnapshot takes a Pod snapshot in one or more chunks of one revision; it is
 // applied (or forwarded) when the stream closes, whole or not at all.
 func (s *EndpointsService) PushPodSnapshot(stream grpc.ClientStreamingServer[allocdv1.PushPodSnapshotRequest, allocdv1.PushPodSnapshotResponse]) error {
 	ctx := stream.Context()
-	var chunks []*allocdv1.PushPodSnapshotRequest
-	var rev int64
-	for {
-		req, err := stream.Recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		if req.GetSnapshot() == nil {
-			return Status(Invalid("snapshot", "required in every chunk"))
-		}
-		if len(chunks) == 0 {
-			rev = req.GetSnapshot().GetRevision()
-		} else if r := req.GetSnapshot().GetRevision(); r != rev {
-			return Status(Invalid("snapshot.revision", fmt.Sprintf("chunk %d has revision %d but the first chunk had %d: every chunk of one stream carries the same revision",
-				len(chunks), r, rev)))
-		}
-		chunks = append(chunks, req)
-	}
-	if len(chunks) == 0 {
-		return Status(Invalid("snapshot", "the stream carried no chunk"))
+	chunks, rev, err := receiveChunks(stream, func(r *allocdv1.PushPodSnapshotRequest) (int64, bool) {
+		return r.GetSnapshot().GetRevision(), r.GetSnapshot() != nil
+	}, nil)
+	if err != nil {
+		return err
 	}
 	pods, err := podSnapshot(rev, chunks)
 	if err != nil {
 		return Status(err)
 	}
-	resp := &allocdv1.PushPodSnapshotResponse{Revision: rev, PodCount: int64(len(pods))}
-	fresp, forwarded, err := toLeader(s, ctx, chunks, allocdv1.EndpointsServiceClient.PushPodSnapshot)
-	if err != nil || forwarded {
-		if err != nil {
-			return err
-		}
+	fresp, forwarded, err := toLeader(ctx, s.fw, controllerEndpoints, chunks,
+		streamVia(allocdv1.NewEndpointsServiceClient, allocdv1.EndpointsServiceClient.PushPodSnapshot))
+	switch {
+	case err != nil:
+		return err
+	case forwarded:
 		return stream.SendAndClose(fresp)
 	}
 	if err := s.c.ApplyPodSnapshot(ctx, rev, pods); err != nil {
 		return Status(err)
 	}
-	return stream.SendAndClose(resp)
+	return stream.SendAndClose(&allocdv1.PushPodSnapshotResponse{Revision: rev, PodCount: int64(len(pods))})
 }
 
 // podSnapshot converts and validates a Pod snapshot: a positive revision, well-formed
@@ -111,7 +84,7 @@ func podSnapshot(rev int64, chunks []*allocdv1.PushPodSnapshotRequest) ([]*endpo
 		for _, p := range ch.GetSnapshot().GetPods() {
 			i := len(pods)
 			f := "snapshot.pods[" + strconv.Itoa(i) + "]"
-			pod := endpoints.PodFromProto(p, f, inv)
+			pod := podFromProto(p, f, inv)
 			if j, dup := seen[pod.Key()]; dup {
 				inv.Add(f+".name", fmt.Sprintf("%s is also snapshot.pods[%d]", pod.Key(), j))
 			}
@@ -125,6 +98,86 @@ func podSnapshot(rev int64, chunks []*allocdv1.PushPodSnapshotRequest) ([]*endpo
 	return pods, nil
 }
 
+// PushNodeSnapshot takes a Node snapshot in one or more chunks of one revision; it is
+// applied (or forwarded) when the stream closes, whole or not at all.
+func (s *EndpointsService) PushNodeSnapshot(stream grpc.ClientStreamingServer[allocdv1.PushNodeSnapshotRequest, allocdv1.PushNodeSnapshotResponse]) error {
+	ctx := stream.Context()
+	chunks, rev, err := receiveChunks(stream, func(r *allocdv1.PushNodeSnapshotRequest) (int64, bool) {
+		return r.GetSnapshot().GetRevision(), r.GetSnapshot() != nil
+	}, nil)
+	if err != nil {
+		return err
+	}
+	nodes, err := nodeSnapshot(rev, chunks)
+	if err != nil {
+		return Status(err)
+	}
+	fresp, forwarded, err := toLeader(ctx, s.fw, controllerEndpoints, chunks,
+		streamVia(allocdv1.NewEndpointsServiceClient, allocdv1.EndpointsServiceClient.PushNodeSnapshot))
+	switch {
+	case err != nil:
+		return err
+	case forwarded:
+		return stream.SendAndClose(fresp)
+	}
+	if err := s.c.ApplyNodeSnapshot(ctx, rev, nodes); err != nil {
+		return Status(err)
+	}
+	return stream.SendAndClose(&allocdv1.PushNodeSnapshotResponse{Revision: rev, NodeCount: int64(len(nodes))})
+}
+
+// nodeSnapshot converts and validates a Node snapshot: a positive revision,
+// well-formed Nodes, no two of one name.
+func nodeSnapshot(rev int64, chunks []*allocdv1.PushNodeSnapshotRequest) ([]*endpoints.Node, error) {
+	inv := &endpoints.InvalidError{}
+	if rev <= 0 {
+		inv.Add("snapshot.revision", "must be positive (the revision of the Node store the list was taken at)")
+	}
+	var nodes []*endpoints.Node
+	seen := map[string]int{}
+	for _, ch := range chunks {
+		for _, p := range ch.GetSnapshot().GetNodes() {
+			i := len(nodes)
+			f := "snapshot.nodes[" + strconv.Itoa(i) + "]"
+			n := nodeFromProto(p, f, inv)
+			if j, dup := seen[n.Name]; dup {
+				inv.Add(f+".name", fmt.Sprintf("%s is also snapshot.nodes[%d]", n.Name, j))
+			}
+			seen[n.Name] = i
+			nodes = append(nodes, n)
+		}
+	}
+	if err := inv.OrNil(); err != nil {
+		return nil, err
+	}
+	return nodes, nil
+}
+
+// endpointsServices converts the Services of a snapshot's chunks for the Endpoints
+// controller, refusing a malformed one or two of one namespace and name.
+func endpointsServices(chunks []*allocdv1.PushServiceSnapshotRequest) ([]*endpoints.Service, error) {
+	inv := &endpoints.InvalidError{}
+	var out []*endpoints.Service
+	seen := map[string]int{}
+	i := 0
+	for _, ch := range chunks {
+		for _, p := range ch.GetSnapshot().GetServices() {
+			f := "snapshot.services[" + strconv.Itoa(i) + "]"
+			svc := serviceFromProto(p, f, inv)
+			if j, dup := seen[svc.Key()]; dup {
+				inv.Add(f+".name", fmt.Sprintf("%s is also snapshot.services[%d]", svc.Key(), j))
+			}
+			seen[svc.Key()] = i
+			out = append(out, svc)
+			i++
+		}
+	}
+	if err := inv.OrNil(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PushEvents applies every message of the stream in order (or forwards them all to the
 // leader); a malformed message is refused before anything of it is applied, and ends
 // the stream with the messages before it applied.
@@ -134,79 +187,62 @@ func (s *EndpointsService) PushEvents(stream grpc.ClientStreamingServer[allocdv1
 	var batches [][]endpoints.Event
 	for {
 		req, err := stream.Recv()
-		if err == io.EOF {
-			break
-		}
 		if err != nil {
+			if err == io.EOF {
+				break
+			}
 			return err
 		}
-		evs, err := endpoints.EventsFromProto(req)
+		evs, err := eventsFromProto(req)
 		if err != nil {
-			return Status(prefixViolations(err, "message "+strconv.Itoa(len(msgs))))
+			return Status(fmt.Errorf("message %d: %w", len(msgs), err))
 		}
 		msgs = append(msgs, req)
 		batches = append(batches, evs)
 	}
-	fresp, forwarded, err := toLeader(s, ctx, msgs, allocdv1.EndpointsServiceClient.PushEvents)
-	if err != nil || forwarded {
-		if err != nil {
-			return err
-		}
+	fresp, forwarded, err := toLeader(ctx, s.fw, controllerEndpoints, msgs,
+		streamVia(allocdv1.NewEndpointsServiceClient, allocdv1.EndpointsServiceClient.PushEvents))
+	switch {
+	case err != nil:
+		return err
+	case forwarded:
 		// Keep repair's copy current too, for when this replica leads.
 		for _, m := range msgs {
 			s.rep.ApplyServiceEvents(repairEvents(m))
 		}
 		return stream.SendAndClose(fresp)
 	}
+	resp, err := s.apply(ctx, msgs, batches)
+	if err != nil {
+		return Status(err)
+	}
+	return stream.SendAndClose(resp)
+}
+
+// apply applies the validated batches of events of msgs on the leader.
+func (s *EndpointsService) apply(ctx context.Context, msgs []*allocdv1.PushEventsRequest, batches [][]endpoints.Event) (*allocdv1.PushEventsResponse, error) {
 	resp := &allocdv1.PushEventsResponse{}
 	for i, evs := range batches {
 		res, err := s.c.ApplyEvents(ctx, evs)
 		if err != nil {
-			return Status(err)
+			return nil, err
 		}
 		// One Service feed: repair's passes judge against what the controller sees.
 		s.rep.ApplyServiceEvents(repairEvents(msgs[i]))
 		resp.Applied += int64(res.Applied)
 		resp.Ignored += int64(res.Ignored)
-		resp.ServiceRevision, resp.PodRevision = res.ServiceRevision, res.PodRevision
+		resp.ServiceRevision, resp.PodRevision, resp.NodeRevision = res.ServiceRevision, res.PodRevision, res.NodeRevision
 	}
 	if len(batches) == 0 {
 		// An empty stream is a heartbeat: it answers SNAPSHOT_REQUIRED while the
 		// leader's term lacks a snapshot, so that a feeder learns of a new leader.
 		res, err := s.c.ApplyEvents(ctx, nil)
 		if err != nil {
-			return Status(err)
+			return nil, err
 		}
-		resp.ServiceRevision, resp.PodRevision = res.ServiceRevision, res.PodRevision
+		resp.ServiceRevision, resp.PodRevision, resp.NodeRevision = res.ServiceRevision, res.PodRevision, res.NodeRevision
 	}
-	return stream.SendAndClose(resp)
-}
-
-// repairEvents is the Service part of one validated message, in repair's form.
-func repairEvents(m *allocdv1.PushEventsRequest) []repair.ServiceEvent {
-	var out []repair.ServiceEvent
-	for _, ev := range m.GetEvents() {
-		svc := ev.GetService()
-		if svc == nil {
-			continue
-		}
-		rev := ev.GetRevision()
-		if rev == 0 {
-			rev = m.GetRevision()
-		}
-		out = append(out, repair.ServiceEvent{
-			Revision: rev,
-			Deleted:  ev.GetType() == allocdv1.EventType_EVENT_TYPE_DELETE,
-			Service:  repair.AppendServices(nil, []*allocdv1.Service{svc})[0],
-		})
-	}
-	return out
-}
-
-// prefixViolations leaves err as it is: the field paths of EventsFromProto are those
-// of one message, and the message is named in the status message.
-func prefixViolations(err error, msg string) error {
-	return fmt.Errorf("%s: %w", msg, err)
+	return resp, nil
 }
 
 // GetServiceEndpoints returns one stored object.
@@ -215,7 +251,7 @@ func (s *EndpointsService) GetServiceEndpoints(ctx context.Context, req *allocdv
 	if err != nil {
 		return nil, Status(err)
 	}
-	return &allocdv1.GetServiceEndpointsResponse{Endpoints: endpoints.ToProto(e)}, nil
+	return &allocdv1.GetServiceEndpointsResponse{Endpoints: endpointsToProto(e)}, nil
 }
 
 // ListServiceEndpoints returns one page.
@@ -227,7 +263,7 @@ func (s *EndpointsService) ListServiceEndpoints(ctx context.Context, req *allocd
 	resp := &allocdv1.ListServiceEndpointsResponse{NextPageToken: next, Revision: rev,
 		Endpoints: make([]*allocdv1.ServiceEndpoints, len(eps))}
 	for i, e := range eps {
-		resp.Endpoints[i] = endpoints.ToProto(e)
+		resp.Endpoints[i] = endpointsToProto(e)
 	}
 	return resp, nil
 }
@@ -237,7 +273,7 @@ func (s *EndpointsService) WatchServiceEndpoints(req *allocdv1.WatchServiceEndpo
 	err := s.c.Watch(stream.Context(), req.GetNamespace(), req.GetStartRevision(), func(ev endpoints.WatchEvent) error {
 		return stream.Send(&allocdv1.WatchServiceEndpointsResponse{
 			Type:      allocdv1.WatchEventType(ev.Type),
-			Endpoints: endpoints.ToProto(ev.Endpoints),
+			Endpoints: endpointsToProto(ev.Endpoints),
 			Revision:  ev.Revision,
 		})
 	})
@@ -247,77 +283,32 @@ func (s *EndpointsService) WatchServiceEndpoints(req *allocdv1.WatchServiceEndpo
 	return nil
 }
 
-// target is the connection to forward to the leader, or the error to answer.
-func (s *EndpointsService) target(ctx context.Context, leader string) (*grpc.ClientConn, error) {
-	switch {
-	case leader == "":
-		return nil, Status(&endpoints.NotLeaderError{})
-	case isForwarded(ctx), leader == s.rep.Identity():
-		// Forwarded already, or the election still names this replica while its term
-		// is over: leadership is changing.
-		return nil, Status(&endpoints.NotLeaderError{Leader: leader})
-	}
-	cc, err := s.conns.get(leader)
+// ListEndpointSlices returns one page of slices.
+func (s *EndpointsService) ListEndpointSlices(ctx context.Context, req *allocdv1.ListEndpointSlicesRequest) (*allocdv1.ListEndpointSlicesResponse, error) {
+	sl, next, rev, err := s.c.ListSlices(ctx, req.GetNamespace(), req.GetServiceName(), int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
-		s.log.Warn("cannot dial the endpoints leader", "leader", leader, "error", err)
-		return nil, Status(&endpoints.NotLeaderError{Leader: leader})
+		return nil, Status(err)
 	}
-	return cc, nil
+	resp := &allocdv1.ListEndpointSlicesResponse{NextPageToken: next, Revision: rev,
+		EndpointSlices: make([]*allocdv1.EndpointSlice, len(sl))}
+	for i, es := range sl {
+		resp.EndpointSlices[i] = sliceToProto(es)
+	}
+	return resp, nil
 }
 
-// forwardErr passes the leader's answer through, and turns a leader that cannot be
-// reached into UNAVAILABLE naming it.
-func (s *EndpointsService) forwardErr(leader string, err error) error {
-	if st, ok := status.FromError(err); ok && st.Code() != codes.Unavailable {
-		return err
-	}
-	s.log.Warn("endpoints leader unreachable", "leader", leader, "error", err)
-	return Status(fmt.Errorf("forwarding to the leader failed (%v): %w", err, &endpoints.NotLeaderError{Leader: leader}))
-}
-
-// toLeader forwards msgs to the leader with the client stream method open, unless
-// this replica leads: forwarded is false then, and the caller applies msgs itself.
-func toLeader[Req, Resp any](s *EndpointsService, ctx context.Context, msgs []*Req,
-	open func(allocdv1.EndpointsServiceClient, context.Context, ...grpc.CallOption) (grpc.ClientStreamingClient[Req, Resp], error)) (resp *Resp, forwarded bool, err error) {
-	leader, self, err := s.rep.Leader(ctx)
-	if err != nil {
-		return nil, false, Status(err)
-	}
-	if self {
-		return nil, false, nil
-	}
-	cc, err := s.target(ctx, leader)
-	if err != nil {
-		return nil, true, err
-	}
-	cli := allocdv1.NewEndpointsServiceClient(cc)
-	resp, err = forwardClientStream(forwardedBy(ctx, s.rep.Identity()), msgs,
-		func(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[Req, Resp], error) {
-			return open(cli, ctx, opts...)
+// WatchEndpointSlices streams changes of slices until the client goes away or the
+// server stops.
+func (s *EndpointsService) WatchEndpointSlices(req *allocdv1.WatchEndpointSlicesRequest, stream grpc.ServerStreamingServer[allocdv1.WatchEndpointSlicesResponse]) error {
+	err := s.c.WatchSlices(stream.Context(), req.GetNamespace(), req.GetStartRevision(), func(ev endpoints.SliceWatchEvent) error {
+		return stream.Send(&allocdv1.WatchEndpointSlicesResponse{
+			Type:          allocdv1.WatchEventType(ev.Type),
+			EndpointSlice: sliceToProto(ev.Slice),
+			Revision:      ev.Revision,
 		})
-	if err != nil {
-		return nil, true, s.forwardErr(leader, err)
+	})
+	if err != nil && stream.Context().Err() == nil {
+		return Status(err)
 	}
-	return resp, true, nil
-}
-
-// forwardClientStream replays msgs on a client stream opened by open and returns its
-// answer.
-func forwardClientStream[Req, Resp any](ctx context.Context, msgs []*Req,
-	open func(context.Context, ...grpc.CallOption) (grpc.ClientStreamingClient[Req, Resp], error)) (*Resp, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := open(ctx)
-	if err != nil {
-		return nil, err
-	}
-	for _, m := range msgs {
-		if err := st.Send(m); err != nil {
-			if err == io.EOF {
-				break // the leader ended the stream: CloseAndRecv has its status
-			}
-			return nil, err
-		}
-	}
-	return st.CloseAndRecv()
+	return nil
 }

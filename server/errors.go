@@ -9,6 +9,7 @@ import (
 
 	"github.com/allocd/allocd/allocator"
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/leader"
 	"github.com/allocd/allocd/masterlease"
 	"github.com/allocd/allocd/repair"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -218,8 +219,9 @@ func domainStatus(err error) error {
 	// not the owner, conflict, not found, invalid request, not ready.
 	// repair: stale snapshot, not the leader, bad snapshot or snapshot file, no snapshot.
 	// masterlease: bad ip/ttl_seconds, state not ready, CAS retries exhausted.
+	// leader: not the leader of the controller called.
 	// Each returns nil for an error that is not its package's.
-	for _, m := range []func(error) error{allocatorStatus, repairStatus, leaseStatus, endpointsStatus} {
+	for _, m := range []func(error) error{allocatorStatus, leaderStatus, repairStatus, leaseStatus, endpointsStatus} {
 		if st := m(err); st != nil {
 			return st
 		}
@@ -307,11 +309,29 @@ func leaseStatus(err error) error {
 	return nil
 }
 
+// leaderStatus maps a call that only the leader serves, on a replica that does not
+// lead and could not forward it: UNAVAILABLE naming the leader (a caller retries, or
+// calls the leader), except a repair call whose leader is known and was not tried,
+// which is FAILED_PRECONDITION naming it.
+func leaderStatus(err error) error {
+	var nl *leader.NotLeaderError
+	if !errors.As(err, &nl) {
+		return nil
+	}
+	md := map[string]string{"leader": nl.Leader}
+	if nl.Controller != controllerRepair {
+		return unavailableWith(err.Error(), allocdv1.ErrorReason_ENDPOINTS_LEADER_UNAVAILABLE, md)
+	}
+	if nl.Leader == "" || nl.Err != nil {
+		return unavailableWith(err.Error(), allocdv1.ErrorReason_REPAIR_LEADER_UNAVAILABLE, md)
+	}
+	return withDetails(codes.FailedPrecondition, err.Error(), errorInfo(allocdv1.ErrorReason_NOT_REPAIR_LEADER, md))
+}
+
 // repairStatus maps the errors of package repair (the repair case of domainStatus).
 func repairStatus(err error) error {
 	var (
 		stale *repair.StaleSnapshotError
-		nl    *repair.NotLeaderError
 		file  *repair.SnapshotFileError
 	)
 	switch {
@@ -330,12 +350,6 @@ func repairStatus(err error) error {
 				"revision":          strconv.FormatInt(stale.Revision, 10),
 				"accepted_revision": strconv.FormatInt(stale.Accepted, 10),
 			}))
-	case errors.As(err, &nl):
-		md := map[string]string{"leader": nl.Leader}
-		if nl.Leader == "" || nl.Err != nil {
-			return unavailableWith(err.Error(), allocdv1.ErrorReason_REPAIR_LEADER_UNAVAILABLE, md)
-		}
-		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo(allocdv1.ErrorReason_NOT_REPAIR_LEADER, md))
 	case errors.Is(err, repair.ErrNoSnapshot):
 		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo(allocdv1.ErrorReason_NO_SNAPSHOT, nil))
 	}
@@ -351,7 +365,6 @@ func endpointsStatus(err error) error {
 		req   *endpoints.SnapshotRequiredError
 		stale *endpoints.StaleSnapshotError
 		comp  *endpoints.CompactedError
-		nl    *endpoints.NotLeaderError
 	)
 	msg := err.Error()
 	switch {
@@ -370,8 +383,6 @@ func endpointsStatus(err error) error {
 		return withDetails(codes.OutOfRange, msg,
 			errorInfo(allocdv1.ErrorReason_REVISION_COMPACTED, map[string]string{"revision": strconv.FormatInt(comp.Revision, 10),
 				"compacted_revision": strconv.FormatInt(comp.Compacted, 10)}))
-	case errors.As(err, &nl):
-		return unavailableWith(msg, allocdv1.ErrorReason_ENDPOINTS_LEADER_UNAVAILABLE, map[string]string{"leader": nl.Leader})
 	case errors.Is(err, endpoints.ErrNotReady):
 		return unavailable(msg, allocdv1.ErrorReason_UNAVAILABLE)
 	}

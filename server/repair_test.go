@@ -21,6 +21,7 @@ import (
 
 	"github.com/allocd/allocd/allocator"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+	"github.com/allocd/allocd/leader"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"github.com/allocd/allocd/repair"
 )
@@ -55,18 +56,23 @@ func startRepairNode(t *testing.T, cli *clientv3.Client) *repairNode {
 		t.Fatalf("allocator.New: %v", err)
 	}
 	wg.Go(func() { n.alloc.Run(ctx) })
+	el, err := leader.New(cli, leader.Config{Prefix: "/allocd/repair/leader", Identity: n.addr, SessionTTL: time.Second})
+	if err != nil {
+		t.Fatalf("leader.New: %v", err)
+	}
 	n.ctl, err = repair.New(cli, n.alloc, repair.Config{
-		Prefix: "/allocd", Interval: time.Hour, LeakStrikes: 3, Identity: n.addr, SessionTTL: time.Second,
+		Prefix: "/allocd", Interval: time.Hour, LeakStrikes: 3, Leadership: el,
 	})
 	if err != nil {
 		t.Fatalf("repair.New: %v", err)
 	}
-	wg.Go(func() { n.ctl.Run(ctx) })
+	wg.Go(func() { el.Run(ctx, n.ctl.Lead) })
 	n.gs, _ = NewGRPCServer(Options{})
-	svc := NewRepairService(n.ctl, nil)
+	fw := NewForwarder(el, nil, nil)
+	svc := NewRepairService(n.ctl, fw, nil)
 	allocdv1.RegisterRepairServiceServer(n.gs, svc)
 	wg.Go(func() { n.gs.Serve(lis) })
-	t.Cleanup(func() { n.gs.Stop(); svc.Close() })
+	t.Cleanup(func() { n.gs.Stop(); fw.Close() })
 	cc, err := grpc.NewClient(n.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvMsgSize)))
 	if err != nil {

@@ -15,6 +15,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+
+	"github.com/allocd/allocd/tlsfiles"
 )
 
 // MaxRecvMsgSize bounds one request message. A Service snapshot of 100k Services fits
@@ -29,7 +31,8 @@ type Options struct {
 	// Registerer receives the gRPC server metrics (grpc_server_handled_total and the
 	// handling-time histogram). Nil means no metrics.
 	Registerer prometheus.Registerer
-	// ServerOptions are appended to the ones NewGRPCServer sets (TLS credentials, say).
+	// ServerOptions come before the ones NewGRPCServer sets (TLS credentials, say):
+	// their interceptors run outermost.
 	ServerOptions []grpc.ServerOption
 }
 
@@ -57,7 +60,8 @@ func NewGRPCServer(o Options) (*grpc.Server, *health.Server) {
 		l := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 			log.Log(ctx, slog.LevelDebug, msg, fields...)
 		})
-		opts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+		opts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall),
+			logging.WithFieldsFromContext(func(ctx context.Context) logging.Fields { return callerFields(ctx) })}
 		unary = append(unary, logging.UnaryServerInterceptor(l, opts...))
 		stream = append(stream, logging.StreamServerInterceptor(l, opts...))
 	} else {
@@ -70,11 +74,13 @@ func NewGRPCServer(o Options) (*grpc.Server, *health.Server) {
 	unary = append(unary, recovery.UnaryServerInterceptor(rec))
 	stream = append(stream, recovery.StreamServerInterceptor(rec))
 
-	opts := append([]grpc.ServerOption{
+	// The caller's options first: their interceptors (authorization, which also drops
+	// forwarding metadata that a caller other than a replica sent) run outermost, so
+	// that the logs below see the call as it is honoured.
+	opts := append(append([]grpc.ServerOption(nil), o.ServerOptions...),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
-		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
-	}, o.ServerOptions...)
+		grpc.MaxRecvMsgSize(MaxRecvMsgSize))
 	gs := grpc.NewServer(opts...)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
@@ -100,9 +106,23 @@ func logFailures(log *slog.Logger) grpc.UnaryServerInterceptor {
 		resp, err := handler(ctx, req)
 		if err != nil {
 			if c := status.Code(err); c == codes.Internal || c == codes.Unknown {
-				log.ErrorContext(ctx, "call failed", "method", info.FullMethod, "code", c.String(), "err", err)
+				log.ErrorContext(ctx, "call failed", append([]any{"method", info.FullMethod, "code", c.String(), "err", err},
+					callerFields(ctx)...)...)
 			}
 		}
 		return resp, err
 	}
+}
+
+// callerFields name the caller of a call in its log lines: its client certificate's
+// identity, or, for a call a replica forwarded, the replica and the original caller's
+// identity.
+func callerFields(ctx context.Context) []any {
+	if replica, caller, ok := ForwardedFor(ctx); ok {
+		return []any{"identity", caller, "forwarded_by", replica}
+	}
+	if id := tlsfiles.PeerIdentity(ctx); id != "" {
+		return []any{"identity", id}
+	}
+	return nil
 }

@@ -42,6 +42,13 @@ func (s *feedStore) ListPods() ([]*allocdv1.Pod, int64, error) {
 	return out, s.rev, nil
 }
 
+// ListNodes lists the one Node the Pods run on.
+func (s *feedStore) ListNodes() ([]*allocdv1.Node, int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return []*allocdv1.Node{{Name: "node-a", Ready: true, Labels: map[string]string{"topology.kubernetes.io/zone": "zone-a"}}}, s.rev, nil
+}
+
 // flip changes the readiness of one Pod and tells f, as an informer's update.
 func (s *feedStore) flip(f *client.Feeder, name string) {
 	s.mu.Lock()
@@ -71,8 +78,9 @@ func (s *feedStore) readyCount() (ready, notReady int) {
 // TestEndpointsLeaderKill (make fault): two allocd processes on one etcd; a Feeder
 // talking to the replica that does not lead pushes readiness flips every 20 ms; the
 // leading process is killed with SIGKILL. The other leads once the dead one's election
-// lease expires, the Feeder pushes snapshots again, and the Endpoints end equal to the
-// store; they were never deleted on the way.
+// lease expires, the Feeder pushes snapshots again, and the Endpoints and the
+// EndpointSlices end equal to the store. On the way neither was deleted, and at no
+// revision was a Pod in two slices.
 func TestEndpointsLeaderKill(t *testing.T) {
 	if os.Getenv("ALLOCD_FAULT_TESTS") == "" {
 		t.Skip("a fault test (about 20 s): make fault runs it")
@@ -120,7 +128,8 @@ func TestEndpointsLeaderKill(t *testing.T) {
 	for i := range 50 {
 		name := fmt.Sprintf("web-%d", i)
 		st.pods[name] = &allocdv1.Pod{Namespace: "shop", Name: name, Uid: "uid-" + name, ResourceVersion: "1",
-			Labels: map[string]string{"app": "web"}, PodIps: []string{fmt.Sprintf("10.244.1.%d", i+1)}, Phase: "Running", Ready: true}
+			Labels: map[string]string{"app": "web"}, PodIps: []string{fmt.Sprintf("10.244.1.%d", i+1)}, Phase: "Running", Ready: true,
+			NodeName: "node-a"}
 	}
 	f := client.NewFeeder(clients[other], st, client.WithHeartbeat(200*time.Millisecond))
 	go f.Run(ctx)
@@ -136,6 +145,8 @@ func TestEndpointsLeaderKill(t *testing.T) {
 			}
 			return nil
 		})
+
+	slices := watchSlices(ctx, t, clients[other])
 
 	flipping, stopFlips := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -162,10 +173,100 @@ func TestEndpointsLeaderKill(t *testing.T) {
 		}
 		return len(ep.GetSubsets()[0].GetAddresses()) == wantReady && len(ep.GetSubsets()[0].GetNotReadyAddresses()) == wantNotReady
 	})
+	etcdtest.WaitFor(t, 30*time.Second, "EndpointSlices equal to the store after the leader was killed", func() bool {
+		ready, notReady := slices.counts()
+		return ready == wantReady && notReady == wantNotReady
+	})
 	t.Logf("converged %.1f s after the kill: %d ready, %d not ready", time.Since(killed).Seconds(), wantReady, wantNotReady)
+	if err := slices.failure(); err != "" {
+		t.Error(err)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if deleted != 0 {
 		t.Fatalf("the Endpoints were deleted %d times; want never", deleted)
 	}
+}
+
+// sliceView follows the slices of shop on a watch and checks every revision: no
+// slice deleted, no Pod in two slices.
+type sliceView struct {
+	mu     sync.Mutex
+	slices map[string]*allocdv1.EndpointSlice
+	rev    int64
+	err    string
+}
+
+func watchSlices(ctx context.Context, t *testing.T, c *client.Client) *sliceView {
+	v := &sliceView{slices: map[string]*allocdv1.EndpointSlice{}}
+	go func() {
+		from := int64(0)
+		for ctx.Err() == nil {
+			err := c.WatchEndpointSlices(ctx, &allocdv1.WatchEndpointSlicesRequest{Namespace: "shop", StartRevision: from},
+				func(ev *allocdv1.WatchEndpointSlicesResponse) error {
+					v.apply(ev)
+					from = ev.GetRevision()
+					return nil
+				})
+			if err != nil && ctx.Err() == nil {
+				time.Sleep(100 * time.Millisecond) // the replica restarts its watch after etcd trouble
+			}
+		}
+	}()
+	return v
+}
+
+// apply folds one change in; the revision before it is complete when a later one starts.
+func (v *sliceView) apply(ev *allocdv1.WatchEndpointSlicesResponse) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if ev.GetRevision() != v.rev {
+		v.check()
+		v.rev = ev.GetRevision()
+	}
+	s := ev.GetEndpointSlice()
+	if ev.GetType() == allocdv1.WatchEventType_WATCH_EVENT_TYPE_DELETED {
+		if v.err == "" {
+			v.err = fmt.Sprintf("slice %s deleted at revision %d", s.GetName(), ev.GetRevision())
+		}
+		delete(v.slices, s.GetName())
+		return
+	}
+	v.slices[s.GetName()] = s
+}
+
+// check records a Pod in two slices of one address type.
+func (v *sliceView) check() {
+	seen := map[string]string{}
+	for name, s := range v.slices {
+		for _, e := range s.GetEndpoints() {
+			k := s.GetAddressType() + "/" + e.GetTargetRef().GetName()
+			if other, dup := seen[k]; dup && v.err == "" {
+				v.err = fmt.Sprintf("at revision %d %s is in slices %s and %s", v.rev, k, other, name)
+			}
+			seen[k] = name
+		}
+	}
+}
+
+func (v *sliceView) counts() (ready, notReady int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, s := range v.slices {
+		for _, e := range s.GetEndpoints() {
+			if e.GetConditions().GetReady() {
+				ready++
+			} else {
+				notReady++
+			}
+		}
+	}
+	return ready, notReady
+}
+
+func (v *sliceView) failure() string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.check()
+	return v.err
 }

@@ -16,7 +16,7 @@ import (
 )
 
 // TestTLSAsAUser drives an allocd with TLS, client certificates and the example policy
-// the way the README's security section does: grpcurl with -cacert, -cert and -key, and
+// the way docs/operators/security.md does: grpcurl with -cacert, -cert and -key, and
 // `allocd health --tls-ca-file`. Without a client certificate health answers and
 // Allocate is refused; a shim allocates but cannot force a release; an admin can.
 func TestTLSAsAUser(t *testing.T) {

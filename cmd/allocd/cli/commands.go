@@ -13,8 +13,9 @@ import (
 // flags (--server, --timeout, -o, TLS); every call goes through package client.
 func Commands() []*cobra.Command {
 	o := &options{}
-	get := group(o, "get", "Show ranges, allocations, master leases, ServiceCIDRs or Endpoints",
-		newGetRanges(o), newGetAllocations(o), newGetLeases(o), newGetServiceCIDRs(o), newGetEndpoints(o))
+	get := group(o, "get", "Show ranges, allocations, master leases, ServiceCIDRs, Endpoints or EndpointSlices",
+		newGetRanges(o), newGetAllocations(o), newGetLeases(o), newGetServiceCIDRs(o), newGetEndpoints(o),
+		newGetEndpointSlices(o))
 	get.Example = `  allocd get ranges
   allocd get allocations --owner default/web
   allocd get endpoints -n shop -o json | jq '.endpoints[].name'`
@@ -22,7 +23,8 @@ func Commands() []*cobra.Command {
 	create := group(o, "create", "Create a ServiceCIDR, or an allocation by hand", newCreateServiceCIDR(o), newCreateAllocation(o))
 	del := group(o, "delete", "Delete a ServiceCIDR or a master lease", newDeleteServiceCIDR(o), newDeleteLease(o))
 	repair := group(o, "repair", "Run a repair pass or show what repair found", newRepairRun(o), newRepairStatus(o))
-	watch := group(o, "watch", "Follow the Endpoints as they change, one line per change", newWatchEndpoints(o))
+	watch := group(o, "watch", "Follow the Endpoints or EndpointSlices as they change, one line per change",
+		newWatchEndpoints(o), newWatchEndpointSlices(o))
 	release := newRelease(o)
 	o.register(release.PersistentFlags())
 	completeOutput(release)

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -199,54 +198,28 @@ yaml as a YAML document.`,
 	return cmd
 }
 
-// changePrinter prints watch events one line each, in a streamTable: the listing's
-// pages aligned, and each change as soon as it arrives.
-type changePrinter struct {
-	w       io.Writer
-	format  string
-	table   *streamTable
-	pending []*allocdv1.WatchServiceEndpointsResponse
-}
-
-// add queues a change for flush.
-func (p *changePrinter) add(ev *allocdv1.WatchServiceEndpointsResponse) {
-	p.pending = append(p.pending, ev)
-}
-
-// flush prints the changes queued.
-func (p *changePrinter) flush() error {
-	defer func() { p.pending = p.pending[:0] }()
-	if p.format == outJSON || p.format == outYAML {
-		for _, ev := range p.pending {
-			if err := p.printObject(ev); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	wide := p.format == outWide
-	if p.table == nil {
-		p.table = &streamTable{w: p.w, widths: []int{len("MODIFIED") + 3}}
-		p.table.add(append([]string{"EVENT"}, endpointsHeader(wide)...))
-	}
-	for _, ev := range p.pending {
-		event := strings.TrimPrefix(ev.GetType().String(), "WATCH_EVENT_TYPE_")
-		p.table.add(append([]string{event}, endpointsRow(ev.GetEndpoints(), wide)...))
-	}
-	return p.table.flush()
-}
-
-// printObject prints one change as one line of JSON, or as a YAML document.
-func (p *changePrinter) printObject(ev *allocdv1.WatchServiceEndpointsResponse) error {
-	if p.format == outYAML {
-		if _, err := fmt.Fprintln(p.w, "---"); err != nil {
-			return err
-		}
-		return printObject(p.w, outYAML, ev)
-	}
-	b, err := marshal(ev)
-	if err == nil {
-		_, err = fmt.Fprintf(p.w, "%s\n", b)
-	}
-	return err
+// watchEndpoints lists, then follows the changes from the listing's revision, printing
+// each (followWatch).
+func watchEndpoints(ctx context.Context, s *session, namespace string) error {
+	p := &eventPrinter[*allocdv1.WatchServiceEndpointsResponse]{w: s.out, format: s.o.output,
+		header: endpointsHeader(s.o.output == outWide),
+		row: func(ev *allocdv1.WatchServiceEndpointsResponse, wide bool) (string, []string) {
+			return ev.GetType().String(), endpointsRow(ev.GetEndpoints(), wide)
+		}}
+	return followWatch(ctx, s, watchKind[*allocdv1.ServiceEndpoints, *allocdv1.WatchServiceEndpointsResponse]{
+		what: "watch endpoints",
+		list: func(ctx context.Context, each func(*allocdv1.ServiceEndpoints, int64) error, page func() error) (int64, error) {
+			return listEndpoints(ctx, s, "watch endpoints", &allocdv1.ListServiceEndpointsRequest{Namespace: namespace}, each, page)
+		},
+		watch: func(ctx context.Context, from int64, each func(*allocdv1.WatchServiceEndpointsResponse) error) error {
+			return s.c.WatchServiceEndpoints(ctx, &allocdv1.WatchServiceEndpointsRequest{Namespace: namespace, StartRevision: from}, each)
+		},
+		key: func(ep *allocdv1.ServiceEndpoints) string { return ep.GetNamespace() + "/" + ep.GetName() },
+		change: func(ev *allocdv1.WatchServiceEndpointsResponse) (allocdv1.WatchEventType, *allocdv1.ServiceEndpoints, int64) {
+			return ev.GetType(), ev.GetEndpoints(), ev.GetRevision()
+		},
+		event: func(typ allocdv1.WatchEventType, ep *allocdv1.ServiceEndpoints, rev int64) *allocdv1.WatchServiceEndpointsResponse {
+			return &allocdv1.WatchServiceEndpointsResponse{Type: typ, Endpoints: ep, Revision: rev}
+		},
+	}, p)
 }

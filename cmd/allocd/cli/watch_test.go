@@ -284,7 +284,7 @@ func TestWatchEndpointsResumes(t *testing.T) {
 		t.Errorf("watch endpoints printed %q more", l)
 	default:
 	}
-	if code != 0 || !strings.Contains(stderr, "; resuming after revision ") || !strings.Contains(stderr, "was compacted; listing again") {
+	if code != 0 || !strings.Contains(stderr, "; watching again from revision ") || !strings.Contains(stderr, "was compacted; listing again") {
 		t.Errorf("watch endpoints interrupted = %d, stderr:\n%s\nwant 0, the resumes and the listing again said", code, stderr)
 	}
 }

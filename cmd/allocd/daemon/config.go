@@ -47,9 +47,14 @@ type Config struct {
 	RepairLeakStrikes   int
 	RepairLeakGrace     time.Duration
 	ServiceSnapshotFile string
-	// endpoints controller
-	ConcurrentEndpointSyncs    int
-	EndpointUpdatesBatchPeriod time.Duration
+	// endpoint controllers
+	Controllers                     string
+	ConcurrentEndpointSyncs         int
+	EndpointUpdatesBatchPeriod      time.Duration
+	ConcurrentServiceEndpointSyncs  int
+	EndpointSliceUpdatesBatchPeriod time.Duration
+	MaxEndpointsPerSlice            int
+	EtcdMaxTxnOps                   int
 	// serving
 	GRPCAddress      string
 	AdvertiseAddress string
@@ -74,27 +79,31 @@ type Config struct {
 // kube-apiserver's defaults for ranges, leases and repair, and loopback listeners.
 func DefaultConfig() Config {
 	return Config{
-		EtcdPrefix:                 "/allocd",
-		DataDir:                    "allocd-data",
-		EmbeddedEtcdClientAddress:  "127.0.0.1:12379",
-		EmbeddedEtcdPeerAddress:    "127.0.0.1:12380",
-		EtcdCompactionInterval:     5 * time.Minute,
-		QuotaBackendBytes:          DefaultQuotaBackendBytes,
-		ServiceClusterIPRange:      "10.0.0.0/24",
-		ServiceNodePortRange:       "30000-32767",
-		MasterLeasePrefix:          "/masterleases/",
-		MasterLeaseTTL:             15 * time.Second,
-		EndpointReconcilerInterval: 10 * time.Second,
-		KubernetesServicePort:      6443,
-		RepairInterval:             3 * time.Minute,
-		RepairLeakStrikes:          3,
-		RepairLeakGrace:            60 * time.Second,
-		ConcurrentEndpointSyncs:    5,
-		GRPCAddress:                "127.0.0.1:8080",
-		MetricsAddress:             "127.0.0.1:9090",
-		ShutdownTimeout:            5 * time.Second,
-		LogFormat:                  "text",
-		LogLevel:                   "info",
+		EtcdPrefix:                     "/allocd",
+		DataDir:                        "allocd-data",
+		EmbeddedEtcdClientAddress:      "127.0.0.1:12379",
+		EmbeddedEtcdPeerAddress:        "127.0.0.1:12380",
+		EtcdCompactionInterval:         5 * time.Minute,
+		QuotaBackendBytes:              DefaultQuotaBackendBytes,
+		ServiceClusterIPRange:          "10.0.0.0/24",
+		ServiceNodePortRange:           "30000-32767",
+		MasterLeasePrefix:              "/masterleases/",
+		MasterLeaseTTL:                 15 * time.Second,
+		EndpointReconcilerInterval:     10 * time.Second,
+		KubernetesServicePort:          6443,
+		RepairInterval:                 3 * time.Minute,
+		RepairLeakStrikes:              3,
+		RepairLeakGrace:                60 * time.Second,
+		Controllers:                    "endpoint,endpointslice",
+		ConcurrentEndpointSyncs:        5,
+		ConcurrentServiceEndpointSyncs: 5,
+		MaxEndpointsPerSlice:           100,
+		EtcdMaxTxnOps:                  128,
+		GRPCAddress:                    "127.0.0.1:8080",
+		MetricsAddress:                 "127.0.0.1:9090",
+		ShutdownTimeout:                5 * time.Second,
+		LogFormat:                      "text",
+		LogLevel:                       "info",
 	}
 }
 
@@ -110,7 +119,8 @@ var flagGroups = []flagGroup{
 	{"ranges", []string{"service-cluster-ip-range", "service-node-port-range", "kubernetes-service-node-port"}},
 	{"leases", []string{"master-lease-prefix", "master-lease-ttl", "endpoint-reconciler-interval", "kubernetes-service-port"}},
 	{"repair", []string{"repair-interval", "repair-leak-strikes", "repair-leak-grace", "service-snapshot-file"}},
-	{"endpoints controller", []string{"concurrent-endpoint-syncs", "endpoint-updates-batch-period"}},
+	{"endpoint controllers", []string{"controllers", "concurrent-endpoint-syncs", "endpoint-updates-batch-period",
+		"concurrent-service-endpoint-syncs", "endpointslice-updates-batch-period", "max-endpoints-per-slice", "etcd-max-txn-ops"}},
 	{"serving", []string{"grpc-address", "advertise-address", "metrics-address", "shutdown-timeout"}},
 	{"security", []string{"tls-cert-file", "tls-private-key-file", "client-ca-file", "authorization-policy-file", "metrics-tls"}},
 	{"logging", []string{"log-format", "log-level"}},
@@ -149,6 +159,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ServiceSnapshotFile, "service-snapshot-file", c.ServiceSnapshotFile, "JSON Service snapshot re-read every repair pass; empty: snapshots come by PushServiceSnapshot")
 	fs.IntVar(&c.ConcurrentEndpointSyncs, "concurrent-endpoint-syncs", c.ConcurrentEndpointSyncs, "Services whose Endpoints are synced at once (kube-controller-manager's flag)")
 	fs.DurationVar(&c.EndpointUpdatesBatchPeriod, "endpoint-updates-batch-period", c.EndpointUpdatesBatchPeriod, "delay of an Endpoints sync after a Pod event, so that the events of one period make one write; 0: none (kube-controller-manager's flag)")
+	fs.StringVar(&c.Controllers, "controllers", c.Controllers, "the endpoint controllers to run, comma separated, as kube-controller-manager names them: endpoint, endpointslice; '*' is both, -NAME turns one off ('*,-endpoint')")
+	fs.IntVar(&c.ConcurrentServiceEndpointSyncs, "concurrent-service-endpoint-syncs", c.ConcurrentServiceEndpointSyncs, "Services whose EndpointSlices are synced at once (kube-controller-manager's flag)")
+	fs.DurationVar(&c.EndpointSliceUpdatesBatchPeriod, "endpointslice-updates-batch-period", c.EndpointSliceUpdatesBatchPeriod, "delay of an EndpointSlice sync after a Pod or Node event, so that the events of one period make one write; 0: none (kube-controller-manager's flag)")
+	fs.IntVar(&c.MaxEndpointsPerSlice, "max-endpoints-per-slice", c.MaxEndpointsPerSlice, "most endpoints in one EndpointSlice, 1-1000 (kube-controller-manager's flag)")
+	fs.IntVar(&c.EtcdMaxTxnOps, "etcd-max-txn-ops", c.EtcdMaxTxnOps, "the --max-txn-ops of the etcd servers: the slices one sync writes commit in one transaction while they fit (the embedded etcd is started with it)")
 	fs.StringVar(&c.GRPCAddress, "grpc-address", c.GRPCAddress, "host:port the gRPC API listens on")
 	fs.StringVar(&c.AdvertiseAddress, "advertise-address", c.AdvertiseAddress, "host:port other replicas dial to reach this one (repair forwarding); empty: --grpc-address")
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port serving Prometheus /metrics; empty: no metrics listener")
@@ -245,6 +260,21 @@ func (c *Config) Validate() error {
 	if c.ConcurrentEndpointSyncs < 1 {
 		errs = append(errs, fmt.Errorf("--concurrent-endpoint-syncs %d: want >= 1", c.ConcurrentEndpointSyncs))
 	}
+	if _, _, err := c.controllers(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ConcurrentServiceEndpointSyncs < 1 {
+		errs = append(errs, fmt.Errorf("--concurrent-service-endpoint-syncs %d: want >= 1", c.ConcurrentServiceEndpointSyncs))
+	}
+	if c.EndpointSliceUpdatesBatchPeriod < 0 {
+		errs = append(errs, fmt.Errorf("--endpointslice-updates-batch-period %v: want >= 0", c.EndpointSliceUpdatesBatchPeriod))
+	}
+	if c.MaxEndpointsPerSlice < 1 || c.MaxEndpointsPerSlice > 1000 {
+		errs = append(errs, fmt.Errorf("--max-endpoints-per-slice %d: want 1-1000", c.MaxEndpointsPerSlice))
+	}
+	if c.EtcdMaxTxnOps < 2 {
+		errs = append(errs, fmt.Errorf("--etcd-max-txn-ops %d: want >= 2 (etcd's default is 128)", c.EtcdMaxTxnOps))
+	}
 	if c.EndpointUpdatesBatchPeriod < 0 {
 		errs = append(errs, fmt.Errorf("--endpoint-updates-batch-period %v: want >= 0", c.EndpointUpdatesBatchPeriod))
 	}
@@ -303,4 +333,32 @@ func (c *Config) logLevel() (slog.Level, error) {
 		return 0, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel)
 	}
 	return l, nil
+}
+
+// controllers reads --controllers: which of the endpoint controllers run, as
+// kube-controller-manager reads it (IsControllerEnabled): "-name" turns one off
+// whatever else is listed, "name" turns it on, '*' turns on both. An unknown name is an
+// error (kube-controller-manager's other controllers are not allocd's).
+func (c *Config) controllers() (endpoint, endpointslice bool, err error) {
+	on, off, star := map[string]bool{}, map[string]bool{}, false
+	for _, n := range strings.Split(c.Controllers, ",") {
+		n = strings.TrimSpace(n)
+		name, disable := strings.CutPrefix(n, "-")
+		switch {
+		case n == "":
+		case n == "*":
+			star = true
+		case name == "endpoint" || name == "endpointslice":
+			if disable {
+				off[name] = true
+			} else {
+				on[name] = true
+			}
+		default:
+			return false, false, fmt.Errorf("--controllers %q: %q is not an endpoint controller (want endpoint, endpointslice, '*', or -NAME)",
+				c.Controllers, n)
+		}
+	}
+	enabled := func(name string) bool { return !off[name] && (on[name] || star) }
+	return enabled("endpoint"), enabled("endpointslice"), nil
 }

@@ -218,6 +218,7 @@ func (d *Daemon) startEtcd(ctx context.Context) error {
 			TickMs:            d.cfg.embeddedEtcdTickMs,
 			ElectionMs:        d.cfg.embeddedEtcdElectionMs,
 			QuotaBackendBytes: d.cfg.QuotaBackendBytes,
+			MaxTxnOps:         uint(d.cfg.EtcdMaxTxnOps),
 		})
 		if err != nil {
 			return fmt.Errorf("%w (check --data-dir and --embedded-etcd-client-address/--embedded-etcd-peer-address)", err)

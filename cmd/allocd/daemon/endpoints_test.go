@@ -42,6 +42,13 @@ func (s *store) ListPods() ([]*allocdv1.Pod, int64, error) {
 	return out, s.rev, nil
 }
 
+// ListNodes lists no Node: the Pods name none.
+func (s *store) ListNodes() ([]*allocdv1.Node, int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return nil, s.rev, nil
+}
+
 // setPod changes a Pod in the store and tells the feeder, as an informer would.
 func (s *store) setPod(f *client.Feeder, p *allocdv1.Pod) {
 	s.mu.Lock()

@@ -16,9 +16,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/allocd/allocd/server"
 	"github.com/allocd/allocd/tlsfiles"
 )
 
@@ -86,6 +87,11 @@ type security struct {
 	authz   authorizer       // nil without --client-ca-file
 	watcher *authz.FileWatcherInterceptor
 	log     *slog.Logger
+	// self is the identity of this replica's certificate (--tls-cert-file at start): the
+	// one identity whose calls may carry forwarding metadata when calls are authorized.
+	self string
+	// stopPolicyCheck stops checkPolicyFile's goroutine and waits for it.
+	stopPolicyCheck func()
 }
 
 // newSecurity starts reading the certificates and the policy of c; close stops it.
@@ -109,8 +115,12 @@ func newSecurity(c Config, log *slog.Logger) (*security, error) {
 		s.close()
 		return nil, fmt.Errorf("--tls-cert-file/--tls-private-key-file/--client-ca-file: %w", err)
 	}
+	if leaf, err := tlsfiles.CheckKeyPair(c.TLSCertFile, c.TLSPrivateKeyFile); err == nil && leaf != nil {
+		s.self = tlsfiles.Identity(leaf)
+	}
 	switch {
 	case c.AuthorizationPolicyFile != "":
+		s.stopPolicyCheck = checkPolicyFile(c.AuthorizationPolicyFile, files.Refresh, log)
 		s.watcher, err = authz.NewFileWatcherWithOptions(authz.FileWatcherOptions{
 			PolicyFile:      c.AuthorizationPolicyFile,
 			RefreshDuration: files.Refresh,
@@ -184,6 +194,9 @@ func (s *security) peerCredentials() credentials.TransportCredentials {
 }
 
 func (s *security) close() {
+	if s.stopPolicyCheck != nil {
+		s.stopPolicyCheck()
+	}
 	if s.watcher != nil {
 		s.watcher.Close()
 	}
@@ -209,7 +222,7 @@ func (s *security) authorizeUnary(ctx context.Context, req any, info *grpc.Unary
 	if _, err := s.authz.UnaryInterceptor(ctx, req, info, allow); err != nil {
 		return nil, s.refused(ctx, info.FullMethod, err)
 	}
-	return h(ctx, req)
+	return h(s.trustForwarding(ctx, info.FullMethod), req)
 }
 
 func (s *security) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
@@ -223,16 +236,62 @@ func (s *security) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Str
 	if err := s.authz.StreamInterceptor(srv, ss, info, allow); err != nil {
 		return s.refused(ss.Context(), info.FullMethod, err)
 	}
+	if ctx := s.trustForwarding(ss.Context(), info.FullMethod); ctx != ss.Context() {
+		ss = contextStream{ServerStream: ss, ctx: ctx}
+	}
 	return h(srv, ss)
+}
+
+// contextStream is a ServerStream with another context.
+type contextStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (c contextStream) Context() context.Context { return c.ctx }
+
+// trustForwarding honours the forwarding metadata of a call (server.ForwardingMetadata:
+// which replica forwarded it, for whom, and a Service snapshot's receipt) only from a
+// caller whose certificate identity is this replica's own (replicas share their
+// certificate's identity, as the example policy's replica principal does): from anyone
+// else it is dropped, so that no caller can pass for a replica (skip the leader's
+// forwarding guard, or move the leak fence of a snapshot). A forwarded call is logged
+// at debug with the original caller's identity.
+func (s *security) trustForwarding(ctx context.Context, method string) context.Context {
+	md, ok := metadata.FromIncomingContext(ctx)
+	if !ok {
+		return ctx
+	}
+	carries := false
+	for _, k := range server.ForwardingMetadata {
+		if len(md.Get(k)) > 0 {
+			carries = true
+		}
+	}
+	if !carries {
+		return ctx
+	}
+	id := tlsfiles.PeerIdentity(ctx)
+	if s.self != "" && id == s.self {
+		replica, caller, _ := server.ForwardedFor(ctx)
+		s.log.DebugContext(ctx, "forwarded call", "method", method, "replica", replica, "identity", caller)
+		return ctx
+	}
+	md = md.Copy()
+	for _, k := range server.ForwardingMetadata {
+		md.Delete(k)
+	}
+	s.log.DebugContext(ctx, "forwarding metadata dropped: the caller is not a replica", "method", method, "identity", id)
+	return metadata.NewIncomingContext(ctx, md)
 }
 
 // expired refuses a call whose client certificate expired after its connection was
 // made: the handshake checked it then, and a connection lives on (for at most
 // maxConnectionAge).
 func expired(ctx context.Context, method string) error {
-	if cert := peerCertificate(ctx); cert != nil && time.Now().After(cert.NotAfter) {
+	if cert := tlsfiles.PeerCertificate(ctx); cert != nil && time.Now().After(cert.NotAfter) {
 		return status.Errorf(codes.Unauthenticated, "%s: the client certificate of %q expired at %s: connect again with a valid one",
-			method, identity(cert), cert.NotAfter.UTC().Format(time.RFC3339))
+			method, tlsfiles.Identity(cert), cert.NotAfter.UTC().Format(time.RFC3339))
 	}
 	return nil
 }
@@ -254,44 +313,54 @@ func (s *security) refused(ctx context.Context, method string, err error) error 
 		s.log.ErrorContext(ctx, "authorization failed", "method", method, "err", err)
 		return status.Error(codes.Internal, "authorization failed")
 	}
-	cert := peerCertificate(ctx)
+	cert := tlsfiles.PeerCertificate(ctx)
 	if cert == nil {
 		s.log.DebugContext(ctx, "call without a client certificate refused", "method", method)
 		return status.Errorf(codes.Unauthenticated, "%s needs a client certificate signed by a CA of allocd's --client-ca-file "+
 			"(without one, only grpc.health.v1.Health and what the policy opens to everyone answer)", method)
 	}
-	id := identity(cert)
+	id := tlsfiles.Identity(cert)
 	s.log.DebugContext(ctx, "call refused by the authorization policy", "method", method, "identity", id)
 	return status.Errorf(codes.PermissionDenied, "%s: the authorization policy does not allow %q to call it", method, id)
 }
 
-// peerCertificate is the verified client certificate of the call (nil: none).
-func peerCertificate(ctx context.Context) *x509.Certificate {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return nil
-	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.PeerCertificates) == 0 {
-		return nil
-	}
-	return info.State.PeerCertificates[0]
+// checkPolicyFile reads the policy file every refresh and logs, once per change, a
+// file that cannot be read or is not a valid policy: grpc-go's file watcher keeps the
+// last valid policy then and says so only through grpc-go's logger, which operators
+// rarely see. It returns the function that stops it (and waits for it).
+func checkPolicyFile(path string, refresh time.Duration, log *slog.Logger) func() {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(refresh)
+		defer tick.Stop()
+		last := ""
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			why := policyFileProblem(path)
+			if why != last && why != "" {
+				log.Error("authorization policy file cannot be used; the last valid policy stays in force",
+					"file", path, "error", why)
+			}
+			last = why
+		}
+	}()
+	return func() { close(stop); <-done }
 }
 
-// identity is what an authorization policy's principals are matched against, as
-// grpc-go's RBAC engine does (internal/xds/rbac authenticatedMatcher): the URI SANs if
-// the certificate has any, else its DNS SANs, else its subject (RFC 2253 string).
-// With several SANs of the kind, a principal matching any of them matches.
-func identity(cert *x509.Certificate) string {
-	switch {
-	case len(cert.URIs) > 0:
-		ids := make([]string, len(cert.URIs))
-		for i, u := range cert.URIs {
-			ids[i] = u.String()
-		}
-		return strings.Join(ids, ",")
-	case len(cert.DNSNames) > 0:
-		return strings.Join(cert.DNSNames, ",")
+// policyFileProblem says what is wrong with the policy file, "" when nothing is.
+func policyFileProblem(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
 	}
-	return cert.Subject.String()
+	if _, err := authz.NewStatic(string(b)); err != nil {
+		return err.Error()
+	}
+	return ""
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"google.golang.org/grpc/authz"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -813,5 +816,104 @@ func TestForwardedCallsRefusedAtFollower(t *testing.T) {
 	}
 	if got := repairStatus().GetSnapshotRevision(); got != 1 {
 		t.Errorf("leader's snapshot revision after the shim's forwarded push = %d; want 1", got)
+	}
+}
+
+// syncBuffer is a log output that tests read while the daemon writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestForwardingMetadataOnlyFromReplicas: forwarding metadata is honoured only from a
+// caller with the replicas' identity. An admin's RunRepair at the follower that claims
+// to be forwarded already is forwarded to the leader all the same (the claim dropped);
+// the same claim from a replica's certificate is honoured (not forwarded again: the
+// follower names the leader). The leader logs the forwarded call with the admin's
+// identity, not only the forwarding replica's.
+func TestForwardingMetadataOnlyFromReplicas(t *testing.T) {
+	p := newTestPKI(t)
+	e := etcdtest.New(t)
+	logs := map[string]*syncBuffer{}
+	var ds []*Daemon
+	for range 2 {
+		out := &syncBuffer{}
+		d := startSecure(t, p, func(c *Config) {
+			c.EtcdServers = []string{e.Endpoint}
+			c.LogOutput, c.LogLevel = out, "debug"
+		})
+		logs[d.GRPCAddr()] = out
+		ds = append(ds, d)
+	}
+	admin0 := p.dial(ds[0].GRPCAddr(), &adminLeaf)
+	var leaderAddr string
+	etcdtest.WaitFor(t, 20*time.Second, "a repair leader", func() bool {
+		st, err := allocdv1.NewRepairServiceClient(admin0).GetRepairStatus(callCtx(t), &allocdv1.GetRepairStatusRequest{})
+		leaderAddr = st.GetLeader()
+		return err == nil && leaderAddr != ""
+	})
+	follower := ds[0]
+	if leaderAddr == follower.GRPCAddr() {
+		follower = ds[1]
+	}
+	claim := func(t *testing.T) context.Context {
+		return metadata.AppendToOutgoingContext(callCtx(t), "allocd-forwarded-by", "10.9.9.9:8080",
+			"allocd-forwarded-for", "spiffe://allocd.local/admin/mallory")
+	}
+	if err := pushServices(callCtx(t), p.dial(follower.GRPCAddr(), &shimLeaf)); err != nil {
+		t.Fatalf("shim PushServiceSnapshot through the follower: %v", err)
+	}
+	admin := p.dial(follower.GRPCAddr(), &adminLeaf)
+	if _, err := allocdv1.NewRepairServiceClient(admin).RunRepair(claim(t), &allocdv1.RunRepairRequest{DryRun: true}); err != nil {
+		t.Errorf("admin RunRepair at the follower claiming to be forwarded = %v; want it forwarded to the leader (the claim dropped)", err)
+	}
+	etcdtest.WaitFor(t, 10*time.Second, "the leader's log of the forwarded call naming the admin", func() bool {
+		return strings.Contains(logs[leaderAddr].String(), "forwarded call") &&
+			strings.Contains(logs[leaderAddr].String(), adminLeaf.URIs[0])
+	})
+	if strings.Contains(logs[leaderAddr].String(), "mallory") {
+		t.Errorf("the leader logged the identity the admin's call claimed:\n%s", logs[leaderAddr].String())
+	}
+
+	replica := replicaLeaf()
+	replicaConn := p.dial(follower.GRPCAddr(), &replica)
+	_, err := allocdv1.NewRepairServiceClient(replicaConn).RunRepair(claim(t), &allocdv1.RunRepairRequest{DryRun: true})
+	if st := status.Convert(err); st.Code() != codes.FailedPrecondition || !strings.Contains(st.Message(), leaderAddr) {
+		t.Errorf("replica RunRepair at the follower, forwarded already = %v; want FAILED_PRECONDITION naming the leader %s", err, leaderAddr)
+	}
+}
+
+// TestPolicyReloadFailureLogged: a policy file that turns invalid is logged by allocd
+// itself, once, naming the file; a valid file afterwards logs nothing more.
+func TestPolicyReloadFailureLogged(t *testing.T) {
+	p := newTestPKI(t)
+	policy, orig := copyExamplePolicy(t)
+	out := &syncBuffer{}
+	startSecure(t, p, func(c *Config) { c.AuthorizationPolicyFile, c.LogOutput = policy, out })
+	if err := os.WriteFile(policy, []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const line = "authorization policy file cannot be used"
+	etcdtest.WaitFor(t, 10*time.Second, "allocd's log of the invalid policy file", func() bool {
+		return strings.Contains(out.String(), line) && strings.Contains(out.String(), policy)
+	})
+	if err := os.WriteFile(policy, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // five refresh periods
+	if n := strings.Count(out.String(), line); n != 1 {
+		t.Errorf("%d log lines of the invalid policy file; want 1 (once per change)", n)
 	}
 }

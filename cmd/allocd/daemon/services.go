@@ -12,6 +12,7 @@ import (
 
 	"github.com/allocd/allocd/allocator"
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/leader"
 	"github.com/allocd/allocd/masterlease"
 	"github.com/allocd/allocd/repair"
 	"github.com/allocd/allocd/server"
@@ -43,36 +44,54 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	if err != nil {
 		return err
 	}
+	endpointOn, sliceOn, err := c.controllers()
+	if err != nil {
+		return err
+	}
 	ec, err := endpoints.New(d.cli, endpoints.Config{
-		Prefix:       c.EtcdPrefix,
-		Workers:      c.ConcurrentEndpointSyncs,
-		BatchPeriod:  c.EndpointUpdatesBatchPeriod,
-		MasterResync: c.EndpointReconcilerInterval,
-		Logger:       d.log,
-		Registerer:   d.registry,
+		Prefix:                c.EtcdPrefix,
+		Workers:               c.ConcurrentEndpointSyncs,
+		BatchPeriod:           c.EndpointUpdatesBatchPeriod,
+		MasterResync:          c.EndpointReconcilerInterval,
+		DisableEndpoints:      !endpointOn,
+		DisableEndpointSlices: !sliceOn,
+		SliceWorkers:          c.ConcurrentServiceEndpointSyncs,
+		SliceBatchPeriod:      c.EndpointSliceUpdatesBatchPeriod,
+		MaxEndpointsPerSlice:  c.MaxEndpointsPerSlice,
+		MaxTxnOps:             c.EtcdMaxTxnOps,
+		Logger:                d.log,
+		Registerer:            d.registry,
+	})
+	if err != nil {
+		return err
+	}
+	// One election for every controller that runs on one replica at a time (repair,
+	// the Endpoints controller), so that every feed has one place to go. Its key is
+	// the one repair's election has always used, so that replicas of older versions
+	// elect one leader with these during a rolling upgrade.
+	el, err := leader.New(d.cli, leader.Config{
+		Prefix:   c.EtcdPrefix + "/repair/leader",
+		Identity: d.identity(),
+		Logger:   d.log,
 	})
 	if err != nil {
 		return err
 	}
 	rep, err := repair.New(d.cli, alloc, repair.Config{
-		Prefix:       c.EtcdPrefix,
-		Interval:     c.RepairInterval,
-		LeakStrikes:  c.RepairLeakStrikes,
-		LeakGrace:    c.RepairLeakGrace,
-		SnapshotFile: c.ServiceSnapshotFile,
-		Identity:     d.identity(),
-		Logger:       d.log,
-		Registerer:   d.registry,
-		// The Endpoints controller runs on the repair leader, fenced by its election,
-		// so that every feed has one place to go.
-		OnLead: func(ctx context.Context, key string, rev int64) error {
-			return ec.Lead(ctx, endpoints.Fence{Key: key, Rev: rev})
-		},
+		Prefix:            c.EtcdPrefix,
+		Interval:          c.RepairInterval,
+		LeakStrikes:       c.RepairLeakStrikes,
+		LeakGrace:         c.RepairLeakGrace,
+		SnapshotFile:      c.ServiceSnapshotFile,
+		ParseSnapshotFile: server.ParseServiceSnapshotJSON,
+		Leadership:        el,
+		Logger:            d.log,
+		Registerer:        d.registry,
 	})
 	if err != nil {
 		return err
 	}
-	d.swapIn(alloc, leases, rep, ec)
+	d.swapIn(alloc, leases, el, rep, ec)
 
 	// The lease manager runs under its own context, cancelled first at shutdown: its
 	// WatchEndpoints streams end with it, so that GracefulStop does not wait on them.
@@ -86,7 +105,7 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 		return alloc.Run(runCtx)
 	})
 	d.group.Go(func() error { return leases.Run(leaseCtx) })
-	d.group.Go(func() error { return rep.Run(runCtx) })
+	d.group.Go(func() error { return el.Run(runCtx, rep.Lead, ec.Lead) })
 	d.group.Go(func() error { masterToEndpoints(leaseCtx, leases, ec, d.log); return nil })
 	return nil
 }
@@ -94,15 +113,13 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 // swapIn builds the gRPC services over the parts, secured as d.sec says (the
 // credentials of calls forwarded to the leader; forced releases by ForceRelease alone
 // when calls are authorized), and swaps them in for the gates.
-func (d *Daemon) swapIn(alloc *allocator.Allocator, leases *masterlease.Manager, rep *repair.Controller, ec *endpoints.Controller) {
-	repairSvc := server.NewRepairService(rep, d.log)
+func (d *Daemon) swapIn(alloc *allocator.Allocator, leases *masterlease.Manager, el *leader.Elector,
+	rep *repair.Controller, ec *endpoints.Controller) {
+	fw := server.NewForwarder(el, d.sec.peerCredentials(), d.log)
+	d.closers = append(d.closers, fw.Close)
+	repairSvc := server.NewRepairService(rep, fw, d.log)
 	repairSvc.SetEndpoints(ec)
-	endpointsSvc := server.NewEndpointsService(ec, rep, d.log)
-	if creds := d.sec.peerCredentials(); creds != nil {
-		repairSvc.SetPeerCredentials(creds)
-		endpointsSvc.SetPeerCredentials(creds)
-	}
-	d.closers = append(d.closers, repairSvc.Close, endpointsSvc.Close)
+	endpointsSvc := server.NewEndpointsService(ec, rep, fw, d.log)
 	d.gates.endpoints.EndpointsServiceServer = endpointsSvc
 	allocSvc := server.NewAllocatorService(alloc, d.log)
 	if d.sec.authorizing() {

@@ -16,7 +16,7 @@ import (
 )
 
 // etcd's space: compaction of its history (every replica), defragmentation of the
-// embedded member, and the NOSPACE alarm in the health status (README: "Running for
+// embedded member, and the NOSPACE alarm in the health status (docs/operators/etcd.md: "Running for
 // months").
 
 // DefaultQuotaBackendBytes is etcd's default quota, 2 GiB: --quota-backend-bytes.
@@ -97,7 +97,7 @@ func (d *Daemon) startSpace(ctx, runCtx context.Context) error {
 		d.group.Go(func() error { return c.Run(runCtx) })
 	}
 	if d.etcd == nil {
-		return nil // an external etcd's defragmentation is its operator's (README)
+		return nil // an external etcd's defragmentation is its operator's (docs/operators/etcd.md)
 	}
 	if q := d.cfg.QuotaBackendBytes; q > maxRecommendedQuotaBackendBytes {
 		d.log.Warn("--quota-backend-bytes is above etcd's recommended maximum, 8 GiB: a larger database makes the embedded etcd "+
@@ -128,7 +128,7 @@ func (d *Daemon) startSpace(ctx, runCtx context.Context) error {
 // start: etcd keeps its NOSPACE alarm across restarts, and allocd writes to etcd as it
 // starts, so it would not start, and with it would go the embedded etcd. An etcd out of
 // space serves no writes to anyone, and this allocd serves nothing yet, so it does what
-// the README tells an operator: compact all history (unless --etcd-compaction-interval
+// docs/operators/etcd.md tells an operator: compact all history (unless --etcd-compaction-interval
 // is 0), defragment, and disarm the alarm if the database then leaves twice the
 // history budget under the quota; else it says what to do. Other clients of the
 // embedded etcd (the other replicas of `make cluster`; anything else pointed at its

@@ -257,7 +257,7 @@ func checkReads(t *testing.T, alloc allocdv1.AllocatorServiceClient, lease alloc
 	}
 }
 
-// freeSpace does what the README tells an operator: compact, defragment, disarm. It
+// freeSpace does what docs/operators/etcd.md tells an operator: compact, defragment, disarm. It
 // returns when the alarm was disarmed.
 func freeSpace(t *testing.T, d *Daemon) time.Time {
 	t.Helper()

@@ -46,6 +46,9 @@ type Config struct {
 	// reach before etcd raises the NOSPACE alarm and refuses writes; 0: etcd's default
 	// (2 GiB).
 	QuotaBackendBytes int64
+	// MaxTxnOps is etcd's --max-txn-ops: the most operations of one transaction; 0:
+	// etcd's default (128).
+	MaxTxnOps uint
 }
 
 // Start starts the member and returns once it serves clients, or with an error that
@@ -79,6 +82,9 @@ func Start(ctx context.Context, c Config) (*embed.Etcd, error) {
 	}
 	cfg.UnsafeNoFsync = c.UnsafeNoFsync
 	cfg.QuotaBackendBytes = c.QuotaBackendBytes
+	if c.MaxTxnOps > 0 {
+		cfg.MaxTxnOps = c.MaxTxnOps
+	}
 	if c.TickMs > 0 {
 		cfg.TickMs = c.TickMs
 	}

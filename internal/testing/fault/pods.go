@@ -42,7 +42,7 @@ func newPods() *pods {
 func webPod(i int, ready bool, rev int64) *allocdv1.Pod {
 	return &allocdv1.Pod{Namespace: "shop", Name: fmt.Sprintf("web-%d", i), Uid: fmt.Sprintf("uid-web-%d", i),
 		ResourceVersion: fmt.Sprint(rev), Labels: map[string]string{"app": "web"},
-		PodIps: []string{fmt.Sprintf("10.244.0.%d", i+1)}, Phase: "Running", Ready: ready}
+		PodIps: []string{fmt.Sprintf("10.244.0.%d", i+1)}, Phase: "Running", Ready: ready, NodeName: "node-a"}
 }
 
 func (p *pods) ListServices() ([]*allocdv1.Service, int64, error) {
@@ -59,6 +59,13 @@ func (p *pods) ListPods() ([]*allocdv1.Pod, int64, error) {
 		out = append(out, v)
 	}
 	return out, p.rev, nil
+}
+
+// ListNodes lists the one Node the Pods run on.
+func (p *pods) ListNodes() ([]*allocdv1.Node, int64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return []*allocdv1.Node{{Name: "node-a", Ready: true, Labels: map[string]string{"topology.kubernetes.io/zone": "zone-a"}}}, p.rev, nil
 }
 
 // run flips Pods until events ends, feeds them until ctx ends, and counts the DELETED

@@ -75,7 +75,7 @@ func (EventType) EnumDescriptor() ([]byte, []int) {
 	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{0}
 }
 
-// WatchEventType is the kind of a change of an Endpoints object.
+// WatchEventType is the kind of a change of a stored object (Endpoints, EndpointSlice).
 type WatchEventType int32
 
 const (
@@ -85,7 +85,7 @@ const (
 	WatchEventType_WATCH_EVENT_TYPE_ADDED WatchEventType = 1
 	// WATCH_EVENT_TYPE_MODIFIED: updated.
 	WatchEventType_WATCH_EVENT_TYPE_MODIFIED WatchEventType = 2
-	// WATCH_EVENT_TYPE_DELETED: deleted; endpoints is the last state.
+	// WATCH_EVENT_TYPE_DELETED: deleted; the object is its last state.
 	WatchEventType_WATCH_EVENT_TYPE_DELETED WatchEventType = 3
 )
 
@@ -132,6 +132,246 @@ func (WatchEventType) EnumDescriptor() ([]byte, []int) {
 	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{1}
 }
 
+// PushNodeSnapshotRequest is one chunk of a Node snapshot.
+type PushNodeSnapshotRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// snapshot chunk: every chunk of one stream has the same revision.
+	Snapshot      *NodeSnapshot `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushNodeSnapshotRequest) Reset() {
+	*x = PushNodeSnapshotRequest{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushNodeSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushNodeSnapshotRequest) ProtoMessage() {}
+
+func (x *PushNodeSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushNodeSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*PushNodeSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PushNodeSnapshotRequest) GetSnapshot() *NodeSnapshot {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+// NodeSnapshot is the list of Nodes at a revision of the caller's store.
+type NodeSnapshot struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// revision of the caller's store the list was taken at; monotonic for one source.
+	Revision int64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	// nodes of the snapshot (or of this chunk).
+	Nodes         []*Node `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeSnapshot) Reset() {
+	*x = NodeSnapshot{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeSnapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeSnapshot) ProtoMessage() {}
+
+func (x *NodeSnapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeSnapshot.ProtoReflect.Descriptor instead.
+func (*NodeSnapshot) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *NodeSnapshot) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *NodeSnapshot) GetNodes() []*Node {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// PushNodeSnapshotResponse acknowledges a Node snapshot.
+type PushNodeSnapshotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// revision applied.
+	Revision int64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	// node_count received.
+	NodeCount     int64 `protobuf:"varint,2,opt,name=node_count,json=nodeCount,proto3" json:"node_count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushNodeSnapshotResponse) Reset() {
+	*x = PushNodeSnapshotResponse{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushNodeSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushNodeSnapshotResponse) ProtoMessage() {}
+
+func (x *PushNodeSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushNodeSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*PushNodeSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PushNodeSnapshotResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *PushNodeSnapshotResponse) GetNodeCount() int64 {
+	if x != nil {
+		return x.NodeCount
+	}
+	return 0
+}
+
+// Node is what the EndpointSlice controller needs to know of a Kubernetes Node.
+type Node struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name of the Node (Pods name it in spec.nodeName).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// resource_version of the Node (metadata.resourceVersion).
+	ResourceVersion string `protobuf:"bytes,2,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	// labels of the Node: topology.kubernetes.io/zone is the zone of its endpoints;
+	// node-role.kubernetes.io/control-plane (or .../master) keeps it out of the topology
+	// hints' CPU shares.
+	Labels map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// ready is true when the Node's Ready condition is True.
+	Ready bool `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"`
+	// allocatable_cpu_millis is status.allocatable.cpu in millicores (topology hints).
+	AllocatableCpuMillis int64 `protobuf:"varint,5,opt,name=allocatable_cpu_millis,json=allocatableCpuMillis,proto3" json:"allocatable_cpu_millis,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *Node) Reset() {
+	*x = Node{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Node) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Node) ProtoMessage() {}
+
+func (x *Node) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Node.ProtoReflect.Descriptor instead.
+func (*Node) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Node) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Node) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
+}
+
+func (x *Node) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Node) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *Node) GetAllocatableCpuMillis() int64 {
+	if x != nil {
+		return x.AllocatableCpuMillis
+	}
+	return 0
+}
+
 // PushPodSnapshotRequest is one chunk of a Pod snapshot.
 type PushPodSnapshotRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -143,7 +383,7 @@ type PushPodSnapshotRequest struct {
 
 func (x *PushPodSnapshotRequest) Reset() {
 	*x = PushPodSnapshotRequest{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[0]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -155,7 +395,7 @@ func (x *PushPodSnapshotRequest) String() string {
 func (*PushPodSnapshotRequest) ProtoMessage() {}
 
 func (x *PushPodSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[0]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -168,7 +408,7 @@ func (x *PushPodSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushPodSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*PushPodSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{0}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PushPodSnapshotRequest) GetSnapshot() *PodSnapshot {
@@ -191,7 +431,7 @@ type PodSnapshot struct {
 
 func (x *PodSnapshot) Reset() {
 	*x = PodSnapshot{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[1]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -203,7 +443,7 @@ func (x *PodSnapshot) String() string {
 func (*PodSnapshot) ProtoMessage() {}
 
 func (x *PodSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[1]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -216,7 +456,7 @@ func (x *PodSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodSnapshot.ProtoReflect.Descriptor instead.
 func (*PodSnapshot) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{1}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PodSnapshot) GetRevision() int64 {
@@ -246,7 +486,7 @@ type PushPodSnapshotResponse struct {
 
 func (x *PushPodSnapshotResponse) Reset() {
 	*x = PushPodSnapshotResponse{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[2]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -258,7 +498,7 @@ func (x *PushPodSnapshotResponse) String() string {
 func (*PushPodSnapshotResponse) ProtoMessage() {}
 
 func (x *PushPodSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[2]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -271,7 +511,7 @@ func (x *PushPodSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushPodSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*PushPodSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{2}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PushPodSnapshotResponse) GetRevision() int64 {
@@ -332,7 +572,7 @@ type Pod struct {
 
 func (x *Pod) Reset() {
 	*x = Pod{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[3]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -344,7 +584,7 @@ func (x *Pod) String() string {
 func (*Pod) ProtoMessage() {}
 
 func (x *Pod) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[3]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -357,7 +597,7 @@ func (x *Pod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pod.ProtoReflect.Descriptor instead.
 func (*Pod) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{3}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Pod) GetNamespace() string {
@@ -480,7 +720,7 @@ type Container struct {
 
 func (x *Container) Reset() {
 	*x = Container{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[4]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -492,7 +732,7 @@ func (x *Container) String() string {
 func (*Container) ProtoMessage() {}
 
 func (x *Container) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[4]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -505,7 +745,7 @@ func (x *Container) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Container.ProtoReflect.Descriptor instead.
 func (*Container) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{4}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Container) GetName() string {
@@ -544,7 +784,7 @@ type ContainerPort struct {
 
 func (x *ContainerPort) Reset() {
 	*x = ContainerPort{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[5]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +796,7 @@ func (x *ContainerPort) String() string {
 func (*ContainerPort) ProtoMessage() {}
 
 func (x *ContainerPort) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[5]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +809,7 @@ func (x *ContainerPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerPort.ProtoReflect.Descriptor instead.
 func (*ContainerPort) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{5}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ContainerPort) GetName() string {
@@ -593,7 +833,7 @@ func (x *ContainerPort) GetProtocol() string {
 	return ""
 }
 
-// Event is one change of a Service or a Pod.
+// Event is one change of a Service, a Pod or a Node.
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// type of the change.
@@ -604,6 +844,7 @@ type Event struct {
 	//
 	//	*Event_Service
 	//	*Event_Pod
+	//	*Event_Node
 	Object isEvent_Object `protobuf_oneof:"object"`
 	// revision of the caller's store at this event; 0 means the message's revision.
 	// Events of one message may share a revision: each is applied, in order.
@@ -614,7 +855,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[6]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +867,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[6]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +880,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{6}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Event) GetType() EventType {
@@ -674,6 +915,15 @@ func (x *Event) GetPod() *Pod {
 	return nil
 }
 
+func (x *Event) GetNode() *Node {
+	if x != nil {
+		if x, ok := x.Object.(*Event_Node); ok {
+			return x.Node
+		}
+	}
+	return nil
+}
+
 func (x *Event) GetRevision() int64 {
 	if x != nil {
 		return x.Revision
@@ -695,9 +945,16 @@ type Event_Pod struct {
 	Pod *Pod `protobuf:"bytes,3,opt,name=pod,proto3,oneof"`
 }
 
+type Event_Node struct {
+	// node that changed.
+	Node *Node `protobuf:"bytes,5,opt,name=node,proto3,oneof"`
+}
+
 func (*Event_Service) isEvent_Object() {}
 
 func (*Event_Pod) isEvent_Object() {}
+
+func (*Event_Node) isEvent_Object() {}
 
 // PushEventsRequest is one batch of events.
 type PushEventsRequest struct {
@@ -712,7 +969,7 @@ type PushEventsRequest struct {
 
 func (x *PushEventsRequest) Reset() {
 	*x = PushEventsRequest{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[7]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +981,7 @@ func (x *PushEventsRequest) String() string {
 func (*PushEventsRequest) ProtoMessage() {}
 
 func (x *PushEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[7]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +994,7 @@ func (x *PushEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushEventsRequest.ProtoReflect.Descriptor instead.
 func (*PushEventsRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{7}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PushEventsRequest) GetRevision() int64 {
@@ -766,14 +1023,16 @@ type PushEventsResponse struct {
 	// service_revision applied for Services after the events.
 	ServiceRevision int64 `protobuf:"varint,3,opt,name=service_revision,json=serviceRevision,proto3" json:"service_revision,omitempty"`
 	// pod_revision applied for Pods after the events.
-	PodRevision   int64 `protobuf:"varint,4,opt,name=pod_revision,json=podRevision,proto3" json:"pod_revision,omitempty"`
+	PodRevision int64 `protobuf:"varint,4,opt,name=pod_revision,json=podRevision,proto3" json:"pod_revision,omitempty"`
+	// node_revision applied for Nodes after the events.
+	NodeRevision  int64 `protobuf:"varint,5,opt,name=node_revision,json=nodeRevision,proto3" json:"node_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PushEventsResponse) Reset() {
 	*x = PushEventsResponse{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[8]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -785,7 +1044,7 @@ func (x *PushEventsResponse) String() string {
 func (*PushEventsResponse) ProtoMessage() {}
 
 func (x *PushEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[8]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -798,7 +1057,7 @@ func (x *PushEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushEventsResponse.ProtoReflect.Descriptor instead.
 func (*PushEventsResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{8}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PushEventsResponse) GetApplied() int64 {
@@ -825,6 +1084,13 @@ func (x *PushEventsResponse) GetServiceRevision() int64 {
 func (x *PushEventsResponse) GetPodRevision() int64 {
 	if x != nil {
 		return x.PodRevision
+	}
+	return 0
+}
+
+func (x *PushEventsResponse) GetNodeRevision() int64 {
+	if x != nil {
+		return x.NodeRevision
 	}
 	return 0
 }
@@ -864,7 +1130,7 @@ type ServiceEndpoints struct {
 
 func (x *ServiceEndpoints) Reset() {
 	*x = ServiceEndpoints{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[9]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +1142,7 @@ func (x *ServiceEndpoints) String() string {
 func (*ServiceEndpoints) ProtoMessage() {}
 
 func (x *ServiceEndpoints) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[9]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1155,7 @@ func (x *ServiceEndpoints) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceEndpoints.ProtoReflect.Descriptor instead.
 func (*ServiceEndpoints) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{9}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ServiceEndpoints) GetNamespace() string {
@@ -978,7 +1244,7 @@ type ServiceEndpointSubset struct {
 
 func (x *ServiceEndpointSubset) Reset() {
 	*x = ServiceEndpointSubset{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[10]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1256,7 @@ func (x *ServiceEndpointSubset) String() string {
 func (*ServiceEndpointSubset) ProtoMessage() {}
 
 func (x *ServiceEndpointSubset) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[10]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1003,7 +1269,7 @@ func (x *ServiceEndpointSubset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceEndpointSubset.ProtoReflect.Descriptor instead.
 func (*ServiceEndpointSubset) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{10}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ServiceEndpointSubset) GetAddresses() []*EndpointAddress {
@@ -1044,7 +1310,7 @@ type EndpointAddress struct {
 
 func (x *EndpointAddress) Reset() {
 	*x = EndpointAddress{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[11]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1056,7 +1322,7 @@ func (x *EndpointAddress) String() string {
 func (*EndpointAddress) ProtoMessage() {}
 
 func (x *EndpointAddress) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[11]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1069,7 +1335,7 @@ func (x *EndpointAddress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointAddress.ProtoReflect.Descriptor instead.
 func (*EndpointAddress) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{11}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EndpointAddress) GetIp() string {
@@ -1117,7 +1383,7 @@ type ObjectReference struct {
 
 func (x *ObjectReference) Reset() {
 	*x = ObjectReference{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[12]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1129,7 +1395,7 @@ func (x *ObjectReference) String() string {
 func (*ObjectReference) ProtoMessage() {}
 
 func (x *ObjectReference) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[12]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1142,7 +1408,7 @@ func (x *ObjectReference) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectReference.ProtoReflect.Descriptor instead.
 func (*ObjectReference) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{12}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ObjectReference) GetKind() string {
@@ -1186,7 +1452,7 @@ type GetServiceEndpointsRequest struct {
 
 func (x *GetServiceEndpointsRequest) Reset() {
 	*x = GetServiceEndpointsRequest{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[13]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1464,7 @@ func (x *GetServiceEndpointsRequest) String() string {
 func (*GetServiceEndpointsRequest) ProtoMessage() {}
 
 func (x *GetServiceEndpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[13]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1477,7 @@ func (x *GetServiceEndpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServiceEndpointsRequest.ProtoReflect.Descriptor instead.
 func (*GetServiceEndpointsRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{13}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetServiceEndpointsRequest) GetNamespace() string {
@@ -1239,7 +1505,7 @@ type GetServiceEndpointsResponse struct {
 
 func (x *GetServiceEndpointsResponse) Reset() {
 	*x = GetServiceEndpointsResponse{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[14]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1251,7 +1517,7 @@ func (x *GetServiceEndpointsResponse) String() string {
 func (*GetServiceEndpointsResponse) ProtoMessage() {}
 
 func (x *GetServiceEndpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[14]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1264,7 +1530,7 @@ func (x *GetServiceEndpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServiceEndpointsResponse.ProtoReflect.Descriptor instead.
 func (*GetServiceEndpointsResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{14}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetServiceEndpointsResponse) GetEndpoints() *ServiceEndpoints {
@@ -1289,7 +1555,7 @@ type ListServiceEndpointsRequest struct {
 
 func (x *ListServiceEndpointsRequest) Reset() {
 	*x = ListServiceEndpointsRequest{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[15]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1567,7 @@ func (x *ListServiceEndpointsRequest) String() string {
 func (*ListServiceEndpointsRequest) ProtoMessage() {}
 
 func (x *ListServiceEndpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[15]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1580,7 @@ func (x *ListServiceEndpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServiceEndpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListServiceEndpointsRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{15}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListServiceEndpointsRequest) GetNamespace() string {
@@ -1353,7 +1619,7 @@ type ListServiceEndpointsResponse struct {
 
 func (x *ListServiceEndpointsResponse) Reset() {
 	*x = ListServiceEndpointsResponse{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[16]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1631,7 @@ func (x *ListServiceEndpointsResponse) String() string {
 func (*ListServiceEndpointsResponse) ProtoMessage() {}
 
 func (x *ListServiceEndpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[16]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1644,7 @@ func (x *ListServiceEndpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServiceEndpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListServiceEndpointsResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{16}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListServiceEndpointsResponse) GetEndpoints() []*ServiceEndpoints {
@@ -1416,7 +1682,7 @@ type WatchServiceEndpointsRequest struct {
 
 func (x *WatchServiceEndpointsRequest) Reset() {
 	*x = WatchServiceEndpointsRequest{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[17]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1428,7 +1694,7 @@ func (x *WatchServiceEndpointsRequest) String() string {
 func (*WatchServiceEndpointsRequest) ProtoMessage() {}
 
 func (x *WatchServiceEndpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[17]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1441,7 +1707,7 @@ func (x *WatchServiceEndpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchServiceEndpointsRequest.ProtoReflect.Descriptor instead.
 func (*WatchServiceEndpointsRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{17}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchServiceEndpointsRequest) GetNamespace() string {
@@ -1473,7 +1739,7 @@ type WatchServiceEndpointsResponse struct {
 
 func (x *WatchServiceEndpointsResponse) Reset() {
 	*x = WatchServiceEndpointsResponse{}
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[18]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1751,7 @@ func (x *WatchServiceEndpointsResponse) String() string {
 func (*WatchServiceEndpointsResponse) ProtoMessage() {}
 
 func (x *WatchServiceEndpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_endpoints_proto_msgTypes[18]
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1764,7 @@ func (x *WatchServiceEndpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchServiceEndpointsResponse.ProtoReflect.Descriptor instead.
 func (*WatchServiceEndpointsResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{18}
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchServiceEndpointsResponse) GetType() WatchEventType {
@@ -1522,11 +1788,803 @@ func (x *WatchServiceEndpointsResponse) GetRevision() int64 {
 	return 0
 }
 
+// EndpointSlice is one EndpointSlice as stored in etcd: a discovery.k8s.io/v1
+// EndpointSlice as kube-controller-manager's EndpointSlice controller writes it. A field
+// the upstream controller leaves unset is absent here too.
+type EndpointSlice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// namespace of the slice (its Service's).
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// name of the slice: the Service's name, a dash and five characters, unique in the
+	// namespace ("kubernetes" for the slice of default/kubernetes).
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// labels: the Service's labels, kubernetes.io/service-name,
+	// endpointslice.kubernetes.io/managed-by, and service.kubernetes.io/headless for a
+	// headless Service.
+	Labels map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// annotations: endpoints.kubernetes.io/last-change-trigger-time.
+	Annotations map[string]string `protobuf:"bytes,4,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// address_type: "IPv4" or "IPv6".
+	AddressType string `protobuf:"bytes,5,opt,name=address_type,json=addressType,proto3" json:"address_type,omitempty"`
+	// service_uid is the uid of the Service that owns the slice (its owner reference).
+	ServiceUid string `protobuf:"bytes,6,opt,name=service_uid,json=serviceUid,proto3" json:"service_uid,omitempty"`
+	// endpoints of the slice (at most --max-endpoints-per-slice).
+	Endpoints []*SliceEndpoint `protobuf:"bytes,7,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	// ports of the slice.
+	Ports []*EndpointSlicePort `protobuf:"bytes,8,rep,name=ports,proto3" json:"ports,omitempty"`
+	// revision of the slice in etcd (its ModRevision).
+	Revision int64 `protobuf:"varint,9,opt,name=revision,proto3" json:"revision,omitempty"`
+	// create_revision of the slice in etcd.
+	CreateRevision int64 `protobuf:"varint,10,opt,name=create_revision,json=createRevision,proto3" json:"create_revision,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *EndpointSlice) Reset() {
+	*x = EndpointSlice{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndpointSlice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndpointSlice) ProtoMessage() {}
+
+func (x *EndpointSlice) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndpointSlice.ProtoReflect.Descriptor instead.
+func (*EndpointSlice) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *EndpointSlice) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *EndpointSlice) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EndpointSlice) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *EndpointSlice) GetAnnotations() map[string]string {
+	if x != nil {
+		return x.Annotations
+	}
+	return nil
+}
+
+func (x *EndpointSlice) GetAddressType() string {
+	if x != nil {
+		return x.AddressType
+	}
+	return ""
+}
+
+func (x *EndpointSlice) GetServiceUid() string {
+	if x != nil {
+		return x.ServiceUid
+	}
+	return ""
+}
+
+func (x *EndpointSlice) GetEndpoints() []*SliceEndpoint {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
+func (x *EndpointSlice) GetPorts() []*EndpointSlicePort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *EndpointSlice) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *EndpointSlice) GetCreateRevision() int64 {
+	if x != nil {
+		return x.CreateRevision
+	}
+	return 0
+}
+
+// SliceEndpoint is one endpoint of an EndpointSlice.
+type SliceEndpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// addresses: the Pod's IP of the slice's address type.
+	Addresses []string `protobuf:"bytes,1,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	// conditions of the endpoint; all three are set.
+	Conditions *EndpointConditions `protobuf:"bytes,2,opt,name=conditions,proto3" json:"conditions,omitempty"`
+	// hostname of the endpoint, when the Pod's hostname and subdomain make one.
+	Hostname *string `protobuf:"bytes,3,opt,name=hostname,proto3,oneof" json:"hostname,omitempty"`
+	// node_name the Pod runs on, when it has one.
+	NodeName *string `protobuf:"bytes,4,opt,name=node_name,json=nodeName,proto3,oneof" json:"node_name,omitempty"`
+	// zone of the Node, when the Node has a topology.kubernetes.io/zone label.
+	Zone *string `protobuf:"bytes,5,opt,name=zone,proto3,oneof" json:"zone,omitempty"`
+	// target_ref: the Pod.
+	TargetRef *ObjectReference `protobuf:"bytes,6,opt,name=target_ref,json=targetRef,proto3" json:"target_ref,omitempty"`
+	// hints for topology-aware routing, when the Service asks for them.
+	Hints         *EndpointHints `protobuf:"bytes,7,opt,name=hints,proto3" json:"hints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SliceEndpoint) Reset() {
+	*x = SliceEndpoint{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SliceEndpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SliceEndpoint) ProtoMessage() {}
+
+func (x *SliceEndpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SliceEndpoint.ProtoReflect.Descriptor instead.
+func (*SliceEndpoint) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *SliceEndpoint) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+func (x *SliceEndpoint) GetConditions() *EndpointConditions {
+	if x != nil {
+		return x.Conditions
+	}
+	return nil
+}
+
+func (x *SliceEndpoint) GetHostname() string {
+	if x != nil && x.Hostname != nil {
+		return *x.Hostname
+	}
+	return ""
+}
+
+func (x *SliceEndpoint) GetNodeName() string {
+	if x != nil && x.NodeName != nil {
+		return *x.NodeName
+	}
+	return ""
+}
+
+func (x *SliceEndpoint) GetZone() string {
+	if x != nil && x.Zone != nil {
+		return *x.Zone
+	}
+	return ""
+}
+
+func (x *SliceEndpoint) GetTargetRef() *ObjectReference {
+	if x != nil {
+		return x.TargetRef
+	}
+	return nil
+}
+
+func (x *SliceEndpoint) GetHints() *EndpointHints {
+	if x != nil {
+		return x.Hints
+	}
+	return nil
+}
+
+// EndpointConditions are the conditions of an endpoint.
+type EndpointConditions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ready: serving and not terminating (or the Service publishes not-ready addresses).
+	Ready *bool `protobuf:"varint,1,opt,name=ready,proto3,oneof" json:"ready,omitempty"`
+	// serving: the Pod is Ready.
+	Serving *bool `protobuf:"varint,2,opt,name=serving,proto3,oneof" json:"serving,omitempty"`
+	// terminating: the Pod is being deleted.
+	Terminating   *bool `protobuf:"varint,3,opt,name=terminating,proto3,oneof" json:"terminating,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndpointConditions) Reset() {
+	*x = EndpointConditions{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndpointConditions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndpointConditions) ProtoMessage() {}
+
+func (x *EndpointConditions) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndpointConditions.ProtoReflect.Descriptor instead.
+func (*EndpointConditions) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *EndpointConditions) GetReady() bool {
+	if x != nil && x.Ready != nil {
+		return *x.Ready
+	}
+	return false
+}
+
+func (x *EndpointConditions) GetServing() bool {
+	if x != nil && x.Serving != nil {
+		return *x.Serving
+	}
+	return false
+}
+
+func (x *EndpointConditions) GetTerminating() bool {
+	if x != nil && x.Terminating != nil {
+		return *x.Terminating
+	}
+	return false
+}
+
+// EndpointHints say which zones or nodes should route to an endpoint.
+type EndpointHints struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// for_zones: the zones that should use the endpoint.
+	ForZones []*ForZone `protobuf:"bytes,1,rep,name=for_zones,json=forZones,proto3" json:"for_zones,omitempty"`
+	// for_nodes: the nodes that should use the endpoint.
+	ForNodes      []*ForNode `protobuf:"bytes,2,rep,name=for_nodes,json=forNodes,proto3" json:"for_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndpointHints) Reset() {
+	*x = EndpointHints{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndpointHints) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndpointHints) ProtoMessage() {}
+
+func (x *EndpointHints) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndpointHints.ProtoReflect.Descriptor instead.
+func (*EndpointHints) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *EndpointHints) GetForZones() []*ForZone {
+	if x != nil {
+		return x.ForZones
+	}
+	return nil
+}
+
+func (x *EndpointHints) GetForNodes() []*ForNode {
+	if x != nil {
+		return x.ForNodes
+	}
+	return nil
+}
+
+// ForZone names a zone of a hint.
+type ForZone struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name of the zone.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForZone) Reset() {
+	*x = ForZone{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForZone) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForZone) ProtoMessage() {}
+
+func (x *ForZone) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForZone.ProtoReflect.Descriptor instead.
+func (*ForZone) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ForZone) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ForNode names a node of a hint.
+type ForNode struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name of the node.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForNode) Reset() {
+	*x = ForNode{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForNode) ProtoMessage() {}
+
+func (x *ForNode) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForNode.ProtoReflect.Descriptor instead.
+func (*ForNode) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ForNode) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// EndpointSlicePort is one port of an EndpointSlice.
+type EndpointSlicePort struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name of the Service port ("" for an unnamed one).
+	Name *string `protobuf:"bytes,1,opt,name=name,proto3,oneof" json:"name,omitempty"`
+	// port number the endpoints serve on (the resolved target port).
+	Port *int32 `protobuf:"varint,2,opt,name=port,proto3,oneof" json:"port,omitempty"`
+	// protocol: "TCP", "UDP" or "SCTP".
+	Protocol *string `protobuf:"bytes,3,opt,name=protocol,proto3,oneof" json:"protocol,omitempty"`
+	// app_protocol of the Service port, when set.
+	AppProtocol   *string `protobuf:"bytes,4,opt,name=app_protocol,json=appProtocol,proto3,oneof" json:"app_protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndpointSlicePort) Reset() {
+	*x = EndpointSlicePort{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndpointSlicePort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndpointSlicePort) ProtoMessage() {}
+
+func (x *EndpointSlicePort) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndpointSlicePort.ProtoReflect.Descriptor instead.
+func (*EndpointSlicePort) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *EndpointSlicePort) GetName() string {
+	if x != nil && x.Name != nil {
+		return *x.Name
+	}
+	return ""
+}
+
+func (x *EndpointSlicePort) GetPort() int32 {
+	if x != nil && x.Port != nil {
+		return *x.Port
+	}
+	return 0
+}
+
+func (x *EndpointSlicePort) GetProtocol() string {
+	if x != nil && x.Protocol != nil {
+		return *x.Protocol
+	}
+	return ""
+}
+
+func (x *EndpointSlicePort) GetAppProtocol() string {
+	if x != nil && x.AppProtocol != nil {
+		return *x.AppProtocol
+	}
+	return ""
+}
+
+// ListEndpointSlicesRequest says what to list.
+type ListEndpointSlicesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// namespace to list; empty lists every namespace.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// service_name lists the slices of one Service (with namespace).
+	ServiceName string `protobuf:"bytes,2,opt,name=service_name,json=serviceName,proto3" json:"service_name,omitempty"`
+	// page_size: at most this many slices (0: 500; at most 5000).
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token: the next_page_token of the previous page, with the same namespace and
+	// service_name.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEndpointSlicesRequest) Reset() {
+	*x = ListEndpointSlicesRequest{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEndpointSlicesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEndpointSlicesRequest) ProtoMessage() {}
+
+func (x *ListEndpointSlicesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEndpointSlicesRequest.ProtoReflect.Descriptor instead.
+func (*ListEndpointSlicesRequest) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ListEndpointSlicesRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ListEndpointSlicesRequest) GetServiceName() string {
+	if x != nil {
+		return x.ServiceName
+	}
+	return ""
+}
+
+func (x *ListEndpointSlicesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListEndpointSlicesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListEndpointSlicesResponse is one page.
+type ListEndpointSlicesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// endpoint_slices of the page.
+	EndpointSlices []*EndpointSlice `protobuf:"bytes,1,rep,name=endpoint_slices,json=endpointSlices,proto3" json:"endpoint_slices,omitempty"`
+	// next_page_token, empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// revision every page of the listing is read at.
+	Revision      int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEndpointSlicesResponse) Reset() {
+	*x = ListEndpointSlicesResponse{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEndpointSlicesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEndpointSlicesResponse) ProtoMessage() {}
+
+func (x *ListEndpointSlicesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEndpointSlicesResponse.ProtoReflect.Descriptor instead.
+func (*ListEndpointSlicesResponse) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ListEndpointSlicesResponse) GetEndpointSlices() []*EndpointSlice {
+	if x != nil {
+		return x.EndpointSlices
+	}
+	return nil
+}
+
+func (x *ListEndpointSlicesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListEndpointSlicesResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// WatchEndpointSlicesRequest says what to watch.
+type WatchEndpointSlicesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// namespace to watch; empty watches every namespace.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// start_revision: 0 sends the current slices as ADDED first; N sends the changes
+	// after revision N.
+	StartRevision int64 `protobuf:"varint,2,opt,name=start_revision,json=startRevision,proto3" json:"start_revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEndpointSlicesRequest) Reset() {
+	*x = WatchEndpointSlicesRequest{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEndpointSlicesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEndpointSlicesRequest) ProtoMessage() {}
+
+func (x *WatchEndpointSlicesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEndpointSlicesRequest.ProtoReflect.Descriptor instead.
+func (*WatchEndpointSlicesRequest) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *WatchEndpointSlicesRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *WatchEndpointSlicesRequest) GetStartRevision() int64 {
+	if x != nil {
+		return x.StartRevision
+	}
+	return 0
+}
+
+// WatchEndpointSlicesResponse is one change.
+type WatchEndpointSlicesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// type of the change.
+	Type WatchEventType `protobuf:"varint,1,opt,name=type,proto3,enum=allocd.v1.WatchEventType" json:"type,omitempty"`
+	// endpoint_slice after the change (the last state for DELETED).
+	EndpointSlice *EndpointSlice `protobuf:"bytes,2,opt,name=endpoint_slice,json=endpointSlice,proto3" json:"endpoint_slice,omitempty"`
+	// revision of the change in etcd.
+	Revision      int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchEndpointSlicesResponse) Reset() {
+	*x = WatchEndpointSlicesResponse{}
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchEndpointSlicesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchEndpointSlicesResponse) ProtoMessage() {}
+
+func (x *WatchEndpointSlicesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_endpoints_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchEndpointSlicesResponse.ProtoReflect.Descriptor instead.
+func (*WatchEndpointSlicesResponse) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_endpoints_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *WatchEndpointSlicesResponse) GetType() WatchEventType {
+	if x != nil {
+		return x.Type
+	}
+	return WatchEventType_WATCH_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *WatchEndpointSlicesResponse) GetEndpointSlice() *EndpointSlice {
+	if x != nil {
+		return x.EndpointSlice
+	}
+	return nil
+}
+
+func (x *WatchEndpointSlicesResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 var File_allocd_v1_endpoints_proto protoreflect.FileDescriptor
 
 const file_allocd_v1_endpoints_proto_rawDesc = "" +
 	"\n" +
-	"\x19allocd/v1/endpoints.proto\x12\tallocd.v1\x1a\x15allocd/v1/lease.proto\x1a\x16allocd/v1/repair.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"L\n" +
+	"\x19allocd/v1/endpoints.proto\x12\tallocd.v1\x1a\x15allocd/v1/lease.proto\x1a\x16allocd/v1/repair.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"N\n" +
+	"\x17PushNodeSnapshotRequest\x123\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x17.allocd.v1.NodeSnapshotR\bsnapshot\"Q\n" +
+	"\fNodeSnapshot\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\x12%\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x0f.allocd.v1.NodeR\x05nodes\"U\n" +
+	"\x18PushNodeSnapshotResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1d\n" +
+	"\n" +
+	"node_count\x18\x02 \x01(\x03R\tnodeCount\"\x81\x02\n" +
+	"\x04Node\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
+	"\x10resource_version\x18\x02 \x01(\tR\x0fresourceVersion\x123\n" +
+	"\x06labels\x18\x03 \x03(\v2\x1b.allocd.v1.Node.LabelsEntryR\x06labels\x12\x14\n" +
+	"\x05ready\x18\x04 \x01(\bR\x05ready\x124\n" +
+	"\x16allocatable_cpu_millis\x18\x05 \x01(\x03R\x14allocatableCpuMillis\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"L\n" +
 	"\x16PushPodSnapshotRequest\x122\n" +
 	"\bsnapshot\x18\x01 \x01(\v2\x16.allocd.v1.PodSnapshotR\bsnapshot\"M\n" +
 	"\vPodSnapshot\x12\x1a\n" +
@@ -1564,21 +2622,23 @@ const file_allocd_v1_endpoints_proto_rawDesc = "" +
 	"\rContainerPort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0econtainer_port\x18\x02 \x01(\x05R\rcontainerPort\x12\x1a\n" +
-	"\bprotocol\x18\x03 \x01(\tR\bprotocol\"\xab\x01\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\"\xd2\x01\n" +
 	"\x05Event\x12(\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x14.allocd.v1.EventTypeR\x04type\x12.\n" +
 	"\aservice\x18\x02 \x01(\v2\x12.allocd.v1.ServiceH\x00R\aservice\x12\"\n" +
-	"\x03pod\x18\x03 \x01(\v2\x0e.allocd.v1.PodH\x00R\x03pod\x12\x1a\n" +
+	"\x03pod\x18\x03 \x01(\v2\x0e.allocd.v1.PodH\x00R\x03pod\x12%\n" +
+	"\x04node\x18\x05 \x01(\v2\x0f.allocd.v1.NodeH\x00R\x04node\x12\x1a\n" +
 	"\brevision\x18\x04 \x01(\x03R\brevisionB\b\n" +
 	"\x06object\"Y\n" +
 	"\x11PushEventsRequest\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12(\n" +
-	"\x06events\x18\x02 \x03(\v2\x10.allocd.v1.EventR\x06events\"\x96\x01\n" +
+	"\x06events\x18\x02 \x03(\v2\x10.allocd.v1.EventR\x06events\"\xbb\x01\n" +
 	"\x12PushEventsResponse\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\x03R\aapplied\x12\x18\n" +
 	"\aignored\x18\x02 \x01(\x03R\aignored\x12)\n" +
 	"\x10service_revision\x18\x03 \x01(\x03R\x0fserviceRevision\x12!\n" +
-	"\fpod_revision\x18\x04 \x01(\x03R\vpodRevision\"\xb6\x04\n" +
+	"\fpod_revision\x18\x04 \x01(\x03R\vpodRevision\x12#\n" +
+	"\rnode_revision\x18\x05 \x01(\x03R\fnodeRevision\"\xb6\x04\n" +
 	"\x10ServiceEndpoints\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12?\n" +
@@ -1634,6 +2694,81 @@ const file_allocd_v1_endpoints_proto_rawDesc = "" +
 	"\x1dWatchServiceEndpointsResponse\x12-\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x19.allocd.v1.WatchEventTypeR\x04type\x129\n" +
 	"\tendpoints\x18\x02 \x01(\v2\x1b.allocd.v1.ServiceEndpointsR\tendpoints\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\"\xbc\x04\n" +
+	"\rEndpointSlice\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12<\n" +
+	"\x06labels\x18\x03 \x03(\v2$.allocd.v1.EndpointSlice.LabelsEntryR\x06labels\x12K\n" +
+	"\vannotations\x18\x04 \x03(\v2).allocd.v1.EndpointSlice.AnnotationsEntryR\vannotations\x12!\n" +
+	"\faddress_type\x18\x05 \x01(\tR\vaddressType\x12\x1f\n" +
+	"\vservice_uid\x18\x06 \x01(\tR\n" +
+	"serviceUid\x126\n" +
+	"\tendpoints\x18\a \x03(\v2\x18.allocd.v1.SliceEndpointR\tendpoints\x122\n" +
+	"\x05ports\x18\b \x03(\v2\x1c.allocd.v1.EndpointSlicePortR\x05ports\x12\x1a\n" +
+	"\brevision\x18\t \x01(\x03R\brevision\x12'\n" +
+	"\x0fcreate_revision\x18\n" +
+	" \x01(\x03R\x0ecreateRevision\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
+	"\x10AnnotationsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd7\x02\n" +
+	"\rSliceEndpoint\x12\x1c\n" +
+	"\taddresses\x18\x01 \x03(\tR\taddresses\x12=\n" +
+	"\n" +
+	"conditions\x18\x02 \x01(\v2\x1d.allocd.v1.EndpointConditionsR\n" +
+	"conditions\x12\x1f\n" +
+	"\bhostname\x18\x03 \x01(\tH\x00R\bhostname\x88\x01\x01\x12 \n" +
+	"\tnode_name\x18\x04 \x01(\tH\x01R\bnodeName\x88\x01\x01\x12\x17\n" +
+	"\x04zone\x18\x05 \x01(\tH\x02R\x04zone\x88\x01\x01\x129\n" +
+	"\n" +
+	"target_ref\x18\x06 \x01(\v2\x1a.allocd.v1.ObjectReferenceR\ttargetRef\x12.\n" +
+	"\x05hints\x18\a \x01(\v2\x18.allocd.v1.EndpointHintsR\x05hintsB\v\n" +
+	"\t_hostnameB\f\n" +
+	"\n" +
+	"_node_nameB\a\n" +
+	"\x05_zone\"\x9b\x01\n" +
+	"\x12EndpointConditions\x12\x19\n" +
+	"\x05ready\x18\x01 \x01(\bH\x00R\x05ready\x88\x01\x01\x12\x1d\n" +
+	"\aserving\x18\x02 \x01(\bH\x01R\aserving\x88\x01\x01\x12%\n" +
+	"\vterminating\x18\x03 \x01(\bH\x02R\vterminating\x88\x01\x01B\b\n" +
+	"\x06_readyB\n" +
+	"\n" +
+	"\b_servingB\x0e\n" +
+	"\f_terminating\"q\n" +
+	"\rEndpointHints\x12/\n" +
+	"\tfor_zones\x18\x01 \x03(\v2\x12.allocd.v1.ForZoneR\bforZones\x12/\n" +
+	"\tfor_nodes\x18\x02 \x03(\v2\x12.allocd.v1.ForNodeR\bforNodes\"\x1d\n" +
+	"\aForZone\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x1d\n" +
+	"\aForNode\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xbe\x01\n" +
+	"\x11EndpointSlicePort\x12\x17\n" +
+	"\x04name\x18\x01 \x01(\tH\x00R\x04name\x88\x01\x01\x12\x17\n" +
+	"\x04port\x18\x02 \x01(\x05H\x01R\x04port\x88\x01\x01\x12\x1f\n" +
+	"\bprotocol\x18\x03 \x01(\tH\x02R\bprotocol\x88\x01\x01\x12&\n" +
+	"\fapp_protocol\x18\x04 \x01(\tH\x03R\vappProtocol\x88\x01\x01B\a\n" +
+	"\x05_nameB\a\n" +
+	"\x05_portB\v\n" +
+	"\t_protocolB\x0f\n" +
+	"\r_app_protocol\"\x98\x01\n" +
+	"\x19ListEndpointSlicesRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12!\n" +
+	"\fservice_name\x18\x02 \x01(\tR\vserviceName\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xa3\x01\n" +
+	"\x1aListEndpointSlicesResponse\x12A\n" +
+	"\x0fendpoint_slices\x18\x01 \x03(\v2\x18.allocd.v1.EndpointSliceR\x0eendpointSlices\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\"a\n" +
+	"\x1aWatchEndpointSlicesRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12%\n" +
+	"\x0estart_revision\x18\x02 \x01(\x03R\rstartRevision\"\xa9\x01\n" +
+	"\x1bWatchEndpointSlicesResponse\x12-\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x19.allocd.v1.WatchEventTypeR\x04type\x12?\n" +
+	"\x0eendpoint_slice\x18\x02 \x01(\v2\x18.allocd.v1.EndpointSliceR\rendpointSlice\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x03R\brevision*U\n" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -1643,14 +2778,17 @@ const file_allocd_v1_endpoints_proto_rawDesc = "" +
 	"\x1cWATCH_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16WATCH_EVENT_TYPE_ADDED\x10\x01\x12\x1d\n" +
 	"\x19WATCH_EVENT_TYPE_MODIFIED\x10\x02\x12\x1c\n" +
-	"\x18WATCH_EVENT_TYPE_DELETED\x10\x032\xf8\x03\n" +
+	"\x18WATCH_EVENT_TYPE_DELETED\x10\x032\xa2\x06\n" +
 	"\x10EndpointsService\x12Z\n" +
-	"\x0fPushPodSnapshot\x12!.allocd.v1.PushPodSnapshotRequest\x1a\".allocd.v1.PushPodSnapshotResponse(\x01\x12K\n" +
+	"\x0fPushPodSnapshot\x12!.allocd.v1.PushPodSnapshotRequest\x1a\".allocd.v1.PushPodSnapshotResponse(\x01\x12]\n" +
+	"\x10PushNodeSnapshot\x12\".allocd.v1.PushNodeSnapshotRequest\x1a#.allocd.v1.PushNodeSnapshotResponse(\x01\x12K\n" +
 	"\n" +
 	"PushEvents\x12\x1c.allocd.v1.PushEventsRequest\x1a\x1d.allocd.v1.PushEventsResponse(\x01\x12d\n" +
 	"\x13GetServiceEndpoints\x12%.allocd.v1.GetServiceEndpointsRequest\x1a&.allocd.v1.GetServiceEndpointsResponse\x12g\n" +
 	"\x14ListServiceEndpoints\x12&.allocd.v1.ListServiceEndpointsRequest\x1a'.allocd.v1.ListServiceEndpointsResponse\x12l\n" +
-	"\x15WatchServiceEndpoints\x12'.allocd.v1.WatchServiceEndpointsRequest\x1a(.allocd.v1.WatchServiceEndpointsResponse0\x01B3Z1github.com/allocd/allocd/proto/allocd/v1;allocdv1b\x06proto3"
+	"\x15WatchServiceEndpoints\x12'.allocd.v1.WatchServiceEndpointsRequest\x1a(.allocd.v1.WatchServiceEndpointsResponse0\x01\x12a\n" +
+	"\x12ListEndpointSlices\x12$.allocd.v1.ListEndpointSlicesRequest\x1a%.allocd.v1.ListEndpointSlicesResponse\x12f\n" +
+	"\x13WatchEndpointSlices\x12%.allocd.v1.WatchEndpointSlicesRequest\x1a&.allocd.v1.WatchEndpointSlicesResponse0\x01B3Z1github.com/allocd/allocd/proto/allocd/v1;allocdv1b\x06proto3"
 
 var (
 	file_allocd_v1_endpoints_proto_rawDescOnce sync.Once
@@ -1665,74 +2803,114 @@ func file_allocd_v1_endpoints_proto_rawDescGZIP() []byte {
 }
 
 var file_allocd_v1_endpoints_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_allocd_v1_endpoints_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_allocd_v1_endpoints_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_allocd_v1_endpoints_proto_goTypes = []any{
 	(EventType)(0),                        // 0: allocd.v1.EventType
 	(WatchEventType)(0),                   // 1: allocd.v1.WatchEventType
-	(*PushPodSnapshotRequest)(nil),        // 2: allocd.v1.PushPodSnapshotRequest
-	(*PodSnapshot)(nil),                   // 3: allocd.v1.PodSnapshot
-	(*PushPodSnapshotResponse)(nil),       // 4: allocd.v1.PushPodSnapshotResponse
-	(*Pod)(nil),                           // 5: allocd.v1.Pod
-	(*Container)(nil),                     // 6: allocd.v1.Container
-	(*ContainerPort)(nil),                 // 7: allocd.v1.ContainerPort
-	(*Event)(nil),                         // 8: allocd.v1.Event
-	(*PushEventsRequest)(nil),             // 9: allocd.v1.PushEventsRequest
-	(*PushEventsResponse)(nil),            // 10: allocd.v1.PushEventsResponse
-	(*ServiceEndpoints)(nil),              // 11: allocd.v1.ServiceEndpoints
-	(*ServiceEndpointSubset)(nil),         // 12: allocd.v1.ServiceEndpointSubset
-	(*EndpointAddress)(nil),               // 13: allocd.v1.EndpointAddress
-	(*ObjectReference)(nil),               // 14: allocd.v1.ObjectReference
-	(*GetServiceEndpointsRequest)(nil),    // 15: allocd.v1.GetServiceEndpointsRequest
-	(*GetServiceEndpointsResponse)(nil),   // 16: allocd.v1.GetServiceEndpointsResponse
-	(*ListServiceEndpointsRequest)(nil),   // 17: allocd.v1.ListServiceEndpointsRequest
-	(*ListServiceEndpointsResponse)(nil),  // 18: allocd.v1.ListServiceEndpointsResponse
-	(*WatchServiceEndpointsRequest)(nil),  // 19: allocd.v1.WatchServiceEndpointsRequest
-	(*WatchServiceEndpointsResponse)(nil), // 20: allocd.v1.WatchServiceEndpointsResponse
-	nil,                                   // 21: allocd.v1.Pod.LabelsEntry
-	nil,                                   // 22: allocd.v1.ServiceEndpoints.LabelsEntry
-	nil,                                   // 23: allocd.v1.ServiceEndpoints.AnnotationsEntry
-	(*timestamppb.Timestamp)(nil),         // 24: google.protobuf.Timestamp
-	(*Service)(nil),                       // 25: allocd.v1.Service
-	(*EndpointPort)(nil),                  // 26: allocd.v1.EndpointPort
+	(*PushNodeSnapshotRequest)(nil),       // 2: allocd.v1.PushNodeSnapshotRequest
+	(*NodeSnapshot)(nil),                  // 3: allocd.v1.NodeSnapshot
+	(*PushNodeSnapshotResponse)(nil),      // 4: allocd.v1.PushNodeSnapshotResponse
+	(*Node)(nil),                          // 5: allocd.v1.Node
+	(*PushPodSnapshotRequest)(nil),        // 6: allocd.v1.PushPodSnapshotRequest
+	(*PodSnapshot)(nil),                   // 7: allocd.v1.PodSnapshot
+	(*PushPodSnapshotResponse)(nil),       // 8: allocd.v1.PushPodSnapshotResponse
+	(*Pod)(nil),                           // 9: allocd.v1.Pod
+	(*Container)(nil),                     // 10: allocd.v1.Container
+	(*ContainerPort)(nil),                 // 11: allocd.v1.ContainerPort
+	(*Event)(nil),                         // 12: allocd.v1.Event
+	(*PushEventsRequest)(nil),             // 13: allocd.v1.PushEventsRequest
+	(*PushEventsResponse)(nil),            // 14: allocd.v1.PushEventsResponse
+	(*ServiceEndpoints)(nil),              // 15: allocd.v1.ServiceEndpoints
+	(*ServiceEndpointSubset)(nil),         // 16: allocd.v1.ServiceEndpointSubset
+	(*EndpointAddress)(nil),               // 17: allocd.v1.EndpointAddress
+	(*ObjectReference)(nil),               // 18: allocd.v1.ObjectReference
+	(*GetServiceEndpointsRequest)(nil),    // 19: allocd.v1.GetServiceEndpointsRequest
+	(*GetServiceEndpointsResponse)(nil),   // 20: allocd.v1.GetServiceEndpointsResponse
+	(*ListServiceEndpointsRequest)(nil),   // 21: allocd.v1.ListServiceEndpointsRequest
+	(*ListServiceEndpointsResponse)(nil),  // 22: allocd.v1.ListServiceEndpointsResponse
+	(*WatchServiceEndpointsRequest)(nil),  // 23: allocd.v1.WatchServiceEndpointsRequest
+	(*WatchServiceEndpointsResponse)(nil), // 24: allocd.v1.WatchServiceEndpointsResponse
+	(*EndpointSlice)(nil),                 // 25: allocd.v1.EndpointSlice
+	(*SliceEndpoint)(nil),                 // 26: allocd.v1.SliceEndpoint
+	(*EndpointConditions)(nil),            // 27: allocd.v1.EndpointConditions
+	(*EndpointHints)(nil),                 // 28: allocd.v1.EndpointHints
+	(*ForZone)(nil),                       // 29: allocd.v1.ForZone
+	(*ForNode)(nil),                       // 30: allocd.v1.ForNode
+	(*EndpointSlicePort)(nil),             // 31: allocd.v1.EndpointSlicePort
+	(*ListEndpointSlicesRequest)(nil),     // 32: allocd.v1.ListEndpointSlicesRequest
+	(*ListEndpointSlicesResponse)(nil),    // 33: allocd.v1.ListEndpointSlicesResponse
+	(*WatchEndpointSlicesRequest)(nil),    // 34: allocd.v1.WatchEndpointSlicesRequest
+	(*WatchEndpointSlicesResponse)(nil),   // 35: allocd.v1.WatchEndpointSlicesResponse
+	nil,                                   // 36: allocd.v1.Node.LabelsEntry
+	nil,                                   // 37: allocd.v1.Pod.LabelsEntry
+	nil,                                   // 38: allocd.v1.ServiceEndpoints.LabelsEntry
+	nil,                                   // 39: allocd.v1.ServiceEndpoints.AnnotationsEntry
+	nil,                                   // 40: allocd.v1.EndpointSlice.LabelsEntry
+	nil,                                   // 41: allocd.v1.EndpointSlice.AnnotationsEntry
+	(*timestamppb.Timestamp)(nil),         // 42: google.protobuf.Timestamp
+	(*Service)(nil),                       // 43: allocd.v1.Service
+	(*EndpointPort)(nil),                  // 44: allocd.v1.EndpointPort
 }
 var file_allocd_v1_endpoints_proto_depIdxs = []int32{
-	3,  // 0: allocd.v1.PushPodSnapshotRequest.snapshot:type_name -> allocd.v1.PodSnapshot
-	5,  // 1: allocd.v1.PodSnapshot.pods:type_name -> allocd.v1.Pod
-	21, // 2: allocd.v1.Pod.labels:type_name -> allocd.v1.Pod.LabelsEntry
-	6,  // 3: allocd.v1.Pod.containers:type_name -> allocd.v1.Container
-	6,  // 4: allocd.v1.Pod.init_containers:type_name -> allocd.v1.Container
-	24, // 5: allocd.v1.Pod.ready_transition_time:type_name -> google.protobuf.Timestamp
-	7,  // 6: allocd.v1.Container.ports:type_name -> allocd.v1.ContainerPort
-	0,  // 7: allocd.v1.Event.type:type_name -> allocd.v1.EventType
-	25, // 8: allocd.v1.Event.service:type_name -> allocd.v1.Service
-	5,  // 9: allocd.v1.Event.pod:type_name -> allocd.v1.Pod
-	8,  // 10: allocd.v1.PushEventsRequest.events:type_name -> allocd.v1.Event
-	22, // 11: allocd.v1.ServiceEndpoints.labels:type_name -> allocd.v1.ServiceEndpoints.LabelsEntry
-	23, // 12: allocd.v1.ServiceEndpoints.annotations:type_name -> allocd.v1.ServiceEndpoints.AnnotationsEntry
-	12, // 13: allocd.v1.ServiceEndpoints.subsets:type_name -> allocd.v1.ServiceEndpointSubset
-	13, // 14: allocd.v1.ServiceEndpointSubset.addresses:type_name -> allocd.v1.EndpointAddress
-	13, // 15: allocd.v1.ServiceEndpointSubset.not_ready_addresses:type_name -> allocd.v1.EndpointAddress
-	26, // 16: allocd.v1.ServiceEndpointSubset.ports:type_name -> allocd.v1.EndpointPort
-	14, // 17: allocd.v1.EndpointAddress.target_ref:type_name -> allocd.v1.ObjectReference
-	11, // 18: allocd.v1.GetServiceEndpointsResponse.endpoints:type_name -> allocd.v1.ServiceEndpoints
-	11, // 19: allocd.v1.ListServiceEndpointsResponse.endpoints:type_name -> allocd.v1.ServiceEndpoints
-	1,  // 20: allocd.v1.WatchServiceEndpointsResponse.type:type_name -> allocd.v1.WatchEventType
-	11, // 21: allocd.v1.WatchServiceEndpointsResponse.endpoints:type_name -> allocd.v1.ServiceEndpoints
-	2,  // 22: allocd.v1.EndpointsService.PushPodSnapshot:input_type -> allocd.v1.PushPodSnapshotRequest
-	9,  // 23: allocd.v1.EndpointsService.PushEvents:input_type -> allocd.v1.PushEventsRequest
-	15, // 24: allocd.v1.EndpointsService.GetServiceEndpoints:input_type -> allocd.v1.GetServiceEndpointsRequest
-	17, // 25: allocd.v1.EndpointsService.ListServiceEndpoints:input_type -> allocd.v1.ListServiceEndpointsRequest
-	19, // 26: allocd.v1.EndpointsService.WatchServiceEndpoints:input_type -> allocd.v1.WatchServiceEndpointsRequest
-	4,  // 27: allocd.v1.EndpointsService.PushPodSnapshot:output_type -> allocd.v1.PushPodSnapshotResponse
-	10, // 28: allocd.v1.EndpointsService.PushEvents:output_type -> allocd.v1.PushEventsResponse
-	16, // 29: allocd.v1.EndpointsService.GetServiceEndpoints:output_type -> allocd.v1.GetServiceEndpointsResponse
-	18, // 30: allocd.v1.EndpointsService.ListServiceEndpoints:output_type -> allocd.v1.ListServiceEndpointsResponse
-	20, // 31: allocd.v1.EndpointsService.WatchServiceEndpoints:output_type -> allocd.v1.WatchServiceEndpointsResponse
-	27, // [27:32] is the sub-list for method output_type
-	22, // [22:27] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	3,  // 0: allocd.v1.PushNodeSnapshotRequest.snapshot:type_name -> allocd.v1.NodeSnapshot
+	5,  // 1: allocd.v1.NodeSnapshot.nodes:type_name -> allocd.v1.Node
+	36, // 2: allocd.v1.Node.labels:type_name -> allocd.v1.Node.LabelsEntry
+	7,  // 3: allocd.v1.PushPodSnapshotRequest.snapshot:type_name -> allocd.v1.PodSnapshot
+	9,  // 4: allocd.v1.PodSnapshot.pods:type_name -> allocd.v1.Pod
+	37, // 5: allocd.v1.Pod.labels:type_name -> allocd.v1.Pod.LabelsEntry
+	10, // 6: allocd.v1.Pod.containers:type_name -> allocd.v1.Container
+	10, // 7: allocd.v1.Pod.init_containers:type_name -> allocd.v1.Container
+	42, // 8: allocd.v1.Pod.ready_transition_time:type_name -> google.protobuf.Timestamp
+	11, // 9: allocd.v1.Container.ports:type_name -> allocd.v1.ContainerPort
+	0,  // 10: allocd.v1.Event.type:type_name -> allocd.v1.EventType
+	43, // 11: allocd.v1.Event.service:type_name -> allocd.v1.Service
+	9,  // 12: allocd.v1.Event.pod:type_name -> allocd.v1.Pod
+	5,  // 13: allocd.v1.Event.node:type_name -> allocd.v1.Node
+	12, // 14: allocd.v1.PushEventsRequest.events:type_name -> allocd.v1.Event
+	38, // 15: allocd.v1.ServiceEndpoints.labels:type_name -> allocd.v1.ServiceEndpoints.LabelsEntry
+	39, // 16: allocd.v1.ServiceEndpoints.annotations:type_name -> allocd.v1.ServiceEndpoints.AnnotationsEntry
+	16, // 17: allocd.v1.ServiceEndpoints.subsets:type_name -> allocd.v1.ServiceEndpointSubset
+	17, // 18: allocd.v1.ServiceEndpointSubset.addresses:type_name -> allocd.v1.EndpointAddress
+	17, // 19: allocd.v1.ServiceEndpointSubset.not_ready_addresses:type_name -> allocd.v1.EndpointAddress
+	44, // 20: allocd.v1.ServiceEndpointSubset.ports:type_name -> allocd.v1.EndpointPort
+	18, // 21: allocd.v1.EndpointAddress.target_ref:type_name -> allocd.v1.ObjectReference
+	15, // 22: allocd.v1.GetServiceEndpointsResponse.endpoints:type_name -> allocd.v1.ServiceEndpoints
+	15, // 23: allocd.v1.ListServiceEndpointsResponse.endpoints:type_name -> allocd.v1.ServiceEndpoints
+	1,  // 24: allocd.v1.WatchServiceEndpointsResponse.type:type_name -> allocd.v1.WatchEventType
+	15, // 25: allocd.v1.WatchServiceEndpointsResponse.endpoints:type_name -> allocd.v1.ServiceEndpoints
+	40, // 26: allocd.v1.EndpointSlice.labels:type_name -> allocd.v1.EndpointSlice.LabelsEntry
+	41, // 27: allocd.v1.EndpointSlice.annotations:type_name -> allocd.v1.EndpointSlice.AnnotationsEntry
+	26, // 28: allocd.v1.EndpointSlice.endpoints:type_name -> allocd.v1.SliceEndpoint
+	31, // 29: allocd.v1.EndpointSlice.ports:type_name -> allocd.v1.EndpointSlicePort
+	27, // 30: allocd.v1.SliceEndpoint.conditions:type_name -> allocd.v1.EndpointConditions
+	18, // 31: allocd.v1.SliceEndpoint.target_ref:type_name -> allocd.v1.ObjectReference
+	28, // 32: allocd.v1.SliceEndpoint.hints:type_name -> allocd.v1.EndpointHints
+	29, // 33: allocd.v1.EndpointHints.for_zones:type_name -> allocd.v1.ForZone
+	30, // 34: allocd.v1.EndpointHints.for_nodes:type_name -> allocd.v1.ForNode
+	25, // 35: allocd.v1.ListEndpointSlicesResponse.endpoint_slices:type_name -> allocd.v1.EndpointSlice
+	1,  // 36: allocd.v1.WatchEndpointSlicesResponse.type:type_name -> allocd.v1.WatchEventType
+	25, // 37: allocd.v1.WatchEndpointSlicesResponse.endpoint_slice:type_name -> allocd.v1.EndpointSlice
+	6,  // 38: allocd.v1.EndpointsService.PushPodSnapshot:input_type -> allocd.v1.PushPodSnapshotRequest
+	2,  // 39: allocd.v1.EndpointsService.PushNodeSnapshot:input_type -> allocd.v1.PushNodeSnapshotRequest
+	13, // 40: allocd.v1.EndpointsService.PushEvents:input_type -> allocd.v1.PushEventsRequest
+	19, // 41: allocd.v1.EndpointsService.GetServiceEndpoints:input_type -> allocd.v1.GetServiceEndpointsRequest
+	21, // 42: allocd.v1.EndpointsService.ListServiceEndpoints:input_type -> allocd.v1.ListServiceEndpointsRequest
+	23, // 43: allocd.v1.EndpointsService.WatchServiceEndpoints:input_type -> allocd.v1.WatchServiceEndpointsRequest
+	32, // 44: allocd.v1.EndpointsService.ListEndpointSlices:input_type -> allocd.v1.ListEndpointSlicesRequest
+	34, // 45: allocd.v1.EndpointsService.WatchEndpointSlices:input_type -> allocd.v1.WatchEndpointSlicesRequest
+	8,  // 46: allocd.v1.EndpointsService.PushPodSnapshot:output_type -> allocd.v1.PushPodSnapshotResponse
+	4,  // 47: allocd.v1.EndpointsService.PushNodeSnapshot:output_type -> allocd.v1.PushNodeSnapshotResponse
+	14, // 48: allocd.v1.EndpointsService.PushEvents:output_type -> allocd.v1.PushEventsResponse
+	20, // 49: allocd.v1.EndpointsService.GetServiceEndpoints:output_type -> allocd.v1.GetServiceEndpointsResponse
+	22, // 50: allocd.v1.EndpointsService.ListServiceEndpoints:output_type -> allocd.v1.ListServiceEndpointsResponse
+	24, // 51: allocd.v1.EndpointsService.WatchServiceEndpoints:output_type -> allocd.v1.WatchServiceEndpointsResponse
+	33, // 52: allocd.v1.EndpointsService.ListEndpointSlices:output_type -> allocd.v1.ListEndpointSlicesResponse
+	35, // 53: allocd.v1.EndpointsService.WatchEndpointSlices:output_type -> allocd.v1.WatchEndpointSlicesResponse
+	46, // [46:54] is the sub-list for method output_type
+	38, // [38:46] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_allocd_v1_endpoints_proto_init() }
@@ -1742,17 +2920,21 @@ func file_allocd_v1_endpoints_proto_init() {
 	}
 	file_allocd_v1_lease_proto_init()
 	file_allocd_v1_repair_proto_init()
-	file_allocd_v1_endpoints_proto_msgTypes[6].OneofWrappers = []any{
+	file_allocd_v1_endpoints_proto_msgTypes[10].OneofWrappers = []any{
 		(*Event_Service)(nil),
 		(*Event_Pod)(nil),
+		(*Event_Node)(nil),
 	}
+	file_allocd_v1_endpoints_proto_msgTypes[24].OneofWrappers = []any{}
+	file_allocd_v1_endpoints_proto_msgTypes[25].OneofWrappers = []any{}
+	file_allocd_v1_endpoints_proto_msgTypes[29].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allocd_v1_endpoints_proto_rawDesc), len(file_allocd_v1_endpoints_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   22,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -20,29 +20,33 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	EndpointsService_PushPodSnapshot_FullMethodName       = "/allocd.v1.EndpointsService/PushPodSnapshot"
+	EndpointsService_PushNodeSnapshot_FullMethodName      = "/allocd.v1.EndpointsService/PushNodeSnapshot"
 	EndpointsService_PushEvents_FullMethodName            = "/allocd.v1.EndpointsService/PushEvents"
 	EndpointsService_GetServiceEndpoints_FullMethodName   = "/allocd.v1.EndpointsService/GetServiceEndpoints"
 	EndpointsService_ListServiceEndpoints_FullMethodName  = "/allocd.v1.EndpointsService/ListServiceEndpoints"
 	EndpointsService_WatchServiceEndpoints_FullMethodName = "/allocd.v1.EndpointsService/WatchServiceEndpoints"
+	EndpointsService_ListEndpointSlices_FullMethodName    = "/allocd.v1.EndpointsService/ListEndpointSlices"
+	EndpointsService_WatchEndpointSlices_FullMethodName   = "/allocd.v1.EndpointsService/WatchEndpointSlices"
 )
 
 // EndpointsServiceClient is the client API for EndpointsService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// EndpointsService is kube-controller-manager's endpoint controller: for every Service
-// with a selector it keeps, in etcd, the Endpoints object Kubernetes would write (the
-// same addresses, readiness, ports, labels and annotations), computed from the Service
-// feed (RepairService.PushServiceSnapshot and PushEvents) and the Pod feed
-// (PushPodSnapshot and PushEvents). It also serves the Endpoints of default/kubernetes
-// that the master leases produce.
+// EndpointsService is kube-controller-manager's endpoint and EndpointSlice controllers:
+// for every Service with a selector it keeps, in etcd, the Endpoints object and the
+// EndpointSlices Kubernetes would write (the same addresses, conditions, ports, labels
+// and annotations), computed from the Service feed (RepairService.PushServiceSnapshot
+// and PushEvents), the Pod feed (PushPodSnapshot and PushEvents) and the Node feed
+// (PushNodeSnapshot and PushEvents). It also serves the Endpoints and the EndpointSlice
+// of default/kubernetes that the master leases produce.
 //
-// One replica, the elected leader (the repair leader), computes and writes; the feeds
-// may be sent to any replica, which forwards them to the leader. A leader writes
-// nothing in a term of leadership before it has a snapshot of both kinds pushed in that
-// term, and an event before the snapshot of its kind is FAILED_PRECONDITION
-// (reason SNAPSHOT_REQUIRED): the feeder then pushes snapshots again. Reads (Get, List,
-// Watch) are served by every replica from etcd.
+// One replica, the elected leader, computes and writes; the feeds may be sent to any
+// replica, which forwards them to the leader. A leader writes no Endpoints in a term of
+// leadership before it has a Service and a Pod snapshot pushed in that term, and no
+// EndpointSlice before it also has a Node snapshot; an event before the snapshot of its
+// kind is FAILED_PRECONDITION (reason SNAPSHOT_REQUIRED): the feeder then pushes
+// snapshots again. Reads (Get, List, Watch) are served by every replica from etcd.
 type EndpointsServiceClient interface {
 	// PushPodSnapshot takes the full list of Pods of the caller's store. It is a client
 	// stream so that a large snapshot can come in chunks: every message carries the same
@@ -50,7 +54,11 @@ type EndpointsServiceClient interface {
 	// closes. A malformed Pod refuses the whole snapshot (INVALID_ARGUMENT naming the
 	// field); a snapshot older than the one applied in this term is FAILED_PRECONDITION.
 	PushPodSnapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PushPodSnapshotRequest, PushPodSnapshotResponse], error)
-	// PushEvents applies Service and Pod upserts and deletes on top of the last snapshot
+	// PushNodeSnapshot takes the full list of Nodes of the caller's store, in chunks like
+	// PushPodSnapshot: the EndpointSlice controller's zones and topology hints. A
+	// malformed Node refuses the whole snapshot.
+	PushNodeSnapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PushNodeSnapshotRequest, PushNodeSnapshotResponse], error)
+	// PushEvents applies Service, Pod and Node upserts and deletes on top of the last snapshot
 	// of their kind, in the order sent; an event whose revision is not newer than what
 	// is applied for its kind is ignored (a replay is harmless). The reply comes when the
 	// stream closes and every message was applied. A malformed event refuses the whole
@@ -68,6 +76,17 @@ type EndpointsServiceClient interface {
 	// OUT_OF_RANGE (reason REVISION_COMPACTED): list again and watch from the list's
 	// revision, as a Kubernetes watch answers 410 Gone.
 	WatchServiceEndpoints(ctx context.Context, in *WatchServiceEndpointsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchServiceEndpointsResponse], error)
+	// ListEndpointSlices lists EndpointSlices a page at a time, sorted by namespace,
+	// Service name and slice name, every page read at the revision of the first: of
+	// every namespace (namespace empty), of one namespace, or of one Service
+	// (service_name with its namespace).
+	ListEndpointSlices(ctx context.Context, in *ListEndpointSlicesRequest, opts ...grpc.CallOption) (*ListEndpointSlicesResponse, error)
+	// WatchEndpointSlices streams changes of EndpointSlices, optionally of one
+	// namespace, as WatchServiceEndpoints does: ADDED, MODIFIED and DELETED from a
+	// revision, the current slices first with start_revision 0, and a compacted revision
+	// OUT_OF_RANGE (reason REVISION_COMPACTED). The slices of one Service that one sync
+	// changes share one revision: they were written in one transaction.
+	WatchEndpointSlices(ctx context.Context, in *WatchEndpointSlicesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEndpointSlicesResponse], error)
 }
 
 type endpointsServiceClient struct {
@@ -91,9 +110,22 @@ func (c *endpointsServiceClient) PushPodSnapshot(ctx context.Context, opts ...gr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type EndpointsService_PushPodSnapshotClient = grpc.ClientStreamingClient[PushPodSnapshotRequest, PushPodSnapshotResponse]
 
+func (c *endpointsServiceClient) PushNodeSnapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PushNodeSnapshotRequest, PushNodeSnapshotResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &EndpointsService_ServiceDesc.Streams[1], EndpointsService_PushNodeSnapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PushNodeSnapshotRequest, PushNodeSnapshotResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type EndpointsService_PushNodeSnapshotClient = grpc.ClientStreamingClient[PushNodeSnapshotRequest, PushNodeSnapshotResponse]
+
 func (c *endpointsServiceClient) PushEvents(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PushEventsRequest, PushEventsResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &EndpointsService_ServiceDesc.Streams[1], EndpointsService_PushEvents_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &EndpointsService_ServiceDesc.Streams[2], EndpointsService_PushEvents_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +158,7 @@ func (c *endpointsServiceClient) ListServiceEndpoints(ctx context.Context, in *L
 
 func (c *endpointsServiceClient) WatchServiceEndpoints(ctx context.Context, in *WatchServiceEndpointsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchServiceEndpointsResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &EndpointsService_ServiceDesc.Streams[2], EndpointsService_WatchServiceEndpoints_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &EndpointsService_ServiceDesc.Streams[3], EndpointsService_WatchServiceEndpoints_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -143,23 +175,53 @@ func (c *endpointsServiceClient) WatchServiceEndpoints(ctx context.Context, in *
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type EndpointsService_WatchServiceEndpointsClient = grpc.ServerStreamingClient[WatchServiceEndpointsResponse]
 
+func (c *endpointsServiceClient) ListEndpointSlices(ctx context.Context, in *ListEndpointSlicesRequest, opts ...grpc.CallOption) (*ListEndpointSlicesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListEndpointSlicesResponse)
+	err := c.cc.Invoke(ctx, EndpointsService_ListEndpointSlices_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *endpointsServiceClient) WatchEndpointSlices(ctx context.Context, in *WatchEndpointSlicesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEndpointSlicesResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &EndpointsService_ServiceDesc.Streams[4], EndpointsService_WatchEndpointSlices_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchEndpointSlicesRequest, WatchEndpointSlicesResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type EndpointsService_WatchEndpointSlicesClient = grpc.ServerStreamingClient[WatchEndpointSlicesResponse]
+
 // EndpointsServiceServer is the server API for EndpointsService service.
 // All implementations must embed UnimplementedEndpointsServiceServer
 // for forward compatibility.
 //
-// EndpointsService is kube-controller-manager's endpoint controller: for every Service
-// with a selector it keeps, in etcd, the Endpoints object Kubernetes would write (the
-// same addresses, readiness, ports, labels and annotations), computed from the Service
-// feed (RepairService.PushServiceSnapshot and PushEvents) and the Pod feed
-// (PushPodSnapshot and PushEvents). It also serves the Endpoints of default/kubernetes
-// that the master leases produce.
+// EndpointsService is kube-controller-manager's endpoint and EndpointSlice controllers:
+// for every Service with a selector it keeps, in etcd, the Endpoints object and the
+// EndpointSlices Kubernetes would write (the same addresses, conditions, ports, labels
+// and annotations), computed from the Service feed (RepairService.PushServiceSnapshot
+// and PushEvents), the Pod feed (PushPodSnapshot and PushEvents) and the Node feed
+// (PushNodeSnapshot and PushEvents). It also serves the Endpoints and the EndpointSlice
+// of default/kubernetes that the master leases produce.
 //
-// One replica, the elected leader (the repair leader), computes and writes; the feeds
-// may be sent to any replica, which forwards them to the leader. A leader writes
-// nothing in a term of leadership before it has a snapshot of both kinds pushed in that
-// term, and an event before the snapshot of its kind is FAILED_PRECONDITION
-// (reason SNAPSHOT_REQUIRED): the feeder then pushes snapshots again. Reads (Get, List,
-// Watch) are served by every replica from etcd.
+// One replica, the elected leader, computes and writes; the feeds may be sent to any
+// replica, which forwards them to the leader. A leader writes no Endpoints in a term of
+// leadership before it has a Service and a Pod snapshot pushed in that term, and no
+// EndpointSlice before it also has a Node snapshot; an event before the snapshot of its
+// kind is FAILED_PRECONDITION (reason SNAPSHOT_REQUIRED): the feeder then pushes
+// snapshots again. Reads (Get, List, Watch) are served by every replica from etcd.
 type EndpointsServiceServer interface {
 	// PushPodSnapshot takes the full list of Pods of the caller's store. It is a client
 	// stream so that a large snapshot can come in chunks: every message carries the same
@@ -167,7 +229,11 @@ type EndpointsServiceServer interface {
 	// closes. A malformed Pod refuses the whole snapshot (INVALID_ARGUMENT naming the
 	// field); a snapshot older than the one applied in this term is FAILED_PRECONDITION.
 	PushPodSnapshot(grpc.ClientStreamingServer[PushPodSnapshotRequest, PushPodSnapshotResponse]) error
-	// PushEvents applies Service and Pod upserts and deletes on top of the last snapshot
+	// PushNodeSnapshot takes the full list of Nodes of the caller's store, in chunks like
+	// PushPodSnapshot: the EndpointSlice controller's zones and topology hints. A
+	// malformed Node refuses the whole snapshot.
+	PushNodeSnapshot(grpc.ClientStreamingServer[PushNodeSnapshotRequest, PushNodeSnapshotResponse]) error
+	// PushEvents applies Service, Pod and Node upserts and deletes on top of the last snapshot
 	// of their kind, in the order sent; an event whose revision is not newer than what
 	// is applied for its kind is ignored (a replay is harmless). The reply comes when the
 	// stream closes and every message was applied. A malformed event refuses the whole
@@ -185,6 +251,17 @@ type EndpointsServiceServer interface {
 	// OUT_OF_RANGE (reason REVISION_COMPACTED): list again and watch from the list's
 	// revision, as a Kubernetes watch answers 410 Gone.
 	WatchServiceEndpoints(*WatchServiceEndpointsRequest, grpc.ServerStreamingServer[WatchServiceEndpointsResponse]) error
+	// ListEndpointSlices lists EndpointSlices a page at a time, sorted by namespace,
+	// Service name and slice name, every page read at the revision of the first: of
+	// every namespace (namespace empty), of one namespace, or of one Service
+	// (service_name with its namespace).
+	ListEndpointSlices(context.Context, *ListEndpointSlicesRequest) (*ListEndpointSlicesResponse, error)
+	// WatchEndpointSlices streams changes of EndpointSlices, optionally of one
+	// namespace, as WatchServiceEndpoints does: ADDED, MODIFIED and DELETED from a
+	// revision, the current slices first with start_revision 0, and a compacted revision
+	// OUT_OF_RANGE (reason REVISION_COMPACTED). The slices of one Service that one sync
+	// changes share one revision: they were written in one transaction.
+	WatchEndpointSlices(*WatchEndpointSlicesRequest, grpc.ServerStreamingServer[WatchEndpointSlicesResponse]) error
 	mustEmbedUnimplementedEndpointsServiceServer()
 }
 
@@ -198,6 +275,9 @@ type UnimplementedEndpointsServiceServer struct{}
 func (UnimplementedEndpointsServiceServer) PushPodSnapshot(grpc.ClientStreamingServer[PushPodSnapshotRequest, PushPodSnapshotResponse]) error {
 	return status.Error(codes.Unimplemented, "method PushPodSnapshot not implemented")
 }
+func (UnimplementedEndpointsServiceServer) PushNodeSnapshot(grpc.ClientStreamingServer[PushNodeSnapshotRequest, PushNodeSnapshotResponse]) error {
+	return status.Error(codes.Unimplemented, "method PushNodeSnapshot not implemented")
+}
 func (UnimplementedEndpointsServiceServer) PushEvents(grpc.ClientStreamingServer[PushEventsRequest, PushEventsResponse]) error {
 	return status.Error(codes.Unimplemented, "method PushEvents not implemented")
 }
@@ -209,6 +289,12 @@ func (UnimplementedEndpointsServiceServer) ListServiceEndpoints(context.Context,
 }
 func (UnimplementedEndpointsServiceServer) WatchServiceEndpoints(*WatchServiceEndpointsRequest, grpc.ServerStreamingServer[WatchServiceEndpointsResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchServiceEndpoints not implemented")
+}
+func (UnimplementedEndpointsServiceServer) ListEndpointSlices(context.Context, *ListEndpointSlicesRequest) (*ListEndpointSlicesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListEndpointSlices not implemented")
+}
+func (UnimplementedEndpointsServiceServer) WatchEndpointSlices(*WatchEndpointSlicesRequest, grpc.ServerStreamingServer[WatchEndpointSlicesResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchEndpointSlices not implemented")
 }
 func (UnimplementedEndpointsServiceServer) mustEmbedUnimplementedEndpointsServiceServer() {}
 func (UnimplementedEndpointsServiceServer) testEmbeddedByValue()                          {}
@@ -237,6 +323,13 @@ func _EndpointsService_PushPodSnapshot_Handler(srv interface{}, stream grpc.Serv
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type EndpointsService_PushPodSnapshotServer = grpc.ClientStreamingServer[PushPodSnapshotRequest, PushPodSnapshotResponse]
+
+func _EndpointsService_PushNodeSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(EndpointsServiceServer).PushNodeSnapshot(&grpc.GenericServerStream[PushNodeSnapshotRequest, PushNodeSnapshotResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type EndpointsService_PushNodeSnapshotServer = grpc.ClientStreamingServer[PushNodeSnapshotRequest, PushNodeSnapshotResponse]
 
 func _EndpointsService_PushEvents_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(EndpointsServiceServer).PushEvents(&grpc.GenericServerStream[PushEventsRequest, PushEventsResponse]{ServerStream: stream})
@@ -292,6 +385,35 @@ func _EndpointsService_WatchServiceEndpoints_Handler(srv interface{}, stream grp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type EndpointsService_WatchServiceEndpointsServer = grpc.ServerStreamingServer[WatchServiceEndpointsResponse]
 
+func _EndpointsService_ListEndpointSlices_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListEndpointSlicesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EndpointsServiceServer).ListEndpointSlices(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: EndpointsService_ListEndpointSlices_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EndpointsServiceServer).ListEndpointSlices(ctx, req.(*ListEndpointSlicesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _EndpointsService_WatchEndpointSlices_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchEndpointSlicesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(EndpointsServiceServer).WatchEndpointSlices(m, &grpc.GenericServerStream[WatchEndpointSlicesRequest, WatchEndpointSlicesResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type EndpointsService_WatchEndpointSlicesServer = grpc.ServerStreamingServer[WatchEndpointSlicesResponse]
+
 // EndpointsService_ServiceDesc is the grpc.ServiceDesc for EndpointsService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -307,11 +429,20 @@ var EndpointsService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListServiceEndpoints",
 			Handler:    _EndpointsService_ListServiceEndpoints_Handler,
 		},
+		{
+			MethodName: "ListEndpointSlices",
+			Handler:    _EndpointsService_ListEndpointSlices_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "PushPodSnapshot",
 			Handler:       _EndpointsService_PushPodSnapshot_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "PushNodeSnapshot",
+			Handler:       _EndpointsService_PushNodeSnapshot_Handler,
 			ClientStreams: true,
 		},
 		{
@@ -322,6 +453,11 @@ var EndpointsService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchServiceEndpoints",
 			Handler:       _EndpointsService_WatchServiceEndpoints_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchEndpointSlices",
+			Handler:       _EndpointsService_WatchEndpointSlices_Handler,
 			ServerStreams: true,
 		},
 	},

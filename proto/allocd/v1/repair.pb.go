@@ -160,9 +160,17 @@ type Service struct {
 	Ports []*ServicePortSpec `protobuf:"bytes,12,rep,name=ports,proto3" json:"ports,omitempty"`
 	// creation_time of the Service (metadata.creationTimestamp), for the
 	// endpoints.kubernetes.io/last-change-trigger-time annotation; absent when unknown.
-	CreationTime  *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=creation_time,json=creationTime,proto3" json:"creation_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CreationTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=creation_time,json=creationTime,proto3" json:"creation_time,omitempty"`
+	// annotations of the Service (metadata.annotations). The EndpointSlice controller
+	// reads service.kubernetes.io/topology-mode (and the deprecated
+	// service.kubernetes.io/topology-aware-hints, which wins when both are set).
+	Annotations map[string]string `protobuf:"bytes,14,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// traffic_distribution of the Service (spec.trafficDistribution): "PreferClose",
+	// "PreferSameZone", "PreferSameNode", or empty for none. Any other value is
+	// INVALID_ARGUMENT.
+	TrafficDistribution string `protobuf:"bytes,15,opt,name=traffic_distribution,json=trafficDistribution,proto3" json:"traffic_distribution,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Service) Reset() {
@@ -284,6 +292,20 @@ func (x *Service) GetCreationTime() *timestamppb.Timestamp {
 		return x.CreationTime
 	}
 	return nil
+}
+
+func (x *Service) GetAnnotations() map[string]string {
+	if x != nil {
+		return x.Annotations
+	}
+	return nil
+}
+
+func (x *Service) GetTrafficDistribution() string {
+	if x != nil {
+		return x.TrafficDistribution
+	}
+	return ""
 }
 
 // Selector is a Service's label selector.
@@ -1144,7 +1166,7 @@ const file_allocd_v1_repair_proto_rawDesc = "" +
 	"\bsnapshot\x18\x01 \x01(\v2\x1a.allocd.v1.ServiceSnapshotR\bsnapshot\"]\n" +
 	"\x0fServiceSnapshot\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12.\n" +
-	"\bservices\x18\x02 \x03(\v2\x12.allocd.v1.ServiceR\bservices\"\xe5\x04\n" +
+	"\bservices\x18\x02 \x03(\v2\x12.allocd.v1.ServiceR\bservices\"\x9f\x06\n" +
 	"\aService\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -1162,8 +1184,13 @@ const file_allocd_v1_repair_proto_rawDesc = "" +
 	" \x01(\v2\x13.allocd.v1.SelectorR\bselector\x12=\n" +
 	"\x1bpublish_not_ready_addresses\x18\v \x01(\bR\x18publishNotReadyAddresses\x120\n" +
 	"\x05ports\x18\f \x03(\v2\x1a.allocd.v1.ServicePortSpecR\x05ports\x12?\n" +
-	"\rcreation_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\fcreationTime\x1a9\n" +
+	"\rcreation_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\fcreationTime\x12E\n" +
+	"\vannotations\x18\x0e \x03(\v2#.allocd.v1.Service.AnnotationsEntryR\vannotations\x121\n" +
+	"\x14traffic_distribution\x18\x0f \x01(\tR\x13trafficDistribution\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
+	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x93\x01\n" +
 	"\bSelector\x12G\n" +
@@ -1250,7 +1277,7 @@ func file_allocd_v1_repair_proto_rawDescGZIP() []byte {
 	return file_allocd_v1_repair_proto_rawDescData
 }
 
-var file_allocd_v1_repair_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_allocd_v1_repair_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_allocd_v1_repair_proto_goTypes = []any{
 	(*PushServiceSnapshotRequest)(nil),  // 0: allocd.v1.PushServiceSnapshotRequest
 	(*ServiceSnapshot)(nil),             // 1: allocd.v1.ServiceSnapshot
@@ -1268,11 +1295,12 @@ var file_allocd_v1_repair_proto_goTypes = []any{
 	(*Finding)(nil),                     // 13: allocd.v1.Finding
 	(*LeakCandidate)(nil),               // 14: allocd.v1.LeakCandidate
 	nil,                                 // 15: allocd.v1.Service.LabelsEntry
-	nil,                                 // 16: allocd.v1.Selector.MatchLabelsEntry
-	nil,                                 // 17: allocd.v1.RepairReport.CountsEntry
-	(*timestamppb.Timestamp)(nil),       // 18: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),         // 19: google.protobuf.Duration
-	(*Owner)(nil),                       // 20: allocd.v1.Owner
+	nil,                                 // 16: allocd.v1.Service.AnnotationsEntry
+	nil,                                 // 17: allocd.v1.Selector.MatchLabelsEntry
+	nil,                                 // 18: allocd.v1.RepairReport.CountsEntry
+	(*timestamppb.Timestamp)(nil),       // 19: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),         // 20: google.protobuf.Duration
+	(*Owner)(nil),                       // 21: allocd.v1.Owner
 }
 var file_allocd_v1_repair_proto_depIdxs = []int32{
 	1,  // 0: allocd.v1.PushServiceSnapshotRequest.snapshot:type_name -> allocd.v1.ServiceSnapshot
@@ -1281,30 +1309,31 @@ var file_allocd_v1_repair_proto_depIdxs = []int32{
 	15, // 3: allocd.v1.Service.labels:type_name -> allocd.v1.Service.LabelsEntry
 	3,  // 4: allocd.v1.Service.selector:type_name -> allocd.v1.Selector
 	4,  // 5: allocd.v1.Service.ports:type_name -> allocd.v1.ServicePortSpec
-	18, // 6: allocd.v1.Service.creation_time:type_name -> google.protobuf.Timestamp
-	16, // 7: allocd.v1.Selector.match_labels:type_name -> allocd.v1.Selector.MatchLabelsEntry
-	5,  // 8: allocd.v1.ServicePortSpec.target_port:type_name -> allocd.v1.TargetPort
-	12, // 9: allocd.v1.RunRepairResponse.report:type_name -> allocd.v1.RepairReport
-	12, // 10: allocd.v1.GetRepairStatusResponse.last_report:type_name -> allocd.v1.RepairReport
-	14, // 11: allocd.v1.GetRepairStatusResponse.leak_candidates:type_name -> allocd.v1.LeakCandidate
-	18, // 12: allocd.v1.RepairReport.start_time:type_name -> google.protobuf.Timestamp
-	19, // 13: allocd.v1.RepairReport.duration:type_name -> google.protobuf.Duration
-	13, // 14: allocd.v1.RepairReport.findings:type_name -> allocd.v1.Finding
-	17, // 15: allocd.v1.RepairReport.counts:type_name -> allocd.v1.RepairReport.CountsEntry
-	20, // 16: allocd.v1.Finding.service:type_name -> allocd.v1.Owner
-	20, // 17: allocd.v1.LeakCandidate.owner:type_name -> allocd.v1.Owner
-	19, // 18: allocd.v1.LeakCandidate.age:type_name -> google.protobuf.Duration
-	0,  // 19: allocd.v1.RepairService.PushServiceSnapshot:input_type -> allocd.v1.PushServiceSnapshotRequest
-	8,  // 20: allocd.v1.RepairService.RunRepair:input_type -> allocd.v1.RunRepairRequest
-	10, // 21: allocd.v1.RepairService.GetRepairStatus:input_type -> allocd.v1.GetRepairStatusRequest
-	7,  // 22: allocd.v1.RepairService.PushServiceSnapshot:output_type -> allocd.v1.PushServiceSnapshotResponse
-	9,  // 23: allocd.v1.RepairService.RunRepair:output_type -> allocd.v1.RunRepairResponse
-	11, // 24: allocd.v1.RepairService.GetRepairStatus:output_type -> allocd.v1.GetRepairStatusResponse
-	22, // [22:25] is the sub-list for method output_type
-	19, // [19:22] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	19, // 6: allocd.v1.Service.creation_time:type_name -> google.protobuf.Timestamp
+	16, // 7: allocd.v1.Service.annotations:type_name -> allocd.v1.Service.AnnotationsEntry
+	17, // 8: allocd.v1.Selector.match_labels:type_name -> allocd.v1.Selector.MatchLabelsEntry
+	5,  // 9: allocd.v1.ServicePortSpec.target_port:type_name -> allocd.v1.TargetPort
+	12, // 10: allocd.v1.RunRepairResponse.report:type_name -> allocd.v1.RepairReport
+	12, // 11: allocd.v1.GetRepairStatusResponse.last_report:type_name -> allocd.v1.RepairReport
+	14, // 12: allocd.v1.GetRepairStatusResponse.leak_candidates:type_name -> allocd.v1.LeakCandidate
+	19, // 13: allocd.v1.RepairReport.start_time:type_name -> google.protobuf.Timestamp
+	20, // 14: allocd.v1.RepairReport.duration:type_name -> google.protobuf.Duration
+	13, // 15: allocd.v1.RepairReport.findings:type_name -> allocd.v1.Finding
+	18, // 16: allocd.v1.RepairReport.counts:type_name -> allocd.v1.RepairReport.CountsEntry
+	21, // 17: allocd.v1.Finding.service:type_name -> allocd.v1.Owner
+	21, // 18: allocd.v1.LeakCandidate.owner:type_name -> allocd.v1.Owner
+	20, // 19: allocd.v1.LeakCandidate.age:type_name -> google.protobuf.Duration
+	0,  // 20: allocd.v1.RepairService.PushServiceSnapshot:input_type -> allocd.v1.PushServiceSnapshotRequest
+	8,  // 21: allocd.v1.RepairService.RunRepair:input_type -> allocd.v1.RunRepairRequest
+	10, // 22: allocd.v1.RepairService.GetRepairStatus:input_type -> allocd.v1.GetRepairStatusRequest
+	7,  // 23: allocd.v1.RepairService.PushServiceSnapshot:output_type -> allocd.v1.PushServiceSnapshotResponse
+	9,  // 24: allocd.v1.RepairService.RunRepair:output_type -> allocd.v1.RunRepairResponse
+	11, // 25: allocd.v1.RepairService.GetRepairStatus:output_type -> allocd.v1.GetRepairStatusResponse
+	23, // [23:26] is the sub-list for method output_type
+	20, // [20:23] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_allocd_v1_repair_proto_init() }
@@ -1324,7 +1353,7 @@ func file_allocd_v1_repair_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allocd_v1_repair_proto_rawDesc), len(file_allocd_v1_repair_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,10 +1,11 @@
-// Command allocd serves the allocd.v1 API: ClusterIP and NodePort allocation, master
-// leases and the kubernetes Service's endpoints, and the repair loop, all kept in etcd.
-// With no --etcd-servers it runs an embedded etcd in --data-dir.
+// Package app is the allocd command: serving (package daemon, with its Go flags and
+// their grouped help) and the operator's commands (package cli, the container health
+// check allocd health among them) under one cobra root. cmd/allocd runs it;
+// tools/gendocs writes the command line's reference (docs/operators/cli) from
+// NewCommand.
 //
-// Its subcommands are the operator's command line (package cmd/allocd/cli: allocd get
-// ranges, allocd release, ..., and the container health check, allocd health).
-package main
+//	os.Exit(app.Run(os.Args[1:], os.Stdout, os.Stderr))
+package app
 
 import (
 	"context"
@@ -12,7 +13,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"runtime"
 	"runtime/debug"
@@ -26,16 +26,19 @@ import (
 	"github.com/allocd/allocd/cmd/allocd/daemon"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
+// version is set at build time with
+// -ldflags "-X github.com/allocd/allocd/cmd/allocd/app.version=...".
 var version = ""
 
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+// Run is allocd: serving with the flags of args when they name no subcommand, else the
+// subcommand. It returns the exit code.
+func Run(args []string, stdout, stderr io.Writer) int {
+	return cli.Execute(context.Background(), NewCommand(stdout, stderr), args, stdout, stderr)
 }
 
-// run is allocd: serving with the flags of args when they name no subcommand, else the
-// subcommand. It returns the exit code.
-func run(args []string, stdout, stderr io.Writer) int {
+// NewCommand returns allocd's root command, whose commands write to stdout and stderr.
+// Run executes it with cli.Execute, which adds cobra's completion command.
+func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "allocd",
 		Short: "etcd-native ClusterIP/NodePort allocator and master-lease service over gRPC",
@@ -63,7 +66,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		serve([]string{"--help"}, cmd.OutOrStdout(), cmd.ErrOrStderr(), func(w io.Writer) { cli.PrintCommands(w, root) })
 	})
-	return cli.Execute(context.Background(), root, args, stdout, stderr)
+	return root
 }
 
 // exit turns an exit code into the error that makes cli.Execute return it.

@@ -1,0 +1,241 @@
+package endpoints
+
+import (
+	"fmt"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// The stored form of an EndpointSlice is the protobuf encoding of the API's
+// allocd.v1.EndpointSlice message without the revisions, written and read with
+// protowire as codec.go does for Endpoints; TestSliceCodecMatchesProto holds it to the
+// generated code. A port's name, number and protocol are always present (the
+// controller sets them all); a string of an endpoint is present when it is not empty.
+//
+// Field numbers, as in proto/allocd/v1/endpoints.proto:
+//
+//	EndpointSlice: 1 namespace, 2 name, 3 labels, 4 annotations, 5 address_type,
+//	  6 service_uid, 7 endpoints, 8 ports, 9 revision, 10 create_revision (not stored)
+//	SliceEndpoint: 1 addresses, 2 conditions, 3 hostname, 4 node_name, 5 zone,
+//	  6 target_ref, 7 hints
+//	EndpointConditions: 1 ready, 2 serving, 3 terminating
+//	EndpointHints: 1 for_zones, 2 for_nodes; ForZone, ForNode: 1 name
+//	EndpointSlicePort: 1 name, 2 port, 3 protocol, 4 app_protocol
+
+// encodeSlice is the stored form of s.
+func encodeSlice(s *EndpointSlice) []byte {
+	b := make([]byte, 0, 64+len(s.Endpoints)*96)
+	b = appendString(b, 1, s.Namespace)
+	b = appendString(b, 2, s.Name)
+	b = appendMap(b, 3, s.Labels)
+	b = appendMap(b, 4, s.Annotations)
+	b = appendString(b, 5, s.AddressType)
+	b = appendString(b, 6, s.ServiceUID)
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		b = appendMessage(b, 7, func(b []byte) []byte { return appendSliceEndpoint(b, e) })
+	}
+	for _, p := range s.Ports {
+		b = appendMessage(b, 8, func(b []byte) []byte { return appendSlicePort(b, p) })
+	}
+	return b
+}
+
+func appendSliceEndpoint(b []byte, e *SliceEndpoint) []byte {
+	for _, a := range e.Addresses {
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, a)
+	}
+	if e.Ready != nil || e.Serving != nil || e.Terminating != nil {
+		b = appendMessage(b, 2, func(b []byte) []byte {
+			for i, c := range []*bool{e.Ready, e.Serving, e.Terminating} {
+				if c != nil {
+					b = protowire.AppendTag(b, protowire.Number(i+1), protowire.VarintType)
+					b = protowire.AppendVarint(b, protowire.EncodeBool(*c))
+				}
+			}
+			return b
+		})
+	}
+	b = appendString(b, 3, e.Hostname)
+	b = appendString(b, 4, e.NodeName)
+	b = appendString(b, 5, e.Zone)
+	if r := e.TargetRef; r != nil {
+		b = appendMessage(b, 6, func(b []byte) []byte {
+			b = appendString(b, 1, r.Kind)
+			b = appendString(b, 2, r.Namespace)
+			b = appendString(b, 3, r.Name)
+			return appendString(b, 4, r.UID)
+		})
+	}
+	if h := e.Hints; h != nil {
+		b = appendMessage(b, 7, func(b []byte) []byte {
+			for _, z := range h.ForZones {
+				b = appendMessage(b, 1, func(b []byte) []byte { return appendString(b, 1, z) })
+			}
+			for _, n := range h.ForNodes {
+				b = appendMessage(b, 2, func(b []byte) []byte { return appendString(b, 1, n) })
+			}
+			return b
+		})
+	}
+	return b
+}
+
+func appendSlicePort(b []byte, p SlicePort) []byte {
+	b = appendPresentString(b, 1, p.Name)
+	b = protowire.AppendTag(b, 2, protowire.VarintType)
+	b = protowire.AppendVarint(b, uint64(int64(p.Port)))
+	b = appendPresentString(b, 3, p.Protocol)
+	if p.AppProtocol != nil {
+		b = appendPresentString(b, 4, *p.AppProtocol)
+	}
+	return b
+}
+
+// appendPresentString appends an optional string field that is set, even when empty.
+func appendPresentString(b []byte, num protowire.Number, s string) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendString(b, s)
+}
+
+// The stored slice messages' schemas.
+var (
+	sliceSchema = schema{-1, bytesField, bytesField, bytesField, bytesField, bytesField,
+		bytesField, bytesField, bytesField, varintField, varintField}
+	sliceEndpointSchema = schema{-1, bytesField, bytesField, bytesField, bytesField, bytesField,
+		bytesField, bytesField}
+	conditionsSchema = schema{-1, varintField, varintField, varintField}
+	hintsSchema      = schema{-1, bytesField, bytesField}
+	nameSchema       = schema{-1, bytesField}
+)
+
+// decodeSlice reads a stored slice of the Service service and stamps it with its etcd
+// revisions.
+func decodeSlice(b []byte, service string, modRev, createRev int64) (*EndpointSlice, error) {
+	s := &EndpointSlice{Service: service, Revision: modRev, CreateRevision: createRev}
+	err := fields(b, sliceSchema, func(num protowire.Number, v []byte, _ uint64) error {
+		switch num {
+		case 1:
+			s.Namespace = string(v)
+		case 2:
+			s.Name = string(v)
+		case 3:
+			return mapEntry(&s.Labels, v)
+		case 4:
+			return mapEntry(&s.Annotations, v)
+		case 5:
+			s.AddressType = string(v)
+		case 6:
+			s.ServiceUID = string(v)
+		case 7:
+			e, err := decodeSliceEndpoint(v)
+			s.Endpoints = append(s.Endpoints, e)
+			return err
+		case 8:
+			p, err := decodeSlicePort(v)
+			s.Ports = append(s.Ports, p)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("decode stored endpoint slice: %w", err)
+	}
+	return s, nil
+}
+
+func decodeSliceEndpoint(b []byte) (SliceEndpoint, error) {
+	var e SliceEndpoint
+	err := fields(b, sliceEndpointSchema, func(num protowire.Number, v []byte, _ uint64) error {
+		switch num {
+		case 1:
+			e.Addresses = append(e.Addresses, string(v))
+		case 2:
+			return fields(v, conditionsSchema, func(num protowire.Number, _ []byte, n uint64) error {
+				c := boolPtr(protowire.DecodeBool(n))
+				switch num {
+				case 1:
+					e.Ready = c
+				case 2:
+					e.Serving = c
+				case 3:
+					e.Terminating = c
+				}
+				return nil
+			})
+		case 3:
+			e.Hostname = string(v)
+		case 4:
+			e.NodeName = string(v)
+		case 5:
+			e.Zone = string(v)
+		case 6:
+			r, err := decodeRef(v)
+			e.TargetRef = r
+			return err
+		case 7:
+			h, err := decodeHints(v)
+			e.Hints = h
+			return err
+		}
+		return nil
+	})
+	return e, err
+}
+
+// decodeRef decodes an ObjectReference.
+func decodeRef(b []byte) (*ObjectRef, error) {
+	r := &ObjectRef{}
+	err := fields(b, stringsSchema, func(num protowire.Number, v []byte, _ uint64) error {
+		switch num {
+		case 1:
+			r.Kind = string(v)
+		case 2:
+			r.Namespace = string(v)
+		case 3:
+			r.Name = string(v)
+		case 4:
+			r.UID = string(v)
+		}
+		return nil
+	})
+	return r, err
+}
+
+func decodeHints(b []byte) (*Hints, error) {
+	h := &Hints{}
+	err := fields(b, hintsSchema, func(num protowire.Number, v []byte, _ uint64) error {
+		var name string
+		err := fields(v, nameSchema, func(_ protowire.Number, v []byte, _ uint64) error {
+			name = string(v)
+			return nil
+		})
+		if num == 1 {
+			h.ForZones = append(h.ForZones, name)
+		} else {
+			h.ForNodes = append(h.ForNodes, name)
+		}
+		return err
+	})
+	return h, err
+}
+
+func decodeSlicePort(b []byte) (SlicePort, error) {
+	var p SlicePort
+	err := fields(b, portSchema, func(num protowire.Number, v []byte, n uint64) error {
+		switch num {
+		case 1:
+			p.Name = string(v)
+		case 2:
+			p.Port = int32(n)
+		case 3:
+			p.Protocol = string(v)
+		case 4:
+			s := string(v)
+			p.AppProtocol = &s
+		}
+		return nil
+	})
+	return p, err
+}

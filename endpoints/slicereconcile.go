@@ -1,0 +1,391 @@
+package endpoints
+
+import (
+	"cmp"
+	"hash/fnv"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// This file places a Service's endpoints into slices: the library's Reconcile,
+// reconcileByAddressType, reconcileByPortMapping and finalize (reference a.6, a.7), with
+// every choice made deterministic (the library picks from maps). Existing endpoints
+// stay in their slices, so an endpoint never moves; a slice is written only when its
+// endpoints or its labels change; new endpoints fill the slices already being written,
+// fullest first, then the unchanged slice that fits them best, then new slices; a slice
+// to create takes the name of a slice to delete ("recycling"), so nothing is deleted and
+// created again.
+
+// sliceReconcile is what one sync of a Service knows.
+type sliceReconcile struct {
+	svc *Service
+	// existing are the stored slices of the Service's key that the controller
+	// manages, sorted by name; taken are the names of every slice stored under the
+	// key (managed or not: a new slice takes none of them).
+	existing []*EndpointSlice
+	taken    map[string]bool
+	// desired maps an address type to its port groups.
+	desired map[string]map[string]*desiredGroup
+	max     int
+	trigger time.Time
+	// topology is the zones' CPU ratios for topology hints (nil: not enough Node
+	// information).
+	topology map[string]float64
+}
+
+// slicePlan is what a sync writes.
+type slicePlan struct {
+	creates, updates, deletes []*EndpointSlice
+	added, removed            int
+	// efficiency has, per address type and port key, the endpoints desired and the
+	// slices there will be (the metrics).
+	efficiency map[string]efficiency
+}
+
+// efficiency of one group of slices.
+type efficiency struct{ endpoints, slices int }
+
+// writes counts the slices the plan writes.
+func (p *slicePlan) writes() int { return len(p.creates) + len(p.updates) + len(p.deletes) }
+
+// reconcile returns the plan that makes the stored slices what r wants.
+func (r *sliceReconcile) reconcile() *slicePlan {
+	plan := &slicePlan{efficiency: map[string]efficiency{}}
+	types := sliceAddressTypes(r.svc)
+	byType := map[string][]*EndpointSlice{}
+	var dropped []*EndpointSlice
+	for _, s := range r.existing {
+		if !slices.Contains(types, s.AddressType) {
+			dropped = append(dropped, s) // a family the Service no longer has
+			continue
+		}
+		byType[s.AddressType] = append(byType[s.AddressType], s)
+	}
+	for _, t := range types {
+		r.reconcileType(plan, t, byType[t])
+	}
+	plan.deletes = append(plan.deletes, dropped...)
+	r.name(plan)
+	for _, s := range plan.creates {
+		r.stamp(s)
+	}
+	for _, s := range plan.updates {
+		r.stamp(s)
+	}
+	return plan
+}
+
+// reconcileType plans the slices of one address type.
+func (r *sliceReconcile) reconcileType(plan *slicePlan, addrType string, existing []*EndpointSlice) {
+	var creates, updates, deletes []*EndpointSlice
+	byPorts := map[string][]*EndpointSlice{}
+	for _, s := range existing {
+		if s.ServiceUID != r.svc.UID {
+			deletes = append(deletes, s) // left by an earlier Service of the same name
+			continue
+		}
+		k := portsKey(s.Ports)
+		byPorts[k] = append(byPorts[k], s)
+	}
+	groups := r.desired[addrType]
+	for _, key := range slices.Sorted(maps.Keys(groups)) {
+		g := groups[key]
+		c, u, d, added, removed := r.reconcileGroup(byPorts[key], g, addrType)
+		creates, updates, deletes = append(creates, c...), append(updates, u...), append(deletes, d...)
+		plan.added += added
+		plan.removed += removed
+		plan.efficiency[addrType+"\x00"+key] = efficiency{endpoints: len(g.endpoints),
+			slices: len(byPorts[key]) + len(c) - len(d)}
+	}
+	for _, key := range slices.Sorted(maps.Keys(byPorts)) {
+		if _, ok := groups[key]; !ok {
+			deletes = append(deletes, byPorts[key]...) // a port group no Pod resolves any more
+		}
+	}
+	if len(existing) == len(deletes) && len(creates) == 0 {
+		// Every selector Service has a slice of each address type: an empty
+		// placeholder, kept when the one slice to delete already is one.
+		ph := r.newSlice(addrType, nil)
+		if len(deletes) == 1 && isPlaceholderOf(deletes[0], ph) {
+			deletes = deletes[:0]
+		} else {
+			creates = append(creates, ph)
+		}
+		plan.efficiency[addrType+"\x00"] = efficiency{slices: 1}
+	}
+	unchanged := unchangedSlices(existing, updates, deletes)
+	creates, updates = r.hints(addrType, creates, updates, unchanged)
+	creates, updates, deletes = recycle(r.svc, creates, updates, deletes)
+	plan.creates = append(plan.creates, creates...)
+	plan.updates = append(plan.updates, updates...)
+	plan.deletes = append(plan.deletes, deletes...)
+}
+
+// reconcileGroup plans the slices of one port group (reconcileByPortMapping).
+func (r *sliceReconcile) reconcileGroup(existing []*EndpointSlice, g *desiredGroup,
+	addrType string) (creates, updates, deletes []*EndpointSlice, added, removed int) {
+	want := make(map[string]int, len(g.keys)) // key -> index in g, while not placed
+	for i, k := range g.keys {
+		want[k] = i
+	}
+	var unchanged []*EndpointSlice
+	for _, s := range existing {
+		kept := make([]SliceEndpoint, 0, len(s.Endpoints))
+		changed := false
+		for i := range s.Endpoints {
+			k := endpointKey(&s.Endpoints[i])
+			j, ok := want[k]
+			if !ok {
+				continue
+			}
+			kept = append(kept, g.endpoints[j])
+			changed = changed || !equalBeyondKey(&g.endpoints[j], &s.Endpoints[i])
+			delete(want, k)
+		}
+		labels, labelsChanged := r.sliceLabels(s)
+		switch {
+		case changed || len(kept) != len(s.Endpoints):
+			removed += len(s.Endpoints) - len(kept)
+			if len(kept) == 0 {
+				deletes = append(deletes, s)
+				continue
+			}
+			cp := s.clone()
+			cp.Endpoints, cp.Labels = kept, labels
+			updates = append(updates, cp)
+		case labelsChanged:
+			cp := s.clone()
+			cp.Labels = labels
+			updates = append(updates, cp)
+		default:
+			unchanged = append(unchanged, s)
+		}
+	}
+	// What is left to place, in key order.
+	rest := make([]SliceEndpoint, 0, len(want))
+	for i, k := range g.keys {
+		if _, ok := want[k]; ok {
+			rest = append(rest, g.endpoints[i])
+		}
+	}
+	added = len(rest)
+	// Fill the slices being written already, fullest first.
+	slices.SortStableFunc(updates, func(a, b *EndpointSlice) int { return cmp.Compare(len(b.Endpoints), len(a.Endpoints)) })
+	for _, s := range updates {
+		n := min(r.max-len(s.Endpoints), len(rest))
+		if n > 0 {
+			s.Endpoints = append(s.Endpoints, rest[:n]...)
+			rest = rest[n:]
+		}
+	}
+	for len(rest) > 0 {
+		var fill *EndpointSlice
+		if len(rest) < r.max && len(unchanged) > 0 {
+			if i := sliceToFill(unchanged, len(rest), r.max); i >= 0 {
+				fill = unchanged[i].clone()
+				unchanged = slices.Delete(unchanged, i, i+1)
+				updates = append(updates, fill)
+			}
+		}
+		if fill == nil {
+			fill = r.newSlice(addrType, g.ports)
+			creates = append(creates, fill)
+		}
+		n := min(r.max-len(fill.Endpoints), len(rest))
+		fill.Endpoints = append(fill.Endpoints, rest[:n]...)
+		rest = rest[n:]
+	}
+	return creates, updates, deletes, added, removed
+}
+
+// sliceToFill returns the index of the unchanged slice that n more endpoints leave
+// closest to full without going over max (the first of those in name order), -1 when
+// none fits (getSliceToFill).
+func sliceToFill(unchanged []*EndpointSlice, n, max int) int {
+	best, bestDiff := -1, max
+	for i, s := range unchanged {
+		if d := max - (n + len(s.Endpoints)); d >= 0 && d < bestDiff {
+			best, bestDiff = i, d
+			if d == 0 {
+				break
+			}
+		}
+	}
+	return best
+}
+
+// sliceLabels returns the labels a slice of r's Service carries (setEndpointSliceLabels)
+// and whether its labels other than the reserved ones differ from the Service's: only
+// that makes a write (a wrong headless label alone does not, as upstream).
+func (r *sliceReconcile) sliceLabels(s *EndpointSlice) (map[string]string, bool) {
+	labels := make(map[string]string, len(r.svc.Labels)+3)
+	for k, v := range r.svc.Labels {
+		if !reservedSliceLabel(k) {
+			labels[k] = v
+		}
+	}
+	changed := false
+	if s != nil {
+		n := 0
+		for k, v := range s.Labels {
+			if reservedSliceLabel(k) {
+				continue
+			}
+			n++
+			if w, ok := labels[k]; !ok || w != v {
+				changed = true
+			}
+		}
+		changed = changed || n != len(labels)
+	}
+	if isHeadless(r.svc) {
+		labels[LabelHeadless] = ""
+	}
+	labels[LabelServiceName] = r.svc.Name
+	labels[LabelSliceManagedBy] = SliceControllerName
+	return labels, changed
+}
+
+func reservedSliceLabel(k string) bool {
+	return k == LabelServiceName || k == LabelSliceManagedBy || k == LabelHeadless
+}
+
+// newSlice is a slice to create for r's Service (newEndpointSlice): no name yet.
+func (r *sliceReconcile) newSlice(addrType string, ports []SlicePort) *EndpointSlice {
+	labels, _ := r.sliceLabels(nil)
+	return &EndpointSlice{Namespace: r.svc.Namespace, Service: r.svc.Name, Labels: labels,
+		AddressType: addrType, ServiceUID: r.svc.UID, Ports: ports}
+}
+
+// isPlaceholderOf reports whether s is the placeholder ph would be: the same
+// namespace, labels, owner and address type, no ports and no endpoints (the library's
+// placeholderSliceCompare).
+func isPlaceholderOf(s, ph *EndpointSlice) bool {
+	return s.Namespace == ph.Namespace && maps.Equal(s.Labels, ph.Labels) && s.ServiceUID == ph.ServiceUID &&
+		s.AddressType == ph.AddressType && len(s.Ports) == 0 && len(s.Endpoints) == 0
+}
+
+// unchangedSlices are the existing slices neither updated nor deleted.
+func unchangedSlices(existing, updates, deletes []*EndpointSlice) []*EndpointSlice {
+	changed := map[string]bool{}
+	for _, s := range updates {
+		changed[s.Name] = true
+	}
+	for _, s := range deletes {
+		changed[s.Name] = true
+	}
+	var out []*EndpointSlice
+	for _, s := range existing {
+		if !changed[s.Name] {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// recycle turns creates into updates of slices to delete of the same address type
+// that the Service owns: the slice keeps its name instead of being deleted and created
+// again (finalize). Kubernetes pairs them in list order; allocd pairs each create with
+// the slice to delete that holds most of its endpoints, so that an endpoint stays in
+// the slice of its name when its ports change (a write too large for one transaction
+// then never shows it twice or nowhere between its parts).
+func recycle(svc *Service, creates, updates, deletes []*EndpointSlice) ([]*EndpointSlice, []*EndpointSlice, []*EndpointSlice) {
+	var kept []*EndpointSlice
+	for _, c := range creates {
+		i := bestRecycled(svc, c, deletes)
+		if i < 0 {
+			kept = append(kept, c)
+			continue
+		}
+		del := deletes[i]
+		// The write replaces the slice to delete: it is conditioned on its revision.
+		c.Name, c.Revision, c.CreateRevision = del.Name, del.Revision, del.CreateRevision
+		updates = append(updates, c)
+		deletes = slices.Delete(deletes, i, i+1)
+	}
+	return kept, updates, deletes
+}
+
+// bestRecycled returns the index of the slice of deletes that c may take the name of
+// (the same address type, owned by svc) and that holds most of c's endpoints (the first
+// among equals); -1 when none may.
+func bestRecycled(svc *Service, c *EndpointSlice, deletes []*EndpointSlice) int {
+	want := make(map[string]bool, len(c.Endpoints))
+	for i := range c.Endpoints {
+		want[endpointKey(&c.Endpoints[i])] = true
+	}
+	best, bestN := -1, -1
+	for i, d := range deletes {
+		if d.AddressType != c.AddressType || d.ServiceUID != svc.UID {
+			continue
+		}
+		n := 0
+		for j := range d.Endpoints {
+			if want[endpointKey(&d.Endpoints[j])] {
+				n++
+			}
+		}
+		if n > bestN {
+			best, bestN = i, n
+		}
+	}
+	return best
+}
+
+// name gives every slice to create a name: the Service's name, a dash and five
+// characters of the alphabet Kubernetes' generateName uses, derived from the Service's
+// uid and a counter, so that a sync names its slices the same every time, and unique
+// among the Service's slices.
+func (r *sliceReconcile) name(plan *slicePlan) {
+	taken := maps.Clone(r.taken)
+	if taken == nil {
+		taken = map[string]bool{}
+	}
+	for _, s := range r.existing {
+		taken[s.Name] = true
+	}
+	n := 0
+	for _, s := range plan.creates {
+		for {
+			name := sliceName(r.svc, n)
+			n++
+			if !taken[name] {
+				s.Name, taken[name] = name, true
+				break
+			}
+		}
+	}
+}
+
+// nameAlphabet is the alphabet of generateName's suffixes (no vowels, no 0, 1, 3).
+const nameAlphabet = "bcdfghjklmnpqrstvwxz2456789"
+
+// sliceName is the n-th candidate name of a slice of svc.
+func sliceName(svc *Service, n int) string {
+	h := fnv.New64a()
+	h.Write([]byte(svc.UID))
+	h.Write([]byte{0})
+	h.Write([]byte(strconv.Itoa(n)))
+	x := h.Sum64()
+	var suffix [5]byte
+	for i := range suffix {
+		suffix[i] = nameAlphabet[x%uint64(len(nameAlphabet))]
+		x /= uint64(len(nameAlphabet))
+	}
+	return svc.Name + "-" + string(suffix[:])
+}
+
+// stamp sets the trigger-time annotation of a slice to write (removes it when the
+// trigger time is unknown), keeping its other annotations (addTriggerTimeAnnotation).
+func (r *sliceReconcile) stamp(s *EndpointSlice) {
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	if r.trigger.IsZero() {
+		delete(s.Annotations, AnnotationTriggerTime)
+		return
+	}
+	s.Annotations[AnnotationTriggerTime] = r.trigger.UTC().Format(time.RFC3339Nano)
+}

@@ -292,6 +292,13 @@ func (c *Config) Validate() error {
 	}
 	errs = append(errs, c.validateSecurity()...)
 	errs = append(errs, c.validateEtcdSpace()...)
+	errs = append(errs, c.validateEtcdTLS()...)
+	return errors.Join(errs...)
+}
+
+// validateEtcdTLS checks the TLS flags of allocd's etcd client.
+func (c *Config) validateEtcdTLS() []error {
+	var errs []error
 	if (c.EtcdCertFile == "") != (c.EtcdKeyFile == "") {
 		errs = append(errs, errors.New("--etcd-certfile and --etcd-keyfile go together"))
 	}
@@ -307,7 +314,7 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // clusterIPRanges parses --service-cluster-ip-range into masked prefixes.

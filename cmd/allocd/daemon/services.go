@@ -44,24 +44,7 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	if err != nil {
 		return err
 	}
-	endpointOn, sliceOn, err := c.controllers()
-	if err != nil {
-		return err
-	}
-	ec, err := endpoints.New(d.cli, endpoints.Config{
-		Prefix:                c.EtcdPrefix,
-		Workers:               c.ConcurrentEndpointSyncs,
-		BatchPeriod:           c.EndpointUpdatesBatchPeriod,
-		MasterResync:          c.EndpointReconcilerInterval,
-		DisableEndpoints:      !endpointOn,
-		DisableEndpointSlices: !sliceOn,
-		SliceWorkers:          c.ConcurrentServiceEndpointSyncs,
-		SliceBatchPeriod:      c.EndpointSliceUpdatesBatchPeriod,
-		MaxEndpointsPerSlice:  c.MaxEndpointsPerSlice,
-		MaxTxnOps:             c.EtcdMaxTxnOps,
-		Logger:                d.log,
-		Registerer:            d.registry,
-	})
+	ec, err := d.newEndpoints()
 	if err != nil {
 		return err
 	}
@@ -108,6 +91,30 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	d.group.Go(func() error { return el.Run(runCtx, rep.Lead, ec.Lead) })
 	d.group.Go(func() error { masterToEndpoints(leaseCtx, leases, ec, d.log); return nil })
 	return nil
+}
+
+// newEndpoints builds the Endpoints and EndpointSlice controllers (--controllers
+// says which run) on d.cli.
+func (d *Daemon) newEndpoints() (*endpoints.Controller, error) {
+	c := d.cfg
+	endpointOn, sliceOn, err := c.controllers()
+	if err != nil {
+		return nil, err
+	}
+	return endpoints.New(d.cli, endpoints.Config{
+		Prefix:                c.EtcdPrefix,
+		Workers:               c.ConcurrentEndpointSyncs,
+		BatchPeriod:           c.EndpointUpdatesBatchPeriod,
+		MasterResync:          c.EndpointReconcilerInterval,
+		DisableEndpoints:      !endpointOn,
+		DisableEndpointSlices: !sliceOn,
+		SliceWorkers:          c.ConcurrentServiceEndpointSyncs,
+		SliceBatchPeriod:      c.EndpointSliceUpdatesBatchPeriod,
+		MaxEndpointsPerSlice:  c.MaxEndpointsPerSlice,
+		MaxTxnOps:             c.EtcdMaxTxnOps,
+		Logger:                d.log,
+		Registerer:            d.registry,
+	})
 }
 
 // swapIn builds the gRPC services over the parts, secured as d.sec says (the

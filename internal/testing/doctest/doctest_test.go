@@ -124,6 +124,9 @@ func TestDocLinks(t *testing.T) {
 // TestDocTours runs every claimed block against a real allocd and compares each
 // command's output with the doc's; UPDATE_DOCS=1 writes the outputs into the docs.
 func TestDocTours(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs grpcurl, and the allocd binary, as processes: seconds")
+	}
 	found := blocks(t)
 	names := make([]string, 0, len(claims))
 	for name := range claims {
@@ -139,9 +142,6 @@ func TestDocTours(t *testing.T) {
 			}
 			path := []string{filepath.Dir(findGrpcurl(t))}
 			if c.cli {
-				if testing.Short() {
-					t.Skip("builds the allocd binary")
-				}
 				path = append([]string{filepath.Dir(buildAllocd(t))}, path...)
 			}
 			runTour(t, b, c, path)

@@ -13,7 +13,7 @@ GRPCURL_VERSION := v1.9.4
 
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all run build test test-unit vet fmt-check lint proto proto-check docs docs-check compose-check certs tools bench soak cluster fault etcd-matrix clean
+.PHONY: all run build test test-unit vet fmt-check lint proto proto-check docs docs-check compose-check certs tools bench scale soak cluster fault etcd-matrix clean
 
 all: build
 
@@ -125,6 +125,15 @@ bench:
 	$(GO) test -run '^$$' -bench BenchmarkRepairPass -benchtime 3x ./repair/
 	$(GO) test -run '^$$' -bench BenchmarkInitialSync -benchtime 3x ./endpoints/
 	$(GO) test -run '^$$' -bench BenchmarkEndpointsFeed -benchtime 1x ./cmd/allocd/daemon/
+
+# scale: allocd as its store grows to 1,000,000 allocations (a /11, fsync on): Allocate's rate
+# and CPU, RSS (allocd, and etcd alone on the same data), the data directory, a repair pass,
+# kill -9 → SERVING on the embedded etcd and on an external one, at 0, 10k, 100k, 300k and 1M,
+# in one table (docs/contributors/scale.md). About 15 minutes on the 2-core build machine;
+# CPU and heap profiles of allocd at 1M go to .bin/scale. Not in `make test`.
+scale:
+	mkdir -p .bin/scale
+	$(GO) run ./tools/scale -profile-dir .bin/scale
 
 # soak: 1,000,000 Allocate+Release cycles against allocd on its embedded etcd (fsync on),
 # the database size every 100,000: with the default --etcd-compaction-interval (5m), then

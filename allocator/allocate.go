@@ -45,7 +45,7 @@ func (a *Allocator) allocate(ctx context.Context, req Request) (Result, error) {
 	if err := checkOwner("owner.uid", req.Owner); err != nil {
 		return Result{}, err
 	}
-	o := &op{owner: req.Owner, ownerKey: a.ownerKey(req.Owner.UID), hash: req.hash()}
+	o := &op{owner: req.Owner, ownerKey: a.ownerKey(req.Owner.UID), hash: req.hash(), fence: a.fenceNow()}
 	read := false // o.ownerRev and o.record were read from etcd
 	if h, ok := a.hints.get(o.owner.UID); ok && !req.DryRun {
 		if h.rec.Last == nil || h.rec.Last.Hash != o.hash {
@@ -312,6 +312,7 @@ func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, e
 	if err := checkOwner("owner.uid", o); err != nil {
 		return Allocation{}, err
 	}
+	fence := a.fenceNow()
 	for attempt := 0; ; attempt++ {
 		p, err := a.specificPick(it)
 		if err != nil {
@@ -321,7 +322,7 @@ func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, e
 			releasePicks([]*pick{p})
 			return Allocation{}, err
 		}
-		op := &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}}
+		op := &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}, fence: fence}
 		if h, ok := a.hints.get(o.UID); ok {
 			op.ownerRev, op.record, op.hinted = h.rev, h.rec, true
 		}

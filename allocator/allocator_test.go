@@ -413,15 +413,18 @@ func TestRelease(t *testing.T) {
 	if rel, _, err := a.Release(ctx, other, []Item{p}, true); err != nil || len(rel) != 1 {
 		t.Errorf("Release(force %d) = %v, %v; want it freed", res.NodePorts[0], rel, err)
 	}
-	// Releasing all deletes the record.
+	// Releasing all leaves a tombstone of the record, deleted once every transaction
+	// built before the release is fenced off.
 	if _, _, err := a.Release(ctx, o, nil, false); err != nil {
 		t.Fatal(err)
 	}
 	if page, _ := a.ListPage(ctx, ListOptions{OwnerUID: o.UID}); len(page.Allocations) != 0 {
 		t.Errorf("owner %s holds %+v after releasing all; want nothing", o.UID, page.Allocations)
 	}
+	checkTombstone(t, e.Client, a, o.UID)
+	passEpochs(t, a)
 	if resp, err := e.Client.Get(ctx, a.ownerKey(o.UID)); err != nil || len(resp.Kvs) != 0 {
-		t.Errorf("owner record after releasing all = %v, %v; want gone", resp.Kvs, err)
+		t.Errorf("owner record after releasing all and %d epochs = %v, %v; want gone", 2*epochSlack, resp.Kvs, err)
 	}
 	if _, _, err := a.Release(ctx, Owner{}, []Item{ip}, false); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Release(no owner, no force) = %v; want ErrInvalid", err)
@@ -472,8 +475,12 @@ func TestRepairAPI(t *testing.T) {
 		t.Errorf("ReleaseIf(current) = %v, %v; want true", ok, err)
 	}
 	for _, uid := range []string{"s1", "s2"} {
+		checkTombstone(t, e.Client, a, uid)
+	}
+	passEpochs(t, a)
+	for _, uid := range []string{"s1", "s2"} {
 		if resp, _ := e.Client.Get(ctx, a.ownerKey(uid)); len(resp.Kvs) != 0 {
-			t.Errorf("record of %s = %s; want deleted with its last item", uid, resp.Kvs[0].Value)
+			t.Errorf("record of %s = %s; want deleted with its last item (a tombstone, then collected)", uid, resp.Kvs[0].Value)
 		}
 	}
 }

@@ -196,6 +196,7 @@ func (a *Allocator) watchOnce(ctx context.Context) error {
 	for {
 		select {
 		case <-tick.C:
+			a.maybeCheckpoint()
 			switch {
 			case !a.progress.Lagging(watchStall):
 				lagged = false
@@ -221,6 +222,7 @@ func (a *Allocator) watchOnce(ctx context.Context) error {
 				if err := a.reload(ctx); err != nil {
 					return fmt.Errorf("re-list allocations: %w", err)
 				}
+				a.cpChanges = a.cpEvery
 				return fmt.Errorf("watch from %d: compacted at %d", from, resp.CompactRevision)
 			case resp.Err() != nil:
 				return resp.Err()
@@ -250,9 +252,17 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 		}
 		it, ok := a.parseKey(ev.Kv.Key)
 		if !ok {
+			switch {
+			case string(ev.Kv.Key) != a.epochKey:
+			case ev.Type == mvccpb.PUT:
+				a.epochSeen(ev.Kv.Version, ev.Kv.CreateRevision)
+			default:
+				a.epochRead(nil)
+			}
 			continue
 		}
 		put := ev.Type == mvccpb.PUT
+		a.cpChanges++
 		t := a.tab.Load()
 		a.eachRange(t, it, func(r *rng, off uint64) {
 			if !put {

@@ -2,10 +2,13 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/badrequest"
@@ -72,6 +75,21 @@ type releaseTxn struct {
 	// byHolder lists the released items of each holder (the owner's own record loses
 	// every item named, held or already free).
 	byHolder map[string][]Item
+	// epoch fences the transaction once it makes a tombstone (fence.go); tombs are the
+	// keys of the records it makes tombstones.
+	epoch  fence
+	fenced bool
+	tombs  []string
+}
+
+// addTombstone adds the writes that make uid's record (rec, as read) a tombstone, and
+// the fence they need.
+func (a *Allocator) addTombstone(t *releaseTxn, uid string, rec *ownerRecord) {
+	t.writes = append(t.writes, a.tombstone(uid, rec, t.epoch)...)
+	t.tombs = append(t.tombs, a.ownerKey(uid))
+	if !t.fenced {
+		t.cmps, t.fenced = append(t.cmps, a.fenceCmps(t.epoch)...), true
+	}
 }
 
 // releaseOnce makes one attempt of Release: it reports what it released, whether it
@@ -91,7 +109,7 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 		}
 		items = mine.rec.itemList()
 	}
-	t := &releaseTxn{byHolder: map[string][]Item{}}
+	t := &releaseTxn{byHolder: map[string][]Item{}, epoch: a.fenceNow()}
 	if err := a.releaseItems(ctx, t, o, items, force); err != nil {
 		return released{}, true, err
 	}
@@ -104,21 +122,48 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 	if len(t.cmps) > maxTxnOps || len(t.writes) > maxTxnOps {
 		return released{}, true, badrequest.New("cluster_ips", "too many items and owners for one transaction")
 	}
-	var resp *clientv3.TxnResponse
-	err := call.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
-		resp, err = a.cli.Txn(ctx).If(t.cmps...).Then(t.writes...).Commit()
-		return err
-	})
+	resp, err := a.releaseTxn(ctx, t.cmps, t.writes)
+	if isNoSpace(err) && len(t.tombs) > 0 {
+		// etcd out of space refuses the tombstones' puts; deletions free space.
+		if w, ok := a.noSpaceWrites(t); ok {
+			resp, err = a.releaseTxn(ctx, t.cmps, w)
+		}
+	}
 	if err != nil {
 		return released{}, false, fmt.Errorf("release: %w", err)
 	}
 	if !resp.Succeeded {
+		a.epochRead(firstKV(resp.Responses[0].GetResponseRange().Kvs)) // the next attempt's fence
 		return released{}, false, nil
 	}
 	a.hints.del(o.UID)
 	a.hints.del(t.res.holders...)
 	t.res.rev = resp.Header.Revision
 	return t.res, true, nil
+}
+
+// releaseTxn runs a release's transaction (reading the epoch key when a compare
+// fails).
+func (a *Allocator) releaseTxn(ctx context.Context, cmps []clientv3.Cmp, writes []clientv3.Op) (*clientv3.TxnResponse, error) {
+	var resp *clientv3.TxnResponse
+	err := call.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
+		resp, err = a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(a.epochKey)).Commit()
+		return err
+	})
+	return resp, err
+}
+
+// firstKV is the first of kvs, nil when there is none.
+func firstKV(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
+	if len(kvs) == 0 {
+		return nil
+	}
+	return kvs[0]
+}
+
+// isNoSpace reports whether err is etcd's NOSPACE refusal.
+func isNoSpace(err error) bool {
+	return err != nil && (errors.Is(err, rpctypes.ErrNoSpace) || errors.Is(rpctypes.Error(err), rpctypes.ErrNoSpace))
 }
 
 // releaseItems reads items at one revision and adds a delete, compared at the
@@ -177,8 +222,10 @@ func (a *Allocator) releaseRecords(ctx context.Context, t *releaseTxn, o Owner, 
 			next.remove(it)
 		}
 		switch {
+		case next.items() == 0 && st.rec.items() == 0:
+			continue // a tombstone already
 		case next.items() == 0:
-			t.writes = append(t.writes, clientv3.OpDelete(a.ownerKey(uid)))
+			a.addTombstone(t, uid, st.rec)
 		case recordChanged(st.rec, next):
 			t.writes = append(t.writes, clientv3.OpPut(a.ownerKey(uid), string(appendOwnerRecord(nil, next))))
 		default:
@@ -257,8 +304,9 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 	if ra != nil {
 		writes[0] = clientv3.OpPut(key, string(appendItemValue(nil, ra.to, ra.now)))
 	}
+	t := &releaseTxn{epoch: a.fenceNow()}
 	for _, uid := range uids {
-		cmp, w, err := a.movedRecord(uid, recs[uid], al, ra)
+		cmp, w, err := a.movedRecord(t, uid, recs[uid], al, ra)
 		if err != nil {
 			return 0, true, err
 		}
@@ -266,7 +314,17 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 			cmps, writes = append(cmps, cmp), append(writes, *w)
 		}
 	}
-	resp, err := a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(key)).Commit()
+	cmps, writes = append(cmps, t.cmps...), append(writes, t.writes...)
+	txn := func(writes []clientv3.Op) (*clientv3.TxnResponse, error) {
+		return a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(key), clientv3.OpGet(a.epochKey)).Commit()
+	}
+	resp, err := txn(writes)
+	if isNoSpace(err) && len(t.tombs) > 0 {
+		// etcd out of space refuses the tombstone's puts; deletions free space.
+		if w, ok := a.noSpaceWrites(&releaseTxn{writes: writes, tombs: t.tombs}); ok {
+			resp, err = txn(w)
+		}
+	}
 	if err != nil {
 		return 0, false, fmt.Errorf("write %s: %w", key, err)
 	}
@@ -274,6 +332,7 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 		a.hints.del(uids...)
 		return resp.Header.Revision, true, nil
 	}
+	a.epochRead(firstKV(resp.Responses[1].GetResponseRange().Kvs)) // the next attempt's fence
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 || kvs[0].ModRevision != al.ModRevision {
 		return 0, true, nil
@@ -282,8 +341,10 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 }
 
 // movedRecord returns the write (nil: none) of uid's record, as read in st, when al
-// leaves its owner and, with ra, goes to ra.to; and the compare that guards it.
-func (a *Allocator) movedRecord(uid string, st recordState, al Allocation, ra *reassign) (clientv3.Cmp, *clientv3.Op, error) {
+// leaves its owner and, with ra, goes to ra.to; and the compare that guards it. A
+// record left empty becomes a tombstone: its writes and fence go into t.
+func (a *Allocator) movedRecord(t *releaseTxn, uid string, st recordState, al Allocation,
+	ra *reassign) (clientv3.Cmp, *clientv3.Op, error) {
 	var next *ownerRecord
 	if st.rec != nil {
 		next = st.rec.clone()
@@ -302,8 +363,10 @@ func (a *Allocator) movedRecord(uid string, st recordState, al Allocation, ra *r
 	}
 	var w clientv3.Op
 	switch {
-	case next.items() == 0 && st.rec != nil:
-		w = clientv3.OpDelete(a.ownerKey(uid))
+	case next.items() == 0 && st.rec != nil && st.rec.items() > 0:
+		a.addTombstone(t, uid, st.rec)
+		t.cmps = append(t.cmps, st.cmp(a.ownerKey(uid)))
+		return clientv3.Cmp{}, nil, nil
 	case next.items() == 0:
 		return clientv3.Cmp{}, nil, nil
 	case st.rec == nil || recordChanged(st.rec, next):

@@ -31,6 +31,12 @@ type store struct {
 	log *slog.Logger
 
 	configKey, ipPrefix, portPrefix, ownerPrefix, cidrPrefix string
+	// cpPrefix holds the index's checkpoints (checkpoint.go): cpHeadKey and the parts
+	// under cpDataPrefix.
+	cpPrefix, cpHeadKey, cpDataPrefix string
+	// epochKey and the tombstones' index under tombPrefix fence transactions off
+	// (fence.go).
+	epochKey, tombPrefix string
 	// watchStart and watchEnd bound both item prefixes and config/ between them, where
 	// the ServiceCIDRs are: one watch sees both, in revision order.
 	watchStart, watchEnd string
@@ -51,6 +57,9 @@ func newStore(cli *clientv3.Client, log *slog.Logger, prefix string) *store {
 		cidrPrefix:  prefix + "/config/servicecidrs/",
 		listPage:    listPageSize,
 	}
+	s.cpPrefix = prefix + "/checkpoints/"
+	s.cpHeadKey, s.cpDataPrefix = s.cpPrefix+"head", s.cpPrefix+"data/"
+	s.epochKey, s.tombPrefix = prefix+"/epoch", prefix+"/tombstones/"
 	s.watchStart = s.ipPrefix
 	s.watchEnd = clientv3.GetPrefixRangeEnd(s.portPrefix)
 	return s

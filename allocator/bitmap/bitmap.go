@@ -143,6 +143,13 @@ func (b *Bitmap) IsUsed(off uint64) bool {
 	return off < b.size && b.used.Test(uint(off))
 }
 
+// CopyUsed returns a copy of the used set (a checkpoint of the index).
+func (b *Bitmap) CopyUsed() *bitset.BitSet {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used.Clone()
+}
+
 // NewUsed returns an empty set of the Bitmap's size, for Replace.
 func (b *Bitmap) NewUsed() *bitset.BitSet { return bitset.New(uint(b.size)) }
 

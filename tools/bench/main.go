@@ -379,6 +379,10 @@ func (r results) print() {
 	wait := r.held.cpu - r.bare.cpu
 	fmt.Printf("of which the cost of a call held as long as an Allocate (held - bare call) %.1f µs; the rest, allocd's code, %.1f µs\n",
 		us(wait), us(own-wait))
+	if r.held.cpu+r.floor.cpu > 0 {
+		fmt.Printf("Allocate CPU / (held call + floor): %6.2f   (goal <= 1.10: %.1f µs against %.1f + %.1f µs, one run)\n",
+			float64(r.alloc.cpu)/float64(r.held.cpu+r.floor.cpu), us(r.alloc.cpu), us(r.held.cpu), us(r.floor.cpu))
+	}
 	fmt.Printf("Allocate / empty call:          %6.2f   (goal >= 0.45; the empty call measured first, on an empty etcd)\n", r.alloc.rate/r.empty.rate)
 	fmt.Printf("Allocate / empty call after:    %6.2f   (the empty call measured after the Allocate runs, on the same etcd)\n", r.alloc.rate/r.emptyAfter.rate)
 	fmt.Printf("ceiling of that ratio:          %6.2f   (empty CPU / (empty + floor CPU): an Allocate that costs only the call and etcd)\n",

@@ -257,6 +257,43 @@ func (c *Config) Validate() error {
 	if c.EndpointReconcilerInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--endpoint-reconciler-interval %s: want > 0", c.EndpointReconcilerInterval))
 	}
+	errs = append(errs, c.validateEndpointControllers()...)
+	if c.RepairLeakStrikes < 1 {
+		errs = append(errs, fmt.Errorf("--repair-leak-strikes %d: want >= 1", c.RepairLeakStrikes))
+	}
+	if c.RepairLeakGrace < 0 {
+		errs = append(errs, fmt.Errorf("--repair-leak-grace %s: want >= 0", c.RepairLeakGrace))
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		errs = append(errs, fmt.Errorf("--log-format %q: want text or json", c.LogFormat))
+	}
+	if _, err := c.logLevel(); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, c.validateSecurity()...)
+	errs = append(errs, c.validateEtcdSpace()...)
+	if (c.EtcdCertFile == "") != (c.EtcdKeyFile == "") {
+		errs = append(errs, errors.New("--etcd-certfile and --etcd-keyfile go together"))
+	}
+	if tls := c.EtcdCAFile != "" || c.EtcdCertFile != ""; tls {
+		// The etcd client would drop the credentials for http:// endpoints and talk in
+		// plain text: say so rather than run without the TLS that was asked for.
+		if len(c.EtcdServers) == 0 {
+			errs = append(errs, errors.New("--etcd-cafile/--etcd-certfile/--etcd-keyfile need --etcd-servers (the embedded etcd serves plain http on loopback)"))
+		}
+		for _, u := range c.EtcdServers {
+			if !strings.HasPrefix(u, "https://") {
+				errs = append(errs, fmt.Errorf("--etcd-servers %s: use https:// with --etcd-cafile/--etcd-certfile", u))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// validateEndpointControllers checks the flags of the Endpoints and EndpointSlice
+// controllers.
+func (c *Config) validateEndpointControllers() []error {
+	var errs []error
 	if c.ConcurrentEndpointSyncs < 1 {
 		errs = append(errs, fmt.Errorf("--concurrent-endpoint-syncs %d: want >= 1", c.ConcurrentEndpointSyncs))
 	}
@@ -277,42 +314,6 @@ func (c *Config) Validate() error {
 	}
 	if c.EndpointUpdatesBatchPeriod < 0 {
 		errs = append(errs, fmt.Errorf("--endpoint-updates-batch-period %v: want >= 0", c.EndpointUpdatesBatchPeriod))
-	}
-	if c.RepairLeakStrikes < 1 {
-		errs = append(errs, fmt.Errorf("--repair-leak-strikes %d: want >= 1", c.RepairLeakStrikes))
-	}
-	if c.RepairLeakGrace < 0 {
-		errs = append(errs, fmt.Errorf("--repair-leak-grace %s: want >= 0", c.RepairLeakGrace))
-	}
-	if c.LogFormat != "text" && c.LogFormat != "json" {
-		errs = append(errs, fmt.Errorf("--log-format %q: want text or json", c.LogFormat))
-	}
-	if _, err := c.logLevel(); err != nil {
-		errs = append(errs, err)
-	}
-	errs = append(errs, c.validateSecurity()...)
-	errs = append(errs, c.validateEtcdSpace()...)
-	errs = append(errs, c.validateEtcdTLS()...)
-	return errors.Join(errs...)
-}
-
-// validateEtcdTLS checks the TLS flags of allocd's etcd client.
-func (c *Config) validateEtcdTLS() []error {
-	var errs []error
-	if (c.EtcdCertFile == "") != (c.EtcdKeyFile == "") {
-		errs = append(errs, errors.New("--etcd-certfile and --etcd-keyfile go together"))
-	}
-	if tls := c.EtcdCAFile != "" || c.EtcdCertFile != ""; tls {
-		// The etcd client would drop the credentials for http:// endpoints and talk in
-		// plain text: say so rather than run without the TLS that was asked for.
-		if len(c.EtcdServers) == 0 {
-			errs = append(errs, errors.New("--etcd-cafile/--etcd-certfile/--etcd-keyfile need --etcd-servers (the embedded etcd serves plain http on loopback)"))
-		}
-		for _, u := range c.EtcdServers {
-			if !strings.HasPrefix(u, "https://") {
-				errs = append(errs, fmt.Errorf("--etcd-servers %s: use https:// with --etcd-cafile/--etcd-certfile", u))
-			}
-		}
 	}
 	return errs
 }

@@ -205,18 +205,30 @@ func (d *Daemon) etcdDescription() string {
 	return "embedded in " + d.cfg.DataDir + " at http://" + d.cfg.EmbeddedEtcdClientAddress
 }
 
+// embeddedTickMs is the raft tick of the embedded etcd (see startEtcd).
+const embeddedTickMs = 10
+
 // startEtcd starts the embedded member (when no --etcd-servers) and connects to etcd.
 func (d *Daemon) startEtcd(ctx context.Context) error {
 	endpoints := d.cfg.EtcdServers
 	var tlsCfg *tls.Config
 	if len(endpoints) == 0 {
+		// The embedded etcd is a cluster of one: after a restart it elects itself
+		// once the rest of a randomized election timeout has passed, up to 1.1 s with
+		// etcd's 100 ms ticks (it skips all but one tick of the first 10). With 10 ms
+		// ticks that is at most 110 ms of the restart; it has no peer to lose a
+		// heartbeat to.
+		tick, election := d.cfg.embeddedEtcdTickMs, d.cfg.embeddedEtcdElectionMs
+		if tick == 0 {
+			tick, election = embeddedTickMs, 10*embeddedTickMs
+		}
 		e, err := embedded.Start(ctx, embedded.Config{
 			Dir:               d.cfg.DataDir,
 			ClientURL:         "http://" + d.cfg.EmbeddedEtcdClientAddress,
 			PeerURL:           "http://" + d.cfg.EmbeddedEtcdPeerAddress,
 			UnsafeNoFsync:     d.cfg.embeddedEtcdUnsafeNoFsync,
-			TickMs:            d.cfg.embeddedEtcdTickMs,
-			ElectionMs:        d.cfg.embeddedEtcdElectionMs,
+			TickMs:            tick,
+			ElectionMs:        election,
 			QuotaBackendBytes: d.cfg.QuotaBackendBytes,
 			MaxTxnOps:         uint(d.cfg.EtcdMaxTxnOps),
 		})

@@ -93,8 +93,27 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	return nil
 }
 
-// newEndpoints builds the Endpoints and EndpointSlice controllers (--controllers
-// says which run) on d.cli.
+// swapIn builds the gRPC services over the parts, secured as d.sec says (the
+// credentials of calls forwarded to the leader; forced releases by ForceRelease alone
+// when calls are authorized), and swaps them in for the gates.
+func (d *Daemon) swapIn(alloc *allocator.Allocator, leases *masterlease.Manager, el *leader.Elector,
+	rep *repair.Controller, ec *endpoints.Controller) {
+	fw := server.NewForwarder(el, d.sec.peerCredentials(), d.log)
+	d.closers = append(d.closers, fw.Close)
+	repairSvc := server.NewRepairService(rep, fw, d.log)
+	repairSvc.SetEndpoints(ec)
+	endpointsSvc := server.NewEndpointsService(ec, rep, fw, d.log)
+	d.gates.endpoints.EndpointsServiceServer = endpointsSvc
+	allocSvc := server.NewAllocatorService(alloc, d.log)
+	if d.sec.authorizing() {
+		allocSvc.RequireForceRelease()
+	}
+	d.gates.alloc.AllocatorServiceServer = allocSvc
+	d.gates.lease.LeaseServiceServer = server.NewLeaseService(leases, d.log)
+	d.gates.repair.RepairServiceServer = repairSvc
+}
+
+// newEndpoints builds the Endpoints and EndpointSlice controllers.
 func (d *Daemon) newEndpoints() (*endpoints.Controller, error) {
 	c := d.cfg
 	endpointOn, sliceOn, err := c.controllers()
@@ -115,26 +134,6 @@ func (d *Daemon) newEndpoints() (*endpoints.Controller, error) {
 		Logger:                d.log,
 		Registerer:            d.registry,
 	})
-}
-
-// swapIn builds the gRPC services over the parts, secured as d.sec says (the
-// credentials of calls forwarded to the leader; forced releases by ForceRelease alone
-// when calls are authorized), and swaps them in for the gates.
-func (d *Daemon) swapIn(alloc *allocator.Allocator, leases *masterlease.Manager, el *leader.Elector,
-	rep *repair.Controller, ec *endpoints.Controller) {
-	fw := server.NewForwarder(el, d.sec.peerCredentials(), d.log)
-	d.closers = append(d.closers, fw.Close)
-	repairSvc := server.NewRepairService(rep, fw, d.log)
-	repairSvc.SetEndpoints(ec)
-	endpointsSvc := server.NewEndpointsService(ec, rep, fw, d.log)
-	d.gates.endpoints.EndpointsServiceServer = endpointsSvc
-	allocSvc := server.NewAllocatorService(alloc, d.log)
-	if d.sec.authorizing() {
-		allocSvc.RequireForceRelease()
-	}
-	d.gates.alloc.AllocatorServiceServer = allocSvc
-	d.gates.lease.LeaseServiceServer = server.NewLeaseService(leases, d.log)
-	d.gates.repair.RepairServiceServer = repairSvc
 }
 
 // newAllocator builds the allocator of the configured ranges. It talks to an embedded

@@ -113,6 +113,21 @@ type violation string
 // check runs every check over the history and the final state (item → owner uid) and
 // returns the violations found.
 func (h *history) check(final map[string]string) []violation {
+	c := h.checker()
+	var out []violation
+	for owner, os := range c.byOwner {
+		out = append(out, c.owner(owner, os, final)...)
+	}
+	out = append(out, c.definite(final)...)
+	out = append(out, c.twoHolders()...)
+	v, _ := c.afterFullRelease(final)
+	out = append(out, v...)
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// checker returns a checker of the operations recorded so far.
+func (h *history) checker() *checker {
 	h.mu.Lock()
 	c := &checker{ops: slices.Clone(h.ops), byOwner: map[string][]op{}}
 	h.mu.Unlock()
@@ -121,14 +136,7 @@ func (h *history) check(final map[string]string) []violation {
 			c.byOwner[o.owner] = append(c.byOwner[o.owner], o)
 		}
 	}
-	var out []violation
-	for owner, os := range c.byOwner {
-		out = append(out, c.owner(owner, os, final)...)
-	}
-	out = append(out, c.definite(final)...)
-	out = append(out, c.twoHolders()...)
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
+	return c
 }
 
 // checker holds a history's operations for the checks, by owner too.
@@ -222,6 +230,49 @@ func (c *checker) definite(final map[string]string) []violation {
 		}
 	}
 	return out
+}
+
+// afterFullRelease finds items held at the end by an owner after its last acknowledged
+// full release (a Release naming nothing) when no Allocate of that owner may have taken
+// effect after the release began: none ended after it began with an outcome other than
+// a definite failure. An Allocate whose outcome was unknown and that ended before the
+// release began must not land after it (allocd's owner tombstones and epoch fence). It
+// also returns how many owners' full releases it checked.
+func (c *checker) afterFullRelease(final map[string]string) ([]violation, int) {
+	held := map[string][]string{}
+	for it, owner := range final {
+		held[owner] = append(held[owner], it)
+	}
+	var out []violation
+	checked := 0
+	for owner, os := range c.byOwner {
+		var last *op
+		for i := range os {
+			o := &os[i]
+			if o.kind == opRelease && len(o.items) == 0 && o.outcome == ok && (last == nil || o.end > last.end) {
+				last = o
+			}
+		}
+		if last == nil {
+			continue
+		}
+		checked++
+		if len(held[owner]) == 0 {
+			continue
+		}
+		later := false
+		for _, o := range os {
+			if (o.kind == opAllocate || o.kind == opRetry) && o.outcome != definite && o.end > last.start {
+				later = true
+			}
+		}
+		if !later {
+			slices.Sort(held[owner])
+			out = append(out, violation(fmt.Sprintf("owner %s: holds %v at the end, after its full release acknowledged at %v-%v, with no Allocate after it began",
+				owner, held[owner], last.start, last.end)))
+		}
+	}
+	return out, checked
 }
 
 // twoHolders finds two owners at once: B's Allocate of an item started after A's was

@@ -106,6 +106,14 @@ func TestFaultSuite(t *testing.T) {
 			worker(ctx, h, clients, w, &seq)
 		}()
 	}
+	var races atomic.Int64
+	for w := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			racer(ctx, h, clients, w, &seq, &races)
+		}()
+	}
 	ls := &leases{renewed: []string{"192.0.2.1", "192.0.2.2"}, abandoned: "192.0.2.9"}
 	wg.Add(1)
 	go func() {
@@ -149,6 +157,9 @@ func TestFaultSuite(t *testing.T) {
 		return true
 	})
 	viol := h.check(final)
+	_, fullReleases := h.checker().afterFullRelease(final)
+	t.Logf("full releases checked (nothing held after an acknowledged full release with no later Allocate): %d owners; "+
+		"named Releases raced against Allocates of the same address: %d rounds", fullReleases, races.Load())
 	converged := false
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -288,6 +299,57 @@ func worker(ctx context.Context, h *history, clients []*client.Client, w int, se
 			})
 		}
 		cancel()
+	}
+}
+
+// racers is how many goroutines run racer.
+const racers = 4
+
+// racer races, until ctx ends, Releases of a named address against Allocates of the
+// same address: an owner allocates one of a few hot addresses; then at once, on three
+// replicas picked at random, the owner releases it by name twice and a new owner asks
+// for it (and releases everything it got). A Release that deleted the address without
+// comparing the revision it read could free the new owner's allocation.
+func racer(ctx context.Context, h *history, clients []*client.Client, w int, seq, rounds *atomic.Int64) {
+	r := rand.New(rand.NewPCG(uint64(100+w), uint64(time.Now().UnixNano())))
+	newOwner := func() string { return "r" + strconv.Itoa(w) + "-" + strconv.FormatInt(seq.Add(1), 10) }
+	alloc := func(c *client.Client, uid, ip string) op {
+		req := &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "fault", Name: uid, Uid: uid}, ClusterIps: []string{ip}}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		return h.record(op{kind: opAllocate, owner: uid, items: []string{ip}}, func() ([]string, error) {
+			resp, err := c.Allocate(cctx, req)
+			return itemsOf(resp.GetClusterIps(), resp.GetNodePorts()), err
+		})
+	}
+	release := func(c *client.Client, uid string, items []string) op {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		return h.record(op{kind: opRelease, owner: uid, items: items}, func() ([]string, error) {
+			owner := &allocdv1.Owner{Namespace: "fault", Name: uid, Uid: uid}
+			_, err := c.Release(cctx, &allocdv1.ReleaseRequest{Owner: owner, ClusterIps: items})
+			return nil, err
+		})
+	}
+	for ctx.Err() == nil {
+		ip := netip.AddrFrom4([4]byte{10, 0, 0, byte(120 + r.IntN(6))}).String()
+		a := newOwner()
+		if o := alloc(clients[r.IntN(len(clients))], a, ip); o.outcome != ok {
+			continue
+		}
+		rounds.Add(1)
+		b := newOwner()
+		pick := func() *client.Client { return clients[r.IntN(len(clients))] }
+		c1, c2, c3, c4 := pick(), pick(), pick(), pick()
+		var wg sync.WaitGroup
+		wg.Go(func() { release(c1, a, []string{ip}) })
+		wg.Go(func() { release(c2, a, []string{ip}) })
+		wg.Go(func() {
+			if o := alloc(c3, b, ip); o.outcome != definite {
+				release(c4, b, nil)
+			}
+		})
+		wg.Wait()
 	}
 }
 

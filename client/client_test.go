@@ -240,6 +240,9 @@ func TestLeaseKeeper(t *testing.T) {
 // TestLeaseKeeperServerDown reports renew failures while allocd is unreachable, and
 // gives up the removal within twice the renew interval.
 func TestLeaseKeeperServerDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures a real-time bound of 300 ms: on a loaded machine the scheduling shows in it")
+	}
 	addr, err := daemon.FreeAddr()
 	if err != nil {
 		t.Fatal(err)

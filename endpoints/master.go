@@ -22,10 +22,12 @@ const labelSkipMirror = "endpointslice.kubernetes.io/skip-mirror"
 // object where none is stored: an empty set is written only over a non-empty one (the
 // last API server shut down cleanly, kubernetes #115804).
 func (t *term) keepMaster(ctx context.Context) error {
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-t.listed:
+	for _, listed := range []chan struct{}{t.listed, t.slicesListed} {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-listed:
+		}
 	}
 	retry := t.c.cfg.Clock.NewTimer(time.Hour)
 	defer retry.Stop()

@@ -59,6 +59,7 @@ type Config struct {
 	GRPCAddress      string
 	AdvertiseAddress string
 	MetricsAddress   string
+	PprofAddress     string
 	ShutdownTimeout  time.Duration
 	// security
 	TLSCertFile             string
@@ -121,7 +122,7 @@ var flagGroups = []flagGroup{
 	{"repair", []string{"repair-interval", "repair-leak-strikes", "repair-leak-grace", "service-snapshot-file"}},
 	{"endpoint controllers", []string{"controllers", "concurrent-endpoint-syncs", "endpoint-updates-batch-period",
 		"concurrent-service-endpoint-syncs", "endpointslice-updates-batch-period", "max-endpoints-per-slice", "etcd-max-txn-ops"}},
-	{"serving", []string{"grpc-address", "advertise-address", "metrics-address", "shutdown-timeout"}},
+	{"serving", []string{"grpc-address", "advertise-address", "metrics-address", "pprof-address", "shutdown-timeout"}},
 	{"security", []string{"tls-cert-file", "tls-private-key-file", "client-ca-file", "authorization-policy-file", "metrics-tls"}},
 	{"logging", []string{"log-format", "log-level"}},
 }
@@ -167,6 +168,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.GRPCAddress, "grpc-address", c.GRPCAddress, "host:port the gRPC API listens on")
 	fs.StringVar(&c.AdvertiseAddress, "advertise-address", c.AdvertiseAddress, "host:port other replicas dial to reach this one (repair forwarding); empty: --grpc-address")
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress, "host:port serving Prometheus /metrics; empty: no metrics listener")
+	fs.StringVar(&c.PprofAddress, "pprof-address", c.PprofAddress, "host:port serving Go's runtime profiles (/debug/pprof/, plain HTTP, no authentication: keep it on loopback); empty: none")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful stop waits for calls in flight before it cuts them")
 	fs.StringVar(&c.TLSCertFile, "tls-cert-file", c.TLSCertFile, "PEM certificate (with its chain) of the gRPC API: with it the API is served over TLS only; re-read when it changes; with --client-ca-file also the client certificate replicas present to each other (server and client auth)")
 	fs.StringVar(&c.TLSPrivateKeyFile, "tls-private-key-file", c.TLSPrivateKeyFile, "PEM private key of --tls-cert-file, in the same directory; re-read when it changes")
@@ -234,8 +236,8 @@ func (c *Config) Validate() error {
 	}
 	for _, a := range []struct{ flag, v string }{{"grpc-address", c.GRPCAddress}, {"metrics-address", c.MetricsAddress},
 		{"embedded-etcd-client-address", c.EmbeddedEtcdClientAddress}, {"embedded-etcd-peer-address", c.EmbeddedEtcdPeerAddress},
-		{"advertise-address", c.AdvertiseAddress}} {
-		if a.v == "" && (a.flag == "metrics-address" || a.flag == "advertise-address") {
+		{"advertise-address", c.AdvertiseAddress}, {"pprof-address", c.PprofAddress}} {
+		if a.v == "" && (a.flag == "metrics-address" || a.flag == "advertise-address" || a.flag == "pprof-address") {
 			continue
 		}
 		if _, _, err := net.SplitHostPort(a.v); err != nil {

@@ -2,7 +2,7 @@ package endpoints
 
 import (
 	"maps"
-	"strings"
+	"slices"
 )
 
 // inputs are the controller's view of the feeds in one term: the Services and Pods of
@@ -23,8 +23,8 @@ type inputs struct {
 	labels map[string]map[label]map[string]struct{}
 
 	nodes map[string]*Node // by name
-	// podsOnNode indexes the Pods by spec.nodeName: "ns/name" keys.
-	podsOnNode map[string]map[string]struct{}
+	// podsOnNode indexes the Pods by spec.nodeName.
+	podsOnNode map[string]map[podRef]struct{}
 	// topology is the zones' shares of the Nodes' CPU for topology hints; nil when
 	// the Nodes say too little (see computeTopology).
 	topology map[string]float64
@@ -33,6 +33,9 @@ type inputs struct {
 // label is one key=value pair of a Pod's labels.
 type label struct{ k, v string }
 
+// podRef names a Pod (its strings shared with the stored Pod).
+type podRef struct{ namespace, name string }
+
 func newInputs() *inputs {
 	return &inputs{
 		services:   map[string]*Service{},
@@ -40,7 +43,7 @@ func newInputs() *inputs {
 		pods:       map[string]map[string]*Pod{},
 		labels:     map[string]map[label]map[string]struct{}{},
 		nodes:      map[string]*Node{},
-		podsOnNode: map[string]map[string]struct{}{},
+		podsOnNode: map[string]map[podRef]struct{}{},
 	}
 }
 
@@ -106,14 +109,15 @@ func (in *inputs) deleteService(namespace, name string) *Service {
 func (in *inputs) setPods(rev int64, pods []*Pod) {
 	in.pods = map[string]map[string]*Pod{}
 	in.labels = map[string]map[label]map[string]struct{}{}
-	in.podsOnNode = map[string]map[string]struct{}{}
+	in.podsOnNode = map[string]map[podRef]struct{}{}
 	for _, p := range pods {
 		in.putPod(p)
 	}
 	in.podRev, in.havePods = rev, true
 }
 
-// putPod stores p, replacing (and unindexing) the Pod of the same name.
+// putPod stores a copy of p (see share), replacing (and unindexing) the Pod of the same
+// name.
 func (in *inputs) putPod(p *Pod) {
 	ns := in.pods[p.Namespace]
 	if ns == nil {
@@ -123,14 +127,15 @@ func (in *inputs) putPod(p *Pod) {
 	if old := ns[p.Name]; old != nil {
 		in.unindex(old)
 	}
+	p = in.share(p)
 	ns[p.Name] = p
 	if p.NodeName != "" {
 		on := in.podsOnNode[p.NodeName]
 		if on == nil {
-			on = map[string]struct{}{}
+			on = map[podRef]struct{}{}
 			in.podsOnNode[p.NodeName] = on
 		}
-		on[p.Key()] = struct{}{}
+		on[podRef{p.Namespace, p.Name}] = struct{}{}
 	}
 	idx := in.labels[p.Namespace]
 	if idx == nil {
@@ -165,7 +170,7 @@ func (in *inputs) deletePod(namespace, name string) *Pod {
 
 func (in *inputs) unindex(p *Pod) {
 	if on := in.podsOnNode[p.NodeName]; on != nil {
-		delete(on, p.Key())
+		delete(on, podRef{p.Namespace, p.Name})
 		if len(on) == 0 {
 			delete(in.podsOnNode, p.NodeName)
 		}
@@ -179,6 +184,78 @@ func (in *inputs) unindex(p *Pod) {
 			}
 		}
 	}
+}
+
+// share returns the copy of p that the inputs store: its labels and containers are
+// those of a stored Pod of its namespace that has equal ones (a Pod of the same
+// template), when the label index finds one among a few candidates; its namespace
+// that Pod's, its node name the Node's, its phase the constant's. The Pods of one
+// template then hold one label map and one container list, not one each: most of
+// what 100,000 Pods would otherwise cost. Shared parts are never written to: a Pod is
+// replaced whole.
+func (in *inputs) share(p *Pod) *Pod {
+	cp := *p
+	cp.Phase = canonicalPhase(p.Phase)
+	if n := in.nodes[p.NodeName]; n != nil {
+		cp.NodeName = n.Name
+	}
+	q := in.sameLabels(p)
+	if q == nil {
+		return &cp
+	}
+	cp.Namespace, cp.Labels = q.Namespace, q.Labels
+	if containersEqual(q.Containers, p.Containers) {
+		cp.Containers = q.Containers
+	}
+	if containersEqual(q.InitContainers, p.InitContainers) {
+		cp.InitContainers = q.InitContainers
+	}
+	return &cp
+}
+
+// sameLabels returns a stored Pod of p's namespace with p's labels: one of the first
+// few of the label index's shortest list among p's labels; nil when none (or p has no
+// labels).
+func (in *inputs) sameLabels(p *Pod) *Pod {
+	idx := in.labels[p.Namespace]
+	var shortest map[string]struct{}
+	for k, v := range p.Labels {
+		set := idx[label{k, v}]
+		if len(set) == 0 {
+			return nil
+		}
+		if shortest == nil || len(set) < len(shortest) {
+			shortest = set
+		}
+	}
+	const tries = 4
+	n := 0
+	for name := range shortest {
+		if q := in.pods[p.Namespace][name]; q != nil && maps.Equal(q.Labels, p.Labels) {
+			return q
+		}
+		if n++; n == tries {
+			break
+		}
+	}
+	return nil
+}
+
+// canonicalPhase is the constant of a phase, so that stored Pods share it.
+func canonicalPhase(s string) string {
+	for _, c := range []string{PhaseRunning, PhasePending, PhaseSucceeded, PhaseFailed, PhaseUnknown} {
+		if s == c {
+			return c
+		}
+	}
+	return s
+}
+
+// containersEqual reports whether two container lists are the same.
+func containersEqual(a, b []Container) bool {
+	return slices.EqualFunc(a, b, func(x, y Container) bool {
+		return x.Name == y.Name && x.RestartPolicy == y.RestartPolicy && slices.Equal(x.Ports, y.Ports)
+	})
 }
 
 // pod returns the Pod of that name, nil when none.
@@ -297,9 +374,8 @@ func (in *inputs) node(name string) (*Node, bool) {
 
 // servicesOfNode adds to dst the keys of the Services that select a Pod on the Node.
 func (in *inputs) servicesOfNode(dst map[string]struct{}, node string) {
-	for key := range in.podsOnNode[node] {
-		ns, name, _ := strings.Cut(key, "/")
-		if p := in.pods[ns][name]; p != nil {
+	for ref := range in.podsOnNode[node] {
+		if p := in.pods[ref.namespace][ref.name]; p != nil {
 			in.servicesSelecting(dst, p)
 		}
 	}

@@ -229,7 +229,9 @@ func (s store[T]) watch(ctx context.Context, scope string, startRev int64, send 
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	wch := s.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(startRev+1), clientv3.WithPrevKV())
+	// Without WithPrevKV: etcd would read the previous value of every changed key for
+	// it, where only a delete needs one (sendEvent reads it then).
+	wch := s.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(startRev+1))
 	for wr := range wch {
 		if wr.CompactRevision != 0 {
 			return &CompactedError{Revision: startRev, Compacted: wr.CompactRevision}
@@ -238,7 +240,7 @@ func (s store[T]) watch(ctx context.Context, scope string, startRev int64, send 
 			return fmt.Errorf("watch %s: %w", s.what, err)
 		}
 		for _, ev := range wr.Events {
-			if err := s.sendEvent(ev, send); err != nil {
+			if err := s.sendEvent(wctx, ev, send); err != nil {
 				return err
 			}
 		}
@@ -272,20 +274,25 @@ func (s store[T]) sendAll(ctx context.Context, scope string, send func(WatchType
 	}
 }
 
-// sendEvent sends one etcd event of an object under the prefix.
-func (s store[T]) sendEvent(ev *clientv3.Event, send func(WatchType, T, int64) error) error {
+// sendEvent sends one etcd event of an object under the prefix; a delete with the
+// object's last state, read at the revision before it.
+func (s store[T]) sendEvent(ctx context.Context, ev *clientv3.Event, send func(WatchType, T, int64) error) error {
 	if s.relKey(ev.Kv.Key) == "" {
 		return nil
 	}
 	rev := ev.Kv.ModRevision
 	if ev.Type == mvccpb.DELETE {
-		if ev.PrevKv == nil {
-			// etcd drops the previous value when its revision was compacted (an event
-			// at the compaction revision, or sent late): a Deleted event must carry the
-			// last state, so the watcher lists again instead.
-			return &CompactedError{Revision: ev.Kv.ModRevision - 1}
+		resp, err := s.cli.Get(ctx, string(ev.Kv.Key), clientv3.WithRev(rev-1))
+		switch {
+		case errors.Is(err, rpctypes.ErrCompacted) || err == nil && len(resp.Kvs) == 0:
+			// The last state was compacted (an event at the compaction revision, or
+			// read late): a Deleted event must carry it, so the watcher lists again
+			// instead.
+			return &CompactedError{Revision: rev - 1}
+		case err != nil:
+			return fmt.Errorf("watch %s: read the last state of %s: %w", s.what, ev.Kv.Key, err)
 		}
-		o, err := s.decode(ev.PrevKv)
+		o, err := s.decode(resp.Kvs[0])
 		if err != nil {
 			return err
 		}

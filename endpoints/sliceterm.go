@@ -202,6 +202,14 @@ func (t *term) seeSlice(svcKey, name string, s *EndpointSlice, rev int64) bool {
 	return true
 }
 
+// sawSlice reports whether the term has seen the slice at rev or later.
+func (t *term) sawSlice(svcKey, name string, rev int64) bool {
+	t.slicesMu.Lock()
+	defer t.slicesMu.Unlock()
+	cur, ok := t.storedSlices[svcKey][name]
+	return ok && cur.rev >= rev
+}
+
 // slicesView is the term's view of the stored slices, for the committer.
 type slicesView struct{ t *term }
 
@@ -324,6 +332,9 @@ func (t *term) applyStoredSliceEvent(ev *clientv3.Event) {
 	svcKey, name, ok := t.c.sliceKeyParts(ev.Kv.Key)
 	if !ok {
 		return
+	}
+	if t.sawSlice(svcKey, name, ev.Kv.ModRevision) {
+		return // the term's own write, learnt when it committed: no need to decode it again
 	}
 	var s *EndpointSlice
 	if ev.Type == mvccpb.PUT {

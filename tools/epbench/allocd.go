@@ -2,15 +2,18 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,6 +47,7 @@ type process struct {
 	exitErr   error
 	logPath   string
 	logFile   *os.File
+	heapLog   *os.File // heap.tsv: seconds since the start, go_memstats_alloc_bytes
 	startedAt time.Time
 }
 
@@ -81,6 +85,12 @@ func startAllocd(ctx context.Context, bin, dir string, pprof bool) (*process, er
 		return nil, err
 	}
 	p.logFile = f
+	hf, err := os.Create(filepath.Join(dir, "heap.tsv"))
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	p.heapLog = hf
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -145,10 +155,11 @@ func (p *process) stop() {
 		}
 	}
 	p.logFile.Close()
+	p.heapLog.Close()
 }
 
-// scrape reads the samples of the named metrics (without labels) from allocd's
-// /metrics.
+// scrape reads the samples of the named metrics from allocd's /metrics: a sample with
+// labels under its whole name (`x_bucket{le="0.5"}`).
 func (p *process) scrape(ctx context.Context, names ...string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.metrics+"/metrics", nil)
 	if err != nil {
@@ -164,26 +175,74 @@ func (p *process) scrape(ctx context.Context, names ...string) (map[string]float
 		want[n] = true
 	}
 	out := map[string]float64{}
+	found := map[string]bool{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), " ")
-		if !ok || !want[name] {
+		name, val, ok := cutSample(sc.Text())
+		base, _, _ := strings.Cut(name, "{")
+		if !ok || !want[base] && !want[strings.TrimSuffix(base, "_bucket")] {
 			continue
 		}
-		if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
+		if v, err := strconv.ParseFloat(val, 64); err == nil {
 			out[name] = v
+			found[base], found[strings.TrimSuffix(base, "_bucket")] = true, true
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
 	}
 	for _, n := range names {
-		if _, ok := out[n]; !ok {
+		if !found[n] {
 			return nil, fmt.Errorf("allocd's /metrics has no %s", n)
 		}
 	}
 	return out, nil
+}
+
+// cutSample splits a sample line into its name (with labels) and value.
+func cutSample(line string) (name, val string, ok bool) {
+	if line == "" || line[0] == '#' {
+		return "", "", false
+	}
+	i := strings.LastIndexByte(line, ' ')
+	if i < 0 {
+		return "", "", false
+	}
+	return line[:i], line[i+1:], true
+}
+
+// quantile is the q-quantile of the observations a histogram gained between two
+// scrapes (a and b, of its _bucket samples), interpolated in its bucket as Prometheus'
+// histogram_quantile does.
+func quantile(name string, a, b map[string]float64, q float64) float64 {
+	type bucket struct{ le, n float64 }
+	var bs []bucket
+	prefix := name + `_bucket{le="`
+	for k, v := range b {
+		if le, ok := strings.CutPrefix(k, prefix); ok {
+			x, err := strconv.ParseFloat(strings.TrimSuffix(le, `"}`), 64)
+			if err == nil {
+				bs = append(bs, bucket{x, v - a[k]})
+			}
+		}
+	}
+	slices.SortFunc(bs, func(x, y bucket) int { return cmp.Compare(x.le, y.le) })
+	if len(bs) == 0 || bs[len(bs)-1].n == 0 {
+		return 0
+	}
+	rank := q * bs[len(bs)-1].n
+	lo, below := 0.0, 0.0
+	for _, bk := range bs {
+		if bk.n >= rank {
+			if math.IsInf(bk.le, 1) {
+				return lo
+			}
+			return lo + (bk.le-lo)*(rank-below)/max(bk.n-below, 1)
+		}
+		lo, below = bk.le, bk.n
+	}
+	return lo
 }
 
 // profile saves allocd's pprof profile kind (with the query q) to path.

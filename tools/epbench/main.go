@@ -19,7 +19,7 @@
 //     flip's acknowledgement to the first event on each watch that shows it (p50,
 //     p99), and counts the objects written (watch events) against those that changed;
 //  4. reads the heap of the whole allocd process, go_memstats_alloc_bytes from its
-//     /metrics every 100 ms: the lowest after the sync (through the churn and 2 s
+//     /metrics every 250 ms: the lowest after the sync (through the churn and 2 s
 //     after it) minus the lowest in the 2 s before the pushes, per Pod.
 //
 // With -baseline it alternates runs of two binaries (A, then B, -runs times) and
@@ -36,6 +36,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 )
 
@@ -68,7 +69,7 @@ func main() {
 	flag.IntVar(&o.runs, "runs", 1, "runs of each binary (medians reported)")
 	flag.StringVar(&o.allocd, "allocd", "", "the allocd binary to measure (default: built from this module's ./cmd/allocd)")
 	flag.StringVar(&o.baseline, "baseline", "", "a second allocd binary, run alternately with the first: medians of both and ratios")
-	flag.StringVar(&o.profileDir, "profile-dir", "", "save allocd's CPU profiles (sync, churn) and heap profile of each run here (allocd needs --pprof-address)")
+	flag.StringVar(&o.profileDir, "profile-dir", "", "save allocd's CPU profiles (sync, churn) and heap profiles (after the sync, at the end) of each run here (allocd needs --pprof-address)")
 	flag.IntVar(&o.syncProfileSeconds, "sync-profile-seconds", 10, "length of the CPU profile taken from the start of the pushes")
 	flag.BoolVar(&o.keep, "keep", false, "keep each run's directory (etcd data, allocd.log)")
 	flag.Parse()
@@ -117,17 +118,32 @@ func run(ctx context.Context, o options) error {
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return err
 			}
+			load0 := loadAvg()
 			r, err := runOnce(ctx, o, bin, dir)
 			if err != nil {
 				return fmt.Errorf("run %d of %s: %w (its directory: %s)", i+1, bin, err, keepOnError(tmp, &o))
 			}
-			fmt.Printf("run %d %c: sync %.2fs/%.2fs, p99 %.1f/%.1f ms, heap %.0f B/pod\n", i+1, 'A'+b,
-				r.syncEps.Seconds(), r.syncSlices.Seconds(), ms(r.epP99), ms(r.slP99), r.heapPerPod())
+			fmt.Printf("run %d %c: sync %.2fs/%.2fs, p99 %.1f/%.1f ms, heap %.0f B/pod; load average %s before, %s after\n",
+				i+1, 'A'+b, r.syncEps.Seconds(), r.syncSlices.Seconds(), ms(r.epP99), ms(r.slP99), r.heapPerPod(),
+				load0, loadAvg())
 			res[b] = append(res[b], r)
 		}
 	}
 	printTable(os.Stdout, res)
 	return nil
+}
+
+// loadAvg is the machine's 1-minute load average (other work shares its cores).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
 }
 
 // keepOnError keeps the runs' directories of a failed run for a look at allocd.log.

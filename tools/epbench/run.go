@@ -26,7 +26,16 @@ type result struct {
 	rssAfter              float64
 	pods                  int
 	staleEps, staleSlices int // churn events that showed another count than the pending flip's
+	// allocd's own event → commit histograms over the churn (allocd_endpoints_ and
+	// allocd_endpointslice_event_to_commit_seconds): the commit's share of the latency.
+	epCommitP50, epCommitP99, slCommitP50, slCommitP99 float64
 }
+
+// The histograms of allocd's event → commit latency.
+const (
+	epCommitHist    = "allocd_endpoints_event_to_commit_seconds"
+	sliceCommitHist = "allocd_endpointslice_event_to_commit_seconds"
+)
 
 // runOnce starts bin, feeds it the workload, measures, and stops it.
 func runOnce(ctx context.Context, o options, bin, dir string) (result, error) {
@@ -124,7 +133,12 @@ func (r *result) sync(ctx context.Context, o options, p *process, c *client.Clie
 	r.cpuSync = cpu1 - cpu0
 	r.syncEps, r.syncSlices = eps.allIn.Sub(pushed), sl.allIn.Sub(pushed)
 	prof.Wait()
-	return profErr
+	if profErr != nil {
+		return profErr
+	}
+	// With profiles on, a heap profile of the end of the sync (after a GC it forces:
+	// the lowest heap after the sync can be lower in a profiled run).
+	return p.profile(ctx, "heap", "gc=1", o.profilePath(p.dir, "heap-sync"))
 }
 
 func waitAllIn(ctx context.Context, t *tracker, limit time.Duration) error {
@@ -148,7 +162,7 @@ func (r *result) churn(ctx context.Context, o options, p *process, c *client.Cli
 	for _, t := range ts {
 		t.startChurn()
 	}
-	cpu0, err := p.cpu(ctx)
+	m0, err := p.scrape(ctx, "process_cpu_seconds_total", epCommitHist, sliceCommitHist)
 	if err != nil {
 		return err
 	}
@@ -162,15 +176,17 @@ func (r *result) churn(ctx context.Context, o options, p *process, c *client.Cli
 	if err != nil {
 		return err
 	}
-	if err := settle(ts, 30*time.Second); err != nil {
+	if err := settle(ts, 2*time.Minute); err != nil {
 		return err
 	}
-	cpu1, err := p.cpu(ctx)
+	m1, err := p.scrape(ctx, "process_cpu_seconds_total", epCommitHist, sliceCommitHist)
 	if err != nil {
 		return err
 	}
 	prof.Wait()
-	r.cpuChurn = cpu1 - cpu0
+	r.cpuChurn = m1["process_cpu_seconds_total"] - m0["process_cpu_seconds_total"]
+	r.epCommitP50, r.epCommitP99 = quantile(epCommitHist, m0, m1, 0.5), quantile(epCommitHist, m0, m1, 0.99)
+	r.slCommitP50, r.slCommitP99 = quantile(sliceCommitHist, m0, m1, 0.5), quantile(sliceCommitHist, m0, m1, 0.99)
 	r.flips, r.applied, r.rate = cr.flips, cr.applied, float64(cr.flips)/cr.sent.Seconds()
 	for _, t := range ts {
 		t.mu.Lock()
@@ -200,8 +216,8 @@ func (p *process) cpu(ctx context.Context) (float64, error) {
 	return m["process_cpu_seconds_total"], err
 }
 
-// lowestHeap is the lowest go_memstats_alloc_bytes of allocd read every 100 ms for d
-// (0: until ctx ends).
+// lowestHeap is the lowest go_memstats_alloc_bytes of allocd read every 250 ms for d
+// (0: until ctx ends). (A scrape costs allocd a little CPU: not every 100 ms.)
 func lowestHeap(ctx context.Context, p *process, d time.Duration) (float64, error) {
 	if d > 0 {
 		var cancel context.CancelFunc
@@ -209,12 +225,13 @@ func lowestHeap(ctx context.Context, p *process, d time.Duration) (float64, erro
 		defer cancel()
 	}
 	low := math.Inf(1)
-	tick := time.NewTicker(100 * time.Millisecond)
+	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		m, err := p.scrape(ctx, "go_memstats_alloc_bytes")
 		if err == nil {
 			low = min(low, m["go_memstats_alloc_bytes"])
+			fmt.Fprintf(p.heapLog, "%.2f\t%.0f\n", time.Since(p.startedAt).Seconds(), m["go_memstats_alloc_bytes"])
 		} else if ctx.Err() == nil {
 			return 0, err
 		}

@@ -16,8 +16,11 @@ type inputs struct {
 	svcRev, podRev, nodeRev       int64
 	haveSvcs, havePods, haveNodes bool
 
-	services map[string]*Service            // by "ns/name"
-	svcsByNS map[string]map[string]*Service // ns -> name -> Service
+	services map[string]*Service // by "ns/name"
+	// bySelector indexes the Services that have a selector by namespace and by each
+	// key=value pair of it, under allPods when it is empty (it selects every Pod):
+	// ns -> pair -> name -> Service.
+	bySelector map[string]map[label]map[string]*Service
 	pods     map[string]map[string]*Pod     // ns -> name -> Pod
 	// labels indexes the Pods of a namespace by each of their labels.
 	labels map[string]map[label]map[string]struct{}
@@ -33,13 +36,17 @@ type inputs struct {
 // label is one key=value pair of a Pod's labels.
 type label struct{ k, v string }
 
+// allPods is where bySelector holds the Services whose selector is empty (no label
+// has an empty key).
+var allPods = label{}
+
 // podRef names a Pod (its strings shared with the stored Pod).
 type podRef struct{ namespace, name string }
 
 func newInputs() *inputs {
 	return &inputs{
 		services:   map[string]*Service{},
-		svcsByNS:   map[string]map[string]*Service{},
+		bySelector: map[string]map[label]map[string]*Service{},
 		pods:       map[string]map[string]*Pod{},
 		labels:     map[string]map[label]map[string]struct{}{},
 		nodes:      map[string]*Node{},
@@ -71,21 +78,62 @@ func (in *inputs) revision(k Kind) (int64, bool) {
 // setServices replaces every Service.
 func (in *inputs) setServices(rev int64, svcs []*Service) {
 	in.services = make(map[string]*Service, len(svcs))
-	in.svcsByNS = map[string]map[string]*Service{}
+	in.bySelector = map[string]map[label]map[string]*Service{}
 	for _, s := range svcs {
 		in.putService(s)
 	}
 	in.svcRev, in.haveSvcs = rev, true
 }
 
+// putService stores s, replacing the Service of the same name.
 func (in *inputs) putService(s *Service) {
-	in.services[s.Key()] = s
-	ns := in.svcsByNS[s.Namespace]
-	if ns == nil {
-		ns = map[string]*Service{}
-		in.svcsByNS[s.Namespace] = ns
+	key := s.Key()
+	if old := in.services[key]; old != nil {
+		in.unindexService(old)
 	}
-	ns[s.Name] = s
+	in.services[key] = s
+	if s.Selector == nil {
+		return
+	}
+	idx := in.bySelector[s.Namespace]
+	if idx == nil {
+		idx = map[label]map[string]*Service{}
+		in.bySelector[s.Namespace] = idx
+	}
+	add := func(l label) {
+		set := idx[l]
+		if set == nil {
+			set = map[string]*Service{}
+			idx[l] = set
+		}
+		set[s.Name] = s
+	}
+	if len(s.Selector) == 0 {
+		add(allPods)
+	}
+	for k, v := range s.Selector {
+		add(label{k, v})
+	}
+}
+
+// unindexService removes s from bySelector.
+func (in *inputs) unindexService(s *Service) {
+	idx := in.bySelector[s.Namespace]
+	drop := func(l label) {
+		if set := idx[l]; set != nil {
+			delete(set, s.Name)
+			if len(set) == 0 {
+				delete(idx, l)
+			}
+		}
+	}
+	drop(allPods)
+	for k, v := range s.Selector {
+		drop(label{k, v})
+	}
+	if len(idx) == 0 {
+		delete(in.bySelector, s.Namespace)
+	}
 }
 
 // deleteService removes a Service and returns it (nil when it was not there).
@@ -96,12 +144,7 @@ func (in *inputs) deleteService(namespace, name string) *Service {
 		return nil
 	}
 	delete(in.services, key)
-	if ns := in.svcsByNS[namespace]; ns != nil {
-		delete(ns, name)
-		if len(ns) == 0 {
-			delete(in.svcsByNS, namespace)
-		}
-	}
+	in.unindexService(s)
 	return s
 }
 
@@ -298,11 +341,21 @@ func (in *inputs) selectPods(namespace string, selector map[string]string) []*Po
 
 // servicesSelecting appends to dst the keys of the Services of p's namespace whose
 // selector selects p (a nil selector selects nothing), as kube-controller-manager's
-// GetPodServiceMemberships.
+// GetPodServiceMemberships; it looks only at the Services whose selector has one of p's
+// labels (or is empty).
 func (in *inputs) servicesSelecting(dst map[string]struct{}, p *Pod) {
-	for _, s := range in.svcsByNS[p.Namespace] {
-		if s.Selector != nil && Selects(s.Selector, p.Labels) {
-			dst[s.Key()] = struct{}{}
+	idx := in.bySelector[p.Namespace]
+	if len(idx) == 0 {
+		return
+	}
+	for _, s := range idx[allPods] {
+		dst[s.Key()] = struct{}{}
+	}
+	for k, v := range p.Labels {
+		for _, s := range idx[label{k, v}] {
+			if Selects(s.Selector, p.Labels) {
+				dst[s.Key()] = struct{}{}
+			}
 		}
 	}
 }

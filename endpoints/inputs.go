@@ -21,7 +21,7 @@ type inputs struct {
 	// key=value pair of it, under allPods when it is empty (it selects every Pod):
 	// ns -> pair -> name -> Service.
 	bySelector map[string]map[label]map[string]*Service
-	pods     map[string]map[string]*Pod     // ns -> name -> Pod
+	pods       map[string]map[string]*Pod // ns -> name -> Pod
 	// labels indexes the Pods of a namespace by each of their labels.
 	labels map[string]map[label]map[string]struct{}
 

@@ -25,9 +25,6 @@ type store[T any] struct {
 	// depth is the number of '/' in a key under prefix ("ns/name": 1; "ns/svc/name": 2).
 	depth  int
 	decode func(kv *mvccpb.KeyValue) (T, error)
-	// revision is an object's ModRevision: the revision of its Added event in a
-	// watch's initial listing.
-	revision func(T) int64
 }
 
 // Get returns the stored Endpoints of namespace/name (a linearizable read), or
@@ -64,8 +61,7 @@ func (c *Controller) endpointsStore() store[*Endpoints] {
 	return store[*Endpoints]{cli: c.cli, prefix: c.prefix, what: "endpoints", depth: 1,
 		decode: func(kv *mvccpb.KeyValue) (*Endpoints, error) {
 			return decode(kv.Value, kv.ModRevision, kv.CreateRevision)
-		},
-		revision: func(e *Endpoints) int64 { return e.Revision }}
+		}}
 }
 
 // List returns up to pageSize objects (0: DefaultPageSize; capped at MaxPageSize) of
@@ -95,6 +91,29 @@ func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64
 	})
 }
 
+// WatchStored is Watch for a caller that sends the objects on in the API's form: an
+// event carries the object's stored form (Stored, Endpoints nil) when that is exact,
+// else the decoded object as Watch sends it.
+func (c *Controller) WatchStored(ctx context.Context, namespace string, startRev int64, send func(WatchEvent) error) error {
+	if err := validScope("namespace", namespace); err != nil {
+		return err
+	}
+	return c.endpointsStore().watchKVs(ctx, namespace, startRev, func(t WatchType, kv *mvccpb.KeyValue, rev int64) error {
+		if exactEndpoints(kv.Value) {
+			return send(WatchEvent{Type: t, Stored: storedOf(kv), Revision: rev})
+		}
+		e, err := decode(kv.Value, kv.ModRevision, kv.CreateRevision)
+		if err != nil {
+			return err
+		}
+		return send(WatchEvent{Type: t, Endpoints: e, Revision: rev})
+	})
+}
+
+func storedOf(kv *mvccpb.KeyValue) *Stored {
+	return &Stored{Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision}
+}
+
 // validScope refuses a namespace (or name) that would escape its place in the key
 // space; "" is every namespace.
 func validScope(field, s string) error {
@@ -106,6 +125,22 @@ func validScope(field, s string) error {
 
 // list returns a page of the objects under scope ("" for all, "ns", or "ns/svc").
 func (s store[T]) list(ctx context.Context, scope string, pageSize int, pageToken string) (out []T, next string, rev int64, err error) {
+	kvs, next, rev, err := s.listKVs(ctx, scope, pageSize, pageToken)
+	if err != nil {
+		return nil, "", 0, err
+	}
+	for _, kv := range kvs {
+		o, err := s.decode(kv)
+		if err != nil {
+			return nil, "", 0, fmt.Errorf("list %s: %s: %w", s.what, kv.Key, err)
+		}
+		out = append(out, o)
+	}
+	return out, next, rev, nil
+}
+
+// listKVs is list of the stored key-values, not decoded.
+func (s store[T]) listKVs(ctx context.Context, scope string, pageSize int, pageToken string) (out []*mvccpb.KeyValue, next string, rev int64, err error) {
 	switch {
 	case pageSize < 0:
 		return nil, "", 0, &InvalidError{Violations: []Violation{{Field: "page_size", Description: "must not be negative"}}}
@@ -145,14 +180,9 @@ func (s store[T]) list(ctx context.Context, scope string, pageSize int, pageToke
 		kvs = kvs[:pageSize]
 	}
 	for _, kv := range kvs {
-		if s.relKey(kv.Key) == "" {
-			continue
+		if s.relKey(kv.Key) != "" {
+			out = append(out, kv)
 		}
-		o, err := s.decode(kv)
-		if err != nil {
-			return nil, "", 0, fmt.Errorf("list %s: %s: %w", s.what, kv.Key, err)
-		}
-		out = append(out, o)
 	}
 	if more && len(kvs) > 0 {
 		next = token{rev: rev, scope: scope, after: s.relKey(kvs[len(kvs)-1].Key)}.String()
@@ -213,6 +243,17 @@ func tokenRev(s, scope string) int64 {
 
 // watch sends the changes of the objects under scope (see Controller.Watch).
 func (s store[T]) watch(ctx context.Context, scope string, startRev int64, send func(WatchType, T, int64) error) error {
+	return s.watchKVs(ctx, scope, startRev, func(t WatchType, kv *mvccpb.KeyValue, rev int64) error {
+		o, err := s.decode(kv)
+		if err != nil {
+			return err
+		}
+		return send(t, o, rev)
+	})
+}
+
+// watchKVs is watch of the stored key-values, not decoded: for Deleted, the last one.
+func (s store[T]) watchKVs(ctx context.Context, scope string, startRev int64, send func(WatchType, *mvccpb.KeyValue, int64) error) error {
 	if startRev < 0 {
 		return &InvalidError{Violations: []Violation{{Field: "start_revision", Description: "must not be negative"}}}
 	}
@@ -253,17 +294,17 @@ func (s store[T]) watch(ctx context.Context, scope string, startRev int64, send 
 
 // sendAll sends every current object as Added, listing a page at a time at one
 // revision, and returns that revision.
-func (s store[T]) sendAll(ctx context.Context, scope string, send func(WatchType, T, int64) error) (int64, error) {
+func (s store[T]) sendAll(ctx context.Context, scope string, send func(WatchType, *mvccpb.KeyValue, int64) error) (int64, error) {
 	var rev int64
 	tok := ""
 	for {
-		objs, next, r, err := s.list(ctx, scope, MaxPageSize, tok)
+		kvs, next, r, err := s.listKVs(ctx, scope, MaxPageSize, tok)
 		if err != nil {
 			return 0, err
 		}
 		rev = r
-		for _, o := range objs {
-			if err := send(Added, o, s.revision(o)); err != nil {
+		for _, kv := range kvs {
+			if err := send(Added, kv, kv.ModRevision); err != nil {
 				return 0, err
 			}
 		}
@@ -276,7 +317,7 @@ func (s store[T]) sendAll(ctx context.Context, scope string, send func(WatchType
 
 // sendEvent sends one etcd event of an object under the prefix; a delete with the
 // object's last state, read at the revision before it.
-func (s store[T]) sendEvent(ctx context.Context, ev *clientv3.Event, send func(WatchType, T, int64) error) error {
+func (s store[T]) sendEvent(ctx context.Context, ev *clientv3.Event, send func(WatchType, *mvccpb.KeyValue, int64) error) error {
 	if s.relKey(ev.Kv.Key) == "" {
 		return nil
 	}
@@ -292,19 +333,11 @@ func (s store[T]) sendEvent(ctx context.Context, ev *clientv3.Event, send func(W
 		case err != nil:
 			return fmt.Errorf("watch %s: read the last state of %s: %w", s.what, ev.Kv.Key, err)
 		}
-		o, err := s.decode(resp.Kvs[0])
-		if err != nil {
-			return err
-		}
-		return send(Deleted, o, rev)
-	}
-	o, err := s.decode(ev.Kv)
-	if err != nil {
-		return err
+		return send(Deleted, resp.Kvs[0], rev)
 	}
 	t := Modified
 	if ev.IsCreate() {
 		t = Added
 	}
-	return send(t, o, rev)
+	return send(t, ev.Kv, rev)
 }

@@ -352,8 +352,7 @@ func (t *term) applyStoredSliceEvent(ev *clientv3.Event) {
 // slicesStore reads the stored slices.
 func (c *Controller) slicesStore() store[*EndpointSlice] {
 	return store[*EndpointSlice]{cli: c.cli, prefix: c.slicePrefix, what: "endpoint slices", depth: 2,
-		decode:   c.decodeStoredSlice,
-		revision: func(s *EndpointSlice) int64 { return s.Revision }}
+		decode: c.decodeStoredSlice}
 }
 
 // ListSlices returns up to pageSize slices (0: DefaultPageSize; capped at MaxPageSize)
@@ -390,10 +389,12 @@ func sliceScope(namespace, service string) (string, error) {
 }
 
 // SliceWatchEvent is one change of a stored slice. For Deleted, Slice is the last
-// state and Revision the revision of the delete.
+// state and Revision the revision of the delete. From WatchSlicesStored, Stored instead
+// of Slice when the stored form can be sent as it is.
 type SliceWatchEvent struct {
 	Type     WatchType
 	Slice    *EndpointSlice
+	Stored   *Stored
 	Revision int64
 }
 
@@ -404,6 +405,24 @@ func (c *Controller) WatchSlices(ctx context.Context, namespace string, startRev
 		return err
 	}
 	return c.slicesStore().watch(ctx, namespace, startRev, func(t WatchType, s *EndpointSlice, rev int64) error {
+		return send(SliceWatchEvent{Type: t, Slice: s, Revision: rev})
+	})
+}
+
+// WatchSlicesStored is WatchSlices for a caller that sends the slices on in the API's
+// form, as WatchStored is for Endpoints.
+func (c *Controller) WatchSlicesStored(ctx context.Context, namespace string, startRev int64, send func(SliceWatchEvent) error) error {
+	if err := validScope("namespace", namespace); err != nil {
+		return err
+	}
+	return c.slicesStore().watchKVs(ctx, namespace, startRev, func(t WatchType, kv *mvccpb.KeyValue, rev int64) error {
+		if exactSlice(kv.Value) {
+			return send(SliceWatchEvent{Type: t, Stored: storedOf(kv), Revision: rev})
+		}
+		s, err := c.decodeStoredSlice(kv)
+		if err != nil {
+			return err
+		}
 		return send(SliceWatchEvent{Type: t, Slice: s, Revision: rev})
 	})
 }

@@ -1,0 +1,134 @@
+package endpoints
+
+import (
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// This file decides whether a stored object can go to a watcher as it is stored. The
+// stored form of an Endpoints object and of a slice is the encoding of the API's
+// message without its revisions (codec.go, slicecodec.go), so the server can send it
+// as the message's bytes with the revisions appended, instead of decoding it,
+// converting it and encoding it again, provided that what the watcher parses is what
+// the conversion would have sent. That holds for a well-formed value with valid UTF-8
+// strings (protobuf-go refuses to send others), whose slice endpoints all have
+// conditions (the conversion always sends them), no optional string present but
+// empty (the conversion leaves those out) and ports with their name, number and
+// protocol (the conversion always sends them): what allocd writes. Anything else goes the
+// way of decode and conversion, errors included.
+
+// errNotExact stops the walk of a value that is not sent as stored.
+var errNotExact = errMalformed
+
+// exactEndpoints reports whether a stored Endpoints object is sent to watchers as it is
+// stored (see above).
+func exactEndpoints(b []byte) bool {
+	return fields(b, endpointsSchema, func(num protowire.Number, v []byte, _ uint64) error {
+		switch num {
+		case 1, 2, 7, 8:
+			return validUTF8(v)
+		case 3, 4:
+			return stringFields(v)
+		case 5:
+			return fields(v, subsetSchema, func(num protowire.Number, v []byte, _ uint64) error {
+				if num == 3 {
+					return fields(v, portSchema, stringsBut(2))
+				}
+				return exactAddress(v)
+			})
+		}
+		return nil
+	}) == nil
+}
+
+func exactAddress(b []byte) error {
+	return fields(b, stringsSchema, func(num protowire.Number, v []byte, _ uint64) error {
+		if num == 4 {
+			return stringFields(v) // the target reference
+		}
+		return validUTF8(v)
+	})
+}
+
+// exactSlice reports whether a stored slice is sent to watchers as it is stored (see
+// above).
+func exactSlice(b []byte) bool {
+	return fields(b, sliceSchema, func(num protowire.Number, v []byte, _ uint64) error {
+		switch num {
+		case 1, 2, 5, 6:
+			return validUTF8(v)
+		case 3, 4:
+			return stringFields(v)
+		case 7:
+			return exactSliceEndpoint(v)
+		case 8:
+			return exactSlicePort(v)
+		}
+		return nil
+	}) == nil
+}
+
+// exactSlicePort: a port with its name, number and protocol present (the conversion
+// sends them even when empty).
+func exactSlicePort(b []byte) error {
+	var seen [5]bool
+	err := fields(b, portSchema, func(num protowire.Number, v []byte, n uint64) error {
+		seen[num] = true
+		return stringsBut(2)(num, v, n)
+	})
+	if err == nil && !(seen[1] && seen[2] && seen[3]) {
+		return errNotExact
+	}
+	return err
+}
+
+func exactSliceEndpoint(b []byte) error {
+	conditions := false
+	err := fields(b, sliceEndpointSchema, func(num protowire.Number, v []byte, _ uint64) error {
+		switch num {
+		case 1:
+			return validUTF8(v)
+		case 2:
+			conditions = true
+			return fields(v, conditionsSchema, func(protowire.Number, []byte, uint64) error { return nil })
+		case 3, 4, 5:
+			if len(v) == 0 {
+				return errNotExact
+			}
+			return validUTF8(v)
+		case 6:
+			return stringFields(v)
+		case 7:
+			return fields(v, hintsSchema, func(_ protowire.Number, v []byte, _ uint64) error { return stringFields(v) })
+		}
+		return nil
+	})
+	if err == nil && !conditions {
+		return errNotExact
+	}
+	return err
+}
+
+// stringFields checks a message whose known fields are all strings (a map entry, an
+// object reference, a hint), by stringsSchema.
+func stringFields(b []byte) error {
+	return fields(b, stringsSchema, func(_ protowire.Number, v []byte, _ uint64) error { return validUTF8(v) })
+}
+
+// stringsBut checks the fields of a message other than the varint one.
+func stringsBut(varint protowire.Number) func(protowire.Number, []byte, uint64) error {
+	return func(num protowire.Number, v []byte, _ uint64) error {
+		if num == varint {
+			return nil
+		}
+		return validUTF8(v)
+	}
+}
+
+func validUTF8(v []byte) error {
+	if !utf8.Valid(v) {
+		return errNotExact
+	}
+	return nil
+}

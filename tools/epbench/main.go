@@ -19,7 +19,7 @@
 //     flip's acknowledgement to the first event on each watch that shows it (p50,
 //     p99), and counts the objects written (watch events) against those that changed;
 //  4. reads the heap of the whole allocd process, go_memstats_alloc_bytes from its
-//     /metrics every 250 ms: the lowest after the sync (through the churn and 2 s
+//     /metrics every second: the lowest after the sync (through the churn and 2 s
 //     after it) minus the lowest in the 2 s before the pushes, per Pod.
 //
 // With -baseline it alternates runs of two binaries (A, then B, -runs times) and

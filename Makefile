@@ -12,7 +12,7 @@ GRPCURL_VERSION := v1.9.4
 
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all run build test vet fmt-check lint proto proto-check docs docs-check compose-check certs tools bench soak cluster fault etcd-matrix clean
+.PHONY: all run build test vet fmt-check lint proto proto-check docs docs-check compose-check certs tools bench scale soak cluster fault etcd-matrix clean bridge bridge-test kube-bins kube-e2e kube-numbers
 
 all: build
 
@@ -120,12 +120,58 @@ bench:
 	$(GO) test -run '^$$' -bench BenchmarkEndpointsFeed -benchtime 1x ./cmd/allocd/daemon/
 	$(GO) run ./tools/epbench -runs $${EPBENCH_RUNS:-3}
 
+# scale: allocd as its store grows to 1,000,000 allocations (a /11, fsync on): Allocate's rate
+# and CPU, RSS (allocd, and etcd alone on the same data), the data directory, a repair pass,
+# kill -9 → SERVING on the embedded etcd and on an external one, at 0, 10k, 100k, 300k and 1M,
+# in one table (docs/contributors/scale.md). About 15 minutes on the 2-core build machine;
+# CPU and heap profiles of allocd at 1M go to .bin/scale. Not in `make test`.
+scale:
+	mkdir -p .bin/scale
+	$(GO) run ./tools/scale -profile-dir .bin/scale
+
 # soak: 1,000,000 Allocate+Release cycles against allocd on its embedded etcd (fsync on),
 # the database size every 100,000: with the default --etcd-compaction-interval (5m), then
 # with compaction off. About 5-10 minutes each on the 2-core build machine; not in `make test`.
 soak:
 	$(GO) run ./tools/soak -etcd-compaction-interval 5m
 	$(GO) run ./tools/soak -etcd-compaction-interval 0
+
+# bridge: allocd-bridge, the bridge between allocd and a Kubernetes cluster (its own
+# module, bridge/, so that client/ and allocd do not build client-go); bridge-test runs
+# its unit tests and checks it with vet and gofmt.
+bridge:
+	cd bridge && $(GO) build -o $(CURDIR)/bin/allocd-bridge ./cmd/allocd-bridge
+bridge-test:
+	cd bridge && $(GO) vet ./... && $(GO) test -count=1 ./...
+	cd test/kube && $(GO) vet ./...
+
+# kube-e2e: the bridge against real Kubernetes. kube-apiserver and kube-controller-manager
+# KUBE_VERSION are built from the Go module proxy (k8s.io/kubernetes with its staging
+# modules replaced by their published releases: test/kube/k8s/go.mod pins them) into
+# .bin/<name>-KUBE_VERSION, once; a new KUBE_VERSION builds anew. Go 1.26 builds v1.37
+# (its go.mod says go 1.26.0); no other toolchain is needed. The test (test/kube, a
+# module of its own) starts etcd, two clusters (the reference with
+# kube-controller-manager's endpoint controller, the other with allocd and the bridge),
+# feeds both the same objects and compares. Logs of every process: .bin/kube-e2e-logs.
+# The first build takes about 15 minutes on the 2-core build machine, a run about 10.
+KUBE_VERSION := v1.37.2
+KUBE_BIN := $(BIN)/kube-$(KUBE_VERSION)
+kube-bins: $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager
+$(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager: test/kube/k8s/go.mod test/kube/k8s/go.sum
+	@grep -q 'k8s.io/kubernetes $(KUBE_VERSION)$$' test/kube/k8s/go.mod || \
+		{ echo "test/kube/k8s/go.mod does not pin k8s.io/kubernetes $(KUBE_VERSION)"; exit 1; }
+	cd test/kube/k8s && $(GO) build -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
+kube-e2e: kube-bins
+	$(GO) build -o $(KUBE_BIN)/allocd ./cmd/allocd
+	cd bridge && $(GO) build -o $(KUBE_BIN)/allocd-bridge ./cmd/allocd-bridge
+	cd test/kube && KUBE_E2E_BIN=$(KUBE_BIN) KUBE_E2E_LOGS=$(BIN)/kube-e2e-logs KUBE_E2E_NUMBERS=$(KUBE_E2E_NUMBERS) \
+		$(GO) test -count=1 -timeout 60m -v $(KUBE_E2E_FLAGS) ./...
+
+# kube-numbers: the figures of bridge/README.md, side by side on this machine (TestNumbers:
+# initial sync of KUBE_E2E_SERVICES Services x KUBE_E2E_PODS_PER_SERVICE Pods, readiness
+# flips at 10 and 200/s).
+kube-numbers:
+	$(MAKE) kube-e2e KUBE_E2E_FLAGS="-run TestNumbers" KUBE_E2E_NUMBERS=1
 
 clean:
 	rm -rf bin .bin allocd-data cluster-data

@@ -45,7 +45,7 @@ func (a *Allocator) allocate(ctx context.Context, req Request) (Result, error) {
 	if err := checkOwner("owner.uid", req.Owner); err != nil {
 		return Result{}, err
 	}
-	o := &op{owner: req.Owner, ownerKey: a.ownerKey(req.Owner.UID), hash: req.hash()}
+	o := &op{owner: req.Owner, ownerKey: a.ownerKey(req.Owner.UID), hash: req.hash(), fence: a.fenceNow()}
 	read := false // o.ownerRev and o.record were read from etcd
 	if h, ok := a.hints.get(o.owner.UID); ok && !req.DryRun {
 		if h.rec.Last == nil || h.rec.Last.Hash != o.hash {
@@ -77,7 +77,8 @@ func (a *Allocator) planAndCommit(ctx context.Context, req Request, o *op, read 
 		// A retry of a request that committed finds the range full (it may have taken
 		// the last item itself, or its range may be terminating since) before it gets
 		// to the owner record: look there.
-		if !req.DryRun && !read && (errors.Is(err, ErrFull) || errors.Is(err, ErrNoRange) || errors.Is(err, ErrTerminating)) {
+		if !req.DryRun && !read &&
+			(errors.Is(err, ErrFull) || errors.Is(err, ErrNoRange) || errors.Is(err, ErrTerminating)) {
 			if res, ok, rerr := a.replay(ctx, o); rerr != nil || ok {
 				return res, rerr
 			}
@@ -142,7 +143,8 @@ func (a *Allocator) replay(ctx context.Context, o *op) (Result, bool, error) {
 	if rec.Last == nil || rec.Last.Hash != o.hash || !rec.holdsLast() {
 		return Result{}, false, nil
 	}
-	return Result{ClusterIPs: rec.Last.ClusterIPs, NodePorts: rec.Last.NodePorts, Revision: kv.ModRevision, Replayed: true}, true, nil
+	return Result{ClusterIPs: rec.Last.ClusterIPs, NodePorts: rec.Last.NodePorts, Revision: kv.ModRevision,
+		Replayed: true}, true, nil
 }
 
 // plan validates req and reserves (pending) the items it asks for.
@@ -161,7 +163,8 @@ func (a *Allocator) plan(req Request) (picks []*pick, err error) {
 		return nil, badrequest.New("node_port_count", "must not be negative")
 	}
 	if n := len(req.ClusterIPs) + len(req.NodePorts) + req.NodePortCount; n > MaxItems {
-		return nil, badrequest.New("node_ports", fmt.Sprintf("%d items asked for; at most %d per request", n, MaxItems))
+		return nil, badrequest.New("node_ports",
+			fmt.Sprintf("%d items asked for; at most %d per request", n, MaxItems))
 	}
 	t := a.tab.Load()
 	specific := func(it Item) error {
@@ -312,6 +315,7 @@ func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, e
 	if err := checkOwner("owner.uid", o); err != nil {
 		return Allocation{}, err
 	}
+	fence := a.fenceNow()
 	for attempt := 0; ; attempt++ {
 		p, err := a.specificPick(it)
 		if err != nil {
@@ -321,7 +325,7 @@ func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, e
 			releasePicks([]*pick{p})
 			return Allocation{}, err
 		}
-		op := &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}}
+		op := &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}, fence: fence}
 		if h, ok := a.hints.get(o.UID); ok {
 			op.ownerRev, op.record, op.hinted = h.rev, h.rec, true
 		}
@@ -371,7 +375,8 @@ func (a *Allocator) specificPick(it Item) (*pick, error) {
 		// there.
 		return &pick{r: r, off: off, item: it, key: a.key(it), specific: true}, nil
 	}
-	return &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.Reserve(off), guard: r.guard}, nil
+	return &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.Reserve(off),
+		guard: r.guard}, nil
 }
 
 // terminatingError is the *TerminatingError of an address in terminating ranges only.
@@ -429,14 +434,17 @@ func (a *Allocator) pickIP(t *table, f Family) (*pick, error) {
 			return &pick{r: r, off: off, item: it, key: a.key(it), pending: true, guard: r.guard}, nil
 		}
 	}
-	hint := "add a range with CreateServiceCIDR (e.g. grpcurl -d '{\"name\":\"extra\",\"cidrs\":[\"<cidr>\"]}' <allocd> allocd.v1.AllocatorService/CreateServiceCIDR)"
 	if len(ready) == 0 {
-		return nil, &FullError{Range: "no ready ServiceCIDR of " + f.String(), Hint: hint}
+		return nil, &FullError{Range: "no ready ServiceCIDR of " + f.String(), Hint: addRangeHint}
 	}
 	cidrs := make([]string, len(ready))
 	for i, r := range ready {
 		cidrs[i] = r.name
 	}
 	return nil, &FullError{Range: strings.Join(cidrs, ", "),
-		Hint: "every ready ServiceCIDR of " + f.String() + " is full: " + names(ready) + "; " + hint}
+		Hint: "every ready ServiceCIDR of " + f.String() + " is full: " + names(ready) + "; " + addRangeHint}
 }
+
+// addRangeHint is how a FullError of the ClusterIPs says to add a range.
+const addRangeHint = "add a range with CreateServiceCIDR (e.g. grpcurl -d " +
+	"'{\"name\":\"extra\",\"cidrs\":[\"<cidr>\"]}' <allocd> allocd.v1.AllocatorService/CreateServiceCIDR)"

@@ -11,9 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/status"
 
+	"github.com/allocd/allocd/internal/etcd/call"
 	"github.com/allocd/allocd/internal/etcd/watch"
 
 	"github.com/allocd/allocd/internal/badrequest"
@@ -45,6 +48,27 @@ type Allocator struct {
 	settle      []settleEntry
 	syncTimeout time.Duration
 
+	// cpCh hands the watch's snapshots of the index to the checkpoint writer;
+	// cpChanges counts the item changes applied since the last one, taken at cpLast
+	// (both the watch goroutine's alone).
+	cpCh      chan *indexSnapshot
+	cpChanges int
+	cpLast    time.Time
+	cpRev     int64 // of the last snapshot handed over
+	// cpEvery, cpMaxAge and cpMinGap are checkpointEvery, checkpointMaxAge and
+	// checkpointMinGap (smaller in tests); loadedFrom says how New loaded the index
+	// ("checkpoint" or "list").
+	cpEvery            int
+	cpMaxAge, cpMinGap time.Duration
+	loadedFrom         string
+
+	// epoch is the epoch key's version and CreateRevision as last seen, at epochAt
+	// (monotonicNow, when the version last moved): see fence.go.
+	epoch   atomic.Pointer[fence]
+	epochAt atomic.Int64
+	// epochGone is set when the watch sees the epoch key deleted.
+	epochGone atomic.Bool
+
 	// hints are the owner records last written or read.
 	hints ownerHints
 	// committer groups Allocate and Assign calls into transactions while Run runs.
@@ -52,7 +76,8 @@ type Allocator struct {
 }
 
 // New validates cfg, records the ranges in etcd (refusing ranges that differ from the
-// recorded ones with a *RangesMismatchError), loads the allocations into the index
+// recorded ones with a *RangesMismatchError), loads the index (from a checkpoint and
+// the events since, else by listing every allocation: checkpoint.go)
 // and reserves the first address of the primary range (and KubernetesNodePort) for
 // KubernetesOwner. The Allocator serves when New returns; Run keeps it current.
 func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, error) {
@@ -68,6 +93,11 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, err
 		log:         log,
 		kubePort:    cfg.KubernetesNodePort,
 		syncTimeout: defaultSyncTimeout,
+		cpCh:        make(chan *indexSnapshot, 1),
+		cpLast:      time.Now(),
+		cpEvery:     checkpointEvery,
+		cpMaxAge:    checkpointMaxAge,
+		cpMinGap:    checkpointMinGap,
 	}
 	conc := cfg.CommitConcurrency
 	if conc <= 0 {
@@ -80,26 +110,60 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, err
 	a.m = newMetrics(a, cfg.Registerer)
 	a.m.counters(a.portRange)
 
+	// etcd may fail a call for a passing reason while a replica starts (an election,
+	// a member restarting): each step is idempotent, so the start is tried again.
+	for {
+		err := a.start(ctx)
+		if err == nil {
+			return a, nil
+		}
+		if !startTransient(err) || ctx.Err() != nil {
+			return nil, err
+		}
+		a.log.Warn("allocator start failed; trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// startTransient reports whether err, from New's start, is etcd's and passing (an
+// election, a lost connection, a timeout); allocd's own verdicts (ranges that differ
+// from the recorded ones) are not.
+func startTransient(err error) bool {
+	var se interface{ GRPCStatus() *status.Status }
+	var ee rpctypes.EtcdError
+	if !errors.As(err, &se) && !errors.As(err, &ee) && !errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	return call.Transient(err)
+}
+
+// start records the ranges, seeds the kubernetes ServiceCIDR, loads the index and
+// reserves the kubernetes address and node port (New).
+func (a *Allocator) start(ctx context.Context) error {
 	want := storedRanges{NodePortRange: a.portRange.name}
-	for _, p := range cfg.ClusterIPRanges {
+	for _, p := range a.flagCIDRs {
 		want.ClusterIPRanges = append(want.ClusterIPRanges, p.String())
 	}
 	stored, err := a.recordRanges(ctx, want)
 	if err != nil {
-		return nil, err
+		return err
+	}
+	if err := a.ensureEpoch(ctx); err != nil {
+		return err
 	}
 	kube, err := a.seedKubernetes(ctx, stored)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	a.kubeIP = newIPSpan(kube.CIDRs[0]).addr(0)
-	if err := a.reload(ctx); err != nil {
-		return nil, err
+	if err := a.load(ctx); err != nil {
+		return err
 	}
-	if err := a.reserveKubernetes(ctx); err != nil {
-		return nil, err
-	}
-	return a, nil
+	return a.reserveKubernetes(ctx)
 }
 
 // seedKubernetes creates the kubernetes ServiceCIDR unless it exists: from the
@@ -162,6 +226,8 @@ func (a *Allocator) Run(ctx context.Context) error {
 	g.Go(func() error { return a.watchLoop(ctx) })
 	g.Go(func() error { return a.committer.run(ctx) })
 	g.Go(func() error { a.drainLoop(ctx); return nil })
+	g.Go(func() error { a.checkpointLoop(ctx); return nil })
+	g.Go(func() error { a.epochLoop(ctx); return nil })
 	return g.Wait()
 }
 
@@ -199,10 +265,10 @@ func (a *Allocator) locate(it Item) (*rng, uint64, error) {
 	return nil, 0, badrequest.New("kind", "unknown item kind")
 }
 
-// RangeOf returns the name of it's range: ErrNoRange when no range has its IP
+// rangeOf returns the name of it's range: ErrNoRange when no range has its IP
 // family, a *NotInRangeError when it lies outside (or is the network or broadcast
 // address of) every range.
-func (a *Allocator) RangeOf(it Item) (string, error) {
+func (a *Allocator) rangeOf(it Item) (string, error) {
 	r, _, err := a.locate(it)
 	if err != nil {
 		return "", err
@@ -210,9 +276,9 @@ func (a *Allocator) RangeOf(it Item) (string, error) {
 	return r.name, nil
 }
 
-// RangeNames returns the ClusterIP ranges (in allocation order), then the NodePort
+// rangeNames returns the ClusterIP ranges (in allocation order), then the NodePort
 // range.
-func (a *Allocator) RangeNames() []string {
+func (a *Allocator) rangeNames() []string {
 	t := a.tab.Load()
 	names := make([]string, len(t.all))
 	for i, r := range t.all {
@@ -259,5 +325,5 @@ func (a *Allocator) IsStatic(it Item) bool {
 	return err == nil && r.Static(off)
 }
 
-// KubernetesIP returns the address reserved for the kubernetes service.
-func (a *Allocator) KubernetesIP() netip.Addr { return a.kubeIP }
+// kubernetesIP returns the address reserved for the kubernetes service.
+func (a *Allocator) kubernetesIP() netip.Addr { return a.kubeIP }

@@ -49,7 +49,8 @@ func start(t *testing.T, cli *clientv3.Client, cfg Config) *Allocator {
 	if _, err := cli.Put(ctx, "/allocator-test-started", ""); err != nil {
 		t.Fatal(err)
 	}
-	etcdtest.WaitFor(t, 10*time.Second, "the allocator's watch to run", func() bool { return a.Sync(ctx) == nil })
+	etcdtest.WaitFor(t, 10*time.Second, "the allocator's watch to run",
+		func() bool { return a.Sync(ctx) == nil })
 	return a
 }
 
@@ -72,7 +73,8 @@ func TestAllocateAndReplay(t *testing.T) {
 		{"single stack default", Request{}, []bool{true}, 0},
 		{"single stack IPv6", Request{Families: []Family{IPv6}}, []bool{false}, 0},
 		{"prefer dual", Request{Policy: PreferDualStack}, []bool{true, false}, 0},
-		{"require dual IPv6 first", Request{Policy: RequireDualStack, Families: []Family{IPv6}}, []bool{false, true}, 0},
+		{"require dual IPv6 first", Request{Policy: RequireDualStack, Families: []Family{IPv6}},
+			[]bool{false, true}, 0},
 		{"ports only", Request{NoClusterIP: true, NodePortCount: 3}, nil, 3},
 		{"ip and port", Request{NodePortCount: 1}, []bool{true}, 1},
 	}
@@ -84,8 +86,10 @@ func TestAllocateAndReplay(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Allocate(%+v) = %v", req, err)
 			}
-			if len(got.ClusterIPs) != len(tc.families) || len(got.NodePorts) != tc.ports || got.Replayed || got.Revision == 0 {
-				t.Fatalf("Allocate(%+v) = %+v; want %d addresses, %d ports, a revision, not replayed", req, got, len(tc.families), tc.ports)
+			if len(got.ClusterIPs) != len(tc.families) || len(got.NodePorts) != tc.ports || got.Replayed ||
+				got.Revision == 0 {
+				t.Fatalf("Allocate(%+v) = %+v; want %d addresses, %d ports, a revision, not replayed", req,
+					got, len(tc.families), tc.ports)
 			}
 			for j, ip := range got.ClusterIPs {
 				if ip.Is4() != tc.families[j] {
@@ -93,11 +97,13 @@ func TestAllocateAndReplay(t *testing.T) {
 				}
 				r, off, err := a.locate(IP(ip))
 				if err != nil || r.Static(off) {
-					t.Errorf("Allocate(%+v) address %s: offset %d, %v; want in the dynamic band", req, ip, off, err)
+					t.Errorf("Allocate(%+v) address %s: offset %d, %v; want in the dynamic band", req, ip,
+						off, err)
 				}
 				al, err := a.Get(ctx, IP(ip))
 				if err != nil || al.Owner != req.Owner || al.CreateRevision != got.Revision {
-					t.Errorf("Get(%s) = %+v, %v; want held by %v since revision %d", ip, al, err, req.Owner, got.Revision)
+					t.Errorf("Get(%s) = %+v, %v; want held by %v since revision %d", ip, al, err, req.Owner,
+						got.Revision)
 				}
 			}
 			for _, p := range got.NodePorts {
@@ -106,7 +112,8 @@ func TestAllocateAndReplay(t *testing.T) {
 				}
 			}
 			again, err := a.Allocate(ctx, req)
-			if err != nil || !again.Replayed || fmt.Sprint(again.ClusterIPs, again.NodePorts) != fmt.Sprint(got.ClusterIPs, got.NodePorts) {
+			if err != nil || !again.Replayed ||
+				fmt.Sprint(again.ClusterIPs, again.NodePorts) != fmt.Sprint(got.ClusterIPs, got.NodePorts) {
 				t.Errorf("retry of Allocate(%+v) = %+v, %v; want the same result, replayed", req, again, err)
 			}
 		})
@@ -128,7 +135,8 @@ func TestAllocateErrors(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/29"))
 	ctx := etcdtest.Context(t)
-	held, err := a.Allocate(ctx, Request{Owner: owner("holder"), ClusterIPs: []netip.Addr{netip.MustParseAddr("10.0.0.3")}})
+	held, err := a.Allocate(ctx,
+		Request{Owner: owner("holder"), ClusterIPs: []netip.Addr{netip.MustParseAddr("10.0.0.3")}})
 	if err != nil {
 		t.Fatalf("Allocate(10.0.0.3) = %v", err)
 	}
@@ -147,16 +155,28 @@ func TestAllocateErrors(t *testing.T) {
 			var ae *AllocatedError
 			return errors.As(err, &ae) && ae.Holder == KubernetesOwner
 		}, KubernetesOwner},
-		{"network address", Request{ClusterIPs: ip("10.0.0.0")}, func(err error) bool { var e *NotInRangeError; return errors.As(err, &e) }, Owner{}},
-		{"broadcast", Request{ClusterIPs: ip("10.0.0.7")}, func(err error) bool { return errors.Is(err, ErrNotInRange) }, Owner{}},
-		{"outside", Request{ClusterIPs: ip("10.0.1.1")}, func(err error) bool { return errors.Is(err, ErrNotInRange) }, Owner{}},
-		{"no IPv6 range", Request{ClusterIPs: ip("fd00::1")}, func(err error) bool { return errors.Is(err, ErrNoRange) }, Owner{}},
-		{"require dual stack", Request{Policy: RequireDualStack}, func(err error) bool { return errors.Is(err, ErrNoRange) }, Owner{}},
-		{"port outside", Request{NodePorts: []int{80}}, func(err error) bool { return errors.Is(err, ErrNotInRange) }, Owner{}},
-		{"port twice", Request{NodePorts: []int{30001, 30001}}, func(err error) bool { return errors.Is(err, ErrInvalid) }, Owner{}},
-		{"too many", Request{NodePortCount: MaxItems + 1}, func(err error) bool { return errors.Is(err, ErrInvalid) }, Owner{}},
-		{"two IPv4", Request{ClusterIPs: []netip.Addr{netip.MustParseAddr("10.0.0.4"), netip.MustParseAddr("10.0.0.5")}}, func(err error) bool { return errors.Is(err, ErrInvalid) }, Owner{}},
-		{"single stack two families", Request{Families: []Family{IPv4, IPv6}}, func(err error) bool { return errors.Is(err, ErrInvalid) }, Owner{}},
+		{"network address", Request{ClusterIPs: ip("10.0.0.0")},
+			func(err error) bool { var e *NotInRangeError; return errors.As(err, &e) }, Owner{}},
+		{"broadcast", Request{ClusterIPs: ip("10.0.0.7")},
+			func(err error) bool { return errors.Is(err, ErrNotInRange) }, Owner{}},
+		{"outside", Request{ClusterIPs: ip("10.0.1.1")},
+			func(err error) bool { return errors.Is(err, ErrNotInRange) }, Owner{}},
+		{"no IPv6 range", Request{ClusterIPs: ip("fd00::1")},
+			func(err error) bool { return errors.Is(err, ErrNoRange) }, Owner{}},
+		{"require dual stack", Request{Policy: RequireDualStack},
+			func(err error) bool { return errors.Is(err, ErrNoRange) }, Owner{}},
+		{"port outside", Request{NodePorts: []int{80}},
+			func(err error) bool { return errors.Is(err, ErrNotInRange) }, Owner{}},
+		{"port twice", Request{NodePorts: []int{30001, 30001}},
+			func(err error) bool { return errors.Is(err, ErrInvalid) }, Owner{}},
+		{"too many", Request{NodePortCount: MaxItems + 1},
+			func(err error) bool { return errors.Is(err, ErrInvalid) }, Owner{}},
+		{"two IPv4",
+			Request{ClusterIPs: []netip.Addr{netip.MustParseAddr("10.0.0.4"),
+				netip.MustParseAddr("10.0.0.5")}},
+			func(err error) bool { return errors.Is(err, ErrInvalid) }, Owner{}},
+		{"single stack two families", Request{Families: []Family{IPv4, IPv6}},
+			func(err error) bool { return errors.Is(err, ErrInvalid) }, Owner{}},
 	}
 	for i, tc := range tests {
 		req := tc.req
@@ -166,8 +186,10 @@ func TestAllocateErrors(t *testing.T) {
 			t.Errorf("%s: Allocate(%+v) = %+v, %v; want the matching error", tc.name, req, got, err)
 		}
 		// Nothing was written for the owner.
-		if page, err := a.ListPage(ctx, ListOptions{OwnerUID: req.Owner.UID}); err != nil || len(page.Allocations) != 0 {
-			t.Errorf("%s: owner %s holds %+v, %v; want nothing", tc.name, req.Owner.UID, page.Allocations, err)
+		if page, err := a.ListPage(ctx, ListOptions{OwnerUID: req.Owner.UID}); err != nil ||
+			len(page.Allocations) != 0 {
+			t.Errorf("%s: owner %s holds %+v, %v; want nothing", tc.name, req.Owner.UID, page.Allocations,
+				err)
 		}
 	}
 	// Fill the /29: 6 usable, one is the kubernetes address, one is held.
@@ -182,12 +204,14 @@ func TestAllocateErrors(t *testing.T) {
 	if _, err := a.Allocate(ctx, Request{Owner: owner("one-too-many")}); !errors.Is(err, ErrFull) {
 		t.Errorf("Allocate on a full /29 = %v; want ErrFull", err)
 	}
-	etcdtest.WaitFor(t, 10*time.Second, "Free(10.0.0.0/29) = 0", func() bool { return a.Free("10.0.0.0/29") == 0 })
+	etcdtest.WaitFor(t, 10*time.Second, "Free(10.0.0.0/29) = 0",
+		func() bool { return a.Free("10.0.0.0/29") == 0 })
 	// A dry run writes nothing.
 	if _, _, err := a.Release(ctx, owner("holder"), nil, false); err != nil {
 		t.Fatalf("Release(holder) = %v", err)
 	}
-	etcdtest.WaitFor(t, 10*time.Second, "the index to see the release", func() bool { return a.Free("10.0.0.0/29") == 1 })
+	etcdtest.WaitFor(t, 10*time.Second, "the index to see the release",
+		func() bool { return a.Free("10.0.0.0/29") == 1 })
 	dry, err := a.Allocate(ctx, Request{Owner: owner("dry"), DryRun: true})
 	if err != nil || len(dry.ClusterIPs) != 1 || dry.Revision != 0 {
 		t.Errorf("Allocate(dry run) = %+v, %v; want one address, no revision", dry, err)
@@ -213,7 +237,8 @@ func TestRangesMismatch(t *testing.T) {
 	_, err := New(ctx, e.NewClient(), cfg)
 	var me *RangesMismatchError
 	if !errors.As(err, &me) || me.Stored == me.Configured {
-		t.Errorf("New(%v %v) = %v; want a *RangesMismatchError naming both", cfg.ClusterIPRanges, cfg.NodePortRange, err)
+		t.Errorf("New(%v %v) = %v; want a *RangesMismatchError naming both", cfg.ClusterIPRanges,
+			cfg.NodePortRange, err)
 	}
 	// Other ClusterIP ranges are not: the kubernetes ServiceCIDR in etcd wins (as in
 	// Kubernetes), and the replica allocates from it.
@@ -222,11 +247,12 @@ func TestRangesMismatch(t *testing.T) {
 		if err != nil {
 			t.Fatalf("New(%v) = %v; want the stored kubernetes ServiceCIDR used", cfg.ClusterIPRanges, err)
 		}
-		if got := strings.Join(a.RangeNames(), " "); got != "10.0.0.0/24 30000-32767" {
-			t.Errorf("New(%v).RangeNames() = %s; want the stored ranges 10.0.0.0/24 30000-32767", cfg.ClusterIPRanges, got)
+		if got := strings.Join(a.rangeNames(), " "); got != "10.0.0.0/24 30000-32767" {
+			t.Errorf("New(%v).rangeNames() = %s; want the stored ranges 10.0.0.0/24 30000-32767",
+				cfg.ClusterIPRanges, got)
 		}
-		if a.KubernetesIP() != netip.MustParseAddr("10.0.0.1") {
-			t.Errorf("New(%v).KubernetesIP() = %s; want 10.0.0.1", cfg.ClusterIPRanges, a.KubernetesIP())
+		if a.kubernetesIP() != netip.MustParseAddr("10.0.0.1") {
+			t.Errorf("New(%v).kubernetesIP() = %s; want 10.0.0.1", cfg.ClusterIPRanges, a.kubernetesIP())
 		}
 	}
 	// Another prefix is another allocd.
@@ -279,7 +305,8 @@ func TestTwoReplicasExhaust(t *testing.T) {
 	}
 	wg.Wait()
 	if len(granted) != usable || full != requests-usable || len(other) != 0 {
-		t.Errorf("granted %d, full %d, other errors %v; want %d granted, %d full, none", len(granted), full, other, usable, requests-usable)
+		t.Errorf("granted %d, full %d, other errors %v; want %d granted, %d full, none", len(granted), full,
+			other, usable, requests-usable)
 	}
 	// etcd agrees: every granted address is held by its owner.
 	_, all, err := a1.List(ctx)
@@ -310,7 +337,8 @@ func TestDualStackAllOrNothing(t *testing.T) {
 	a := start(t, e.Client, testConfig("10.0.0.0/24", "fd00::/125"))
 	ctx := etcdtest.Context(t)
 	for i := range 7 { // fd00::/125 has 7 usable addresses
-		if _, err := a.Allocate(ctx, Request{Owner: owner(fmt.Sprint("v6-", i)), Families: []Family{IPv6}}); err != nil {
+		if _, err := a.Allocate(ctx,
+			Request{Owner: owner(fmt.Sprint("v6-", i)), Families: []Family{IPv6}}); err != nil {
 			t.Fatalf("Allocate(IPv6 %d) = %v", i, err)
 		}
 	}
@@ -397,7 +425,8 @@ func TestRelease(t *testing.T) {
 	for i := range 2 {
 		rel, rev, err := a.Release(ctx, o, []Item{ip}, false)
 		if err != nil || (i == 0) != (len(rel) == 1 && rev > 0) {
-			t.Errorf("Release(%s by its owner) #%d = %v, %d, %v; want freed once, then nothing", ip, i+1, rel, rev, err)
+			t.Errorf("Release(%s by its owner) #%d = %v, %d, %v; want freed once, then nothing", ip, i+1, rel,
+				rev, err)
 		}
 	}
 	if _, err := a.Get(ctx, ip); !errors.Is(err, ErrNotFound) {
@@ -413,15 +442,19 @@ func TestRelease(t *testing.T) {
 	if rel, _, err := a.Release(ctx, other, []Item{p}, true); err != nil || len(rel) != 1 {
 		t.Errorf("Release(force %d) = %v, %v; want it freed", res.NodePorts[0], rel, err)
 	}
-	// Releasing all deletes the record.
+	// Releasing all leaves a tombstone of the record, deleted once every transaction
+	// built before the release is fenced off.
 	if _, _, err := a.Release(ctx, o, nil, false); err != nil {
 		t.Fatal(err)
 	}
 	if page, _ := a.ListPage(ctx, ListOptions{OwnerUID: o.UID}); len(page.Allocations) != 0 {
 		t.Errorf("owner %s holds %+v after releasing all; want nothing", o.UID, page.Allocations)
 	}
+	checkTombstone(t, e.Client, a, o.UID)
+	passEpochs(t, a)
 	if resp, err := e.Client.Get(ctx, a.ownerKey(o.UID)); err != nil || len(resp.Kvs) != 0 {
-		t.Errorf("owner record after releasing all = %v, %v; want gone", resp.Kvs, err)
+		t.Errorf("owner record after releasing all and %d epochs = %v, %v; want gone", 2*epochSlack, resp.Kvs,
+			err)
 	}
 	if _, _, err := a.Release(ctx, Owner{}, []Item{ip}, false); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Release(no owner, no force) = %v; want ErrInvalid", err)
@@ -432,10 +465,11 @@ func TestRepairAPI(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24"))
 	ctx := etcdtest.Context(t)
-	if got := a.RangeNames(); fmt.Sprint(got) != "[10.0.0.0/24 30000-32767]" {
-		t.Errorf("RangeNames() = %v", got)
+	if got := a.rangeNames(); fmt.Sprint(got) != "[10.0.0.0/24 30000-32767]" {
+		t.Errorf("rangeNames() = %v", got)
 	}
-	if !a.IsReserved(IP(netip.MustParseAddr("10.0.0.1"))) || a.IsReserved(IP(netip.MustParseAddr("10.0.0.2"))) {
+	if !a.IsReserved(IP(netip.MustParseAddr("10.0.0.1"))) ||
+		a.IsReserved(IP(netip.MustParseAddr("10.0.0.2"))) {
 		t.Errorf("IsReserved: want 10.0.0.1 only")
 	}
 	it := IP(netip.MustParseAddr("10.0.0.50"))
@@ -445,7 +479,8 @@ func TestRepairAPI(t *testing.T) {
 	}
 	again, err := a.Assign(ctx, owner("s1"), it)
 	if err != nil || again.ModRevision != al.ModRevision {
-		t.Errorf("Assign(%s) to its holder = %+v, %v; want no write (ModRevision %d)", it, again, err, al.ModRevision)
+		t.Errorf("Assign(%s) to its holder = %+v, %v; want no write (ModRevision %d)", it, again, err,
+			al.ModRevision)
 	}
 	if _, err := a.Assign(ctx, owner("s2"), it); !errors.Is(err, ErrAllocated) {
 		t.Errorf("Assign(%s) to another = %v; want ErrAllocated", it, err)
@@ -472,8 +507,13 @@ func TestRepairAPI(t *testing.T) {
 		t.Errorf("ReleaseIf(current) = %v, %v; want true", ok, err)
 	}
 	for _, uid := range []string{"s1", "s2"} {
+		checkTombstone(t, e.Client, a, uid)
+	}
+	passEpochs(t, a)
+	for _, uid := range []string{"s1", "s2"} {
 		if resp, _ := e.Client.Get(ctx, a.ownerKey(uid)); len(resp.Kvs) != 0 {
-			t.Errorf("record of %s = %s; want deleted with its last item", uid, resp.Kvs[0].Value)
+			t.Errorf("record of %s = %s; want deleted with its last item (a tombstone, then collected)", uid,
+				resp.Kvs[0].Value)
 		}
 	}
 }
@@ -522,12 +562,14 @@ func TestGroupCommit(t *testing.T) {
 	// transaction of New's kubernetes reservation.
 	txns := counter(t, reg, "allocd_allocator_commit_transactions_total", "committed")
 	if want := float64((n+63)/64 + 1); txns != want {
-		t.Errorf("%d queued Allocates took %v transactions; want %v (64 requests per transaction)", n, txns, want)
+		t.Errorf("%d queued Allocates took %v transactions; want %v (64 requests per transaction)", n, txns,
+			want)
 	}
 	if got := counter(t, reg, "allocd_allocator_allocations_total", "dynamic"); got != n {
 		t.Errorf("allocations_total{scope=dynamic} = %v; want %d", got, n)
 	}
-	etcdtest.WaitFor(t, 10*time.Second, "the watch to see every allocation", func() bool { return a.Free("10.0.0.0/16") == 65534-n-1 })
+	etcdtest.WaitFor(t, 10*time.Second, "the watch to see every allocation",
+		func() bool { return a.Free("10.0.0.0/16") == 65534-n-1 })
 }
 
 // counter returns the value of the first series of name with a label value val.
@@ -576,7 +618,8 @@ func TestWatchAcrossReplicas(t *testing.T) {
 	if _, _, err := a2.Release(ctx, owner("w"), nil, false); err != nil {
 		t.Fatal(err)
 	}
-	etcdtest.WaitFor(t, 10*time.Second, "replica 1 to see the release", func() bool { return a1.Free("10.0.0.0/24") == 253 })
+	etcdtest.WaitFor(t, 10*time.Second, "replica 1 to see the release",
+		func() bool { return a1.Free("10.0.0.0/24") == 253 })
 	r, off, _ := a1.locate(IP(res.ClusterIPs[0]))
 	if r.IsUsed(off) {
 		t.Errorf("index of replica 1 still has %s used", res.ClusterIPs[0])
@@ -588,7 +631,8 @@ func TestListPage(t *testing.T) {
 	a := start(t, e.Client, testConfig("10.0.0.0/24", "fd00::/120"))
 	ctx := etcdtest.Context(t)
 	for i := range 10 {
-		if _, err := a.Allocate(ctx, Request{Owner: owner(fmt.Sprint("l", i)), Policy: PreferDualStack, NodePortCount: 1}); err != nil {
+		if _, err := a.Allocate(ctx, Request{Owner: owner(fmt.Sprint("l", i)), Policy: PreferDualStack,
+			NodePortCount: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -606,7 +650,8 @@ func TestListPage(t *testing.T) {
 				t.Fatalf("ListPage(%q, token %q) = %+v, %v", tc.rng, tok, page, err)
 			}
 			if rev != 0 && page.Revision != rev {
-				t.Errorf("ListPage(%q) page at revision %d; want %d like the first", tc.rng, page.Revision, rev)
+				t.Errorf("ListPage(%q) page at revision %d; want %d like the first", tc.rng, page.Revision,
+					rev)
 			}
 			rev = page.Revision
 			for _, al := range page.Allocations {
@@ -628,9 +673,11 @@ func TestListPage(t *testing.T) {
 			t.Errorf("ListPage(%+v) = %v; want ErrInvalid", lo, err)
 		}
 	}
-	etcdtest.WaitFor(t, 10*time.Second, "the index to see every allocation", func() bool { return a.Free("30000-32767") == 2758 })
+	etcdtest.WaitFor(t, 10*time.Second, "the index to see every allocation",
+		func() bool { return a.Free("30000-32767") == 2758 })
 	ranges := a.Ranges()
-	if len(ranges) != 3 || ranges[0].Used != 11 || ranges[0].Static.Used != 1 || ranges[0].Dynamic.Used != 10 ||
+	if len(ranges) != 3 || ranges[0].Used != 11 || ranges[0].Static.Used != 1 ||
+		ranges[0].Dynamic.Used != 10 ||
 		!ranges[0].Primary || ranges[2].Static.Last != Port(30085) {
 		t.Errorf("Ranges() = %+v", ranges)
 	}
@@ -646,7 +693,8 @@ func TestKubernetesNodePort(t *testing.T) {
 	if err != nil || al.Owner != KubernetesOwner || !a.IsReserved(Port(30443)) {
 		t.Errorf("Get(30443) = %+v, %v; want reserved for %v", al, err, KubernetesOwner)
 	}
-	if _, err := a.Allocate(ctx, Request{Owner: owner("x"), NoClusterIP: true, NodePorts: []int{30443}}); !errors.Is(err, ErrAllocated) {
+	if _, err := a.Allocate(ctx, Request{Owner: owner("x"), NoClusterIP: true,
+		NodePorts: []int{30443}}); !errors.Is(err, ErrAllocated) {
 		t.Errorf("Allocate(30443) = %v; want ErrAllocated", err)
 	}
 }
@@ -681,14 +729,15 @@ func TestWatchAfterCompaction(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- idle.Run(rctx) }()
 	defer func() { cancel(); <-done }()
-	etcdtest.WaitFor(t, 10*time.Second, "the re-list after the compaction", func() bool { return idle.Free("10.0.0.0/24") == 248 })
+	etcdtest.WaitFor(t, 10*time.Second, "the re-list after the compaction",
+		func() bool { return idle.Free("10.0.0.0/24") == 248 })
 }
 
 func TestList(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24", "fd00::/120"))
 	ctx := etcdtest.Context(t)
-	want := map[Item]Owner{IP(a.KubernetesIP()): KubernetesOwner}
+	want := map[Item]Owner{IP(a.kubernetesIP()): KubernetesOwner}
 	for i := range 20 {
 		o := owner(fmt.Sprint("u", i))
 		if i == 3 {
@@ -708,7 +757,8 @@ func TestList(t *testing.T) {
 	// A value another writer spelled differently, and keys that are no allocations.
 	foreign := IP(netip.MustParseAddr("10.0.0.200"))
 	want[foreign] = Owner{Namespace: "x", Name: "y", UID: "z"}
-	if _, err := e.Client.Put(ctx, a.key(foreign), `{ "uid": "z", "name": "y", "namespace": "x", "time": "2026-01-02T03:04:05+01:00" }`); err != nil {
+	rec := `{ "uid": "z", "name": "y", "namespace": "x", "time": "2026-01-02T03:04:05+01:00" }`
+	if _, err := e.Client.Put(ctx, a.key(foreign), rec); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{a.ipPrefix + "not-an-ip", a.ipPrefix + "192.168.0.1", a.portPrefix + "80"} {
@@ -724,7 +774,8 @@ func TestList(t *testing.T) {
 		a.listPage = 7
 		rev, all, err := a.List(ctx)
 		if got, want := a.noStream.Load(), paged || !stream; got != want {
-			t.Errorf("List() (paged %v) on etcd %s: listing in pages after = %v; want %v (RangeStream since 3.7)", paged, e.Version(), got, want)
+			t.Errorf("List() (paged %v) on etcd %s: listing in pages after = %v; want %v "+
+				"(RangeStream since 3.7)", paged, e.Version(), got, want)
 		}
 		if err != nil || len(all) != len(want) {
 			t.Fatalf("List() (paged %v) = %d allocations, %v; want %d", paged, len(all), err, len(want))
@@ -732,7 +783,8 @@ func TestList(t *testing.T) {
 		for _, al := range all {
 			got, err := a.Get(ctx, al.Item)
 			if err != nil || al != got || al.Owner != want[al.Item] || al.ModRevision > rev {
-				t.Errorf("List() (paged %v) has %+v; want %+v (Get), owner %v, at most revision %d", paged, al, got, want[al.Item], rev)
+				t.Errorf("List() (paged %v) has %+v; want %+v (Get), owner %v, at most revision %d", paged,
+					al, got, want[al.Item], rev)
 			}
 		}
 	}
@@ -770,7 +822,8 @@ func TestListPageCompactedMidway(t *testing.T) {
 	a := start(t, e.Client, testConfig("10.0.0.0/24", "fd00::/120"))
 	ctx := etcdtest.Context(t)
 	for i := range 3 {
-		if _, err := a.Allocate(ctx, Request{Owner: owner(fmt.Sprint("c", i)), NodePortCount: 1}); err != nil {
+		if _, err := a.Allocate(ctx,
+			Request{Owner: owner(fmt.Sprint("c", i)), NodePortCount: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -800,12 +853,14 @@ func TestListPageCompactedMidway(t *testing.T) {
 		a.noStream.Store(paged)
 		reads = 0
 		if _, all, err := a.List(ctx); err != nil || len(all) != len(whole.Allocations) {
-			t.Errorf("List (paged %v) with a compaction between its reads = %d allocations, %v; want all %d", paged, len(all), err, len(whole.Allocations))
+			t.Errorf("List (paged %v) with a compaction between its reads = %d allocations, %v; want all %d",
+				paged, len(all), err, len(whole.Allocations))
 		}
 	}
 	a.afterPageRead = nil
 	if err != nil || len(page.Allocations) != len(whole.Allocations) {
-		t.Fatalf("ListPage with a compaction between its reads = %d allocations, %v; want all %d", len(page.Allocations), err, len(whole.Allocations))
+		t.Fatalf("ListPage with a compaction between its reads = %d allocations, %v; want all %d",
+			len(page.Allocations), err, len(whole.Allocations))
 	}
 	_, err = a.ListPage(ctx, ListOptions{PageSize: 1, PageToken: first.NextPageToken})
 	var inv *badrequest.Error

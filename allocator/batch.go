@@ -32,6 +32,8 @@ type op struct {
 	assign   bool   // Assign: do not record the request for replay
 	hash     string // Allocate: the request's idempotency hash
 	picks    []*pick
+	// fence is the epoch the call began in: its transactions compare it (fence.go).
+	fence fence
 
 	// ownerRev is the ModRevision of the owner's record, 0 when none is expected;
 	// record is that record. next is the record the op's transaction writes (when
@@ -99,7 +101,8 @@ func (o *op) newGuards(seen map[string]struct{}) int {
 		if _, ok := seen[p.guard.id]; ok {
 			continue
 		}
-		if !slices.ContainsFunc(o.picks[:i], func(q *pick) bool { return q.guard != nil && q.guard.id == p.guard.id }) {
+		sameGuard := func(q *pick) bool { return q.guard != nil && q.guard.id == p.guard.id }
+		if !slices.ContainsFunc(o.picks[:i], sameGuard) {
 			n++
 		}
 	}
@@ -191,7 +194,28 @@ func (a *Allocator) prepare(batch []*op) []*op {
 		o.next, o.putRecord = rec, o.record == nil || recordChanged(o.record, rec)
 		live = append(live, o)
 	}
-	return live
+	return oneEpochKey(live)
+}
+
+// oneEpochKey keeps the ops of live fenced on the epoch key of its first op: the
+// transaction compares one fence, and an op fenced on another epoch key (the key was
+// made anew, after a release while etcd was out of space, between the two ops' starts)
+// must not commit under a fence that is not its own. Those fail as a call that
+// outlasted its fence does, and are planned again.
+func oneEpochKey(live []*op) []*op {
+	if len(live) == 0 {
+		return live
+	}
+	keep := live[:0]
+	for _, o := range live {
+		if o.fence.create != live[0].fence.create {
+			o.fail(fmt.Errorf("owner %s: the epoch key changed since the call began: %w", o.owner.UID,
+				ErrConflict))
+			continue
+		}
+		keep = append(keep, o)
+	}
+	return keep
 }
 
 // unguarded returns a pick of o that would create an address without comparing a
@@ -226,8 +250,17 @@ func (a *Allocator) txnOps(live []*op, now time.Time) ([]clientv3.Cmp, []clientv
 		spans = append(spans, sp)
 	}
 	all := string(vals)
-	cmps := make([]clientv3.Cmp, 0, n)
+	cmps := make([]clientv3.Cmp, 0, n+2)
 	puts := make([]clientv3.Op, 0, n)
+	// The oldest fence of the batch (every op of it is fenced on one epoch key:
+	// oneEpochKey).
+	f := live[0].fence
+	for _, o := range live {
+		if o.fence.version < f.version {
+			f = o.fence
+		}
+	}
+	cmps = append(cmps, a.fenceCmps(f)...)
 	var guards []string // ids
 	for i, o := range live {
 		val := all[spans[i][0]:spans[i][1]]
@@ -297,6 +330,7 @@ func (a *Allocator) readBack(ctx context.Context, live []*op, n int) []*op {
 		}
 		gets = append(gets, clientv3.OpGet(o.ownerKey))
 	}
+	gets = append(gets, clientv3.OpGet(a.epochKey))
 	var read *clientv3.TxnResponse
 	err := retryRead(ctx, func(ctx context.Context) (err error) {
 		read, err = a.cli.Txn(ctx).Then(gets...).Commit()
@@ -317,6 +351,12 @@ func (a *Allocator) readBack(ctx context.Context, live []*op, n int) []*op {
 	}
 	var retry []*op
 	for _, o := range live {
+		if a.fenceFailed(kvs[a.epochKey], o.fence) {
+			// Begun more than epochSlack epochs ago: a release since may count on its
+			// transactions failing. Nothing of it was written.
+			o.fail(fmt.Errorf("owner %s: the call outlasted its epoch fence: %w", o.owner.UID, ErrConflict))
+			continue
+		}
 		if a.guardChanged(o, kvs) {
 			o.fail(&rangesChangedError{rev: read.Header.Revision})
 			continue
@@ -370,7 +410,8 @@ func (a *Allocator) nextRecord(o *op) (*ownerRecord, error) {
 		rec.Last = last
 	}
 	if rec.items() > MaxItems {
-		return nil, badrequest.New("owner", fmt.Sprintf("owner %s would hold %d items; at most %d", o.owner.UID, rec.items(), MaxItems))
+		return nil, badrequest.New("owner",
+			fmt.Sprintf("owner %s would hold %d items; at most %d", o.owner.UID, rec.items(), MaxItems))
 	}
 	return rec, nil
 }

@@ -179,7 +179,8 @@ func TestHeldPickRechecked(t *testing.T) {
 			err = tc.call(ctx, a, u)
 			h.disarm()
 			if !h.fired {
-				t.Fatalf("%s(%v) made fewer than 2 transactions: the release between read-back and retry did not happen", tc.name, x)
+				t.Fatalf("%s(%v) made fewer than 2 transactions: the release between read-back and retry "+
+					"did not happen", tc.name, x)
 			}
 			if err != nil {
 				t.Fatalf("%s(%v) = %v; want nil", tc.name, x, err)
@@ -188,10 +189,12 @@ func TestHeldPickRechecked(t *testing.T) {
 				t.Errorf("Get(%v) = %+v, %v; want held by %v in etcd", x, al, err, u)
 			}
 			page, err := a.ListPage(ctx, ListOptions{OwnerUID: u.UID})
-			if err != nil || !slices.ContainsFunc(page.Allocations, func(al Allocation) bool { return al.Item == IP(x) }) {
+			isX := func(al Allocation) bool { return al.Item == IP(x) }
+			if err != nil || !slices.ContainsFunc(page.Allocations, isX) {
 				t.Errorf("ListPage(owner %s) = %+v, %v; want %v listed", u.UID, page, err, x)
 			}
-			if res, err := a.Allocate(ctx, Request{Owner: owner("v"), ClusterIPs: []netip.Addr{x}}); !errors.Is(err, ErrAllocated) {
+			if res, err := a.Allocate(ctx,
+				Request{Owner: owner("v"), ClusterIPs: []netip.Addr{x}}); !errors.Is(err, ErrAllocated) {
 				t.Errorf("Allocate(v, %v) = %+v, %v; want ErrAllocated", x, res, err)
 			}
 		})
@@ -253,7 +256,8 @@ func TestExistingOwnerNoConflict(t *testing.T) {
 	}
 	third, err := a.Allocate(ctx, more)
 	if err != nil || third.Replayed || len(third.NodePorts) != 2 {
-		t.Fatalf("Allocate(%+v) after a release elsewhere = %+v, %v; want 2 new ports, not a replay", more, third, err)
+		t.Fatalf("Allocate(%+v) after a release elsewhere = %+v, %v; want 2 new ports, not a replay", more,
+			third, err)
 	}
 	if _, _, err := b.Release(ctx, u, nil, false); err != nil {
 		t.Fatal(err)
@@ -265,7 +269,8 @@ func TestExistingOwnerNoConflict(t *testing.T) {
 	}
 	page, err := a.ListPage(ctx, ListOptions{OwnerUID: u.UID})
 	if err != nil || len(page.Allocations) != 3 {
-		t.Errorf("ListPage(owner %s) = %+v, %v; want the 3 new ports only (first had %v)", u.UID, page.Allocations, err, first)
+		t.Errorf("ListPage(owner %s) = %+v, %v; want the 3 new ports only (first had %v)", u.UID,
+			page.Allocations, err, first)
 	}
 	if got := conflicts(); got != 1 {
 		t.Errorf("conflicting transactions after a stale hint = %v; want 1", got)
@@ -365,14 +370,16 @@ func TestWritesLogged(t *testing.T) {
 			_, r, err := a.Release(ctx, Owner{}, []Item{IP(res.ClusterIPs[1])}, true)
 			return r, err
 		}, func() map[string]string {
-			return map[string]string{"msg": "released", "cluster_ips": res.ClusterIPs[1].String(), "force": "true", "holder_uids": "[u]"}
+			return map[string]string{"msg": "released", "cluster_ips": res.ClusterIPs[1].String(),
+				"force": "true", "holder_uids": "[u]"}
 		}},
 		{"Assign", func() (int64, error) {
 			var err error
 			al, err = a.Assign(ctx, v, Port(30200))
 			return al.ModRevision, err
 		}, func() map[string]string {
-			return map[string]string{"msg": "assigned", "uid": "v", "range": "30000-32767", "node_ports": "30200"}
+			return map[string]string{"msg": "assigned", "uid": "v", "range": "30000-32767",
+				"node_ports": "30200"}
 		}},
 		{"Assign held", func() (int64, error) {
 			al, err := a.Assign(ctx, v, Port(30200))

@@ -29,7 +29,8 @@ func BenchmarkList(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer e.Close()
-	grpcCli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Config().ListenClientUrls[0].String()}, DialTimeout: 5 * time.Second})
+	grpcCli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Config().ListenClientUrls[0].String()},
+		DialTimeout: 5 * time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -112,7 +113,8 @@ func BenchmarkAllocate(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			uid := "ip-" + strconv.FormatInt(seq.Add(1), 10)
-			if _, err := a.Allocate(ctx, Request{Owner: Owner{Namespace: "bench", Name: "svc", UID: uid}}); err != nil {
+			if _, err := a.Allocate(ctx,
+				Request{Owner: Owner{Namespace: "bench", Name: "svc", UID: uid}}); err != nil {
 				b.Error(err)
 				return
 			}

@@ -41,7 +41,8 @@ func TestItemValueRoundTrip(t *testing.T) {
 }
 
 func FuzzOwnerRecord(f *testing.F) {
-	f.Add([]byte(`{"namespace":"default","name":"kubernetes","uid":"default/kubernetes","clusterIPs":["10.0.0.1"],"nodePorts":[30001],"last":{"hash":"1a","clusterIPs":["10.0.0.1"]}}`))
+	f.Add([]byte(`{"namespace":"default","name":"kubernetes","uid":"default/kubernetes",` +
+		`"clusterIPs":["10.0.0.1"],"nodePorts":[30001],"last":{"hash":"1a","clusterIPs":["10.0.0.1"]}}`))
 	f.Add([]byte(`{"clusterIPs":["fd00::1","not an ip"]}`))
 	f.Add([]byte(`null`))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -57,7 +58,8 @@ func FuzzOwnerRecord(f *testing.F) {
 		}
 		norm := func(r *ownerRecord) *ownerRecord {
 			c := r.clone()
-			c.Namespace, c.Name, c.UID = string([]rune(c.Namespace)), string([]rune(c.Name)), string([]rune(c.UID))
+			c.Namespace, c.Name = string([]rune(c.Namespace)), string([]rune(c.Name))
+			c.UID = string([]rune(c.UID))
 			if len(c.ClusterIPs) == 0 {
 				c.ClusterIPs = nil
 			}
@@ -115,7 +117,8 @@ func FuzzPageToken(f *testing.F) {
 }
 
 func FuzzItemValue(f *testing.F) {
-	f.Add([]byte(`{"namespace":"default","name":"kubernetes","uid":"default/kubernetes","time":"2026-01-02T03:04:05Z"}`))
+	f.Add([]byte(`{"namespace":"default","name":"kubernetes","uid":"default/kubernetes",` +
+		`"time":"2026-01-02T03:04:05Z"}`))
 	f.Add([]byte(`{"time":"not a time"}`))
 	f.Add([]byte(`{"namespace":"ns","name":"a\u0041","uid":"u","time":"2026-01-02T03:04:05.5+01:00"}`))
 	f.Add([]byte(`{"namespace":"ns","name":"é\xff","uid":"u","time":"2026-01-02T03:04:05Z"}`))
@@ -125,8 +128,10 @@ func FuzzItemValue(f *testing.F) {
 		o, at, err := decodeItemValue(b)
 		// The reflection-free decoding agrees with encoding/json.
 		wo, wat, werr := decodeItemValueJSON(b)
-		if (err == nil) != (werr == nil) || o != wo || !at.Equal(wat) || at.Location().String() != wat.Location().String() {
-			t.Fatalf("decodeItemValue(%q) = %v, %v, %v; want %v, %v, %v (encoding/json)", b, o, at, err, wo, wat, werr)
+		if (err == nil) != (werr == nil) || o != wo || !at.Equal(wat) ||
+			at.Location().String() != wat.Location().String() {
+			t.Fatalf("decodeItemValue(%q) = %v, %v, %v; want %v, %v, %v (encoding/json)", b, o, at, err, wo,
+				wat, werr)
 		}
 		if err != nil {
 			return
@@ -174,10 +179,14 @@ func TestHashStable(t *testing.T) {
 	reqs := []Request{
 		{},
 		{Owner: Owner{Namespace: "default", Name: "web", UID: "u"}},
-		{Owner: Owner{Namespace: "ns\"q", Name: "näme\x00\n", UID: "u"}, Families: []Family{IPv6, IPv4}, Policy: RequireDualStack},
-		{Owner: Owner{Namespace: long, Name: long}, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("fd00::5")}},
-		{Owner: Owner{Namespace: "a", Name: "b"}, ClusterIPs: []netip.Addr{{}}, NodePorts: []int{30000, 30001}, NodePortCount: 2, NoClusterIP: true},
-		{Owner: Owner{Namespace: "a", Name: "b"}, ClusterIPs: []netip.Addr{netip.MustParseAddr("fe80::1%eth0")}, Policy: PreferDualStack},
+		{Owner: Owner{Namespace: "ns\"q", Name: "näme\x00\n", UID: "u"}, Families: []Family{IPv6, IPv4},
+			Policy: RequireDualStack},
+		{Owner: Owner{Namespace: long, Name: long},
+			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("fd00::5")}},
+		{Owner: Owner{Namespace: "a", Name: "b"}, ClusterIPs: []netip.Addr{{}},
+			NodePorts: []int{30000, 30001}, NodePortCount: 2, NoClusterIP: true},
+		{Owner: Owner{Namespace: "a", Name: "b"},
+			ClusterIPs: []netip.Addr{netip.MustParseAddr("fe80::1%eth0")}, Policy: PreferDualStack},
 	}
 	for _, q := range reqs {
 		if got, want := q.hash(), hashV1(&q); got != want {

@@ -162,7 +162,8 @@ func (c *committer) run(ctx context.Context) error {
 // gives its slot back, then reports on done. A transaction still in flight after
 // groupWait gives its slot back early: it waits in a stalled member or for an
 // election, and the slots are for transactions that etcd is committing.
-func (c *committer) commitBatch(ctx context.Context, batch []*op, slots <-chan struct{}, done chan<- time.Time, at time.Time) {
+func (c *committer) commitBatch(ctx context.Context, batch []*op, slots <-chan struct{},
+	done chan<- time.Time, at time.Time) {
 	var once sync.Once
 	free := func() { once.Do(func() { <-slots }) }
 	stalled := time.AfterFunc(groupWait, free)
@@ -197,7 +198,7 @@ func (c *committer) take(minKeys int) []*op {
 	var batch []*op
 	seen := c.seen
 	clear(seen)
-	n := 0
+	n := fenceOps // every transaction's compares of the epoch key
 	keep := c.queue[:0]
 	for i, o := range c.queue {
 		if n >= maxTxnOps {

@@ -60,41 +60,58 @@ func ValidateConfig(cfg Config) error {
 	case 0:
 		errs = append(errs, errors.New("service cluster IP range: none given"))
 	default:
-		errs = append(errs, fmt.Errorf("service cluster IP range: %d ranges given; at most two, one per IP family", len(cfg.ClusterIPRanges)))
+		errs = append(errs, fmt.Errorf("service cluster IP range: %d ranges given; at most "+
+			"two, one per IP family", len(cfg.ClusterIPRanges)))
 	}
 	for i, p := range cfg.ClusterIPRanges {
 		if err := validatePrefix(p); err != nil {
 			errs = append(errs, err)
 		}
 		if i == 1 && p.Addr().Is4() == cfg.ClusterIPRanges[0].Addr().Is4() {
-			errs = append(errs, fmt.Errorf("service cluster IP ranges %s and %s are of the same IP family; a second range must be of the other family", cfg.ClusterIPRanges[0], p))
+			errs = append(errs, fmt.Errorf("service cluster IP ranges %s and %s are of the same IP family; "+
+				"a second range must be of the other family", cfg.ClusterIPRanges[0], p))
 		}
 	}
 	pr := cfg.NodePortRange
 	if pr.Size < 1 || pr.Base < 1 || pr.Base+pr.Size-1 > 65535 {
-		errs = append(errs, fmt.Errorf("service node port range base %d size %d: must lie within 1-65535", pr.Base, pr.Size))
+		errs = append(errs,
+			fmt.Errorf("service node port range base %d size %d: must lie within 1-65535", pr.Base, pr.Size))
 	} else if cfg.KubernetesNodePort != 0 && !pr.Contains(cfg.KubernetesNodePort) {
-		errs = append(errs, fmt.Errorf("kubernetes service node port %d is outside the service node port range %s", cfg.KubernetesNodePort, pr))
+		errs = append(errs, fmt.Errorf("kubernetes service node port %d is outside the "+
+			"service node port range %s", cfg.KubernetesNodePort, pr))
 	}
 	return errors.Join(errs...)
 }
 
+// validatePrefix refuses a range that prefixProblem finds unusable.
 func validatePrefix(p netip.Prefix) error {
+	if problem := prefixProblem(p); problem != "" {
+		return errors.New("service cluster IP range " + problem)
+	}
+	return nil
+}
+
+// prefixProblem says what makes p unusable as a range, starting with p ("10.0.0.0/31
+// holds 2 addresses; ..."), or returns "" when it is usable.
+func prefixProblem(p netip.Prefix) string {
 	if !p.IsValid() {
-		return fmt.Errorf("service cluster IP range %s is not a valid CIDR", p)
+		return fmt.Sprintf("%s is not a valid CIDR", p)
 	}
 	if p.Addr().Is4In6() || p.Addr().Zone() != "" {
-		return fmt.Errorf("service cluster IP range %s: use a plain IPv4 or IPv6 CIDR", p)
+		return fmt.Sprintf("%s: use a plain IPv4 or IPv6 CIDR", p)
 	}
 	if p != p.Masked() {
-		return fmt.Errorf("service cluster IP range %s has host bits set; did you mean %s?", p, p.Masked())
+		return fmt.Sprintf("%s has host bits set; did you mean %s?", p, p.Masked())
 	}
 	host := p.Addr().BitLen() - p.Bits()
 	if host < 3 {
-		return fmt.Errorf("service cluster IP range %s holds %d addresses; at least 8 are needed (/31, /32, /127 and /128 are refused)", p, 1<<host)
+		return fmt.Sprintf(
+			"%s holds %d addresses; at least 8 are needed (/31, /32, /127 and /128 are refused)",
+			p, 1<<host)
 	}
 	if host > MaxRangeBits {
-		return fmt.Errorf("service cluster IP range %s is larger than 2^%d addresses (an IPv4 /%d or an IPv6 /%d)", p, MaxRangeBits, 32-MaxRangeBits, 128-MaxRangeBits)
+		return fmt.Sprintf("%s is larger than 2^%d addresses (an IPv4 /%d or an IPv6 /%d)",
+			p, MaxRangeBits, 32-MaxRangeBits, 128-MaxRangeBits)
 	}
-	return nil
+	return ""
 }

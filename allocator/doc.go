@@ -20,7 +20,8 @@
 // range's bitmap in one key: 128 KiB per write for a /12, one key that serialises
 // every writer):
 //
-//	<prefix>/config/ranges          {"clusterIPRanges":["10.96.0.0/12","fd00::/108"],"nodePortRange":"30000-32767"}
+//	<prefix>/config/ranges          {"clusterIPRanges":["10.96.0.0/12","fd00::/108"],
+//	                                 "nodePortRange":"30000-32767"}
 //	                                written once (CreateRevision == 0); a replica configured
 //	                                with another node port range refuses to start
 //	                                (*RangesMismatchError)
@@ -32,7 +33,13 @@
 //	<prefix>/clusterips/<ip>        {"namespace":..,"name":..,"uid":..,"time":RFC 3339}
 //	<prefix>/nodeports/<port>       the same; <ip> is the canonical form (netip.Addr.String)
 //	<prefix>/owners/<uid>           {"namespace","name","uid","clusterIPs":[..],"nodePorts":[..],
-//	                                 "last":{"hash","clusterIPs","nodePorts"}}
+//	                                 "last":{"hash","clusterIPs","nodePorts"}}; after a full
+//	                                release a tombstone (no items) for 10 to 20 s (fence.go)
+//	<prefix>/epoch                  rewritten every second by one replica: its version is
+//	                                the epoch every write transaction compares (fence.go)
+//	<prefix>/tombstones/<u>/<uid>   the tombstones to collect once the epoch is past u + 10
+//	<prefix>/checkpoints/head, data/<rev>/<n>
+//	                                the index's used bitsets at a revision (checkpoint.go)
 //
 // An item key is created with a CreateRevision(key) == 0 compare: that compare, not
 // any process's memory, is what keeps two replicas from handing out the same address
@@ -42,8 +49,9 @@
 // existing one. A retry of the same request by the same owner UID finds the record
 // and returns the stored result (Replayed), also when the range has filled since (a
 // request that finds its range full reads the owner record before failing); a
-// different request of an existing owner allocates more. One request names at most MaxItems items, so that its keys and its
-// record fit in etcd's 128 operations per transaction.
+// different request of an existing owner allocates more. One request names at most
+// MaxItems items, so that its keys and its record fit in etcd's 128 operations per
+// transaction.
 //
 // # Index
 //
@@ -56,7 +64,9 @@
 // full: KEP-3070's min(max(16, size/16), 256) addresses (none up to 16) and
 // KEP-3668's min(max(16, size/32), 128) ports. Offsets map to addresses through the
 // 128-bit As16 form with math/bits; ranges hold up to 2^24 addresses (2 MiB per
-// bitset). The watch starts at the listed revision + 1 and re-lists after a
+// bitset). New loads the index from the last checkpoint and the watch's events since
+// (checkpoint.go), or lists every item key when it cannot. The watch starts at the
+// loaded revision + 1 and re-lists after a
 // compaction. Free and Ranges answer from the index and may lag a write by the
 // watch's delay; Sync (which ListRanges calls) first waits until the watch has reached
 // the revision etcd is at, asking for a progress notification to get past writes

@@ -29,7 +29,8 @@ func (a *Allocator) drainLoop(ctx context.Context) {
 				continue
 			}
 			if err := a.removeDrained(ctx, c.Name); err != nil && ctx.Err() == nil {
-				a.log.Warn("removing a drained ServiceCIDR failed; will try again", "name", c.Name, "err", err)
+				a.log.Warn("removing a drained ServiceCIDR failed; will try again",
+					"name", c.Name, "err", err)
 			}
 		}
 	}
@@ -85,14 +86,16 @@ func (a *Allocator) removeDrained(ctx context.Context, name string) error {
 		}
 	}
 	if len(cmps) > maxTxnOps {
-		return fmt.Errorf("%d ready ServiceCIDRs overlap %s; at most %d can be compared in one transaction", len(cmps)-1, name, maxTxnOps-1)
+		return fmt.Errorf("%d ready ServiceCIDRs overlap %s; at most %d can be compared in one transaction",
+			len(cmps)-1, name, maxTxnOps-1)
 	}
 	del, err := a.cli.Txn(ctx).If(cmps...).Then(clientv3.OpDelete(a.cidrKey(name))).Commit()
 	if err != nil {
 		return fmt.Errorf("remove ServiceCIDR %s: %w", name, err)
 	}
 	if del.Succeeded {
-		a.log.Info("removed drained ServiceCIDR", "name", name, "cidrs", prefixes(target.CIDRs), "revision", del.Header.Revision)
+		a.log.Info("removed drained ServiceCIDR", "name", name, "cidrs", prefixes(target.CIDRs),
+			"revision", del.Header.Revision)
 	}
 	return nil
 }

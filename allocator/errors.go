@@ -45,6 +45,7 @@ type NotInRangeError struct {
 	Range string
 }
 
+// Error names the item and the range it is not in.
 func (e *NotInRangeError) Error() string {
 	return fmt.Sprintf("%s %s is not in the valid range %s", e.Item.Kind, e.Item, e.Range)
 }
@@ -61,6 +62,7 @@ type FullError struct {
 	Hint string
 }
 
+// Error names the full range, and says what to do when there is a hint.
 func (e *FullError) Error() string {
 	if e.Hint != "" {
 		return "range " + e.Range + " is full; " + e.Hint
@@ -77,6 +79,7 @@ type AllocatedError struct {
 	Holder Owner
 }
 
+// Error names the item and its holder.
 func (e *AllocatedError) Error() string {
 	return fmt.Sprintf("%s %s is already allocated to %s", e.Item.Kind, e.Item, e.Holder)
 }
@@ -92,6 +95,7 @@ type NotOwnerError struct {
 	Requester Owner
 }
 
+// Error names the item, its holder and the requester.
 func (e *NotOwnerError) Error() string {
 	return fmt.Sprintf("%s %s is held by %s, not by %s", e.Item.Kind, e.Item, e.Holder, e.Requester)
 }
@@ -114,8 +118,10 @@ type RangesMismatchError struct {
 	Stored, Configured string
 }
 
+// Error names both sets of ranges and the flag every replica must agree on.
 func (e *RangesMismatchError) Error() string {
-	return fmt.Sprintf("configured ranges %s differ from the ranges %s recorded in etcd at %s; every replica must be started with the same --service-node-port-range",
+	return fmt.Sprintf("configured ranges %s differ from the ranges %s recorded in etcd at %s; every "+
+		"replica must be started with the same --service-node-port-range",
 		e.Configured, e.Stored, e.Key)
 }
 
@@ -128,6 +134,7 @@ var ErrCIDRExists = errors.New("ServiceCIDR exists")
 // CIDRExistsError is a CreateServiceCIDR of a name in use.
 type CIDRExistsError struct{ Name string }
 
+// Error names the ServiceCIDR and says what to do.
 func (e *CIDRExistsError) Error() string {
 	return fmt.Sprintf("ServiceCIDR %q already exists; pick another name, or delete it first", e.Name)
 }
@@ -142,6 +149,7 @@ var ErrCIDRNotFound = errors.New("no such ServiceCIDR")
 // removed after its deletion).
 type CIDRNotFoundError struct{ Name string }
 
+// Error names the ServiceCIDR.
 func (e *CIDRNotFoundError) Error() string { return fmt.Sprintf("ServiceCIDR %q not found", e.Name) }
 
 // Unwrap lets errors.Is(err, ErrCIDRNotFound) match.
@@ -158,8 +166,10 @@ type TerminatingError struct {
 	CIDRs []string
 }
 
+// Error names the address and the terminating ServiceCIDRs that hold it.
 func (e *TerminatingError) Error() string {
-	return fmt.Sprintf("%s %s lies only in %s, which is terminating: nothing new is allocated there; ask for an address of a ready ServiceCIDR",
+	return fmt.Sprintf("%s %s lies only in %s, which is terminating: nothing new is allocated there; ask "+
+		"for an address of a ready ServiceCIDR",
 		e.Item.Kind, e.Item, strings.Join(e.CIDRs, ", "))
 }
 

@@ -20,12 +20,14 @@ func TestStaleHintCostsAConflict(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := a2.Release(ctx, o, []Item{Port(res.NodePorts[0]), Port(res.NodePorts[1])}, false); err != nil {
+	if _, _, err := a2.Release(ctx, o, []Item{Port(res.NodePorts[0]), Port(res.NodePorts[1])},
+		false); err != nil {
 		t.Fatal(err)
 	}
 	got, err := a1.Allocate(ctx, Request{Owner: o, NoClusterIP: true, NodePortCount: 1})
 	if err != nil || len(got.NodePorts) != 1 {
-		t.Fatalf("replica 1: Allocate(1 more port) after 2 were released elsewhere = %v, %v; want one port", got, err)
+		t.Fatalf("replica 1: Allocate(1 more port) after 2 were released elsewhere = %v, %v; want one port",
+			got, err)
 	}
 	// And the limit still holds with the real record: 63 held, 2 more is 65.
 	if _, err := a1.Allocate(ctx, Request{Owner: o, NoClusterIP: true, NodePortCount: 2}); err == nil {

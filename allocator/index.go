@@ -71,7 +71,8 @@ func (a *Allocator) reload(ctx context.Context) error {
 // the prefixes it has), and returns the ranges whose bitmaps are new.
 func (a *Allocator) buildTable(cidrs []ServiceCIDR) (*table, []*rng) {
 	slices.SortStableFunc(cidrs, func(x, y ServiceCIDR) int {
-		return compareRefs(cidrRef{name: x.Name, createRev: x.CreateRevision}, cidrRef{name: y.Name, createRev: y.CreateRevision})
+		return compareRefs(cidrRef{name: x.Name, createRev: x.CreateRevision},
+			cidrRef{name: y.Name, createRev: y.CreateRevision})
 	})
 	t, fresh := buildTable(a.tab.Load(), a.portRange, cidrs, a.newIPRange)
 	for _, r := range t.ip {
@@ -101,7 +102,8 @@ func (a *Allocator) listItems(ctx context.Context, rev int64, fn func(Item)) err
 	key := a.watchStart
 	for {
 		resp, err := a.cli.Get(ctx, key, clientv3.WithRange(a.watchEnd), clientv3.WithKeysOnly(),
-			clientv3.WithLimit(10000), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend), clientv3.WithRev(rev))
+			clientv3.WithLimit(10000), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
+			clientv3.WithRev(rev))
 		if err != nil {
 			return fmt.Errorf("load allocations: %w", err)
 		}
@@ -187,7 +189,8 @@ func (a *Allocator) watchLoop(ctx context.Context) error {
 func (a *Allocator) watchOnce(ctx context.Context) error {
 	from := a.progress.Rev() + 1
 	// Its own watch stream: Sync waits for progress notifications (see package watch).
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(watch.OwnStream(ctx, "allocator "+a.watchStart)))
+	wctx, cancel := context.WithCancel(
+		clientv3.WithRequireLeader(watch.OwnStream(ctx, "allocator "+a.watchStart)))
 	defer cancel()
 	wch := a.cli.Watch(wctx, a.watchStart, clientv3.WithRange(a.watchEnd), clientv3.WithRev(from))
 	tick := time.NewTicker(watchStall)
@@ -196,11 +199,13 @@ func (a *Allocator) watchOnce(ctx context.Context) error {
 	for {
 		select {
 		case <-tick.C:
+			a.maybeCheckpoint()
 			switch {
 			case !a.progress.Lagging(watchStall):
 				lagged = false
 			case lagged:
-				return fmt.Errorf("allocation watch from %d: no progress for %v past a committed revision", from, 2*watchStall)
+				return fmt.Errorf("allocation watch from %d: no progress for %v past a committed revision",
+					from, 2*watchStall)
 			default:
 				lagged = true
 				if err := a.cli.RequestProgress(wctx); err != nil {
@@ -221,6 +226,7 @@ func (a *Allocator) watchOnce(ctx context.Context) error {
 				if err := a.reload(ctx); err != nil {
 					return fmt.Errorf("re-list allocations: %w", err)
 				}
+				a.cpChanges = a.cpEvery
 				return fmt.Errorf("watch from %d: compacted at %d", from, resp.CompactRevision)
 			case resp.Err() != nil:
 				return resp.Err()
@@ -250,9 +256,17 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 		}
 		it, ok := a.parseKey(ev.Kv.Key)
 		if !ok {
+			switch {
+			case string(ev.Kv.Key) != a.epochKey:
+			case ev.Type == mvccpb.PUT:
+				a.epochSeen(ev.Kv.Version, ev.Kv.CreateRevision)
+			default:
+				a.epochRead(nil)
+			}
 			continue
 		}
 		put := ev.Type == mvccpb.PUT
+		a.cpChanges++
 		t := a.tab.Load()
 		a.eachRange(t, it, func(r *rng, off uint64) {
 			if !put {
@@ -286,7 +300,8 @@ func (a *Allocator) cidrChanged(ctx context.Context, ev *clientv3.Event) error {
 			return nil
 		}
 		cidrs = append(cidrs, c)
-		a.log.Info("ServiceCIDR seen", "name", name, "cidrs", prefixes(c.CIDRs), "state", c.State.String(), "revision", ev.Kv.ModRevision)
+		a.log.Info("ServiceCIDR seen", "name", name, "cidrs", prefixes(c.CIDRs), "state", c.State.String(),
+			"revision", ev.Kv.ModRevision)
 	} else {
 		a.log.Info("ServiceCIDR removed", "name", name, "revision", ev.Kv.ModRevision)
 	}

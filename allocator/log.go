@@ -15,9 +15,11 @@ import (
 // ownerAttrs appends o as namespace, name and uid, each key after prefix.
 func ownerAttrs(attrs []slog.Attr, prefix string, o Owner) []slog.Attr {
 	if prefix == "" {
-		return append(attrs, slog.String("namespace", o.Namespace), slog.String("name", o.Name), slog.String("uid", o.UID))
+		return append(attrs, slog.String("namespace", o.Namespace), slog.String("name", o.Name),
+			slog.String("uid", o.UID))
 	}
-	return append(attrs, slog.String(prefix+"namespace", o.Namespace), slog.String(prefix+"name", o.Name), slog.String(prefix+"uid", o.UID))
+	return append(attrs, slog.String(prefix+"namespace", o.Namespace), slog.String(prefix+"name", o.Name),
+		slog.String(prefix+"uid", o.UID))
 }
 
 // itemAttrs appends the cluster_ips and node_ports attributes of items (each a
@@ -115,7 +117,8 @@ func (a *Allocator) logAssigned(ctx context.Context, o *op, rev int64) {
 
 // logReleased logs a committed Release; holders are the other owners that held
 // released items (force).
-func (a *Allocator) logReleased(ctx context.Context, o Owner, items []Item, holders []string, rev int64, force bool) {
+func (a *Allocator) logReleased(ctx context.Context, o Owner, items []Item, holders []string, rev int64,
+	force bool) {
 	if !a.log.Enabled(ctx, slog.LevelInfo) {
 		return
 	}

@@ -36,7 +36,8 @@ func TestLargestRangesMemoryBounded(t *testing.T) {
 	defer cancel()
 	for _, s := range []string{"10.255.255.254", "fd00::ff:ffff"} {
 		want := netip.MustParseAddr(s)
-		res, err := a.Allocate(ctx, Request{Owner: Owner{Namespace: "ns", Name: s, UID: "uid-" + s}, ClusterIPs: []netip.Addr{want}})
+		res, err := a.Allocate(ctx,
+			Request{Owner: Owner{Namespace: "ns", Name: s, UID: "uid-" + s}, ClusterIPs: []netip.Addr{want}})
 		if err != nil || len(res.ClusterIPs) != 1 || res.ClusterIPs[0] != want {
 			t.Errorf("Allocate(%s) = %v, %v; want it", want, res.ClusterIPs, err)
 		}

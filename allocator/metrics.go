@@ -51,10 +51,12 @@ func newMetrics(a *Allocator, reg prometheus.Registerer) *metrics {
 	}
 	allocs := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allocd_allocator_allocations_total",
-		Help: "Items allocated by this replica, by range and scope (specific: the item was named in the request; dynamic: picked).",
+		Help: "Items allocated by this replica, by range and scope (specific: the item was named in the " +
+			"request; dynamic: picked).",
 	}, []string{"range", "scope"})
 	m.allocs = allocs
-	for _, reason := range []string{"full", "allocated", "not_in_range", "no_range", "conflict", "invalid", "canceled", "other"} {
+	for _, reason := range []string{"full", "allocated", "not_in_range", "no_range", "conflict", "invalid",
+		"canceled", "other"} {
 		m.errs.WithLabelValues(reason)
 	}
 	reg.MustRegister(m.errs, m.duration, m.batchReq, m.txns, allocs, m)
@@ -75,8 +77,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			name string
 			band Band
 		}{{"static", ri.Static}, {"dynamic", ri.Dynamic}} {
-			ch <- prometheus.MustNewConstMetric(m.allocatedDesc, prometheus.GaugeValue, float64(b.band.Used), ri.Name, b.name)
-			ch <- prometheus.MustNewConstMetric(m.availableDesc, prometheus.GaugeValue, float64(b.band.Size-b.band.Used), ri.Name, b.name)
+			ch <- prometheus.MustNewConstMetric(m.allocatedDesc, prometheus.GaugeValue, float64(b.band.Used),
+				ri.Name, b.name)
+			ch <- prometheus.MustNewConstMetric(m.availableDesc, prometheus.GaugeValue,
+				float64(b.band.Size-b.band.Used), ri.Name, b.name)
 		}
 	}
 }

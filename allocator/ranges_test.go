@@ -18,26 +18,35 @@ func TestIPSpan(t *testing.T) {
 		outside     []string // not usable: network, broadcast, out of prefix, other family
 		staticLast  string   // last address of the static band ("" when none)
 	}{
-		{"10.0.0.0/24", 254, 16, "10.0.0.1", "10.0.0.254", []string{"10.0.0.0", "10.0.0.255", "10.0.1.1", "::1"}, "10.0.0.16"},
+		{"10.0.0.0/24", 254, 16, "10.0.0.1", "10.0.0.254",
+			[]string{"10.0.0.0", "10.0.0.255", "10.0.1.1", "::1"}, "10.0.0.16"},
 		{"10.0.0.0/29", 6, 0, "10.0.0.1", "10.0.0.6", []string{"10.0.0.0", "10.0.0.7"}, ""},
 		{"10.0.0.0/28", 14, 0, "10.0.0.1", "10.0.0.14", []string{"10.0.0.15"}, ""},
 		{"10.0.0.0/27", 30, 16, "10.0.0.1", "10.0.0.30", []string{"10.0.0.31"}, "10.0.0.16"},
-		{"10.96.0.0/12", 1<<20 - 2, 256, "10.96.0.1", "10.111.255.254", []string{"10.96.0.0", "10.111.255.255", "10.112.0.0"}, "10.96.1.0"},
-		{"10.0.0.0/8", 1<<24 - 2, 256, "10.0.0.1", "10.255.255.254", []string{"10.255.255.255", "11.0.0.0"}, "10.0.1.0"},
-		{"255.255.255.0/24", 254, 16, "255.255.255.1", "255.255.255.254", []string{"255.255.255.255"}, "255.255.255.16"},
-		{"fd00::/120", 255, 16, "fd00::1", "fd00::ff", []string{"fd00::", "fd00::100", "10.0.0.1"}, "fd00::10"},
+		{"10.96.0.0/12", 1<<20 - 2, 256, "10.96.0.1", "10.111.255.254",
+			[]string{"10.96.0.0", "10.111.255.255", "10.112.0.0"}, "10.96.1.0"},
+		{"10.0.0.0/8", 1<<24 - 2, 256, "10.0.0.1", "10.255.255.254", []string{"10.255.255.255", "11.0.0.0"},
+			"10.0.1.0"},
+		{"255.255.255.0/24", 254, 16, "255.255.255.1", "255.255.255.254", []string{"255.255.255.255"},
+			"255.255.255.16"},
+		{"fd00::/120", 255, 16, "fd00::1", "fd00::ff", []string{"fd00::", "fd00::100", "10.0.0.1"},
+			"fd00::10"},
 		{"fd00::/125", 7, 0, "fd00::1", "fd00::7", []string{"fd00::", "fd00::8"}, ""},
 		{"fd00::/108", 1<<20 - 1, 256, "fd00::1", "fd00::f:ffff", []string{"fd00::10:0"}, "fd00::100"},
 		{"fd00::/104", 1<<24 - 1, 256, "fd00::1", "fd00::ff:ffff", []string{"fd00::100:0"}, "fd00::100"},
-		{"ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00/120", 255, 16, "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff01", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", nil, "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff10"},
-		{"::ff00:0:0:0:0/104", 1<<24 - 1, 256, "::ff00:0:0:0:1", "::ff00:0:0:ff:ffff", []string{"0:0:0:feff:ffff:ffff:ffff:ffff"}, "::ff00:0:0:0:100"},
-		{"2001:db8:0:0:ffff:ffff:ff00:0/104", 1<<24 - 1, 256, "2001:db8::ffff:ffff:ff00:1", "2001:db8::ffff:ffff:ffff:ffff", []string{"2001:db8:0:1::"}, "2001:db8::ffff:ffff:ff00:100"},
+		{"ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00/120", 255, 16, "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff01",
+			"ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", nil, "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff10"},
+		{"::ff00:0:0:0:0/104", 1<<24 - 1, 256, "::ff00:0:0:0:1", "::ff00:0:0:ff:ffff",
+			[]string{"0:0:0:feff:ffff:ffff:ffff:ffff"}, "::ff00:0:0:0:100"},
+		{"2001:db8:0:0:ffff:ffff:ff00:0/104", 1<<24 - 1, 256, "2001:db8::ffff:ffff:ff00:1",
+			"2001:db8::ffff:ffff:ffff:ffff", []string{"2001:db8:0:1::"}, "2001:db8::ffff:ffff:ff00:100"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.cidr, func(t *testing.T) {
 			r := newIPRangeFor(netip.MustParsePrefix(tc.cidr))
 			if r.Size() != tc.size || r.Band() != tc.band {
-				t.Errorf("newIPRange(%s) size, band = %d, %d; want %d, %d", tc.cidr, r.Size(), r.Band(), tc.size, tc.band)
+				t.Errorf("newIPRange(%s) size, band = %d, %d; want %d, %d", tc.cidr, r.Size(), r.Band(),
+					tc.size, tc.band)
 			}
 			if got := r.item(0).Addr.String(); got != tc.first {
 				t.Errorf("first(%s) = %s; want %s", tc.cidr, got, tc.first)
@@ -66,7 +75,8 @@ func TestIPSpan(t *testing.T) {
 				t.Errorf("static band of %s ends at %q; want %q", tc.cidr, got, tc.staticLast)
 			}
 			if ri.Static.Size+ri.Dynamic.Size != tc.size {
-				t.Errorf("bands of %s = %d + %d; want %d in all", tc.cidr, ri.Static.Size, ri.Dynamic.Size, tc.size)
+				t.Errorf("bands of %s = %d + %d; want %d in all", tc.cidr, ri.Static.Size, ri.Dynamic.Size,
+					tc.size)
 			}
 		})
 	}
@@ -90,7 +100,8 @@ func TestBands(t *testing.T) {
 	}
 	r := newPortRange(DefaultNodePortRange)
 	if r.Band() != 86 || r.item(r.Band()-1).Port != 30085 || r.item(r.Size()-1).Port != 32767 {
-		t.Errorf("default node port range band = %d ending at %d; want 86 ending at 30085", r.Band(), r.item(r.Band()-1).Port)
+		t.Errorf("default node port range band = %d ending at %d; want 86 ending at 30085", r.Band(),
+			r.item(r.Band()-1).Port)
 	}
 }
 
@@ -127,14 +138,16 @@ func TestParsePortRange(t *testing.T) {
 
 func TestValidateConfig(t *testing.T) {
 	p := netip.MustParsePrefix
-	ok := Config{Prefix: "/allocd", ClusterIPRanges: []netip.Prefix{p("10.0.0.0/24")}, NodePortRange: DefaultNodePortRange}
+	ok := Config{Prefix: "/allocd", ClusterIPRanges: []netip.Prefix{p("10.0.0.0/24")},
+		NodePortRange: DefaultNodePortRange}
 	tests := []struct {
 		name   string
 		mutate func(*Config)
 		valid  bool
 	}{
 		{"default", func(*Config) {}, true},
-		{"dual stack", func(c *Config) { c.ClusterIPRanges = append(c.ClusterIPRanges, p("fd00::/108")) }, true},
+		{"dual stack", func(c *Config) { c.ClusterIPRanges = append(c.ClusterIPRanges, p("fd00::/108")) },
+			true},
 		{"IPv4 /8", func(c *Config) { c.ClusterIPRanges = []netip.Prefix{p("10.0.0.0/8")} }, true},
 		{"IPv6 /104", func(c *Config) { c.ClusterIPRanges = []netip.Prefix{p("fd00::/104")} }, true},
 		{"IPv4 /29", func(c *Config) { c.ClusterIPRanges = []netip.Prefix{p("10.0.0.0/29")} }, true},
@@ -148,7 +161,8 @@ func TestValidateConfig(t *testing.T) {
 		{"IPv6 /127", func(c *Config) { c.ClusterIPRanges = []netip.Prefix{p("fd00::/127")} }, false},
 		{"IPv6 /128", func(c *Config) { c.ClusterIPRanges = []netip.Prefix{p("fd00::1/128")} }, false},
 		{"host bits", func(c *Config) { c.ClusterIPRanges = []netip.Prefix{p("10.0.0.5/24")} }, false},
-		{"two IPv4", func(c *Config) { c.ClusterIPRanges = append(c.ClusterIPRanges, p("10.1.0.0/24")) }, false},
+		{"two IPv4", func(c *Config) { c.ClusterIPRanges = append(c.ClusterIPRanges, p("10.1.0.0/24")) },
+			false},
 		{"three", func(c *Config) {
 			c.ClusterIPRanges = append(c.ClusterIPRanges, p("fd00::/108"), p("fd01::/108"))
 		}, false},
@@ -260,28 +274,35 @@ func TestRangeSet(t *testing.T) {
 	a.portRange = newPortRange(PortRange{Base: 30000, Size: 100})
 	// Two ServiceCIDRs, one of them terminating, and a range nested in another.
 	tab, _ := a.buildTable([]ServiceCIDR{
-		{Name: KubernetesCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("fd00::/120")}, State: CIDRReady, CreateRevision: 1},
-		{Name: "old", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/28")}, State: CIDRTerminating, CreateRevision: 2},
-		{Name: "nested", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.128/25")}, State: CIDRReady, CreateRevision: 3},
+		{Name: KubernetesCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"),
+			netip.MustParsePrefix("fd00::/120")}, State: CIDRReady, CreateRevision: 1},
+		{Name: "old", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/28")}, State: CIDRTerminating,
+			CreateRevision: 2},
+		{Name: "nested", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.128/25")}, State: CIDRReady,
+			CreateRevision: 3},
 	})
 	a.tab.Store(tab)
 	a.kubeIP, a.kubePort = netip.MustParseAddr("10.0.0.1"), 30005
 	s := a.RangeSet()
-	if got, want := strings.Join(s.Names(), ","), strings.Join(a.RangeNames(), ","); got != want {
+	if got, want := strings.Join(s.Names(), ","), strings.Join(a.rangeNames(), ","); got != want {
 		t.Errorf("Names() = %s; want %s", got, want)
 	}
-	items := []Item{Port(30000), Port(30099), Port(30100), Port(29999), Port(30005), {Kind: KindClusterIP}, {Kind: 9}}
-	for _, ip := range []string{"10.0.0.0", "10.0.0.1", "10.0.0.128", "10.0.0.200", "10.0.0.254", "10.0.0.255", "10.0.1.1", "10.1.0.5", "10.1.0.15", "fd00::", "fd00::1", "fd00::ff", "fd00::100", "::ffff:10.0.0.5"} {
+	items := []Item{Port(30000), Port(30099), Port(30100), Port(29999), Port(30005), {Kind: KindClusterIP},
+		{Kind: 9}}
+	for _, ip := range []string{"10.0.0.0", "10.0.0.1", "10.0.0.128", "10.0.0.200", "10.0.0.254",
+		"10.0.0.255", "10.0.1.1", "10.1.0.5", "10.1.0.15", "fd00::", "fd00::1", "fd00::ff", "fd00::100",
+		"::ffff:10.0.0.5"} {
 		items = append(items, IP(netip.MustParseAddr(ip)))
 	}
 	for _, it := range items {
 		got, gerr := s.Of(it)
-		want, werr := a.RangeOf(it)
+		want, werr := a.rangeOf(it)
 		if got != want || fmt.Sprint(gerr) != fmt.Sprint(werr) {
-			t.Errorf("RangeSet.Of(%v) = %q, %v; Allocator.RangeOf = %q, %v", it, got, gerr, want, werr)
+			t.Errorf("RangeSet.Of(%v) = %q, %v; Allocator.rangeOf = %q, %v", it, got, gerr, want, werr)
 		}
 		if s.IsReserved(it) != a.IsReserved(it) {
-			t.Errorf("RangeSet.IsReserved(%v) = %v; Allocator.IsReserved = %v", it, s.IsReserved(it), a.IsReserved(it))
+			t.Errorf("RangeSet.IsReserved(%v) = %v; Allocator.IsReserved = %v", it, s.IsReserved(it),
+				a.IsReserved(it))
 		}
 	}
 }

@@ -186,7 +186,8 @@ func (a *Allocator) decodeAll(all []Allocation, kvs []*mvccpb.KeyValue, d *listD
 			continue
 		}
 		all = append(all, Allocation{Item: it, Range: r.name,
-			Owner:        Owner{Namespace: strs[li.owner[0]:li.owner[1]], Name: strs[li.owner[1]:li.owner[2]], UID: strs[li.owner[2]:li.owner[3]]},
+			Owner: Owner{Namespace: strs[li.owner[0]:li.owner[1]], Name: strs[li.owner[1]:li.owner[2]],
+				UID: strs[li.owner[2]:li.owner[3]]},
 			AllocateTime: li.at, CreateRevision: li.createRev, ModRevision: li.modRev})
 	}
 	return all
@@ -232,7 +233,8 @@ func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) 
 			}
 		}
 		if r == nil {
-			return Page{}, badrequest.New("range", fmt.Sprintf("no range %q; ranges are %s", lo.Range, strings.Join(a.RangeNames(), ", ")))
+			return Page{}, badrequest.New("range",
+				fmt.Sprintf("no range %q; ranges are %s", lo.Range, strings.Join(a.rangeNames(), ", ")))
 		}
 	}
 	// An address in overlapping ranges is listed under each of them.
@@ -262,7 +264,8 @@ func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) 
 		case !errors.Is(err, rpctypes.ErrCompacted):
 			return page, err
 		case lo.PageToken != "":
-			return Page{}, badrequest.New("page_token", "expired: its revision was compacted; list again from the start")
+			return Page{}, badrequest.New("page_token",
+				"expired: its revision was compacted; list again from the start")
 		case try == listTries:
 			return Page{}, fmt.Errorf("list allocations: %w", err)
 		}
@@ -272,7 +275,8 @@ func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) 
 }
 
 // fillPage fills pl's page from prefixes, after the key after.
-func (a *Allocator) fillPage(ctx context.Context, pl pageList, prefixes []string, after string) (Page, error) {
+func (a *Allocator) fillPage(ctx context.Context, pl pageList, prefixes []string,
+	after string) (Page, error) {
 	for i, prefix := range prefixes {
 		full, err := pl.prefix(ctx, prefix, after, i == len(prefixes)-1)
 		if err != nil {
@@ -310,7 +314,8 @@ func (pl *pageList) prefix(ctx context.Context, prefix, after string, last bool)
 		}
 	}
 	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(pl.size - len(pl.page.Allocations)))}
+		opts := []clientv3.OpOption{clientv3.WithRange(end),
+			clientv3.WithLimit(int64(pl.size - len(pl.page.Allocations)))}
 		if pl.rev != 0 {
 			opts = append(opts, clientv3.WithRev(pl.rev))
 		}

@@ -2,10 +2,13 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/badrequest"
@@ -34,7 +37,8 @@ func (a *Allocator) Release(ctx context.Context, o Owner, items []Item, force bo
 		}
 	}
 	if len(items) > MaxItems {
-		return nil, 0, badrequest.New("node_ports", fmt.Sprintf("%d items; at most %d per request", len(items), MaxItems))
+		return nil, 0, badrequest.New("node_ports",
+			fmt.Sprintf("%d items; at most %d per request", len(items), MaxItems))
 	}
 	for i, it := range items {
 		if _, _, err := a.locate(it); err != nil {
@@ -72,11 +76,27 @@ type releaseTxn struct {
 	// byHolder lists the released items of each holder (the owner's own record loses
 	// every item named, held or already free).
 	byHolder map[string][]Item
+	// epoch fences the transaction once it makes a tombstone (fence.go); tombs are the
+	// keys of the records it makes tombstones.
+	epoch  fence
+	fenced bool
+	tombs  []string
+}
+
+// addTombstone adds the writes that make uid's record (rec, as read) a tombstone, and
+// the fence they need.
+func (a *Allocator) addTombstone(t *releaseTxn, uid string, rec *ownerRecord) {
+	t.writes = append(t.writes, a.tombstone(uid, rec, t.epoch)...)
+	t.tombs = append(t.tombs, a.ownerKey(uid))
+	if !t.fenced {
+		t.cmps, t.fenced = append(t.cmps, a.fenceCmps(t.epoch)...), true
+	}
 }
 
 // releaseOnce makes one attempt of Release: it reports what it released, whether it
 // is done (false: a compare failed, read again) and an error.
-func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, force bool) (released, bool, error) {
+func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item,
+	force bool) (released, bool, error) {
 	var mine recordState
 	if o.UID != "" {
 		recs, err := a.readRecords(ctx, []string{o.UID}, 0)
@@ -91,7 +111,7 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 		}
 		items = mine.rec.itemList()
 	}
-	t := &releaseTxn{byHolder: map[string][]Item{}}
+	t := &releaseTxn{byHolder: map[string][]Item{}, epoch: a.fenceNow()}
 	if err := a.releaseItems(ctx, t, o, items, force); err != nil {
 		return released{}, true, err
 	}
@@ -102,17 +122,21 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 		return released{}, true, nil
 	}
 	if len(t.cmps) > maxTxnOps || len(t.writes) > maxTxnOps {
-		return released{}, true, badrequest.New("cluster_ips", "too many items and owners for one transaction")
+		return released{}, true, badrequest.New("cluster_ips",
+			"too many items and owners for one transaction")
 	}
-	var resp *clientv3.TxnResponse
-	err := call.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
-		resp, err = a.cli.Txn(ctx).If(t.cmps...).Then(t.writes...).Commit()
-		return err
-	})
+	resp, err := a.releaseTxn(ctx, t.cmps, t.writes)
+	if isNoSpace(err) && len(t.tombs) > 0 {
+		// etcd out of space refuses the tombstones' puts; deletions free space.
+		if w, ok := a.noSpaceWrites(t); ok {
+			resp, err = a.releaseTxn(ctx, t.cmps, w)
+		}
+	}
 	if err != nil {
 		return released{}, false, fmt.Errorf("release: %w", err)
 	}
 	if !resp.Succeeded {
+		a.epochRead(firstKV(resp.Responses[0].GetResponseRange().Kvs)) // the next attempt's fence
 		return released{}, false, nil
 	}
 	a.hints.del(o.UID)
@@ -121,10 +145,37 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item, forc
 	return t.res, true, nil
 }
 
+// releaseTxn runs a release's transaction (reading the epoch key when a compare
+// fails).
+func (a *Allocator) releaseTxn(ctx context.Context, cmps []clientv3.Cmp,
+	writes []clientv3.Op) (*clientv3.TxnResponse, error) {
+	var resp *clientv3.TxnResponse
+	err := call.Write(ctx, txnAttempt, txnAttempt, func(ctx context.Context) (err error) {
+		resp, err = a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(a.epochKey)).Commit()
+		return err
+	})
+	return resp, err
+}
+
+// firstKV is the first of kvs, nil when there is none.
+func firstKV(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
+	if len(kvs) == 0 {
+		return nil
+	}
+	return kvs[0]
+}
+
+// isNoSpace reports whether err is etcd's NOSPACE refusal.
+func isNoSpace(err error) bool {
+	return err != nil &&
+		(errors.Is(err, rpctypes.ErrNoSpace) || errors.Is(rpctypes.Error(err), rpctypes.ErrNoSpace))
+}
+
 // releaseItems reads items at one revision and adds a delete, compared at the
 // revision read, for each one allocated: to o, or to anyone with force (else a
 // *NotOwnerError).
-func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, items []Item, force bool) error {
+func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, items []Item,
+	force bool) error {
 	gets := make([]clientv3.Op, len(items))
 	for i, it := range items {
 		gets[i] = clientv3.OpGet(a.key(it))
@@ -145,7 +196,8 @@ func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, it
 		if holder.UID != o.UID && !force {
 			return &NotOwnerError{Item: items[i], Holder: holder, Requester: o}
 		}
-		t.cmps = append(t.cmps, clientv3.Compare(clientv3.ModRevision(a.key(items[i])), "=", kvs[0].ModRevision))
+		t.cmps = append(t.cmps,
+			clientv3.Compare(clientv3.ModRevision(a.key(items[i])), "=", kvs[0].ModRevision))
 		t.writes = append(t.writes, clientv3.OpDelete(a.key(items[i])))
 		t.res.released = append(t.res.released, items[i])
 		if _, ok := t.byHolder[holder.UID]; !ok && holder.UID != "" && holder.UID != o.UID {
@@ -159,7 +211,8 @@ func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, it
 // releaseRecords adds the writes of the owner records that lose the released items:
 // every holder's, and o's own (which loses every item named: it may list items that
 // were already free), each compared at the revision read.
-func (a *Allocator) releaseRecords(ctx context.Context, t *releaseTxn, o Owner, mine recordState, items []Item) error {
+func (a *Allocator) releaseRecords(ctx context.Context, t *releaseTxn, o Owner, mine recordState,
+	items []Item) error {
 	recs, err := a.readRecords(ctx, t.res.holders, 0)
 	if err != nil {
 		return call.Unapplied(err)
@@ -177,8 +230,10 @@ func (a *Allocator) releaseRecords(ctx context.Context, t *releaseTxn, o Owner, 
 			next.remove(it)
 		}
 		switch {
+		case next.items() == 0 && st.rec.items() == 0:
+			continue // a tombstone already
 		case next.items() == 0:
-			t.writes = append(t.writes, clientv3.OpDelete(a.ownerKey(uid)))
+			a.addTombstone(t, uid, st.rec)
 		case recordChanged(st.rec, next):
 			t.writes = append(t.writes, clientv3.OpPut(a.ownerKey(uid), string(appendOwnerRecord(nil, next))))
 		default:
@@ -219,7 +274,7 @@ func (a *Allocator) Reassign(ctx context.Context, al Allocation, to Owner) (Allo
 			return Allocation{}, err
 		case rev != 0:
 			a.logConditional(ctx, al, &to, rev)
-			r, _ := a.RangeOf(al.Item)
+			r, _ := a.rangeOf(al.Item)
 			return Allocation{Item: al.Item, Range: r, Owner: to, AllocateTime: ra.now,
 				CreateRevision: al.CreateRevision, ModRevision: rev}, nil
 		case done:
@@ -257,8 +312,9 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 	if ra != nil {
 		writes[0] = clientv3.OpPut(key, string(appendItemValue(nil, ra.to, ra.now)))
 	}
+	t := &releaseTxn{epoch: a.fenceNow()}
 	for _, uid := range uids {
-		cmp, w, err := a.movedRecord(uid, recs[uid], al, ra)
+		cmp, w, err := a.movedRecord(t, uid, recs[uid], al, ra)
 		if err != nil {
 			return 0, true, err
 		}
@@ -266,7 +322,18 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 			cmps, writes = append(cmps, cmp), append(writes, *w)
 		}
 	}
-	resp, err := a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(key)).Commit()
+	cmps, writes = append(cmps, t.cmps...), append(writes, t.writes...)
+	txn := func(writes []clientv3.Op) (*clientv3.TxnResponse, error) {
+		return a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(key),
+			clientv3.OpGet(a.epochKey)).Commit()
+	}
+	resp, err := txn(writes)
+	if isNoSpace(err) && len(t.tombs) > 0 {
+		// etcd out of space refuses the tombstone's puts; deletions free space.
+		if w, ok := a.noSpaceWrites(&releaseTxn{writes: writes, tombs: t.tombs}); ok {
+			resp, err = txn(w)
+		}
+	}
 	if err != nil {
 		return 0, false, fmt.Errorf("write %s: %w", key, err)
 	}
@@ -274,6 +341,7 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 		a.hints.del(uids...)
 		return resp.Header.Revision, true, nil
 	}
+	a.epochRead(firstKV(resp.Responses[1].GetResponseRange().Kvs)) // the next attempt's fence
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 || kvs[0].ModRevision != al.ModRevision {
 		return 0, true, nil
@@ -282,8 +350,10 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 }
 
 // movedRecord returns the write (nil: none) of uid's record, as read in st, when al
-// leaves its owner and, with ra, goes to ra.to; and the compare that guards it.
-func (a *Allocator) movedRecord(uid string, st recordState, al Allocation, ra *reassign) (clientv3.Cmp, *clientv3.Op, error) {
+// leaves its owner and, with ra, goes to ra.to; and the compare that guards it. A
+// record left empty becomes a tombstone: its writes and fence go into t.
+func (a *Allocator) movedRecord(t *releaseTxn, uid string, st recordState, al Allocation,
+	ra *reassign) (clientv3.Cmp, *clientv3.Op, error) {
 	var next *ownerRecord
 	if st.rec != nil {
 		next = st.rec.clone()
@@ -297,13 +367,16 @@ func (a *Allocator) movedRecord(uid string, st recordState, al Allocation, ra *r
 		next.Namespace, next.Name = ra.to.Namespace, ra.to.Name
 		next.add(al.Item)
 		if next.items() > MaxItems {
-			return clientv3.Cmp{}, nil, badrequest.New("owner", fmt.Sprintf("owner %s would hold more than %d items", uid, MaxItems))
+			return clientv3.Cmp{}, nil, badrequest.New("owner",
+				fmt.Sprintf("owner %s would hold more than %d items", uid, MaxItems))
 		}
 	}
 	var w clientv3.Op
 	switch {
-	case next.items() == 0 && st.rec != nil:
-		w = clientv3.OpDelete(a.ownerKey(uid))
+	case next.items() == 0 && st.rec != nil && st.rec.items() > 0:
+		a.addTombstone(t, uid, st.rec)
+		t.cmps = append(t.cmps, st.cmp(a.ownerKey(uid)))
+		return clientv3.Cmp{}, nil, nil
 	case next.items() == 0:
 		return clientv3.Cmp{}, nil, nil
 	case st.rec == nil || recordChanged(st.rec, next):

@@ -32,6 +32,7 @@ const (
 	CIDRTerminating
 )
 
+// String returns "ready" or "terminating".
 func (s CIDRState) String() string {
 	switch s {
 	case CIDRReady:
@@ -74,16 +75,17 @@ type storedCIDR struct {
 
 var cidrName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`)
 
-// ValidateServiceCIDR checks a ServiceCIDR to create: a DNS-subdomain name, one or two
+// validateServiceCIDR checks a ServiceCIDR to create: a DNS-subdomain name, one or two
 // CIDRs of different families, each a plain masked prefix of 8 to 2^24 addresses. It
 // returns an *InvalidError with every violation.
-func ValidateServiceCIDR(name string, cidrs []string) ([]netip.Prefix, error) {
+func validateServiceCIDR(name string, cidrs []string) ([]netip.Prefix, error) {
 	var v badrequest.Error
 	switch {
 	case name == "":
 		v.Add("name", "must not be empty")
 	case len(name) > 253 || !cidrName.MatchString(name):
-		v.Add("name", fmt.Sprintf("%q is not a DNS subdomain: lower-case letters, digits, '-' and '.', at most 253, starting and ending with a letter or digit", name))
+		v.Add("name", fmt.Sprintf("%q is not a DNS subdomain: lower-case letters, digits, '-' and '.', at "+
+			"most 253, starting and ending with a letter or digit", name))
 	}
 	switch len(cidrs) {
 	case 1, 2:
@@ -100,12 +102,13 @@ func ValidateServiceCIDR(name string, cidrs []string) ([]netip.Prefix, error) {
 			v.Add(field, fmt.Sprintf("%q is not a CIDR", s))
 			continue
 		}
-		if err := validatePrefix(p); err != nil {
-			v.Add(field, strings.TrimPrefix(err.Error(), "service cluster IP range "))
+		if problem := prefixProblem(p); problem != "" {
+			v.Add(field, problem)
 			continue
 		}
 		if len(out) == 1 && out[0].Addr().Is4() == p.Addr().Is4() {
-			v.Add(field, fmt.Sprintf("%s and %s are of the same IP family; a second CIDR must be of the other family", out[0], p))
+			v.Add(field, fmt.Sprintf(
+				"%s and %s are of the same IP family; a second CIDR must be of the other family", out[0], p))
 			continue
 		}
 		out = append(out, p)
@@ -119,7 +122,8 @@ func ValidateServiceCIDR(name string, cidrs []string) ([]netip.Prefix, error) {
 func (s *store) cidrKey(name string) string { return s.cidrPrefix + name }
 
 func encodeCIDR(c ServiceCIDR) string {
-	sc := storedCIDR{Name: c.Name, State: c.State.String(), Created: c.Created.UTC(), Terminating: c.Terminating.UTC()}
+	sc := storedCIDR{Name: c.Name, State: c.State.String(), Created: c.Created.UTC(),
+		Terminating: c.Terminating.UTC()}
 	for _, p := range c.CIDRs {
 		sc.CIDRs = append(sc.CIDRs, p.String())
 	}
@@ -210,7 +214,8 @@ func (s *store) seedKubernetesCIDR(ctx context.Context, cidrs []netip.Prefix) (S
 		return ServiceCIDR{}, fmt.Errorf("ServiceCIDR at %s: %w", key, err)
 	}
 	if !slices.Equal(stored.CIDRs, cidrs) {
-		s.log.Warn("the kubernetes ServiceCIDR in etcd differs from --service-cluster-ip-range; the stored one is used (add ranges with CreateServiceCIDR)",
+		s.log.Warn("the kubernetes ServiceCIDR in etcd differs from --service-cluster-ip-range; the stored "+
+			"one is used (add ranges with CreateServiceCIDR)",
 			"stored", prefixes(stored.CIDRs), "flag", prefixes(cidrs))
 	}
 	return stored, nil
@@ -228,7 +233,7 @@ func prefixes(ps []netip.Prefix) string {
 // *CIDRExistsError, etcd's. Every replica allocates from it once its watch has seen
 // it; the Allocator that created it has when CreateServiceCIDR returns.
 func (a *Allocator) CreateServiceCIDR(ctx context.Context, name string, cidrs []string) (ServiceCIDR, error) {
-	ps, err := ValidateServiceCIDR(name, cidrs)
+	ps, err := validateServiceCIDR(name, cidrs)
 	if err != nil {
 		return ServiceCIDR{}, err
 	}
@@ -270,7 +275,8 @@ func (a *Allocator) DeleteServiceCIDR(ctx context.Context, name string) (Service
 		}
 		if put.Succeeded {
 			c.Revision = put.Header.Revision
-			a.log.Info("ServiceCIDR terminating", "name", name, "cidrs", prefixes(c.CIDRs), "revision", c.Revision)
+			a.log.Info("ServiceCIDR terminating", "name", name, "cidrs", prefixes(c.CIDRs),
+				"revision", c.Revision)
 			a.waitIndex(ctx, c.Revision)
 			return c, nil
 		}

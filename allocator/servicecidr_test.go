@@ -44,10 +44,12 @@ func TestServiceCIDRBadInput(t *testing.T) {
 		_, err := a.CreateServiceCIDR(ctx, tc.name, tc.cidrs)
 		var ie *InvalidError
 		if !errors.As(err, &ie) || len(ie.Violations) == 0 || ie.Violations[0].Field != tc.field {
-			t.Errorf("CreateServiceCIDR(%q, %v) = %v; want an *InvalidError on %s", tc.name, tc.cidrs, err, tc.field)
+			t.Errorf("CreateServiceCIDR(%q, %v) = %v; want an *InvalidError on %s", tc.name, tc.cidrs, err,
+				tc.field)
 		}
 	}
-	if _, err := a.CreateServiceCIDR(ctx, KubernetesCIDR, []string{"10.1.0.0/24"}); !errors.Is(err, ErrCIDRExists) {
+	if _, err := a.CreateServiceCIDR(ctx, KubernetesCIDR, []string{"10.1.0.0/24"}); !errors.Is(err,
+		ErrCIDRExists) {
 		t.Errorf("CreateServiceCIDR(kubernetes) = %v; want ErrCIDRExists", err)
 	}
 	if _, err := a.DeleteServiceCIDR(ctx, "nope"); !errors.Is(err, ErrCIDRNotFound) {
@@ -61,7 +63,8 @@ func TestServiceCIDRBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(after.Kvs) != len(before.Kvs) || after.Kvs[0].ModRevision != before.Kvs[0].ModRevision {
-		t.Errorf("bad input changed the ServiceCIDRs: %d keys before, %d after", len(before.Kvs), len(after.Kvs))
+		t.Errorf("bad input changed the ServiceCIDRs: %d keys before, %d after", len(before.Kvs),
+			len(after.Kvs))
 	}
 }
 
@@ -80,8 +83,10 @@ func TestServiceCIDRLifecycle(t *testing.T) {
 				t.Fatalf("Allocate %d = %v", i, err)
 			}
 			var fe *FullError
-			if !errors.As(err, &fe) || fe.Range != "10.0.0.0/28" || !strings.Contains(err.Error(), "CreateServiceCIDR") {
-				t.Fatalf("Allocate on a full /28 = %v; want a *FullError on 10.0.0.0/28 that says to CreateServiceCIDR", err)
+			if !errors.As(err, &fe) || fe.Range != "10.0.0.0/28" ||
+				!strings.HasSuffix(fe.Hint, addRangeHint) {
+				t.Fatalf("Allocate on a full /28 = %v; want a *FullError on 10.0.0.0/28 that says to "+
+					"CreateServiceCIDR", err)
 			}
 			break
 		}
@@ -99,12 +104,15 @@ func TestServiceCIDRLifecycle(t *testing.T) {
 		t.Fatalf("DeleteServiceCIDR(kubernetes) = %+v, %v; want terminating", c, err)
 	}
 	// Nothing new comes from it, even an address named.
-	if _, err := a.Allocate(ctx, Request{Owner: owner("named"), ClusterIPs: []netip.Addr{netip.MustParseAddr("10.0.0.14")}}); !errors.Is(err, ErrTerminating) && !errors.Is(err, ErrAllocated) {
+	named := Request{Owner: owner("named"), ClusterIPs: []netip.Addr{netip.MustParseAddr("10.0.0.14")}}
+	if _, err := a.Allocate(ctx, named); !errors.Is(err, ErrTerminating) && !errors.Is(err, ErrAllocated) {
 		t.Errorf("Allocate(10.0.0.14) from a terminating CIDR = %v; want ErrTerminating", err)
 	}
 	c, err = a.GetServiceCIDR(ctx, KubernetesCIDR)
-	if err != nil || c.State != CIDRTerminating || c.Blockers != len(held)+1 || len(c.Sample) != BlockerSample {
-		t.Fatalf("GetServiceCIDR(kubernetes) = %+v, %v; want terminating, blocked by %d with a sample of %d", c, err, len(held)+1, BlockerSample)
+	if err != nil || c.State != CIDRTerminating || c.Blockers != len(held)+1 ||
+		len(c.Sample) != BlockerSample {
+		t.Fatalf("GetServiceCIDR(kubernetes) = %+v, %v; want terminating, blocked by %d with a sample of %d",
+			c, err, len(held)+1, BlockerSample)
 	}
 	for i, addr := range held {
 		if _, _, err := a.Release(ctx, owner(fmt.Sprint("f", i)), []Item{IP(addr)}, false); err != nil {
@@ -113,10 +121,12 @@ func TestServiceCIDRLifecycle(t *testing.T) {
 	}
 	// The kubernetes Service's address blocks it like any other.
 	time.Sleep(3 * drainEvery)
-	if c, err := a.GetServiceCIDR(ctx, KubernetesCIDR); err != nil || c.Blockers != 1 || c.Sample[0].Owner != KubernetesOwner {
-		t.Fatalf("GetServiceCIDR(kubernetes) after the releases = %+v, %v; want blocked by the kubernetes address only", c, err)
+	if c, err := a.GetServiceCIDR(ctx, KubernetesCIDR); err != nil || c.Blockers != 1 ||
+		c.Sample[0].Owner != KubernetesOwner {
+		t.Fatalf("GetServiceCIDR(kubernetes) after the releases = %+v, %v; want blocked by the "+
+			"kubernetes address only", c, err)
 	}
-	if _, _, err := a.Release(ctx, KubernetesOwner, []Item{IP(a.KubernetesIP())}, false); err != nil {
+	if _, _, err := a.Release(ctx, KubernetesOwner, []Item{IP(a.kubernetesIP())}, false); err != nil {
 		t.Fatalf("Release(kubernetes address) = %v", err)
 	}
 	etcdtest.WaitFor(t, 10*time.Second, "the drained ServiceCIDR to be removed", func() bool {
@@ -127,8 +137,8 @@ func TestServiceCIDRLifecycle(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].Name != "extra" {
 		t.Errorf("ListServiceCIDRs() = %+v, %v; want extra only", list, err)
 	}
-	if got := strings.Join(a.RangeNames(), " "); got != "10.0.1.0/24 30000-32767" {
-		t.Errorf("RangeNames() = %s; want 10.0.1.0/24 30000-32767", got)
+	if got := strings.Join(a.rangeNames(), " "); got != "10.0.1.0/24 30000-32767" {
+		t.Errorf("rangeNames() = %s; want 10.0.1.0/24 30000-32767", got)
 	}
 }
 
@@ -144,10 +154,11 @@ func TestServiceCIDRAcrossReplicas(t *testing.T) {
 	}
 	created := time.Now()
 	etcdtest.WaitFor(t, time.Second, "the other replica to see the new CIDR", func() bool {
-		return strings.Contains(strings.Join(b.RangeNames(), " "), "10.9.0.0/24")
+		return strings.Contains(strings.Join(b.rangeNames(), " "), "10.9.0.0/24")
 	})
 	t.Logf("seen by the other replica after %v", time.Since(created))
-	res, err := b.Allocate(ctx, Request{Owner: owner("b"), ClusterIPs: []netip.Addr{netip.MustParseAddr("10.9.0.77")}})
+	res, err := b.Allocate(ctx,
+		Request{Owner: owner("b"), ClusterIPs: []netip.Addr{netip.MustParseAddr("10.9.0.77")}})
 	if err != nil {
 		t.Fatalf("Allocate(10.9.0.77) on the other replica = %+v, %v", res, err)
 	}
@@ -208,7 +219,8 @@ func TestServiceCIDRDeleteRace(t *testing.T) {
 		wg.Wait()
 		for _, c := range commits {
 			if c.rev > del.Revision && cidr.Contains(c.addr) {
-				t.Errorf("round %d: %s allocated from %s at revision %d, after its deletion at %d", round, c.addr, name, c.rev, del.Revision)
+				t.Errorf("round %d: %s allocated from %s at revision %d, after its deletion at %d", round,
+					c.addr, name, c.rev, del.Revision)
 			}
 		}
 		// Release everything of the round; the CIDR must then be removed.
@@ -287,7 +299,8 @@ func TestGuardComparedOncePerRevision(t *testing.T) {
 	a := &Allocator{store: newStore(nil, nil, "/t")}
 	ref := func(rev int64) *cidrRef {
 		key := a.cidrKey(KubernetesCIDR)
-		return &cidrRef{name: KubernetesCIDR, key: key, rev: rev, ready: true, id: fmt.Sprintf("%s@%d", key, rev)}
+		return &cidrRef{name: KubernetesCIDR, key: key, rev: rev, ready: true,
+			id: fmt.Sprintf("%s@%d", key, rev)}
 	}
 	r := newIPRangeFor(netip.MustParsePrefix("10.0.0.0/24"))
 	mk := func(uid string, off uint64, g *cidrRef) *op {
@@ -349,11 +362,13 @@ func TestTerminatingFamilies(t *testing.T) {
 	if err != nil || len(res.NodePorts) != 1 || res.ClusterIPs[0] != v6 {
 		t.Errorf("Allocate(%s it holds, and a node port) = %+v, %v; want both", v6, res, err)
 	}
-	if _, err := a.Allocate(ctx, Request{Owner: owner("other"), ClusterIPs: []netip.Addr{v6}}); !errors.Is(err, ErrTerminating) {
+	if _, err := a.Allocate(ctx,
+		Request{Owner: owner("other"), ClusterIPs: []netip.Addr{v6}}); !errors.Is(err, ErrTerminating) {
 		t.Errorf("Allocate(%s held by another, terminating) = %v; want ErrTerminating", v6, err)
 	}
 	free := netip.MustParseAddr("fd00::77")
-	if _, err := a.Allocate(ctx, Request{Owner: owner("six"), ClusterIPs: []netip.Addr{free}}); !errors.Is(err, ErrTerminating) {
+	if _, err := a.Allocate(ctx,
+		Request{Owner: owner("six"), ClusterIPs: []netip.Addr{free}}); !errors.Is(err, ErrTerminating) {
 		t.Errorf("Allocate(%s, free, terminating) = %v; want ErrTerminating", free, err)
 	}
 }
@@ -371,7 +386,8 @@ func TestOverlappingCIDRs(t *testing.T) {
 	if _, err := a.CreateServiceCIDR(ctx, "wider", []string{"10.0.0.0/23"}); err != nil {
 		t.Fatal(err)
 	}
-	etcdtest.WaitFor(t, 5*time.Second, "the other replica to see the /23", func() bool { return b.Free("10.0.0.0/23") > 0 })
+	etcdtest.WaitFor(t, 5*time.Second, "the other replica to see the /23",
+		func() bool { return b.Free("10.0.0.0/23") > 0 })
 	seen := map[netip.Addr]string{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -459,6 +475,7 @@ func TestAllocationOrder(t *testing.T) {
 	}
 	res, err := a.Allocate(ctx, Request{Owner: owner("again")})
 	if err != nil || res.ClusterIPs[0] != first {
-		t.Errorf("Allocate after releasing %s = %+v, %v; want %s again (the earlier range first)", first, res, err, first)
+		t.Errorf("Allocate after releasing %s = %+v, %v; want %s again (the earlier range first)", first, res,
+			err, first)
 	}
 }

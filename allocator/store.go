@@ -31,6 +31,12 @@ type store struct {
 	log *slog.Logger
 
 	configKey, ipPrefix, portPrefix, ownerPrefix, cidrPrefix string
+	// cpPrefix holds the index's checkpoints (checkpoint.go): cpHeadKey and the parts
+	// under cpDataPrefix.
+	cpPrefix, cpHeadKey, cpDataPrefix string
+	// epochKey and the tombstones' index under tombPrefix fence transactions off
+	// (fence.go).
+	epochKey, tombPrefix string
 	// watchStart and watchEnd bound both item prefixes and config/ between them, where
 	// the ServiceCIDRs are: one watch sees both, in revision order.
 	watchStart, watchEnd string
@@ -51,6 +57,9 @@ func newStore(cli *clientv3.Client, log *slog.Logger, prefix string) *store {
 		cidrPrefix:  prefix + "/config/servicecidrs/",
 		listPage:    listPageSize,
 	}
+	s.cpPrefix = prefix + "/checkpoints/"
+	s.cpHeadKey, s.cpDataPrefix = s.cpPrefix+"head", s.cpPrefix+"data/"
+	s.epochKey, s.tombPrefix = prefix+"/epoch", prefix+"/tombstones/"
 	s.watchStart = s.ipPrefix
 	s.watchEnd = clientv3.GetPrefixRangeEnd(s.portPrefix)
 	return s
@@ -92,7 +101,8 @@ type storedRanges struct {
 }
 
 func (s storedRanges) String() string {
-	return "--service-cluster-ip-range=" + strings.Join(s.ClusterIPRanges, ",") + " --service-node-port-range=" + s.NodePortRange
+	return "--service-cluster-ip-range=" + strings.Join(s.ClusterIPRanges, ",") +
+		" --service-node-port-range=" + s.NodePortRange
 }
 
 // recordRanges records want at configKey, unless ranges are recorded already: then
@@ -125,7 +135,8 @@ func (s *store) recordRanges(ctx context.Context, want storedRanges) (storedRang
 	}
 	if got.NodePortRange != want.NodePortRange {
 		return storedRanges{}, &RangesMismatchError{Key: s.configKey,
-			Stored: "--service-node-port-range=" + got.NodePortRange, Configured: "--service-node-port-range=" + want.NodePortRange}
+			Stored:     "--service-node-port-range=" + got.NodePortRange,
+			Configured: "--service-node-port-range=" + want.NodePortRange}
 	}
 	return got, nil
 }
@@ -133,7 +144,8 @@ func (s *store) recordRanges(ctx context.Context, want storedRanges) (storedRang
 // get reads with a bound on each attempt, and tries again (a read changes nothing)
 // when the attempt may have been stuck in a stalled member or an election: the
 // client sends the next attempt to the next member.
-func (s *store) get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+func (s *store) get(ctx context.Context, key string,
+	opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
 	var resp *clientv3.GetResponse
 	err := retryRead(ctx, func(ctx context.Context) (err error) {
 		resp, err = s.cli.Get(ctx, key, opts...)
@@ -199,7 +211,8 @@ const listPageSize = 50_000
 
 // scan calls fn with the key-values under prefix at rev (0: now), in key order, and
 // returns the revision read.
-func (s *store) scan(ctx context.Context, prefix string, rev int64, fn func([]*mvccpb.KeyValue)) (int64, error) {
+func (s *store) scan(ctx context.Context, prefix string, rev int64,
+	fn func([]*mvccpb.KeyValue)) (int64, error) {
 	end := clientv3.GetPrefixRangeEnd(prefix)
 	if !s.noStream.Load() {
 		got, err := s.stream(ctx, prefix, end, rev, fn)
@@ -232,7 +245,8 @@ func (s *store) scan(ctx context.Context, prefix string, rev int64, fn func([]*m
 
 // stream is scan over RangeStream. An error before the first chunk (Unimplemented
 // on an older server) leaves fn uncalled.
-func (s *store) stream(ctx context.Context, key, end string, rev int64, fn func([]*mvccpb.KeyValue)) (int64, error) {
+func (s *store) stream(ctx context.Context, key, end string, rev int64,
+	fn func([]*mvccpb.KeyValue)) (int64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	opts := []clientv3.OpOption{clientv3.WithRange(end)}
@@ -288,7 +302,8 @@ func (s *store) parseToken(tok string) (int64, string, error) {
 		return 0, "", bad
 	}
 	rev, err := strconv.ParseInt(revs, 10, 64)
-	if err != nil || rev <= 0 || (!strings.HasPrefix(key, s.ipPrefix) && !strings.HasPrefix(key, s.portPrefix)) {
+	if err != nil || rev <= 0 ||
+		(!strings.HasPrefix(key, s.ipPrefix) && !strings.HasPrefix(key, s.portPrefix)) {
 		return 0, "", bad
 	}
 	return rev, key, nil

@@ -56,7 +56,8 @@ func famIndex(is4 bool) int {
 
 // buildTable makes the table of cidrs, reusing old's bitmaps for the prefixes it
 // had; fresh lists the ranges whose bitmaps are new (to fill from etcd).
-func buildTable(old *table, port *rng, cidrs []ServiceCIDR, newRange func(netip.Prefix) *rng) (t *table, fresh []*rng) {
+func buildTable(old *table, port *rng, cidrs []ServiceCIDR,
+	newRange func(netip.Prefix) *rng) (t *table, fresh []*rng) {
 	t = &table{byPrefix: map[netip.Prefix]*rng{}, port: port, cidrs: make(map[string]ServiceCIDR, len(cidrs))}
 	refs := map[netip.Prefix][]cidrRef{}
 	var order []netip.Prefix
@@ -66,7 +67,8 @@ func buildTable(old *table, port *rng, cidrs []ServiceCIDR, newRange func(netip.
 			if _, ok := refs[p]; !ok {
 				order = append(order, p)
 			}
-			refs[p] = append(refs[p], cidrRef{name: c.Name, rev: c.Revision, createRev: c.CreateRevision, ready: c.State == CIDRReady})
+			refs[p] = append(refs[p], cidrRef{name: c.Name, rev: c.Revision, createRev: c.CreateRevision,
+				ready: c.State == CIDRReady})
 		}
 	}
 	for _, p := range order {
@@ -151,7 +153,8 @@ func (t *table) each(addr netip.Addr, fn func(r *rng, off uint64)) {
 // (in allocation order) that holds it, else the first terminating one, else nil.
 func (t *table) home(addr netip.Addr) (home *rng, off uint64) {
 	t.each(addr, func(r *rng, o uint64) {
-		if home == nil || (home.guard == nil && r.guard != nil) || (r.guard != nil && home.guard != nil && compareRefs(*r.guard, *home.guard) < 0) {
+		if home == nil || (home.guard == nil && r.guard != nil) ||
+			(r.guard != nil && home.guard != nil && compareRefs(*r.guard, *home.guard) < 0) {
 			home, off = r, o
 		}
 	})
@@ -213,7 +216,8 @@ func names(rs []*rng) string {
 // newIPRangeFor returns a new range of p with its own bitmap.
 func newIPRangeFor(p netip.Prefix) *rng {
 	s := newIPSpan(p)
-	return &rng{Bitmap: bitmap.New(s.size, ipBand(s.total)), name: s.prefix.String(), kind: KindClusterIP, span: s}
+	return &rng{Bitmap: bitmap.New(s.size, ipBand(s.total)), name: s.prefix.String(), kind: KindClusterIP,
+		span: s}
 }
 
 func familyOf(addr netip.Addr) Family {

@@ -168,7 +168,8 @@ func unary[Req, Resp any](ctx context.Context, c *Client, method string, req Req
 // which is why it is retried on UNAVAILABLE. Errors: ErrInvalid (*InvalidError),
 // ErrAlreadyAllocated (*AlreadyAllocatedError naming the holder), ErrFull, ErrAborted,
 // ErrUnavailable.
-func (c *Client) Allocate(ctx context.Context, req *allocdv1.AllocateRequest) (*allocdv1.AllocateResponse, error) {
+func (c *Client) Allocate(ctx context.Context,
+	req *allocdv1.AllocateRequest) (*allocdv1.AllocateResponse, error) {
 	return unary(ctx, c, allocdv1.AllocatorService_Allocate_FullMethodName, req, c.alloc.Allocate)
 }
 
@@ -177,12 +178,14 @@ func (c *Client) Allocate(ctx context.Context, req *allocdv1.AllocateRequest) (*
 // freeing what another owner holds is ErrNotOwner unless Force is set. With Force it
 // calls ForceRelease, the RPC an authorization policy grants apart from Release (an
 // allocd older than ForceRelease gets Release with force).
-func (c *Client) Release(ctx context.Context, req *allocdv1.ReleaseRequest) (*allocdv1.ReleaseResponse, error) {
+func (c *Client) Release(ctx context.Context,
+	req *allocdv1.ReleaseRequest) (*allocdv1.ReleaseResponse, error) {
 	if !req.GetForce() {
 		return unary(ctx, c, allocdv1.AllocatorService_Release_FullMethodName, req, c.alloc.Release)
 	}
 	resp, err := unary(ctx, c, allocdv1.AllocatorService_ForceRelease_FullMethodName,
-		&allocdv1.ForceReleaseRequest{Owner: req.GetOwner(), ClusterIps: req.GetClusterIps(), NodePorts: req.GetNodePorts()},
+		&allocdv1.ForceReleaseRequest{Owner: req.GetOwner(), ClusterIps: req.GetClusterIps(),
+			NodePorts: req.GetNodePorts()},
 		c.alloc.ForceRelease)
 	if errors.Is(err, ErrUnimplemented) {
 		rresp, rerr := unary(ctx, c, allocdv1.AllocatorService_Release_FullMethodName, req, c.alloc.Release)
@@ -200,22 +203,27 @@ func (c *Client) Release(ctx context.Context, req *allocdv1.ReleaseRequest) (*al
 }
 
 // GetAllocation tells who holds one ClusterIP or NodePort; ErrNotFound when it is free.
-func (c *Client) GetAllocation(ctx context.Context, req *allocdv1.GetAllocationRequest) (*allocdv1.Allocation, error) {
-	resp, err := unary(ctx, c, allocdv1.AllocatorService_GetAllocation_FullMethodName, req, c.alloc.GetAllocation)
+func (c *Client) GetAllocation(ctx context.Context,
+	req *allocdv1.GetAllocationRequest) (*allocdv1.Allocation, error) {
+	resp, err := unary(ctx, c, allocdv1.AllocatorService_GetAllocation_FullMethodName, req,
+		c.alloc.GetAllocation)
 	return resp.GetAllocation(), err
 }
 
 // ListAllocations returns one page of allocations; pass NextPageToken back as
 // PageToken for the next one.
-func (c *Client) ListAllocations(ctx context.Context, req *allocdv1.ListAllocationsRequest) (*allocdv1.ListAllocationsResponse, error) {
-	return unary(ctx, c, allocdv1.AllocatorService_ListAllocations_FullMethodName, req, c.alloc.ListAllocations)
+func (c *Client) ListAllocations(ctx context.Context,
+	req *allocdv1.ListAllocationsRequest) (*allocdv1.ListAllocationsResponse, error) {
+	return unary(ctx, c, allocdv1.AllocatorService_ListAllocations_FullMethodName, req,
+		c.alloc.ListAllocations)
 }
 
 // CreateServiceCIDR adds a ServiceCIDR of one or two CIDRs (at most one per family).
 // Errors: ErrInvalid (*InvalidError names the field), ErrAlreadyExists. A call retried
 // after an UNAVAILABLE whose first attempt committed answers ErrAlreadyExists: Get it
 // to see whether it is yours.
-func (c *Client) CreateServiceCIDR(ctx context.Context, name string, cidrs ...string) (*allocdv1.ServiceCIDR, error) {
+func (c *Client) CreateServiceCIDR(ctx context.Context, name string,
+	cidrs ...string) (*allocdv1.ServiceCIDR, error) {
 	resp, err := unary(ctx, c, allocdv1.AllocatorService_CreateServiceCIDR_FullMethodName,
 		&allocdv1.CreateServiceCIDRRequest{Name: name, Cidrs: cidrs}, c.alloc.CreateServiceCIDR)
 	return resp.GetServiceCidr(), err
@@ -249,7 +257,8 @@ func (c *Client) DeleteServiceCIDR(ctx context.Context, name string) (*allocdv1.
 // ServiceCIDRs (ready ones in allocation order, then terminating ones), then the
 // NodePort range.
 func (c *Client) ListRanges(ctx context.Context) ([]*allocdv1.Range, error) {
-	resp, err := unary(ctx, c, allocdv1.AllocatorService_ListRanges_FullMethodName, &allocdv1.ListRangesRequest{}, c.alloc.ListRanges)
+	resp, err := unary(ctx, c, allocdv1.AllocatorService_ListRanges_FullMethodName,
+		&allocdv1.ListRangesRequest{}, c.alloc.ListRanges)
 	return resp.GetRanges(), err
 }
 
@@ -262,18 +271,21 @@ func (c *Client) Renew(ctx context.Context, req *allocdv1.RenewRequest) (*allocd
 
 // ListLeases returns the live master leases sorted by address.
 func (c *Client) ListLeases(ctx context.Context) (*allocdv1.ListLeasesResponse, error) {
-	return unary(ctx, c, allocdv1.LeaseService_ListLeases_FullMethodName, &allocdv1.ListLeasesRequest{}, c.lease.ListLeases)
+	return unary(ctx, c, allocdv1.LeaseService_ListLeases_FullMethodName, &allocdv1.ListLeasesRequest{},
+		c.lease.ListLeases)
 }
 
 // RemoveLease deletes the master lease of req.Ip, for an API server that shuts down
 // cleanly. Removing an absent lease is not an error (Removed is false).
-func (c *Client) RemoveLease(ctx context.Context, req *allocdv1.RemoveLeaseRequest) (*allocdv1.RemoveLeaseResponse, error) {
+func (c *Client) RemoveLease(ctx context.Context,
+	req *allocdv1.RemoveLeaseRequest) (*allocdv1.RemoveLeaseResponse, error) {
 	return unary(ctx, c, allocdv1.LeaseService_RemoveLease_FullMethodName, req, c.lease.RemoveLease)
 }
 
 // GetEndpoints returns the Endpoints of the kubernetes Service derived from the leases.
 func (c *Client) GetEndpoints(ctx context.Context) (*allocdv1.Endpoints, error) {
-	resp, err := unary(ctx, c, allocdv1.LeaseService_GetEndpoints_FullMethodName, &allocdv1.GetEndpointsRequest{}, c.lease.GetEndpoints)
+	resp, err := unary(ctx, c, allocdv1.LeaseService_GetEndpoints_FullMethodName,
+		&allocdv1.GetEndpointsRequest{}, c.lease.GetEndpoints)
 	return resp.GetEndpoints(), err
 }
 
@@ -293,7 +305,8 @@ func (c *Client) WatchEndpoints(ctx context.Context, fn func(*allocdv1.Endpoints
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			return watchEnd(ctx, fmt.Errorf("client: endpoints stream ended by the server: %w", ErrUnavailable))
+			return watchEnd(ctx,
+				fmt.Errorf("client: endpoints stream ended by the server: %w", ErrUnavailable))
 		}
 		if err != nil {
 			return watchEnd(ctx, mapError(method, err))
@@ -318,7 +331,8 @@ func watchEnd(ctx context.Context, err error) error {
 // the stream closes. A snapshot older than the last one accepted is ErrStaleSnapshot.
 // The whole stream is retried on UNAVAILABLE: pushing the same revision again is
 // harmless.
-func (c *Client) PushServiceSnapshot(ctx context.Context, snap *allocdv1.ServiceSnapshot) (*allocdv1.PushServiceSnapshotResponse, error) {
+func (c *Client) PushServiceSnapshot(ctx context.Context,
+	snap *allocdv1.ServiceSnapshot) (*allocdv1.PushServiceSnapshotResponse, error) {
 	var resp *allocdv1.PushServiceSnapshotResponse
 	err := c.retry.do(ctx, func(ctx context.Context) error {
 		var err error
@@ -332,16 +346,19 @@ func (c *Client) PushServiceSnapshot(ctx context.Context, snap *allocdv1.Service
 }
 
 // pushOnce sends snap over one stream.
-func (c *Client) pushOnce(ctx context.Context, snap *allocdv1.ServiceSnapshot) (*allocdv1.PushServiceSnapshotResponse, error) {
+func (c *Client) pushOnce(ctx context.Context,
+	snap *allocdv1.ServiceSnapshot) (*allocdv1.PushServiceSnapshotResponse, error) {
 	return pushChunks(ctx, c.chunk, snap.GetServices(), c.repair.PushServiceSnapshot,
 		func(svcs []*allocdv1.Service) *allocdv1.PushServiceSnapshotRequest {
-			return &allocdv1.PushServiceSnapshotRequest{Snapshot: &allocdv1.ServiceSnapshot{Revision: snap.GetRevision(), Services: svcs}}
+			return &allocdv1.PushServiceSnapshotRequest{
+				Snapshot: &allocdv1.ServiceSnapshot{Revision: snap.GetRevision(), Services: svcs}}
 		})
 }
 
 // RunRepair runs a repair pass now on the repair leader and returns its report.
 // DryRun reports without writing.
-func (c *Client) RunRepair(ctx context.Context, req *allocdv1.RunRepairRequest) (*allocdv1.RepairReport, error) {
+func (c *Client) RunRepair(ctx context.Context,
+	req *allocdv1.RunRepairRequest) (*allocdv1.RepairReport, error) {
 	resp, err := unary(ctx, c, allocdv1.RepairService_RunRepair_FullMethodName, req, c.repair.RunRepair)
 	return resp.GetReport(), err
 }
@@ -349,5 +366,6 @@ func (c *Client) RunRepair(ctx context.Context, req *allocdv1.RunRepairRequest) 
 // GetRepairStatus returns the last repair report, the leak candidates with their
 // strikes left, the repair leader and the last snapshot revision accepted.
 func (c *Client) GetRepairStatus(ctx context.Context) (*allocdv1.GetRepairStatusResponse, error) {
-	return unary(ctx, c, allocdv1.RepairService_GetRepairStatus_FullMethodName, &allocdv1.GetRepairStatusRequest{}, c.repair.GetRepairStatus)
+	return unary(ctx, c, allocdv1.RepairService_GetRepairStatus_FullMethodName,
+		&allocdv1.GetRepairStatusRequest{}, c.repair.GetRepairStatus)
 }

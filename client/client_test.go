@@ -40,12 +40,14 @@ func TestAllocateErrors(t *testing.T) {
 	ctx := etcdtest.Context(t)
 
 	// A specific address, then the same request again: the same answer, replayed.
-	req := &allocdv1.AllocateRequest{Owner: owner("a"), ClusterIps: []string{"10.96.0.2"}, NodePorts: []int32{30080}}
+	req := &allocdv1.AllocateRequest{Owner: owner("a"), ClusterIps: []string{"10.96.0.2"},
+		NodePorts: []int32{30080}}
 	first, err := c.Allocate(ctx, req)
 	if err != nil {
 		t.Fatalf("Allocate(%v) = %v", req, err)
 	}
-	if !slices.Equal(first.GetClusterIps(), []string{"10.96.0.2"}) || !slices.Equal(first.GetNodePorts(), []int32{30080}) {
+	if !slices.Equal(first.GetClusterIps(), []string{"10.96.0.2"}) ||
+		!slices.Equal(first.GetNodePorts(), []int32{30080}) {
 		t.Errorf("Allocate(%v) = %v; want 10.96.0.2 and 30080", req, first)
 	}
 	again, err := c.Allocate(ctx, req)
@@ -67,12 +69,14 @@ func TestAllocateErrors(t *testing.T) {
 	}
 
 	// Malformed: every bad field listed.
-	_, err = c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Name: "x"}, ClusterIps: []string{"10.96.0.300"}})
+	_, err = c.Allocate(ctx,
+		&allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Name: "x"}, ClusterIps: []string{"10.96.0.300"}})
 	var inv *client.InvalidError
 	if !errors.Is(err, client.ErrInvalid) || !errors.As(err, &inv) || len(inv.Violations) == 0 {
 		t.Fatalf("Allocate(bad uid and address) = %v; want ErrInvalid with violations", err)
 	}
-	if !slices.ContainsFunc(inv.Violations, func(v client.FieldViolation) bool { return strings.Contains(v.Field, "cluster_ip") }) {
+	onClusterIP := func(v client.FieldViolation) bool { return strings.Contains(v.Field, "cluster_ip") }
+	if !slices.ContainsFunc(inv.Violations, onClusterIP) {
 		t.Errorf("InvalidError.Violations = %v; want one about cluster_ips", inv.Violations)
 	}
 
@@ -81,7 +85,9 @@ func TestAllocateErrors(t *testing.T) {
 	if !errors.Is(err, client.ErrNotOwner) {
 		t.Errorf("Release(another owner's address) = %v; want ErrNotOwner", err)
 	}
-	if al, err := c.GetAllocation(ctx, &allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: "10.96.0.2"}}); err != nil || al.GetOwner().GetUid() != "uid-a" {
+	if al, err := c.GetAllocation(ctx,
+		&allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_ClusterIp{
+			ClusterIp: "10.96.0.2"}}); err != nil || al.GetOwner().GetUid() != "uid-a" {
 		t.Errorf("GetAllocation(10.96.0.2) after a refused release = %v, %v; want held by uid-a", al, err)
 	}
 
@@ -113,7 +119,8 @@ func TestAllocateErrors(t *testing.T) {
 			t.Errorf("Release(owner a) #%d = %v; want nil", i+1, err)
 		}
 	}
-	_, err = c.GetAllocation(ctx, &allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: "10.96.0.2"}})
+	_, err = c.GetAllocation(ctx, &allocdv1.GetAllocationRequest{
+		Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: "10.96.0.2"}})
 	if !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("GetAllocation(released address) = %v; want ErrNotFound", err)
 	}
@@ -132,7 +139,8 @@ func TestRetryUnavailable(t *testing.T) {
 		t.Fatalf("ListRanges(no server, no retries) = %v; want ErrUnavailable", err)
 	}
 
-	c := newClient(t, addr, client.WithRetry(client.RetryPolicy{MaxAttempts: -1, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}))
+	c := newClient(t, addr, client.WithRetry(client.RetryPolicy{MaxAttempts: -1,
+		InitialBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}))
 	cfg := daemon.TestConfig(t.TempDir(), func() string { a, _ := daemon.FreeAddr(); return a })
 	cfg.GRPCAddress = addr
 	started := make(chan *daemon.Daemon, 1)
@@ -163,7 +171,8 @@ func TestRetryUnavailable(t *testing.T) {
 	default:
 	}
 	if err != nil {
-		t.Fatalf("Allocate(server up after 500ms) = %v after %v; want success within the 20s context", err, time.Since(begin))
+		t.Fatalf("Allocate(server up after 500ms) = %v after %v; want success within the 20s context", err,
+			time.Since(begin))
 	}
 	if len(resp.GetNodePorts()) != 1 {
 		t.Errorf("Allocate(NodePortCount: 1) = %v; want one node port", resp)
@@ -324,15 +333,19 @@ func TestTwoReplicas(t *testing.T) {
 	if err != nil || len(resp.GetClusterIps()) != 1 || len(resp.GetNodePorts()) != 1 {
 		t.Fatalf("Allocate on replica A = %v, %v; want one address and one port", resp, err)
 	}
-	_, err = cb.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner("on-b"), ClusterIps: resp.GetClusterIps(), NodePorts: resp.GetNodePorts()})
+	_, err = cb.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner("on-b"),
+		ClusterIps: resp.GetClusterIps(), NodePorts: resp.GetNodePorts()})
 	var held *client.AlreadyAllocatedError
 	if !errors.As(err, &held) || held.HolderUID != "uid-on-a" {
-		t.Errorf("Allocate on replica B of A's address and port = %v; want ErrAlreadyAllocated held by uid-on-a", err)
+		t.Errorf("Allocate on replica B of A's address and port = %v; want "+
+			"ErrAlreadyAllocated held by uid-on-a", err)
 	}
 	if _, err := cb.Release(ctx, &allocdv1.ReleaseRequest{Owner: owner("on-a")}); err != nil {
 		t.Fatalf("Release on replica B of A's owner = %v", err)
 	}
-	if _, err := ca.GetAllocation(ctx, &allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_NodePort{NodePort: resp.GetNodePorts()[0]}}); !errors.Is(err, client.ErrNotFound) {
+	if _, err := ca.GetAllocation(ctx,
+		&allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_NodePort{
+			NodePort: resp.GetNodePorts()[0]}}); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("GetAllocation on replica A after release on B = %v; want ErrNotFound", err)
 	}
 }

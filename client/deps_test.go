@@ -35,7 +35,8 @@ func TestDeps(t *testing.T) {
 	}
 	deps := strings.Fields(string(out))
 	if !slices.Contains(deps, "google.golang.org/grpc") {
-		t.Fatalf("go list -deps lists %d packages without google.golang.org/grpc; the listing is not what this test expects", len(deps))
+		t.Fatalf("go list -deps lists %d packages without google.golang.org/grpc; the listing is not what "+
+			"this test expects", len(deps))
 	}
 	for _, dep := range deps {
 		for _, bad := range forbiddenDeps {

@@ -17,13 +17,15 @@ import (
 // not at all. A malformed Pod is ErrInvalid naming the field; a snapshot older than
 // the one the leader applied in its term is ErrStaleSnapshot. The whole stream is
 // retried on UNAVAILABLE: pushing the same revision again is harmless.
-func (c *Client) PushPodSnapshot(ctx context.Context, snap *allocdv1.PodSnapshot) (*allocdv1.PushPodSnapshotResponse, error) {
+func (c *Client) PushPodSnapshot(ctx context.Context,
+	snap *allocdv1.PodSnapshot) (*allocdv1.PushPodSnapshotResponse, error) {
 	var resp *allocdv1.PushPodSnapshotResponse
 	err := c.retry.do(ctx, func(ctx context.Context) error {
 		var err error
 		resp, err = pushChunks(ctx, c.chunk, snap.GetPods(), c.eps.PushPodSnapshot,
 			func(pods []*allocdv1.Pod) *allocdv1.PushPodSnapshotRequest {
-				return &allocdv1.PushPodSnapshotRequest{Snapshot: &allocdv1.PodSnapshot{Revision: snap.GetRevision(), Pods: pods}}
+				return &allocdv1.PushPodSnapshotRequest{
+					Snapshot: &allocdv1.PodSnapshot{Revision: snap.GetRevision(), Pods: pods}}
 			})
 		return err
 	})
@@ -35,13 +37,15 @@ func (c *Client) PushPodSnapshot(ctx context.Context, snap *allocdv1.PodSnapshot
 
 // PushNodeSnapshot pushes a Node snapshot (the EndpointSlice controller's zones and
 // topology hints), in chunks like PushPodSnapshot.
-func (c *Client) PushNodeSnapshot(ctx context.Context, snap *allocdv1.NodeSnapshot) (*allocdv1.PushNodeSnapshotResponse, error) {
+func (c *Client) PushNodeSnapshot(ctx context.Context,
+	snap *allocdv1.NodeSnapshot) (*allocdv1.PushNodeSnapshotResponse, error) {
 	var resp *allocdv1.PushNodeSnapshotResponse
 	err := c.retry.do(ctx, func(ctx context.Context) error {
 		var err error
 		resp, err = pushChunks(ctx, c.chunk, snap.GetNodes(), c.eps.PushNodeSnapshot,
 			func(nodes []*allocdv1.Node) *allocdv1.PushNodeSnapshotRequest {
-				return &allocdv1.PushNodeSnapshotRequest{Snapshot: &allocdv1.NodeSnapshot{Revision: snap.GetRevision(), Nodes: nodes}}
+				return &allocdv1.PushNodeSnapshotRequest{
+					Snapshot: &allocdv1.NodeSnapshot{Revision: snap.GetRevision(), Nodes: nodes}}
 			})
 		return err
 	})
@@ -84,7 +88,8 @@ func pushChunks[T, Req, Resp any](ctx context.Context, n int, items []T,
 // for a malformed event, whose message is not applied. It is retried on UNAVAILABLE:
 // replayed events are ignored. With no batch it is a heartbeat, which answers
 // ErrSnapshotRequired while the leader lacks snapshots.
-func (c *Client) PushEvents(ctx context.Context, batches ...*allocdv1.PushEventsRequest) (*allocdv1.PushEventsResponse, error) {
+func (c *Client) PushEvents(ctx context.Context,
+	batches ...*allocdv1.PushEventsRequest) (*allocdv1.PushEventsResponse, error) {
 	var resp *allocdv1.PushEventsResponse
 	err := c.retry.do(ctx, func(ctx context.Context) error {
 		var err error
@@ -97,7 +102,8 @@ func (c *Client) PushEvents(ctx context.Context, batches ...*allocdv1.PushEvents
 	return resp, nil
 }
 
-func pushEventsOnce(ctx context.Context, eps allocdv1.EndpointsServiceClient, batches []*allocdv1.PushEventsRequest) (*allocdv1.PushEventsResponse, error) {
+func pushEventsOnce(ctx context.Context, eps allocdv1.EndpointsServiceClient,
+	batches []*allocdv1.PushEventsRequest) (*allocdv1.PushEventsResponse, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := eps.PushEvents(ctx)
@@ -116,7 +122,8 @@ func pushEventsOnce(ctx context.Context, eps allocdv1.EndpointsServiceClient, ba
 }
 
 // GetServiceEndpoints returns the stored Endpoints of one Service; ErrNotFound when none.
-func (c *Client) GetServiceEndpoints(ctx context.Context, namespace, name string) (*allocdv1.ServiceEndpoints, error) {
+func (c *Client) GetServiceEndpoints(ctx context.Context, namespace,
+	name string) (*allocdv1.ServiceEndpoints, error) {
 	resp, err := unary(ctx, c, allocdv1.EndpointsService_GetServiceEndpoints_FullMethodName,
 		&allocdv1.GetServiceEndpointsRequest{Namespace: namespace, Name: name}, c.eps.GetServiceEndpoints)
 	return resp.GetEndpoints(), err
@@ -125,17 +132,21 @@ func (c *Client) GetServiceEndpoints(ctx context.Context, namespace, name string
 // ListServiceEndpoints returns one page of Endpoints; pass NextPageToken back as
 // PageToken (with the same namespace) for the next one. Every page of one listing is
 // read at its Revision: watch from it to follow on.
-func (c *Client) ListServiceEndpoints(ctx context.Context, req *allocdv1.ListServiceEndpointsRequest) (*allocdv1.ListServiceEndpointsResponse, error) {
-	return unary(ctx, c, allocdv1.EndpointsService_ListServiceEndpoints_FullMethodName, req, c.eps.ListServiceEndpoints)
+func (c *Client) ListServiceEndpoints(ctx context.Context,
+	req *allocdv1.ListServiceEndpointsRequest) (*allocdv1.ListServiceEndpointsResponse, error) {
+	return unary(ctx, c, allocdv1.EndpointsService_ListServiceEndpoints_FullMethodName, req,
+		c.eps.ListServiceEndpoints)
 }
 
 // WatchServiceEndpoints opens one watch and calls fn with each change, in order, from
 // the calling goroutine. It returns fn's error if fn fails, ctx's error when ctx ends,
 // ErrCompacted when req.StartRevision was compacted (list again), and otherwise what
 // broke the stream. Resume a broken watch from the last Revision fn saw.
-func (c *Client) WatchServiceEndpoints(ctx context.Context, req *allocdv1.WatchServiceEndpointsRequest, fn func(*allocdv1.WatchServiceEndpointsResponse) error) error {
+func (c *Client) WatchServiceEndpoints(ctx context.Context, req *allocdv1.WatchServiceEndpointsRequest,
+	fn func(*allocdv1.WatchServiceEndpointsResponse) error) error {
 	return watchStream(ctx, allocdv1.EndpointsService_WatchServiceEndpoints_FullMethodName, "endpoints",
-		func(ctx context.Context) (grpc.ServerStreamingClient[allocdv1.WatchServiceEndpointsResponse], error) {
+		func(ctx context.Context) (grpc.ServerStreamingClient[allocdv1.WatchServiceEndpointsResponse],
+			error) {
 			return c.eps.WatchServiceEndpoints(ctx, req)
 		}, fn)
 }
@@ -144,13 +155,16 @@ func (c *Client) WatchServiceEndpoints(ctx context.Context, req *allocdv1.WatchS
 // namespace, or one Service (ServiceName with its Namespace); pass NextPageToken back
 // as PageToken (with the same namespace and service) for the next one. Every page of
 // one listing is read at its Revision: watch from it to follow on.
-func (c *Client) ListEndpointSlices(ctx context.Context, req *allocdv1.ListEndpointSlicesRequest) (*allocdv1.ListEndpointSlicesResponse, error) {
-	return unary(ctx, c, allocdv1.EndpointsService_ListEndpointSlices_FullMethodName, req, c.eps.ListEndpointSlices)
+func (c *Client) ListEndpointSlices(ctx context.Context,
+	req *allocdv1.ListEndpointSlicesRequest) (*allocdv1.ListEndpointSlicesResponse, error) {
+	return unary(ctx, c, allocdv1.EndpointsService_ListEndpointSlices_FullMethodName, req,
+		c.eps.ListEndpointSlices)
 }
 
 // WatchEndpointSlices opens one watch of EndpointSlices and calls fn with each change,
 // as WatchServiceEndpoints does.
-func (c *Client) WatchEndpointSlices(ctx context.Context, req *allocdv1.WatchEndpointSlicesRequest, fn func(*allocdv1.WatchEndpointSlicesResponse) error) error {
+func (c *Client) WatchEndpointSlices(ctx context.Context, req *allocdv1.WatchEndpointSlicesRequest,
+	fn func(*allocdv1.WatchEndpointSlicesResponse) error) error {
 	return watchStream(ctx, allocdv1.EndpointsService_WatchEndpointSlices_FullMethodName, "endpoint slices",
 		func(ctx context.Context) (grpc.ServerStreamingClient[allocdv1.WatchEndpointSlicesResponse], error) {
 			return c.eps.WatchEndpointSlices(ctx, req)

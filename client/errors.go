@@ -277,7 +277,8 @@ func (e *Error) decodeDetails(st *status.Status) {
 		case *errdetails.BadRequest:
 			inv := &InvalidError{}
 			for _, v := range d.GetFieldViolations() {
-				inv.Violations = append(inv.Violations, FieldViolation{Field: v.GetField(), Description: v.GetDescription()})
+				inv.Violations = append(inv.Violations,
+					FieldViolation{Field: v.GetField(), Description: v.GetDescription()})
 			}
 			e.detail = inv
 		case *errdetails.ResourceInfo:
@@ -288,7 +289,8 @@ func (e *Error) decodeDetails(st *status.Status) {
 		case *errdetails.QuotaFailure:
 			full := &FullError{}
 			for _, v := range d.GetViolations() {
-				full.Violations = append(full.Violations, QuotaViolation{Subject: v.GetSubject(), Description: v.GetDescription()})
+				full.Violations = append(full.Violations,
+					QuotaViolation{Subject: v.GetSubject(), Description: v.GetDescription()})
 			}
 			e.detail = full
 		}

@@ -74,7 +74,8 @@ func TestMapErrorSentinels(t *testing.T) {
 				}
 			}
 			if c := status.Code(got); c != status.Code(tc.err) {
-				t.Errorf("status.Code(mapError(%q, %v)) = %v; want %v", tc.method, tc.err, c, status.Code(tc.err))
+				t.Errorf("status.Code(mapError(%q, %v)) = %v; want %v", tc.method, tc.err, c,
+					status.Code(tc.err))
 			}
 			var e *Error
 			if !errors.As(got, &e) {
@@ -108,18 +109,22 @@ func TestMapErrorDetails(t *testing.T) {
 	}
 
 	held := mapError("", statusErr(t, codes.AlreadyExists, "held",
-		&errdetails.ResourceInfo{ResourceType: "allocd.v1.Allocation", ResourceName: "10.96.0.10", Owner: "default/web uid-1"},
-		&errdetails.ErrorInfo{Reason: "ALREADY_ALLOCATED", Domain: "allocd.io", Metadata: map[string]string{"holder_uid": "uid-1"}}))
+		&errdetails.ResourceInfo{ResourceType: "allocd.v1.Allocation", ResourceName: "10.96.0.10",
+			Owner: "default/web uid-1"},
+		&errdetails.ErrorInfo{Reason: "ALREADY_ALLOCATED", Domain: "allocd.io",
+			Metadata: map[string]string{"holder_uid": "uid-1"}}))
 	var aae *AlreadyAllocatedError
 	if !errors.As(held, &aae) {
 		t.Fatalf("errors.As(%v, *AlreadyAllocatedError) = false; want true", held)
 	}
-	if aae.Resource != "10.96.0.10" || aae.Holder != "default/web uid-1" || aae.HolderUID != "uid-1" || aae.ResourceType != "allocd.v1.Allocation" {
+	if aae.Resource != "10.96.0.10" || aae.Holder != "default/web uid-1" || aae.HolderUID != "uid-1" ||
+		aae.ResourceType != "allocd.v1.Allocation" {
 		t.Errorf("AlreadyAllocatedError = %+v; want 10.96.0.10 held by default/web uid-1", aae)
 	}
 
 	full := mapError("", statusErr(t, codes.ResourceExhausted, "full",
-		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: "10.96.0.0/29", Description: "no free address"}}}))
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: "10.96.0.0/29",
+			Description: "no free address"}}}))
 	var fe *FullError
 	if !errors.As(full, &fe) || len(fe.Violations) != 1 || fe.Violations[0].Subject != "10.96.0.0/29" {
 		t.Errorf("errors.As(%v, *FullError) gives %+v; want subject 10.96.0.0/29", full, fe)

@@ -85,7 +85,8 @@ func ExampleAlreadyAllocatedError() {
 
 	a := &allocdv1.Owner{Namespace: "default", Name: "a", Uid: "uid-a"}
 	b := &allocdv1.Owner{Namespace: "default", Name: "b", Uid: "uid-b"}
-	if _, err := c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: a, ClusterIps: []string{"10.96.0.20"}}); err != nil {
+	if _, err := c.Allocate(ctx,
+		&allocdv1.AllocateRequest{Owner: a, ClusterIps: []string{"10.96.0.20"}}); err != nil {
 		log.Fatal(err)
 	}
 
@@ -178,7 +179,8 @@ func ExampleEndpointsWatcher() {
 	}()
 	show := func(ep *allocdv1.Endpoints) {
 		for _, s := range ep.GetSubsets() {
-			fmt.Println(ep.GetNamespace()+"/"+ep.GetName(), s.GetAddresses(), "port", s.GetPorts()[0].GetPort())
+			fmt.Println(ep.GetNamespace()+"/"+ep.GetName(), s.GetAddresses(), "port",
+				s.GetPorts()[0].GetPort())
 		}
 	}
 

@@ -15,7 +15,8 @@ import (
 // Node, and the store revision they are at, e.g. the highest resourceVersion seen).
 // The EndpointSlice controller needs the Nodes (their zones, and a Pod whose Node is
 // unknown is left out of the slices); with it turned off (--controllers), ListNodes
-// may return none.
+// may return none. Every revision must be positive (a snapshot of revision 0 is
+// refused).
 type Lister interface {
 	ListServices() (services []*allocdv1.Service, revision int64, err error)
 	ListPods() (pods []*allocdv1.Pod, revision int64, err error)
@@ -71,7 +72,8 @@ func WithMaxQueue(n int) FeederOption { return func(fd *Feeder) { fd.maxQueue = 
 
 // NewFeeder returns a Feeder pushing to c, taking snapshots from l.
 func NewFeeder(c *Client, l Lister, opts ...FeederOption) *Feeder {
-	f := &Feeder{c: c, l: l, flush: 5 * time.Millisecond, heartbeat: time.Second, maxQueue: 100000, timeout: 30 * time.Second,
+	f := &Feeder{c: c, l: l, flush: 5 * time.Millisecond, heartbeat: time.Second, maxQueue: 100000,
+		timeout:  30 * time.Second,
 		maxBatch: 1000, onError: func(error) {}, resnap: true,
 		wake: make(chan struct{}, 1)}
 	for _, o := range opts {
@@ -82,7 +84,8 @@ func NewFeeder(c *Client, l Lister, opts ...FeederOption) *Feeder {
 
 // UpsertService queues the add or update of a Service, at the store revision rev.
 func (f *Feeder) UpsertService(svc *allocdv1.Service, rev int64) {
-	f.add(&allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Revision: rev, Object: &allocdv1.Event_Service{Service: svc}})
+	f.add(&allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Revision: rev,
+		Object: &allocdv1.Event_Service{Service: svc}})
 }
 
 // DeleteService queues the delete of a Service, at the store revision rev.
@@ -93,7 +96,8 @@ func (f *Feeder) DeleteService(namespace, name string, rev int64) {
 
 // UpsertPod queues the add or update of a Pod, at the store revision rev.
 func (f *Feeder) UpsertPod(pod *allocdv1.Pod, rev int64) {
-	f.add(&allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Revision: rev, Object: &allocdv1.Event_Pod{Pod: pod}})
+	f.add(&allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Revision: rev,
+		Object: &allocdv1.Event_Pod{Pod: pod}})
 }
 
 // DeletePod queues the delete of a Pod, at the store revision rev.
@@ -104,7 +108,8 @@ func (f *Feeder) DeletePod(namespace, name string, rev int64) {
 
 // UpsertNode queues the add or update of a Node, at the store revision rev.
 func (f *Feeder) UpsertNode(node *allocdv1.Node, rev int64) {
-	f.add(&allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Revision: rev, Object: &allocdv1.Event_Node{Node: node}})
+	f.add(&allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Revision: rev,
+		Object: &allocdv1.Event_Node{Node: node}})
 }
 
 // DeleteNode queues the delete of a Node, at the store revision rev.
@@ -233,7 +238,8 @@ func (f *Feeder) pushSnapshots(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("client: list services: %w", err)
 	}
-	if _, err := f.c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: srev, Services: svcs}); err != nil {
+	if _, err := f.c.PushServiceSnapshot(ctx,
+		&allocdv1.ServiceSnapshot{Revision: srev, Services: svcs}); err != nil {
 		return fmt.Errorf("client: push service snapshot: %w", err)
 	}
 	nodes, nrev, err := f.l.ListNodes()

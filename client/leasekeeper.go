@@ -119,7 +119,8 @@ func (k *LeaseKeeper) Run(ctx context.Context) error {
 }
 
 // renew makes one renewal, bounded by interval.
-func (k *LeaseKeeper) renew(ctx context.Context, ttlSeconds int64, interval time.Duration) (*allocdv1.Lease, error) {
+func (k *LeaseKeeper) renew(ctx context.Context, ttlSeconds int64,
+	interval time.Duration) (*allocdv1.Lease, error) {
 	ctx, cancel := context.WithTimeout(ctx, interval)
 	defer cancel()
 	return k.c.Renew(ctx, &allocdv1.RenewRequest{Ip: k.ip, TtlSeconds: ttlSeconds})

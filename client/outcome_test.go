@@ -30,10 +30,12 @@ func TestNotSentIsNotApplied(t *testing.T) {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err = c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "ns", Name: "a", Uid: "u"}})
+	_, err = c.Allocate(ctx,
+		&allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "ns", Name: "a", Uid: "u"}})
 	var e *Error
 	if !errors.As(err, &e) || e.Code != codes.Unavailable || !e.NotApplied || OutcomeUnknown(err) {
-		t.Fatalf("Allocate to %s with nothing listening = %v (NotApplied %v, OutcomeUnknown %v); want UNAVAILABLE, not applied",
+		t.Fatalf("Allocate to %s with nothing listening = %v (NotApplied %v, OutcomeUnknown %v); want "+
+			"UNAVAILABLE, not applied",
 			addr, err, e != nil && e.NotApplied, OutcomeUnknown(err))
 	}
 }
@@ -42,7 +44,8 @@ func TestNotSentIsNotApplied(t *testing.T) {
 // ErrorInfo says outcome=not_applied; the codes answered before any write are not.
 func TestOutcomeUnknown(t *testing.T) {
 	const allocate = allocdv1.AllocatorService_Allocate_FullMethodName
-	notApplied := &errdetails.ErrorInfo{Reason: "ETCD_UNAVAILABLE", Domain: "allocd.io", Metadata: map[string]string{"outcome": "not_applied"}}
+	notApplied := &errdetails.ErrorInfo{Reason: "ETCD_UNAVAILABLE", Domain: "allocd.io",
+		Metadata: map[string]string{"outcome": "not_applied"}}
 	for _, tc := range []struct {
 		err  error
 		want bool
@@ -53,7 +56,8 @@ func TestOutcomeUnknown(t *testing.T) {
 		{statusErr(t, codes.InvalidArgument, "bad"), false},
 		{statusErr(t, codes.AlreadyExists, "taken"), false},
 		// etcd applies a write, then finds its quota exceeded and answers NOSPACE.
-		{statusErr(t, codes.ResourceExhausted, "etcd out of space", &errdetails.ErrorInfo{Reason: "ETCD_NO_SPACE", Domain: "allocd.io"}), true},
+		{statusErr(t, codes.ResourceExhausted, "etcd out of space",
+			&errdetails.ErrorInfo{Reason: "ETCD_NO_SPACE", Domain: "allocd.io"}), true},
 		{nil, false},
 	} {
 		if got := OutcomeUnknown(mapError(allocate, tc.err)); got != tc.want {
@@ -66,22 +70,27 @@ func TestOutcomeUnknown(t *testing.T) {
 // unknown when a later attempt never left the client: that attempt changed nothing,
 // the first may have.
 func TestNotAppliedNeedsEveryAttempt(t *testing.T) {
-	c := &Client{retry: RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}}
+	c := &Client{retry: RetryPolicy{MaxAttempts: 2, InitialBackoff: time.Millisecond,
+		MaxBackoff: time.Millisecond}}
 	for _, tc := range []struct {
 		name    string
 		sent    []bool       // per attempt: did it reach allocd
 		codes   []codes.Code // per attempt
 		unknown bool         // OutcomeUnknown of the call
 	}{
-		{"sent, then not sent", []bool{true, false}, []codes.Code{codes.Unavailable, codes.Unavailable}, true},
+		{"sent, then not sent", []bool{true, false}, []codes.Code{codes.Unavailable, codes.Unavailable},
+			true},
 		{"never sent", []bool{false, false}, []codes.Code{codes.Unavailable, codes.Unavailable}, false},
 		// A Release whose first attempt committed, and whose retry finds the address
 		// taken by another owner meanwhile: the call did take effect.
-		{"sent, then refused", []bool{true, true}, []codes.Code{codes.Unavailable, codes.FailedPrecondition}, true},
-		{"not sent, then refused", []bool{false, true}, []codes.Code{codes.Unavailable, codes.FailedPrecondition}, false},
+		{"sent, then refused", []bool{true, true}, []codes.Code{codes.Unavailable, codes.FailedPrecondition},
+			true},
+		{"not sent, then refused", []bool{false, true},
+			[]codes.Code{codes.Unavailable, codes.FailedPrecondition}, false},
 	} {
 		n := 0
-		rpc := func(ctx context.Context, req *allocdv1.AllocateRequest, opts ...grpc.CallOption) (*allocdv1.AllocateResponse, error) {
+		rpc := func(ctx context.Context, req *allocdv1.AllocateRequest,
+			opts ...grpc.CallOption) (*allocdv1.AllocateResponse, error) {
 			for _, o := range opts {
 				if p, ok := o.(grpc.PeerCallOption); ok && tc.sent[n] {
 					p.PeerAddr.Addr = &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}
@@ -90,7 +99,8 @@ func TestNotAppliedNeedsEveryAttempt(t *testing.T) {
 			n++
 			return nil, status.Error(tc.codes[n-1], "attempt failed")
 		}
-		_, err := unary(context.Background(), c, allocdv1.AllocatorService_Release_FullMethodName, &allocdv1.AllocateRequest{}, rpc)
+		_, err := unary(context.Background(), c, allocdv1.AllocatorService_Release_FullMethodName,
+			&allocdv1.AllocateRequest{}, rpc)
 		if got := OutcomeUnknown(err); got != tc.unknown {
 			t.Errorf("%s: %v: OutcomeUnknown %v, want %v", tc.name, err, got, tc.unknown)
 		}

@@ -16,7 +16,8 @@ import (
 // forwardTarget, passed through by forwardErr): a failed precondition, not a stale snapshot.
 func TestNotLeaderIsNotStale(t *testing.T) {
 	st, _ := status.New(codes.FailedPrecondition, "not the repair leader").WithDetails(
-		&errdetails.ErrorInfo{Reason: "NOT_REPAIR_LEADER", Domain: "allocd.io", Metadata: map[string]string{"leader": "10.0.0.2:8080"}})
+		&errdetails.ErrorInfo{Reason: "NOT_REPAIR_LEADER", Domain: "allocd.io",
+			Metadata: map[string]string{"leader": "10.0.0.2:8080"}})
 	err := mapError(allocdv1.RepairService_PushServiceSnapshot_FullMethodName, st.Err())
 	if errors.Is(err, ErrStaleSnapshot) {
 		t.Errorf("NOT_REPAIR_LEADER from PushServiceSnapshot matches ErrStaleSnapshot: %v", err)

@@ -38,7 +38,8 @@ type RetryPolicy struct {
 
 // DefaultRetryPolicy is the policy of a Client made without WithRetry: 10 attempts,
 // 100 ms doubling up to 5 s, which spans about 20 s of outage.
-var DefaultRetryPolicy = RetryPolicy{MaxAttempts: 10, InitialBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second}
+var DefaultRetryPolicy = RetryPolicy{MaxAttempts: 10, InitialBackoff: 100 * time.Millisecond,
+	MaxBackoff: 5 * time.Second}
 
 // withDefaults fills the zero fields of p from DefaultRetryPolicy.
 func (p RetryPolicy) withDefaults() RetryPolicy {

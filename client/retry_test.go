@@ -25,9 +25,11 @@ func TestRetryPolicyDo(t *testing.T) {
 		{"success", fast, []error{nil}, 1, codes.OK},
 		{"unavailable then success", fast, []error{unavailable, unavailable, nil}, 3, codes.OK},
 		{"unavailable until attempts run out", fast, []error{unavailable}, 5, codes.Unavailable},
-		{"no retry on already exists", fast, []error{status.Error(codes.AlreadyExists, "held")}, 1, codes.AlreadyExists},
+		{"no retry on already exists", fast, []error{status.Error(codes.AlreadyExists, "held")}, 1,
+			codes.AlreadyExists},
 		{"no retry on aborted", fast, []error{status.Error(codes.Aborted, "conflict")}, 1, codes.Aborted},
-		{"no retry on internal", fast, []error{unavailable, status.Error(codes.Internal, "bug")}, 2, codes.Internal},
+		{"no retry on internal", fast, []error{unavailable, status.Error(codes.Internal, "bug")}, 2,
+			codes.Internal},
 		{"retries disabled", RetryPolicy{MaxAttempts: 1}, []error{unavailable}, 1, codes.Unavailable},
 	}
 	for _, tc := range tests {
@@ -39,14 +41,16 @@ func TestRetryPolicyDo(t *testing.T) {
 				return r
 			})
 			if calls != tc.wantCalls || status.Code(err) != tc.wantCode {
-				t.Errorf("do(%v) = %v after %d calls; want %v after %d", tc.results, err, calls, tc.wantCode, tc.wantCalls)
+				t.Errorf("do(%v) = %v after %d calls; want %v after %d", tc.results, err, calls, tc.wantCode,
+					tc.wantCalls)
 			}
 		})
 	}
 }
 
 func TestRetryPolicyDoContext(t *testing.T) {
-	p := RetryPolicy{MaxAttempts: -1, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}.withDefaults()
+	p := RetryPolicy{MaxAttempts: -1, InitialBackoff: 5 * time.Millisecond,
+		MaxBackoff: 20 * time.Millisecond}.withDefaults()
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	calls := 0

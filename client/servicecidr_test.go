@@ -19,20 +19,23 @@ func TestServiceCIDRs(t *testing.T) {
 	ctx := etcdtest.Context(t)
 
 	for i := range 5 { // 6 usable addresses, one of them the kubernetes Service's
-		if _, err := c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner(string(rune('a' + i)))}); err != nil {
+		if _, err := c.Allocate(ctx,
+			&allocdv1.AllocateRequest{Owner: owner(string(rune('a' + i)))}); err != nil {
 			t.Fatalf("Allocate %d = %v", i, err)
 		}
 	}
 	_, err := c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner("full")})
 	var full *client.FullError
-	if !errors.Is(err, client.ErrFull) || !errors.As(err, &full) || !strings.Contains(err.Error(), "CreateServiceCIDR") {
-		t.Fatalf("Allocate on a full /29 = %v; want ErrFull saying to CreateServiceCIDR", err)
+	if !errors.Is(err, client.ErrFull) || !errors.As(err, &full) || len(full.Violations) != 1 ||
+		!strings.Contains(full.Violations[0].Description, "CreateServiceCIDR") {
+		t.Fatalf("Allocate on a full /29 = %v; want ErrFull whose violation says to CreateServiceCIDR", err)
 	}
 
 	if _, err := c.CreateServiceCIDR(ctx, "Bad Name", "10.97.0.0/24"); !errors.Is(err, client.ErrInvalid) {
 		t.Errorf("CreateServiceCIDR(bad name) = %v; want ErrInvalid", err)
 	}
-	if _, err := c.CreateServiceCIDR(ctx, "kubernetes", "10.97.0.0/24"); !errors.Is(err, client.ErrAlreadyExists) {
+	if _, err := c.CreateServiceCIDR(ctx, "kubernetes", "10.97.0.0/24"); !errors.Is(err,
+		client.ErrAlreadyExists) {
 		t.Errorf("CreateServiceCIDR(kubernetes) = %v; want ErrAlreadyExists", err)
 	}
 	sc, err := c.CreateServiceCIDR(ctx, "extra", "10.97.0.0/24")
@@ -47,10 +50,12 @@ func TestServiceCIDRs(t *testing.T) {
 	if _, err := c.DeleteServiceCIDR(ctx, "nope"); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("DeleteServiceCIDR(nope) = %v; want ErrNotFound", err)
 	}
-	if sc, err = c.DeleteServiceCIDR(ctx, "kubernetes"); err != nil || sc.GetState() != allocdv1.ServiceCIDRState_SERVICE_CIDR_STATE_TERMINATING {
+	if sc, err = c.DeleteServiceCIDR(ctx, "kubernetes"); err != nil ||
+		sc.GetState() != allocdv1.ServiceCIDRState_SERVICE_CIDR_STATE_TERMINATING {
 		t.Fatalf("DeleteServiceCIDR(kubernetes) = %v, %v; want terminating", sc, err)
 	}
-	_, err = c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner("late"), ClusterIps: []string{"10.96.0.6"}})
+	_, err = c.Allocate(ctx,
+		&allocdv1.AllocateRequest{Owner: owner("late"), ClusterIps: []string{"10.96.0.6"}})
 	if !errors.Is(err, client.ErrTerminating) && !errors.Is(err, client.ErrAlreadyAllocated) {
 		t.Errorf("Allocate(10.96.0.6) in a terminating CIDR = %v; want ErrTerminating", err)
 	}
@@ -65,6 +70,7 @@ func TestServiceCIDRs(t *testing.T) {
 	ranges, err := c.ListRanges(ctx)
 	if err != nil || len(ranges) != 3 || ranges[0].GetName() != "10.97.0.0/24" ||
 		ranges[1].GetState() != allocdv1.ServiceCIDRState_SERVICE_CIDR_STATE_TERMINATING {
-		t.Errorf("ListRanges() = %v, %v; want the ready /24, then the terminating /29, then the node ports", ranges, err)
+		t.Errorf("ListRanges() = %v, %v; want the ready /24, then the terminating /29, then the node ports",
+			ranges, err)
 	}
 }

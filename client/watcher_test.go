@@ -101,7 +101,8 @@ func TestEndpointsWatcherResumes(t *testing.T) {
 	t.Cleanup(func() { d.Close() })
 
 	var recv countRecv
-	c := newClient(t, cfg.GRPCAddress, client.WithDialOptions(grpc.WithChainStreamInterceptor(recv.intercept)))
+	c := newClient(t, cfg.GRPCAddress,
+		client.WithDialOptions(grpc.WithChainStreamInterceptor(recv.intercept)))
 	ctx := etcdtest.Context(t)
 	if _, err := c.Renew(ctx, &allocdv1.RenewRequest{Ip: "10.0.0.11", TtlSeconds: 600}); err != nil {
 		t.Fatalf("Renew(10.0.0.11) = %v", err)
@@ -149,13 +150,15 @@ func TestEndpointsWatcherResumes(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatalf("close allocd: %v", err)
 	}
-	etcdtest.WaitFor(t, 10*time.Second, "the watcher to see the broken stream", func() bool { return broken.Load() > 0 })
+	etcdtest.WaitFor(t, 10*time.Second, "the watcher to see the broken stream",
+		func() bool { return broken.Load() > 0 })
 	d = start()
 	events.add("allocd restarted")
 	// Generous: what is asserted is the reconnect and the absence of a duplicate, not
 	// its speed, and a shared CI machine once took more than 10 s (the timeline shows
 	// why, if it happens again).
-	etcdtest.WaitFor(t, 30*time.Second, "the watcher to receive the state again", func() bool { return recv.n.Load() > before })
+	etcdtest.WaitFor(t, 30*time.Second, "the watcher to receive the state again",
+		func() bool { return recv.n.Load() > before })
 	select {
 	case a := <-delivered:
 		t.Fatalf("after reconnecting the watcher delivered %v again; want no duplicate", a)

@@ -29,18 +29,21 @@ func scale(nsCount, svcPerNS, podsPerSvc int) ([]*Service, []*Pod) {
 				ClusterIPs: []string{fmt.Sprintf("10.96.%d.%d", ip/250%250, ip%250+1)},
 				Labels:     map[string]string{"app": app},
 				Selector:   map[string]string{"app": app},
-				Ports:      []ServicePort{{Name: "http", Port: 80, TargetPort: TargetPort{Name: "http"}, Protocol: ProtocolTCP}},
+				Ports: []ServicePort{{Name: "http", Port: 80, TargetPort: TargetPort{Name: "http"},
+					Protocol: ProtocolTCP}},
 			})
 			for p := range podsPerSvc {
 				ip++
 				pods = append(pods, &Pod{
-					Namespace: ns, Name: fmt.Sprintf("%s-%d", app, p), UID: fmt.Sprintf("%s-%s-%d", ns, app, p),
+					Namespace: ns, Name: fmt.Sprintf("%s-%d", app, p),
+					UID:             fmt.Sprintf("%s-%s-%d", ns, app, p),
 					ResourceVersion: "1",
 					Labels:          map[string]string{"app": app, "pod-template-hash": "5d8f7c9b4"},
 					NodeName:        fmt.Sprintf("node-%d", ip%100),
 					PodIPs:          []string{fmt.Sprintf("10.%d.%d.%d", 1+ip/62500, ip/250%250, ip%250+1)},
 					Phase:           PhaseRunning, Ready: true,
-					Containers: []Container{{Name: "app", Ports: []ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: ProtocolTCP}}}},
+					Containers: []Container{{Name: "app",
+						Ports: []ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: ProtocolTCP}}}},
 				})
 			}
 		}

@@ -2,6 +2,7 @@ package endpoints
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -11,12 +12,14 @@ import (
 	"github.com/allocd/allocd/leader"
 )
 
-// Limits of one group commit: a request must stay under etcd's 1.5 MiB limit, and the
-// compares of a transaction (one per op plus the fence) under its --max-txn-ops
-// (Config.MaxTxnOps, etcd's default 128).
+// Limits of one group commit: a request must stay under etcd's 1.5 MiB limit (its
+// --max-request-bytes: maxTxnBytes of values leaves room for the keys, compares and
+// the request's framing), and the compares of a transaction (one per op plus the
+// fence) under its --max-txn-ops (Config.MaxTxnOps, etcd's default 128).
 const (
 	maxBatchOps   = 64
 	maxBatchBytes = 1 << 20
+	maxTxnBytes   = 1 << 20
 	// maxInFlight transactions at once: etcd commits concurrent transactions with one
 	// fsync, so a few in flight keep its pipeline full.
 	maxInFlight = 4
@@ -37,17 +40,23 @@ type writeOp struct {
 
 // storedView is the term's view of one kind of stored object, kept current by the
 // committer: committed records an op that committed at rev; refresh records what etcd
-// holds for a key after a conflict (kv nil: nothing, at rev).
+// holds for a key after a conflict (kv nil: nothing, at rev); unknown marks a key
+// whose write may or may not have committed (the transaction failed without an
+// answer): the view reads it again from etcd before it is used.
 type storedView interface {
 	committed(op *writeOp, rev int64)
 	refresh(key string, kv *mvccpb.KeyValue, rev int64)
+	unknown(key string)
 }
 
 // write is what a sync hands to the committer: ops that commit in one transaction
 // (one revision) or not at all, so that a watcher never sees half of a Service's
 // change. done runs once with the revision or the error (leader.ErrFenceLost,
-// errConflict, or etcd's). A write of more ops than one transaction takes is committed
-// in several, in order (the sync puts deletes first, then updates, then creates).
+// errConflict, or etcd's). A write larger than one transaction takes (more ops than
+// --max-txn-ops, more bytes than a request) is committed in several, in order: the
+// sync puts creates first, then updates, then deletes, so that a watcher sees an
+// endpoint of a group leave its old slice only after it is in its new one, never in
+// two slices of its group (endpoints do not move within a group).
 type write struct {
 	ops  []writeOp
 	done func(rev int64, err error)
@@ -66,24 +75,40 @@ func (w *write) bytes() int {
 // keeps its own compares: a batch whose compares fail is split and retried, never
 // applied in part.
 type committer struct {
-	t      *term
-	in     chan *write
-	maxOps int // ops of one transaction: MaxTxnOps minus the fence
+	t       *term
+	in      chan *write
+	maxOps  int           // ops of one transaction: MaxTxnOps minus the fence
+	stopped chan struct{} // closed once run has failed every write it will not commit
 }
 
 func newCommitter(t *term) *committer {
-	return &committer{t: t, in: make(chan *write, maxBatchOps*maxInFlight), maxOps: t.c.cfg.MaxTxnOps - 1}
+	return &committer{t: t, in: make(chan *write, maxBatchOps*maxInFlight), maxOps: t.c.cfg.MaxTxnOps - 1,
+		stopped: make(chan struct{})}
 }
 
+// errCommitterStopped fails a write submitted after the term's committer stopped.
+var errCommitterStopped = errors.New("endpoints: the term is over: nothing more is written")
+
 // submit queues w; it blocks while the committer is saturated, and fails w when ctx
-// ends first.
+// ends first or the committer has stopped.
 func (cm *committer) submit(ctx context.Context, w *write) {
+	select {
+	case <-cm.stopped:
+		w.done(0, errCommitterStopped)
+		return
+	default:
+	}
 	select {
 	case cm.in <- w:
 	case <-ctx.Done():
 		w.done(0, ctx.Err())
+	case <-cm.stopped:
+		w.done(0, errCommitterStopped)
 	}
 }
+
+// fits reports whether a write of ops ops and size bytes fits in one transaction.
+func (cm *committer) fits(ops, size int) bool { return ops <= cm.maxOps && size <= maxTxnBytes }
 
 // run commits batches until ctx ends; writes still queued then fail with ctx's error.
 func (cm *committer) run(ctx context.Context) {
@@ -91,10 +116,11 @@ func (cm *committer) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer func() {
 		wg.Wait()
+		close(cm.stopped)
 		for {
 			select {
 			case w := <-cm.in:
-				w.done(0, ctx.Err())
+				w.done(0, errCommitterStopped)
 			default:
 				return
 			}
@@ -116,7 +142,7 @@ func (cm *committer) run(ctx context.Context) {
 		for ops < maxBatchOps && size < maxBatchBytes {
 			select {
 			case w := <-cm.in:
-				if ops+len(w.ops) > cm.maxOps {
+				if !cm.fits(ops+len(w.ops), size+w.bytes()) {
 					next = w
 					break fill
 				}
@@ -137,7 +163,7 @@ func (cm *committer) run(ctx context.Context) {
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if len(batch) == 1 && len(batch[0].ops) > cm.maxOps {
+			if len(batch) == 1 && !cm.fits(len(batch[0].ops), batch[0].bytes()) {
 				cm.commitLarge(ctx, batch[0])
 				return
 			}
@@ -154,7 +180,13 @@ func (cm *committer) commit(ctx context.Context, batch []*write) {
 	for len(batch) > 0 {
 		resp, err := cm.txn(ctx, batch)
 		if err != nil {
+			// The transaction may have committed: the views read those keys again
+			// before they are used, so that a retry never builds on a state that
+			// lacks what it wrote.
 			for _, w := range batch {
+				for _, op := range w.ops {
+					op.view.unknown(op.key)
+				}
 				w.done(0, err)
 			}
 			return
@@ -242,13 +274,18 @@ func (cm *committer) txn(ctx context.Context, batch []*write) (*clientv3.TxnResp
 	return resp, nil
 }
 
-// commitLarge commits a write of more ops than one transaction takes, in transactions
-// of maxOps ops in order; a conflict stops it (what committed before stays, and the
-// views know it).
+// commitLarge commits a write larger than one transaction takes, in transactions
+// that each take as many of its ops, in order, as fit; a conflict or an error stops
+// it (what committed before stays, and the views know it).
 func (cm *committer) commitLarge(ctx context.Context, w *write) {
 	var rev int64
-	for start := 0; start < len(w.ops); start += cm.maxOps {
-		part := &write{ops: w.ops[start:min(start+cm.maxOps, len(w.ops))]}
+	for start := 0; start < len(w.ops); {
+		end, size := start, 0
+		for end < len(w.ops) && (end == start || cm.fits(end-start+1, size+len(w.ops[end].val))) {
+			size += len(w.ops[end].val)
+			end++
+		}
+		part := &write{ops: w.ops[start:end]}
 		var err error
 		part.done = func(r int64, e error) { rev, err = r, e }
 		cm.commit(ctx, []*write{part})
@@ -256,6 +293,7 @@ func (cm *committer) commitLarge(ctx context.Context, w *write) {
 			w.done(0, err)
 			return
 		}
+		start = end
 	}
 	w.done(rev, nil)
 }

@@ -73,7 +73,8 @@ func TestSyncEndpoints(t *testing.T) {
 		svcs:     []*Service{svc},
 		pods:     []*Pod{testPod("default", 0, true, 1)},
 		writes:   1,
-		want:     map[string]*Endpoints{"default/foo": ours(svc, Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
+		want: map[string]*Endpoints{"default/foo": ours(svc,
+			Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
 	}, {
 		name:   "ProtocolUDP",
 		svcs:   []*Service{udp},
@@ -97,9 +98,11 @@ func TestSyncEndpoints(t *testing.T) {
 	}, {
 		name: "ExternalNameType",
 		svcs: []*Service{
-			{Namespace: "default", Name: "a", UID: "a", Type: TypeExternalName, Selector: map[string]string{"foo": "bar"}, Ports: svc.Ports},
+			{Namespace: "default", Name: "a", UID: "a", Type: TypeExternalName,
+				Selector: map[string]string{"foo": "bar"}, Ports: svc.Ports},
 			{Namespace: "default", Name: "b", UID: "b", Type: TypeExternalName, Ports: svc.Ports},
-			{Namespace: "default", Name: "c", UID: "c", Type: TypeExternalName, Selector: map[string]string{"foo": "bar"}},
+			{Namespace: "default", Name: "c", UID: "c", Type: TypeExternalName,
+				Selector: map[string]string{"foo": "bar"}},
 			{Namespace: "default", Name: "d", UID: "d", Type: TypeExternalName},
 		},
 		pods:   []*Pod{testPod("default", 0, true, 1)},
@@ -118,24 +121,36 @@ func TestSyncEndpoints(t *testing.T) {
 		svcs:     []*Service{svc},
 		pods:     []*Pod{testPod("default", 0, true, 1)},
 		writes:   0,
-		want:     map[string]*Endpoints{"default/foo": ours(svc, Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
+		want: map[string]*Endpoints{"default/foo": ours(svc,
+			Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
 	}, {
 		name: "ItemsWithLabels",
 		svcs: []*Service{withLabels},
 		pods: []*Pod{testPod("other", 0, true, 2), testPod("other", 1, true, 2), testPod("other", 2, true, 2),
-			testPod("blah", 0, true, 2), testPod("blah", 1, true, 2), testPod("blah", 2, true, 2), testPod("blah", 3, true, 2), testPod("blah", 4, true, 2)},
+			testPod("blah", 0, true, 2), testPod("blah", 1, true, 2), testPod("blah", 2, true, 2),
+			testPod("blah", 3, true, 2), testPod("blah", 4, true, 2)},
 		writes: 1,
 		want: map[string]*Endpoints{"other/foo": ours(withLabels, Subset{
-			Addresses: []Address{addr("1.2.3.4", "other", "pod0"), addr("1.2.3.5", "other", "pod1"), addr("1.2.3.6", "other", "pod2")},
-			Ports:     []Port{{Name: "port0", Port: 8080, Protocol: ProtocolTCP}, {Name: "port1", Port: 8088, Protocol: ProtocolTCP}},
+			Addresses: []Address{addr("1.2.3.4", "other", "pod0"), addr("1.2.3.5", "other", "pod1"),
+				addr("1.2.3.6", "other", "pod2")},
+			Ports: []Port{{Name: "port0", Port: 8080, Protocol: ProtocolTCP},
+				{Name: "port1", Port: 8088, Protocol: ProtocolTCP}},
 		})},
 	}, {
 		name:     "ItemsPreexistingLabelsChange",
 		existing: []*Endpoints{labelled},
-		svcs:     []*Service{func() *Service { s := testService("default"); s.Labels = map[string]string{"baz": "blah"}; return s }()},
-		pods:     []*Pod{testPod("default", 0, true, 1)},
-		writes:   1,
-		want: map[string]*Endpoints{"default/foo": ours(func() *Service { s := testService("default"); s.Labels = map[string]string{"baz": "blah"}; return s }(),
+		svcs: []*Service{func() *Service {
+			s := testService("default")
+			s.Labels = map[string]string{"baz": "blah"}
+			return s
+		}()},
+		pods:   []*Pod{testPod("default", 0, true, 1)},
+		writes: 1,
+		want: map[string]*Endpoints{"default/foo": ours(func() *Service {
+			s := testService("default")
+			s.Labels = map[string]string{"baz": "blah"}
+			return s
+		}(),
 			Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
 	}, {
 		name:     "HeadlessService",
@@ -143,7 +158,8 @@ func TestSyncEndpoints(t *testing.T) {
 		svcs:     []*Service{headlessNoPorts},
 		pods:     []*Pod{testPod("default", 0, true, 1)},
 		writes:   1,
-		want:     map[string]*Endpoints{"default/foo": ours(headlessNoPorts, Subset{Addresses: []Address{pod0}})},
+		want: map[string]*Endpoints{"default/foo": ours(headlessNoPorts,
+			Subset{Addresses: []Address{pod0}})},
 	}, {
 		name:     "ExcludeNotReadyPodsFailedSucceeded",
 		existing: []*Endpoints{labelled},
@@ -170,7 +186,11 @@ func TestSyncEndpoints(t *testing.T) {
 			return e
 		}()},
 		writes: 0,
-		want:   map[string]*Endpoints{"default/foo": func() *Endpoints { e := ours(svc); e.Annotations = map[string]string{AnnotationLeader: "{}"}; return e }()},
+		want: map[string]*Endpoints{"default/foo": func() *Endpoints {
+			e := ours(svc)
+			e.Annotations = map[string]string{AnnotationLeader: "{}"}
+			return e
+		}()},
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -208,7 +228,7 @@ func assertStored(t *testing.T, key string, got, want *Endpoints) {
 	if got == nil {
 		return
 	}
-	if !SubsetsEqual(got.Subsets, want.Subsets) {
+	if !subsetsEqual(got.Subsets, want.Subsets) {
 		t.Errorf("%s: subsets = %+v; want %+v", key, got.Subsets, want.Subsets)
 	}
 	if !maps.Equal(got.Labels, want.Labels) {
@@ -222,7 +242,8 @@ func assertStored(t *testing.T, key string, got, want *Endpoints) {
 		}
 	}
 	if got.ManagedBy != want.ManagedBy || got.ServiceUID != want.ServiceUID {
-		t.Errorf("%s: managed by %q for %q; want %q for %q", key, got.ManagedBy, got.ServiceUID, want.ManagedBy, want.ServiceUID)
+		t.Errorf("%s: managed by %q for %q; want %q for %q", key, got.ManagedBy, got.ServiceUID,
+			want.ManagedBy, want.ServiceUID)
 	}
 }
 
@@ -235,7 +256,8 @@ func TestWaitsForBothSnapshots(t *testing.T) {
 	if err := h.c.ApplyServiceSnapshot(ctx, 1, []*Service{testService("default")}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.c.ApplyEvents(ctx, []Event{{Type: Upsert, Revision: 2, Pod: testPod("default", 0, true, 1)}}); !errors.Is(err, ErrSnapshotRequired) {
+	if _, err := h.c.ApplyEvents(ctx, []Event{{Type: Upsert, Revision: 2,
+		Pod: testPod("default", 0, true, 1)}}); !errors.Is(err, ErrSnapshotRequired) {
 		t.Fatalf("ApplyEvents(pod) before a Pod snapshot = %v; want ErrSnapshotRequired", err)
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -270,7 +292,8 @@ func TestPodEvents(t *testing.T) {
 		t.Fatalf("writes after a readiness flip = %d; want 1", got)
 	}
 	got := h.get("default", "foo")
-	want := ours(a, Subset{NotReadyAddresses: []Address{addr("1.2.3.4", "default", "pod0")}, Ports: []Port{tcp(8080)}})
+	want := ours(a,
+		Subset{NotReadyAddresses: []Address{addr("1.2.3.4", "default", "pod0")}, Ports: []Port{tcp(8080)}})
 	assertStored(t, "default/foo", got, want)
 	if r := h.get("default", "other").Revision; r != bRev {
 		t.Errorf("Endpoints of a Service not selecting the Pod rewritten: revision %d -> %d", bRev, r)
@@ -283,7 +306,8 @@ func TestPodEvents(t *testing.T) {
 	res := h.events(Event{Type: Upsert, Revision: 3, Pod: same})
 	h.settle()
 	if got := h.rev() - before; got != 0 || res.Ignored != 1 {
-		t.Fatalf("an update changing nothing the controller watches: %d writes, %+v; want 0 writes, 1 ignored", got, res)
+		t.Fatalf("an update changing nothing the controller watches: %d writes, %+v; "+
+			"want 0 writes, 1 ignored", got, res)
 	}
 
 	before = h.rev()
@@ -379,7 +403,8 @@ func TestOverCapacity(t *testing.T) {
 		t.Fatalf("stored %d ready, %d not ready; want %d, 0", ready, notReady, MaxAddresses)
 	}
 	if e.Annotations[AnnotationOverCapacity] != Truncated || e.AddressCount != 1500 {
-		t.Fatalf("annotation %q, address count %d; want %q, 1500", e.Annotations[AnnotationOverCapacity], e.AddressCount, Truncated)
+		t.Fatalf("annotation %q, address count %d; want %q, 1500", e.Annotations[AnnotationOverCapacity],
+			e.AddressCount, Truncated)
 	}
 	before := h.rev()
 	h.snapshots(2, []*Service{testService("default")}, pods)
@@ -438,7 +463,8 @@ func TestNewTermNeedsFreshSnapshots(t *testing.T) {
 	}
 	h.lead()
 	before := h.rev()
-	if _, err := h.c.ApplyEvents(etcdtest.Context(t), []Event{{Type: Upsert, Revision: 5, Service: testService("default")}}); !errors.Is(err, ErrSnapshotRequired) {
+	if _, err := h.c.ApplyEvents(etcdtest.Context(t), []Event{{Type: Upsert, Revision: 5,
+		Service: testService("default")}}); !errors.Is(err, ErrSnapshotRequired) {
 		t.Fatalf("ApplyEvents in a new term = %v; want ErrSnapshotRequired", err)
 	}
 	if err := h.c.ApplyServiceSnapshot(etcdtest.Context(t), 5, nil); err != nil {
@@ -487,15 +513,18 @@ func TestMasterEndpoints(t *testing.T) {
 	if h.get("default", "kubernetes") != nil {
 		t.Fatal("an empty kubernetes Endpoints was created")
 	}
-	h.c.SetMasterEndpoints(&Endpoints{Subsets: []Subset{{Addresses: []Address{{IP: "10.0.0.2"}, {IP: "10.0.0.1"}},
-		Ports: []Port{{Name: "https", Port: 6443, Protocol: ProtocolTCP}}}}})
+	h.c.SetMasterEndpoints(
+		&Endpoints{Subsets: []Subset{{Addresses: []Address{{IP: "10.0.0.2"}, {IP: "10.0.0.1"}},
+			Ports: []Port{{Name: "https", Port: 6443, Protocol: ProtocolTCP}}}}})
 	waitStored(t, h, "default", "kubernetes")
 	e := h.get("default", "kubernetes")
-	if e.ManagedBy != ManagedByMasterLease || len(e.Subsets) != 1 || e.Subsets[0].Addresses[0].IP != "10.0.0.1" {
+	if e.ManagedBy != ManagedByMasterLease || len(e.Subsets) != 1 ||
+		e.Subsets[0].Addresses[0].IP != "10.0.0.1" {
 		t.Fatalf("stored %+v", e)
 	}
 	// A selectorless kubernetes Service in the feed leaves it alone.
-	h.snapshots(1, []*Service{{Namespace: "default", Name: "kubernetes", UID: "k", Type: TypeClusterIP, ClusterIPs: []string{"10.0.0.1"}}}, nil)
+	h.snapshots(1, []*Service{{Namespace: "default", Name: "kubernetes", UID: "k", Type: TypeClusterIP,
+		ClusterIPs: []string{"10.0.0.1"}}}, nil)
 	h.settle()
 	if got := h.get("default", "kubernetes"); got.Revision != e.Revision {
 		t.Fatalf("the feed rewrote the master leases' Endpoints")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -33,9 +34,12 @@ func (t *term) newEndpointsHalf() *half {
 
 // syncEndpoints computes what the stored Endpoints of key must become (a.5 of the
 // reference) and returns the write that makes them so, nil when none is needed.
-func (t *term) syncEndpoints(key string) (*write, func(int64, time.Time), error) {
+func (t *term) syncEndpoints(ctx context.Context, key string) (*write, func(int64, time.Time), error) {
 	if key == masterKey && t.c.masterEndpoints() != nil {
 		return nil, nil, nil // keepMaster owns it
+	}
+	if err := t.reloadUnsure(ctx, t.c.etcdKey(key)); err != nil {
+		return nil, nil, err
 	}
 	t.mu.RLock()
 	svc := t.in.services[key]
@@ -147,6 +151,8 @@ func (v endpointsView) committed(op *writeOp, rev int64) {
 	}
 	v.t.see(key, &cp, rev)
 }
+
+func (v endpointsView) unknown(etcdKey string) { v.t.markUnsure(etcdKey) }
 
 func (v endpointsView) refresh(etcdKey string, kv *mvccpb.KeyValue, rev int64) {
 	key := v.t.c.objectKey([]byte(etcdKey))
@@ -302,4 +308,48 @@ func (t *term) storedObj(key string) storedObj {
 	t.storedMu.Lock()
 	defer t.storedMu.Unlock()
 	return t.stored[key]
+}
+
+// markUnsure records that a write under prefix (an Endpoints object's key, or the
+// prefix of a Service's slices) may or may not have committed.
+func (t *term) markUnsure(prefix string) {
+	t.storedMu.Lock()
+	t.unsure[prefix] = true
+	t.storedMu.Unlock()
+}
+
+// reloadUnsure reads again what is under prefix (an Endpoints object's key, or the
+// prefix of a Service's slices) when a write there had an unknown outcome, and
+// refreshes the views with what etcd holds, so that the sync builds on what etcd has,
+// not on what the term last knew.
+func (t *term) reloadUnsure(ctx context.Context, prefix string) error {
+	t.storedMu.Lock()
+	unsure := t.unsure[prefix]
+	t.storedMu.Unlock()
+	if !unsure {
+		return nil
+	}
+	var opts []clientv3.OpOption
+	slices := strings.HasSuffix(prefix, "/")
+	if slices {
+		opts = append(opts, clientv3.WithPrefix())
+	}
+	resp, err := t.c.cli.Get(ctx, prefix, opts...)
+	if err != nil {
+		return fmt.Errorf("read %s again after a write of unknown outcome: %w", prefix, err)
+	}
+	rev := resp.Header.Revision
+	if slices {
+		t.reloadSlices(prefix, resp.Kvs, rev)
+	} else {
+		var kv *mvccpb.KeyValue
+		if len(resp.Kvs) == 1 {
+			kv = resp.Kvs[0]
+		}
+		endpointsView{t}.refresh(prefix, kv, rev)
+	}
+	t.storedMu.Lock()
+	delete(t.unsure, prefix)
+	t.storedMu.Unlock()
+	return nil
 }

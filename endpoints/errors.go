@@ -37,9 +37,12 @@ type Kind string
 
 // The kinds of feeds.
 const (
+	// KindService is the feed of Services.
 	KindService Kind = "Service"
-	KindPod     Kind = "Pod"
-	KindNode    Kind = "Node"
+	// KindPod is the feed of Pods.
+	KindPod Kind = "Pod"
+	// KindNode is the feed of Nodes.
+	KindNode Kind = "Node"
 )
 
 // SnapshotRequiredError is an event of Kind before any snapshot of that kind in the
@@ -48,6 +51,7 @@ type SnapshotRequiredError struct {
 	Kind Kind
 }
 
+// Error names the kind of snapshot to push first.
 func (e *SnapshotRequiredError) Error() string {
 	return "no " + string(e.Kind) + " snapshot in this term of leadership: push a " + string(e.Kind) +
 		" snapshot before " + string(e.Kind) + " events"
@@ -62,8 +66,10 @@ type StaleSnapshotError struct {
 	Revision, Applied int64
 }
 
+// Error names both revisions.
 func (e *StaleSnapshotError) Error() string {
-	return fmt.Sprintf("%s snapshot revision %d is older than the revision %d already applied", e.Kind, e.Revision, e.Applied)
+	return fmt.Sprintf("%s snapshot revision %d is older than the revision %d already applied", e.Kind,
+		e.Revision, e.Applied)
 }
 
 // Unwrap returns ErrStaleSnapshot.
@@ -75,6 +81,7 @@ type CompactedError struct {
 	Revision, Compacted int64
 }
 
+// Error names the revision and says what to do.
 func (e *CompactedError) Error() string {
 	s := "revision " + strconv.FormatInt(e.Revision, 10) + " has been compacted"
 	if e.Compacted > 0 {
@@ -90,5 +97,5 @@ func (e *CompactedError) Unwrap() error { return ErrCompacted }
 // badrequest.MaxViolations; More counts the rest).
 type InvalidError = badrequest.Error
 
-// Violation is one bad field.
-type Violation = badrequest.FieldViolation
+// violation is one bad field.
+type violation = badrequest.FieldViolation

@@ -100,7 +100,9 @@ func exactSliceEndpoint(b []byte) error {
 		case 6:
 			return stringFields(v)
 		case 7:
-			return fields(v, hintsSchema, func(_ protowire.Number, v []byte, _ uint64) error { return stringFields(v) })
+			return fields(v, hintsSchema, func(_ protowire.Number, v []byte, _ uint64) error {
+				return stringFields(v)
+			})
 		}
 		return nil
 	})
@@ -113,7 +115,9 @@ func exactSliceEndpoint(b []byte) error {
 // stringFields checks a message whose known fields are all strings (a map entry, an
 // object reference, a hint), by stringsSchema.
 func stringFields(b []byte) error {
-	return fields(b, stringsSchema, func(_ protowire.Number, v []byte, _ uint64) error { return validUTF8(v) })
+	return fields(b, stringsSchema, func(_ protowire.Number, v []byte, _ uint64) error {
+		return validUTF8(v)
+	})
 }
 
 // stringsBut checks the fields of a message other than the varint one.

@@ -16,7 +16,8 @@ import (
 // a slice (every endpoint with its conditions, the optional strings left out when
 // empty, every port with its name, number and protocol).
 func sliceAPIForm(s *EndpointSlice) *allocdv1.EndpointSlice {
-	p := &allocdv1.EndpointSlice{Namespace: s.Namespace, Name: s.Name, Labels: s.Labels, Annotations: s.Annotations,
+	p := &allocdv1.EndpointSlice{Namespace: s.Namespace, Name: s.Name, Labels: s.Labels,
+		Annotations: s.Annotations,
 		AddressType: s.AddressType, ServiceUid: s.ServiceUID}
 	opt := func(s string) *string {
 		if s == "" {
@@ -26,10 +27,12 @@ func sliceAPIForm(s *EndpointSlice) *allocdv1.EndpointSlice {
 	}
 	for _, e := range s.Endpoints {
 		pe := &allocdv1.SliceEndpoint{Addresses: e.Addresses,
-			Conditions: &allocdv1.EndpointConditions{Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating},
-			Hostname:   opt(e.Hostname), NodeName: opt(e.NodeName), Zone: opt(e.Zone)}
+			Conditions: &allocdv1.EndpointConditions{Ready: e.Ready, Serving: e.Serving,
+				Terminating: e.Terminating},
+			Hostname: opt(e.Hostname), NodeName: opt(e.NodeName), Zone: opt(e.Zone)}
 		if r := e.TargetRef; r != nil {
-			pe.TargetRef = &allocdv1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Uid: r.UID}
+			pe.TargetRef = &allocdv1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name,
+				Uid: r.UID}
 		}
 		if h := e.Hints; h != nil {
 			pe.Hints = &allocdv1.EndpointHints{}
@@ -43,7 +46,8 @@ func sliceAPIForm(s *EndpointSlice) *allocdv1.EndpointSlice {
 		p.Endpoints = append(p.Endpoints, pe)
 	}
 	for _, pt := range s.Ports {
-		p.Ports = append(p.Ports, &allocdv1.EndpointSlicePort{Name: proto.String(pt.Name), Port: proto.Int32(pt.Port),
+		p.Ports = append(p.Ports, &allocdv1.EndpointSlicePort{Name: proto.String(pt.Name),
+			Port:     proto.Int32(pt.Port),
 			Protocol: proto.String(pt.Protocol), AppProtocol: pt.AppProtocol})
 	}
 	return p
@@ -65,7 +69,8 @@ func randomSlice(r *rand.Rand) *EndpointSlice {
 		s.Annotations = map[string]string{AnnotationTriggerTime: str(30)}
 	}
 	for range r.IntN(120) {
-		e := SliceEndpoint{Addresses: []string{"10.0." + strconv.Itoa(r.IntN(256)) + "." + strconv.Itoa(r.IntN(256))},
+		ip := "10.0." + strconv.Itoa(r.IntN(256)) + "." + strconv.Itoa(r.IntN(256))
+		e := SliceEndpoint{Addresses: []string{ip},
 			Ready: boolPtr(r.IntN(2) == 0), Hostname: str(3), NodeName: str(10), Zone: str(4)}
 		if r.IntN(3) > 0 {
 			e.Serving, e.Terminating = boolPtr(r.IntN(2) == 0), boolPtr(r.IntN(2) == 0)
@@ -103,7 +108,8 @@ func TestSliceCodecMatchesProto(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got, want) {
-			t.Fatalf("slice %d: encodeSlice() differs from the deterministic protobuf encoding (%d vs %d bytes)", i, len(got), len(want))
+			t.Fatalf("slice %d: encodeSlice() differs from the deterministic protobuf encoding "+
+				"(%d vs %d bytes)", i, len(got), len(want))
 		}
 		back, err := decodeSlice(want, s.Service, 7, 3)
 		if err != nil {
@@ -152,7 +158,8 @@ func TestExactSliceRefuses(t *testing.T) {
 	ok := &allocdv1.EndpointSlice{Namespace: "ns", Name: "s", AddressType: "IPv4",
 		Endpoints: []*allocdv1.SliceEndpoint{{Addresses: []string{"10.0.0.1"},
 			Conditions: &allocdv1.EndpointConditions{Ready: proto.Bool(true)}, NodeName: proto.String("n")}},
-		Ports: []*allocdv1.EndpointSlicePort{{Name: proto.String("http"), Port: proto.Int32(80), Protocol: proto.String("TCP")}}}
+		Ports: []*allocdv1.EndpointSlicePort{{Name: proto.String("http"), Port: proto.Int32(80),
+			Protocol: proto.String("TCP")}}}
 	for _, tc := range []struct {
 		name   string
 		change func(*allocdv1.EndpointSlice)
@@ -160,14 +167,20 @@ func TestExactSliceRefuses(t *testing.T) {
 	}{
 		{"as written", func(*allocdv1.EndpointSlice) {}, true},
 		{"no conditions", func(s *allocdv1.EndpointSlice) { s.Endpoints[0].Conditions = nil }, false},
-		{"empty conditions", func(s *allocdv1.EndpointSlice) { s.Endpoints[0].Conditions = &allocdv1.EndpointConditions{} }, true},
-		{"hostname present but empty", func(s *allocdv1.EndpointSlice) { s.Endpoints[0].Hostname = proto.String("") }, false},
-		{"node name present but empty", func(s *allocdv1.EndpointSlice) { s.Endpoints[0].NodeName = proto.String("") }, false},
-		{"zone present but empty", func(s *allocdv1.EndpointSlice) { s.Endpoints[0].Zone = proto.String("") }, false},
+		{"empty conditions",
+			func(s *allocdv1.EndpointSlice) { s.Endpoints[0].Conditions = &allocdv1.EndpointConditions{} },
+			true},
+		{"hostname present but empty",
+			func(s *allocdv1.EndpointSlice) { s.Endpoints[0].Hostname = proto.String("") }, false},
+		{"node name present but empty",
+			func(s *allocdv1.EndpointSlice) { s.Endpoints[0].NodeName = proto.String("") }, false},
+		{"zone present but empty", func(s *allocdv1.EndpointSlice) { s.Endpoints[0].Zone = proto.String("") },
+			false},
 		{"port without name", func(s *allocdv1.EndpointSlice) { s.Ports[0].Name = nil }, false},
 		{"port without number", func(s *allocdv1.EndpointSlice) { s.Ports[0].Port = nil }, false},
 		{"port without protocol", func(s *allocdv1.EndpointSlice) { s.Ports[0].Protocol = nil }, false},
-		{"address not UTF-8", func(s *allocdv1.EndpointSlice) { s.Endpoints[0].Addresses[0] = "\xff" }, false},
+		{"address not UTF-8", func(s *allocdv1.EndpointSlice) { s.Endpoints[0].Addresses[0] = "\xff" },
+			false},
 	} {
 		s := proto.Clone(ok).(*allocdv1.EndpointSlice)
 		tc.change(s)

@@ -181,7 +181,8 @@ func testPod(ns string, n int, ready bool, nPorts int) *Pod {
 	}
 	ct := Container{Name: "c"}
 	for j := range nPorts {
-		ct.Ports = append(ct.Ports, ContainerPort{Name: "port" + strconv.Itoa(j), ContainerPort: int32(8080 + j), Protocol: ProtocolTCP})
+		ct.Ports = append(ct.Ports, ContainerPort{Name: "port" + strconv.Itoa(j),
+			ContainerPort: int32(8080 + j), Protocol: ProtocolTCP})
 	}
 	p.Containers = []Container{ct}
 	return p
@@ -214,7 +215,8 @@ func ours(svc *Service, subsets ...Subset) *Endpoints {
 }
 
 func addr(ip, ns, pod string) Address {
-	return Address{IP: ip, TargetRef: &ObjectRef{Kind: "Pod", Namespace: ns, Name: pod, UID: "uid-" + ns + "-" + pod[3:]}}
+	return Address{IP: ip,
+		TargetRef: &ObjectRef{Kind: "Pod", Namespace: ns, Name: pod, UID: "uid-" + ns + "-" + pod[3:]}}
 }
 
 func tcp(port int32) Port { return Port{Port: port, Protocol: ProtocolTCP} }

@@ -332,7 +332,7 @@ func (in *inputs) selectPods(namespace string, selector map[string]string) []*Po
 	}
 	out := make([]*Pod, 0, len(shortest))
 	for name := range shortest {
-		if p := ns[name]; p != nil && Selects(selector, p.Labels) {
+		if p := ns[name]; p != nil && selects(selector, p.Labels) {
 			out = append(out, p)
 		}
 	}
@@ -353,7 +353,7 @@ func (in *inputs) servicesSelecting(dst map[string]struct{}, p *Pod) {
 	}
 	for k, v := range p.Labels {
 		for _, s := range idx[label{k, v}] {
-			if Selects(s.Selector, p.Labels) {
+			if selects(s.Selector, p.Labels) {
 				dst[s.Key()] = struct{}{}
 			}
 		}
@@ -369,7 +369,7 @@ func (in *inputs) podUpdateKeys(old, cur *Pod) map[string]struct{} {
 	if old.ResourceVersion != "" && old.ResourceVersion == cur.ResourceVersion {
 		return nil
 	}
-	podChanged, labelsChanged := PodChange(old, cur)
+	podChanged, labelsChanged := podChange(old, cur)
 	if !podChanged && !labelsChanged {
 		return nil
 	}

@@ -22,15 +22,21 @@ func TestServicesSelecting(t *testing.T) {
 		want []string
 	}{
 		{"one pair", []*Service{svc("s", map[string]string{"app": "a"})}, nil, []string{"ns/s"}},
-		{"two pairs", []*Service{svc("s", map[string]string{"app": "a", "tier": "web"})}, nil, []string{"ns/s"}},
-		{"one pair of two wrong", []*Service{svc("s", map[string]string{"app": "a", "tier": "db"})}, nil, nil},
+		{"two pairs", []*Service{svc("s", map[string]string{"app": "a", "tier": "web"})}, nil,
+			[]string{"ns/s"}},
+		{"one pair of two wrong", []*Service{svc("s", map[string]string{"app": "a", "tier": "db"})}, nil,
+			nil},
 		{"empty selector selects all", []*Service{svc("s", map[string]string{})}, nil, []string{"ns/s"}},
 		{"nil selector selects none", []*Service{svc("s", nil)}, nil, nil},
-		{"other namespace", []*Service{{Namespace: "other", Name: "s", Selector: map[string]string{"app": "a"}}}, nil, nil},
-		{"selector changed away", []*Service{svc("s", map[string]string{"app": "a"}), svc("s", map[string]string{"app": "b"})}, nil, nil},
-		{"selector changed to", []*Service{svc("s", map[string]string{"app": "b"}), svc("s", map[string]string{"app": "a"})}, nil, []string{"ns/s"}},
+		{"other namespace", []*Service{{Namespace: "other", Name: "s",
+			Selector: map[string]string{"app": "a"}}}, nil, nil},
+		{"selector changed away", []*Service{svc("s", map[string]string{"app": "a"}), svc("s",
+			map[string]string{"app": "b"})}, nil, nil},
+		{"selector changed to", []*Service{svc("s", map[string]string{"app": "b"}), svc("s",
+			map[string]string{"app": "a"})}, nil, []string{"ns/s"}},
 		{"empty then none", []*Service{svc("s", map[string]string{}), svc("s", nil)}, nil, nil},
-		{"deleted", []*Service{svc("s", map[string]string{"app": "a"}), svc("t", map[string]string{"tier": "web"})},
+		{"deleted", []*Service{svc("s", map[string]string{"app": "a"}), svc("t",
+			map[string]string{"tier": "web"})},
 			[]string{"s"}, []string{"ns/t"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -56,7 +62,8 @@ func TestServicesSelecting(t *testing.T) {
 func TestPutPodShares(t *testing.T) {
 	mk := func(name string, labels map[string]string, port int32) *Pod {
 		return &Pod{Namespace: "ns", Name: name, Labels: labels, Phase: "Running",
-			Containers: []Container{{Name: "c", Ports: []ContainerPort{{Name: "http", ContainerPort: port, Protocol: "TCP"}}}}}
+			Containers: []Container{{Name: "c", Ports: []ContainerPort{{Name: "http", ContainerPort: port,
+				Protocol: "TCP"}}}}}
 	}
 	in := newInputs()
 	a := mk("a", map[string]string{"app": "x"}, 80)
@@ -69,9 +76,13 @@ func TestPutPodShares(t *testing.T) {
 	}
 	sa, sb, sc, sd := in.pod("ns", "a"), in.pod("ns", "b"), in.pod("ns", "c"), in.pod("ns", "d")
 	if sb == b || !reflect.DeepEqual(*sb, *b) || !reflect.DeepEqual(*b, before) {
-		t.Fatalf("stored b = %p %+v, given %p %+v (before %+v); want an equal copy, the given one unchanged", sb, sb, b, b, before)
+		t.Fatalf("stored b = %p %+v, given %p %+v (before %+v); want an equal copy, the given one unchanged",
+			sb, sb, b, b, before)
 	}
-	same := func(x, y any) bool { return reflect.ValueOf(x).UnsafePointer() == reflect.ValueOf(y).UnsafePointer() }
+	same := func(x,
+		y any) bool {
+		return reflect.ValueOf(x).UnsafePointer() == reflect.ValueOf(y).UnsafePointer()
+	}
 	for _, tc := range []struct {
 		name string
 		got  bool

@@ -63,6 +63,11 @@ func (t *term) syncMaster(ctx context.Context) error {
 	if m == nil {
 		return nil
 	}
+	for _, prefix := range []string{t.c.etcdKey(masterKey), t.c.slicesOf(masterKey)} {
+		if err := t.reloadUnsure(ctx, prefix); err != nil {
+			return err
+		}
+	}
 	w := &write{}
 	desired, changed := t.masterEndpointsObject(m)
 	if changed {
@@ -104,7 +109,7 @@ func (t *term) masterEndpointsObject(m *Endpoints) (*Endpoints, bool) {
 	if cur.ep != nil {
 		desired.Annotations = cur.ep.Annotations
 		if cur.ep.ManagedBy == ManagedByMasterLease && maps.Equal(cur.ep.Labels, desired.Labels) &&
-			SubsetsEqual(cur.ep.Subsets, desired.Subsets) {
+			subsetsEqual(cur.ep.Subsets, desired.Subsets) {
 			return desired, false
 		}
 	}
@@ -160,7 +165,8 @@ func (t *term) masterSliceOp(ep *Endpoints) (writeOp, bool) {
 func sameMasterSlice(a, b *EndpointSlice) bool {
 	return a.AddressType == b.AddressType && maps.Equal(a.Labels, b.Labels) &&
 		slices.EqualFunc(a.Ports, b.Ports, func(x, y SlicePort) bool {
-			return x.Name == y.Name && x.Port == y.Port && x.Protocol == y.Protocol && x.AppProtocol == nil && y.AppProtocol == nil
+			return x.Name == y.Name && x.Port == y.Port && x.Protocol == y.Protocol && x.AppProtocol == nil &&
+				y.AppProtocol == nil
 		}) &&
 		slices.EqualFunc(a.Endpoints, b.Endpoints, func(x, y SliceEndpoint) bool {
 			return slices.Equal(x.Addresses, y.Addresses) && boolPtrEqual(x.Ready, y.Ready) &&

@@ -40,8 +40,9 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
 	})
 	m.latency = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "allocd_endpoints_event_to_commit_seconds",
-		Help:    "From the acknowledgement of the earliest event behind a write to the write's commit in etcd.",
+		Name: "allocd_endpoints_event_to_commit_seconds",
+		Help: "From the acknowledgement of the earliest event behind a write " +
+			"to the write's commit in etcd.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 	})
 	m.feed = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -62,7 +63,8 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 		"Stored Endpoints objects truncated to 1000 addresses (over-capacity annotation set).", nil, nil)
 	col := collector{c: c, objects: objects, truncated: truncated}
 	m.slice = newSliceMetrics()
-	for _, x := range append([]prometheus.Collector{m.writes, m.syncs, m.duration, m.latency, m.feed, m.leader, m.snapRev, col},
+	for _, x := range append([]prometheus.Collector{m.writes, m.syncs, m.duration, m.latency, m.feed,
+		m.leader, m.snapRev, col},
 		m.slice.collectors()...) {
 		if err := reg.Register(x); err != nil {
 			return nil, err

@@ -23,6 +23,7 @@ type queue struct {
 	processing map[string]struct{}
 	since      map[string]time.Time
 	failures   map[string]int
+	conflicts  map[string]int
 
 	waiting   waitHeap
 	scheduled map[string]time.Time
@@ -36,6 +37,7 @@ func newQueue() *queue {
 		processing: map[string]struct{}{},
 		since:      map[string]time.Time{},
 		failures:   map[string]int{},
+		conflicts:  map[string]int{},
 		scheduled:  map[string]time.Time{},
 		wake:       make(chan struct{}, 1),
 	}
@@ -122,11 +124,20 @@ func (q *queue) retryWith(key string, since time.Time) {
 	q.retry(key)
 }
 
-// forget resets the failures of key.
+// forget resets the failures and conflicts of key.
 func (q *queue) forget(key string) {
 	q.mu.Lock()
 	delete(q.failures, key)
+	delete(q.conflicts, key)
 	q.mu.Unlock()
+}
+
+// conflicted counts a conflict of key and returns its conflicts in a row.
+func (q *queue) conflicted(key string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.conflicts[key]++
+	return q.conflicts[key]
 }
 
 // maxRetryDelay caps the backoff of a failing key.

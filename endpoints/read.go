@@ -69,7 +69,8 @@ func (c *Controller) endpointsStore() store[*Endpoints] {
 // one listing is read at the revision of the first (returned), so that a listing is
 // one consistent state; a page whose revision was compacted meanwhile is a
 // *CompactedError. next is "" on the last page.
-func (c *Controller) List(ctx context.Context, namespace string, pageSize int, pageToken string) (eps []*Endpoints, next string, rev int64, err error) {
+func (c *Controller) List(ctx context.Context, namespace string, pageSize int,
+	pageToken string) (eps []*Endpoints, next string, rev int64, err error) {
 	if err := validScope("namespace", namespace); err != nil {
 		return nil, "", 0, err
 	}
@@ -82,23 +83,27 @@ func (c *Controller) List(ctx context.Context, namespace string, pageSize int, p
 // when send fails (its error), with a *CompactedError when the history it needs was
 // compacted, or with the watch's error (etcd unreachable, no leader): the caller then
 // watches again from the last revision it got.
-func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64, send func(WatchEvent) error) error {
+func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64,
+	send func(WatchEvent) error) error {
 	if err := validScope("namespace", namespace); err != nil {
 		return err
 	}
-	return c.endpointsStore().watch(ctx, namespace, startRev, func(t WatchType, e *Endpoints, rev int64) error {
-		return send(WatchEvent{Type: t, Endpoints: e, Revision: rev})
-	})
+	return c.endpointsStore().watch(ctx, namespace, startRev,
+		func(t WatchType, e *Endpoints, rev int64) error {
+			return send(WatchEvent{Type: t, Endpoints: e, Revision: rev})
+		})
 }
 
 // WatchStored is Watch for a caller that sends the objects on in the API's form: an
 // event carries the object's stored form (Stored, Endpoints nil) when that is exact,
 // else the decoded object as Watch sends it.
-func (c *Controller) WatchStored(ctx context.Context, namespace string, startRev int64, send func(WatchEvent) error) error {
+func (c *Controller) WatchStored(ctx context.Context, namespace string, startRev int64,
+	send func(WatchEvent) error) error {
 	if err := validScope("namespace", namespace); err != nil {
 		return err
 	}
-	return c.endpointsStore().watchKVs(ctx, namespace, startRev, func(t WatchType, kv *mvccpb.KeyValue, rev int64) error {
+	return c.endpointsStore().watchKVs(ctx, namespace, startRev, func(t WatchType, kv *mvccpb.KeyValue,
+		rev int64) error {
 		if exactEndpoints(kv.Value) {
 			return send(WatchEvent{Type: t, Stored: storedOf(kv), Revision: rev})
 		}
@@ -118,13 +123,14 @@ func storedOf(kv *mvccpb.KeyValue) *Stored {
 // space; "" is every namespace.
 func validScope(field, s string) error {
 	if strings.Contains(s, "/") {
-		return &InvalidError{Violations: []Violation{{Field: field, Description: "must not contain '/'"}}}
+		return &InvalidError{Violations: []violation{{Field: field, Description: "must not contain '/'"}}}
 	}
 	return nil
 }
 
 // list returns a page of the objects under scope ("" for all, "ns", or "ns/svc").
-func (s store[T]) list(ctx context.Context, scope string, pageSize int, pageToken string) (out []T, next string, rev int64, err error) {
+func (s store[T]) list(ctx context.Context, scope string, pageSize int,
+	pageToken string) (out []T, next string, rev int64, err error) {
 	kvs, next, rev, err := s.listKVs(ctx, scope, pageSize, pageToken)
 	if err != nil {
 		return nil, "", 0, err
@@ -140,10 +146,12 @@ func (s store[T]) list(ctx context.Context, scope string, pageSize int, pageToke
 }
 
 // listKVs is list of the stored key-values, not decoded.
-func (s store[T]) listKVs(ctx context.Context, scope string, pageSize int, pageToken string) (out []*mvccpb.KeyValue, next string, rev int64, err error) {
+func (s store[T]) listKVs(ctx context.Context, scope string, pageSize int,
+	pageToken string) (out []*mvccpb.KeyValue, next string, rev int64, err error) {
 	switch {
 	case pageSize < 0:
-		return nil, "", 0, &InvalidError{Violations: []Violation{{Field: "page_size", Description: "must not be negative"}}}
+		return nil, "", 0, &InvalidError{
+			Violations: []violation{{Field: "page_size", Description: "must not be negative"}}}
 	case pageSize == 0:
 		pageSize = DefaultPageSize
 	case pageSize > MaxPageSize:
@@ -208,12 +216,13 @@ type token struct {
 }
 
 func (t token) String() string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.rev, 10) + "\n" + t.scope + "\n" + t.after))
+	return base64.RawURLEncoding.EncodeToString(
+		[]byte(strconv.FormatInt(t.rev, 10) + "\n" + t.scope + "\n" + t.after))
 }
 
 func parseToken(s, scope string) (token, error) {
 	bad := func(why string) (token, error) {
-		return token{}, &InvalidError{Violations: []Violation{{Field: "page_token", Description: why}}}
+		return token{}, &InvalidError{Violations: []violation{{Field: "page_token", Description: why}}}
 	}
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
@@ -228,7 +237,8 @@ func parseToken(s, scope string) (token, error) {
 		return bad("not a token this server issued")
 	}
 	if parts[1] != scope {
-		return bad(fmt.Sprintf("issued for %q, not %q: pass the same namespace (and service) on every page", parts[1], scope))
+		return bad(fmt.Sprintf("issued for %q, not %q: pass the same namespace (and service) on every page",
+			parts[1], scope))
 	}
 	return token{rev: rev, scope: parts[1], after: parts[2]}, nil
 }
@@ -242,7 +252,8 @@ func tokenRev(s, scope string) int64 {
 }
 
 // watch sends the changes of the objects under scope (see Controller.Watch).
-func (s store[T]) watch(ctx context.Context, scope string, startRev int64, send func(WatchType, T, int64) error) error {
+func (s store[T]) watch(ctx context.Context, scope string, startRev int64,
+	send func(WatchType, T, int64) error) error {
 	return s.watchKVs(ctx, scope, startRev, func(t WatchType, kv *mvccpb.KeyValue, rev int64) error {
 		o, err := s.decode(kv)
 		if err != nil {
@@ -253,9 +264,11 @@ func (s store[T]) watch(ctx context.Context, scope string, startRev int64, send 
 }
 
 // watchKVs is watch of the stored key-values, not decoded: for Deleted, the last one.
-func (s store[T]) watchKVs(ctx context.Context, scope string, startRev int64, send func(WatchType, *mvccpb.KeyValue, int64) error) error {
+func (s store[T]) watchKVs(ctx context.Context, scope string, startRev int64,
+	send func(WatchType, *mvccpb.KeyValue, int64) error) error {
 	if startRev < 0 {
-		return &InvalidError{Violations: []Violation{{Field: "start_revision", Description: "must not be negative"}}}
+		return &InvalidError{
+			Violations: []violation{{Field: "start_revision", Description: "must not be negative"}}}
 	}
 	if startRev == 0 {
 		rev, err := s.sendAll(ctx, scope, send)
@@ -294,7 +307,8 @@ func (s store[T]) watchKVs(ctx context.Context, scope string, startRev int64, se
 
 // sendAll sends every current object as Added, listing a page at a time at one
 // revision, and returns that revision.
-func (s store[T]) sendAll(ctx context.Context, scope string, send func(WatchType, *mvccpb.KeyValue, int64) error) (int64, error) {
+func (s store[T]) sendAll(ctx context.Context, scope string,
+	send func(WatchType, *mvccpb.KeyValue, int64) error) (int64, error) {
 	var rev int64
 	tok := ""
 	for {
@@ -317,7 +331,8 @@ func (s store[T]) sendAll(ctx context.Context, scope string, send func(WatchType
 
 // sendEvent sends one etcd event of an object under the prefix; a delete with the
 // object's last state, read at the revision before it.
-func (s store[T]) sendEvent(ctx context.Context, ev *clientv3.Event, send func(WatchType, *mvccpb.KeyValue, int64) error) error {
+func (s store[T]) sendEvent(ctx context.Context, ev *clientv3.Event,
+	send func(WatchType, *mvccpb.KeyValue, int64) error) error {
 	if s.relKey(ev.Kv.Key) == "" {
 		return nil
 	}

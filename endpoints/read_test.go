@@ -145,6 +145,7 @@ func TestWatchDeleteWithoutPrevious(t *testing.T) {
 	err = h.c.Watch(ctx, "ns", rev-1, func(e WatchEvent) error { sent = append(sent, e); return nil })
 	var ce *CompactedError
 	if !errors.As(err, &ce) || len(sent) != 0 {
-		t.Fatalf("Watch over a delete whose previous state was compacted = %v, sent %+v; want a CompactedError and nothing sent", err, sent)
+		t.Fatalf("Watch over a delete whose previous state was compacted = %v, sent %+v; want a "+
+			"CompactedError and nothing sent", err, sent)
 	}
 }

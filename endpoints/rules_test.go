@@ -41,18 +41,21 @@ func TestPodToEndpointAddressForService(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			svc := &Service{Namespace: "ns", Name: "foo", ClusterIPs: []string{tc.clusterIP}, IPFamilies: tc.families}
-			p := &Pod{Namespace: "ns", Name: "pod1", UID: "uid-1", ResourceVersion: "7", NodeName: "node-1", PodIPs: tc.podIPs}
-			a, ok := PodAddress(svc, p)
+			svc := &Service{Namespace: "ns", Name: "foo", ClusterIPs: []string{tc.clusterIP},
+				IPFamilies: tc.families}
+			p := &Pod{Namespace: "ns", Name: "pod1", UID: "uid-1", ResourceVersion: "7", NodeName: "node-1",
+				PodIPs: tc.podIPs}
+			a, ok := podAddress(svc, p)
 			if tc.wantIP == "" {
 				if ok {
-					t.Fatalf("PodAddress = %+v; want none", a)
+					t.Fatalf("podAddress = %+v; want none", a)
 				}
 				return
 			}
-			want := Address{IP: tc.wantIP, NodeName: "node-1", TargetRef: &ObjectRef{Kind: "Pod", Namespace: "ns", Name: "pod1", UID: "uid-1"}}
+			want := Address{IP: tc.wantIP, NodeName: "node-1",
+				TargetRef: &ObjectRef{Kind: "Pod", Namespace: "ns", Name: "pod1", UID: "uid-1"}}
 			if !ok || !addressEqual(a, want) {
-				t.Fatalf("PodAddress = %+v, %v; want %+v", a, ok, want)
+				t.Fatalf("podAddress = %+v, %v; want %+v", a, ok, want)
 			}
 		})
 	}
@@ -87,7 +90,8 @@ func TestSyncServiceAddresses(t *testing.T) {
 		{PhaseSucceeded, false, false, true, 0, 0},
 	}
 	for _, tc := range cases {
-		name := fmt.Sprintf("%s ready=%v terminating=%v publishNotReady=%v", tc.phase, tc.ready, tc.terminating, tc.tolerate)
+		name := fmt.Sprintf("%s ready=%v terminating=%v publishNotReady=%v", tc.phase, tc.ready,
+			tc.terminating, tc.tolerate)
 		t.Run(name, func(t *testing.T) {
 			svc := testService("default")
 			svc.ClusterIPs = []string{"1.1.1.1"}
@@ -117,7 +121,8 @@ func TestPodContribution(t *testing.T) {
 	}, {
 		name: "hostname with the Service's name as subdomain",
 		pod:  func(p *Pod) { p.Hostname, p.Subdomain = "h", "foo" },
-		want: []Subset{{Addresses: []Address{withHostname(addr("1.2.3.4", "default", "pod0"), "h")}, Ports: []Port{tcp(8080)}}},
+		want: []Subset{{Addresses: []Address{withHostname(addr("1.2.3.4", "default", "pod0"), "h")},
+			Ports: []Port{tcp(8080)}}},
 	}, {
 		name: "hostname with another subdomain",
 		pod:  func(p *Pod) { p.Hostname, p.Subdomain = "h", "bar" },
@@ -143,38 +148,47 @@ func TestPodContribution(t *testing.T) {
 	}, {
 		name: "named target port",
 		svc:  func(s *Service) { s.Ports[0].TargetPort = TargetPort{Name: "port1"}; s.Ports[0].Name = "web" },
-		want: []Subset{{Addresses: []Address{addr("1.2.3.4", "default", "pod0")}, Ports: []Port{{Name: "web", Port: 8081, Protocol: ProtocolTCP}}}},
+		want: []Subset{{Addresses: []Address{addr("1.2.3.4", "default", "pod0")},
+			Ports: []Port{{Name: "web", Port: 8081, Protocol: ProtocolTCP}}}},
 	}, {
 		name: "named target port, only the protocol differs",
-		svc:  func(s *Service) { s.Ports[0].TargetPort = TargetPort{Name: "port1"}; s.Ports[0].Protocol = ProtocolUDP },
+		svc: func(s *Service) {
+			s.Ports[0].TargetPort = TargetPort{Name: "port1"}
+			s.Ports[0].Protocol = ProtocolUDP
+		},
 	}, {
 		name: "named target port in a sidecar, after the containers",
 		svc:  func(s *Service) { s.Ports[0].TargetPort = TargetPort{Name: "side"} },
 		pod: func(p *Pod) {
 			p.InitContainers = []Container{
-				{Name: "init", Ports: []ContainerPort{{Name: "side", ContainerPort: 1, Protocol: ProtocolTCP}}},
-				{Name: "sidecar", RestartPolicy: RestartPolicyAlways, Ports: []ContainerPort{{Name: "side", ContainerPort: 9000, Protocol: ProtocolTCP}}},
+				{Name: "init",
+					Ports: []ContainerPort{{Name: "side", ContainerPort: 1, Protocol: ProtocolTCP}}},
+				{Name: "sidecar", RestartPolicy: RestartPolicyAlways,
+					Ports: []ContainerPort{{Name: "side", ContainerPort: 9000, Protocol: ProtocolTCP}}},
 			}
 		},
 		want: []Subset{{Addresses: []Address{addr("1.2.3.4", "default", "pod0")}, Ports: []Port{tcp(9000)}}},
 	}, {
 		name: "one of two ports unresolved: the pod stays under the other",
 		svc: func(s *Service) {
-			s.Ports = append(s.Ports, ServicePort{Name: "b", Port: 81, TargetPort: TargetPort{Name: "nope"}, Protocol: ProtocolTCP})
+			s.Ports = append(s.Ports,
+				ServicePort{Name: "b", Port: 81, TargetPort: TargetPort{Name: "nope"}, Protocol: ProtocolTCP})
 		},
 		want: []Subset{{Addresses: []Address{addr("1.2.3.4", "default", "pod0")}, Ports: []Port{tcp(8080)}}},
 	}, {
 		// TestEndpointPortFromServicePort.
 		name: "appProtocol copied",
 		svc:  func(s *Service) { s.Ports[0].AppProtocol = &app },
-		want: []Subset{{Addresses: []Address{addr("1.2.3.4", "default", "pod0")}, Ports: []Port{{Port: 8080, Protocol: ProtocolTCP, AppProtocol: &app}}}},
+		want: []Subset{{Addresses: []Address{addr("1.2.3.4", "default", "pod0")},
+			Ports: []Port{{Port: 8080, Protocol: ProtocolTCP, AppProtocol: &app}}}},
 	}, {
 		name: "dual-stack Service: its primary family only",
 		svc: func(s *Service) {
 			s.ClusterIPs, s.IPFamilies = []string{"fd00::1", "10.0.0.1"}, []string{FamilyIPv6, FamilyIPv4}
 		},
-		pod:  func(p *Pod) { p.PodIPs = []string{"1.2.3.4", "fd00::4"} },
-		want: []Subset{{Addresses: []Address{{IP: "fd00::4", TargetRef: addr("", "default", "pod0").TargetRef}}, Ports: []Port{tcp(8080)}}},
+		pod: func(p *Pod) { p.PodIPs = []string{"1.2.3.4", "fd00::4"} },
+		want: []Subset{{Addresses: []Address{{IP: "fd00::4",
+			TargetRef: addr("", "default", "pod0").TargetRef}}, Ports: []Port{tcp(8080)}}},
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -186,7 +200,7 @@ func TestPodContribution(t *testing.T) {
 			if tc.pod != nil {
 				tc.pod(p)
 			}
-			if got := ComputeSubsets(svc, []*Pod{p}); !SubsetsEqual(got, tc.want) {
+			if got := ComputeSubsets(svc, []*Pod{p}); !subsetsEqual(got, tc.want) {
 				t.Errorf("subsets = %s; want %s", show(got), show(tc.want))
 			}
 		})
@@ -204,7 +218,7 @@ func TestNamedPortDifferentNumbers(t *testing.T) {
 		{Addresses: []Address{addr("1.2.3.4", "default", "pod0")}, Ports: []Port{tcp(8080)}},
 		{Addresses: []Address{addr("1.2.3.5", "default", "pod1")}, Ports: []Port{tcp(9090)}},
 	}
-	if !SubsetsEqual(got, want) {
+	if !subsetsEqual(got, want) {
 		t.Errorf("subsets = %s; want %s", show(got), show(want))
 	}
 }
@@ -235,11 +249,14 @@ func TestRepack(t *testing.T) {
 			[]Subset{{NotReadyAddresses: []Address{a("1.2.3.4", "")}, Ports: []Port{p("", 111)}}},
 			[]Subset{{NotReadyAddresses: []Address{a("1.2.3.4", "")}, Ports: []Port{p("", 111)}}}},
 		{"one subset, duplicate address and port collapse",
-			[]Subset{{Addresses: []Address{a("1.2.3.4", "u1"), a("1.2.3.4", "u1")}, Ports: []Port{p("", 111), p("", 111)}}},
+			[]Subset{{Addresses: []Address{a("1.2.3.4", "u1"), a("1.2.3.4", "u1")},
+				Ports: []Port{p("", 111), p("", 111)}}},
 			[]Subset{{Addresses: []Address{a("1.2.3.4", "u1")}, Ports: []Port{p("", 111)}}}},
 		{"same IP, different UIDs: kept twice",
-			[]Subset{{Addresses: []Address{a("1.2.3.4", "u2"), a("1.2.3.4", "u1")}, Ports: []Port{p("", 111)}}},
-			[]Subset{{Addresses: []Address{a("1.2.3.4", "u1"), a("1.2.3.4", "u2")}, Ports: []Port{p("", 111)}}}},
+			[]Subset{{Addresses: []Address{a("1.2.3.4", "u2"), a("1.2.3.4", "u1")},
+				Ports: []Port{p("", 111)}}},
+			[]Subset{{Addresses: []Address{a("1.2.3.4", "u1"), a("1.2.3.4", "u2")},
+				Ports: []Port{p("", 111)}}}},
 		{"same address ready and not ready: not ready",
 			[]Subset{
 				{Addresses: []Address{a("1.2.3.4", "")}, Ports: []Port{p("", 111)}},
@@ -258,16 +275,22 @@ func TestRepack(t *testing.T) {
 				{Addresses: []Address{a("1.2.3.4", "")}, Ports: []Port{p("p", 111)}},
 				{Addresses: []Address{a("5.6.7.8", "")}, Ports: []Port{p("q", 222)}}}},
 		{"addresses sorted by IP string, byte-wise",
-			[]Subset{{Addresses: []Address{a("10.0.0.9", ""), a("10.0.0.10", ""), a("1.2.3.4", "")}, Ports: []Port{p("", 111)}}},
-			[]Subset{{Addresses: []Address{a("1.2.3.4", ""), a("10.0.0.10", ""), a("10.0.0.9", "")}, Ports: []Port{p("", 111)}}}},
+			[]Subset{{Addresses: []Address{a("10.0.0.9", ""), a("10.0.0.10", ""), a("1.2.3.4", "")},
+				Ports: []Port{p("", 111)}}},
+			[]Subset{{Addresses: []Address{a("1.2.3.4", ""), a("10.0.0.10", ""), a("10.0.0.9", "")},
+				Ports: []Port{p("", 111)}}}},
 		{"no target first among equal IPs",
 			[]Subset{{Addresses: []Address{a("1.2.3.4", "u1"), a("1.2.3.4", "")}, Ports: []Port{p("", 111)}}},
-			[]Subset{{Addresses: []Address{a("1.2.3.4", ""), a("1.2.3.4", "u1")}, Ports: []Port{p("", 111)}}}},
+			[]Subset{{Addresses: []Address{a("1.2.3.4", ""), a("1.2.3.4", "u1")},
+				Ports: []Port{p("", 111)}}}},
 		{"the first copy of an address wins",
 			[]Subset{
-				{Addresses: []Address{{IP: "1.2.3.4", Hostname: "first", TargetRef: ref("u1")}}, Ports: []Port{p("p", 111)}},
-				{Addresses: []Address{{IP: "1.2.3.4", Hostname: "second", TargetRef: ref("u1")}}, Ports: []Port{p("q", 222)}}},
-			[]Subset{{Addresses: []Address{{IP: "1.2.3.4", Hostname: "first", TargetRef: ref("u1")}}, Ports: []Port{p("p", 111), p("q", 222)}}}},
+				{Addresses: []Address{{IP: "1.2.3.4", Hostname: "first", TargetRef: ref("u1")}},
+					Ports: []Port{p("p", 111)}},
+				{Addresses: []Address{{IP: "1.2.3.4", Hostname: "second", TargetRef: ref("u1")}},
+					Ports: []Port{p("q", 222)}}},
+			[]Subset{{Addresses: []Address{{IP: "1.2.3.4", Hostname: "first", TargetRef: ref("u1")}},
+				Ports: []Port{p("p", 111), p("q", 222)}}}},
 		{"addresses without ports",
 			[]Subset{{Addresses: []Address{a("1.2.3.5", ""), a("1.2.3.4", "")}}},
 			[]Subset{{Addresses: []Address{a("1.2.3.4", ""), a("1.2.3.5", "")}}}},
@@ -275,11 +298,11 @@ func TestRepack(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			got := Repack(tc.in)
-			if !SubsetsEqual(got, tc.want) {
+			if !subsetsEqual(got, tc.want) {
 				t.Errorf("Repack = %s; want %s", show(got), show(tc.want))
 			}
-			// The first copy must keep its hostname: SubsetsEqual compares it.
-			if again := Repack(got); !SubsetsEqual(again, got) {
+			// The first copy must keep its hostname: subsetsEqual compares it.
+			if again := Repack(got); !subsetsEqual(again, got) {
 				t.Errorf("Repack is not idempotent: %s then %s", show(got), show(again))
 			}
 		})
@@ -295,12 +318,14 @@ func sized(ready, notReady []int) []Subset {
 		s := Subset{Ports: []Port{tcp(int32(1000 + i))}}
 		for range ready[i] {
 			ip++
-			s.Addresses = append(s.Addresses, Address{IP: fmt.Sprintf("10.%d.%d.%d", ip/65536, ip/256%256, ip%256)})
+			s.Addresses = append(s.Addresses,
+				Address{IP: fmt.Sprintf("10.%d.%d.%d", ip/65536, ip/256%256, ip%256)})
 		}
 		if i < len(notReady) {
 			for range notReady[i] {
 				ip++
-				s.NotReadyAddresses = append(s.NotReadyAddresses, Address{IP: fmt.Sprintf("10.%d.%d.%d", ip/65536, ip/256%256, ip%256)})
+				s.NotReadyAddresses = append(s.NotReadyAddresses,
+					Address{IP: fmt.Sprintf("10.%d.%d.%d", ip/65536, ip/256%256, ip%256)})
 			}
 		}
 		out = append(out, s)
@@ -337,7 +362,7 @@ func TestTruncateEndpoints(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			in := sized(tc.ready, tc.notReady)
 			before := slices.Clone(in)
-			out, truncated := Truncate(in, MaxAddresses)
+			out, truncated := truncate(in, MaxAddresses)
 			if truncated != tc.wantTruncated {
 				t.Errorf("truncated = %v; want %v", truncated, tc.wantTruncated)
 			}
@@ -350,8 +375,8 @@ func TestTruncateEndpoints(t *testing.T) {
 					t.Errorf("subset %d: kept %v first; want the first entries kept", i, s.Addresses[0])
 				}
 			}
-			if !SubsetsEqual(in, before) || len(in) > 0 && len(in[0].Addresses) != tc.ready[0] {
-				t.Error("Truncate modified its input")
+			if !subsetsEqual(in, before) || len(in) > 0 && len(in[0].Addresses) != tc.ready[0] {
+				t.Error("truncate modified its input")
 			}
 		})
 	}
@@ -402,7 +427,8 @@ func TestSyncServiceOverCapacity(t *testing.T) {
 			}
 			got, has := d.Annotations[AnnotationOverCapacity]
 			if has != (tc.wantAnnotation != nil) || has && got != *tc.wantAnnotation {
-				t.Errorf("over-capacity annotation = %q (present %v); want %v", got, has, show(tc.wantAnnotation))
+				t.Errorf("over-capacity annotation = %q (present %v); want %v", got, has,
+					show(tc.wantAnnotation))
 			}
 			if (tc.existingCount > 0 || tc.existingAnnotation != nil) && !NeedsWrite(cur, d) {
 				t.Error("NeedsWrite = false; want a write")
@@ -422,7 +448,8 @@ func TestLastTriggerChangeTimeAnnotation(t *testing.T) {
 	svc.CreationTime = created
 	pods := []*Pod{testPod("default", 0, true, 1)}
 	stored := ours(svc)
-	stored.Annotations = map[string]string{AnnotationTriggerTime: created.Add(-time.Hour).Format(time.RFC3339Nano)}
+	stored.Annotations = map[string]string{
+		AnnotationTriggerTime: created.Add(-time.Hour).Format(time.RFC3339Nano)}
 
 	tr := NewTriggerTracker()
 	d := Desired(svc, ComputeSubsets(svc, pods), stored, tr.Compute(svc, pods))
@@ -473,21 +500,24 @@ func TestEndpointSubsetsEqualIgnoreResourceVersion(t *testing.T) {
 		{"same", func(s []Subset) []Subset { return s }, true},
 		{"subset removed", func([]Subset) []Subset { return nil }, false},
 		{"ready IP changed", func(s []Subset) []Subset { s[0].Addresses[0].IP = "1.2.3.6"; return s }, false},
-		{"not-ready IP changed", func(s []Subset) []Subset { s[0].NotReadyAddresses[0].IP = "1.2.3.6"; return s }, false},
+		{"not-ready IP changed",
+			func(s []Subset) []Subset { s[0].NotReadyAddresses[0].IP = "1.2.3.6"; return s }, false},
 		{"port changed", func(s []Subset) []Subset { s[0].Ports[0].Port = 8081; return s }, false},
-		{"node name changed", func(s []Subset) []Subset { s[0].Addresses[0].NodeName = "n2"; return s }, false},
-		{"target uid changed", func(s []Subset) []Subset { s[0].Addresses[0].TargetRef.UID = "other"; return s }, false},
+		{"node name changed", func(s []Subset) []Subset { s[0].Addresses[0].NodeName = "n2"; return s },
+			false},
+		{"target uid changed",
+			func(s []Subset) []Subset { s[0].Addresses[0].TargetRef.UID = "other"; return s }, false},
 		{"nil and empty", func([]Subset) []Subset { return []Subset{} }, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := SubsetsEqual(base(), tc.change(base())); got != tc.equal {
-				t.Errorf("SubsetsEqual = %v; want %v", got, tc.equal)
+			if got := subsetsEqual(base(), tc.change(base())); got != tc.equal {
+				t.Errorf("subsetsEqual = %v; want %v", got, tc.equal)
 			}
 		})
 	}
-	if !SubsetsEqual(nil, []Subset{}) {
-		t.Error("SubsetsEqual(nil, empty) = false; want true")
+	if !subsetsEqual(nil, []Subset{}) {
+		t.Error("subsetsEqual(nil, empty) = false; want true")
 	}
 }
 
@@ -512,9 +542,9 @@ func TestPodChange(t *testing.T) {
 			old := testPod("default", 0, true, 1)
 			cur := testPod("default", 0, true, 1)
 			tc.change(cur)
-			pod, labels := PodChange(old, cur)
+			pod, labels := podChange(old, cur)
 			if pod != tc.pod || labels != tc.labels {
-				t.Errorf("PodChange = %v, %v; want %v, %v", pod, labels, tc.pod, tc.labels)
+				t.Errorf("podChange = %v, %v; want %v, %v", pod, labels, tc.pod, tc.labels)
 			}
 		})
 	}

@@ -44,7 +44,7 @@ func slicePorts(svc *Service, pod *Pod) []SlicePort {
 	out := make([]SlicePort, 0, len(svc.Ports))
 	for i := range svc.Ports {
 		sp := &svc.Ports[i]
-		n, ok := FindPort(pod, sp)
+		n, ok := findPort(pod, sp)
 		if !ok {
 			continue
 		}
@@ -155,7 +155,7 @@ type nodeLookup func(name string) (*Node, bool)
 func desiredEndpoints(svc *Service, pods []*Pod, nodes nodeLookup, addrType string) (groups map[string]*desiredGroup, skipped []string) {
 	groups = map[string]*desiredGroup{}
 	for _, pod := range pods {
-		if !ShouldPodBeInEndpoints(pod, true) {
+		if !shouldPodBeInEndpoints(pod, true) {
 			continue
 		}
 		ports := slicePorts(svc, pod)

@@ -56,6 +56,17 @@ func newSliceMetrics() *sliceMetrics {
 	m.latency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: sub + "event_to_commit_seconds",
 		Help:    "From the acknowledgement of the earliest event behind a slice write to the write's commit in etcd.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
+	// Zero-valued series, so that /metrics shows them before the first sync.
+	for _, r := range []string{"success", "error"} {
+		m.syncs.WithLabelValues(r)
+	}
+	for _, op := range []string{"create", "update", "delete"} {
+		m.changes.WithLabelValues(op)
+	}
+	for _, td := range []string{TrafficPreferClose, TrafficPreferSameZone, TrafficPreferSameNode} {
+		m.byTraffic.WithLabelValues(td)
+	}
+	m.changedPerSync.WithLabelValues("Disabled", "")
 	return m
 }
 

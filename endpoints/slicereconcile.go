@@ -22,8 +22,10 @@ import (
 type sliceReconcile struct {
 	svc *Service
 	// existing are the stored slices of the Service's key that the controller
-	// manages, sorted by name.
+	// manages, sorted by name; taken are the names of every slice stored under the
+	// key (managed or not: a new slice takes none of them).
 	existing []*EndpointSlice
+	taken    map[string]bool
 	// desired maps an address type to its port groups.
 	desired map[string]map[string]*desiredGroup
 	max     int
@@ -284,22 +286,52 @@ func unchangedSlices(existing, updates, deletes []*EndpointSlice) []*EndpointSli
 }
 
 // recycle turns creates into updates of slices to delete of the same address type
-// that the Service owns: the slice keeps its name instead of being deleted and
-// created again (finalize).
+// that the Service owns: the slice keeps its name instead of being deleted and created
+// again (finalize). Kubernetes pairs them in list order; allocd pairs each create with
+// the slice to delete that holds most of its endpoints, so that an endpoint stays in
+// the slice of its name when its ports change (a write too large for one transaction
+// then never shows it twice or nowhere between its parts).
 func recycle(svc *Service, creates, updates, deletes []*EndpointSlice) ([]*EndpointSlice, []*EndpointSlice, []*EndpointSlice) {
-	for i := 0; i < len(deletes) && len(creates) > 0; {
-		del, c := deletes[i], creates[len(creates)-1]
-		if del.AddressType != c.AddressType || del.ServiceUID != svc.UID {
-			i++
+	var kept []*EndpointSlice
+	for _, c := range creates {
+		i := bestRecycled(svc, c, deletes)
+		if i < 0 {
+			kept = append(kept, c)
 			continue
 		}
+		del := deletes[i]
 		// The write replaces the slice to delete: it is conditioned on its revision.
 		c.Name, c.Revision, c.CreateRevision = del.Name, del.Revision, del.CreateRevision
-		creates = creates[:len(creates)-1]
 		updates = append(updates, c)
 		deletes = slices.Delete(deletes, i, i+1)
 	}
-	return creates, updates, deletes
+	return kept, updates, deletes
+}
+
+// bestRecycled returns the index of the slice of deletes that c may take the name of
+// (the same address type, owned by svc) and that holds most of c's endpoints (the first
+// among equals); -1 when none may.
+func bestRecycled(svc *Service, c *EndpointSlice, deletes []*EndpointSlice) int {
+	want := make(map[string]bool, len(c.Endpoints))
+	for i := range c.Endpoints {
+		want[endpointKey(&c.Endpoints[i])] = true
+	}
+	best, bestN := -1, -1
+	for i, d := range deletes {
+		if d.AddressType != c.AddressType || d.ServiceUID != svc.UID {
+			continue
+		}
+		n := 0
+		for j := range d.Endpoints {
+			if want[endpointKey(&d.Endpoints[j])] {
+				n++
+			}
+		}
+		if n > bestN {
+			best, bestN = i, n
+		}
+	}
+	return best
 }
 
 // name gives every slice to create a name: the Service's name, a dash and five
@@ -307,7 +339,10 @@ func recycle(svc *Service, creates, updates, deletes []*EndpointSlice) ([]*Endpo
 // uid and a counter, so that a sync names its slices the same every time, and unique
 // among the Service's slices.
 func (r *sliceReconcile) name(plan *slicePlan) {
-	taken := map[string]bool{}
+	taken := maps.Clone(r.taken)
+	if taken == nil {
+		taken = map[string]bool{}
+	}
 	for _, s := range r.existing {
 		taken[s.Name] = true
 	}

@@ -46,7 +46,10 @@ func (t *term) newSlicesHalf() *half {
 // the stored ones so (nil: none), in one transaction. Pods on Nodes the feed does not
 // know are left out, and reported as an error after the write: the key is tried
 // again (and synced when the Node arrives).
-func (t *term) syncSlices(key string) (*write, func(int64, time.Time), error) {
+func (t *term) syncSlices(ctx context.Context, key string) (*write, func(int64, time.Time), error) {
+	if err := t.reloadUnsure(ctx, t.c.slicesOf(key)); err != nil {
+		return nil, nil, err
+	}
 	r, pods, skipped := t.sliceInputs(key)
 	existing := t.managedSlices(key)
 	switch svc := r.svc; {
@@ -62,7 +65,7 @@ func (t *term) syncSlices(key string) (*write, func(int64, time.Time), error) {
 	case svc.Selector == nil:
 		return nil, nil, nil // slices of a Service without selector are not the controller's
 	}
-	r.existing = existing
+	r.existing, r.taken = existing, t.sliceNames(key)
 	r.trigger = t.sliceTracker.Compute(r.svc, pods)
 	plan := r.reconcile()
 	t.c.metrics.sliceSync(key, r.svc, plan, r.max)
@@ -107,15 +110,16 @@ func (t *term) deleteSlices(key string, existing []*EndpointSlice) (*write, func
 	return w, after, nil
 }
 
-// slicesWrite is the write of a plan: deletes, then updates, then creates, in one
-// transaction while they fit in one; and what records it once committed.
+// slicesWrite is the write of a plan, in one transaction while it fits in one; and
+// what records it once committed. Its ops are in the order a larger write commits in
+// (see write): creates, updates, deletes.
 func (t *term) slicesWrite(key string, plan *slicePlan) (*write, func(int64, time.Time)) {
 	w := &write{ops: make([]writeOp, 0, plan.writes())}
+	for _, s := range append(slices.Clip(plan.creates), plan.updates...) {
+		w.ops = append(w.ops, t.sliceOp(s, s))
+	}
 	for _, s := range plan.deletes {
 		w.ops = append(w.ops, t.sliceOp(s, nil))
-	}
-	for _, s := range append(slices.Clip(plan.updates), plan.creates...) {
-		w.ops = append(w.ops, t.sliceOp(s, s))
 	}
 	after := func(rev int64, since time.Time) {
 		t.c.metrics.slicesWrote(len(plan.creates), len(plan.updates), len(plan.deletes))
@@ -153,6 +157,19 @@ func (c *Controller) sliceKeyParts(k []byte) (svcKey, name string, ok bool) {
 	}
 	i := strings.LastIndexByte(r, '/')
 	return r[:i], r[i+1:], true
+}
+
+// sliceNames returns the names of every stored slice of key, managed or not.
+func (t *term) sliceNames(key string) map[string]bool {
+	t.slicesMu.Lock()
+	defer t.slicesMu.Unlock()
+	out := map[string]bool{}
+	for name, ss := range t.storedSlices[key] {
+		if ss.s != nil {
+			out[name] = true
+		}
+	}
+	return out
 }
 
 // managedSlices returns the stored slices of key that the controller manages, sorted by
@@ -227,18 +244,56 @@ func (v slicesView) committed(op *writeOp, rev int64) {
 	v.t.seeSlice(svcKey, name, &cp, rev)
 }
 
+func (v slicesView) unknown(key string) {
+	svcKey, _, _ := v.t.c.sliceKeyParts([]byte(key))
+	v.t.markUnsure(v.t.c.slicesOf(svcKey))
+}
+
 func (v slicesView) refresh(key string, kv *mvccpb.KeyValue, rev int64) {
 	svcKey, name, _ := v.t.c.sliceKeyParts([]byte(key))
 	if kv == nil {
 		v.t.seeSlice(svcKey, name, nil, rev)
 		return
 	}
-	s, err := v.t.c.decodeStoredSlice(kv)
-	if err != nil {
-		v.t.c.log.Warn("stored endpoint slice unreadable; ignored", "key", key, "error", err)
-		return
+	v.t.seeSlice(svcKey, name, v.t.c.readSlice(kv), kv.ModRevision)
+}
+
+// readSlice decodes the slice of kv; one that does not decode is logged and kept as a
+// slice of that name that nobody manages, so that its name stays taken.
+func (c *Controller) readSlice(kv *mvccpb.KeyValue) *EndpointSlice {
+	s, err := c.decodeStoredSlice(kv)
+	if err == nil {
+		return s
 	}
-	v.t.seeSlice(svcKey, name, s, kv.ModRevision)
+	c.log.Warn("stored endpoint slice unreadable; its name is kept out of use", "key", string(kv.Key), "error", err)
+	svcKey, name, _ := c.sliceKeyParts(kv.Key)
+	ns, svc, _ := strings.Cut(svcKey, "/")
+	return &EndpointSlice{Namespace: ns, Service: svc, Name: name, Revision: kv.ModRevision, CreateRevision: kv.CreateRevision}
+}
+
+// slicesOf is the prefix of the keys of the slices of the Service of svcKey.
+func (c *Controller) slicesOf(svcKey string) string { return c.slicePrefix + svcKey + "/" }
+
+// reloadSlices replaces the view of the slices under prefix (a Service's) with kvs,
+// read at rev.
+func (t *term) reloadSlices(prefix string, kvs []*mvccpb.KeyValue, rev int64) {
+	svcKey := strings.TrimSuffix(strings.TrimPrefix(prefix, t.c.slicePrefix), "/")
+	found := map[string]bool{}
+	for _, kv := range kvs {
+		_, name, ok := t.c.sliceKeyParts(kv.Key)
+		if !ok {
+			continue
+		}
+		found[name] = true
+		slicesView{t}.refresh(string(kv.Key), kv, rev)
+	}
+	t.slicesMu.Lock()
+	defer t.slicesMu.Unlock()
+	for name, cur := range t.storedSlices[svcKey] {
+		if !found[name] && cur.rev <= rev {
+			t.storedSlices[svcKey][name] = storedSlice{rev: rev}
+		}
+	}
 }
 
 // decodeStoredSlice decodes the slice a key holds.
@@ -272,11 +327,7 @@ func (t *term) listAndWatchSlices(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		s, err := t.c.decodeStoredSlice(kv)
-		if err != nil {
-			t.c.log.Warn("stored endpoint slice unreadable; ignored", "key", string(kv.Key), "error", err)
-			continue
-		}
+		s := t.c.readSlice(kv)
 		if listed[svcKey] == nil {
 			listed[svcKey] = map[string]*EndpointSlice{}
 		}
@@ -326,8 +377,8 @@ func (t *term) mergeListedSlices(listed map[string]map[string]*EndpointSlice, re
 	return gone
 }
 
-// applyStoredSliceEvent folds one etcd event into the view; a delete by someone else
-// queues the Service.
+// applyStoredSliceEvent folds one etcd event into the view; a change the term did not
+// write queues the Service.
 func (t *term) applyStoredSliceEvent(ev *clientv3.Event) {
 	svcKey, name, ok := t.c.sliceKeyParts(ev.Kv.Key)
 	if !ok {
@@ -338,13 +389,11 @@ func (t *term) applyStoredSliceEvent(ev *clientv3.Event) {
 	}
 	var s *EndpointSlice
 	if ev.Type == mvccpb.PUT {
-		var err error
-		if s, err = t.c.decodeStoredSlice(ev.Kv); err != nil {
-			t.c.log.Warn("stored endpoint slice unreadable; ignored", "key", string(ev.Kv.Key), "error", err)
-			return
-		}
+		s = t.c.readSlice(ev.Kv)
 	}
-	if t.seeSlice(svcKey, name, s, ev.Kv.ModRevision) && ev.Type == mvccpb.DELETE {
+	// A state this term did not write (someone else's edit or delete, or a write of
+	// unknown outcome seen at last): the Service is synced again, and puts it right.
+	if t.seeSlice(svcKey, name, s, ev.Kv.ModRevision) {
 		t.requeue(t.slices, []string{svcKey})
 	}
 }
@@ -411,11 +460,13 @@ func (c *Controller) WatchSlices(ctx context.Context, namespace string, startRev
 
 // WatchSlicesStored is WatchSlices for a caller that sends the slices on in the API's
 // form, as WatchStored is for Endpoints.
-func (c *Controller) WatchSlicesStored(ctx context.Context, namespace string, startRev int64, send func(SliceWatchEvent) error) error {
+func (c *Controller) WatchSlicesStored(ctx context.Context, namespace string, startRev int64,
+	send func(SliceWatchEvent) error) error {
 	if err := validScope("namespace", namespace); err != nil {
 		return err
 	}
-	return c.slicesStore().watchKVs(ctx, namespace, startRev, func(t WatchType, kv *mvccpb.KeyValue, rev int64) error {
+	return c.slicesStore().watchKVs(ctx, namespace, startRev, func(t WatchType, kv *mvccpb.KeyValue,
+		rev int64) error {
 		if exactSlice(kv.Value) {
 			return send(SliceWatchEvent{Type: t, Stored: storedOf(kv), Revision: rev})
 		}

@@ -22,7 +22,8 @@ func TestOnePortSubsetsIsRepack(t *testing.T) {
 		}
 		taken++
 		if want := repackedSubsets(svc, pods); !reflect.DeepEqual(fast, want) {
-			t.Fatalf("case %d: onePortSubsets = %+v\nwant repackedSubsets' %+v\nservice %+v", i, fast, want, svc)
+			t.Fatalf("case %d: onePortSubsets = %+v\nwant repackedSubsets' %+v\nservice %+v", i, fast, want,
+				svc)
 		}
 	}
 	if taken < 1000 {
@@ -31,7 +32,8 @@ func TestOnePortSubsetsIsRepack(t *testing.T) {
 }
 
 func randomSubsetsCase(r *rand.Rand) (*Service, []*Pod) {
-	svc := &Service{Namespace: "ns", Name: "svc", UID: "u", ClusterIPs: []string{"10.96.0.1"}, Selector: map[string]string{}}
+	svc := &Service{Namespace: "ns", Name: "svc", UID: "u", ClusterIPs: []string{"10.96.0.1"},
+		Selector: map[string]string{}}
 	switch r.IntN(6) {
 	case 0:
 		svc.ClusterIPs = []string{"None"}
@@ -41,13 +43,16 @@ func randomSubsetsCase(r *rand.Rand) (*Service, []*Pod) {
 	switch r.IntN(5) {
 	case 0: // no port
 	case 1:
-		svc.Ports = []ServicePort{{Name: "a", Port: 80, Protocol: ProtocolTCP, TargetPort: TargetPort{Number: 8080}},
+		svc.Ports = []ServicePort{{Name: "a", Port: 80, Protocol: ProtocolTCP,
+			TargetPort: TargetPort{Number: 8080}},
 			{Name: "b", Port: 81, Protocol: ProtocolTCP, TargetPort: TargetPort{Name: "http"}}}
 	case 2:
 		app := "h2c"
-		svc.Ports = []ServicePort{{Name: "a", Port: 80, Protocol: ProtocolTCP, AppProtocol: &app, TargetPort: TargetPort{Number: 8080}}}
+		svc.Ports = []ServicePort{{Name: "a", Port: 80, Protocol: ProtocolTCP, AppProtocol: &app,
+			TargetPort: TargetPort{Number: 8080}}}
 	default:
-		svc.Ports = []ServicePort{{Name: "a", Port: 80, Protocol: ProtocolTCP, TargetPort: TargetPort{Name: "http"}}}
+		svc.Ports = []ServicePort{{Name: "a", Port: 80, Protocol: ProtocolTCP,
+			TargetPort: TargetPort{Name: "http"}}}
 	}
 	pods := make([]*Pod, r.IntN(12))
 	for j := range pods {
@@ -65,7 +70,8 @@ func randomSubsetsCase(r *rand.Rand) (*Service, []*Pod) {
 			p.PodIPs = nil
 		}
 		if r.IntN(8) > 0 {
-			p.Containers = []Container{{Name: "c", Ports: []ContainerPort{{Name: "http", Protocol: ProtocolTCP,
+			p.Containers = []Container{{Name: "c", Ports: []ContainerPort{{Name: "http",
+				Protocol:      ProtocolTCP,
 				ContainerPort: int32(8080 + r.IntN(2)*(r.IntN(6)/5))}}}}
 		}
 		pods[j] = p

@@ -12,8 +12,11 @@ import (
 )
 
 // errConflict: a stored object changed since it was read; the sync runs again on the
-// fresh state.
+// fresh state, at once maxConflictsInARow times, then with backoff (a key someone
+// else keeps changing must not keep a worker busy).
 var errConflict = errors.New("endpoints: stored object changed under the write")
+
+const maxConflictsInARow = 3
 
 // term is one term of leadership: the inputs of the feeds, the two controllers (the
 // Endpoints controller and the EndpointSlice controller, each with its work queue and
@@ -38,6 +41,9 @@ type term struct {
 	storedMu sync.Mutex
 	stored   map[string]storedObj // Endpoints by "ns/name"
 	listed   chan struct{}        // closed once stored was listed
+	// unsure are the keys (Endpoints: "ns/name"; slices: the Service's key) of
+	// writes whose outcome is unknown: read again from etcd before their next sync.
+	unsure map[string]bool
 
 	slicesMu     sync.Mutex
 	storedSlices map[string]map[string]storedSlice // slices by Service key and name
@@ -65,7 +71,7 @@ type half struct {
 	started bool
 	// sync computes the write that makes key's stored objects what the inputs want
 	// (nil: none); after runs once it committed.
-	sync   func(key string) (w *write, after func(rev int64, since time.Time), err error)
+	sync   func(ctx context.Context, key string) (w *write, after func(rev int64, since time.Time), err error)
 	synced func(d time.Duration, err error)
 	// sweep returns the keys of the stored objects, synced once the workers start
 	// (kube-controller-manager's checkLeftoverEndpoints; the orphan sweep of slices).
@@ -80,6 +86,7 @@ func newTerm(c *Controller, f leader.Fence, cancel context.CancelCauseFunc) *ter
 		in:           newInputs(),
 		masterc:      make(chan struct{}, 1),
 		stored:       map[string]storedObj{},
+		unsure:       map[string]bool{},
 		listed:       make(chan struct{}),
 		storedSlices: map[string]map[string]storedSlice{},
 		slicesListed: make(chan struct{}),
@@ -376,7 +383,7 @@ func (t *term) work(ctx context.Context, h *half) {
 			return
 		}
 		start := time.Now()
-		w, after, err := h.sync(key)
+		w, after, err := h.sync(ctx, key)
 		if w == nil {
 			t.finish(ctx, h, key, since, start, err)
 			continue
@@ -406,7 +413,7 @@ func (t *term) finish(ctx context.Context, h *half, key string, since, start tim
 		h.queue.forget(key)
 	case errors.Is(err, leader.ErrFenceLost):
 		t.cancel(err)
-	case errors.Is(err, errConflict):
+	case errors.Is(err, errConflict) && h.queue.conflicted(key) <= maxConflictsInARow:
 		h.queue.add(key, since)
 	case ctx.Err() != nil:
 	default:
@@ -425,8 +432,12 @@ func (t *term) commitNow(ctx context.Context, w *write) (int64, error) {
 	ch := make(chan result, 1)
 	w.done = func(rev int64, err error) { ch <- result{rev, err} }
 	t.committer.submit(ctx, w)
-	r := <-ch
-	return r.rev, r.err
+	select {
+	case r := <-ch:
+		return r.rev, r.err
+	case <-ctx.Done():
+		return 0, ctx.Err() // done still runs, into ch, when the committer gets to w
+	}
 }
 
 // idle reports whether no controller of the term has work queued or in progress.

@@ -37,22 +37,37 @@ const (
 
 // Service types, phases and protocols as Kubernetes spells them.
 const (
-	TypeClusterIP    = "ClusterIP"
-	TypeNodePort     = "NodePort"
+	// TypeClusterIP is a Service reached on its cluster IP, inside the cluster.
+	TypeClusterIP = "ClusterIP"
+	// TypeNodePort is a ClusterIP Service also reached on a port of every node.
+	TypeNodePort = "NodePort"
+	// TypeLoadBalancer is a NodePort Service also reached through a load balancer.
 	TypeLoadBalancer = "LoadBalancer"
+	// TypeExternalName is a DNS name for another name: it has no endpoints.
 	TypeExternalName = "ExternalName"
 
-	PhasePending   = "Pending"
-	PhaseRunning   = "Running"
+	// PhasePending is a Pod accepted but not running yet.
+	PhasePending = "Pending"
+	// PhaseRunning is a Pod bound to a node with a container running.
+	PhaseRunning = "Running"
+	// PhaseSucceeded is a Pod whose containers all ended with success (terminal).
 	PhaseSucceeded = "Succeeded"
-	PhaseFailed    = "Failed"
-	PhaseUnknown   = "Unknown"
+	// PhaseFailed is a Pod whose containers all ended, one at least in failure
+	// (terminal).
+	PhaseFailed = "Failed"
+	// PhaseUnknown is a Pod whose state could not be read.
+	PhaseUnknown = "Unknown"
 
-	ProtocolTCP  = "TCP"
-	ProtocolUDP  = "UDP"
+	// ProtocolTCP is the TCP protocol of a port.
+	ProtocolTCP = "TCP"
+	// ProtocolUDP is the UDP protocol of a port.
+	ProtocolUDP = "UDP"
+	// ProtocolSCTP is the SCTP protocol of a port.
 	ProtocolSCTP = "SCTP"
 
+	// FamilyIPv4 is the IPv4 family.
 	FamilyIPv4 = "IPv4"
+	// FamilyIPv6 is the IPv6 family.
 	FamilyIPv6 = "IPv6"
 
 	// RestartPolicyAlways on an init container makes it a sidecar.

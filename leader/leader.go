@@ -112,11 +112,13 @@ func (e *Elector) term(ctx context.Context, leads []Lead) error {
 			e.log.WarnContext(ctx, "resign failed; the election lease ends the term", "error", err)
 		}
 	}()
-	// lctx ends with ctx, with the session, or with the first lead that fails.
+	// lctx ends with ctx, with the session, or with the first lead that fails; it is
+	// canceled before the watcher of the session is waited for, also when every lead
+	// returned before lctx ended.
 	lctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer cancel(nil)
 	wg.Go(func() {
 		select {
 		case <-s.Done():

@@ -36,9 +36,11 @@ func TestRelistKeepsShutdownException(t *testing.T) {
 	relisting.mu.Lock()
 	r := relisting.eps.clone()
 	relisting.mu.Unlock()
-	t.Logf("replica with a live watch: %v; replica that re-listed: %v (guarded=%v)", w.Addresses, r.Addresses, relisting.guarded)
+	t.Logf("replica with a live watch: %v; replica that re-listed: %v (guarded=%v)", w.Addresses, r.Addresses,
+		relisting.guarded)
 	if len(r.Addresses) != len(w.Addresses) {
-		t.Errorf("replicas disagree after a clean shutdown of the last API server: %v vs %v", w.Addresses, r.Addresses)
+		t.Errorf("replicas disagree after a clean shutdown of the last API server: %v vs %v", w.Addresses,
+			r.Addresses)
 	}
 }
 

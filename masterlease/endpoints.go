@@ -79,7 +79,8 @@ func (m *Manager) listAndWatch(ctx context.Context) error {
 	// WithRequireLeader: a member cut off from its leader ends the watch instead of
 	// leaving it silent, and Run lists again from a member that has one.
 	// Its own watch stream: sync waits for progress notifications (see package watch).
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(watch.OwnStream(ctx, "masterlease "+m.prefix)))
+	wctx, cancel := context.WithCancel(
+		clientv3.WithRequireLeader(watch.OwnStream(ctx, "masterlease "+m.prefix)))
 	defer cancel()
 	rev, err := m.load(wctx)
 	if err != nil {
@@ -235,7 +236,8 @@ func (m *Manager) applyEventLocked(ev *clientv3.Event, now time.Time) {
 		if prev, ok := m.leases[addr]; !ok || prev.id != clientv3.LeaseID(kv.Lease) {
 			// A new lease (a new API server, or a new TTL): one line. Plain
 			// renewals of the same lease are not logged: they come every TTL/3.
-			m.log.Info("master lease granted", "ip", addr, "lease", kv.Lease, "ttl_seconds", ttl, "revision", kv.ModRevision)
+			m.log.Info("master lease granted", "ip", addr, "lease", kv.Lease, "ttl_seconds", ttl,
+				"revision", kv.ModRevision)
 		}
 		m.leases[addr] = leaseState{
 			id: clientv3.LeaseID(kv.Lease), ttl: ttl, modRev: kv.ModRevision,
@@ -263,11 +265,13 @@ func (m *Manager) reconcileLocked(rev int64) {
 	}
 	if len(addrs) == 0 && len(m.eps.Addresses) > 0 {
 		if m.lastDel.rev != 0 && m.lastDel == m.lastShut {
-			m.log.Info("the last API server removed its lease on shutdown; endpoints of the kubernetes service are now empty",
+			m.log.Info("the last API server removed its lease on shutdown; endpoints of the kubernetes "+
+				"service are now empty",
 				"ip", m.lastDel.ip, "revision", rev)
 		} else {
 			if !m.guarded {
-				m.log.Warn("no API server IP addresses were listed in storage, refusing to erase all endpoints for the kubernetes service",
+				m.log.Warn("no API server IP addresses were listed in storage, refusing to erase all "+
+					"endpoints for the kubernetes service",
 					"kept", m.eps.Addresses, "revision", rev)
 			}
 			m.guarded = true
@@ -373,7 +377,8 @@ type snapshot struct {
 func (m *Manager) snapshot() snapshot {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := snapshot{leases: make(map[netip.Addr]leaseState, len(m.leases)), guarded: m.guarded, eps: len(m.eps.Addresses)}
+	s := snapshot{leases: make(map[netip.Addr]leaseState, len(m.leases)), guarded: m.guarded,
+		eps: len(m.eps.Addresses)}
 	for a, st := range m.leases {
 		s.leases[a] = st
 	}

@@ -172,7 +172,8 @@ func TestApplyBatch(t *testing.T) {
 			Value: []byte(encode(30, 30)), ModRevision: rev, Lease: rev}}
 	}
 	del := func(ip string, rev int64) *clientv3.Event {
-		return &clientv3.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte(testPrefix + ip), ModRevision: rev}}
+		return &clientv3.Event{Type: mvccpb.DELETE,
+			Kv: &mvccpb.KeyValue{Key: []byte(testPrefix + ip), ModRevision: rev}}
 	}
 	shut := func(ip string, rev int64) *clientv3.Event {
 		return &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte(testPrefix + shutdownName),
@@ -191,9 +192,11 @@ func TestApplyBatch(t *testing.T) {
 		{"from none to none", nil, []*clientv3.Event{put("10.0.0.2", 2), put("10.0.0.1", 3),
 			del("10.0.0.2", 4), del("10.0.0.1", 5)}, []string{"10.0.0.1"}, 4, true},
 		{"kept: the last state, not the one before", []*clientv3.Event{put("10.0.0.2", 2)},
-			[]*clientv3.Event{put("10.0.0.1", 3), del("10.0.0.2", 4), del("10.0.0.1", 5)}, []string{"10.0.0.1"}, 4, true},
+			[]*clientv3.Event{put("10.0.0.1", 3), del("10.0.0.2", 4), del("10.0.0.1", 5)},
+			[]string{"10.0.0.1"}, 4, true},
 		{"shutdown, then a lease that goes", []*clientv3.Event{put("10.0.0.3", 2)},
-			[]*clientv3.Event{del("10.0.0.3", 3), shut("10.0.0.3", 3), put("10.0.0.4", 4), del("10.0.0.4", 5)},
+			[]*clientv3.Event{del("10.0.0.3", 3), shut("10.0.0.3", 3), put("10.0.0.4", 4),
+				del("10.0.0.4", 5)},
 			[]string{"10.0.0.4"}, 4, true},
 		{"shutdown in the batch", nil,
 			[]*clientv3.Event{put("10.0.0.3", 2), del("10.0.0.3", 3), shut("10.0.0.3", 3)}, nil, 3, false},
@@ -207,7 +210,8 @@ func TestApplyBatch(t *testing.T) {
 			m.apply(tt.batch)
 			checkAddrs(t, "endpoints", m.eps, tt.want...)
 			if m.eps.Revision != tt.wantRev || m.guarded != tt.guarded {
-				t.Errorf("revision, guarded = %d, %v; want %d, %v", m.eps.Revision, m.guarded, tt.wantRev, tt.guarded)
+				t.Errorf("revision, guarded = %d, %v; want %d, %v", m.eps.Revision, m.guarded, tt.wantRev,
+					tt.guarded)
 			}
 			if last := tt.batch[len(tt.batch)-1].Kv.ModRevision; m.progress.Rev() != last {
 				t.Errorf("progress = %d; want %d", m.progress.Rev(), last)

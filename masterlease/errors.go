@@ -19,12 +19,9 @@ var (
 	ErrConflict = errors.New("master lease changed concurrently; retries exhausted")
 )
 
-// FieldViolation is one bad field of a request, named as in the proto
-// (allocd.v1.RenewRequest / RemoveLeaseRequest): "ip" or "ttl_seconds".
-type FieldViolation = badrequest.FieldViolation
-
-// InvalidError is a request that fails validation, with one violation per bad field.
-// Nothing was written to etcd for it.
+// InvalidError is a request that fails validation, with one violation per bad field,
+// named as in the proto (allocd.v1.RenewRequest / RemoveLeaseRequest): "ip" or
+// "ttl_seconds". Nothing was written to etcd for it.
 type InvalidError = badrequest.Error
 
 // invalidRequest returns an empty InvalidError of a master lease request.

@@ -198,7 +198,8 @@ func TestRenewThroughLeaderChange(t *testing.T) {
 		c.StopMember(old)
 		now := c.Leader()
 		elections = append(elections, time.Since(t0).Round(time.Millisecond))
-		t.Logf("%v: crashed leader m%d; m%d leads after %v", time.Since(began).Round(time.Millisecond), old, now, elections[len(elections)-1])
+		t.Logf("%v: crashed leader m%d; m%d leads after %v", time.Since(began).Round(time.Millisecond), old,
+			now, elections[len(elections)-1])
 		if now == old {
 			t.Fatalf("Leader() = %d after stopping it", now)
 		}
@@ -211,7 +212,8 @@ func TestRenewThroughLeaderChange(t *testing.T) {
 	// B is renewed no more; A carries on.
 	b.halt()
 	stoppedB := b.lastAck
-	t.Logf("%v: renewals of %s stopped; leader m%d", time.Since(began).Round(time.Millisecond), ipB, c.Leader())
+	t.Logf("%v: renewals of %s stopped; leader m%d", time.Since(began).Round(time.Millisecond), ipB,
+		c.Leader())
 	var goneB time.Time
 	etcdtest.WaitFor(t, 3*ttl, "the unrenewed lease to expire", func() bool {
 		resp, err := c.Client.Get(ctx, testPrefix+ipB, clientv3.WithCountOnly())
@@ -227,11 +229,13 @@ func TestRenewThroughLeaderChange(t *testing.T) {
 	if took < ttl || took > limit {
 		t.Errorf("expiry of the unrenewed %v lease took %v; want within [%v, %v]", ttl, took, ttl, limit)
 	}
-	etcdtest.WaitFor(t, max(time.Until(stoppedB.Add(limit)), 0)+200*time.Millisecond, "the endpoints to drop "+ipB, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Equal(epsLog[len(epsLog)-1].eps.Addresses, addrs(ipA))
-	})
+	etcdtest.WaitFor(t, max(time.Until(stoppedB.Add(limit)), 0)+200*time.Millisecond,
+		"the endpoints to drop "+ipB,
+		func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Equal(epsLog[len(epsLog)-1].eps.Addresses, addrs(ipA))
+		})
 	a.halt()
 	stopDeletes()
 
@@ -244,14 +248,17 @@ func TestRenewThroughLeaderChange(t *testing.T) {
 		t.Errorf("deletes under the prefix = %v; want only %v, when it expired", got, want)
 	}
 	if now := keyCreated(t, ctx, c.Client, ipA); now != createA {
-		t.Errorf("key of %s created at revision %d; want %d: it was deleted and written again", ipA, now, createA)
+		t.Errorf("key of %s created at revision %d; want %d: it was deleted and written again", ipA, now,
+			createA)
 	}
 	for _, r := range []*renewer{a, b} {
 		if len(r.ids) != 1 {
 			t.Errorf("etcd leases of %s = %v; want one, kept through the leader changes", r.ip, r.ids)
 		}
-		t.Logf("%s: %d renewals, %d failed (longest failing %v), slowest %v, longest between acks %v (TTL %v)",
-			r.ip, r.ok, r.failed, r.maxFailing.Round(time.Millisecond), r.maxTook.Round(time.Millisecond), r.maxGap.Round(time.Millisecond), r.ttl)
+		t.Logf(
+			"%s: %d renewals, %d failed (longest failing %v), slowest %v, longest between acks %v (TTL %v)",
+			r.ip, r.ok, r.failed, r.maxFailing.Round(time.Millisecond), r.maxTook.Round(time.Millisecond),
+			r.maxGap.Round(time.Millisecond), r.ttl)
 		for i, err := range r.errs {
 			if i < 5 {
 				t.Logf("  %s renew failed: %v", r.ip, err)

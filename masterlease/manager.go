@@ -159,7 +159,8 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Manager, error
 		return nil, fmt.Errorf("masterlease: service port %d out of 1-65535", cfg.ServicePort)
 	}
 	if cfg.DefaultTTL < 0 || cfg.DefaultTTL > MaxTTL {
-		return nil, fmt.Errorf("masterlease: default TTL %v out of etcd's minimum to %v", cfg.DefaultTTL, MaxTTL)
+		return nil, fmt.Errorf("masterlease: default TTL %v out of etcd's minimum to %v", cfg.DefaultTTL,
+			MaxTTL)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -170,7 +171,8 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Manager, error
 		return nil, fmt.Errorf("masterlease: probe etcd's minimum lease TTL: %w", err)
 	}
 	if _, err := cli.Revoke(ctx, g.ID); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		log.Warn("revoke of the TTL probe lease failed; it expires by itself", "lease", int64(g.ID), "err", err)
+		log.Warn("revoke of the TTL probe lease failed; it expires by itself",
+			"lease", int64(g.ID), "err", err)
 	}
 	m := &Manager{
 		cli:         cli,
@@ -207,10 +209,10 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Manager, error
 // (ceil(1.5 x election timeout), 2 s with etcd's defaults).
 func (m *Manager) MinTTL() time.Duration { return time.Duration(m.minTTL) * time.Second }
 
-// ParseIP parses the address of an API server: an IPv4 or IPv6 address, not
+// parseAddr parses the address of an API server: an IPv4 or IPv6 address, not
 // unspecified, not multicast, without zone, not IPv4-mapped IPv6 (write it as IPv4).
 // The returned address's String is the canonical form used in the lease key.
-func ParseIP(s string) (netip.Addr, error) {
+func parseAddr(s string) (netip.Addr, error) {
 	inv := invalidRequest()
 	a := parseIP(s, inv)
 	return a, inv.OrNil()
@@ -322,7 +324,8 @@ func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (_ Leas
 				// Expired just now; its key is gone. Grant a new one below: the compare
 				// on the old revision fails if the key went, and the loop reads again.
 			default:
-				return Lease{}, "", fmt.Errorf("masterlease: keep alive lease %x of %s: %w", int64(id), key, err)
+				return Lease{}, "", fmt.Errorf("masterlease: keep alive lease %x of %s: %w", int64(id), key,
+					err)
 			}
 		}
 		l, ok, err := m.replace(ctx, addr, cur, ttl)
@@ -342,7 +345,8 @@ func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (_ Leas
 // for a move that loses the race is revoked at once; one whose write has an unknown
 // outcome is left to expire. Either revoke may fail (etcd unreachable): the lease then
 // has no key and expires by itself within its TTL.
-func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyValue, ttl int64) (Lease, bool, error) {
+func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyValue,
+	ttl int64) (Lease, bool, error) {
 	key := m.key(addr)
 	var g *clientv3.LeaseGrantResponse
 	err := call.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
@@ -402,7 +406,8 @@ func (m *Manager) lease(addr netip.Addr, id clientv3.LeaseID, ttl, rev int64) Le
 // removes its own lease because it shuts down cleanly: if it was the last lease, the
 // endpoints become empty instead of keeping the last address (kubernetes #115804).
 // A bad ip returns *InvalidError and writes nothing.
-func (m *Manager) Remove(ctx context.Context, ip string, shutdown bool) (removed bool, revision int64, err error) {
+func (m *Manager) Remove(ctx context.Context, ip string,
+	shutdown bool) (removed bool, revision int64, err error) {
 	inv := invalidRequest()
 	addr := parseIP(ip, inv)
 	if err := inv.OrNil(); err != nil {
@@ -449,7 +454,8 @@ func (m *Manager) remove(ctx context.Context, addr netip.Addr, shutdown bool) (b
 		if cur.Lease != 0 {
 			m.revoke(ctx, clientv3.LeaseID(cur.Lease), "removed")
 		}
-		m.log.InfoContext(ctx, "master lease removed", "ip", addr, "lease", cur.Lease, "shutdown", shutdown, "revision", resp.Header.Revision)
+		m.log.InfoContext(ctx, "master lease removed", "ip", addr, "lease", cur.Lease, "shutdown", shutdown,
+			"revision", resp.Header.Revision)
 		return true, resp.Header.Revision, nil
 	}
 	return false, 0, fmt.Errorf("masterlease: remove %s: %w", addr, ErrConflict)

@@ -86,16 +86,16 @@ func TestParseIP(t *testing.T) {
 		{" 10.0.0.1", ""},
 	}
 	for _, tt := range tests {
-		a, err := ParseIP(tt.in)
+		a, err := parseAddr(tt.in)
 		if tt.want == "" {
 			var inv *InvalidError
 			if !errors.As(err, &inv) || !errors.Is(err, ErrInvalid) || inv.Violations[0].Field != "ip" {
-				t.Errorf("ParseIP(%q) = %v, %v; want an *InvalidError on field ip", tt.in, a, err)
+				t.Errorf("parseAddr(%q) = %v, %v; want an *InvalidError on field ip", tt.in, a, err)
 			}
 			continue
 		}
 		if err != nil || a.String() != tt.want {
-			t.Errorf("ParseIP(%q) = %v, %v; want %s", tt.in, a, err, tt.want)
+			t.Errorf("parseAddr(%q) = %v, %v; want %s", tt.in, a, err, tt.want)
 		}
 	}
 }
@@ -149,7 +149,8 @@ func TestRenewInvalidWritesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	if after.Header.Revision != before.Header.Revision {
-		t.Errorf("etcd revision = %d after bad requests; want %d (nothing written)", after.Header.Revision, before.Header.Revision)
+		t.Errorf("etcd revision = %d after bad requests; want %d (nothing written)", after.Header.Revision,
+			before.Header.Revision)
 	}
 	if ids := etcdLeases(t, e.Client); len(ids) != 0 {
 		t.Errorf("etcd leases after bad requests = %v; want none", ids)
@@ -195,14 +196,17 @@ func TestExpiryLatency(t *testing.T) {
 		wch := e.Client.Watch(ctx, testPrefix+ip, clientv3.WithRev(l.Revision+1))
 		var gone time.Time
 		for resp := range wch {
-			if slices.ContainsFunc(resp.Events, func(ev *clientv3.Event) bool { return ev.Type == mvccpb.DELETE }) {
+			isDelete := func(ev *clientv3.Event) bool { return ev.Type == mvccpb.DELETE }
+			if slices.ContainsFunc(resp.Events, isDelete) {
 				gone = time.Now()
 				break
 			}
 		}
 		took := gone.Sub(acked)
-		t.Logf("ttl %ds: key removed %v after the last Renew (TTL + %v)", ttl, took, took-time.Duration(ttl)*time.Second)
-		if lo, hi := time.Duration(ttl)*time.Second-50*time.Millisecond, time.Duration(ttl)*time.Second+time.Second; took < lo || took > hi {
+		t.Logf("ttl %ds: key removed %v after the last Renew (TTL + %v)", ttl, took,
+			took-time.Duration(ttl)*time.Second)
+		if lo, hi := time.Duration(ttl)*time.Second-50*time.Millisecond, time.Duration(ttl)*time.Second+
+			time.Second; took < lo || took > hi {
 			t.Errorf("expiry of a %ds lease took %v; want within [%v, %v]", ttl, took, lo, hi)
 		}
 		ls, _, err := m.List(ctx)
@@ -391,8 +395,10 @@ func TestListSortedWithRemaining(t *testing.T) {
 		var got []string
 		for _, l := range ls {
 			got = append(got, l.IP.String())
-			if l.TTL != 30*time.Second || l.Remaining <= 25*time.Second || l.Remaining > 30*time.Second || l.ID == 0 || l.Revision == 0 || l.Revision > rev {
-				t.Errorf("%s: List() lease %+v; want TTL 30s, remaining in (25s, 30s], an id and a revision <= %d", name, l, rev)
+			if l.TTL != 30*time.Second || l.Remaining <= 25*time.Second || l.Remaining > 30*time.Second ||
+				l.ID == 0 || l.Revision == 0 || l.Revision > rev {
+				t.Errorf("%s: List() lease %+v; want TTL 30s, remaining in (25s, 30s], an id and a "+
+					"revision <= %d", name, l, rev)
 			}
 		}
 		if !slices.Equal(got, want) {
@@ -441,8 +447,10 @@ func TestMetrics(t *testing.T) {
 		"allocd_masterlease_endpoints_addresses":          2,
 		"allocd_masterlease_ttl_seconds{ip=10.3.0.1}":     2,
 	})
-	if s, limit := gather(t, reg)["allocd_masterlease_seconds_since_renew{ip=10.3.0.1}"], time.Since(lastRenew).Seconds(); s < 0 || s > limit {
-		t.Errorf("seconds since renew of 10.3.0.1 = %v; want in [0, %v] (time since the Renew call)", s, limit)
+	s := gather(t, reg)["allocd_masterlease_seconds_since_renew{ip=10.3.0.1}"]
+	if limit := time.Since(lastRenew).Seconds(); s < 0 || s > limit {
+		t.Errorf("seconds since renew of 10.3.0.1 = %v; want in [0, %v] (time since the Renew call)", s,
+			limit)
 	}
 	if _, _, err := m.Remove(ctx, "10.3.0.1", false); err != nil {
 		t.Fatal(err)
@@ -538,7 +546,8 @@ func TestRenewThroughRestart(t *testing.T) {
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("Get(lease key) = %v, %v; want the key", resp, err)
 	}
-	if got := clientv3.LeaseID(resp.Kvs[0].Lease); got != first.ID || resp.Kvs[0].CreateRevision != first.Revision {
+	if got := clientv3.LeaseID(resp.Kvs[0].Lease); got != first.ID ||
+		resp.Kvs[0].CreateRevision != first.Revision {
 		t.Errorf("lease key: lease %x created at %d; want the first lease %x, created at %d (never deleted)",
 			got, resp.Kvs[0].CreateRevision, first.ID, first.Revision)
 	}

@@ -17,7 +17,8 @@ var (
 	leasesDesc = prometheus.NewDesc("allocd_masterlease_leases",
 		"Live master leases, as this replica's watch sees them.", nil, nil)
 	sinceRenewDesc = prometheus.NewDesc("allocd_masterlease_seconds_since_renew",
-		"Seconds since each live master lease was last renewed; a value near the TTL is a replica about to drop out.",
+		"Seconds since each live master lease was last renewed; a value near the TTL is a "+
+			"replica about to drop out.",
 		[]string{"ip"}, nil)
 	ttlDesc = prometheus.NewDesc("allocd_masterlease_ttl_seconds",
 		"TTL granted to each live master lease.", []string{"ip"}, nil)
@@ -31,7 +32,8 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 	mt := &metrics{
 		renews: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allocd_masterlease_renews_total",
-			Help: "Renew calls by result: created, renewed (same etcd lease kept alive), replaced (new TTL, new lease), invalid, error.",
+			Help: "Renew calls by result: created, renewed (same etcd lease kept alive), replaced (new " +
+				"TTL, new lease), invalid, error.",
 		}, []string{"result"}),
 		removes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allocd_masterlease_removes_total",
@@ -83,7 +85,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(leasesDesc, prometheus.GaugeValue, float64(len(s.leases)))
 	for a, st := range s.leases {
 		ip := a.String()
-		ch <- prometheus.MustNewConstMetric(sinceRenewDesc, prometheus.GaugeValue, now.Sub(st.renewed).Seconds(), ip)
+		ch <- prometheus.MustNewConstMetric(sinceRenewDesc, prometheus.GaugeValue,
+			now.Sub(st.renewed).Seconds(), ip)
 		ch <- prometheus.MustNewConstMetric(ttlDesc, prometheus.GaugeValue, float64(st.ttl), ip)
 	}
 	ch <- prometheus.MustNewConstMetric(addressesDesc, prometheus.GaugeValue, float64(s.eps))

@@ -44,7 +44,8 @@ func BenchmarkRepairPass100k(b *testing.B) {
 	a4, a6 := v4.Addr().Next().Next(), v6.Addr().Next().Next() // .1 is the kubernetes address
 	pr := allocator.DefaultNodePortRange
 	for i := range svcs {
-		o := allocator.Owner{Namespace: "bench", Name: "svc-" + strconv.Itoa(i), UID: "uid-" + strconv.Itoa(i)}
+		o := allocator.Owner{Namespace: "bench", Name: "svc-" + strconv.Itoa(i),
+			UID: "uid-" + strconv.Itoa(i)}
 		svcs[i] = repair.Service{Namespace: o.Namespace, Name: o.Name, UID: o.UID,
 			ClusterIPs: []string{a4.String(), a6.String()}}
 		reqs[i] = allocator.Request{Owner: o, ClusterIPs: []netip.Addr{a4, a6}}

@@ -33,19 +33,18 @@ type StaleSnapshotError struct {
 	Accepted int64
 }
 
+// Error names both revisions.
 func (e *StaleSnapshotError) Error() string {
-	return fmt.Sprintf("snapshot revision %d is older than the last accepted revision %d", e.Revision, e.Accepted)
+	return fmt.Sprintf("snapshot revision %d is older than the last accepted revision %d", e.Revision,
+		e.Accepted)
 }
 
 // Unwrap lets errors.Is(err, ErrStaleSnapshot) match.
 func (e *StaleSnapshotError) Unwrap() error { return ErrStaleSnapshot }
 
-// Violation is one bad field of a snapshot, named as in the proto
-// (snapshot.services[3].uid).
-type Violation = badrequest.FieldViolation
-
 // InvalidSnapshotError lists what is wrong with a snapshot (at most
-// badrequest.MaxViolations; More counts the rest).
+// badrequest.MaxViolations; More counts the rest), each field named as in the proto
+// (snapshot.services[3].uid).
 type InvalidSnapshotError = badrequest.Error
 
 // SnapshotFileError is a --service-snapshot-file that cannot be read, parsed or
@@ -56,6 +55,7 @@ type SnapshotFileError struct {
 	Err  error
 }
 
+// Error names the file and the cause.
 func (e *SnapshotFileError) Error() string {
 	return "service snapshot file " + e.Path + ": " + e.Err.Error()
 }

@@ -96,7 +96,8 @@ func newReplica(t *testing.T, cli *clientv3.Client, o opts, id string) *replica 
 		store = o.wrap(a)
 	}
 	reg := prometheus.NewRegistry()
-	el, err := leader.New(cli, leader.Config{Prefix: prefix + "/repair/leader", Identity: id, SessionTTL: time.Second})
+	el, err := leader.New(cli,
+		leader.Config{Prefix: prefix + "/repair/leader", Identity: id, SessionTTL: time.Second})
 	if err != nil {
 		t.Fatalf("leader.New: %v", err)
 	}

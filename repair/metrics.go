@@ -49,7 +49,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "allocd_repair_snapshot_services",
 		Help: "Services in the Service snapshot accepted last.",
 	})
-	for _, c := range []prometheus.Collector{m.findings, m.candidates, m.duration, m.passes, m.leader, m.snapRev, m.snapSvcs} {
+	for _, c := range []prometheus.Collector{m.findings, m.candidates, m.duration, m.passes, m.leader,
+		m.snapRev, m.snapSvcs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

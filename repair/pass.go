@@ -5,10 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/allocd/allocd/allocator"
@@ -83,16 +81,27 @@ type passRun struct {
 	next map[allocator.Item]*candidate
 }
 
-// slot is what a pass knows of one item: its allocation and its claim, -1 for none.
+// slot is what a pass knows of one item: its allocation and its claim, if it has them.
 type slot struct {
-	alloc, claim int32
+	alloc, claim ref
 }
+
+// ref is a position in one of a pass's slices (allocs or claims), or none: the zero
+// ref refers to nothing, so that an item missing from the slots has neither. It is
+// the position plus one, to keep slots small.
+type ref int32
+
+// refTo returns the ref of position i.
+func refTo(i int) ref { return ref(i + 1) }
+
+// get returns the position r refers to, and whether it refers to one.
+func (r ref) get() (int, bool) { return int(r) - 1, r != 0 }
 
 // claim is one item used by one or more Services of the snapshot.
 type claim struct {
 	item  allocator.Item
 	rng   string
-	alloc int32 // index in allocs, -1 when not allocated
+	alloc ref // in allocs, none when not allocated
 	first user
 	more  []user // other Services using it: duplicates
 }
@@ -102,6 +111,21 @@ type user struct {
 	svc int32
 	raw string
 }
+
+// addUser records that u uses cl too, unless u is its last user already: the same port
+// under two protocols, or as the health check node port, counts once.
+func (cl *claim) addUser(u user) {
+	last := cl.first.svc
+	if n := len(cl.more); n > 0 {
+		last = cl.more[n-1].svc
+	}
+	if last != u.svc {
+		cl.more = append(cl.more, u)
+	}
+}
+
+// users returns every user of cl, the first first.
+func (cl *claim) users() []user { return append([]user{cl.first}, cl.more...) }
 
 func (p *passRun) run(ctx context.Context) error {
 	snap, err := p.c.snapshotForPass(ctx)
@@ -116,7 +140,7 @@ func (p *passRun) run(ctx context.Context) error {
 	}
 	p.slots = make(map[allocator.Item]slot, len(p.allocs)+len(p.allocs)/8)
 	for i := range p.allocs {
-		p.slots[p.allocs[i].Item] = slot{alloc: int32(i), claim: -1}
+		p.slots[p.allocs[i].Item] = slot{alloc: refTo(i)}
 	}
 	p.used = make([]bool, len(p.allocs))
 	p.claims = make([]claim, 0, len(p.allocs))
@@ -165,10 +189,7 @@ func (p *passRun) checkCurrent(ctx context.Context) error {
 		return nil
 	}
 	p.stale = true
-	p.add(Finding{Reason: SnapshotStale, Message: fmt.Sprintf(
-		"service snapshot revision %d is older than revision %d, accepted by another replica: "+
-			"no Service repaired and no leak judged until that snapshot (or a newer one) is pushed here",
-		p.snap.Revision, last)})
+	p.add(about{}.finding(msgStale, p.snap.Revision, last))
 	return nil
 }
 
@@ -184,8 +205,8 @@ func (p *passRun) collect() error {
 			}
 			a, err := netip.ParseAddr(raw)
 			if err != nil || a.Zone() != "" {
-				p.add(Finding{Reason: ClusterIPNotValid, ClusterIP: raw, Service: owner(svc),
-					Message: fmt.Sprintf("Cluster IP %s is not a valid IP; please recreate service", raw)})
+				bad := about{item: allocator.Item{Kind: allocator.KindClusterIP}, raw: raw, owner: owner(svc)}
+				p.add(bad.finding(msgNotValid, bad.what()))
 				continue
 			}
 			if err := p.claimItem(int32(i), allocator.IP(a), raw); err != nil {
@@ -210,123 +231,106 @@ func (p *passRun) collect() error {
 
 // claimItem records that Service svc uses it, or reports why it cannot.
 func (p *passRun) claimItem(svc int32, it allocator.Item, raw string) error {
-	sl, known := p.slots[it]
-	if known && sl.claim >= 0 {
-		cl := &p.claims[sl.claim]
-		last := cl.first.svc
-		if n := len(cl.more); n > 0 {
-			last = cl.more[n-1].svc
-		}
-		if last != svc { // the same port under two protocols counts once
-			cl.more = append(cl.more, user{svc: svc, raw: raw})
-		}
+	sl := p.slots[it]
+	if c, ok := sl.claim.get(); ok {
+		p.claims[c].addUser(user{svc: svc, raw: raw})
 		return nil
 	}
-	if known { // allocated, so in its range: no need to ask
-		p.slots[it] = slot{alloc: sl.alloc, claim: int32(len(p.claims))}
-		p.claims = append(p.claims, claim{item: it, rng: p.allocs[sl.alloc].Range, alloc: sl.alloc, first: user{svc: svc, raw: raw}})
-		return nil
-	}
-	rng, err := p.ranges.Of(it)
-	if err != nil {
-		s := &p.snap.Services[svc]
-		var nir *allocator.NotInRangeError
-		switch {
-		case it.Kind == allocator.KindClusterIP && errors.Is(err, allocator.ErrNoRange):
-			p.add(Finding{Reason: ClusterIPNotValid, ClusterIP: raw, Service: owner(s),
-				Message: fmt.Sprintf("Cluster IP %s is not a valid IP: no service CIDR of its family; please recreate service", raw)})
-		case errors.As(err, &nir) && it.Kind == allocator.KindClusterIP:
-			p.add(Finding{Reason: ClusterIPOutOfRange, Range: nir.Range, ClusterIP: raw, Service: owner(s),
-				Message: fmt.Sprintf("Cluster IP %s is not within the service CIDR %s; please recreate service", raw, nir.Range)})
-		case errors.As(err, &nir) || errors.Is(err, allocator.ErrNoRange) || errors.Is(err, allocator.ErrInvalid):
-			rng := p.portRange()
-			if nir != nil {
-				rng = nir.Range
-			}
-			p.add(Finding{Reason: PortOutOfRange, Range: rng, NodePort: it.Port, Service: owner(s),
-				Message: fmt.Sprintf("Port %d is not within the port range %s; please recreate service", it.Port, rng)})
-		default:
-			return fmt.Errorf("range of %v: %w", it, err)
+	var rng string
+	if a, ok := sl.alloc.get(); ok {
+		rng = p.allocs[a].Range // allocated, so in its range: no need to ask
+	} else {
+		var err error
+		if rng, err = p.ranges.Of(it); err != nil {
+			return p.notInRange(svc, it, raw, err)
 		}
-		return nil
 	}
-	p.slots[it] = slot{alloc: -1, claim: int32(len(p.claims))}
-	p.claims = append(p.claims, claim{item: it, rng: rng, alloc: -1, first: user{svc: svc, raw: raw}})
+	p.slots[it] = slot{alloc: sl.alloc, claim: refTo(len(p.claims))}
+	p.claims = append(p.claims, claim{item: it, rng: rng, alloc: sl.alloc, first: user{svc: svc, raw: raw}})
 	return nil
 }
 
-// portRange names the node port range.
-func (p *passRun) portRange() string {
-	return p.ranges.NodePort.String()
+// notInRange reports why Service svc cannot use it, from err, the error of the
+// range lookup; an error that says nothing about the item is returned.
+func (p *passRun) notInRange(svc int32, it allocator.Item, raw string, err error) error {
+	a := about{item: it, raw: raw, owner: owner(&p.snap.Services[svc])}
+	var nir *allocator.NotInRangeError
+	switch {
+	case it.Kind == allocator.KindClusterIP && errors.Is(err, allocator.ErrNoRange):
+		p.add(a.finding(msgNoFamily, a.what()))
+	case errors.As(err, &nir) && it.Kind == allocator.KindClusterIP:
+		a.rng = nir.Range
+		p.add(a.finding(msgIPOutOfRange, a.what(), a.rng))
+	case errors.As(err, &nir) || errors.Is(err, allocator.ErrNoRange) || errors.Is(err, allocator.ErrInvalid):
+		a.rng = p.ranges.NodePort.String()
+		if nir != nil {
+			a.rng = nir.Range
+		}
+		p.add(a.finding(msgPortOutOfRange, a.what(), a.rng))
+	default:
+		return fmt.Errorf("range of %v: %w", it, err)
+	}
+	return nil
+}
+
+// about is what a finding about claim cl for its user u is about.
+func (p *passRun) about(cl *claim, u user) about {
+	return about{item: cl.item, raw: u.raw, rng: cl.rng, owner: owner(&p.snap.Services[u.svc])}
 }
 
 // check compares one claim with etcd and repairs what it can.
 func (p *passRun) check(ctx context.Context, cl *claim) error {
-	held := cl.alloc >= 0
 	var al *allocator.Allocation
-	if held {
-		p.used[cl.alloc] = true
-		al = &p.allocs[cl.alloc]
+	if i, ok := cl.alloc.get(); ok {
+		p.used[i] = true
+		al = &p.allocs[i]
 	}
-	svcs := p.snap.Services
-	ip := cl.item.Kind == allocator.KindClusterIP
-
 	if p.ranges.IsReserved(cl.item) {
 		return p.checkReserved(ctx, cl, al)
 	}
-
-	// The holder is the Service etcd says holds it, else the first in the snapshot.
-	holder := cl.first
-	if held {
-		for _, u := range cl.more {
-			if svcs[u.svc].UID == al.Owner.UID && svcs[holder.svc].UID != al.Owner.UID {
-				holder = u
+	holder := p.holder(cl, al)
+	if len(cl.more) > 0 {
+		h := &p.snap.Services[holder.svc]
+		for _, u := range cl.users() {
+			if u.svc != holder.svc {
+				a := p.about(cl, u)
+				p.add(a.finding(msgShared, a.what(), h.Namespace, h.Name))
 			}
 		}
 	}
-	for _, u := range append([]user{cl.first}, cl.more...) {
-		if u.svc == holder.svc {
-			continue
-		}
-		h := &svcs[holder.svc]
-		p.add(p.itemFinding(reasonFor(ip, ClusterIPAlreadyAllocated, PortAlreadyAllocated), cl, u,
-			fmt.Sprintf("%s was assigned to multiple services (also %s/%s); please recreate service",
-				describe(cl.item, u.raw), h.Namespace, h.Name)))
-	}
-	hs := &svcs[holder.svc]
-
-	if !held {
-		f := p.itemFinding(reasonFor(ip, ClusterIPNotAllocated, PortNotAllocated), cl, holder,
-			fmt.Sprintf("%s is not allocated; repairing", describe(cl.item, holder.raw)))
-		switch {
-		case p.stale:
-			f.Message = fmt.Sprintf("%s is not allocated; not repaired: the snapshot is stale", describe(cl.item, holder.raw))
-		case p.dry:
-			f.Message = fmt.Sprintf("%s is not allocated; would repair (dry run)", describe(cl.item, holder.raw))
-		default:
-			return p.assign(ctx, f, cl, holder, owner(hs))
-		}
-		p.add(f)
-		return nil
-	}
-
-	if al.Owner.UID == hs.UID {
-		return nil
-	}
-	f := p.itemFinding(reasonFor(ip, ClusterIPWrongOwner, PortWrongOwner), cl, holder,
-		fmt.Sprintf("%s is allocated to %s, not to the service that uses it; repairing", describe(cl.item, holder.raw), al.Owner))
+	a := p.about(cl, holder)
 	switch {
+	case al == nil && p.stale:
+		p.add(a.finding(msgNotAllocatedStale, a.what()))
+	case al == nil && p.dry:
+		p.add(a.finding(msgNotAllocatedDry, a.what()))
+	case al == nil:
+		return p.assign(ctx, a, msgNotAllocated, a.owner)
+	case al.Owner.UID == a.owner.UID: // held by the Service that uses it
 	case al.ModRevision > p.snap.receipt.Revision:
-		f.Message = fmt.Sprintf("%s is allocated to %s, which is newer (revision %d) than the snapshot (received at revision %d); not corrected",
-			describe(cl.item, holder.raw), al.Owner, al.ModRevision, p.snap.receipt.Revision)
+		p.add(a.finding(msgWrongOwnerNewer, a.what(), al.Owner, al.ModRevision, p.snap.receipt.Revision))
 	case len(cl.more) > 0:
-		f.Message = fmt.Sprintf("%s is allocated to %s and used by several services; not reassigned",
-			describe(cl.item, holder.raw), al.Owner)
+		p.add(a.finding(msgWrongOwnerShared, a.what(), al.Owner))
 	default:
-		return p.reassign(ctx, f, cl, holder, *al, owner(hs))
+		return p.reassign(ctx, a, msgWrongOwner, *al, a.owner)
 	}
-	p.add(f)
 	return nil
+}
+
+// holder is the user of cl that etcd says holds it (al, nil when none), else its
+// first user.
+func (p *passRun) holder(cl *claim, al *allocator.Allocation) user {
+	holder := cl.first
+	if al == nil {
+		return holder
+	}
+	svcs := p.snap.Services
+	for _, u := range cl.more {
+		if svcs[u.svc].UID == al.Owner.UID && svcs[holder.svc].UID != al.Owner.UID {
+			holder = u
+		}
+	}
+	return holder
 }
 
 // checkReserved handles the address or port reserved for the kubernetes Service
@@ -336,124 +340,98 @@ func (p *passRun) check(ctx context.Context, cl *claim) error {
 // (with the same fence as any reassign). A leak is never judged for it.
 func (p *passRun) checkReserved(ctx context.Context, cl *claim, al *allocator.Allocation) error {
 	svcs := p.snap.Services
-	ip := cl.item.Kind == allocator.KindClusterIP
 	kube := allocator.KubernetesOwner
-	isKube := func(s *Service) bool { return s.Namespace == kube.Namespace && s.Name == kube.Name }
-	users := append([]user{cl.first}, cl.more...)
 	// The finding about the reservation itself names the kubernetes Service of the
 	// snapshot if there is one, else the first user.
 	ku := cl.first
-	for _, u := range users {
+	held := false // by a Service of the snapshot
+	for _, u := range cl.users() {
 		s := &svcs[u.svc]
-		if isKube(s) {
+		held = held || al != nil && s.UID == al.Owner.UID
+		if s.Namespace == kube.Namespace && s.Name == kube.Name {
 			ku = u
 			continue
 		}
-		p.add(p.itemFinding(reasonFor(ip, ClusterIPAlreadyAllocated, PortAlreadyAllocated), cl, u,
-			fmt.Sprintf("%s is reserved for the default/kubernetes service; please recreate service", describe(cl.item, u.raw))))
+		a := p.about(cl, u)
+		p.add(a.finding(msgReserved, a.what()))
 	}
-	what := describe(cl.item, ku.raw)
-	if al == nil {
-		f := p.itemFinding(reasonFor(ip, ClusterIPNotAllocated, PortNotAllocated), cl, ku,
-			fmt.Sprintf("%s, reserved for the default/kubernetes service, is not allocated; repairing", what))
-		switch {
-		case p.dry:
-			f.Message = fmt.Sprintf("%s, reserved for the default/kubernetes service, is not allocated; would repair (dry run)", what)
-		default:
-			// Not judged from the snapshot: the reservation holds whatever the snapshot
-			// says, so a stale snapshot does not stop it.
-			return p.assign(ctx, f, cl, ku, kube)
-		}
-		p.add(f)
-		return nil
-	}
-	if al.Owner.UID == kube.UID {
-		return nil
-	}
-	for _, u := range users {
-		if svcs[u.svc].UID == al.Owner.UID {
-			return nil // a Service of the snapshot holds it: reported above
-		}
-	}
-	f := p.itemFinding(reasonFor(ip, ClusterIPWrongOwner, PortWrongOwner), cl, ku,
-		fmt.Sprintf("%s, reserved for the default/kubernetes service, is allocated to %s; repairing", what, al.Owner))
-	if al.ModRevision > p.snap.receipt.Revision {
-		f.Message = fmt.Sprintf("%s, reserved for the default/kubernetes service, is allocated to %s, which is newer (revision %d) than the snapshot (received at revision %d); not corrected",
-			what, al.Owner, al.ModRevision, p.snap.receipt.Revision)
-		p.add(f)
-		return nil
-	}
-	return p.reassign(ctx, f, cl, ku, *al, kube)
-}
-
-// assign repairs a claim that is not allocated by allocating it to o, and records f
-// (repaired or not). Only a full range (which stops the pass) or the end of ctx is
-// an error: anything else that keeps the item from o is a finding not repaired, and
-// the pass goes on with the next claim, so that one Service cannot stop every pass.
-func (p *passRun) assign(ctx context.Context, f Finding, cl *claim, u user, o allocator.Owner) error {
-	what := describe(cl.item, u.raw)
-	_, err := p.c.store.Assign(ctx, o, cl.item)
-	var ae *allocator.AllocatedError
+	a := p.about(cl, ku)
 	switch {
-	case err == nil:
-		f.Repaired = true
-	case errors.As(err, &ae):
-		f.Message = fmt.Sprintf("%s is not allocated, but was allocated to %s since the pass read etcd; not repaired",
-			what, ae.Holder)
-	case errors.Is(err, allocator.ErrFull):
-		p.add(f)
-		return p.full(cl, u)
-	case ctx.Err() != nil:
-		return fmt.Errorf("allocate %v to %s/%s: %w", cl.item, o.Namespace, o.Name, err)
+	case al == nil && p.dry:
+		p.add(a.finding(msgReservedNotAllocatedDry, a.what()))
+	case al == nil:
+		// Not judged from the snapshot: the reservation holds whatever the snapshot
+		// says, so a stale snapshot does not stop it.
+		return p.assign(ctx, a, msgReservedNotAllocated, kube)
+	case al.Owner.UID == kube.UID || held: // held by a Service of the snapshot: reported above
+	case al.ModRevision > p.snap.receipt.Revision:
+		p.add(a.finding(msgReservedWrongOwnerNewer, a.what(), al.Owner, al.ModRevision,
+			p.snap.receipt.Revision))
 	default:
-		f.Message = fmt.Sprintf("%s is not allocated, and allocating it to %s failed; not repaired: %v", what, o, err)
+		return p.reassign(ctx, a, msgReservedWrongOwner, *al, kube)
 	}
-	p.add(f)
 	return nil
 }
 
-// reassign repairs a claim held by the wrong owner by moving al to o (if it did not
-// change since the pass read it), and records f. Like assign, only the end of ctx is
-// an error.
-func (p *passRun) reassign(ctx context.Context, f Finding, cl *claim, u user, al allocator.Allocation, o allocator.Owner) error {
-	what := describe(cl.item, u.raw)
+// assign repairs an item that is not allocated by allocating it to o, and reports it
+// with the message repairing (over the item) when it is repaired. Only a full range
+// (which stops the pass) or the end of ctx is an error: anything else that keeps the
+// item from o is a finding not repaired, and the pass goes on with the next claim,
+// so that one Service cannot stop every pass.
+func (p *passRun) assign(ctx context.Context, a about, repairing message, o allocator.Owner) error {
+	_, err := p.c.store.Assign(ctx, o, a.item)
+	var ae *allocator.AllocatedError
+	switch {
+	case err == nil:
+		p.add(a.repaired(repairing, a.what()))
+	case errors.As(err, &ae):
+		p.add(a.finding(msgTaken, a.what(), ae.Holder))
+	case errors.Is(err, allocator.ErrFull):
+		p.add(a.finding(repairing, a.what()))
+		return p.full(a)
+	case ctx.Err() != nil:
+		return fmt.Errorf("allocate %v to %s/%s: %w", a.item, o.Namespace, o.Name, err)
+	default:
+		p.add(a.finding(msgAssignFailed, a.what(), o, err))
+	}
+	return nil
+}
+
+// reassign repairs an item held by the wrong owner by moving al to o (if it did not
+// change since the pass read it), and reports it with the message repairing (over the
+// item and al's owner) when it is repaired. Like assign, only the end of ctx is an
+// error.
+func (p *passRun) reassign(ctx context.Context, a about, repairing message, al allocator.Allocation,
+	o allocator.Owner) error {
 	switch {
 	case p.stale:
-		f.Message = fmt.Sprintf("%s is allocated to %s, not to %s; not reassigned: the snapshot is stale", what, al.Owner, o)
-		p.add(f)
+		p.add(a.finding(msgReassignStale, a.what(), al.Owner, o))
 		return nil
 	case p.dry:
-		f.Message = fmt.Sprintf("%s is allocated to %s, not to %s; would reassign (dry run)", what, al.Owner, o)
-		p.add(f)
+		p.add(a.finding(msgReassignDry, a.what(), al.Owner, o))
 		return nil
 	}
 	_, err := p.c.store.Reassign(ctx, al, o)
 	switch {
 	case err == nil:
-		f.Repaired = true
+		p.add(a.repaired(repairing, a.what(), al.Owner))
 	case errors.Is(err, allocator.ErrConflict) && ctx.Err() == nil:
-		f.Message = fmt.Sprintf("%s is allocated to %s, but changed since the pass read it, or kept changing; not reassigned: %v",
-			what, al.Owner, err)
+		p.add(a.finding(msgReassignChanged, a.what(), al.Owner, err))
 	case ctx.Err() != nil:
-		return fmt.Errorf("reassign %v to %s/%s: %w", cl.item, o.Namespace, o.Name, err)
+		return fmt.Errorf("reassign %v to %s/%s: %w", a.item, o.Namespace, o.Name, err)
 	default:
-		f.Message = fmt.Sprintf("%s is allocated to %s, and reassigning it to %s failed; not reassigned: %v", what, al.Owner, o, err)
+		p.add(a.finding(msgReassignFailed, a.what(), al.Owner, o, err))
 	}
-	p.add(f)
 	return nil
 }
 
-// full reports a full range and stops the pass.
-func (p *passRun) full(cl *claim, u user) error {
-	s := &p.snap.Services[u.svc]
-	f := Finding{Range: cl.rng, Service: owner(s)}
-	if cl.item.Kind == allocator.KindClusterIP {
-		f.Reason, f.ClusterIP = ServiceCIDRFull, u.raw
-		f.Message = fmt.Sprintf("Service CIDR %s is full; you must widen the CIDR in order to create new services", cl.rng)
-	} else {
-		f.Reason, f.NodePort = PortRangeFull, cl.item.Port
-		f.Message = fmt.Sprintf("Port range %s is full; you must widen the port range in order to create new services", cl.rng)
+// full reports the full range of the item a is about and stops the pass.
+func (p *passRun) full(a about) error {
+	m := msgCIDRFull
+	if a.item.Kind == allocator.KindNodePort {
+		m = msgPortRangeFull
 	}
+	f := a.finding(m, a.rng)
 	p.add(f)
 	p.rep.Err = fmt.Errorf("%s: %w", f.Message, allocator.ErrFull)
 	return errStopped
@@ -485,108 +463,54 @@ func (p *passRun) leaks(ctx context.Context) error {
 		if old, ok := prev[al.Item]; ok && old.al.ModRevision == al.ModRevision && old.al.Owner == al.Owner {
 			cd.strikes, cd.firstSeen = min(old.strikes+1, c.cfg.LeakStrikes), old.firstSeen
 		}
-		f := Finding{Reason: LeakSuspected, Range: al.Range, Service: al.Owner}
-		what := describe(al.Item, "")
-		if al.Kind == allocator.KindClusterIP {
-			f.ClusterIP = al.Addr.String()
-		} else {
-			f.NodePort = al.Port
+		kept, err := p.judgeLeak(ctx, cd)
+		if err != nil {
+			return err
 		}
-		ageAtReceipt := p.snap.receipt.Time.Sub(al.AllocateTime)
-		switch {
-		case cd.strikes < c.cfg.LeakStrikes:
-			f.Message = fmt.Sprintf("%s of %s may have leaked: flagging for later clean up (strike %d of %d)",
-				what, al.Owner, cd.strikes, c.cfg.LeakStrikes)
-		case ageAtReceipt < c.cfg.LeakGrace:
-			f.Message = fmt.Sprintf("%s of %s appears to have leaked, but was only %v old when the snapshot was received (grace %v): kept",
-				what, al.Owner, ageAtReceipt.Round(time.Millisecond), c.cfg.LeakGrace)
-		case p.dry:
-			f.Reason = LeakReleased
-			f.Message = fmt.Sprintf("%s of %s appears to have leaked: would clean up (dry run)", what, al.Owner)
-		default:
-			ok, err := c.store.ReleaseIf(ctx, *al)
-			if err != nil && ctx.Err() != nil {
-				return fmt.Errorf("release leaked %v: %w", al.Item, err)
-			}
-			if err != nil {
-				// Kept as a candidate, at its last strike: the next pass tries again.
-				f.Message = fmt.Sprintf("%s of %s appears to have leaked, but cleaning it up failed: kept: %v", what, al.Owner, err)
-				break
-			}
-			if ok {
-				f.Reason, f.Repaired = LeakReleased, true
-				f.Message = fmt.Sprintf("%s of %s appears to have leaked: cleaned up", what, al.Owner)
-				p.add(f)
-				continue
-			}
-			f.Message = fmt.Sprintf("%s of %s appeared to have leaked, but changed since the pass read it: kept", what, al.Owner)
-			p.add(f)
-			continue
+		if kept {
+			next[al.Item] = cd
 		}
-		p.add(f)
-		next[al.Item] = cd
 	}
 	p.next = next
 	return nil
 }
 
-// add records a finding: in the report, as a log line and (unless a dry run) as a metric.
-func (p *passRun) add(f Finding) {
-	p.rep.Findings = append(p.rep.Findings, f)
-	p.rep.Counts[f.Reason]++
-	attrs := []slog.Attr{
-		slog.String("reason", string(f.Reason)),
-		slog.String("range", f.Range),
-		slog.String("namespace", f.Service.Namespace),
-		slog.String("name", f.Service.Name),
-		slog.String("uid", f.Service.UID),
-		slog.Bool("repaired", f.Repaired),
-		slog.Bool("dry_run", p.dry),
-		slog.Int64("snapshot_revision", p.snap.Revision),
+// judgeLeak reports the leak candidate cd and releases it if its countdown has ended;
+// kept is whether it stays a candidate.
+func (p *passRun) judgeLeak(ctx context.Context, cd *candidate) (kept bool, err error) {
+	al, cfg := cd.al, p.c.cfg
+	a := about{item: al.Item, rng: al.Range, owner: al.Owner}
+	age := p.snap.receipt.Time.Sub(al.AllocateTime) // when the snapshot was received
+	switch {
+	case cd.strikes < cfg.LeakStrikes:
+		p.add(a.finding(msgLeakStrike, a.what(), al.Owner, cd.strikes, cfg.LeakStrikes))
+	case age < cfg.LeakGrace:
+		p.add(a.finding(msgLeakYoung, a.what(), al.Owner, age.Round(time.Millisecond), cfg.LeakGrace))
+	case p.dry:
+		p.add(a.finding(msgLeakDry, a.what(), al.Owner))
+	default:
+		return p.release(ctx, a, al)
 	}
-	if f.ClusterIP != "" {
-		attrs = append(attrs, slog.String("cluster_ip", f.ClusterIP))
-	}
-	if f.NodePort != 0 {
-		attrs = append(attrs, slog.Int("node_port", f.NodePort))
-	}
-	p.c.log.LogAttrs(context.Background(), slog.LevelWarn, f.Message, attrs...)
-	if !p.dry {
-		p.c.metrics.finding(f.Range, f.Reason)
-	}
+	return true, nil
 }
 
-// itemFinding is a finding about a claimed item for the Service u.
-func (p *passRun) itemFinding(r Reason, cl *claim, u user, msg string) Finding {
-	f := Finding{Reason: r, Range: cl.rng, Service: owner(&p.snap.Services[u.svc]), Message: msg}
-	if cl.item.Kind == allocator.KindClusterIP {
-		f.ClusterIP = u.raw
-	} else {
-		f.NodePort = cl.item.Port
+// release deletes the leaked allocation al if it did not change since the pass read
+// it; kept is whether it stays a candidate: when the release failed, at its last
+// strike, so that the next pass tries again.
+func (p *passRun) release(ctx context.Context, a about, al allocator.Allocation) (kept bool, err error) {
+	ok, err := p.c.store.ReleaseIf(ctx, al)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return false, fmt.Errorf("release leaked %v: %w", al.Item, err)
+	case err != nil:
+		p.add(a.finding(msgLeakReleaseFailed, a.what(), al.Owner, err))
+		return true, nil
+	case ok:
+		p.add(a.repaired(msgLeakReleased, a.what(), al.Owner))
+	default:
+		p.add(a.finding(msgLeakChanged, a.what(), al.Owner))
 	}
-	return f
-}
-
-func reasonFor(ip bool, ipReason, portReason Reason) Reason {
-	if ip {
-		return ipReason
-	}
-	return portReason
-}
-
-// describe names an item as Kubernetes' events do: "Cluster IP 10.0.0.1", "Port 30001".
-func describe(it allocator.Item, raw string) string {
-	if it.Kind == allocator.KindClusterIP {
-		if raw == "" {
-			raw = it.Addr.String()
-		}
-		return "Cluster IP " + raw
-	}
-	return "Port " + strconv.Itoa(it.Port)
-}
-
-func owner(s *Service) allocator.Owner {
-	return allocator.Owner{Namespace: s.Namespace, Name: s.Name, UID: s.UID}
+	return false, nil
 }
 
 // sortCandidates orders candidates by range, then address or port.

@@ -16,12 +16,15 @@ import (
 	"github.com/allocd/allocd/repair"
 )
 
-// hookStore is the real allocator with hooks run before List and Assign, to make
-// things happen inside a pass. A hook that returns an error fails the call with it.
+// hookStore is the real allocator with hooks run before List, Assign, Reassign and
+// ReleaseIf, to make things happen inside a pass. A hook that returns an error fails
+// the call with it.
 type hookStore struct {
 	*allocator.Allocator
-	beforeList   func(ctx context.Context) error
-	beforeAssign func(allocator.Owner, allocator.Item) error
+	beforeList     func(ctx context.Context) error
+	beforeAssign   func(allocator.Owner, allocator.Item) error
+	beforeReassign func(allocator.Allocation, allocator.Owner) error
+	beforeRelease  func(allocator.Allocation) error
 }
 
 func (s *hookStore) List(ctx context.Context) (int64, []allocator.Allocation, error) {
@@ -33,13 +36,33 @@ func (s *hookStore) List(ctx context.Context) (int64, []allocator.Allocation, er
 	return s.Allocator.List(ctx)
 }
 
-func (s *hookStore) Assign(ctx context.Context, o allocator.Owner, it allocator.Item) (allocator.Allocation, error) {
+func (s *hookStore) Assign(ctx context.Context, o allocator.Owner,
+	it allocator.Item) (allocator.Allocation, error) {
 	if s.beforeAssign != nil {
 		if err := s.beforeAssign(o, it); err != nil {
 			return allocator.Allocation{}, err
 		}
 	}
 	return s.Allocator.Assign(ctx, o, it)
+}
+
+func (s *hookStore) Reassign(ctx context.Context, al allocator.Allocation,
+	to allocator.Owner) (allocator.Allocation, error) {
+	if s.beforeReassign != nil {
+		if err := s.beforeReassign(al, to); err != nil {
+			return allocator.Allocation{}, err
+		}
+	}
+	return s.Allocator.Reassign(ctx, al, to)
+}
+
+func (s *hookStore) ReleaseIf(ctx context.Context, al allocator.Allocation) (bool, error) {
+	if s.beforeRelease != nil {
+		if err := s.beforeRelease(al); err != nil {
+			return false, err
+		}
+	}
+	return s.Allocator.ReleaseIf(ctx, al)
 }
 
 func hooked(hs **hookStore) func(*allocator.Allocator) repair.Store {
@@ -76,15 +99,18 @@ func TestRepairReserved(t *testing.T) {
 	}{
 		{"address freed", ip("192.168.1.1"), []repair.Service{kubeSvc(ips("192.168.1.1"))}, "", false,
 			[]string{"ClusterIPNotAllocated 192.168.1.1 kube-uid repaired"}, allocator.KubernetesOwner.UID},
-		{"node port freed", port(kubePort), []repair.Service{kubeSvc(ips("192.168.1.1"), kubePort)}, "", false,
+		{"node port freed", port(kubePort), []repair.Service{kubeSvc(ips("192.168.1.1"), kubePort)}, "",
+			false,
 			[]string{"PortNotAllocated 30443 kube-uid repaired"}, allocator.KubernetesOwner.UID},
 		{"address freed, dry run", ip("192.168.1.1"), []repair.Service{kubeSvc(ips("192.168.1.1"))}, "", true,
 			[]string{"ClusterIPNotAllocated 192.168.1.1 kube-uid"}, ""},
 		{"address freed, also used by another Service", ip("192.168.1.1"),
 			[]repair.Service{kubeSvc(ips("192.168.1.1")), svc("uid-b", ips("192.168.1.1"))}, "", false,
-			[]string{"ClusterIPAlreadyAllocated 192.168.1.1 uid-b", "ClusterIPNotAllocated 192.168.1.1 kube-uid repaired"},
+			[]string{"ClusterIPAlreadyAllocated 192.168.1.1 uid-b",
+				"ClusterIPNotAllocated 192.168.1.1 kube-uid repaired"},
 			allocator.KubernetesOwner.UID},
-		{"address taken by a gone owner", ip("192.168.1.1"), []repair.Service{kubeSvc(ips("192.168.1.1"))}, "uid-gone", false,
+		{"address taken by a gone owner", ip("192.168.1.1"), []repair.Service{kubeSvc(ips("192.168.1.1"))},
+			"uid-gone", false,
 			[]string{"ClusterIPWrongOwner 192.168.1.1 kube-uid repaired"}, allocator.KubernetesOwner.UID},
 		{"address taken by a Service of the snapshot", ip("192.168.1.1"),
 			[]repair.Service{kubeSvc(ips("192.168.1.1")), svc("uid-b", ips("192.168.1.1"))}, "uid-b", false,
@@ -96,7 +122,8 @@ func TestRepairReserved(t *testing.T) {
 			if got := r.holder(tc.item); got != allocator.KubernetesOwner.UID {
 				t.Fatalf("holder(%v) at start = %q; want %q", tc.item, got, allocator.KubernetesOwner.UID)
 			}
-			if _, _, err := r.alloc.Release(ctx, allocator.Owner{}, []allocator.Item{tc.item}, true); err != nil {
+			if _, _, err := r.alloc.Release(ctx, allocator.Owner{}, []allocator.Item{tc.item},
+				true); err != nil {
 				t.Fatalf("Release(%v, force) = %v", tc.item, err)
 			}
 			if tc.taker != "" {
@@ -123,7 +150,8 @@ func TestRepairReserved(t *testing.T) {
 			if _, err := r.alloc.Allocate(ctx, req); !errors.As(err, &ae) {
 				t.Errorf("Allocate(uid-other, %v) after the pass = %v; want an AllocatedError", tc.item, err)
 			}
-			if got := summary(r.pass(false).Findings); !slices.Equal(got, sorted(tc.want[:len(tc.want)-1]...)) {
+			if got := summary(r.pass(false).Findings); !slices.Equal(got,
+				sorted(tc.want[:len(tc.want)-1]...)) {
 				t.Errorf("second pass findings = %q; want %q", got, tc.want[:len(tc.want)-1])
 			}
 		})
@@ -143,9 +171,11 @@ func TestRepairUnrepairable(t *testing.T) {
 		fail allocator.Item // Assign of it fails through the hook; zero Item for none
 		want []string       // the findings not repaired
 	}{
-		{"owner would hold too many items", []repair.Service{svc("uid-big", nil, many...), svc("uid-a", ips("192.168.1.2"))},
+		{"owner would hold too many items",
+			[]repair.Service{svc("uid-big", nil, many...), svc("uid-a", ips("192.168.1.2"))},
 			allocator.Item{}, []string{fmt.Sprintf("PortNotAllocated %d uid-big", many[len(many)-1])}},
-		{"contention outlasts the retries", []repair.Service{svc("uid-c", ips("192.168.1.3")), svc("uid-a", ips("192.168.1.2"))},
+		{"contention outlasts the retries",
+			[]repair.Service{svc("uid-c", ips("192.168.1.3")), svc("uid-a", ips("192.168.1.2"))},
 			ip("192.168.1.3"), []string{"ClusterIPNotAllocated 192.168.1.3 uid-c"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -223,7 +253,8 @@ func TestRepairStrikesPerTerm(t *testing.T) {
 	stop1()
 
 	run(t, r0) // its first pass runs at once: the snapshot is there
-	etcdtest.WaitFor(t, 10*time.Second, "the first pass of the new term", func() bool { return r0.status().LastReport != last })
+	etcdtest.WaitFor(t, 10*time.Second, "the first pass of the new term",
+		func() bool { return r0.status().LastReport != last })
 	if s, _ := r0.strikes(x); s != 1 {
 		t.Errorf("strikes of %v after the first pass of a new term = %d; want 1", x, s)
 	}
@@ -248,12 +279,14 @@ func TestRepairStaleSnapshot(t *testing.T) {
 	// (not allocated).
 	r0.push(1, svc("uid-new", ips("192.168.1.51")), svc("uid-z", ips("192.168.1.52")))
 	// Snapshot 2, accepted by the other replica: uid-x uses x again.
-	snap2 := []repair.Service{svc("uid-x", ips("192.168.1.50")), svc("uid-new", ips("192.168.1.51")), svc("uid-z", ips("192.168.1.52"))}
+	snap2 := []repair.Service{svc("uid-x", ips("192.168.1.50")), svc("uid-new", ips("192.168.1.51")),
+		svc("uid-z", ips("192.168.1.52"))}
 	r1.push(2, snap2...)
 
 	for _, dry := range []bool{true, false} {
 		rep := r0.pass(dry)
-		want := sorted("SnapshotStale  ", "ClusterIPWrongOwner 192.168.1.51 uid-new", "ClusterIPNotAllocated 192.168.1.52 uid-z")
+		want := sorted("SnapshotStale  ", "ClusterIPWrongOwner 192.168.1.51 uid-new",
+			"ClusterIPNotAllocated 192.168.1.52 uid-z")
 		if got := summary(rep.Findings); !slices.Equal(got, want) {
 			t.Errorf("stale pass (dry run %v) findings = %q; want %q", dry, got, want)
 		}
@@ -269,7 +302,8 @@ func TestRepairStaleSnapshot(t *testing.T) {
 
 	r0.push(2, snap2...) // the newer snapshot arrives
 	rep := r0.pass(false)
-	want := sorted("ClusterIPWrongOwner 192.168.1.51 uid-new repaired", "ClusterIPNotAllocated 192.168.1.52 uid-z repaired")
+	want := sorted("ClusterIPWrongOwner 192.168.1.51 uid-new repaired",
+		"ClusterIPNotAllocated 192.168.1.52 uid-z repaired")
 	if got := summary(rep.Findings); !slices.Equal(got, want) {
 		t.Errorf("pass over the current snapshot: findings = %q; want %q", got, want)
 	}

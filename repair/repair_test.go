@@ -101,10 +101,12 @@ func TestRepairLeak(t *testing.T) {
 					t.Errorf("pass %d: LeakSuspected count = %d; want %d", i, got, want)
 				}
 				if got := r.holder(tc.item); got != "uid-leak" {
-					t.Fatalf("pass %d: holder(%v) = %q; want uid-leak (not released before %d passes)", i, tc.item, got, strikes)
+					t.Fatalf("pass %d: holder(%v) = %q; want uid-leak (not released before %d passes)", i,
+						tc.item, got, strikes)
 				}
 				if s, left := r.strikes(tc.item); s != i || left != strikes-i {
-					t.Errorf("pass %d: strikes of %v = %d, %d left; want %d, %d left", i, tc.item, s, left, i, strikes-i)
+					t.Errorf("pass %d: strikes of %v = %d, %d left; want %d, %d left", i, tc.item, s, left, i,
+						strikes-i)
 				}
 			}
 			rep := r.pass(false)
@@ -128,8 +130,10 @@ func TestRepairLeak(t *testing.T) {
 			case tc.item.Addr.Is6():
 				rng = "2000::/108"
 			}
-			if got := metric(t, r, "allocd_repair_findings_total", "range="+rng, "reason=LeakSuspected"); got != strikes-1 {
-				t.Errorf("allocd_repair_findings_total{range=%q,reason=LeakSuspected} = %v; want %d", rng, got, strikes-1)
+			if got := metric(t, r, "allocd_repair_findings_total", "range="+rng,
+				"reason=LeakSuspected"); got != strikes-1 {
+				t.Errorf("allocd_repair_findings_total{range=%q,reason=LeakSuspected} = %v; want %d", rng,
+					got, strikes-1)
 			}
 		})
 	}
@@ -157,7 +161,8 @@ func TestRepairWithExisting(t *testing.T) {
 		svc("uid-zone", ips("fe80::1%eth0")),
 		svc("uid-nofamily", ips("2000::1")), // no IPv6 range configured
 		svc("uid-kube", ips("192.168.1.1")), // the kubernetes address
-		repair.Service{Namespace: "default", Name: "kubernetes", UID: "real-kubernetes-uid", ClusterIPs: ips("192.168.1.1")},
+		repair.Service{Namespace: "default", Name: "kubernetes", UID: "real-kubernetes-uid",
+			ClusterIPs: ips("192.168.1.1")},
 		svc("uid-notalloc", ips("192.168.1.3")),
 		svc("uid-wrong", ips("192.168.1.4")),
 		svc("uid-twice", ips("192.168.1.6", "192.168.1.6")),
@@ -193,7 +198,8 @@ func TestRepairWithExisting(t *testing.T) {
 			t.Errorf("holder(%v) = %q; want %q", it, got, uid)
 		}
 	}
-	etcdtest.WaitFor(t, 10*time.Second, "Free(192.168.1.0/24) = 254-7", func() bool { return r.alloc.Free("192.168.1.0/24") == 254-7 })
+	etcdtest.WaitFor(t, 10*time.Second, "Free(192.168.1.0/24) = 254-7",
+		func() bool { return r.alloc.Free("192.168.1.0/24") == 254-7 })
 }
 
 // TestRepairPortsWithExisting is the NodePort copy: duplicates, out of range, the same
@@ -363,7 +369,8 @@ func TestRepairLeakReallocated(t *testing.T) {
 		r.assign("uid-new", ip("192.168.1.10"))
 		r.push(2) // newer, still without uid-new: it is judged, from strike 1
 		rep := r.pass(false)
-		if got, want := summary(rep.Findings), []string{"LeakSuspected 192.168.1.10 uid-new"}; !slices.Equal(got, want) {
+		got, want := summary(rep.Findings), []string{"LeakSuspected 192.168.1.10 uid-new"}
+		if !slices.Equal(got, want) {
 			t.Errorf("findings = %q; want %q", got, want)
 		}
 		if s, _ := r.strikes(ip("192.168.1.10")); s != 1 {
@@ -387,7 +394,8 @@ func TestRepairLeakReallocated(t *testing.T) {
 			}
 		}
 		rep := r.pass(false)
-		if got, want := summary(rep.Findings), []string{"LeakSuspected 192.168.1.10 uid-leak"}; !slices.Equal(got, want) {
+		got, want := summary(rep.Findings), []string{"LeakSuspected 192.168.1.10 uid-leak"}
+		if !slices.Equal(got, want) {
 			t.Errorf("findings = %q; want %q", got, want)
 		}
 		if got := r.holder(ip("192.168.1.10")); got != "uid-new" {
@@ -429,7 +437,8 @@ func TestRepairDryRun(t *testing.T) {
 	if st := r.status(); st.LastReport != last {
 		t.Errorf("a dry run replaced the last report")
 	}
-	if got := summary(r.pass(false).Findings); !slices.Contains(got, "LeakReleased 192.168.1.5 uid-leak repaired") {
+	if got := summary(r.pass(false).Findings); !slices.Contains(got,
+		"LeakReleased 192.168.1.5 uid-leak repaired") {
 		t.Errorf("real pass after dry runs = %q; want the leak released", got)
 	}
 }
@@ -442,7 +451,8 @@ func TestRepairLeakGrace(t *testing.T) {
 	r.push(1)
 	for i := 1; i <= 4; i++ {
 		rep := r.pass(false)
-		if got, want := summary(rep.Findings), []string{"LeakSuspected 30100 uid-leak"}; !slices.Equal(got, want) {
+		if got, want := summary(rep.Findings), []string{"LeakSuspected 30100 uid-leak"}; !slices.Equal(got,
+			want) {
 			t.Errorf("pass %d findings = %q; want %q", i, got, want)
 		}
 	}
@@ -484,7 +494,8 @@ func TestRepairTwoReplicas(t *testing.T) {
 	o := opts{file: file, interval: 20 * time.Millisecond}
 	r1 := newReplica(t, e.Client, o, "replica-1")
 	r2 := newReplica(t, e.NewClient(), o, "replica-2")
-	etcdtest.WaitFor(t, 10*time.Second, "a leader", func() bool { return r1.ctl.IsLeader() || r2.ctl.IsLeader() })
+	etcdtest.WaitFor(t, 10*time.Second, "a leader",
+		func() bool { return r1.ctl.IsLeader() || r2.ctl.IsLeader() })
 	leader, follower := r1, r2
 	if r2.ctl.IsLeader() {
 		leader, follower = r2, r1
@@ -511,9 +522,11 @@ func TestRepairTwoReplicas(t *testing.T) {
 
 	leader.stop() // resigns
 	follower.waitLeader()
-	etcdtest.WaitFor(t, 10*time.Second, "passes on the new leader", func() bool { return passes(follower) >= 1 })
+	etcdtest.WaitFor(t, 10*time.Second, "passes on the new leader",
+		func() bool { return passes(follower) >= 1 })
 	if st := follower.status(); st.Leader != follower.id || !st.Leading {
-		t.Errorf("new leader Status() = leader %q, leading %v; want %q, true", st.Leader, st.Leading, follower.id)
+		t.Errorf("new leader Status() = leader %q, leading %v; want %q, true", st.Leader, st.Leading,
+			follower.id)
 	}
 }
 

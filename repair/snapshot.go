@@ -93,7 +93,8 @@ func (s Snapshot) Validate() error {
 			switch p.Protocol {
 			case "", "TCP", "UDP", "SCTP":
 			default:
-				add(f+".node_ports["+strconv.Itoa(k)+"].protocol", fmt.Sprintf("%q is not TCP, UDP or SCTP", p.Protocol))
+				add(f+".node_ports["+strconv.Itoa(k)+"].protocol",
+					fmt.Sprintf("%q is not TCP, UDP or SCTP", p.Protocol))
 			}
 		}
 	}
@@ -198,7 +199,8 @@ func (c *Controller) ApplyServiceEvents(evs []ServiceEvent) int {
 		}
 		svcs = kept
 	}
-	c.snap = &accepted{Snapshot: Snapshot{Revision: cur.Revision, Services: svcs}, receipt: cur.receipt, eventRev: last}
+	c.snap = &accepted{Snapshot: Snapshot{Revision: cur.Revision, Services: svcs}, receipt: cur.receipt,
+		eventRev: last}
 	c.metrics.snapshot(cur.Revision, len(svcs))
 	return len(fresh)
 }
@@ -282,7 +284,8 @@ func (c *Controller) acceptedRevision(ctx context.Context) (int64, error) {
 	}
 	rev, err := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("read accepted snapshot revision: %s holds %q: %w", c.revisionKey, resp.Kvs[0].Value, err)
+		return 0, fmt.Errorf("read accepted snapshot revision: %s holds %q: %w", c.revisionKey,
+			resp.Kvs[0].Value, err)
 	}
 	return rev, nil
 }
@@ -310,7 +313,8 @@ func (c *Controller) snapshotForPass(ctx context.Context) (*accepted, error) {
 			}
 			if err := c.Accept(ctx, s, r); err != nil {
 				if cur != nil && isStale(err) {
-					c.log.WarnContext(ctx, "service snapshot file is older than the accepted snapshot; using the accepted one",
+					c.log.WarnContext(ctx,
+						"service snapshot file is older than the accepted snapshot; using the accepted one",
 						"path", path, "error", err)
 					return cur, nil
 				}

@@ -29,8 +29,10 @@ func TestSnapshotValidate(t *testing.T) {
 			"snapshot.services[1].namespace", "snapshot.services[1].name", "snapshot.services[1].uid"}},
 		{"duplicate uid", repair.Snapshot{Revision: 1, Services: []repair.Service{good, good}}, []string{
 			"snapshot.services[1].uid"}},
-		{"protocol", repair.Snapshot{Revision: 1, Services: []repair.Service{{Namespace: "n", Name: "a", UID: "u",
-			NodePorts: []repair.NodePort{{Port: 30001, Protocol: "TCP"}, {Port: 30002, Protocol: "HTTP"}}}}},
+		{"protocol",
+			repair.Snapshot{Revision: 1, Services: []repair.Service{{Namespace: "n", Name: "a", UID: "u",
+				NodePorts: []repair.NodePort{{Port: 30001, Protocol: "TCP"},
+					{Port: 30002, Protocol: "HTTP"}}}}},
 			[]string{"snapshot.services[0].node_ports[1].protocol"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -63,7 +65,8 @@ func TestSnapshotValidateBounded(t *testing.T) {
 		t.Fatalf("Validate(1000 empty services) = %v; want an InvalidSnapshotError", err)
 	}
 	if got := len(inv.Violations) + inv.More; got != 3000 || len(inv.Violations) > 16 {
-		t.Errorf("Validate(1000 empty services) = %d violations + %d more; want at most 16 listed, 3000 in all",
+		t.Errorf(
+			"Validate(1000 empty services) = %d violations + %d more; want at most 16 listed, 3000 in all",
 			len(inv.Violations), inv.More)
 	}
 }
@@ -97,7 +100,8 @@ func TestSnapshotAccept(t *testing.T) {
 			t.Errorf("%s Accept(revision %d): StaleSnapshotError.Revision = %d", tc.r.id, tc.rev, se.Revision)
 		}
 		if got := tc.r.status().SnapshotRevision; got != tc.current {
-			t.Errorf("%s after Accept(revision %d): SnapshotRevision = %d; want %d", tc.r.id, tc.rev, got, tc.current)
+			t.Errorf("%s after Accept(revision %d): SnapshotRevision = %d; want %d", tc.r.id, tc.rev, got,
+				tc.current)
 		}
 	}
 	err := r1.accept(0)
@@ -165,9 +169,12 @@ func TestReceiptEarlier(t *testing.T) {
 	for _, tc := range []struct {
 		a, b, want repair.Receipt
 	}{
-		{repair.Receipt{Revision: 5, Time: t2}, repair.Receipt{Revision: 3, Time: t1}, repair.Receipt{Revision: 3, Time: t1}},
-		{repair.Receipt{Revision: 3, Time: t1}, repair.Receipt{Revision: 5, Time: t2}, repair.Receipt{Revision: 3, Time: t1}},
-		{repair.Receipt{Revision: 5, Time: t1}, repair.Receipt{Revision: 3, Time: t2}, repair.Receipt{Revision: 3, Time: t1}},
+		{repair.Receipt{Revision: 5, Time: t2}, repair.Receipt{Revision: 3, Time: t1},
+			repair.Receipt{Revision: 3, Time: t1}},
+		{repair.Receipt{Revision: 3, Time: t1}, repair.Receipt{Revision: 5, Time: t2},
+			repair.Receipt{Revision: 3, Time: t1}},
+		{repair.Receipt{Revision: 5, Time: t1}, repair.Receipt{Revision: 3, Time: t2},
+			repair.Receipt{Revision: 3, Time: t1}},
 		{repair.Receipt{Revision: 5, Time: t2}, repair.Receipt{}, repair.Receipt{Revision: 5, Time: t2}},
 		{repair.Receipt{}, repair.Receipt{Revision: 5, Time: t2}, repair.Receipt{Revision: 5, Time: t2}},
 	} {
@@ -186,11 +193,13 @@ func TestServiceEvents(t *testing.T) {
 	r.assign("uid-a", ip("192.168.1.10"))
 	r.assign("uid-b", ip("192.168.1.11"))
 	r.assign("uid-c", ip("192.168.1.12"))
-	if n := r.ctl.ApplyServiceEvents([]repair.ServiceEvent{{Revision: 5, Service: svc("uid-a", ips("192.168.1.10"))}}); n != 0 {
+	if n := r.ctl.ApplyServiceEvents(
+		[]repair.ServiceEvent{{Revision: 5, Service: svc("uid-a", ips("192.168.1.10"))}}); n != 0 {
 		t.Errorf("ApplyServiceEvents without a snapshot = %d; want 0", n)
 	}
 	r.push(10, svc("uid-a", ips("192.168.1.10")), svc("uid-b", ips("192.168.1.11")))
-	if got, want := summary(r.pass(true).Findings), []string{"LeakSuspected 192.168.1.12 uid-c"}; !slices.Equal(got, want) {
+	if got, want := summary(r.pass(true).Findings), []string{
+		"LeakSuspected 192.168.1.12 uid-c"}; !slices.Equal(got, want) {
 		t.Fatalf("findings after the snapshot = %q; want %q", got, want)
 	}
 
@@ -204,10 +213,12 @@ func TestServiceEvents(t *testing.T) {
 		t.Errorf("ApplyServiceEvents = %d applied; want 2", n)
 	}
 	// A call again with the last revision applied is a replay.
-	if n := r.ctl.ApplyServiceEvents([]repair.ServiceEvent{{Revision: 12, Deleted: true, Service: svc("uid-c", nil)}}); n != 0 {
+	if n := r.ctl.ApplyServiceEvents(
+		[]repair.ServiceEvent{{Revision: 12, Deleted: true, Service: svc("uid-c", nil)}}); n != 0 {
 		t.Errorf("ApplyServiceEvents(replay) = %d applied; want 0", n)
 	}
-	if got, want := summary(r.pass(true).Findings), []string{"LeakSuspected 192.168.1.11 uid-b"}; !slices.Equal(got, want) {
+	if got, want := summary(r.pass(true).Findings), []string{
+		"LeakSuspected 192.168.1.11 uid-b"}; !slices.Equal(got, want) {
 		t.Errorf("findings after the events = %q; want %q", got, want)
 	}
 	if got := r.status().SnapshotRevision; got != 10 {

@@ -48,7 +48,8 @@ func NewAllocatorService(a *allocator.Allocator, log *slog.Logger) *AllocatorSer
 }
 
 // Allocate implements allocdv1.AllocatorServiceServer.
-func (s *AllocatorService) Allocate(ctx context.Context, req *allocdv1.AllocateRequest) (*allocdv1.AllocateResponse, error) {
+func (s *AllocatorService) Allocate(ctx context.Context,
+	req *allocdv1.AllocateRequest) (*allocdv1.AllocateResponse, error) {
 	inv := &InvalidError{}
 	o := validOwner(inv, req.GetOwner(), true)
 	q := allocator.Request{Owner: o, NoClusterIP: req.GetNoClusterIp(), DryRun: req.GetDryRun(),
@@ -64,7 +65,8 @@ func (s *AllocatorService) Allocate(ctx context.Context, req *allocdv1.AllocateR
 		}
 	}
 	switch req.GetIpFamilyPolicy() {
-	case allocdv1.IPFamilyPolicy_IP_FAMILY_POLICY_UNSPECIFIED, allocdv1.IPFamilyPolicy_IP_FAMILY_POLICY_SINGLE_STACK:
+	case allocdv1.IPFamilyPolicy_IP_FAMILY_POLICY_UNSPECIFIED,
+		allocdv1.IPFamilyPolicy_IP_FAMILY_POLICY_SINGLE_STACK:
 		q.Policy = allocator.SingleStack
 	case allocdv1.IPFamilyPolicy_IP_FAMILY_POLICY_PREFER_DUAL_STACK:
 		q.Policy = allocator.PreferDualStack
@@ -82,7 +84,8 @@ func (s *AllocatorService) Allocate(ctx context.Context, req *allocdv1.AllocateR
 	case n < 0:
 		inv.Add("node_port_count", "must not be negative")
 	case int(n)+len(req.GetNodePorts())+len(req.GetClusterIps()) > allocator.MaxItems:
-		inv.Add("node_port_count", fmt.Sprintf("at most %d addresses and ports per request", allocator.MaxItems))
+		inv.Add("node_port_count",
+			fmt.Sprintf("at most %d addresses and ports per request", allocator.MaxItems))
 	}
 	if err := inv.OrNil(); err != nil {
 		return nil, Status(err)
@@ -103,7 +106,8 @@ func (s *AllocatorService) Allocate(ctx context.Context, req *allocdv1.AllocateR
 }
 
 // Release implements allocdv1.AllocatorServiceServer.
-func (s *AllocatorService) Release(ctx context.Context, req *allocdv1.ReleaseRequest) (*allocdv1.ReleaseResponse, error) {
+func (s *AllocatorService) Release(ctx context.Context,
+	req *allocdv1.ReleaseRequest) (*allocdv1.ReleaseResponse, error) {
 	if req.GetForce() && s.forceOnlyByRPC {
 		return nil, Status(ErrForceReleaseRequired)
 	}
@@ -111,17 +115,20 @@ func (s *AllocatorService) Release(ctx context.Context, req *allocdv1.ReleaseReq
 	if err != nil {
 		return nil, err
 	}
-	return &allocdv1.ReleaseResponse{ReleasedClusterIps: out.ReleasedClusterIps, ReleasedNodePorts: out.ReleasedNodePorts,
-		Revision: out.Revision}, nil
+	return &allocdv1.ReleaseResponse{ReleasedClusterIps: out.ReleasedClusterIps,
+		ReleasedNodePorts: out.ReleasedNodePorts,
+		Revision:          out.Revision}, nil
 }
 
 // ForceRelease implements allocdv1.AllocatorServiceServer: Release with force.
-func (s *AllocatorService) ForceRelease(ctx context.Context, req *allocdv1.ForceReleaseRequest) (*allocdv1.ForceReleaseResponse, error) {
+func (s *AllocatorService) ForceRelease(ctx context.Context,
+	req *allocdv1.ForceReleaseRequest) (*allocdv1.ForceReleaseResponse, error) {
 	return s.release(ctx, req.GetOwner(), req.GetClusterIps(), req.GetNodePorts(), true)
 }
 
 // release validates and runs a release for Release and ForceRelease.
-func (s *AllocatorService) release(ctx context.Context, owner *allocdv1.Owner, ips []string, ports []int32, force bool) (*allocdv1.ForceReleaseResponse, error) {
+func (s *AllocatorService) release(ctx context.Context, owner *allocdv1.Owner, ips []string, ports []int32,
+	force bool) (*allocdv1.ForceReleaseResponse, error) {
 	inv := &InvalidError{}
 	o := validOwner(inv, owner, !force)
 	var items []allocator.Item
@@ -156,7 +163,8 @@ func (s *AllocatorService) release(ctx context.Context, owner *allocdv1.Owner, i
 }
 
 // GetAllocation implements allocdv1.AllocatorServiceServer.
-func (s *AllocatorService) GetAllocation(ctx context.Context, req *allocdv1.GetAllocationRequest) (*allocdv1.GetAllocationResponse, error) {
+func (s *AllocatorService) GetAllocation(ctx context.Context,
+	req *allocdv1.GetAllocationRequest) (*allocdv1.GetAllocationResponse, error) {
 	inv := &InvalidError{}
 	var it allocator.Item
 	switch t := req.GetTarget().(type) {
@@ -182,7 +190,8 @@ func (s *AllocatorService) GetAllocation(ctx context.Context, req *allocdv1.GetA
 }
 
 // ListAllocations implements allocdv1.AllocatorServiceServer.
-func (s *AllocatorService) ListAllocations(ctx context.Context, req *allocdv1.ListAllocationsRequest) (*allocdv1.ListAllocationsResponse, error) {
+func (s *AllocatorService) ListAllocations(ctx context.Context,
+	req *allocdv1.ListAllocationsRequest) (*allocdv1.ListAllocationsResponse, error) {
 	if req.GetPageSize() < 0 {
 		return nil, Status(Invalid("page_size", "must not be negative"))
 	}
@@ -202,13 +211,15 @@ func (s *AllocatorService) ListAllocations(ctx context.Context, req *allocdv1.Li
 // allocator's index, which follows etcd through a watch: the call first waits (a few
 // seconds at most, then UNAVAILABLE) until the index has caught up with etcd, so that
 // it reflects every Allocate and Release acknowledged before it.
-func (s *AllocatorService) ListRanges(ctx context.Context, _ *allocdv1.ListRangesRequest) (*allocdv1.ListRangesResponse, error) {
+func (s *AllocatorService) ListRanges(ctx context.Context,
+	_ *allocdv1.ListRangesRequest) (*allocdv1.ListRangesResponse, error) {
 	if err := s.a.Sync(ctx); err != nil {
 		return nil, Status(syncErr(err))
 	}
 	out := &allocdv1.ListRangesResponse{}
 	for _, ri := range s.a.Ranges() {
-		r := &allocdv1.Range{Name: ri.Name, Primary: ri.Primary, Size: ri.Size, Used: ri.Used, Free: ri.Size - ri.Used,
+		r := &allocdv1.Range{Name: ri.Name, Primary: ri.Primary, Size: ri.Size, Used: ri.Used,
+			Free:       ri.Size - ri.Used,
 			StaticBand: band(ri.Static), DynamicBand: band(ri.Dynamic), ServiceCidrs: ri.ServiceCIDRs}
 		if ri.Kind == allocator.KindClusterIP {
 			r.State = allocdv1.ServiceCIDRState_SERVICE_CIDR_STATE_READY
@@ -246,7 +257,8 @@ func band(b allocator.Band) *allocdv1.Band {
 
 func (s *AllocatorService) allocation(al allocator.Allocation) *allocdv1.Allocation {
 	out := &allocdv1.Allocation{Range: al.Range,
-		Owner:          &allocdv1.Owner{Namespace: al.Owner.Namespace, Name: al.Owner.Name, Uid: al.Owner.UID},
+		Owner: &allocdv1.Owner{Namespace: al.Owner.Namespace, Name: al.Owner.Name,
+			Uid: al.Owner.UID},
 		CreateRevision: al.CreateRevision, ModRevision: al.ModRevision, StaticBand: s.a.IsStatic(al.Item)}
 	if !al.AllocateTime.IsZero() {
 		out.AllocateTime = timestamppb.New(al.AllocateTime)
@@ -269,7 +281,8 @@ func validOwner(inv *InvalidError, o *allocdv1.Owner, uidRequired bool) allocato
 	if why := allocator.CheckUID(o.GetUid()); why != "" && (uidRequired || o.GetUid() != "") {
 		inv.Add("owner.uid", why)
 	}
-	for _, f := range []struct{ name, v string }{{"owner.namespace", o.GetNamespace()}, {"owner.name", o.GetName()}, {"owner.uid", o.GetUid()}} {
+	for _, f := range []struct{ name, v string }{{"owner.namespace", o.GetNamespace()},
+		{"owner.name", o.GetName()}, {"owner.uid", o.GetUid()}} {
 		if len(f.v) > maxOwnerField {
 			inv.Add(f.name, fmt.Sprintf("longer than %d bytes", maxOwnerField))
 		}

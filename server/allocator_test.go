@@ -22,7 +22,8 @@ import (
 
 // startAllocatorServer serves an AllocatorService over a running Allocator of the
 // given ranges on a loopback port; everything stops by t.Cleanup.
-func startAllocatorServer(t *testing.T, e *etcdtest.Server, ranges ...string) allocdv1.AllocatorServiceClient {
+func startAllocatorServer(t *testing.T, e *etcdtest.Server,
+	ranges ...string) allocdv1.AllocatorServiceClient {
 	t.Helper()
 	cfg := allocator.Config{Prefix: "/allocd", NodePortRange: allocator.DefaultNodePortRange}
 	for _, r := range ranges {
@@ -60,7 +61,8 @@ func TestAllocatorServiceAcceptance(t *testing.T) {
 
 	// Require dual stack: one IPv4 and one IPv6 address, both from the upper band, and
 	// the same answer on retry.
-	req := &allocdv1.AllocateRequest{Owner: own("web"), IpFamilyPolicy: allocdv1.IPFamilyPolicy_IP_FAMILY_POLICY_REQUIRE_DUAL_STACK}
+	req := &allocdv1.AllocateRequest{Owner: own("web"),
+		IpFamilyPolicy: allocdv1.IPFamilyPolicy_IP_FAMILY_POLICY_REQUIRE_DUAL_STACK}
 	res, err := c.Allocate(ctx, req)
 	if err != nil || len(res.GetClusterIps()) != 2 || res.GetRevision() == 0 || res.GetReplayed() {
 		t.Fatalf("Allocate(require dual stack) = %v, %v; want two addresses", res, err)
@@ -70,10 +72,13 @@ func TestAllocatorServiceAcceptance(t *testing.T) {
 		t.Errorf("Allocate(require dual stack) = %v; want IPv4 then IPv6", res.ClusterIps)
 	}
 	for _, ip := range res.ClusterIps {
-		got, err := c.GetAllocation(ctx, &allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: ip}})
+		got, err := c.GetAllocation(ctx,
+			&allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: ip}})
 		a := got.GetAllocation()
-		if err != nil || a.GetStaticBand() || a.GetOwner().GetUid() != "web" || a.GetCreateRevision() != res.Revision || a.GetAllocateTime() == nil {
-			t.Errorf("GetAllocation(%s) = %v, %v; want held by web in the dynamic band since %d", ip, got, err, res.Revision)
+		if err != nil || a.GetStaticBand() || a.GetOwner().GetUid() != "web" ||
+			a.GetCreateRevision() != res.Revision || a.GetAllocateTime() == nil {
+			t.Errorf("GetAllocation(%s) = %v, %v; want held by web in the dynamic band since %d", ip, got,
+				err, res.Revision)
 		}
 	}
 	again, err := c.Allocate(ctx, req)
@@ -82,34 +87,43 @@ func TestAllocatorServiceAcceptance(t *testing.T) {
 	}
 
 	// A specific address held by another owner: ALREADY_EXISTS naming the holder.
-	_, err = c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: own("other"), ClusterIps: []string{res.ClusterIps[0]}})
+	_, err = c.Allocate(ctx,
+		&allocdv1.AllocateRequest{Owner: own("other"), ClusterIps: []string{res.ClusterIps[0]}})
 	ri, ok := detail[*errdetails.ResourceInfo](err)
-	if status.Code(err) != codes.AlreadyExists || !ok || ri.GetOwner() != "default/svc-web web" || ri.GetResourceName() != res.ClusterIps[0] {
-		t.Errorf("Allocate(held %s) = %v (ResourceInfo %v); want ALREADY_EXISTS naming default/svc-web web", res.ClusterIps[0], err, ri)
+	if status.Code(err) != codes.AlreadyExists || !ok || ri.GetOwner() != "default/svc-web web" ||
+		ri.GetResourceName() != res.ClusterIps[0] {
+		t.Errorf("Allocate(held %s) = %v (ResourceInfo %v); want ALREADY_EXISTS naming default/svc-web web",
+			res.ClusterIps[0], err, ri)
 	}
 	// The kubernetes address is held from the start.
 	_, err = c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: own("other"), ClusterIps: []string{"10.0.0.1"}})
-	if ri, _ := detail[*errdetails.ResourceInfo](err); status.Code(err) != codes.AlreadyExists || ri.GetOwner() != "default/kubernetes default/kubernetes" {
+	if ri, _ := detail[*errdetails.ResourceInfo](err); status.Code(err) != codes.AlreadyExists ||
+		ri.GetOwner() != "default/kubernetes default/kubernetes" {
 		t.Errorf("Allocate(10.0.0.1) = %v; want ALREADY_EXISTS held by default/kubernetes", err)
 	}
 
 	// Release by a non-owner: FAILED_PRECONDITION; by the owner: OK, twice.
-	_, err = c.Release(ctx, &allocdv1.ReleaseRequest{Owner: own("other"), ClusterIps: []string{res.ClusterIps[0]}})
-	if ei, ok := detail[*errdetails.ErrorInfo](err); status.Code(err) != codes.FailedPrecondition || !ok || ei.GetReason() != "NOT_OWNER" || ei.GetMetadata()["holder_uid"] != "web" {
+	_, err = c.Release(ctx,
+		&allocdv1.ReleaseRequest{Owner: own("other"), ClusterIps: []string{res.ClusterIps[0]}})
+	if ei, ok := detail[*errdetails.ErrorInfo](err); status.Code(err) != codes.FailedPrecondition || !ok ||
+		ei.GetReason() != "NOT_OWNER" || ei.GetMetadata()["holder_uid"] != "web" {
 		t.Errorf("Release by a non-owner = %v; want FAILED_PRECONDITION with ErrorInfo NOT_OWNER", err)
 	}
 	for i := range 2 {
-		rel, err := c.Release(ctx, &allocdv1.ReleaseRequest{Owner: own("web"), ClusterIps: []string{res.ClusterIps[0]}})
+		rel, err := c.Release(ctx,
+			&allocdv1.ReleaseRequest{Owner: own("web"), ClusterIps: []string{res.ClusterIps[0]}})
 		if err != nil || (i == 0) != (len(rel.GetReleasedClusterIps()) == 1) {
 			t.Errorf("Release by the owner #%d = %v, %v; want OK (freed the first time)", i+1, rel, err)
 		}
 	}
-	_, err = c.GetAllocation(ctx, &allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: res.ClusterIps[0]}})
+	_, err = c.GetAllocation(ctx, &allocdv1.GetAllocationRequest{
+		Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: res.ClusterIps[0]}})
 	if status.Code(err) != codes.NotFound {
 		t.Errorf("GetAllocation(released) = %v; want NOT_FOUND", err)
 	}
 	// Force frees another's.
-	if rel, err := c.Release(ctx, &allocdv1.ReleaseRequest{ClusterIps: []string{res.ClusterIps[1]}, Force: true}); err != nil || len(rel.GetReleasedClusterIps()) != 1 {
+	if rel, err := c.Release(ctx, &allocdv1.ReleaseRequest{ClusterIps: []string{res.ClusterIps[1]},
+		Force: true}); err != nil || len(rel.GetReleasedClusterIps()) != 1 {
 		t.Errorf("Release(force) = %v, %v; want it freed", rel, err)
 	}
 
@@ -119,9 +133,11 @@ func TestAllocatorServiceAcceptance(t *testing.T) {
 		t.Fatalf("ListRanges() = %v, %v", lr, err)
 	}
 	r0, r2 := lr.Ranges[0], lr.Ranges[2]
-	if r0.GetName() != "10.0.0.0/24" || !r0.GetPrimary() || r0.GetSize() != 254 || r0.GetFamily() != allocdv1.IPFamily_IP_FAMILY_IPV4 ||
+	if r0.GetName() != "10.0.0.0/24" || !r0.GetPrimary() || r0.GetSize() != 254 ||
+		r0.GetFamily() != allocdv1.IPFamily_IP_FAMILY_IPV4 ||
 		r0.GetStaticBand().GetLast() != "10.0.0.16" || r0.GetDynamicBand().GetFirst() != "10.0.0.17" ||
-		r2.GetName() != "30000-32767" || r2.GetKind() != allocdv1.RangeKind_RANGE_KIND_NODE_PORT || r2.GetStaticBand().GetSize() != 86 {
+		r2.GetName() != "30000-32767" || r2.GetKind() != allocdv1.RangeKind_RANGE_KIND_NODE_PORT ||
+		r2.GetStaticBand().GetSize() != 86 {
 		t.Errorf("ListRanges() = %v", lr)
 	}
 }
@@ -137,22 +153,37 @@ func TestAllocatorServiceErrors(t *testing.T) {
 		fields []string // BadRequest fields, when INVALID_ARGUMENT
 	}{
 		{"no owner", &allocdv1.AllocateRequest{}, codes.InvalidArgument, []string{"owner"}},
-		{"no uid", &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Name: "x"}}, codes.InvalidArgument, []string{"owner.uid"}},
-		{"uid with an empty segment", &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Name: "x", Uid: "a//b"}}, codes.InvalidArgument, []string{"owner.uid"}},
-		{"bad ip", &allocdv1.AllocateRequest{Owner: own("a"), ClusterIps: []string{"10.0.0.300"}}, codes.InvalidArgument, []string{"cluster_ips[0]"}},
-		{"mapped ip", &allocdv1.AllocateRequest{Owner: own("a"), ClusterIps: []string{"::ffff:10.0.0.2"}}, codes.InvalidArgument, []string{"cluster_ips[0]"}},
-		{"bad port", &allocdv1.AllocateRequest{Owner: own("a"), NodePorts: []int32{30001, 70000}}, codes.InvalidArgument, []string{"node_ports[1]"}},
-		{"bad family", &allocdv1.AllocateRequest{Owner: own("a"), IpFamilies: []allocdv1.IPFamily{0}}, codes.InvalidArgument, []string{"ip_families[0]"}},
-		{"bad policy", &allocdv1.AllocateRequest{Owner: own("a"), IpFamilyPolicy: 9}, codes.InvalidArgument, []string{"ip_family_policy"}},
-		{"negative count", &allocdv1.AllocateRequest{Owner: own("a"), NodePortCount: -1}, codes.InvalidArgument, []string{"node_port_count"}},
-		{"too many", &allocdv1.AllocateRequest{Owner: own("a"), NodePortCount: allocator.MaxItems + 1}, codes.InvalidArgument, []string{"node_port_count"}},
-		{"several bad fields", &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{}, ClusterIps: []string{"x"}, NodePorts: []int32{0}}, codes.InvalidArgument,
+		{"no uid", &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Name: "x"}}, codes.InvalidArgument,
+			[]string{"owner.uid"}},
+		{"uid with an empty segment", &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Name: "x",
+			Uid: "a//b"}}, codes.InvalidArgument, []string{"owner.uid"}},
+		{"bad ip", &allocdv1.AllocateRequest{Owner: own("a"), ClusterIps: []string{"10.0.0.300"}},
+			codes.InvalidArgument, []string{"cluster_ips[0]"}},
+		{"mapped ip", &allocdv1.AllocateRequest{Owner: own("a"), ClusterIps: []string{"::ffff:10.0.0.2"}},
+			codes.InvalidArgument, []string{"cluster_ips[0]"}},
+		{"bad port", &allocdv1.AllocateRequest{Owner: own("a"), NodePorts: []int32{30001, 70000}},
+			codes.InvalidArgument, []string{"node_ports[1]"}},
+		{"bad family", &allocdv1.AllocateRequest{Owner: own("a"), IpFamilies: []allocdv1.IPFamily{0}},
+			codes.InvalidArgument, []string{"ip_families[0]"}},
+		{"bad policy", &allocdv1.AllocateRequest{Owner: own("a"), IpFamilyPolicy: 9}, codes.InvalidArgument,
+			[]string{"ip_family_policy"}},
+		{"negative count", &allocdv1.AllocateRequest{Owner: own("a"), NodePortCount: -1},
+			codes.InvalidArgument, []string{"node_port_count"}},
+		{"too many", &allocdv1.AllocateRequest{Owner: own("a"), NodePortCount: allocator.MaxItems + 1},
+			codes.InvalidArgument, []string{"node_port_count"}},
+		{"several bad fields", &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{}, ClusterIps: []string{"x"},
+			NodePorts: []int32{0}}, codes.InvalidArgument,
 			[]string{"owner.uid", "cluster_ips[0]", "node_ports[0]"}},
-		{"outside the range", &allocdv1.AllocateRequest{Owner: own("a"), ClusterIps: []string{"10.0.1.2"}}, codes.InvalidArgument, []string{"cluster_ips"}},
-		{"broadcast", &allocdv1.AllocateRequest{Owner: own("a"), ClusterIps: []string{"10.0.0.7"}}, codes.InvalidArgument, []string{"cluster_ips"}},
-		{"port outside", &allocdv1.AllocateRequest{Owner: own("a"), NodePorts: []int32{8080}}, codes.InvalidArgument, []string{"node_ports"}},
-		{"no IPv6 range", &allocdv1.AllocateRequest{Owner: own("a"), IpFamilies: []allocdv1.IPFamily{allocdv1.IPFamily_IP_FAMILY_IPV6}}, codes.InvalidArgument, []string{"ip_families"}},
-		{"port twice", &allocdv1.AllocateRequest{Owner: own("a"), NodePorts: []int32{30001, 30001}}, codes.InvalidArgument, []string{"node_ports"}},
+		{"outside the range", &allocdv1.AllocateRequest{Owner: own("a"), ClusterIps: []string{"10.0.1.2"}},
+			codes.InvalidArgument, []string{"cluster_ips"}},
+		{"broadcast", &allocdv1.AllocateRequest{Owner: own("a"), ClusterIps: []string{"10.0.0.7"}},
+			codes.InvalidArgument, []string{"cluster_ips"}},
+		{"port outside", &allocdv1.AllocateRequest{Owner: own("a"), NodePorts: []int32{8080}},
+			codes.InvalidArgument, []string{"node_ports"}},
+		{"no IPv6 range", &allocdv1.AllocateRequest{Owner: own("a"), IpFamilies: []allocdv1.IPFamily{
+			allocdv1.IPFamily_IP_FAMILY_IPV6}}, codes.InvalidArgument, []string{"ip_families"}},
+		{"port twice", &allocdv1.AllocateRequest{Owner: own("a"), NodePorts: []int32{30001, 30001}},
+			codes.InvalidArgument, []string{"node_ports"}},
 	}
 	for _, tc := range tests {
 		_, err := c.Allocate(ctx, tc.req)
@@ -163,7 +194,8 @@ func TestAllocatorServiceErrors(t *testing.T) {
 			}
 		}
 		if status.Code(err) != tc.code || !slices.Equal(fields, tc.fields) {
-			t.Errorf("%s: Allocate(%v) = %v (fields %v); want %v with fields %v", tc.name, tc.req, err, fields, tc.code, tc.fields)
+			t.Errorf("%s: Allocate(%v) = %v (fields %v); want %v with fields %v", tc.name, tc.req, err,
+				fields, tc.code, tc.fields)
 		}
 	}
 	// Nothing was written: only the kubernetes address is held.
@@ -178,25 +210,31 @@ func TestAllocatorServiceErrors(t *testing.T) {
 		}
 	}
 	_, err = c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: own("full")})
-	if qf, ok := detail[*errdetails.QuotaFailure](err); status.Code(err) != codes.ResourceExhausted || !ok || qf.GetViolations()[0].GetSubject() != "10.0.0.0/29" {
+	if qf, ok := detail[*errdetails.QuotaFailure](err); status.Code(err) != codes.ResourceExhausted || !ok ||
+		qf.GetViolations()[0].GetSubject() != "10.0.0.0/29" {
 		t.Errorf("Allocate on a full /29 = %v; want RESOURCE_EXHAUSTED with QuotaFailure on 10.0.0.0/29", err)
 	}
 	// GetAllocation and ListAllocations bad input.
-	for _, req := range []*allocdv1.GetAllocationRequest{{}, {Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: "nope"}},
+	for _, req := range []*allocdv1.GetAllocationRequest{{},
+		{Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: "nope"}},
 		{Target: &allocdv1.GetAllocationRequest_NodePort{NodePort: 99999}}} {
 		if _, err := c.GetAllocation(ctx, req); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("GetAllocation(%v) = %v; want INVALID_ARGUMENT", req, err)
 		}
 	}
-	if _, err := c.GetAllocation(ctx, &allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_NodePort{NodePort: 30001}}); status.Code(err) != codes.NotFound {
+	freePort := &allocdv1.GetAllocationRequest{
+		Target: &allocdv1.GetAllocationRequest_NodePort{NodePort: 30001}}
+	if _, err := c.GetAllocation(ctx, freePort); status.Code(err) != codes.NotFound {
 		t.Errorf("GetAllocation(free port) = %v; want NOT_FOUND", err)
 	}
-	for _, req := range []*allocdv1.ListAllocationsRequest{{PageSize: -1}, {PageToken: "zz"}, {Range: "10.1.0.0/16"}} {
+	for _, req := range []*allocdv1.ListAllocationsRequest{{PageSize: -1}, {PageToken: "zz"},
+		{Range: "10.1.0.0/16"}} {
 		if _, err := c.ListAllocations(ctx, req); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("ListAllocations(%v) = %v; want INVALID_ARGUMENT", req, err)
 		}
 	}
-	if _, err := c.Release(ctx, &allocdv1.ReleaseRequest{ClusterIps: []string{"10.0.0.2"}}); status.Code(err) != codes.InvalidArgument {
+	noOwner := &allocdv1.ReleaseRequest{ClusterIps: []string{"10.0.0.2"}}
+	if _, err := c.Release(ctx, noOwner); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("Release(no owner, no force) = %v; want INVALID_ARGUMENT", err)
 	}
 }
@@ -206,7 +244,8 @@ func TestAllocatorServicePaging(t *testing.T) {
 	c := startAllocatorServer(t, e, "10.0.0.0/24")
 	ctx := etcdtest.Context(t)
 	for i := range 7 {
-		if _, err := c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: own(fmt.Sprint("p", i)), NodePortCount: 1}); err != nil {
+		if _, err := c.Allocate(ctx,
+			&allocdv1.AllocateRequest{Owner: own(fmt.Sprint("p", i)), NodePortCount: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -258,7 +297,8 @@ func TestAllocatorServiceListRangesCurrent(t *testing.T) {
 	}
 	// Another replica writes; its allocations reach this replica's index by the watch.
 	other, err := allocator.New(ctx, e.NewClient(), allocator.Config{Prefix: "/allocd",
-		ClusterIPRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}, NodePortRange: allocator.DefaultNodePortRange})
+		ClusterIPRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")},
+		NodePortRange:   allocator.DefaultNodePortRange})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +333,8 @@ func TestAllocatorServiceListRangesCurrent(t *testing.T) {
 		t.Errorf("ListRanges() = used %d; want %d", got, want)
 	}
 	if d := time.Since(start); d > 2*time.Second {
-		t.Errorf("ListRanges() after a write outside the allocations took %v; want well under the 5 s bound", d)
+		t.Errorf("ListRanges() after a write outside the allocations took %v; want well under the 5 s bound",
+			d)
 	}
 
 	// An allocator whose Run is not running cannot catch up: UNAVAILABLE.

@@ -59,7 +59,8 @@ func revisionSize(num protowire.Number, v int64) int {
 
 // endpointsWatchResponse is the API's message of one change of an Endpoints object.
 func endpointsWatchResponse(ev endpoints.WatchEvent) *allocdv1.WatchServiceEndpointsResponse {
-	resp := &allocdv1.WatchServiceEndpointsResponse{Type: allocdv1.WatchEventType(ev.Type), Revision: ev.Revision}
+	resp := &allocdv1.WatchServiceEndpointsResponse{Type: allocdv1.WatchEventType(ev.Type),
+		Revision: ev.Revision}
 	if ev.Stored != nil {
 		resp.ProtoReflect().SetUnknown(storedField(epField, epRevision, epCreated, ev.Stored))
 	} else {
@@ -70,7 +71,8 @@ func endpointsWatchResponse(ev endpoints.WatchEvent) *allocdv1.WatchServiceEndpo
 
 // sliceWatchResponse is the API's message of one change of a slice.
 func sliceWatchResponse(ev endpoints.SliceWatchEvent) *allocdv1.WatchEndpointSlicesResponse {
-	resp := &allocdv1.WatchEndpointSlicesResponse{Type: allocdv1.WatchEventType(ev.Type), Revision: ev.Revision}
+	resp := &allocdv1.WatchEndpointSlicesResponse{Type: allocdv1.WatchEventType(ev.Type),
+		Revision: ev.Revision}
 	if ev.Stored != nil {
 		resp.ProtoReflect().SetUnknown(storedField(sliceField, sliceRevision, sliceCreated, ev.Stored))
 	} else {

@@ -24,50 +24,65 @@ func storedEndpoints() map[string]*allocdv1.ServiceEndpoints {
 		return &allocdv1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: n, Uid: n + "-uid"}
 	}
 	return map[string]*allocdv1.ServiceEndpoints{
-		"full": {Namespace: "ns", Name: "full", Labels: map[string]string{"app": "a", "endpoints.kubernetes.io/managed-by": "endpoint-controller"},
-			Annotations: map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-26T00:00:00Z"},
+		"full": {Namespace: "ns", Name: "full", Labels: map[string]string{"app": "a",
+			"endpoints.kubernetes.io/managed-by": "endpoint-controller"},
+			Annotations: map[string]string{endpoints.AnnotationTriggerTime: "2026-11-26T00:00:00Z"},
 			Subsets: []*allocdv1.ServiceEndpointSubset{{
-				Addresses:         []*allocdv1.EndpointAddress{{Ip: "10.0.0.1", NodeName: "n1", TargetRef: ref("p1")}, {Ip: "10.0.0.2", Hostname: "h"}},
-				NotReadyAddresses: []*allocdv1.EndpointAddress{{Ip: "10.0.0.3", TargetRef: &allocdv1.ObjectReference{}}},
-				Ports: []*allocdv1.EndpointPort{{Name: "http", Port: 8080, Protocol: "TCP", AppProtocol: proto.String("")},
+				Addresses: []*allocdv1.EndpointAddress{{Ip: "10.0.0.1", NodeName: "n1",
+					TargetRef: ref("p1")}, {Ip: "10.0.0.2", Hostname: "h"}},
+				NotReadyAddresses: []*allocdv1.EndpointAddress{{Ip: "10.0.0.3",
+					TargetRef: &allocdv1.ObjectReference{}}},
+				Ports: []*allocdv1.EndpointPort{{Name: "http", Port: 8080, Protocol: "TCP",
+					AppProtocol: proto.String("")},
 					{Port: 53, Protocol: "UDP"}}}},
 			ServiceUid: "svc-uid", ManagedBy: "endpoint-controller", AddressCount: 3},
-		"bare":         {Namespace: "ns", Name: "bare"},
-		"empty-subset": {Namespace: "ns", Name: "empty-subset", Subsets: []*allocdv1.ServiceEndpointSubset{{}}},
+		"bare": {Namespace: "ns", Name: "bare"},
+		"empty-subset": {Namespace: "ns", Name: "empty-subset",
+			Subsets: []*allocdv1.ServiceEndpointSubset{{}}},
 	}
 }
 
 func storedSlices() map[string]*allocdv1.EndpointSlice {
 	t, f := proto.Bool(true), proto.Bool(false)
-	port := &allocdv1.EndpointSlicePort{Name: proto.String("http"), Port: proto.Int32(8080), Protocol: proto.String("TCP")}
+	port := &allocdv1.EndpointSlicePort{Name: proto.String("http"), Port: proto.Int32(8080),
+		Protocol: proto.String("TCP")}
 	ep := func(ip string) *allocdv1.SliceEndpoint {
-		return &allocdv1.SliceEndpoint{Addresses: []string{ip}, Conditions: &allocdv1.EndpointConditions{Ready: t, Serving: t, Terminating: f},
-			NodeName: proto.String("n1"), Zone: proto.String("z1"),
-			TargetRef: &allocdv1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: "p-" + ip, Uid: "u-" + ip}}
+		return &allocdv1.SliceEndpoint{Addresses: []string{ip},
+			Conditions: &allocdv1.EndpointConditions{Ready: t, Serving: t, Terminating: f},
+			NodeName:   proto.String("n1"), Zone: proto.String("z1"),
+			TargetRef: &allocdv1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: "p-" + ip,
+				Uid: "u-" + ip}}
 	}
-	slice := func(name string, eps []*allocdv1.SliceEndpoint, ports ...*allocdv1.EndpointSlicePort) *allocdv1.EndpointSlice {
-		return &allocdv1.EndpointSlice{Namespace: "ns", Name: name, AddressType: "IPv4", ServiceUid: "svc-uid",
-			Labels:      map[string]string{"kubernetes.io/service-name": "svc", "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
-			Annotations: map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-26T00:00:00Z"},
+	slice := func(name string, eps []*allocdv1.SliceEndpoint,
+		ports ...*allocdv1.EndpointSlicePort) *allocdv1.EndpointSlice {
+		return &allocdv1.EndpointSlice{Namespace: "ns", Name: name, AddressType: "IPv4",
+			ServiceUid: "svc-uid",
+			Labels: map[string]string{"kubernetes.io/service-name": "svc",
+				"endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+			Annotations: map[string]string{endpoints.AnnotationTriggerTime: "2026-11-26T00:00:00Z"},
 			Endpoints:   eps, Ports: ports}
 	}
 	hinted := ep("10.0.0.2")
 	hinted.Hostname = proto.String("h")
-	hinted.Hints = &allocdv1.EndpointHints{ForZones: []*allocdv1.ForZone{{Name: "z1"}}, ForNodes: []*allocdv1.ForNode{{Name: "n1"}}}
+	hinted.Hints = &allocdv1.EndpointHints{ForZones: []*allocdv1.ForZone{{Name: "z1"}},
+		ForNodes: []*allocdv1.ForNode{{Name: "n1"}}}
 	onlyReady := ep("10.0.0.3")
 	onlyReady.Conditions = &allocdv1.EndpointConditions{Ready: t}
 	noConditions := ep("10.0.0.4")
 	noConditions.Conditions = nil
 	emptyHost := ep("10.0.0.5")
 	emptyHost.Hostname = proto.String("")
-	appProto := &allocdv1.EndpointSlicePort{Name: proto.String(""), Port: proto.Int32(0), Protocol: proto.String("SCTP"),
+	appProto := &allocdv1.EndpointSlicePort{Name: proto.String(""), Port: proto.Int32(0),
+		Protocol:    proto.String("SCTP"),
 		AppProtocol: proto.String("x")}
 	return map[string]*allocdv1.EndpointSlice{
-		"svc-full":          slice("svc-full", []*allocdv1.SliceEndpoint{ep("10.0.0.1"), hinted, onlyReady}, port, appProto),
+		"svc-full": slice("svc-full", []*allocdv1.SliceEndpoint{ep("10.0.0.1"), hinted, onlyReady},
+			port, appProto),
 		"svc-placeholder":   slice("svc-placeholder", nil),
 		"svc-no-conditions": slice("svc-no-conditions", []*allocdv1.SliceEndpoint{noConditions}, port),
 		"svc-empty-host":    slice("svc-empty-host", []*allocdv1.SliceEndpoint{emptyHost}, port),
-		"svc-unnamed-port":  slice("svc-unnamed-port", []*allocdv1.SliceEndpoint{ep("10.0.0.6")}, &allocdv1.EndpointSlicePort{Port: proto.Int32(80)}),
+		"svc-unnamed-port": slice("svc-unnamed-port", []*allocdv1.SliceEndpoint{ep("10.0.0.6")},
+			&allocdv1.EndpointSlicePort{Port: proto.Int32(80)}),
 	}
 }
 
@@ -122,7 +137,8 @@ func putProto(t *testing.T, e *etcdtest.Server, key string, m proto.Message) {
 }
 
 // listBoth lists every Endpoints object and slice, by kind and name, at one revision.
-func listBoth(ctx context.Context, t *testing.T, api allocdv1.EndpointsServiceClient) (int64, map[string]proto.Message) {
+func listBoth(ctx context.Context, t *testing.T, api allocdv1.EndpointsServiceClient) (int64,
+	map[string]proto.Message) {
 	t.Helper()
 	out := map[string]proto.Message{}
 	eps, err := api.ListServiceEndpoints(ctx, &allocdv1.ListServiceEndpointsRequest{Namespace: "ns"})
@@ -132,7 +148,8 @@ func listBoth(ctx context.Context, t *testing.T, api allocdv1.EndpointsServiceCl
 	for _, m := range eps.GetEndpoints() {
 		out["endpoints/"+m.GetName()] = m
 	}
-	sl, err := api.ListEndpointSlices(ctx, &allocdv1.ListEndpointSlicesRequest{Namespace: "ns", PageSize: 5000})
+	sl, err := api.ListEndpointSlices(ctx, &allocdv1.ListEndpointSlicesRequest{Namespace: "ns",
+		PageSize: 5000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +170,8 @@ func checkWatch(ctx context.Context, t *testing.T, api allocdv1.EndpointsService
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	got := map[string]proto.Message{}
-	ew, err := api.WatchServiceEndpoints(ctx, &allocdv1.WatchServiceEndpointsRequest{Namespace: "ns", StartRevision: rev})
+	ew, err := api.WatchServiceEndpoints(ctx, &allocdv1.WatchServiceEndpointsRequest{Namespace: "ns",
+		StartRevision: rev})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,11 +181,13 @@ func checkWatch(ctx context.Context, t *testing.T, api allocdv1.EndpointsService
 			t.Fatalf("WatchServiceEndpoints: %v", err)
 		}
 		if ev.GetType() != typ {
-			t.Errorf("WatchServiceEndpoints sent %v of %s; want %v", ev.GetType(), ev.GetEndpoints().GetName(), typ)
+			t.Errorf("WatchServiceEndpoints sent %v of %s; want %v", ev.GetType(),
+				ev.GetEndpoints().GetName(), typ)
 		}
 		got["endpoints/"+ev.GetEndpoints().GetName()] = ev.GetEndpoints()
 	}
-	sw, err := api.WatchEndpointSlices(ctx, &allocdv1.WatchEndpointSlicesRequest{Namespace: "ns", StartRevision: rev})
+	sw, err := api.WatchEndpointSlices(ctx, &allocdv1.WatchEndpointSlicesRequest{Namespace: "ns",
+		StartRevision: rev})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +197,8 @@ func checkWatch(ctx context.Context, t *testing.T, api allocdv1.EndpointsService
 			t.Fatalf("WatchEndpointSlices: %v", err)
 		}
 		if ev.GetType() != typ {
-			t.Errorf("WatchEndpointSlices sent %v of %s; want %v", ev.GetType(), ev.GetEndpointSlice().GetName(), typ)
+			t.Errorf("WatchEndpointSlices sent %v of %s; want %v", ev.GetType(),
+				ev.GetEndpointSlice().GetName(), typ)
 		}
 		got["slice/"+ev.GetEndpointSlice().GetName()] = ev.GetEndpointSlice()
 	}

@@ -37,8 +37,8 @@ var ErrInvalid = badrequest.ErrInvalid
 // package returns (package badrequest).
 type InvalidError = badrequest.Error
 
-// Violation is one bad field of a request.
-type Violation = badrequest.FieldViolation
+// violation is one bad field of a request.
+type violation = badrequest.FieldViolation
 
 // Invalid returns an InvalidError for one field.
 func Invalid(field, description string) *InvalidError { return badrequest.New(field, description) }
@@ -72,8 +72,9 @@ func Status(err error) error {
 	if call.NotApplied(err) {
 		// Before the context's errors: a write that waited for a connection to etcd
 		// until its deadline was still never sent.
-		return unavailableWith("etcd unavailable, nothing applied: "+err.Error(), allocdv1.ErrorReason_ETCD_UNAVAILABLE,
-			map[string]string{"outcome": OutcomeNotApplied})
+		return unavailableWith("etcd unavailable, nothing applied: "+err.Error(),
+			allocdv1.ErrorReason_ETCD_UNAVAILABLE,
+			map[string]string{"outcome": outcomeNotApplied})
 	}
 	var inv *InvalidError
 	switch {
@@ -82,11 +83,13 @@ func Status(err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, ErrNotReady):
-		return unavailableWith(err.Error(), allocdv1.ErrorReason_UNAVAILABLE, map[string]string{"outcome": OutcomeNotApplied})
+		return unavailableWith(err.Error(), allocdv1.ErrorReason_UNAVAILABLE,
+			map[string]string{"outcome": outcomeNotApplied})
 	case errors.Is(err, ErrUnavailable):
 		return unavailable(err.Error(), allocdv1.ErrorReason_UNAVAILABLE)
 	case errors.Is(err, ErrForceReleaseRequired):
-		return withDetails(codes.PermissionDenied, err.Error(), errorInfo(allocdv1.ErrorReason_FORCE_RELEASE_REQUIRED, nil))
+		return withDetails(codes.PermissionDenied, err.Error(),
+			errorInfo(allocdv1.ErrorReason_FORCE_RELEASE_REQUIRED, nil))
 	}
 	// The domain packages first: a bad snapshot file wraps an invalid snapshot, but is
 	// not the caller's bad input.
@@ -99,7 +102,8 @@ func Status(err error) error {
 	if errors.Is(err, rpctypes.ErrCompacted) {
 		// A read at a revision etcd compacted meanwhile (a repair pass's list, say),
 		// where no caller's token or revision is to blame: reading again works.
-		return unavailable("etcd compacted the revision this read needed; retry: "+err.Error(), allocdv1.ErrorReason_ETCD_UNAVAILABLE)
+		return unavailable("etcd compacted the revision this read needed; retry: "+err.Error(),
+			allocdv1.ErrorReason_ETCD_UNAVAILABLE)
 	}
 	if retryableEtcdError(err) {
 		return unavailable("etcd unavailable: "+err.Error(), allocdv1.ErrorReason_ETCD_UNAVAILABLE)
@@ -110,10 +114,16 @@ func Status(err error) error {
 		if st.Code() == codes.Unavailable {
 			return unavailable(st.Message(), allocdv1.ErrorReason_UNAVAILABLE)
 		}
-		// A broken connection to etcd (or to the leader) surfaces as INTERNAL from
-		// gRPC's transport ("stream terminated by RST_STREAM"): the call's outcome is
-		// unknown and a retry may succeed; it is not allocd's internal error.
-		if st.Code() == codes.Internal && strings.Contains(st.Message(), "RST_STREAM") {
+		// INTERNAL from down here is gRPC's client transport, not a server's answer:
+		// grpc-go turns a stream the peer reset (RST_STREAM, save REFUSED_STREAM,
+		// CANCEL and the flow-control codes: its http2ErrConvTab) and a response it
+		// could not read (no trailers, a frame or message it cannot decode) into
+		// INTERNAL. etcd never answers INTERNAL itself (rpctypes has no such error),
+		// and the etcd client retries it as a failure "in the middle of send"
+		// (isHaltErr); a leader's answers are forwarded without this function. The
+		// call's outcome is unknown and a retry may succeed: it is not allocd's
+		// internal error.
+		if st.Code() == codes.Internal {
 			return unavailable(st.Message(), allocdv1.ErrorReason_UNAVAILABLE)
 		}
 		return st.Err()
@@ -121,11 +131,11 @@ func Status(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-// OutcomeNotApplied is the value of the ErrorInfo metadata "outcome" of an UNAVAILABLE
+// outcomeNotApplied is the value of the ErrorInfo metadata "outcome" of an UNAVAILABLE
 // error that certainly changed nothing: allocd was not ready, or etcd refused the
 // write before proposing it (no member reached, no leader). Without it, the outcome
 // of a write that failed UNAVAILABLE is unknown.
-const OutcomeNotApplied = "not_applied"
+const outcomeNotApplied = "not_applied"
 
 // noSpaceHelp is where etcd says how to free space and disarm the NOSPACE alarm.
 const noSpaceHelp = "https://etcd.io/docs/v3.6/op-guide/maintenance/#space-quota"
@@ -142,11 +152,13 @@ const noSpaceHelp = "https://etcd.io/docs/v3.6/op-guide/maintenance/#space-quota
 func noSpace(err error) error {
 	return withDetails(codes.ResourceExhausted,
 		"etcd is out of space (NOSPACE alarm); reads still work, writes fail until an operator frees space "+
-			"and disarms the alarm (etcdctl compact, etcdctl defrag, etcdctl alarm disarm); the write that filled etcd was applied, "+
-			"so retry the same request once space is freed: "+err.Error(),
-		errorInfo(allocdv1.ErrorReason_ETCD_NO_SPACE, map[string]string{"alarm": "NOSPACE", "outcome": "unknown"}),
+			"and disarms the alarm (etcdctl compact, etcdctl defrag, etcdctl alarm disarm); the write that "+
+			"filled etcd was applied, so retry the same request once space is freed: "+err.Error(),
+		errorInfo(allocdv1.ErrorReason_ETCD_NO_SPACE,
+			map[string]string{"alarm": "NOSPACE", "outcome": "unknown"}),
 		&errdetails.Help{Links: []*errdetails.Help_Link{{
-			Description: "etcd maintenance: space quota (compact, defragment, disarm the NOSPACE alarm)", Url: noSpaceHelp}}})
+			Description: "etcd maintenance: space quota (compact, defragment, disarm the NOSPACE alarm)",
+			Url:         noSpaceHelp}}})
 }
 
 // unavailable is UNAVAILABLE with a RetryInfo detail.
@@ -161,7 +173,7 @@ func unavailableWith(msg string, reason allocdv1.ErrorReason, metadata map[strin
 }
 
 // badRequest is INVALID_ARGUMENT with a BadRequest detail naming every bad field.
-func badRequest(msg string, vs ...Violation) error {
+func badRequest(msg string, vs ...violation) error {
 	br := &errdetails.BadRequest{}
 	for _, v := range vs {
 		br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{
@@ -221,7 +233,8 @@ func domainStatus(err error) error {
 	// masterlease: bad ip/ttl_seconds, state not ready, CAS retries exhausted.
 	// leader: not the leader of the controller called.
 	// Each returns nil for an error that is not its package's.
-	for _, m := range []func(error) error{allocatorStatus, leaderStatus, repairStatus, leaseStatus, endpointsStatus} {
+	mappers := []func(error) error{allocatorStatus, leaderStatus, repairStatus, leaseStatus, endpointsStatus}
+	for _, m := range mappers {
 		if st := m(err); st != nil {
 			return st
 		}
@@ -249,32 +262,41 @@ func allocatorStatus(err error) error {
 			field = "node_ports"
 		}
 		return withDetails(codes.InvalidArgument, msg,
-			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: msg}}},
-			errorInfo(allocdv1.ErrorReason_NOT_IN_RANGE, map[string]string{"item": notIn.Item.String(), "range": notIn.Range}))
+			&errdetails.BadRequest{
+				FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: msg}}},
+			errorInfo(allocdv1.ErrorReason_NOT_IN_RANGE,
+				map[string]string{"item": notIn.Item.String(), "range": notIn.Range}))
 	case errors.Is(err, allocator.ErrNoRange):
 		return withDetails(codes.InvalidArgument, msg,
-			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "ip_families", Description: msg}}},
+			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+				{Field: "ip_families", Description: msg}}},
 			errorInfo(allocdv1.ErrorReason_NO_RANGE, nil))
 	case errors.As(err, &allocated):
 		return withDetails(codes.AlreadyExists, msg,
-			&errdetails.ResourceInfo{ResourceType: "allocd.v1.Allocation", ResourceName: allocated.Item.String(),
-				Owner: allocated.Holder.String(), Description: msg},
-			errorInfo(allocdv1.ErrorReason_ALREADY_ALLOCATED, map[string]string{"item": allocated.Item.String(),
-				"holder_namespace": allocated.Holder.Namespace, "holder_name": allocated.Holder.Name, "holder_uid": allocated.Holder.UID}))
+			&errdetails.ResourceInfo{ResourceType: "allocd.v1.Allocation",
+				ResourceName: allocated.Item.String(),
+				Owner:        allocated.Holder.String(), Description: msg},
+			errorInfo(allocdv1.ErrorReason_ALREADY_ALLOCATED,
+				map[string]string{"item": allocated.Item.String(),
+					"holder_namespace": allocated.Holder.Namespace, "holder_name": allocated.Holder.Name,
+					"holder_uid": allocated.Holder.UID}))
 	case errors.Is(err, allocator.ErrFull):
 		subject := ""
 		if errors.As(err, &full) {
 			subject = full.Range
 		}
 		return withDetails(codes.ResourceExhausted, msg,
-			&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: subject, Description: msg}}},
+			&errdetails.QuotaFailure{
+				Violations: []*errdetails.QuotaFailure_Violation{{Subject: subject, Description: msg}}},
 			errorInfo(allocdv1.ErrorReason_RANGE_FULL, map[string]string{"range": subject}))
 	case errors.As(err, &notOwner):
 		return withDetails(codes.FailedPrecondition, msg,
-			errorInfo(allocdv1.ErrorReason_NOT_OWNER, map[string]string{"item": notOwner.Item.String(), "holder_uid": notOwner.Holder.UID,
-				"holder": notOwner.Holder.String()}),
+			errorInfo(allocdv1.ErrorReason_NOT_OWNER,
+				map[string]string{"item": notOwner.Item.String(), "holder_uid": notOwner.Holder.UID,
+					"holder": notOwner.Holder.String()}),
 			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
-				Type: "OWNER", Subject: notOwner.Item.String(), Description: msg + "; set force to release it anyway"}}})
+				Type: "OWNER", Subject: notOwner.Item.String(),
+				Description: msg + "; set force to release it anyway"}}})
 	case errors.Is(err, allocator.ErrConflict):
 		return withDetails(codes.Aborted, msg, errorInfo(allocdv1.ErrorReason_CONFLICT, nil))
 	case errors.Is(err, allocator.ErrNotFound):
@@ -282,16 +304,20 @@ func allocatorStatus(err error) error {
 	case errors.Is(err, allocator.ErrNotRunning), errors.Is(err, allocator.ErrNotSynced):
 		return unavailable(msg, allocdv1.ErrorReason_UNAVAILABLE)
 	case errors.As(err, &cidrExists):
-		return withDetails(codes.AlreadyExists, msg, errorInfo(allocdv1.ErrorReason_SERVICE_CIDR_EXISTS, map[string]string{"name": cidrExists.Name}))
+		return withDetails(codes.AlreadyExists, msg,
+			errorInfo(allocdv1.ErrorReason_SERVICE_CIDR_EXISTS, map[string]string{"name": cidrExists.Name}))
 	case errors.As(err, &cidrNotFound):
-		return withDetails(codes.NotFound, msg, errorInfo(allocdv1.ErrorReason_SERVICE_CIDR_NOT_FOUND, map[string]string{"name": cidrNotFound.Name}))
+		return withDetails(codes.NotFound, msg, errorInfo(allocdv1.ErrorReason_SERVICE_CIDR_NOT_FOUND,
+			map[string]string{"name": cidrNotFound.Name}))
 	case errors.As(err, &terminating):
 		return withDetails(codes.FailedPrecondition, msg,
-			errorInfo(allocdv1.ErrorReason_SERVICE_CIDR_TERMINATING, map[string]string{"item": terminating.Item.String(), "cidrs": strings.Join(terminating.CIDRs, ", ")}),
+			errorInfo(allocdv1.ErrorReason_SERVICE_CIDR_TERMINATING, map[string]string{
+				"item": terminating.Item.String(), "cidrs": strings.Join(terminating.CIDRs, ", ")}),
 			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
 				Type: "SERVICE_CIDR", Subject: terminating.Item.String(), Description: msg}}})
 	case errors.Is(err, allocator.ErrRangesMismatch):
-		return withDetails(codes.FailedPrecondition, msg, errorInfo(allocdv1.ErrorReason_RANGES_MISMATCH, nil))
+		return withDetails(codes.FailedPrecondition, msg,
+			errorInfo(allocdv1.ErrorReason_RANGES_MISMATCH, nil))
 	}
 	return nil
 }
@@ -304,7 +330,8 @@ func leaseStatus(err error) error {
 	case errors.Is(err, masterlease.ErrNotReady):
 		return unavailable(err.Error(), allocdv1.ErrorReason_MASTER_LEASES_NOT_READY)
 	case errors.Is(err, masterlease.ErrConflict):
-		return withDetails(codes.Aborted, err.Error(), errorInfo(allocdv1.ErrorReason_MASTER_LEASE_CONFLICT, nil))
+		return withDetails(codes.Aborted, err.Error(),
+			errorInfo(allocdv1.ErrorReason_MASTER_LEASE_CONFLICT, nil))
 	}
 	return nil
 }
@@ -325,7 +352,8 @@ func leaderStatus(err error) error {
 	if nl.Leader == "" || nl.Err != nil {
 		return unavailableWith(err.Error(), allocdv1.ErrorReason_REPAIR_LEADER_UNAVAILABLE, md)
 	}
-	return withDetails(codes.FailedPrecondition, err.Error(), errorInfo(allocdv1.ErrorReason_NOT_REPAIR_LEADER, md))
+	return withDetails(codes.FailedPrecondition, err.Error(),
+		errorInfo(allocdv1.ErrorReason_NOT_REPAIR_LEADER, md))
 }
 
 // repairStatus maps the errors of package repair (the repair case of domainStatus).
@@ -344,14 +372,16 @@ func repairStatus(err error) error {
 		return withDetails(codes.FailedPrecondition, err.Error(),
 			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
 				Type: "STALE_SNAPSHOT", Subject: "snapshot.revision",
-				Description: "the revision must not be older than the last accepted revision " + strconv.FormatInt(stale.Accepted, 10),
+				Description: "the revision must not be older than the last accepted revision " +
+					strconv.FormatInt(stale.Accepted, 10),
 			}}},
 			errorInfo(allocdv1.ErrorReason_STALE_SNAPSHOT, map[string]string{
 				"revision":          strconv.FormatInt(stale.Revision, 10),
 				"accepted_revision": strconv.FormatInt(stale.Accepted, 10),
 			}))
 	case errors.Is(err, repair.ErrNoSnapshot):
-		return withDetails(codes.FailedPrecondition, err.Error(), errorInfo(allocdv1.ErrorReason_NO_SNAPSHOT, nil))
+		return withDetails(codes.FailedPrecondition, err.Error(),
+			errorInfo(allocdv1.ErrorReason_NO_SNAPSHOT, nil))
 	}
 	return nil
 }
@@ -373,16 +403,19 @@ func endpointsStatus(err error) error {
 	case errors.As(err, &req):
 		return withDetails(codes.FailedPrecondition, msg,
 			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
-				Type: "SNAPSHOT_REQUIRED", Subject: string(req.Kind), Description: "push a " + string(req.Kind) + " snapshot first"}}},
+				Type: "SNAPSHOT_REQUIRED", Subject: string(req.Kind),
+				Description: "push a " + string(req.Kind) + " snapshot first"}}},
 			errorInfo(allocdv1.ErrorReason_SNAPSHOT_REQUIRED, map[string]string{"kind": string(req.Kind)}))
 	case errors.As(err, &stale):
 		return withDetails(codes.FailedPrecondition, msg,
 			errorInfo(allocdv1.ErrorReason_STALE_SNAPSHOT, map[string]string{"kind": string(stale.Kind),
-				"revision": strconv.FormatInt(stale.Revision, 10), "applied_revision": strconv.FormatInt(stale.Applied, 10)}))
+				"revision":         strconv.FormatInt(stale.Revision, 10),
+				"applied_revision": strconv.FormatInt(stale.Applied, 10)}))
 	case errors.As(err, &comp):
 		return withDetails(codes.OutOfRange, msg,
-			errorInfo(allocdv1.ErrorReason_REVISION_COMPACTED, map[string]string{"revision": strconv.FormatInt(comp.Revision, 10),
-				"compacted_revision": strconv.FormatInt(comp.Compacted, 10)}))
+			errorInfo(allocdv1.ErrorReason_REVISION_COMPACTED,
+				map[string]string{"revision": strconv.FormatInt(comp.Revision, 10),
+					"compacted_revision": strconv.FormatInt(comp.Compacted, 10)}))
 	case errors.Is(err, endpoints.ErrNotReady):
 		return unavailable(msg, allocdv1.ErrorReason_UNAVAILABLE)
 	}

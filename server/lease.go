@@ -34,7 +34,8 @@ func NewLeaseService(m *masterlease.Manager, log *slog.Logger) *LeaseService {
 
 // Renew creates or refreshes the lease of req.ip (INVALID_ARGUMENT with BadRequest for
 // a bad ip or ttl_seconds, nothing written).
-func (s *LeaseService) Renew(ctx context.Context, req *allocdv1.RenewRequest) (*allocdv1.RenewResponse, error) {
+func (s *LeaseService) Renew(ctx context.Context,
+	req *allocdv1.RenewRequest) (*allocdv1.RenewResponse, error) {
 	l, err := s.m.Renew(ctx, req.GetIp(), req.GetTtlSeconds())
 	if err != nil {
 		return nil, Status(err)
@@ -43,7 +44,8 @@ func (s *LeaseService) Renew(ctx context.Context, req *allocdv1.RenewRequest) (*
 }
 
 // ListLeases lists the live leases, sorted by address (a linearizable read).
-func (s *LeaseService) ListLeases(ctx context.Context, _ *allocdv1.ListLeasesRequest) (*allocdv1.ListLeasesResponse, error) {
+func (s *LeaseService) ListLeases(ctx context.Context,
+	_ *allocdv1.ListLeasesRequest) (*allocdv1.ListLeasesResponse, error) {
 	ls, rev, err := s.m.List(ctx)
 	if err != nil {
 		return nil, Status(err)
@@ -56,7 +58,8 @@ func (s *LeaseService) ListLeases(ctx context.Context, _ *allocdv1.ListLeasesReq
 }
 
 // RemoveLease deletes the lease of req.ip; removing an absent lease is OK.
-func (s *LeaseService) RemoveLease(ctx context.Context, req *allocdv1.RemoveLeaseRequest) (*allocdv1.RemoveLeaseResponse, error) {
+func (s *LeaseService) RemoveLease(ctx context.Context,
+	req *allocdv1.RemoveLeaseRequest) (*allocdv1.RemoveLeaseResponse, error) {
 	removed, rev, err := s.m.Remove(ctx, req.GetIp(), req.GetShutdown())
 	if err != nil {
 		return nil, Status(err)
@@ -66,7 +69,8 @@ func (s *LeaseService) RemoveLease(ctx context.Context, req *allocdv1.RemoveLeas
 
 // GetEndpoints returns the endpoints of the kubernetes Service, as of a revision at
 // least as new as any write acknowledged before the call.
-func (s *LeaseService) GetEndpoints(ctx context.Context, _ *allocdv1.GetEndpointsRequest) (*allocdv1.GetEndpointsResponse, error) {
+func (s *LeaseService) GetEndpoints(ctx context.Context,
+	_ *allocdv1.GetEndpointsRequest) (*allocdv1.GetEndpointsResponse, error) {
 	eps, err := s.m.Endpoints(ctx)
 	if err != nil {
 		return nil, Status(err)
@@ -76,7 +80,8 @@ func (s *LeaseService) GetEndpoints(ctx context.Context, _ *allocdv1.GetEndpoint
 
 // WatchEndpoints streams the current endpoints, then one message per change, until
 // the client goes away or the server stops.
-func (s *LeaseService) WatchEndpoints(_ *allocdv1.WatchEndpointsRequest, stream grpc.ServerStreamingServer[allocdv1.WatchEndpointsResponse]) error {
+func (s *LeaseService) WatchEndpoints(_ *allocdv1.WatchEndpointsRequest,
+	stream grpc.ServerStreamingServer[allocdv1.WatchEndpointsResponse]) error {
 	err := s.m.WatchEndpoints(stream.Context(), func(eps masterlease.Endpoints) error {
 		return stream.Send(&allocdv1.WatchEndpointsResponse{Endpoints: endpointsProto(eps)})
 	})
@@ -105,7 +110,8 @@ func endpointsProto(e masterlease.Endpoints) *allocdv1.Endpoints {
 		sub.Addresses = append(sub.Addresses, a.String())
 	}
 	for _, p := range e.Ports {
-		sub.Ports = append(sub.Ports, &allocdv1.EndpointPort{Name: p.Name, Port: int32(p.Port), Protocol: p.Protocol})
+		sub.Ports = append(sub.Ports,
+			&allocdv1.EndpointPort{Name: p.Name, Port: int32(p.Port), Protocol: p.Protocol})
 	}
 	out.Subsets = []*allocdv1.EndpointSubset{sub}
 	return out

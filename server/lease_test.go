@@ -60,14 +60,16 @@ func TestLeaseServiceBadInput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		resp, err := c.Renew(ctx, &allocdv1.RenewRequest{Ip: tt.ip, TtlSeconds: tt.ttl})
-		if got := badRequestFields(t, err); status.Code(err) != codes.InvalidArgument || !slices.Equal(got, tt.fields) {
+		if got := badRequestFields(t, err); status.Code(err) != codes.InvalidArgument ||
+			!slices.Equal(got, tt.fields) {
 			t.Errorf("Renew(%q, %d) = %v, %v (fields %v); want INVALID_ARGUMENT with BadRequest on %v",
 				tt.ip, tt.ttl, resp, err, got, tt.fields)
 		}
 	}
 	for _, ip := range []string{"not-an-ip", "0.0.0.0", "224.0.0.1", ""} {
 		resp, err := c.RemoveLease(ctx, &allocdv1.RemoveLeaseRequest{Ip: ip, Shutdown: true})
-		if got := badRequestFields(t, err); status.Code(err) != codes.InvalidArgument || !slices.Equal(got, []string{"ip"}) {
+		if got := badRequestFields(t, err); status.Code(err) != codes.InvalidArgument ||
+			!slices.Equal(got, []string{"ip"}) {
 			t.Errorf("RemoveLease(%q) = %v, %v; want INVALID_ARGUMENT with BadRequest on ip", ip, resp, err)
 		}
 	}
@@ -76,7 +78,8 @@ func TestLeaseServiceBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	if after.Header.Revision != before.Header.Revision {
-		t.Errorf("etcd revision %d after bad requests; want %d (nothing written)", after.Header.Revision, before.Header.Revision)
+		t.Errorf("etcd revision %d after bad requests; want %d (nothing written)", after.Header.Revision,
+			before.Header.Revision)
 	}
 	if r, err := e.Client.Leases(ctx); err != nil || len(r.Leases) != 0 {
 		t.Errorf("etcd leases after bad requests = %v, %v; want none", r, err)
@@ -110,7 +113,8 @@ func TestLeaseServiceAcceptance(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Renew(live) = %v", err)
 	}
-	if l := live.GetLease(); l.GetIp() != "192.168.1.20" || l.GetLeaseId() == 0 || l.GetTtlSeconds() != 30 || l.GetRevision() == 0 {
+	if l := live.GetLease(); l.GetIp() != "192.168.1.20" || l.GetLeaseId() == 0 || l.GetTtlSeconds() != 30 ||
+		l.GetRevision() == 0 {
 		t.Errorf("Renew(live) = %v; want ip, a lease id, ttl 30 and a revision", l)
 	}
 	// 2 s, not 1: on a loaded machine a 1 s lease may already be at its end when
@@ -134,7 +138,8 @@ func TestLeaseServiceAcceptance(t *testing.T) {
 		}
 	}
 	if list.GetLeases()[0].GetLeaseId() != dead.GetLease().GetLeaseId() {
-		t.Errorf("ListLeases() lease id of %s = %d; want %d", list.GetLeases()[0].GetIp(), list.GetLeases()[0].GetLeaseId(), dead.GetLease().GetLeaseId())
+		t.Errorf("ListLeases() lease id of %s = %d; want %d", list.GetLeases()[0].GetIp(),
+			list.GetLeases()[0].GetLeaseId(), dead.GetLease().GetLeaseId())
 	}
 
 	eps, err := c.GetEndpoints(ctx, &allocdv1.GetEndpointsRequest{})
@@ -236,7 +241,8 @@ func checkEndpoints(t *testing.T, what string, e *allocdv1.Endpoints, want ...st
 	if !slices.Equal(s.GetAddresses(), want) {
 		t.Errorf("%s addresses = %v; want %v", what, s.GetAddresses(), want)
 	}
-	if p := s.GetPorts(); len(p) != 1 || p[0].GetName() != "https" || p[0].GetPort() != 6443 || p[0].GetProtocol() != "TCP" {
+	if p := s.GetPorts(); len(p) != 1 || p[0].GetName() != "https" || p[0].GetPort() != 6443 ||
+		p[0].GetProtocol() != "TCP" {
 		t.Errorf("%s ports = %v; want [https 6443 TCP]", what, p)
 	}
 }

@@ -56,7 +56,8 @@ func startRepairNode(t *testing.T, cli *clientv3.Client) *repairNode {
 		t.Fatalf("allocator.New: %v", err)
 	}
 	wg.Go(func() { n.alloc.Run(ctx) })
-	el, err := leader.New(cli, leader.Config{Prefix: "/allocd/repair/leader", Identity: n.addr, SessionTTL: time.Second})
+	el, err := leader.New(cli,
+		leader.Config{Prefix: "/allocd/repair/leader", Identity: n.addr, SessionTTL: time.Second})
 	if err != nil {
 		t.Fatalf("leader.New: %v", err)
 	}
@@ -99,7 +100,8 @@ func waitRepairLeader(t *testing.T, nodes ...*repairNode) *repairNode {
 }
 
 // push sends chunks (each a list of Services) with the given revisions.
-func push(ctx context.Context, c allocdv1.RepairServiceClient, revs []int64, chunks ...[]*allocdv1.Service) (*allocdv1.PushServiceSnapshotResponse, error) {
+func push(ctx context.Context, c allocdv1.RepairServiceClient, revs []int64,
+	chunks ...[]*allocdv1.Service) (*allocdv1.PushServiceSnapshotResponse, error) {
 	st, err := c.PushServiceSnapshot(ctx)
 	if err != nil {
 		return nil, err
@@ -161,7 +163,8 @@ func TestRepairServiceAcceptance(t *testing.T) {
 		"uid-leak": {addr("192.168.1.5")},
 	} {
 		for _, it := range items {
-			if _, err := a.Assign(ctx, allocator.Owner{Namespace: "ns", Name: uid, UID: uid}, it); err != nil {
+			if _, err := a.Assign(ctx, allocator.Owner{Namespace: "ns", Name: uid, UID: uid},
+				it); err != nil {
 				t.Fatalf("Assign(%s, %v) = %v", uid, it, err)
 			}
 		}
@@ -197,7 +200,8 @@ func TestRepairServiceAcceptance(t *testing.T) {
 		t.Errorf("RunRepair counts = %v; want %v", got, want)
 	}
 	for _, f := range run.GetReport().GetFindings() {
-		if f.GetReason() == "ClusterIPNotAllocated" && (!f.GetRepaired() || f.GetService().GetUid() != "uid-notalloc" || f.GetClusterIp() != "192.168.1.3") {
+		if f.GetReason() == "ClusterIPNotAllocated" && (!f.GetRepaired() ||
+			f.GetService().GetUid() != "uid-notalloc" || f.GetClusterIp() != "192.168.1.3") {
 			t.Errorf("ClusterIPNotAllocated finding = %v; want 192.168.1.3 of uid-notalloc, repaired", f)
 		}
 	}
@@ -227,7 +231,8 @@ func TestRepairServiceAcceptance(t *testing.T) {
 		}
 		var cands []string
 		for _, c := range st.GetLeakCandidates() {
-			cands = append(cands, fmt.Sprintf("%s %s %d/%d", c.GetClusterIp(), c.GetOwner().GetUid(), c.GetStrikes(), c.GetStrikesLeft()))
+			cands = append(cands, fmt.Sprintf("%s %s %d/%d", c.GetClusterIp(), c.GetOwner().GetUid(),
+				c.GetStrikes(), c.GetStrikesLeft()))
 		}
 		wantCands := fmt.Sprintf("[192.168.1.5 uid-leak %d/%d]", pass, 3-pass)
 		if pass == 3 {
@@ -249,7 +254,8 @@ func TestRepairServiceAcceptance(t *testing.T) {
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("PushServiceSnapshot(revision 9 after 10) = %v; want FAILED_PRECONDITION", err)
 	}
-	if ei, ok := repairDetail[*errdetails.ErrorInfo](err); !ok || ei.GetReason() != "STALE_SNAPSHOT" || ei.GetMetadata()["accepted_revision"] != "10" {
+	if ei, ok := repairDetail[*errdetails.ErrorInfo](err); !ok || ei.GetReason() != "STALE_SNAPSHOT" ||
+		ei.GetMetadata()["accepted_revision"] != "10" {
 		t.Errorf("stale push ErrorInfo = %v; want STALE_SNAPSHOT with accepted_revision 10", ei)
 	}
 	st, _ := n.client.GetRepairStatus(ctx, &allocdv1.GetRepairStatusRequest{})
@@ -287,10 +293,12 @@ func TestRepairServiceUnrepairable(t *testing.T) {
 	var notRepaired []string
 	for _, f := range run.GetReport().GetFindings() {
 		if !f.GetRepaired() {
-			notRepaired = append(notRepaired, fmt.Sprintf("%s %d %s", f.GetReason(), f.GetNodePort(), f.GetService().GetUid()))
+			notRepaired = append(notRepaired,
+				fmt.Sprintf("%s %d %s", f.GetReason(), f.GetNodePort(), f.GetService().GetUid()))
 		}
 	}
-	if want := []string{fmt.Sprintf("PortNotAllocated %d uid-big", last)}; fmt.Sprint(notRepaired) != fmt.Sprint(want) {
+	want := []string{fmt.Sprintf("PortNotAllocated %d uid-big", last)}
+	if fmt.Sprint(notRepaired) != fmt.Sprint(want) {
 		t.Errorf("RunRepair() findings not repaired = %q; want %q", notRepaired, want)
 	}
 	for it, uid := range map[allocator.Item]string{
@@ -313,7 +321,8 @@ func TestRepairServiceErrors(t *testing.T) {
 	ctx := etcdtest.Context(t)
 
 	_, err := n.client.RunRepair(ctx, &allocdv1.RunRepairRequest{})
-	if ei, _ := repairDetail[*errdetails.ErrorInfo](err); status.Code(err) != codes.FailedPrecondition || ei.GetReason() != "NO_SNAPSHOT" {
+	if ei, _ := repairDetail[*errdetails.ErrorInfo](err); status.Code(err) != codes.FailedPrecondition ||
+		ei.GetReason() != "NO_SNAPSHOT" {
 		t.Errorf("RunRepair() without a snapshot = %v; want FAILED_PRECONDITION NO_SNAPSHOT", err)
 	}
 	good := []*allocdv1.Service{svcProto("uid-a", []string{"192.168.1.2"})}
@@ -324,13 +333,18 @@ func TestRepairServiceErrors(t *testing.T) {
 		code   codes.Code
 		field  string // BadRequest field, "" for none
 	}{
-		{"revisions differ", []int64{5, 6}, [][]*allocdv1.Service{good, nil}, codes.InvalidArgument, "snapshot.revision"},
+		{"revisions differ", []int64{5, 6}, [][]*allocdv1.Service{good, nil}, codes.InvalidArgument,
+			"snapshot.revision"},
 		{"no chunk", nil, nil, codes.InvalidArgument, "snapshot"},
-		{"zero revision", []int64{0}, [][]*allocdv1.Service{good}, codes.InvalidArgument, "snapshot.revision"},
-		{"no uid", []int64{5}, [][]*allocdv1.Service{{{Namespace: "ns", Name: "a"}}}, codes.InvalidArgument, "snapshot.services[0].uid"},
-		{"duplicate uid across chunks", []int64{5, 5}, [][]*allocdv1.Service{good, good}, codes.InvalidArgument, "snapshot.services[1].uid"},
+		{"zero revision", []int64{0}, [][]*allocdv1.Service{good}, codes.InvalidArgument,
+			"snapshot.revision"},
+		{"no uid", []int64{5}, [][]*allocdv1.Service{{{Namespace: "ns", Name: "a"}}}, codes.InvalidArgument,
+			"snapshot.services[0].uid"},
+		{"duplicate uid across chunks", []int64{5, 5}, [][]*allocdv1.Service{good, good},
+			codes.InvalidArgument, "snapshot.services[1].uid"},
 		{"bad protocol", []int64{5}, [][]*allocdv1.Service{{{Namespace: "ns", Name: "a", Uid: "u",
-			NodePorts: []*allocdv1.ServicePort{{Port: 30001, Protocol: "tcp"}}}}}, codes.InvalidArgument, "snapshot.services[0].node_ports[0].protocol"},
+			NodePorts: []*allocdv1.ServicePort{{Port: 30001,
+				Protocol: "tcp"}}}}}, codes.InvalidArgument, "snapshot.services[0].node_ports[0].protocol"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := push(ctx, n.client, tc.revs, tc.chunks...)
@@ -370,7 +384,8 @@ func TestRepairServiceForwarding(t *testing.T) {
 		follower = n1
 	}
 	ctx := etcdtest.Context(t)
-	resp, err := push(ctx, follower.client, []int64{3}, []*allocdv1.Service{svcProto("uid-a", []string{"192.168.1.2"})})
+	resp, err := push(ctx, follower.client, []int64{3},
+		[]*allocdv1.Service{svcProto("uid-a", []string{"192.168.1.2"})})
 	if err != nil || resp.GetRevision() != 3 {
 		t.Fatalf("PushServiceSnapshot to the follower = %v, %v; want revision 3", resp, err)
 	}
@@ -383,21 +398,24 @@ func TestRepairServiceForwarding(t *testing.T) {
 	}
 	run, err := follower.client.RunRepair(ctx, &allocdv1.RunRepairRequest{})
 	if err != nil || run.GetReport().GetCounts()["ClusterIPNotAllocated"] != 1 {
-		t.Fatalf("RunRepair on the follower = %v, %v; want the leader's report with ClusterIPNotAllocated", run, err)
+		t.Fatalf("RunRepair on the follower = %v, %v; want the leader's report with ClusterIPNotAllocated",
+			run, err)
 	}
 	if got := holderUID(t, leader.alloc, allocator.IP(netip.MustParseAddr("192.168.1.2"))); got != "uid-a" {
 		t.Errorf("holder(192.168.1.2) = %q; want uid-a", got)
 	}
 	st, err := follower.client.GetRepairStatus(ctx, &allocdv1.GetRepairStatusRequest{})
 	if err != nil || st.GetLeader() != leader.addr || st.GetLastReport() == nil {
-		t.Errorf("GetRepairStatus on the follower = %v, %v; want the leader's, naming %s", st, err, leader.addr)
+		t.Errorf("GetRepairStatus on the follower = %v, %v; want the leader's, naming %s", st, err,
+			leader.addr)
 	}
 
 	leader.gs.Stop() // still the elected leader, but unreachable
 	_, err = follower.client.RunRepair(ctx, &allocdv1.RunRepairRequest{})
 	ei, _ := repairDetail[*errdetails.ErrorInfo](err)
 	if status.Code(err) != codes.Unavailable || ei.GetMetadata()["leader"] != leader.addr {
-		t.Errorf("RunRepair with the leader unreachable = %v (%v); want UNAVAILABLE naming %s", err, ei, leader.addr)
+		t.Errorf("RunRepair with the leader unreachable = %v (%v); want UNAVAILABLE naming %s", err, ei,
+			leader.addr)
 	}
 	if _, ok := repairDetail[*errdetails.RetryInfo](err); !ok {
 		t.Errorf("RunRepair with the leader unreachable: no RetryInfo in %v", err)
@@ -415,10 +433,12 @@ func TestRepairServiceLargeSnapshot(t *testing.T) {
 	all := make([]*allocdv1.Service, total)
 	for i := range all {
 		uid := fmt.Sprintf("0b1c2d3e-4f5a-6b7c-8d9e-%012d", i)
-		all[i] = &allocdv1.Service{Namespace: "namespace-" + fmt.Sprint(i%100), Name: fmt.Sprintf("service-%d", i), Uid: uid,
+		all[i] = &allocdv1.Service{Namespace: "namespace-" + fmt.Sprint(i%100),
+			Name: fmt.Sprintf("service-%d", i), Uid: uid,
 			ClusterIps: []string{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}).String()}}
 	}
-	if size := proto.Size(&allocdv1.PushServiceSnapshotRequest{Snapshot: &allocdv1.ServiceSnapshot{Revision: 1, Services: all}}); size > MaxRecvMsgSize {
+	if size := proto.Size(&allocdv1.PushServiceSnapshotRequest{
+		Snapshot: &allocdv1.ServiceSnapshot{Revision: 1, Services: all}}); size > MaxRecvMsgSize {
 		t.Fatalf("one message of 100k Services is %d bytes; over MaxRecvMsgSize", size)
 	}
 	var chunks [][]*allocdv1.Service
@@ -441,7 +461,8 @@ func TestRepairServiceLargeSnapshot(t *testing.T) {
 		}
 		resp, err := push(ctx, n.client, rs, tc.chunks...)
 		if err != nil || resp.GetServiceCount() != total || resp.GetRevision() != tc.rev {
-			t.Errorf("PushServiceSnapshot(%s) = %v, %v; want %d services at revision %d", tc.name, resp, err, total, tc.rev)
+			t.Errorf("PushServiceSnapshot(%s) = %v, %v; want %d services at revision %d", tc.name, resp, err,
+				total, tc.rev)
 		}
 	}
 }
@@ -478,7 +499,9 @@ func TestRepairServiceForwardedReceipt(t *testing.T) {
 	if _, err := push(ctx, n.client, []int64{2}, []*allocdv1.Service{svcProto("uid-a", nil)}); err != nil {
 		t.Fatal(err)
 	}
-	if run, err = n.client.RunRepair(ctx, &allocdv1.RunRepairRequest{}); err != nil || run.GetReport().GetCounts()["LeakSuspected"] != 1 {
-		t.Errorf("RunRepair over a later snapshot = %v, %v; want 1 LeakSuspected", run.GetReport().GetCounts(), err)
+	if run, err = n.client.RunRepair(ctx, &allocdv1.RunRepairRequest{}); err != nil ||
+		run.GetReport().GetCounts()["LeakSuspected"] != 1 {
+		t.Errorf("RunRepair over a later snapshot = %v, %v; want 1 LeakSuspected",
+			run.GetReport().GetCounts(), err)
 	}
 }

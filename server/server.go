@@ -61,7 +61,8 @@ func NewGRPCServer(o Options) (*grpc.Server, *health.Server) {
 			log.Log(ctx, slog.LevelDebug, msg, fields...)
 		})
 		opts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall),
-			logging.WithFieldsFromContext(func(ctx context.Context) logging.Fields { return callerFields(ctx) })}
+			logging.WithFieldsFromContext(
+				func(ctx context.Context) logging.Fields { return callerFields(ctx) })}
 		unary = append(unary, logging.UnaryServerInterceptor(l, opts...))
 		stream = append(stream, logging.StreamServerInterceptor(l, opts...))
 	} else {
@@ -102,12 +103,14 @@ func NewGRPCServer(o Options) (*grpc.Server, *health.Server) {
 // logFailures logs calls that end INTERNAL or UNKNOWN: the caller sees only a status,
 // the operator needs the cause. Everything else is the caller's business.
 func logFailures(log *slog.Logger) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo,
+		handler grpc.UnaryHandler) (any, error) {
 		resp, err := handler(ctx, req)
 		if err != nil {
 			if c := status.Code(err); c == codes.Internal || c == codes.Unknown {
-				log.ErrorContext(ctx, "call failed", append([]any{"method", info.FullMethod, "code", c.String(), "err", err},
-					callerFields(ctx)...)...)
+				log.ErrorContext(ctx, "call failed",
+					append([]any{"method", info.FullMethod, "code", c.String(), "err", err},
+						callerFields(ctx)...)...)
 			}
 		}
 		return resp, err

@@ -46,7 +46,8 @@ var panicService = grpc.ServiceDesc{
 	HandlerType: (*any)(nil),
 	Methods: []grpc.MethodDesc{{
 		MethodName: "Boom",
-		Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
+		Handler: func(srv any, ctx context.Context, dec func(any) error,
+			icpt grpc.UnaryServerInterceptor) (any, error) {
 			in := new(emptypb.Empty)
 			if err := dec(in); err != nil {
 				return nil, err
@@ -87,7 +88,8 @@ func TestPanicBecomesInternalAndServerLives(t *testing.T) {
 	if !strings.Contains(logs.String(), "panic") || !strings.Contains(logs.String(), "server_test.go") {
 		t.Errorf("log = %q; want the panic with its stack", logs.String())
 	}
-	if r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+	if r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil ||
+		r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("Health.Check after panics = %v, %v; want SERVING", r.GetStatus(), err)
 	}
 }
@@ -106,17 +108,24 @@ func TestStatus(t *testing.T) {
 		{"canceled", fmt.Errorf("x: %w", context.Canceled), codes.Canceled},
 		{"deadline", context.DeadlineExceeded, codes.DeadlineExceeded},
 		{"unavailable", fmt.Errorf("load: %w", ErrUnavailable), codes.Unavailable},
-		{"etcd unreachable", fmt.Errorf("txn: %w", status.Error(codes.Unavailable, "no leader")), codes.Unavailable},
+		{"etcd unreachable", fmt.Errorf("txn: %w", status.Error(codes.Unavailable, "no leader")),
+			codes.Unavailable},
 		{"etcd timeout", fmt.Errorf("txn: %w", rpctypes.ErrTimeout), codes.Unavailable},
 		{"etcd no leader", fmt.Errorf("txn: %w", rpctypes.ErrNoLeader), codes.Unavailable},
-		{"etcd compacted during a list", fmt.Errorf("list allocations: %w", rpctypes.ErrCompacted), codes.Unavailable},
+		{"etcd compacted during a list", fmt.Errorf("list allocations: %w", rpctypes.ErrCompacted),
+			codes.Unavailable},
 		{"etcd leader changed", rpctypes.ErrLeaderChanged, codes.Unavailable},
 		{"etcd too many requests", rpctypes.ErrTooManyRequests, codes.Unavailable},
 		{"etcd request too large", rpctypes.ErrRequestTooLarge, codes.Internal},
-		{"etcd out of space", fmt.Errorf("allocation transaction: %w", rpctypes.ErrNoSpace), codes.ResourceExhausted},
+		{"etcd out of space", fmt.Errorf("allocation transaction: %w", rpctypes.ErrNoSpace),
+			codes.ResourceExhausted},
 		{"status kept", status.Error(codes.NotFound, "gone"), codes.NotFound},
 		{"etcd connection broken", fmt.Errorf("read owner record: %w",
-			status.Error(codes.Internal, "stream terminated by RST_STREAM with error code: PROTOCOL_ERROR")), codes.Unavailable},
+			status.Error(codes.Internal,
+				"stream terminated by RST_STREAM with error code: PROTOCOL_ERROR")), codes.Unavailable},
+		{"etcd response cut", fmt.Errorf("read owner record: %w",
+			status.Error(codes.Internal,
+				"server closed the stream without sending trailers")), codes.Unavailable},
 		{"unknown", errors.New("disk on fire"), codes.Internal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -11,7 +11,8 @@ import (
 )
 
 // CreateServiceCIDR implements allocdv1.AllocatorServiceServer.
-func (s *AllocatorService) CreateServiceCIDR(ctx context.Context, req *allocdv1.CreateServiceCIDRRequest) (*allocdv1.CreateServiceCIDRResponse, error) {
+func (s *AllocatorService) CreateServiceCIDR(ctx context.Context,
+	req *allocdv1.CreateServiceCIDRRequest) (*allocdv1.CreateServiceCIDRResponse, error) {
 	c, err := s.a.CreateServiceCIDR(ctx, req.GetName(), req.GetCidrs())
 	if err != nil {
 		return nil, Status(err)
@@ -20,7 +21,8 @@ func (s *AllocatorService) CreateServiceCIDR(ctx context.Context, req *allocdv1.
 }
 
 // GetServiceCIDR implements allocdv1.AllocatorServiceServer.
-func (s *AllocatorService) GetServiceCIDR(ctx context.Context, req *allocdv1.GetServiceCIDRRequest) (*allocdv1.GetServiceCIDRResponse, error) {
+func (s *AllocatorService) GetServiceCIDR(ctx context.Context,
+	req *allocdv1.GetServiceCIDRRequest) (*allocdv1.GetServiceCIDRResponse, error) {
 	if req.GetName() == "" {
 		return nil, Status(badrequest.New("name", "required"))
 	}
@@ -32,7 +34,8 @@ func (s *AllocatorService) GetServiceCIDR(ctx context.Context, req *allocdv1.Get
 }
 
 // ListServiceCIDRs implements allocdv1.AllocatorServiceServer.
-func (s *AllocatorService) ListServiceCIDRs(ctx context.Context, _ *allocdv1.ListServiceCIDRsRequest) (*allocdv1.ListServiceCIDRsResponse, error) {
+func (s *AllocatorService) ListServiceCIDRs(ctx context.Context,
+	_ *allocdv1.ListServiceCIDRsRequest) (*allocdv1.ListServiceCIDRsResponse, error) {
 	cs, err := s.a.ListServiceCIDRs(ctx)
 	if err != nil {
 		return nil, Status(syncErr(err))
@@ -45,7 +48,8 @@ func (s *AllocatorService) ListServiceCIDRs(ctx context.Context, _ *allocdv1.Lis
 }
 
 // DeleteServiceCIDR implements allocdv1.AllocatorServiceServer.
-func (s *AllocatorService) DeleteServiceCIDR(ctx context.Context, req *allocdv1.DeleteServiceCIDRRequest) (*allocdv1.DeleteServiceCIDRResponse, error) {
+func (s *AllocatorService) DeleteServiceCIDR(ctx context.Context,
+	req *allocdv1.DeleteServiceCIDRRequest) (*allocdv1.DeleteServiceCIDRResponse, error) {
 	if req.GetName() == "" {
 		return nil, Status(badrequest.New("name", "required"))
 	}

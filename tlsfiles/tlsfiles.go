@@ -1,8 +1,10 @@
 package tlsfiles
 
 import (
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
@@ -42,9 +44,16 @@ func (f Files) refresh() time.Duration {
 	return DefaultRefresh
 }
 
-// ErrPair is the error of a certificate given without its key or a key without its
-// certificate, or of the two in different directories.
-var ErrPair = errors.New("certificate and key go together, in one directory")
+// Errors of the files, for errors.Is.
+var (
+	// ErrPair is the error of a certificate given without its key or a key without its
+	// certificate, or of the two in different directories.
+	ErrPair = errors.New("certificate and key go together, in one directory")
+	// ErrKeyMismatch is the error of a private key that is not the certificate's.
+	ErrKeyMismatch = errors.New("private key does not match the certificate")
+	// ErrNoCertificate is the error of a CA bundle without a PEM certificate.
+	ErrNoCertificate = errors.New("no PEM certificate in it")
+)
 
 // CheckKeyPair reads a certificate and its key once and returns the certificate (the
 // leaf), or an error that names the file at fault.
@@ -52,16 +61,52 @@ func CheckKeyPair(certFile, keyFile string) (*x509.Certificate, error) {
 	if (certFile == "") != (keyFile == "") || filepath.Dir(certFile) != filepath.Dir(keyFile) {
 		return nil, fmt.Errorf("%s, %s: %w", certFile, keyFile, ErrPair)
 	}
-	for _, f := range []string{certFile, keyFile} {
-		if _, err := os.ReadFile(f); err != nil {
-			return nil, err
-		}
-	}
-	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+	certPEM, err := os.ReadFile(certFile)
 	if err != nil {
+		return nil, err
+	}
+	keyPEM, err := os.ReadFile(keyFile)
+	if err != nil {
+		return nil, err
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		if mismatched(certPEM, keyPEM) {
+			err = ErrKeyMismatch
+		}
 		return nil, fmt.Errorf("%s, %s: %w", certFile, keyFile, err)
 	}
 	return pair.Leaf, nil
+}
+
+// mismatched reports whether the first certificate of certPEM and the private key of
+// keyPEM both parse and the key is not the certificate's: crypto/tls says so only in
+// the text of its error.
+func mismatched(certPEM, keyPEM []byte) bool {
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return false
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return false
+	}
+	var key any
+	switch kb.Type {
+	case "EC PRIVATE KEY":
+		key, err = x509.ParseECPrivateKey(kb.Bytes)
+	case "RSA PRIVATE KEY":
+		key, err = x509.ParsePKCS1PrivateKey(kb.Bytes)
+	default:
+		key, err = x509.ParsePKCS8PrivateKey(kb.Bytes)
+	}
+	signer, ok := key.(crypto.Signer)
+	if err != nil || !ok {
+		return false
+	}
+	pub, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && !pub.Equal(signer.Public())
 }
 
 // CheckCA reads a CA bundle once and says whether it holds at least one certificate.
@@ -71,7 +116,7 @@ func CheckCA(caFile string) error {
 		return err
 	}
 	if !x509.NewCertPool().AppendCertsFromPEM(pem) {
-		return fmt.Errorf("%s: no PEM certificate in it", caFile)
+		return fmt.Errorf("%s: %w", caFile, ErrNoCertificate)
 	}
 	return nil
 }
@@ -97,13 +142,15 @@ func NewServer(f Files) (*Server, error) {
 			return nil, fmt.Errorf("tlsfiles: %w", err)
 		}
 	}
-	id, err := pemfile.NewProvider(pemfile.Options{CertFile: f.CertFile, KeyFile: f.KeyFile, RefreshDuration: f.refresh()})
+	id, err := pemfile.NewProvider(pemfile.Options{CertFile: f.CertFile, KeyFile: f.KeyFile,
+		RefreshDuration: f.refresh()})
 	if err != nil {
 		return nil, fmt.Errorf("tlsfiles: %w", err)
 	}
 	s := &Server{identity: id}
 	if f.CAFile != "" {
-		if s.roots, err = pemfile.NewProvider(pemfile.Options{RootFile: f.CAFile, RefreshDuration: f.refresh()}); err != nil {
+		if s.roots, err = pemfile.NewProvider(pemfile.Options{RootFile: f.CAFile,
+			RefreshDuration: f.refresh()}); err != nil {
 			id.Close()
 			return nil, fmt.Errorf("tlsfiles: %w", err)
 		}
@@ -155,8 +202,9 @@ func (s *Server) Close() {
 // Client is the TLS side of a connection to an allocd over Files: its CA bundle and
 // its certificate, if any, are read again every Refresh. Close stops that.
 type Client struct {
-	creds     credentials.TransportCredentials
-	providers []certprovider.Provider
+	creds      credentials.TransportCredentials
+	providers  []certprovider.Provider
+	handshakes handshakes
 }
 
 // NewClient checks the files and starts reading them every Refresh. The server's
@@ -168,7 +216,8 @@ func NewClient(f Files) (*Client, error) {
 		if _, err := CheckKeyPair(f.CertFile, f.KeyFile); err != nil {
 			return nil, fmt.Errorf("tlsfiles: %w", err)
 		}
-		p, err := pemfile.NewProvider(pemfile.Options{CertFile: f.CertFile, KeyFile: f.KeyFile, RefreshDuration: f.refresh()})
+		p, err := pemfile.NewProvider(pemfile.Options{CertFile: f.CertFile, KeyFile: f.KeyFile,
+			RefreshDuration: f.refresh()})
 		if err != nil {
 			return nil, fmt.Errorf("tlsfiles: %w", err)
 		}
@@ -193,7 +242,7 @@ func NewClient(f Files) (*Client, error) {
 		c.Close()
 		return nil, fmt.Errorf("tlsfiles: %w", err)
 	}
-	c.creds = creds
+	c.creds = recording{TransportCredentials: creds, h: &c.handshakes}
 	return c, nil
 }
 

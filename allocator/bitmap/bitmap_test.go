@@ -40,7 +40,8 @@ func TestUsedAndPending(t *testing.T) {
 	b.SetUsed(2, true)
 	b.Unpend(2)
 	if !b.IsUsed(2) || b.Reserve(2) {
-		t.Errorf("offset 2 used and unpended: IsUsed = %v, Reserve = true; want used, not reservable", b.IsUsed(2))
+		t.Errorf("offset 2 used and unpended: IsUsed = %v, Reserve = true; want used, not reservable",
+			b.IsUsed(2))
 	}
 	b.SetUsed(2, false)
 	if b.IsUsed(2) || !b.Reserve(2) {
@@ -50,7 +51,8 @@ func TestUsedAndPending(t *testing.T) {
 	used.Set(5)
 	b.Replace(used) // offset 2 stays pending
 	if n, _ := b.Counts(); n != 1 || b.Reserve(2) || b.Reserve(5) {
-		t.Errorf("after Replace: used %d, offsets 2 (pending) and 5 (used) reservable; want 1 used, neither reservable", n)
+		t.Errorf("after Replace: used %d, offsets 2 (pending) and 5 (used) reservable; want 1 used, "+
+			"neither reservable", n)
 	}
 	for range 6 { // 8 offsets, 2 busy
 		if _, ok := b.Pick(); !ok {

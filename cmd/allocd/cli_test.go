@@ -23,7 +23,8 @@ func TestCommandsBesideServing(t *testing.T) {
 	if help.String() != helpCmd.String() {
 		t.Errorf("allocd help differs from allocd --help:\n%s\nwant:\n%s", helpCmd.String(), help.String())
 	}
-	for _, want := range []string{"Serving:", "--grpc-address", "Commands (", "\n  get ", "\n  release ", "\n  repair ", "\n  watch ", "\n  health ", "\n  completion "} {
+	for _, want := range []string{"Serving:", "--grpc-address", "Commands (", "\n  get ", "\n  release ",
+		"\n  repair ", "\n  watch ", "\n  health ", "\n  completion "} {
 		if !strings.Contains(help.String(), want) {
 			t.Errorf("allocd --help has no %q:\n%s", want, help.String())
 		}
@@ -36,13 +37,16 @@ func TestCommandsBesideServing(t *testing.T) {
 	}{
 		{[]string{"gte", "ranges"}, 2, "", `unknown command "gte"; did you mean "get"?`},
 		{[]string{"get", "--help"}, 0, "allocd get ranges", ""},
-		{[]string{"get", "ranges", "--server", free(t), "--timeout", "1s"}, 1, "", "get ranges: cannot reach allocd at "},
+		{[]string{"get", "ranges", "--server", free(t), "--timeout", "1s"}, 1, "",
+			"get ranges: cannot reach allocd at "},
 		{[]string{"completion", "bash"}, 0, "__start_allocd", ""},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(tc.args, &stdout, &stderr)
-		if code != tc.code || !strings.Contains(stdout.String(), tc.wantOut) || !strings.Contains(stderr.String(), tc.wantErr) {
-			t.Errorf("allocd %s = %d, %q, %q; want %d, %q in stdout, %q in stderr", strings.Join(tc.args, " "), code,
+		if code != tc.code || !strings.Contains(stdout.String(), tc.wantOut) ||
+			!strings.Contains(stderr.String(), tc.wantErr) {
+			t.Errorf("allocd %s = %d, %q, %q; want %d, %q in stdout, %q in stderr",
+				strings.Join(tc.args, " "), code,
 				stdout.String(), stderr.String(), tc.code, tc.wantOut, tc.wantErr)
 		}
 	}
@@ -62,7 +66,10 @@ func TestCompletionBash(t *testing.T) {
 	// _get_comp_words_by_ref comes with the bash-completion package, which cobra's
 	// script expects; this is its gist.
 	const script = `
-_get_comp_words_by_ref() { cur="${COMP_WORDS[COMP_CWORD]}"; prev="${COMP_WORDS[COMP_CWORD-1]}"; words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD; }
+_get_comp_words_by_ref() {
+	cur="${COMP_WORDS[COMP_CWORD]}"; prev="${COMP_WORDS[COMP_CWORD-1]}"
+	words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD
+}
 source <(allocd completion bash)
 complete_line() {
 	COMP_LINE="$1"; COMP_POINT=${#COMP_LINE}
@@ -121,9 +128,11 @@ func TestCommandsWithTLS(t *testing.T) {
 	}{
 		{"no TLS", nil, []string{"get", "ranges"}, 1, "", "does it serve TLS (--tls-ca-file)?"},
 		{"no certificate", nil, []string{"get", "ranges"}, 1, "", "get ranges: unauthenticated: "},
-		{"no certificate", nil, []string{"get", "ranges"}, 1, "", "present a client certificate: --tls-cert-file and --tls-private-key-file"},
+		{"no certificate", nil, []string{"get", "ranges"}, 1, "",
+			"present a client certificate: --tls-cert-file and --tls-private-key-file"},
 		{"operator", operator, []string{"get", "ranges"}, 0, "10.0.0.0/24", ""},
-		{"shim", shim, []string{"create", "allocation", "--owner", "default/web", "--uid", "uid-web", "10.0.0.20"}, 0, "allocated 10.0.0.20", ""},
+		{"shim", shim, []string{"create", "allocation", "--owner", "default/web", "--uid", "uid-web",
+			"10.0.0.20"}, 0, "allocated 10.0.0.20", ""},
 		{"operator", operator, []string{"describe", "allocation", "10.0.0.20"}, 0, "uid-web", ""},
 		{"shim", shim, []string{"release", "--force", "10.0.0.20"}, 1, "", "release: permission denied: "},
 		{"admin", admin, []string{"release", "--force", "10.0.0.20"}, 0, "released 10.0.0.20 (forced)", ""},
@@ -134,8 +143,10 @@ func TestCommandsWithTLS(t *testing.T) {
 		}
 		var stdout, stderr bytes.Buffer
 		code := run(args, &stdout, &stderr)
-		if code != step.code || !strings.Contains(stdout.String(), step.wantOut) || !strings.Contains(stderr.String(), step.wantErr) {
-			t.Errorf("allocd %s as %s = %d, %q, %q; want %d, %q in stdout, %q in stderr", strings.Join(step.args, " "), step.who,
+		if code != step.code || !strings.Contains(stdout.String(), step.wantOut) ||
+			!strings.Contains(stderr.String(), step.wantErr) {
+			t.Errorf("allocd %s as %s = %d, %q, %q; want %d, %q in stdout, %q in stderr",
+				strings.Join(step.args, " "), step.who,
 				code, stdout.String(), stderr.String(), step.code, step.wantOut, step.wantErr)
 		}
 	}

@@ -20,7 +20,8 @@ func TestBinaryDeps(t *testing.T) {
 	}
 	deps := strings.Fields(string(out))
 	if !slices.Contains(deps, "github.com/allocd/allocd/cmd/allocd/daemon") {
-		t.Fatalf("go list -deps lists %d packages without cmd/allocd/daemon; the listing is not what this test expects", len(deps))
+		t.Fatalf("go list -deps lists %d packages without cmd/allocd/daemon; the listing is not "+
+			"what this test expects", len(deps))
 	}
 	if slices.Contains(deps, "testing") {
 		t.Error("the allocd binary links package testing")

@@ -46,7 +46,8 @@ func (s *feedStore) ListPods() ([]*allocdv1.Pod, int64, error) {
 func (s *feedStore) ListNodes() ([]*allocdv1.Node, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return []*allocdv1.Node{{Name: "node-a", Ready: true, Labels: map[string]string{"topology.kubernetes.io/zone": "zone-a"}}}, s.rev, nil
+	return []*allocdv1.Node{{Name: "node-a", Ready: true,
+		Labels: map[string]string{"topology.kubernetes.io/zone": "zone-a"}}}, s.rev, nil
 }
 
 // flip changes the readiness of one Pod and tells f, as an informer's update.
@@ -93,8 +94,8 @@ func TestEndpointsLeaderKill(t *testing.T) {
 	var clients []*client.Client
 	for range 2 {
 		addr := free(t)
-		cmd := exec.Command(bin, "--etcd-servers", e.Endpoint, "--grpc-address", addr, "--metrics-address", "",
-			"--data-dir", t.TempDir())
+		cmd := exec.Command(bin, "--etcd-servers", e.Endpoint, "--grpc-address", addr,
+			"--metrics-address", "", "--data-dir", t.TempDir())
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -122,13 +123,17 @@ func TestEndpointsLeaderKill(t *testing.T) {
 	})
 	other := 1 - leader
 
-	st := &feedStore{rev: 1, pods: map[string]*allocdv1.Pod{}, svcs: []*allocdv1.Service{{Namespace: "shop", Name: "web", Uid: "uid-web",
-		ClusterIps: []string{"10.0.0.50"}, Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
-		Ports: []*allocdv1.ServicePortSpec{{Name: "http", Port: 80, TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 8080}}}}}}}
+	st := &feedStore{rev: 1, pods: map[string]*allocdv1.Pod{},
+		svcs: []*allocdv1.Service{{Namespace: "shop", Name: "web", Uid: "uid-web",
+			ClusterIps: []string{"10.0.0.50"},
+			Selector:   &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
+			Ports: []*allocdv1.ServicePortSpec{{Name: "http", Port: 80,
+				TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 8080}}}}}}}
 	for i := range 50 {
 		name := fmt.Sprintf("web-%d", i)
 		st.pods[name] = &allocdv1.Pod{Namespace: "shop", Name: name, Uid: "uid-" + name, ResourceVersion: "1",
-			Labels: map[string]string{"app": "web"}, PodIps: []string{fmt.Sprintf("10.244.1.%d", i+1)}, Phase: "Running", Ready: true,
+			Labels: map[string]string{"app": "web"}, PodIps: []string{fmt.Sprintf("10.244.1.%d", i+1)},
+			Phase: "Running", Ready: true,
 			NodeName: "node-a"}
 	}
 	f := client.NewFeeder(clients[other], st, client.WithHeartbeat(200*time.Millisecond))
@@ -166,18 +171,22 @@ func TestEndpointsLeaderKill(t *testing.T) {
 	wg.Wait()
 
 	wantReady, wantNotReady := st.readyCount()
-	etcdtest.WaitFor(t, 30*time.Second, "Endpoints equal to the store after the leader was killed", func() bool {
-		ep, err := clients[other].GetServiceEndpoints(ctx, "shop", "web")
-		if err != nil || len(ep.GetSubsets()) != 1 {
-			return false
-		}
-		return len(ep.GetSubsets()[0].GetAddresses()) == wantReady && len(ep.GetSubsets()[0].GetNotReadyAddresses()) == wantNotReady
-	})
-	etcdtest.WaitFor(t, 30*time.Second, "EndpointSlices equal to the store after the leader was killed", func() bool {
-		ready, notReady := slices.counts()
-		return ready == wantReady && notReady == wantNotReady
-	})
-	t.Logf("converged %.1f s after the kill: %d ready, %d not ready", time.Since(killed).Seconds(), wantReady, wantNotReady)
+	etcdtest.WaitFor(t, 30*time.Second, "Endpoints equal to the store after the leader was killed",
+		func() bool {
+			ep, err := clients[other].GetServiceEndpoints(ctx, "shop", "web")
+			if err != nil || len(ep.GetSubsets()) != 1 {
+				return false
+			}
+			return len(ep.GetSubsets()[0].GetAddresses()) == wantReady &&
+				len(ep.GetSubsets()[0].GetNotReadyAddresses()) == wantNotReady
+		})
+	etcdtest.WaitFor(t, 30*time.Second, "EndpointSlices equal to the store after the leader was killed",
+		func() bool {
+			ready, notReady := slices.counts()
+			return ready == wantReady && notReady == wantNotReady
+		})
+	t.Logf("converged %.1f s after the kill: %d ready, %d not ready", time.Since(killed).Seconds(), wantReady,
+		wantNotReady)
 	if err := slices.failure(); err != "" {
 		t.Error(err)
 	}
@@ -202,7 +211,8 @@ func watchSlices(ctx context.Context, t *testing.T, c *client.Client) *sliceView
 	go func() {
 		from := int64(0)
 		for ctx.Err() == nil {
-			err := c.WatchEndpointSlices(ctx, &allocdv1.WatchEndpointSlicesRequest{Namespace: "shop", StartRevision: from},
+			err := c.WatchEndpointSlices(ctx,
+				&allocdv1.WatchEndpointSlicesRequest{Namespace: "shop", StartRevision: from},
 				func(ev *allocdv1.WatchEndpointSlicesResponse) error {
 					v.apply(ev)
 					from = ev.GetRevision()

@@ -62,7 +62,8 @@ func TestFlagsAndErrors(t *testing.T) {
 			t.Errorf("run(%q) stdout = %q; want it to contain %q", tc.args, stdout.String(), tc.wantOut)
 		}
 		if tc.wantErr != "" {
-			if !strings.Contains(stderr.String(), tc.wantErr) || strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
+			if !strings.Contains(stderr.String(), tc.wantErr) ||
+				strings.Count(strings.TrimSpace(stderr.String()), "\n") != 0 {
 				t.Errorf("run(%q) stderr = %q; want one line naming %q", tc.args, stderr.String(), tc.wantErr)
 			}
 		}
@@ -81,10 +82,13 @@ func TestUnusableDataDir(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "file")
 	os.WriteFile(file, nil, 0o600)
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"--data-dir", filepath.Join(file, "sub"), "--grpc-address", free(t), "--metrics-address", "",
-		"--embedded-etcd-client-address", free(t), "--embedded-etcd-peer-address", free(t), "--log-level", "error"}, &stdout, &stderr)
+	code := run([]string{"--data-dir", filepath.Join(file, "sub"), "--grpc-address", free(t),
+		"--metrics-address", "",
+		"--embedded-etcd-client-address", free(t), "--embedded-etcd-peer-address", free(t), "--log-level",
+		"error"}, &stdout, &stderr)
 	if code == 0 || !strings.Contains(stderr.String(), "data dir") {
-		t.Errorf("run with an unusable data dir = %d, %q; want non-zero and a line naming the data dir", code, stderr.String())
+		t.Errorf("run with an unusable data dir = %d, %q; want non-zero and a line naming the data dir", code,
+			stderr.String())
 	}
 }
 
@@ -113,7 +117,8 @@ func TestSignalAndRestart(t *testing.T) {
 		select {
 		case err := <-done:
 			if err != nil {
-				t.Fatalf("round %d: allocd exited with %v after SIGTERM; logs:\n%s", round, err, logs.String())
+				t.Fatalf("round %d: allocd exited with %v after SIGTERM; logs:\n%s", round, err,
+					logs.String())
 			}
 			t.Logf("round %d: exited 0 %s after SIGTERM", round, time.Since(start).Round(time.Millisecond))
 		case <-time.After(10 * time.Second):
@@ -152,7 +157,8 @@ func TestSignalWhileWaitingForEtcd(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := buildAllocd(t)
-	cmd := exec.Command(bin, "--etcd-servers", "http://"+free(t), "--grpc-address", free(t), "--metrics-address", "")
+	cmd := exec.Command(bin, "--etcd-servers", "http://"+free(t), "--grpc-address", free(t),
+		"--metrics-address", "")
 	var logs bytes.Buffer
 	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {
@@ -165,7 +171,8 @@ func TestSignalWhileWaitingForEtcd(t *testing.T) {
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Errorf("allocd exited with %v after SIGTERM while waiting for etcd; want 0; logs:\n%s", err, logs.String())
+			t.Errorf("allocd exited with %v after SIGTERM while waiting for etcd; want 0; logs:\n%s", err,
+				logs.String())
 		}
 	case <-time.After(10 * time.Second):
 		cmd.Process.Kill()

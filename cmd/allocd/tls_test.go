@@ -48,19 +48,25 @@ func TestTLSAsAUser(t *testing.T) {
 		{"no certificate", nil, "", "grpc.health.v1.Health/Check", `"status": "SERVING"`},
 		{"no certificate", nil, owner, "allocd.v1.AllocatorService/Allocate", "Code: Unauthenticated"},
 		{"shim", shim, owner, "allocd.v1.AllocatorService/Allocate", `"10.0.0.20"`},
-		{"shim", shim, `{"cluster_ips":["10.0.0.20"],"force":true}`, "allocd.v1.AllocatorService/Release", "FORCE_RELEASE_REQUIRED"},
-		{"shim", shim, `{"cluster_ips":["10.0.0.20"]}`, "allocd.v1.AllocatorService/ForceRelease", "Code: PermissionDenied"},
-		{"admin", admin, `{"cluster_ips":["10.0.0.20"]}`, "allocd.v1.AllocatorService/ForceRelease", `"releasedClusterIps"`},
+		{"shim", shim, `{"cluster_ips":["10.0.0.20"],"force":true}`,
+			"allocd.v1.AllocatorService/Release", "FORCE_RELEASE_REQUIRED"},
+		{"shim", shim, `{"cluster_ips":["10.0.0.20"]}`,
+			"allocd.v1.AllocatorService/ForceRelease", "Code: PermissionDenied"},
+		{"admin", admin, `{"cluster_ips":["10.0.0.20"]}`,
+			"allocd.v1.AllocatorService/ForceRelease", `"releasedClusterIps"`},
 	} {
 		if out := call(step.cert, step.body, step.method); !strings.Contains(out, step.want) {
-			t.Errorf("grpcurl as %s %s %s:\n%s\nwant %q in it", step.who, step.method, step.body, out, step.want)
+			t.Errorf("grpcurl as %s %s %s:\n%s\nwant %q in it", step.who, step.method, step.body, out,
+				step.want)
 		}
 	}
 	var stdout, stderr bytes.Buffer
-	if rc := run([]string{"health", "--grpc-address", d.GRPCAddr(), "--tls-ca-file", caFile}, &stdout, &stderr); rc != 0 {
+	if rc := run([]string{"health", "--grpc-address", d.GRPCAddr(), "--tls-ca-file", caFile}, &stdout,
+		&stderr); rc != 0 {
 		t.Errorf("allocd health --tls-ca-file = %d (%s); want 0", rc, stderr.String())
 	}
-	if rc := run([]string{"health", "--grpc-address", d.GRPCAddr(), "--timeout", "1s"}, &stdout, &stderr); rc == 0 {
+	if rc := run([]string{"health", "--grpc-address", d.GRPCAddr(), "--timeout", "1s"}, &stdout,
+		&stderr); rc == 0 {
 		t.Errorf("allocd health in plaintext against TLS = 0; want a failure")
 	}
 }
@@ -68,7 +74,8 @@ func TestTLSAsAUser(t *testing.T) {
 // startTLSDaemon starts an allocd with TLS, client certificates of a test CA (caFile)
 // and the example policy; issue writes a client certificate of that CA for identity and
 // returns its files.
-func startTLSDaemon(t *testing.T) (d *daemon.Daemon, caFile string, issue func(name, identity string) (crtFile, keyFile string)) {
+func startTLSDaemon(t *testing.T) (d *daemon.Daemon, caFile string,
+	issue func(name, identity string) (crtFile, keyFile string)) {
 	t.Helper()
 	dir := t.TempDir()
 	ca, err := devpki.NewCA("allocd test CA")
@@ -92,7 +99,8 @@ func startTLSDaemon(t *testing.T) (d *daemon.Daemon, caFile string, issue func(n
 	}
 	d = daemon.StartForTest(t, func(c *daemon.Config) {
 		host, _, _ := net.SplitHostPort(c.GRPCAddress)
-		c.TLSCertFile, c.TLSPrivateKeyFile = write("server", devpki.Leaf{IPs: []net.IP{net.ParseIP(host)}, URIs: []string{devpki.ReplicaIdentity}, Server: true, Client: true})
+		c.TLSCertFile, c.TLSPrivateKeyFile = write("server", devpki.Leaf{IPs: []net.IP{net.ParseIP(host)},
+			URIs: []string{devpki.ReplicaIdentity}, Server: true, Client: true})
 		c.ClientCAFile = caFile
 		c.AuthorizationPolicyFile = "../../deploy/authz/policy.json"
 	})

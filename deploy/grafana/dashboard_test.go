@@ -149,23 +149,29 @@ func TestMetricNames(t *testing.T) {
 		want []string
 	}{
 		{`allocd_masterlease_leases`, []string{"allocd_masterlease_leases"}},
-		{`max by (range, band) (allocd_allocator_allocated{job=~"$job", band="static"}) / max by (range, band) (allocd_allocator_allocated + allocd_allocator_available)`,
+		{`max by (range, band) (allocd_allocator_allocated{job=~"$job", band="static"}) / ` +
+			`max by (range, band) (allocd_allocator_allocated + allocd_allocator_available)`,
 			[]string{"allocd_allocator_allocated", "allocd_allocator_available"}},
-		{`histogram_quantile(0.99, sum by (le, method) (rate(allocd_etcd_request_duration_seconds_bucket{code!="OK"}[$__rate_interval])))`,
+		{`histogram_quantile(0.99, sum by (le, method) ` +
+			`(rate(allocd_etcd_request_duration_seconds_bucket{code!="OK"}[$__rate_interval])))`,
 			[]string{"allocd_etcd_request_duration_seconds_bucket"}},
-		{`sum(rate(a_sum[5m])) by (le) / on (instance) group_left (ip) sum without (x) (rate(a_count[1h:1m] offset 1d)) > bool 1e3`,
+		{`sum(rate(a_sum[5m])) by (le) / on (instance) group_left (ip) ` +
+			`sum without (x) (rate(a_count[1h:1m] offset 1d)) > bool 1e3`,
 			[]string{"a_sum", "a_count"}},
-		{`sum by (grpc_code) (increase(grpc_server_handled_total{grpc_method="by (x) rate(y)", grpc_code!='OK'}[${__range}]))`,
+		{`sum by (grpc_code) (increase(grpc_server_handled_total` +
+			`{grpc_method="by (x) rate(y)", grpc_code!='OK'}[${__range}]))`,
 			[]string{"grpc_server_handled_total"}},
-		{`up and on() vector(1) or absent(nothing_here) unless x:recorded:rate5m`, []string{"up", "nothing_here", "x:recorded:rate5m"}},
+		{`up and on() vector(1) or absent(nothing_here) unless x:recorded:rate5m`,
+			[]string{"up", "nothing_here", "x:recorded:rate5m"}},
 	} {
 		if got := metricNames(tt.expr); !slices.Equal(got, tt.want) {
 			t.Errorf("metricNames(%q) = %q; want %q", tt.expr, got, tt.want)
 		}
 	}
 	for q, want := range map[string]string{
-		`label_values(allocd_allocator_allocated{job=~"$job"}, instance)`: `allocd_allocator_allocated{job=~"$job"}`,
-		`query_result(topk(3, allocd_repair_leak_candidates))`:            `topk(3, allocd_repair_leak_candidates)`,
+		`label_values(allocd_allocator_allocated{job=~"$job"}, instance)`: `allocd_allocator_allocated` +
+			`{job=~"$job"}`,
+		`query_result(topk(3, allocd_repair_leak_candidates))`: `topk(3, allocd_repair_leak_candidates)`,
 		`label_values(job)`: "",
 	} {
 		if got := variableExpr(q); got != want {
@@ -228,7 +234,8 @@ func TestDashboardMetricsExported(t *testing.T) {
 		}
 	}
 	if len(exprs) < 30 || len(uses) < 30 {
-		t.Fatalf("allocd.json: %d expressions naming %d metrics; want at least 30 of each (did the parsing miss them?)", len(exprs), len(uses))
+		t.Fatalf("allocd.json: %d expressions naming %d metrics; want at least 30 of each (did "+
+			"the parsing miss them?)", len(exprs), len(uses))
 	}
 	d := daemon.StartForTest(t)
 	c, err := client.New(d.GRPCAddr())
@@ -249,7 +256,8 @@ func TestDashboardMetricsExported(t *testing.T) {
 		t.Errorf("allocd.json queries %s, which allocd does not export", m)
 	}
 	// The check itself: a misspelt name is caught.
-	typo := map[string]string{"allocd_allocator_allocations_totl": "rate(allocd_allocator_allocations_totl[5m])"}
+	typo := map[string]string{
+		"allocd_allocator_allocations_totl": "rate(allocd_allocator_allocations_totl[5m])"}
 	if got := missing(typo, scrape(t, d.MetricsAddr())); len(got) != 1 {
 		t.Errorf("missing(%v) = %q; want the misspelt name", typo, got)
 	}
@@ -268,19 +276,24 @@ func exercise(t *testing.T, c *client.Client) {
 		t.Fatalf("Allocate(shop/web) = %v", err)
 	}
 	other := &allocdv1.Owner{Namespace: "shop", Name: "other", Uid: "uid-other"}
-	if _, err := c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: other, ClusterIps: res.GetClusterIps()}); !errors.Is(err, client.ErrAlreadyAllocated) {
-		t.Fatalf("Allocate(%v) held by shop/web = %v; want %v", res.GetClusterIps(), err, client.ErrAlreadyAllocated)
+	if _, err := c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: other,
+		ClusterIps: res.GetClusterIps()}); !errors.Is(err, client.ErrAlreadyAllocated) {
+		t.Fatalf("Allocate(%v) held by shop/web = %v; want %v", res.GetClusterIps(), err,
+			client.ErrAlreadyAllocated)
 	}
 	if _, err := c.Renew(ctx, &allocdv1.RenewRequest{Ip: "192.0.2.10", TtlSeconds: 30}); err != nil {
 		t.Fatalf("Renew = %v", err)
 	}
 	db := &allocdv1.Service{Namespace: "shop", Name: "db", Uid: "uid-db", ClusterIps: []string{"10.0.0.77"},
 		Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "db"}},
-		Ports:    []*allocdv1.ServicePortSpec{{Port: 5432, TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 5432}}}}}
-	pod := &allocdv1.Pod{Namespace: "shop", Name: "db-0", Uid: "uid-db-0", Labels: map[string]string{"app": "db"},
+		Ports: []*allocdv1.ServicePortSpec{{Port: 5432,
+			TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 5432}}}}}
+	pod := &allocdv1.Pod{Namespace: "shop", Name: "db-0", Uid: "uid-db-0",
+		Labels: map[string]string{"app": "db"},
 		PodIps: []string{"10.244.0.7"}, Phase: "Running", Ready: true}
 	etcdtest.WaitFor(t, 20*time.Second, "the leader to take the snapshots", func() bool {
-		if _, err := c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 1, Services: []*allocdv1.Service{db}}); err != nil {
+		if _, err := c.PushServiceSnapshot(ctx,
+			&allocdv1.ServiceSnapshot{Revision: 1, Services: []*allocdv1.Service{db}}); err != nil {
 			return false
 		}
 		_, err := c.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: 1, Pods: []*allocdv1.Pod{pod}})

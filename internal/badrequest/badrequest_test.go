@@ -23,7 +23,8 @@ func TestError(t *testing.T) {
 		t.Errorf("violations %d, more %d; want %d and 3", len(e.Violations), e.More, MaxViolations)
 	}
 	msg := err.Error()
-	if !strings.HasPrefix(msg, "invalid service snapshot: snapshot.services[0].uid: must not be empty; ") || !strings.HasSuffix(msg, "; and 3 more") {
+	if !strings.HasPrefix(msg, "invalid service snapshot: snapshot.services[0].uid: must not be empty; ") ||
+		!strings.HasSuffix(msg, "; and 3 more") {
 		t.Errorf("Error() = %q", msg)
 	}
 	if got := New("owner.uid", "required").Error(); got != "owner.uid: required" {

@@ -1,4 +1,3 @@
-// Package loopback hands tests and test setups addresses to listen on.
 package loopback
 
 import (
@@ -27,6 +26,7 @@ func FreeAddr() (string, error) {
 
 // randomHost is an address of 127.0.0.0/8 other than 127.0.0.0/16's.
 func randomHost() string {
-	a := netip.AddrFrom4([4]byte{127, byte(1 + rand.IntN(254)), byte(rand.IntN(256)), byte(1 + rand.IntN(254))})
+	a := netip.AddrFrom4([4]byte{127, byte(1 + rand.IntN(254)), byte(rand.IntN(256)),
+		byte(1 + rand.IntN(254))})
 	return a.String()
 }

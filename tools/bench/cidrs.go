@@ -47,7 +47,8 @@ func cidrRuns(ctx context.Context, o options, e *env) (cidrResults, error) {
 	for i := range 998 {
 		b := base
 		n := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]) + uint32(i)*8
-		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}), 29)
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}),
+			29)
 		if _, err := many.CreateServiceCIDR(ctx, "full-"+strconv.Itoa(i), []string{p.String()}); err != nil {
 			return r, err
 		}
@@ -58,12 +59,14 @@ func cidrRuns(ctx context.Context, o options, e *env) (cidrResults, error) {
 	if _, err := many.CreateServiceCIDR(ctx, "room", []string{big.String()}); err != nil {
 		return r, err
 	}
-	fmt.Printf("  1,000 ServiceCIDRs created and 999 of them filled in %v\n", time.Since(start).Round(time.Millisecond))
+	fmt.Printf("  1,000 ServiceCIDRs created and 999 of them filled in %v\n",
+		time.Since(start).Round(time.Millisecond))
 	call := func(a *allocator.Allocator, prefix string) func(ctx context.Context, g, i int) error {
 		var seq atomic.Int64
 		return func(ctx context.Context, g, i int) error {
-			_, err := a.Allocate(ctx, allocator.Request{Owner: allocator.Owner{Namespace: "bench", Name: "svc",
-				UID: prefix + strconv.FormatInt(seq.Add(1), 10)}})
+			_, err := a.Allocate(ctx,
+				allocator.Request{Owner: allocator.Owner{Namespace: "bench", Name: "svc",
+					UID: prefix + strconv.FormatInt(seq.Add(1), 10)}})
 			return err
 		}
 	}
@@ -76,10 +79,13 @@ func cidrRuns(ctx context.Context, o options, e *env) (cidrResults, error) {
 }
 
 // benchAllocator runs an allocator on e's etcd under prefix, seeded with cidr.
-func benchAllocator(ctx context.Context, e *env, prefix string, cidr netip.Prefix) (*allocator.Allocator, func(), error) {
+func benchAllocator(ctx context.Context, e *env, prefix string,
+	cidr netip.Prefix) (*allocator.Allocator, func(), error) {
 	actx, cancel := context.WithCancel(ctx)
-	a, err := allocator.New(actx, e.cli, allocator.Config{Prefix: prefix, ClusterIPRanges: []netip.Prefix{cidr},
-		NodePortRange: allocator.DefaultNodePortRange, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	a, err := allocator.New(actx, e.cli,
+		allocator.Config{Prefix: prefix, ClusterIPRanges: []netip.Prefix{cidr},
+			NodePortRange: allocator.DefaultNodePortRange,
+			Logger:        slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		cancel()
 		return nil, nil, err
@@ -97,8 +103,9 @@ func fill(ctx context.Context, o options, a *allocator.Allocator) error {
 	for range o.clients {
 		wg.Go(func() {
 			for {
-				_, err := a.Allocate(ctx, allocator.Request{Owner: allocator.Owner{Namespace: "bench", Name: "fill",
-					UID: "fill-" + strconv.FormatInt(seq.Add(1), 10)}})
+				_, err := a.Allocate(ctx,
+					allocator.Request{Owner: allocator.Owner{Namespace: "bench", Name: "fill",
+						UID: "fill-" + strconv.FormatInt(seq.Add(1), 10)}})
 				if err == nil {
 					continue
 				}
@@ -122,11 +129,14 @@ func isFull(err error) bool { return errors.Is(err, allocator.ErrFull) }
 func (r cidrResults) print() {
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	fmt.Println()
-	fmt.Printf("Allocate in process, 1 ServiceCIDR:                 %8.0f/s  %6.1f µs CPU/call\n", r.one.rate, us(r.one.cpu))
-	fmt.Printf("Allocate in process, 1,000 ServiceCIDRs (999 full): %8.0f/s  %6.1f µs CPU/call\n", r.many.rate, us(r.many.cpu))
+	fmt.Printf("Allocate in process, 1 ServiceCIDR:                 %8.0f/s  %6.1f µs CPU/call\n",
+		r.one.rate, us(r.one.cpu))
+	fmt.Printf("Allocate in process, 1,000 ServiceCIDRs (999 full): %8.0f/s  %6.1f µs CPU/call\n",
+		r.many.rate, us(r.many.cpu))
 	fmt.Printf("1,000 / 1 ServiceCIDRs: rate %.2f, CPU per call %.2f   (goal: within 10 %%)\n",
 		r.many.rate/r.one.rate, float64(r.many.cpu)/float64(r.one.cpu))
-	fmt.Printf("heap for 1,000 ServiceCIDRs of /16: %.1f MiB (%.1f KiB each)\n", float64(r.heap16)/(1<<20), float64(r.heap16)/1000/1024)
+	fmt.Printf("heap for 1,000 ServiceCIDRs of /16: %.1f MiB (%.1f KiB each)\n", float64(r.heap16)/(1<<20),
+		float64(r.heap16)/1000/1024)
 }
 
 // heap16 is the heap an allocator holds for 1,000 ServiceCIDRs of /16: the live heap
@@ -182,7 +192,8 @@ func alternate(ctx context.Context, o options, an string, a func(ctx context.Con
 		}{{an, a, &ra}, {bn, b, &rb}} {
 			r := once(ctx, o, x.name, x.call, d)
 			fmt.Printf("  %-50s %8.0f/s p50 %-9s p99 %-9s cpu/call %-7s errors %d\n", x.name, r.rate,
-				r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.cpu.Round(100*time.Nanosecond), r.errs)
+				r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond),
+				r.cpu.Round(100*time.Nanosecond), r.errs)
 			*x.out = append(*x.out, r)
 		}
 	}

@@ -250,7 +250,8 @@ func (p *process) profile(ctx context.Context, kind, q, path string) error {
 	if p.pprof == "" || path == "" {
 		return nil
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.pprof+"/debug/pprof/"+kind+"?"+q, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.pprof+"/debug/pprof/"+kind+"?"+q,
+		nil)
 	if err != nil {
 		return err
 	}

@@ -21,7 +21,8 @@ type churnResult struct {
 // at most one flip in flight (it comes back after services events), and each flip
 // changes exactly one Endpoints object and one slice. Every tracker is told the ready
 // count each flip implies before the push, and the acknowledgement after it.
-func churn(ctx context.Context, c *client.Client, w workload, rate int, d time.Duration, ts ...*tracker) (churnResult, error) {
+func churn(ctx context.Context, c *client.Client, w workload, rate int, d time.Duration,
+	ts ...*tracker) (churnResult, error) {
 	ready := make([][]bool, w.services)
 	for s := range ready {
 		ready[s] = make([]bool, w.podsPerSvc)

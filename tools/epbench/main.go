@@ -1,31 +1,3 @@
-// Command epbench measures the Endpoints and EndpointSlice controllers as an operator
-// sees them: allocd runs as its own process (the binary of ./cmd/allocd, built into a
-// temporary directory; its embedded etcd with fsync on; default flags but for loopback
-// listeners and --repair-interval 1h), and this process feeds it over gRPC with the Go
-// client and watches the results, as a shim and a consumer would:
-//
-//	go run ./tools/epbench [-runs 3] [-churn 60s] [-baseline OLD_ALLOCD] [-profile-dir DIR]
-//
-// One run:
-//
-//  1. opens a WatchServiceEndpoints and a WatchEndpointSlices stream, both from the
-//     revision before the pushes;
-//  2. pushes 500 Nodes in 3 zones (PushNodeSnapshot), 10,000 single-stack Services
-//     with a named target port, and their 100,000 Pods (10 each, on the Nodes round
-//     robin), and times from the end of the pushes until each watch shows every
-//     Service with all its Pods ready (sync: Endpoints, slices, both);
-//  3. flips the readiness of 1,000 Pods a second for 60 s (PushEvents, in order),
-//     each changing exactly one Endpoints object and one slice, and times each
-//     flip's acknowledgement to the first event on each watch that shows it (p50,
-//     p99), and counts the objects written (watch events) against those that changed;
-//  4. reads the heap of the whole allocd process, go_memstats_alloc_bytes from its
-//     /metrics every second: the lowest after the sync (through the churn and 2 s
-//     after it) minus the lowest in the 2 s before the pushes, per Pod.
-//
-// With -baseline it alternates runs of two binaries (A, then B, -runs times) and
-// prints the medians of each and their ratios A/B. With -profile-dir allocd also
-// serves pprof (--pprof-address) and each run saves a CPU profile of the sync, one of
-// the churn and a heap profile at the end. `make bench` runs it.
 package main
 
 import (
@@ -67,10 +39,15 @@ func main() {
 	flag.IntVar(&o.churnRate, "churn-rate", 1000, "readiness flips a second")
 	flag.DurationVar(&o.churnFor, "churn", 60*time.Second, "how long the flips go on")
 	flag.IntVar(&o.runs, "runs", 1, "runs of each binary (medians reported)")
-	flag.StringVar(&o.allocd, "allocd", "", "the allocd binary to measure (default: built from this module's ./cmd/allocd)")
-	flag.StringVar(&o.baseline, "baseline", "", "a second allocd binary, run alternately with the first: medians of both and ratios")
-	flag.StringVar(&o.profileDir, "profile-dir", "", "save allocd's CPU profiles (sync, churn) and heap profiles (after the sync, at the end) of each run here (allocd needs --pprof-address)")
-	flag.IntVar(&o.syncProfileSeconds, "sync-profile-seconds", 10, "length of the CPU profile taken from the start of the pushes")
+	flag.StringVar(&o.allocd, "allocd", "",
+		"the allocd binary to measure (default: built from this module's ./cmd/allocd)")
+	flag.StringVar(&o.baseline, "baseline", "",
+		"a second allocd binary, run alternately with the first: medians of both and ratios")
+	flag.StringVar(&o.profileDir, "profile-dir", "",
+		"save allocd's CPU profiles (sync, churn) and heap profiles (after the sync, at the end) of "+
+			"each run here (allocd needs --pprof-address)")
+	flag.IntVar(&o.syncProfileSeconds, "sync-profile-seconds", 10,
+		"length of the CPU profile taken from the start of the pushes")
 	flag.BoolVar(&o.keep, "keep", false, "keep each run's directory (etcd data, allocd.log)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -106,10 +83,13 @@ func run(ctx context.Context, o options) error {
 		bins = append(bins, o.baseline)
 	}
 	host, _ := os.Hostname()
-	fmt.Printf("epbench %s on %s: %d cores (GOMAXPROCS %d), %s/%s, %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"),
+	fmt.Printf("epbench %s on %s: %d cores (GOMAXPROCS %d), %s/%s, %s\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"),
 		host, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.GOOS, runtime.GOARCH, runtime.Version())
-	fmt.Printf("%d Services, %d Pods (%d each) on %d Nodes in %d zones; churn %d flips/s for %v; %d run(s) of %v\n",
-		o.w.services, o.w.services*o.w.podsPerSvc, o.w.podsPerSvc, o.w.nodes, o.w.zones, o.churnRate, o.churnFor,
+	fmt.Printf("%d Services, %d Pods (%d each) on %d Nodes in %d zones; "+
+		"churn %d flips/s for %v; %d run(s) of %v\n",
+		o.w.services, o.w.services*o.w.podsPerSvc, o.w.podsPerSvc, o.w.nodes, o.w.zones, o.churnRate,
+		o.churnFor,
 		o.runs, bins)
 	res := make([][]result, len(bins))
 	for i := range o.runs {
@@ -123,8 +103,10 @@ func run(ctx context.Context, o options) error {
 			if err != nil {
 				return fmt.Errorf("run %d of %s: %w (its directory: %s)", i+1, bin, err, keepOnError(tmp, &o))
 			}
-			fmt.Printf("run %d %c: sync %.2fs/%.2fs, p99 %.1f/%.1f ms, heap %.0f B/pod; load average %s before, %s after\n",
-				i+1, 'A'+b, r.syncEps.Seconds(), r.syncSlices.Seconds(), ms(r.epP99), ms(r.slP99), r.heapPerPod(),
+			fmt.Printf("run %d %c: sync %.2fs/%.2fs, p99 %.1f/%.1f ms, heap %.0f B/pod; "+
+				"load average %s before, %s after\n",
+				i+1, 'A'+b, r.syncEps.Seconds(), r.syncSlices.Seconds(), ms(r.epP99), ms(r.slP99),
+				r.heapPerPod(),
 				load0, loadAvg())
 			res[b] = append(res[b], r)
 		}

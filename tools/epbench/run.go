@@ -107,13 +107,15 @@ func (r *result) sync(ctx context.Context, o options, p *process, c *client.Clie
 	var prof sync.WaitGroup
 	var profErr error
 	prof.Go(func() {
-		profErr = p.profile(ctx, "profile", "seconds="+fmt.Sprint(o.syncProfileSeconds), o.profilePath(p.dir, "cpu-sync"))
+		profErr = p.profile(ctx, "profile", "seconds="+fmt.Sprint(o.syncProfileSeconds), o.profilePath(p.dir,
+			"cpu-sync"))
 	})
 	start := time.Now()
 	if _, err := c.PushNodeSnapshot(ctx, &allocdv1.NodeSnapshot{Revision: 1, Nodes: nodes}); err != nil {
 		return fmt.Errorf("push nodes: %w", err)
 	}
-	if _, err := c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 1, Services: svcs}); err != nil {
+	if _, err := c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 1,
+		Services: svcs}); err != nil {
 		return fmt.Errorf("push services: %w", err)
 	}
 	if _, err := c.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: 1, Pods: pods}); err != nil {
@@ -186,7 +188,8 @@ func (r *result) churn(ctx context.Context, o options, p *process, c *client.Cli
 	prof.Wait()
 	r.cpuChurn = m1["process_cpu_seconds_total"] - m0["process_cpu_seconds_total"]
 	r.epCommitP50, r.epCommitP99 = quantile(epCommitHist, m0, m1, 0.5), quantile(epCommitHist, m0, m1, 0.99)
-	r.slCommitP50, r.slCommitP99 = quantile(sliceCommitHist, m0, m1, 0.5), quantile(sliceCommitHist, m0, m1, 0.99)
+	r.slCommitP50, r.slCommitP99 = quantile(sliceCommitHist, m0, m1, 0.5), quantile(sliceCommitHist, m0, m1,
+		0.99)
 	r.flips, r.applied, r.rate = cr.flips, cr.applied, float64(cr.flips)/cr.sent.Seconds()
 	for _, t := range ts {
 		t.mu.Lock()
@@ -231,7 +234,8 @@ func lowestHeap(ctx context.Context, p *process, d time.Duration) (float64, erro
 		m, err := p.scrape(ctx, "go_memstats_alloc_bytes")
 		if err == nil {
 			low = min(low, m["go_memstats_alloc_bytes"])
-			fmt.Fprintf(p.heapLog, "%.2f\t%.0f\n", time.Since(p.startedAt).Seconds(), m["go_memstats_alloc_bytes"])
+			fmt.Fprintf(p.heapLog, "%.2f\t%.0f\n", time.Since(p.startedAt).Seconds(),
+				m["go_memstats_alloc_bytes"])
 		} else if ctx.Err() == nil {
 			return 0, err
 		}

@@ -1,11 +1,3 @@
-// Command mkcerts writes a throwaway CA and certificates for allocd with TLS into a
-// directory (`make certs`: deploy/certs, which docker compose mounts): ca.crt and
-// ca.key; server.crt/.key, the replicas' certificate (server and client auth, the
-// replica identity, DNS names localhost, allocd-1 and allocd-2 and those of -hosts,
-// IPs 127.0.0.1 and ::1); and one client certificate per role of the example
-// authorization policies in deploy/authz: shim, operator and admin. The server's key
-// is readable by anyone (the containers' non-root user reads it), the others by their
-// owner only: never use them in production.
 package main
 
 import (
@@ -20,7 +12,8 @@ import (
 )
 
 func main() {
-	out := flag.String("out", "deploy/certs", "directory to write the certificates and keys to (created if missing)")
+	out := flag.String("out", "deploy/certs",
+		"directory to write the certificates and keys to (created if missing)")
 	hosts := flag.String("hosts", "", "more DNS names or IPs of the server certificate, comma separated")
 	flag.Parse()
 	if err := write(*out, *hosts); err != nil {
@@ -62,8 +55,9 @@ func write(dir, hosts string) error {
 		}
 	}
 	leaves := map[string]devpki.Leaf{
-		"server":   server,
-		"shim":     {CommonName: "apiserver-1", URIs: []string{devpki.ShimIdentity + "apiserver-1"}, Client: true},
+		"server": server,
+		"shim": {CommonName: "apiserver-1", URIs: []string{devpki.ShimIdentity + "apiserver-1"},
+			Client: true},
 		"operator": {CommonName: "operator", URIs: []string{devpki.OperatorIdentity + "alice"}, Client: true},
 		"admin":    {CommonName: "admin", URIs: []string{devpki.AdminIdentity + "bob"}, Client: true},
 	}
@@ -83,6 +77,7 @@ func write(dir, hosts string) error {
 			}
 		}
 	}
-	fmt.Printf("wrote ca, server, shim, operator and admin certificates and keys to %s\n", filepath.Clean(dir))
+	fmt.Printf("wrote ca, server, shim, operator and admin certificates and keys to %s\n",
+		filepath.Clean(dir))
 	return nil
 }

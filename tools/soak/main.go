@@ -1,16 +1,3 @@
-// Command soak measures how large the embedded etcd's database grows over many
-// Allocate and Release cycles, with etcd's history compacted or not:
-//
-//	go run ./tools/soak [-cycles 1000000] [-every 100000] [-clients 64] [-etcd-compaction-interval 5m]
-//
-// It starts allocd as deployed (daemon.Start: the embedded etcd with fsync on in a
-// temporary directory, the compactor, the history budget and defragmentation) and
-// drives it over gRPC on loopback: -clients goroutines, each allocating one ClusterIP
-// of 10.0.0.0/16 for a new owner and releasing it, until -cycles cycles are done. Every
-// -every cycles it prints the database file's size and the part in use (etcd's
-// Status), the largest file size seen so far (read every second), the compactions and
-// defragmentations allocd made and the rate; at the end the totals. `make soak` runs it
-// with the default interval and with compaction off.
 package main
 
 import (
@@ -47,10 +34,13 @@ func main() {
 	flag.Int64Var(&o.every, "every", 100_000, "print a row every this many cycles")
 	flag.IntVar(&o.clients, "clients", 64, "concurrent client goroutines")
 	flag.IntVar(&o.conns, "conns", 4, "gRPC connections the goroutines share")
-	flag.DurationVar(&o.interval, "etcd-compaction-interval", 5*time.Minute, "allocd's --etcd-compaction-interval (0: no compaction)")
-	flag.Int64Var(&o.quota, "quota-backend-bytes", daemon.DefaultQuotaBackendBytes, "allocd's --quota-backend-bytes")
+	flag.DurationVar(&o.interval, "etcd-compaction-interval", 5*time.Minute,
+		"allocd's --etcd-compaction-interval (0: no compaction)")
+	flag.Int64Var(&o.quota, "quota-backend-bytes", daemon.DefaultQuotaBackendBytes,
+		"allocd's --quota-backend-bytes")
 	flag.StringVar(&o.logLevel, "log-level", "warn", "allocd's --log-level (its logs go to stderr)")
-	flag.StringVar(&o.dataDir, "data-dir", "", "the embedded etcd's data directory (default: a new temporary directory, removed at the end)")
+	flag.StringVar(&o.dataDir, "data-dir", "",
+		"the embedded etcd's data directory (default: a new temporary directory, removed at the end)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
@@ -71,7 +61,8 @@ func run(o options) error {
 	// As deployed (fsync on, etcd's raft timing), on free loopback ports.
 	cfg := daemon.DefaultConfig()
 	cfg.DataDir = dir
-	for _, a := range []*string{&cfg.EmbeddedEtcdClientAddress, &cfg.EmbeddedEtcdPeerAddress, &cfg.GRPCAddress, &cfg.MetricsAddress} {
+	for _, a := range []*string{&cfg.EmbeddedEtcdClientAddress, &cfg.EmbeddedEtcdPeerAddress,
+		&cfg.GRPCAddress, &cfg.MetricsAddress} {
 		var err error
 		if *a, err = daemon.FreeAddr(); err != nil {
 			return err
@@ -88,7 +79,8 @@ func run(o options) error {
 		return err
 	}
 	defer d.Close()
-	s := &soak{o: o, d: d, endpoint: "http://" + cfg.EmbeddedEtcdClientAddress, metrics: "http://" + d.MetricsAddr() + "/metrics"}
+	s := &soak{o: o, d: d, endpoint: "http://" + cfg.EmbeddedEtcdClientAddress,
+		metrics: "http://" + d.MetricsAddr() + "/metrics"}
 	return s.run()
 }
 
@@ -114,9 +106,11 @@ func (s *soak) run() error {
 		defer c.Close()
 		clients = append(clients, allocdv1.NewAllocatorServiceClient(c))
 	}
-	fmt.Printf("allocd soak: %d Allocate+Release cycles, %d clients over %d connections, embedded etcd with fsync on, --etcd-compaction-interval %v, --quota-backend-bytes %d\n",
+	fmt.Printf("allocd soak: %d Allocate+Release cycles, %d clients over %d connections, embedded etcd "+
+		"with fsync on, --etcd-compaction-interval %v, --quota-backend-bytes %d\n",
 		s.o.cycles, s.o.clients, s.o.conns, s.o.interval, s.o.quota)
-	fmt.Printf("%10s %9s %9s %12s %12s %12s %12s %8s\n", "cycles", "elapsed", "cycles/s", "db size MiB", "in use MiB", "peak MiB", "compactions", "defrags")
+	fmt.Printf("%10s %9s %9s %12s %12s %12s %12s %8s\n", "cycles", "elapsed", "cycles/s", "db size MiB",
+		"in use MiB", "peak MiB", "compactions", "defrags")
 	start := time.Now()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -129,8 +123,10 @@ func (s *soak) run() error {
 	close(stop)
 	wg.Wait()
 	s.row(start, s.o.cycles, start)
-	fmt.Printf("done: %d cycles in %v (%.0f/s), %d errors; largest database file %.1f MiB; defragmentations took %s\n",
-		s.done.Load(), time.Since(start).Round(time.Second), float64(s.done.Load())/time.Since(start).Seconds(), s.errs.Load(),
+	fmt.Printf("done: %d cycles in %v (%.0f/s), %d errors; largest database file %.1f MiB; "+
+		"defragmentations took %s\n",
+		s.done.Load(), time.Since(start).Round(time.Second),
+		float64(s.done.Load())/time.Since(start).Seconds(), s.errs.Load(),
 		mib(s.peak.Load()), s.defragTimes())
 	if e := s.firstErr.Load(); e != nil {
 		fmt.Printf("first error: %v\n", e)
@@ -193,8 +189,11 @@ func (s *soak) row(start time.Time, cycles int64, since time.Time) {
 	if since == start {
 		rate = float64(cycles) / time.Since(start).Seconds()
 	}
-	fmt.Printf("%10d %9s %9.0f %12.1f %12.1f %12.1f %12.0f %8.0f\n", cycles, time.Since(start).Round(time.Second), rate,
-		mib(size), mib(inUse), mib(s.peak.Load()), m[`allocd_etcd_compaction_steps_total{result="compacted"}`], m[`allocd_etcd_defrags_total{result="done"}`])
+	fmt.Printf("%10d %9s %9.0f %12.1f %12.1f %12.1f %12.0f %8.0f\n", cycles,
+		time.Since(start).Round(time.Second), rate,
+		mib(size), mib(inUse), mib(s.peak.Load()),
+		m[`allocd_etcd_compaction_steps_total{result="compacted"}`],
+		m[`allocd_etcd_defrags_total{result="done"}`])
 }
 
 // status reads the member's database sizes and records the peak.

@@ -1,9 +1,3 @@
-// Package app is the allocd command: serving (package daemon, with its Go flags and
-// their grouped help), the container health check (allocd health) and the operator's
-// commands (package cli) under one cobra root. cmd/allocd runs it; tools/gendocs writes
-// the command line's reference (docs/operators/cli) from NewCommand.
-//
-//	os.Exit(app.Run(os.Args[1:], os.Stdout, os.Stderr))
 package app
 
 import (
@@ -55,17 +49,21 @@ func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 	root.RunE = func(cmd *cobra.Command, args []string) error {
 		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 			if s := root.SuggestionsFor(args[0]); len(s) > 0 {
-				fmt.Fprintf(stderr, "allocd: unknown command %q; did you mean %q? see allocd --help\n", args[0], s[0])
+				fmt.Fprintf(stderr, "allocd: unknown command %q; did you mean %q? see allocd --help\n",
+					args[0], s[0])
 				return exit(2)
 			}
 		}
 		return exit(serve(args, stdout, stderr, func(w io.Writer) { cli.PrintCommands(w, root) }))
 	}
 	root.AddCommand(&cobra.Command{
-		Use:                "health [--grpc-address ADDR] [--timeout D] [--tls-ca-file FILE]",
-		Short:              "Exit 0 when an allocd answers grpc.health.v1 SERVING (the container health check)",
+		Use: "health [--grpc-address ADDR] [--timeout D] [--tls-ca-file FILE]",
+		Short: "Exit 0 when an allocd answers grpc.health.v1 SERVING " +
+			"(the container health check)",
 		DisableFlagParsing: true, // its Go flags, as before
-		RunE:               func(_ *cobra.Command, args []string) error { return exit(health(args, stdout, stderr)) },
+		RunE: func(_ *cobra.Command, args []string) error {
+			return exit(health(args, stdout, stderr))
+		},
 	})
 	root.AddCommand(cli.Commands()...)
 	help := root.HelpFunc()
@@ -74,7 +72,8 @@ func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 			help(cmd, args)
 			return
 		}
-		serve([]string{"--help"}, cmd.OutOrStdout(), cmd.ErrOrStderr(), func(w io.Writer) { cli.PrintCommands(w, root) })
+		serve([]string{"--help"}, cmd.OutOrStdout(), cmd.ErrOrStderr(),
+			func(w io.Writer) { cli.PrintCommands(w, root) })
 	})
 	return root
 }
@@ -110,7 +109,8 @@ func serve(args []string, stdout, stderr io.Writer, commands func(io.Writer)) in
 		return 2
 	}
 	if *showVersion {
-		fmt.Fprintf(stdout, "allocd %s\ngo %s\netcd client %s\n", buildVersion(), runtime.Version(), etcdversion.Version)
+		fmt.Fprintf(stdout, "allocd %s\ngo %s\netcd client %s\n", buildVersion(), runtime.Version(),
+			etcdversion.Version)
 		return 0
 	}
 	if err := cfg.Validate(); err != nil {
@@ -152,9 +152,11 @@ func health(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	addr := fs.String("grpc-address", daemon.DefaultConfig().GRPCAddress, "host:port of the allocd to check")
 	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for an answer")
-	useTLS := fs.Bool("tls", false, "use TLS (implied by --tls-ca-file), verifying allocd's certificate against the system roots unless --tls-ca-file")
+	useTLS := fs.Bool("tls", false, "use TLS (implied by --tls-ca-file), verifying allocd's certificate "+
+		"against the system roots unless --tls-ca-file")
 	files := tlsfiles.Files{}
-	fs.StringVar(&files.CAFile, "tls-ca-file", "", "PEM CA bundle that allocd's certificate is verified against (it must name the host of --grpc-address)")
+	fs.StringVar(&files.CAFile, "tls-ca-file", "", "PEM CA bundle that allocd's certificate is verified "+
+		"against (it must name the host of --grpc-address)")
 	fs.StringVar(&files.CertFile, "tls-cert-file", "", "client certificate to present (health needs none)")
 	fs.StringVar(&files.KeyFile, "tls-private-key-file", "", "private key of --tls-cert-file")
 	if err := fs.Parse(args); err != nil {

@@ -34,7 +34,8 @@ for something that is not a Service yet. The same command again (same owner UID,
 request) answers what it allocated the first time, marked replayed. --dry-run checks
 without writing.`,
 		Example: `  allocd create allocation --owner default/db --uid uid-db 10.0.0.10 30010
-  allocd create allocation --owner default/web --uid uid-web --ip-family-policy RequireDualStack --node-ports 1`,
+  allocd create allocation --owner default/web --uid uid-web \
+      --ip-family-policy RequireDualStack --node-ports 1`,
 		Args: cobra.ArbitraryArgs,
 		RunE: runE(o, func(ctx context.Context, s *session, args []string) error {
 			ref, err := parseOwner(owner)
@@ -43,13 +44,18 @@ without writing.`,
 			}
 			pol, ok := familyPolicies[policy]
 			if !ok && policy != "" {
-				return usage(s.cmd, fmt.Errorf("--ip-family-policy %q: want SingleStack, PreferDualStack or RequireDualStack", policy))
+				return usage(s.cmd, fmt.Errorf(
+					"--ip-family-policy %q: want SingleStack, PreferDualStack or RequireDualStack", policy))
 			}
 			it := parseItems(args)
-			req := &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: ref.namespace, Name: ref.name, Uid: uid},
+			req := &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: ref.namespace, Name: ref.name,
+				Uid: uid},
 				IpFamilyPolicy: pol, ClusterIps: it.ips, NodePorts: it.ports, NodePortCount: nodePorts,
 				NoClusterIp: noClusterIP, DryRun: dryRun}
-			resp, err := callWrite(ctx, o, func(ctx context.Context) (*allocdv1.AllocateResponse, error) { return s.c.Allocate(ctx, req) })
+			resp, err := callWrite(ctx, o,
+				func(ctx context.Context) (*allocdv1.AllocateResponse, error) {
+					return s.c.Allocate(ctx, req)
+				})
 			if err != nil {
 				return s.fail("create allocation for "+ref.String(), true, err)
 			}
@@ -62,7 +68,8 @@ without writing.`,
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "owner, NAMESPACE/NAME (required)")
 	cmd.Flags().StringVar(&uid, "uid", "", "owner's UID, the key of ownership and of retries (required)")
-	cmd.Flags().StringVar(&policy, "ip-family-policy", "", "SingleStack (default), PreferDualStack or RequireDualStack, for a dynamic ClusterIP")
+	cmd.Flags().StringVar(&policy, "ip-family-policy", "",
+		"SingleStack (default), PreferDualStack or RequireDualStack, for a dynamic ClusterIP")
 	cmd.Flags().Int32Var(&nodePorts, "node-ports", 0, "dynamic NodePorts to allocate besides the PORTs named")
 	cmd.Flags().BoolVar(&noClusterIP, "no-cluster-ip", false, "allocate no ClusterIP (NodePorts only)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "check without allocating")
@@ -80,9 +87,11 @@ func allocatedLine(req *allocdv1.AllocateRequest, resp *allocdv1.AllocateRespons
 	who := fmt.Sprintf("%s (uid %s)", ownerName(req.GetOwner()), req.GetOwner().GetUid())
 	switch {
 	case req.GetDryRun():
-		return fmt.Sprintf("dry run: %s could be allocated %s; nothing was written", who, orNone(strings.Join(got, ", ")))
+		return fmt.Sprintf("dry run: %s could be allocated %s; nothing was written", who,
+			orNone(strings.Join(got, ", ")))
 	case resp.GetReplayed():
-		return fmt.Sprintf("allocated %s to %s at revision %d (replayed: allocd answered this same request before)", strings.Join(got, ", "), who, resp.GetRevision())
+		return fmt.Sprintf("allocated %s to %s at revision %d (replayed: allocd answered this "+
+			"same request before)", strings.Join(got, ", "), who, resp.GetRevision())
 	}
 	return fmt.Sprintf("allocated %s to %s at revision %d", strings.Join(got, ", "), who, resp.GetRevision())
 }

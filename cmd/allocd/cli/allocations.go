@@ -63,7 +63,8 @@ func (it items) empty() bool { return len(it.ips) == 0 && len(it.ports) == 0 }
 // getRequest asks for the allocation of the item a.
 func getRequest(a string) *allocdv1.GetAllocationRequest {
 	if p, err := strconv.ParseInt(a, 10, 32); err == nil {
-		return &allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_NodePort{NodePort: int32(p)}}
+		return &allocdv1.GetAllocationRequest{
+			Target: &allocdv1.GetAllocationRequest_NodePort{NodePort: int32(p)}}
 	}
 	return &allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: a}}
 }
@@ -139,42 +140,48 @@ allocations as one ListAllocationsResponse (without the page token).`,
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "only the allocations of this owner, NAMESPACE/NAME")
 	cmd.Flags().StringVar(&uid, "uid", "", "only the allocations of the owner of this UID")
-	cmd.Flags().StringVar(&rng, "range", "", "only the allocations of this range: a CIDR, or the node port range FIRST-LAST")
+	cmd.Flags().StringVar(&rng, "range", "",
+		"only the allocations of this range: a CIDR, or the node port range FIRST-LAST")
 	cmd.Flags().Int32Var(&chunk, "chunk-size", 500, "allocations per page (allocd caps it at 5000)")
 	return cmd
 }
 
 // listAllocations prints every allocation req lists (of ref only, when set), a page at
 // a time.
-func listAllocations(ctx context.Context, s *session, req *allocdv1.ListAllocationsRequest, ref *ownerRef) error {
+func listAllocations(ctx context.Context, s *session, req *allocdv1.ListAllocationsRequest,
+	ref *ownerRef) error {
 	now := time.Now()
 	l := &list{w: s.out, format: s.o.output, field: "allocations",
 		header: []string{"ITEM", "RANGE", "OWNER", "UID", "BAND", "AGE"},
 		row: func(m proto.Message, wide bool) []string {
 			a := m.(*allocdv1.Allocation)
-			cells := []string{itemOf(a), a.GetRange(), ownerName(a.GetOwner()), a.GetOwner().GetUid(), band(a.GetStaticBand())}
+			cells := []string{itemOf(a), a.GetRange(), ownerName(a.GetOwner()), a.GetOwner().GetUid(),
+				band(a.GetStaticBand())}
 			if wide {
-				cells = append(cells, fmt.Sprint(a.GetCreateRevision()), fmt.Sprint(a.GetModRevision()), rfc3339(a.GetAllocateTime()))
+				cells = append(cells, fmt.Sprint(a.GetCreateRevision()), fmt.Sprint(a.GetModRevision()),
+					rfc3339(a.GetAllocateTime()))
 			}
 			return append(cells, age(a.GetAllocateTime(), now))
 		}}
 	if s.o.output == outWide {
-		l.header = []string{"ITEM", "RANGE", "OWNER", "UID", "BAND", "CREATE REVISION", "MOD REVISION", "ALLOCATED", "AGE"}
+		l.header = []string{"ITEM", "RANGE", "OWNER", "UID", "BAND", "CREATE REVISION", "MOD REVISION",
+			"ALLOCATED", "AGE"}
 	}
 	var rev int64
-	err := pages(ctx, s, "get allocations", &req.PageToken, func(ctx context.Context) (*allocdv1.ListAllocationsResponse, error) {
-		return s.c.ListAllocations(ctx, req)
-	}, func(page *allocdv1.ListAllocationsResponse) error {
-		rev = page.GetRevision()
-		for _, a := range page.GetAllocations() {
-			if ref == nil || ref.is(a.GetOwner()) {
-				if err := l.add(a, rev); err != nil {
-					return err
+	err := pages(ctx, s, "get allocations", &req.PageToken,
+		func(ctx context.Context) (*allocdv1.ListAllocationsResponse, error) {
+			return s.c.ListAllocations(ctx, req)
+		}, func(page *allocdv1.ListAllocationsResponse) error {
+			rev = page.GetRevision()
+			for _, a := range page.GetAllocations() {
+				if ref == nil || ref.is(a.GetOwner()) {
+					if err := l.add(a, rev); err != nil {
+						return err
+					}
 				}
 			}
-		}
-		return l.page()
-	})
+			return l.page()
+		})
 	if err != nil {
 		return err
 	}
@@ -205,7 +212,8 @@ A number is a NodePort, anything else a ClusterIP. A free address is NOT_FOUND.`
 				return printObject(s.out, o.output, a)
 			}
 			held, err := call(ctx, o, func(ctx context.Context) (*allocdv1.ListAllocationsResponse, error) {
-				return s.c.ListAllocations(ctx, &allocdv1.ListAllocationsRequest{OwnerUid: a.GetOwner().GetUid(), PageSize: maxHeldShown})
+				return s.c.ListAllocations(ctx,
+					&allocdv1.ListAllocationsRequest{OwnerUid: a.GetOwner().GetUid(), PageSize: maxHeldShown})
 			})
 			return describeAllocation(s, a, held, err)
 		}),
@@ -217,7 +225,8 @@ const maxHeldShown = 16
 
 // describeAllocation writes a, and what its holder holds (held, or why that is not
 // known: heldErr).
-func describeAllocation(s *session, a *allocdv1.Allocation, held *allocdv1.ListAllocationsResponse, heldErr error) error {
+func describeAllocation(s *session, a *allocdv1.Allocation, held *allocdv1.ListAllocationsResponse,
+	heldErr error) error {
 	kind := "ClusterIP"
 	if a.GetClusterIp() == "" {
 		kind = "NodePort"

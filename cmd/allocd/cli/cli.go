@@ -18,11 +18,11 @@ import (
 	"github.com/allocd/allocd/tlsfiles"
 )
 
-// DefaultServer is the allocd the commands call without --server or $ALLOCD_SERVER:
+// defaultServer is the allocd the commands call without --server or $ALLOCD_SERVER:
 // allocd's default --grpc-address.
-const DefaultServer = "127.0.0.1:8080"
+const defaultServer = "127.0.0.1:8080"
 
-// ServerEnv names the environment variable that replaces DefaultServer, as
+// ServerEnv names the environment variable that replaces defaultServer, as
 // ETCDCTL_ENDPOINTS does for etcdctl.
 const ServerEnv = "ALLOCD_SERVER"
 
@@ -43,16 +43,24 @@ type options struct {
 	output  string
 	tls     bool
 	files   tlsfiles.Files
+	// tc is the TLS side of the connection dial made, nil without TLS.
+	tc *tlsfiles.Client
 }
 
 // register adds the shared flags to fs (a command's persistent flags).
 func (o *options) register(fs *pflag.FlagSet) {
-	fs.StringVar(&o.server, "server", DefaultServer, "host:port of the allocd to call ($"+ServerEnv+" replaces the default)")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "how long to wait for allocd to connect and answer, per call")
-	fs.StringVarP(&o.output, "output", "o", outTable, "output format: "+strings.Join(outputs, ", ")+" (json is the API's proto JSON)")
-	fs.BoolVar(&o.tls, "tls", false, "use TLS (implied by --tls-ca-file), verifying allocd's certificate against the system roots unless --tls-ca-file")
-	fs.StringVar(&o.files.CAFile, "tls-ca-file", "", "PEM CA bundle that allocd's certificate is verified against (it must name the host of --server)")
-	fs.StringVar(&o.files.CertFile, "tls-cert-file", "", "client certificate to present (allocd's --client-ca-file asks for one)")
+	fs.StringVar(&o.server, "server", defaultServer,
+		"host:port of the allocd to call ($"+ServerEnv+" replaces the default)")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second,
+		"how long to wait for allocd to connect and answer, per call")
+	fs.StringVarP(&o.output, "output", "o", outTable,
+		"output format: "+strings.Join(outputs, ", ")+" (json is the API's proto JSON)")
+	fs.BoolVar(&o.tls, "tls", false, "use TLS (implied by --tls-ca-file), verifying allocd's certificate "+
+		"against the system roots unless --tls-ca-file")
+	fs.StringVar(&o.files.CAFile, "tls-ca-file", "",
+		"PEM CA bundle that allocd's certificate is verified against (it must name the host of --server)")
+	fs.StringVar(&o.files.CertFile, "tls-cert-file", "",
+		"client certificate to present (allocd's --client-ca-file asks for one)")
 	fs.StringVar(&o.files.KeyFile, "tls-private-key-file", "", "private key of --tls-cert-file")
 }
 
@@ -92,6 +100,7 @@ func (o *options) dial() (c *client.Client, hangUp func(), err error) {
 		}
 		opts = append(opts, client.WithDialOptions(tc.DialOption()))
 		closeTLS = tc.Close
+		o.tc = tc
 	}
 	c, err = client.New(o.server, opts...)
 	if err != nil {
@@ -115,13 +124,15 @@ func callWrite[T any](ctx context.Context, o *options, f func(context.Context) (
 // (starting, its etcd out of reach) and says when to try again, f is tried again then,
 // as a person would, while --timeout allows: a read always, a write only when allocd
 // says it applied nothing. An allocd out of reach is not waited for.
-func attempt[T any](ctx context.Context, o *options, read bool, f func(context.Context) (T, error)) (T, error) {
+func attempt[T any](ctx context.Context, o *options, read bool,
+	f func(context.Context) (T, error)) (T, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	for {
 		v, err := f(ctx)
 		var e *client.Error
-		if !errors.As(err, &e) || e.Code != codes.Unavailable || unreached(e) || e.RetryDelay <= 0 || !read && !e.NotApplied {
+		if !errors.As(err, &e) || e.Code != codes.Unavailable || unreached(e) || e.RetryDelay <= 0 || !read &&
+			!e.NotApplied {
 			return v, err
 		}
 		if deadline, _ := ctx.Deadline(); time.Until(deadline) < e.RetryDelay {
@@ -139,7 +150,8 @@ func attempt[T any](ctx context.Context, o *options, read bool, f func(context.C
 
 // pages reads a paged listing: list reads the page of *token (its request's page
 // token) and each takes it, until the last page. A failed call is s.fail(what).
-func pages[P interface{ GetNextPageToken() string }](ctx context.Context, s *session, what string, token *string,
+func pages[P interface{ GetNextPageToken() string }](ctx context.Context, s *session, what string,
+	token *string,
 	list func(context.Context) (P, error), each func(P) error) error {
 	for {
 		page, err := call(ctx, s.o, list)
@@ -171,13 +183,18 @@ func (s *session) fail(what string, write bool, err error) error {
 	if err == nil {
 		return nil
 	}
-	return &callError{what: what, server: s.o.server, timeout: s.o.timeout, tls: s.o.usesTLS(),
+	e := &callError{what: what, server: s.o.server, timeout: s.o.timeout, tls: s.o.usesTLS(),
 		json: s.o.structured(), write: write, err: err}
+	if s.o.tc != nil {
+		e.handshake = s.o.tc.HandshakeError()
+	}
+	return e
 }
 
 // runE makes a command's RunE of body: it checks the shared flags, dials, runs body
 // and hangs up.
-func runE(o *options, body func(ctx context.Context, s *session, args []string) error) func(*cobra.Command, []string) error {
+func runE(o *options, body func(ctx context.Context, s *session, args []string) error) func(*cobra.Command,
+	[]string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		if err := o.check(cmd); err != nil {
 			return err
@@ -187,14 +204,16 @@ func runE(o *options, body func(ctx context.Context, s *session, args []string) 
 			return usage(cmd, err) // the TLS files
 		}
 		defer hangUp()
-		return body(cmd.Context(), &session{cmd: cmd, c: c, o: o, out: cmd.OutOrStdout(), err: cmd.ErrOrStderr()}, args)
+		return body(cmd.Context(),
+			&session{cmd: cmd, c: c, o: o, out: cmd.OutOrStdout(), err: cmd.ErrOrStderr()}, args)
 	}
 }
 
 // completeFrom completes a command's one argument with what list asks allocd for
 // (ServiceCIDR names, lease IPs), with the flags given so far; nothing when allocd
 // does not answer within a second or two.
-func completeFrom(o *options, list func(ctx context.Context, s *session) ([]string, error)) cobra.CompletionFunc {
+func completeFrom(o *options,
+	list func(ctx context.Context, s *session) ([]string, error)) cobra.CompletionFunc {
 	return func(cmd *cobra.Command, args []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
 		if len(args) > 0 || o.check(cmd) != nil {
 			return nil, cobra.ShellCompDirectiveNoFileComp
@@ -279,7 +298,8 @@ func Execute(ctx context.Context, root *cobra.Command, args []string, stdout, st
 	case errors.As(err, &code):
 		return int(code)
 	case errors.As(err, &uerr):
-		fmt.Fprintf(stderr, "error: %s (see '%s --help')\n", oneLine(uerr.err.Error()), uerr.cmd.CommandPath())
+		fmt.Fprintf(stderr, "error: %s (see '%s --help')\n", oneLine(uerr.err.Error()),
+			uerr.cmd.CommandPath())
 		return 2
 	case errors.As(err, &cerr):
 		cerr.print(stderr)

@@ -19,12 +19,14 @@ func (a *allocd) allocate(ns, name, uid string, ips []string, ports ...int32) {
 	a.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := a.c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: ns, Name: name, Uid: uid},
-		ClusterIps: ips, NodePorts: ports, NoClusterIp: len(ips) == 0})
+	_, err := a.c.Allocate(ctx,
+		&allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: ns, Name: name, Uid: uid},
+			ClusterIps: ips, NodePorts: ports, NoClusterIp: len(ips) == 0})
 	if err != nil {
 		a.t.Fatalf("Allocate(%s/%s %v %v) = %v", ns, name, ips, ports, err)
 	}
-	a.note("a shim allocated " + strings.Join(append(ips, portStrings(ports)...), ", ") + " to " + ns + "/" + name + " (" + uid + ")")
+	a.note("a shim allocated " + strings.Join(append(ips, portStrings(ports)...), ", ") + " to " + ns + "/" +
+		name + " (" + uid + ")")
 }
 
 func portStrings(ports []int32) []string {
@@ -108,11 +110,13 @@ func TestErrors(t *testing.T) {
 	a.run("create", "allocation", "--owner", "default/more", "--uid", "uid-more", "-o", "json")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := a.c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "default", Name: "more", Uid: "uid-more"}})
+	_, err := a.c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "default",
+		Name: "more", Uid: "uid-more"}})
 	if !errors.Is(err, client.ErrFull) {
 		t.Fatalf("Allocate on a full range = %v; want ErrFull", err)
 	}
-	a.note("a shim's Allocate, as the commands print it: " + (&callError{what: "allocate", server: a.d.GRPCAddr(), err: err}).line())
+	a.note("a shim's Allocate, as the commands print it: " +
+		(&callError{what: "allocate", server: a.d.GRPCAddr(), err: err}).line())
 	a.run("create", "servicecidr", "extra", "10.96.1.5/24")
 	a.run("create", "servicecidr", "Bad_Name", "not-a-cidr", "10.96.1.0/24")
 	a.run("create", "servicecidr", "extra", "10.96.1.0/24", "-o", "yaml")
@@ -185,15 +189,18 @@ func TestLeasesAndRepair(t *testing.T) {
 	a.run("repair", "run")
 	a.allocate("default", "gone", "uid-gone", []string{"10.0.0.20"})
 	a.allocate("default", "db", "uid-db", []string{"10.0.0.30"}, 30010)
-	_, err := a.c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 10, Services: []*allocdv1.Service{
-		{Namespace: "default", Name: "db", Uid: "uid-db", ClusterIps: []string{"10.0.0.30"}, NodePorts: []*allocdv1.ServicePort{{Port: 30010, Protocol: "TCP"}}},
-		{Namespace: "default", Name: "new", Uid: "uid-new", ClusterIps: []string{"10.0.0.40"}},
-		{Namespace: "default", Name: "far", Uid: "uid-far", ClusterIps: []string{"10.9.0.1"}},
-	}})
+	_, err := a.c.PushServiceSnapshot(ctx,
+		&allocdv1.ServiceSnapshot{Revision: 10, Services: []*allocdv1.Service{
+			{Namespace: "default", Name: "db", Uid: "uid-db", ClusterIps: []string{"10.0.0.30"},
+				NodePorts: []*allocdv1.ServicePort{{Port: 30010, Protocol: "TCP"}}},
+			{Namespace: "default", Name: "new", Uid: "uid-new", ClusterIps: []string{"10.0.0.40"}},
+			{Namespace: "default", Name: "far", Uid: "uid-far", ClusterIps: []string{"10.9.0.1"}},
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.note("a shim pushed its Services: default/db, default/new (10.0.0.40, not allocated), default/far (10.9.0.1)")
+	a.note("a shim pushed its Services: default/db, default/new (10.0.0.40, not allocated), " +
+		"default/far (10.9.0.1)")
 	a.run("repair", "run", "--dry-run")
 	a.run("repair", "run")
 	a.run("repair", "run", "-o", "wide")
@@ -235,11 +242,16 @@ func TestUnreachable(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"get", "ranges", "--server", refused}, "get ranges: cannot reach allocd at " + refused + ": "},
-		{[]string{"delete", "lease", "192.168.0.1", "--server", refused}, "delete lease 192.168.0.1: cannot reach allocd at " + refused + ": "},
-		{[]string{"watch", "endpoints", "--server", refused}, "watch endpoints: cannot reach allocd at " + refused + ": "},
-		{[]string{"get", "ranges", "--server", silent.Addr().String()}, "get ranges: no answer from allocd at " + silent.Addr().String() + " within 1s"},
-		{[]string{"watch", "endpoints", "--server", silent.Addr().String()}, "watch endpoints: no answer from allocd at " + silent.Addr().String() + " within 1s"},
+		{[]string{"get", "ranges", "--server", refused},
+			"get ranges: cannot reach allocd at " + refused + ": "},
+		{[]string{"delete", "lease", "192.168.0.1", "--server", refused},
+			"delete lease 192.168.0.1: cannot reach allocd at " + refused + ": "},
+		{[]string{"watch", "endpoints", "--server", refused},
+			"watch endpoints: cannot reach allocd at " + refused + ": "},
+		{[]string{"get", "ranges", "--server", silent.Addr().String()},
+			"get ranges: no answer from allocd at " + silent.Addr().String() + " within 1s"},
+		{[]string{"watch", "endpoints", "--server", silent.Addr().String()},
+			"watch endpoints: no answer from allocd at " + silent.Addr().String() + " within 1s"},
 	} {
 		var stderr string
 		var code int
@@ -247,18 +259,21 @@ func TestUnreachable(t *testing.T) {
 			_, stderr, code = execute(context.Background(), append(tc.args, "--timeout", "1s")...)
 		})
 		if code != 1 || !strings.HasPrefix(stderr, "error: "+tc.want) || strings.Count(stderr, "\n") != 1 {
-			t.Errorf("allocd %s = %d, %q; want 1 and one line starting %q", strings.Join(tc.args, " "), code, stderr, "error: "+tc.want)
+			t.Errorf("allocd %s = %d, %q; want 1 and one line starting %q", strings.Join(tc.args, " "), code,
+				stderr, "error: "+tc.want)
 		}
 	}
 	_, stderr, code := execute(context.Background(), "get", "ranges", "--server", refused, "-o", "json")
-	if code != 1 || !strings.Contains(stderr, `"code": 14`) || !strings.Contains(stderr, "cannot reach allocd at "+refused) {
-		t.Errorf("allocd get ranges -o json against nothing = %d, %q; want 1 and the UNAVAILABLE status as JSON, naming the address", code, stderr)
+	if code != 1 || !strings.Contains(stderr, `"code": 14`) ||
+		!strings.Contains(stderr, "cannot reach allocd at "+refused) {
+		t.Errorf("allocd get ranges -o json against nothing = %d, %q; want 1 and the UNAVAILABLE status as "+
+			"JSON, naming the address", code, stderr)
 	}
 }
 
 // TestDefaultServer: the commands call the address allocd serves on by default.
 func TestDefaultServer(t *testing.T) {
-	if got := daemon.DefaultConfig().GRPCAddress; got != DefaultServer {
-		t.Errorf("DefaultServer = %q; allocd's default --grpc-address is %q", DefaultServer, got)
+	if got := daemon.DefaultConfig().GRPCAddress; got != defaultServer {
+		t.Errorf("defaultServer = %q; allocd's default --grpc-address is %q", defaultServer, got)
 	}
 }

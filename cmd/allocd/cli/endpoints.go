@@ -113,7 +113,8 @@ Service's, masterlease for default/kubernetes).`,
 			req := &allocdv1.ListServiceEndpointsRequest{Namespace: namespace, PageSize: chunk}
 			l := &list{w: s.out, format: o.output, field: "endpoints",
 				header: endpointsHeader(o.output == outWide), row: endpointsRow}
-			rev, err := listEndpoints(ctx, s, "get endpoints", req, func(ep *allocdv1.ServiceEndpoints, rev int64) error { return l.add(ep, rev) }, l.page)
+			rev, err := listEndpoints(ctx, s, "get endpoints", req,
+				func(ep *allocdv1.ServiceEndpoints, rev int64) error { return l.add(ep, rev) }, l.page)
 			if err != nil {
 				return err
 			}
@@ -149,17 +150,18 @@ func getEndpoints(ctx context.Context, s *session, arg, namespace string) error 
 func listEndpoints(ctx context.Context, s *session, what string, req *allocdv1.ListServiceEndpointsRequest,
 	each func(*allocdv1.ServiceEndpoints, int64) error, page func() error) (int64, error) {
 	var rev int64
-	err := pages(ctx, s, what, &req.PageToken, func(ctx context.Context) (*allocdv1.ListServiceEndpointsResponse, error) {
-		return s.c.ListServiceEndpoints(ctx, req)
-	}, func(resp *allocdv1.ListServiceEndpointsResponse) error {
-		rev = resp.GetRevision()
-		for _, ep := range resp.GetEndpoints() {
-			if err := each(ep, rev); err != nil {
-				return err
+	err := pages(ctx, s, what, &req.PageToken,
+		func(ctx context.Context) (*allocdv1.ListServiceEndpointsResponse, error) {
+			return s.c.ListServiceEndpoints(ctx, req)
+		}, func(resp *allocdv1.ListServiceEndpointsResponse) error {
+			rev = resp.GetRevision()
+			for _, ep := range resp.GetEndpoints() {
+				if err := each(ep, rev); err != nil {
+					return err
+				}
 			}
-		}
-		return page()
-	})
+			return page()
+		})
 	if err != nil {
 		return 0, err
 	}
@@ -197,10 +199,12 @@ yaml as a YAML document.`,
 func watchEndpoints(ctx context.Context, s *session, namespace string) error {
 	p := &changePrinter{w: s.out, format: s.o.output}
 	added := func(ep *allocdv1.ServiceEndpoints, rev int64) error {
-		p.add(&allocdv1.WatchServiceEndpointsResponse{Type: allocdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED, Endpoints: ep, Revision: rev})
+		p.add(&allocdv1.WatchServiceEndpointsResponse{Type: allocdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED,
+			Endpoints: ep, Revision: rev})
 		return nil
 	}
-	rev, err := listEndpoints(ctx, s, "watch endpoints", &allocdv1.ListServiceEndpointsRequest{Namespace: namespace}, added, p.flush)
+	rev, err := listEndpoints(ctx, s, "watch endpoints",
+		&allocdv1.ListServiceEndpointsRequest{Namespace: namespace}, added, p.flush)
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,8 @@ func sliceRow(m proto.Message, wide bool) []string {
 		portCol = "<unset>"
 	}
 	if !wide {
-		return []string{s.GetNamespace(), s.GetName(), s.GetAddressType(), portCol, sliceAddresses(s, maxShown)}
+		return []string{s.GetNamespace(), s.GetName(), s.GetAddressType(), portCol,
+			sliceAddresses(s, maxShown)}
 	}
 	ready := 0
 	for _, e := range s.GetEndpoints() {
@@ -95,12 +96,14 @@ the slice (endpointslice-controller.k8s.io; none for default/kubernetes').`,
 			if service != "" && namespace == "" {
 				namespace = "default"
 			}
-			req := &allocdv1.ListEndpointSlicesRequest{Namespace: namespace, ServiceName: service, PageSize: chunk}
+			req := &allocdv1.ListEndpointSlicesRequest{Namespace: namespace, ServiceName: service,
+				PageSize: chunk}
 			l := &list{w: s.out, format: o.output, field: "endpointSlices",
 				header: sliceHeader(o.output == outWide), row: sliceRow}
-			rev, err := listSlices(ctx, s, "get endpointslices", req, func(es *allocdv1.EndpointSlice, rev int64) error {
-				return l.add(es, rev)
-			}, l.page)
+			rev, err := listSlices(ctx, s, "get endpointslices", req,
+				func(es *allocdv1.EndpointSlice, rev int64) error {
+					return l.add(es, rev)
+				}, l.page)
 			if err != nil {
 				return err
 			}
@@ -118,17 +121,18 @@ the slice (endpointslice-controller.k8s.io; none for default/kubernetes').`,
 func listSlices(ctx context.Context, s *session, what string, req *allocdv1.ListEndpointSlicesRequest,
 	each func(*allocdv1.EndpointSlice, int64) error, page func() error) (int64, error) {
 	var rev int64
-	err := pages(ctx, s, what, &req.PageToken, func(ctx context.Context) (*allocdv1.ListEndpointSlicesResponse, error) {
-		return s.c.ListEndpointSlices(ctx, req)
-	}, func(resp *allocdv1.ListEndpointSlicesResponse) error {
-		rev = resp.GetRevision()
-		for _, es := range resp.GetEndpointSlices() {
-			if err := each(es, rev); err != nil {
-				return err
+	err := pages(ctx, s, what, &req.PageToken,
+		func(ctx context.Context) (*allocdv1.ListEndpointSlicesResponse, error) {
+			return s.c.ListEndpointSlices(ctx, req)
+		}, func(resp *allocdv1.ListEndpointSlicesResponse) error {
+			rev = resp.GetRevision()
+			for _, es := range resp.GetEndpointSlices() {
+				if err := each(es, rev); err != nil {
+					return err
+				}
 			}
-		}
-		return page()
-	})
+			return page()
+		})
 	if err != nil {
 		return 0, err
 	}
@@ -172,9 +176,11 @@ func watchSlices(ctx context.Context, s *session, namespace string) error {
 			return ev.GetType().String(), sliceRow(ev.GetEndpointSlice(), wide)
 		}}
 	return followWatch(ctx, s, "watch endpointslices", func(ctx context.Context) (int64, error) {
-		return listSlices(ctx, s, "watch endpointslices", &allocdv1.ListEndpointSlicesRequest{Namespace: namespace},
+		return listSlices(ctx, s, "watch endpointslices",
+			&allocdv1.ListEndpointSlicesRequest{Namespace: namespace},
 			func(es *allocdv1.EndpointSlice, rev int64) error {
-				p.add(&allocdv1.WatchEndpointSlicesResponse{Type: allocdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED,
+				p.add(&allocdv1.WatchEndpointSlicesResponse{
+					Type:          allocdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED,
 					EndpointSlice: es, Revision: rev})
 				return nil
 			}, p.flush)

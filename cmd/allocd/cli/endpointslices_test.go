@@ -19,15 +19,20 @@ func pushSlicesFeed(t *testing.T, c *client.Client, rev int64, pods ...*allocdv1
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	web := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web", ClusterIps: []string{"10.0.0.40"},
-		IpFamilies: []string{"IPv4"}, Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
+	web := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web",
+		ClusterIps: []string{"10.0.0.40"},
+		IpFamilies: []string{"IPv4"},
+		Selector:   &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
 		Ports: []*allocdv1.ServicePortSpec{{Name: "http", Port: 80,
 			TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 8080}}}}}
-	if _, err := c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: rev, Services: []*allocdv1.Service{web}}); err != nil {
+	if _, err := c.PushServiceSnapshot(ctx,
+		&allocdv1.ServiceSnapshot{Revision: rev, Services: []*allocdv1.Service{web}}); err != nil {
 		t.Fatal(err)
 	}
-	node := &allocdv1.Node{Name: "node-a", Labels: map[string]string{"topology.kubernetes.io/zone": "zone-a"}, Ready: true}
-	if _, err := c.PushNodeSnapshot(ctx, &allocdv1.NodeSnapshot{Revision: rev, Nodes: []*allocdv1.Node{node}}); err != nil {
+	node := &allocdv1.Node{Name: "node-a", Labels: map[string]string{"topology.kubernetes.io/zone": "zone-a"},
+		Ready: true}
+	if _, err := c.PushNodeSnapshot(ctx,
+		&allocdv1.NodeSnapshot{Revision: rev, Nodes: []*allocdv1.Node{node}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: rev, Pods: pods}); err != nil {
@@ -37,7 +42,8 @@ func pushSlicesFeed(t *testing.T, c *client.Client, rev int64, pods ...*allocdv1
 
 func webPod(name, ip, rv string, ready bool) *allocdv1.Pod {
 	return &allocdv1.Pod{Namespace: "shop", Name: name, Uid: "uid-" + name, ResourceVersion: rv,
-		Labels: map[string]string{"app": "web"}, NodeName: "node-a", PodIps: []string{ip}, Phase: "Running", Ready: ready}
+		Labels: map[string]string{"app": "web"}, NodeName: "node-a", PodIps: []string{ip}, Phase: "Running",
+		Ready: ready}
 }
 
 // TestEndpointSlicesCommands: get endpointslices lists the Service's slice; watch
@@ -46,14 +52,18 @@ func webPod(name, ip, rv string, ready bool) *allocdv1.Pod {
 func TestEndpointSlicesCommands(t *testing.T) {
 	var cfg daemon.Config
 	a := start(t, func(c *daemon.Config) { cfg = *c })
-	pushSlicesFeed(t, a.c, 1, webPod("web-1", "10.244.1.5", "1", true), webPod("web-2", "10.244.1.6", "1", true))
+	pushSlicesFeed(t, a.c, 1, webPod("web-1", "10.244.1.5", "1", true),
+		webPod("web-2", "10.244.1.6", "1", true))
 	eventually(t, "the slice of shop/web", func(ctx context.Context) bool {
 		out, _, code := execute(ctx, "get", "endpointslices", "-n", "shop")
 		return code == 0 && strings.Contains(out, "10.244.1.5,10.244.1.6")
 	})
-	out, _, code := execute(context.Background(), "get", "endpointslices", "-n", "shop", "--service", "web", "-o", "wide")
-	if code != 0 || !strings.Contains(out, "IPv4") || !strings.Contains(out, "2/2") || !strings.Contains(out, "endpointslice-controller.k8s.io") {
-		t.Errorf("get endpointslices -o wide = %d:\n%s\nwant the slice, IPv4, 2/2 ready, the controller", code, out)
+	out, _, code := execute(context.Background(), "get", "endpointslices", "-n", "shop", "--service", "web",
+		"-o", "wide")
+	if code != 0 || !strings.Contains(out, "IPv4") || !strings.Contains(out, "2/2") ||
+		!strings.Contains(out, "endpointslice-controller.k8s.io") {
+		t.Errorf("get endpointslices -o wide = %d:\n%s\nwant the slice, IPv4, 2/2 ready, the controller",
+			code, out)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -85,8 +95,10 @@ func TestEndpointSlicesCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	pushSlicesFeed(t, c2, 2, webPod("web-1", "10.244.1.5", "1", true), webPod("web-2", "10.244.1.6", "2", false))
-	if l := next(t, w.ch, "the restart and the flip"); !strings.HasPrefix(l, "MODIFIED") || !strings.Contains(l, "10.244.1.6") {
+	pushSlicesFeed(t, c2, 2, webPod("web-1", "10.244.1.5", "1", true),
+		webPod("web-2", "10.244.1.6", "2", false))
+	if l := next(t, w.ch, "the restart and the flip"); !strings.HasPrefix(l, "MODIFIED") ||
+		!strings.Contains(l, "10.244.1.6") {
 		t.Errorf("after the restart %q; want the slice MODIFIED", l)
 	}
 	select {
@@ -96,7 +108,8 @@ func TestEndpointSlicesCommands(t *testing.T) {
 	}
 	cancel()
 	if code := <-done; code != 0 || !strings.Contains(stderr.String(), "watching again from revision") {
-		t.Errorf("watch endpointslices = %d, stderr %q; want 0 and a note that it watched again", code, stderr.String())
+		t.Errorf("watch endpointslices = %d, stderr %q; want 0 and a note that it watched again", code,
+			stderr.String())
 	}
 }
 

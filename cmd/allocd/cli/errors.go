@@ -1,10 +1,14 @@
 package cli
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
+	"reflect"
 	"strings"
 	"time"
 	"unicode"
@@ -22,9 +26,11 @@ type callError struct {
 	server  string
 	timeout time.Duration
 	tls     bool // the call was made over TLS
-	json    bool // print the status as JSON
-	write   bool // the call changes state: an unknown outcome is said
-	err     error
+	// handshake is why the connection could not start TLS, if it could not.
+	handshake error
+	json      bool // print the status as JSON
+	write     bool // the call changes state: an unknown outcome is said
+	err       error
 }
 
 func (e *callError) Error() string { return e.what + ": " + e.err.Error() }
@@ -63,7 +69,7 @@ func (e *callError) line() string {
 		return e.what + ": " + oneLine(e.err.Error())
 	}
 	if unreached(ce) {
-		ask := tlsHint(ce.Message)
+		ask := tlsHint(e.handshake)
 		switch {
 		case ask != "":
 		case e.tls:
@@ -75,7 +81,8 @@ func (e *callError) line() string {
 			return fmt.Sprintf("%s: no answer from allocd at %s within %s: not connected (%s); %s",
 				e.what, e.server, e.timeout, oneLine(ce.Message), ask)
 		}
-		return fmt.Sprintf("%s: cannot reach allocd at %s: %s; %s", e.what, e.server, oneLine(ce.Message), ask)
+		return fmt.Sprintf("%s: cannot reach allocd at %s: %s; %s", e.what, e.server, oneLine(ce.Message),
+			ask)
 	}
 	s := fmt.Sprintf("%s: %s: %s", e.what, codeWords(ce.Code), oneLine(ce.Message))
 	if ce.Code == codes.DeadlineExceeded {
@@ -91,19 +98,44 @@ func (e *callError) line() string {
 	return s
 }
 
-// tlsHint says what to change when a connection failed in its TLS handshake ("" when
-// msg does not say so).
-func tlsHint(msg string) string {
+// tlsHint says what to change when a connection could not start TLS, from err, the
+// handshake's error (tlsfiles.Client.HandshakeError); "" when there is nothing to say.
+func tlsHint(err error) string {
+	var (
+		header   tls.RecordHeaderError
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		remote   *net.OpError
+	)
 	switch {
-	case strings.Contains(msg, "first record does not look like a TLS handshake"):
+	case err == nil:
+	case errors.As(err, &header):
 		return "allocd at --server serves plaintext: drop --tls and the --tls-* flags"
-	case strings.Contains(msg, "x509:"):
-		return "allocd's certificate is not trusted, or does not name --server: give the CA that signed it with --tls-ca-file"
-	case strings.Contains(msg, "certificate required"), strings.Contains(msg, "bad certificate"),
-		strings.Contains(msg, "unknown certificate authority"), strings.Contains(msg, "expired certificate"):
-		return "allocd refused the client certificate: check --tls-cert-file and --tls-private-key-file against allocd's --client-ca-file, and the certificate's dates"
+	case errors.As(err, &verify), errors.As(err, &unknown), errors.As(err, &hostname),
+		errors.As(err, &invalid):
+		return "allocd's certificate is not trusted, or does not name --server: give the CA that signed it " +
+			"with --tls-ca-file"
+	case errors.As(err, &remote) && remote.Op == "remote error" && refusals[alertOf(remote.Err)]:
+		return "allocd refused the client certificate: check --tls-cert-file and --tls-private-key-file " +
+			"against allocd's --client-ca-file, and the certificate's dates"
 	}
 	return ""
+}
+
+// refusals are the TLS alerts (RFC 8446) of a server that refuses the client's
+// certificate: bad_certificate, certificate_expired, unknown_ca, certificate_required.
+var refusals = map[uint64]bool{42: true, 45: true, 48: true, 116: true}
+
+// alertOf returns the code of a TLS alert that crypto/tls received from the peer: it
+// reports one as a *net.OpError with Op "remote error" whose Err is its alert type, an
+// unexported uint8. 0 (close_notify) for any other error.
+func alertOf(err error) uint64 {
+	if v := reflect.ValueOf(err); v.Kind() == reflect.Uint8 {
+		return v.Uint()
+	}
+	return 0
 }
 
 // unreached reports whether a call failed without reaching allocd: no connection.
@@ -126,7 +158,8 @@ func hints(e *client.Error) []string {
 	}
 	var held *client.AlreadyAllocatedError
 	if errors.As(e, &held) && held.Resource != "" {
-		out = append(out, fmt.Sprintf("holder: %s; allocd describe allocation %s tells more", holder(e, held), held.Resource))
+		out = append(out, fmt.Sprintf("holder: %s; allocd describe allocation %s tells more", holder(e, held),
+			held.Resource))
 	}
 	var full *client.FullError
 	if errors.As(e, &full) {
@@ -169,10 +202,12 @@ func fullHint(subject string) string {
 		lists = append(lists, "allocd get allocations --range "+r)
 	}
 	if cidr {
-		return fmt.Sprintf("full: %s; make room: release what is unused (%s) or add a range (allocd create servicecidr NAME CIDR)",
+		return fmt.Sprintf("full: %s; make room: release what is unused (%s) or add a range (allocd create "+
+			"servicecidr NAME CIDR)",
 			subject, strings.Join(lists, "; "))
 	}
-	return fmt.Sprintf("full: %s; make room: release unused node ports (%s)", subject, strings.Join(lists, "; "))
+	return fmt.Sprintf("full: %s; make room: release unused node ports (%s)", subject,
+		strings.Join(lists, "; "))
 }
 
 // codeWords spells a gRPC code in words: AlreadyExists is "already exists".

@@ -48,7 +48,8 @@ func followWatch(ctx context.Context, s *session, what string, list func(context
 			r = &resume{last: rev}
 			continue
 		case errors.Is(err, client.ErrUnavailable):
-			fmt.Fprintf(s.err, "%s: the stream broke (%v); watching again from revision %d\n", what, err, r.last)
+			fmt.Fprintf(s.err, "%s: the stream broke (%v); watching again from revision %d\n", what, err,
+				r.last)
 		default:
 			return s.fail(what, false, err)
 		}

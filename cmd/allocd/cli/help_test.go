@@ -17,17 +17,24 @@ func TestCompletion(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"completion", "bash"}, []string{"__start_allocd", "__complete", "complete -o default -F __start_allocd allocd"}},
+		{[]string{"completion", "bash"},
+			[]string{"__start_allocd", "__complete", "complete -o default -F __start_allocd allocd"}},
 		{[]string{"completion", "zsh"}, []string{"#compdef allocd"}},
 		{[]string{"completion", "fish"}, []string{"complete -c allocd"}},
-		{[]string{"__complete", ""}, []string{"get\t", "describe\t", "create\t", "delete\t", "release\t", "repair\t", "watch\t", "completion\t"}},
-		{[]string{"__complete", "get", ""}, []string{"ranges\t", "allocations\t", "leases\t", "servicecidrs\t", "endpoints\t"}},
+		{[]string{"__complete", ""}, []string{"get\t", "describe\t", "create\t", "delete\t", "release\t",
+			"repair\t", "watch\t", "completion\t"}},
+		{[]string{"__complete", "get", ""},
+			[]string{"ranges\t", "allocations\t", "leases\t", "servicecidrs\t", "endpoints\t"}},
 		{[]string{"__complete", "repair", ""}, []string{"run\t", "status\t"}},
-		{[]string{"__complete", "get", "allocations", "--"}, []string{"--owner\t", "--range\t", "--uid\t", "--chunk-size\t", "--server\t", "--timeout\t", "--output\t", "--tls-ca-file\t", "--tls-cert-file\t", "--tls-private-key-file\t"}},
-		{[]string{"__complete", "release", "--"}, []string{"--owner\t", "--force\t", "--uid\t", "--server\t"}},
+		{[]string{"__complete", "get", "allocations", "--"}, []string{"--owner\t", "--range\t", "--uid\t",
+			"--chunk-size\t", "--server\t", "--timeout\t", "--output\t", "--tls-ca-file\t",
+			"--tls-cert-file\t", "--tls-private-key-file\t"}},
+		{[]string{"__complete", "release", "--"},
+			[]string{"--owner\t", "--force\t", "--uid\t", "--server\t"}},
 		{[]string{"__complete", "get", "ranges", "-o", ""}, []string{"table", "wide", "json", "yaml"}},
 		{[]string{"__complete", "delete", "servicecidr", ""}, []string{"kubernetes"}},
-		{[]string{"__complete", "create", "allocation", "--ip-family-policy", ""}, []string{"SingleStack", "RequireDualStack"}},
+		{[]string{"__complete", "create", "allocation", "--ip-family-policy", ""},
+			[]string{"SingleStack", "RequireDualStack"}},
 	} {
 		out, stderr, code := execute(context.Background(), tc.args...)
 		if code != 0 {
@@ -62,8 +69,10 @@ func TestHelp(t *testing.T) {
 		}
 		args := append(strings.Fields(strings.TrimPrefix(c.CommandPath(), "allocd ")), "--help")
 		out, _, code := execute(context.Background(), args...)
-		if code != 0 || !strings.Contains(out, c.Long[:min(len(c.Long), 20)]) || !strings.Contains(out, "--server") {
-			t.Errorf("allocd %s = %d:\n%s\nwant its help, with the shared flags", strings.Join(args, " "), code, out)
+		if code != 0 || !strings.Contains(out, c.Long[:min(len(c.Long), 20)]) ||
+			!strings.Contains(out, "--server") {
+			t.Errorf("allocd %s = %d:\n%s\nwant its help, with the shared flags", strings.Join(args, " "),
+				code, out)
 		}
 		if !c.HasSubCommands() && !strings.Contains(out, "Examples:") {
 			t.Errorf("allocd %s has no examples:\n%s", strings.Join(args, " "), out)
@@ -78,27 +87,16 @@ func TestHelp(t *testing.T) {
 // when a family's ranges are all full at once (the server lists them in one subject).
 func TestFullHint(t *testing.T) {
 	for subject, want := range map[string]string{
-		"10.0.0.0/24":              "full: 10.0.0.0/24; make room: release what is unused (allocd get allocations --range 10.0.0.0/24) or add a range (allocd create servicecidr NAME CIDR)",
-		"10.0.0.0/24, 10.1.0.0/29": "full: 10.0.0.0/24, 10.1.0.0/29; make room: release what is unused (allocd get allocations --range 10.0.0.0/24; allocd get allocations --range 10.1.0.0/29) or add a range (allocd create servicecidr NAME CIDR)",
-		"30000-32767":              "full: 30000-32767; make room: release unused node ports (allocd get allocations --range 30000-32767)",
+		"10.0.0.0/24": "full: 10.0.0.0/24; make room: release what is unused (allocd get " +
+			"allocations --range 10.0.0.0/24) or add a range (allocd create servicecidr NAME CIDR)",
+		"10.0.0.0/24, 10.1.0.0/29": "full: 10.0.0.0/24, 10.1.0.0/29; make room: release what is unused " +
+			"(allocd get allocations --range 10.0.0.0/24; allocd get allocations --range 10.1.0.0/29) or " +
+			"add a range (allocd create servicecidr NAME CIDR)",
+		"30000-32767": "full: 30000-32767; make room: release unused node ports (allocd get " +
+			"allocations --range 30000-32767)",
 	} {
 		if got := fullHint(subject); got != want {
 			t.Errorf("fullHint(%q) =\n  %s\nwant\n  %s", subject, got, want)
-		}
-	}
-}
-
-// TestTLSHint: a handshake that failed says which TLS flag to change.
-func TestTLSHint(t *testing.T) {
-	for msg, want := range map[string]string{
-		`connection error: desc = "transport: authentication handshake failed: tls: first record does not look like a TLS handshake"`:                             "serves plaintext",
-		`connection error: desc = "transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority"`: "--tls-ca-file",
-		`connection error: desc = "error reading server preface: remote error: tls: unknown certificate authority"`:                                               "--tls-cert-file",
-		`connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:1: connect: connection refused"`:                                            "",
-	} {
-		got := tlsHint(msg)
-		if want == "" && got != "" || !strings.Contains(got, want) {
-			t.Errorf("tlsHint(%q) = %q; want it to mention %q", msg, got, want)
 		}
 	}
 }

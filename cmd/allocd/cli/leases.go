@@ -45,9 +45,11 @@ as etcdctl lease list prints it.`,
 			for _, l := range resp.GetLeases() {
 				cells := []string{l.GetIp(), humanDuration(time.Duration(l.GetTtlSeconds()) * time.Second)}
 				if o.output == outWide {
-					cells = append(cells, fmt.Sprint(l.GetRevision()), fmt.Sprintf("%016x", l.GetLeaseId())) // as etcdctl lease list
+					// The lease in hexadecimal, as etcdctl lease list writes it.
+					cells = append(cells, fmt.Sprint(l.GetRevision()), fmt.Sprintf("%016x", l.GetLeaseId()))
 				}
-				row(tw, append(cells, humanDuration(time.Duration(l.GetRemainingTtlSeconds())*time.Second))...)
+				ttl := humanDuration(time.Duration(l.GetRemainingTtlSeconds()) * time.Second)
+				row(tw, append(cells, ttl)...)
 			}
 			return tw.Flush()
 		}),

@@ -100,7 +100,8 @@ func compareGolden(t *testing.T, name, got string) {
 		t.Fatalf("%v (go test -run %s -update writes it)", err, t.Name())
 	}
 	if got != string(want) {
-		t.Errorf("output differs from %s (go test -run %s -update rewrites it; read the diff):\n%s", path, t.Name(), diff(string(want), got))
+		t.Errorf("output differs from %s (go test -run %s -update rewrites it; read the diff):\n%s", path,
+			t.Name(), diff(string(want), got))
 	}
 }
 
@@ -129,13 +130,18 @@ var (
 	revisionRE = regexp.MustCompile(`at revision \d+`)
 	tookRE     = regexp.MustCompile(`took [^:]+:`)
 	describeRE = regexp.MustCompile(`(?m)^((?:Create|Mod) Revision:\s+)\d+$`)
-	jsonRE     = regexp.MustCompile(`"(revision|createRevision|modRevision|leaseId|remainingTtlSeconds|allocateTime|startTime|duration|age|allocationRevision|createTime|deleteTime|leader)":\s?("[^"]*"|-?\d+)`)
-	yamlRE     = regexp.MustCompile(`(?m)^(\s*(?:- )?)(revision|createRevision|modRevision|leaseId|remainingTtlSeconds|allocateTime|startTime|duration|age|allocationRevision|createTime|deleteTime|leader): .*$`)
+	jsonRE     = regexp.MustCompile(`"(` + volatileKeys + `)":\s?("[^"]*"|-?\d+)`)
+	yamlRE     = regexp.MustCompile(`(?m)^(\s*(?:- )?)(` + volatileKeys + `): .*$`)
 	lastCellRE = regexp.MustCompile(`(\s{3,})\S+$`)
 )
 
+// volatileKeys are the JSON and YAML keys whose values change from run to run.
+const volatileKeys = "revision|createRevision|modRevision|leaseId|remainingTtlSeconds|allocateTime|" +
+	"startTime|duration|age|allocationRevision|createTime|deleteTime|leader"
+
 // volatileColumns are the table columns whose cells change from run to run.
-var volatileColumns = []string{"AGE", "EXPIRES IN", "REVISION", "CREATE REVISION", "MOD REVISION", "LEASE ID", "ALLOCATED", "CREATED", "DELETED"}
+var volatileColumns = []string{"AGE", "EXPIRES IN", "REVISION", "CREATE REVISION", "MOD REVISION", "LEASE ID",
+	"ALLOCATED", "CREATED", "DELETED"}
 
 // mask replaces what changes from run to run (times, ages, revisions, lease ids, the
 // server's address) with placeholders.

@@ -52,10 +52,12 @@ func printRanges(s *session, ranges []*allocdv1.Range) error {
 		if r.GetKind() == allocdv1.RangeKind_RANGE_KIND_CLUSTER_IP {
 			kind, family, state = "ClusterIP", familyName(r.GetFamily()), stateName(r.GetState())
 		}
-		cells := []string{r.GetName(), kind, family, state, fmt.Sprint(r.GetSize()), fmt.Sprint(r.GetUsed()), fmt.Sprint(r.GetFree()),
+		cells := []string{r.GetName(), kind, family, state, fmt.Sprint(r.GetSize()), fmt.Sprint(r.GetUsed()),
+			fmt.Sprint(r.GetFree()),
 			bandUse(r.GetStaticBand()), bandUse(r.GetDynamicBand())}
 		if s.o.output == outWide {
-			cells = append(cells, fmt.Sprint(r.GetPrimary()), bandBounds(r.GetStaticBand()), bandBounds(r.GetDynamicBand()), orNone(strings.Join(r.GetServiceCidrs(), ",")))
+			cells = append(cells, fmt.Sprint(r.GetPrimary()), bandBounds(r.GetStaticBand()),
+				bandBounds(r.GetDynamicBand()), orNone(strings.Join(r.GetServiceCidrs(), ",")))
 		}
 		row(tw, append(cells, bar(r.GetUsed(), r.GetSize()))...)
 	}

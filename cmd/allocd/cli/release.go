@@ -34,8 +34,9 @@ Releasing what is free is not an error.
 
 --force releases the IPs and PORTs named whoever holds them (then --owner is refused:
 it would not be checked), or everything of --owner (ForceRelease: with authorization
-on, a policy grants it to operators apart from Release). The Service that still uses a forced address keeps it in its spec: repair
-reports it (ClusterIPNotAllocated) and allocates it again.`,
+on, a policy grants it to operators apart from Release). The Service that still uses
+a forced address keeps it in its spec: repair reports it (ClusterIPNotAllocated) and
+allocates it again.`,
 		Example: `  allocd release --owner default/web                 # all of default/web's
   allocd release --owner default/db 10.0.0.10 30010   # two of default/db's
   allocd release --owner default/db --uid uid-db 10.0.0.10
@@ -46,26 +47,31 @@ reports it (ClusterIPNotAllocated) and allocates it again.`,
 			var ref ownerRef
 			switch {
 			case owner == "" && (!force || it.empty()):
-				return usage(s.cmd, errors.New("missing --owner NAMESPACE/NAME (only --force with the IPs or PORTs to release goes without)"))
+				return usage(s.cmd, errors.New("missing --owner NAMESPACE/NAME (only --force with the IPs "+
+					"or PORTs to release goes without)"))
 			case owner != "" && force && !it.empty():
-				return usage(s.cmd, errors.New("--owner with --force and IPs or PORTs: --force releases them whoever holds them, so --owner would not be checked; drop one of the two"))
+				return usage(s.cmd, errors.New("--owner with --force and IPs or PORTs: --force releases "+
+					"them whoever holds them, so --owner would not be checked; drop one of the two"))
 			case owner != "":
 				var err error
 				if ref, err = parseOwner(owner); err != nil {
 					return usage(s.cmd, err)
 				}
 			}
-			groups, err := releaseGroups(ctx, s, releaseWhat{ref: ref, uid: uid, allUIDs: allUIDs}, args, force)
+			groups, err := releaseGroups(ctx, s, releaseWhat{ref: ref, uid: uid, allUIDs: allUIDs}, args,
+				force)
 			if err != nil {
 				return err
 			}
 			return release(ctx, s, ref, groups, force)
 		}),
 	}
-	cmd.Flags().StringVar(&owner, "owner", "", "owner whose allocations are released, NAMESPACE/NAME (optional with --force and IPs or PORTs)")
+	cmd.Flags().StringVar(&owner, "owner", "",
+		"owner whose allocations are released, NAMESPACE/NAME (optional with --force and IPs or PORTs)")
 	cmd.Flags().StringVar(&uid, "uid", "", "UID of --owner: skips finding it")
 	cmd.Flags().BoolVar(&force, "force", false, "release whoever holds them (ForceRelease)")
-	cmd.Flags().BoolVar(&allUIDs, "all-uids", false, "with --owner and no IP or PORT: release under every UID --owner's allocations carry")
+	cmd.Flags().BoolVar(&allUIDs, "all-uids", false,
+		"with --owner and no IP or PORT: release under every UID --owner's allocations carry")
 	return cmd
 }
 
@@ -85,7 +91,8 @@ type releaseWhat struct {
 }
 
 // releaseGroups finds the owners' UIDs the release needs, one group per UID.
-func releaseGroups(ctx context.Context, s *session, w releaseWhat, args []string, force bool) ([]releaseGroup, error) {
+func releaseGroups(ctx context.Context, s *session, w releaseWhat, args []string,
+	force bool) ([]releaseGroup, error) {
 	it := parseItems(args)
 	owner := &allocdv1.Owner{Namespace: w.ref.namespace, Name: w.ref.name, Uid: w.uid}
 	switch {
@@ -100,12 +107,14 @@ func releaseGroups(ctx context.Context, s *session, w releaseWhat, args []string
 		uids, err := ownerUIDs(ctx, s, w.ref)
 		if err == nil && len(uids) > 1 && !w.allUIDs {
 			return nil, s.fail("release", false, status.Errorf(codes.FailedPrecondition,
-				"%s's allocations carry %d UIDs (%s): a Service deleted and created again under its name; nothing released: "+
-					"give --uid, or --all-uids to release them all", w.ref, len(uids), strings.Join(uids, ", ")))
+				"%s's allocations carry %d UIDs (%s): a Service deleted and created again under its name; "+
+					"nothing released: give --uid, or --all-uids to release them all", w.ref, len(uids),
+				strings.Join(uids, ", ")))
 		}
 		var groups []releaseGroup
 		for _, u := range uids {
-			groups = append(groups, releaseGroup{owner: &allocdv1.Owner{Namespace: w.ref.namespace, Name: w.ref.name, Uid: u}})
+			groups = append(groups,
+				releaseGroup{owner: &allocdv1.Owner{Namespace: w.ref.namespace, Name: w.ref.name, Uid: u}})
 		}
 		return groups, err
 	}
@@ -124,7 +133,8 @@ func checkUID(ctx context.Context, s *session, ref ownerRef, uid string) error {
 	for _, a := range page.GetAllocations() {
 		if !ref.is(a.GetOwner()) {
 			return s.fail("release", false, status.Errorf(codes.FailedPrecondition,
-				"uid %s holds allocations of %s, not of %s: nothing released", uid, ownerName(a.GetOwner()), ref))
+				"uid %s holds allocations of %s, not of %s: nothing released", uid, ownerName(a.GetOwner()),
+				ref))
 		}
 	}
 	return nil
@@ -134,16 +144,17 @@ func checkUID(ctx context.Context, s *session, ref ownerRef, uid string) error {
 func ownerUIDs(ctx context.Context, s *session, ref ownerRef) ([]string, error) {
 	var uids []string
 	req := &allocdv1.ListAllocationsRequest{PageSize: 5000}
-	err := pages(ctx, s, "release: find the allocations of "+ref.String(), &req.PageToken, func(ctx context.Context) (*allocdv1.ListAllocationsResponse, error) {
-		return s.c.ListAllocations(ctx, req)
-	}, func(page *allocdv1.ListAllocationsResponse) error {
-		for _, a := range page.GetAllocations() {
-			if u := a.GetOwner().GetUid(); ref.is(a.GetOwner()) && !slices.Contains(uids, u) {
-				uids = append(uids, u)
+	err := pages(ctx, s, "release: find the allocations of "+ref.String(), &req.PageToken,
+		func(ctx context.Context) (*allocdv1.ListAllocationsResponse, error) {
+			return s.c.ListAllocations(ctx, req)
+		}, func(page *allocdv1.ListAllocationsResponse) error {
+			for _, a := range page.GetAllocations() {
+				if u := a.GetOwner().GetUid(); ref.is(a.GetOwner()) && !slices.Contains(uids, u) {
+					uids = append(uids, u)
+				}
 			}
-		}
-		return nil
-	})
+			return nil
+		})
 	if err != nil {
 		return nil, err
 	}
@@ -167,7 +178,8 @@ func holders(ctx context.Context, s *session, ref ownerRef, args []string) ([]re
 			return nil, s.fail("release: find who holds "+arg, false, err)
 		case !ref.is(a.GetOwner()):
 			return nil, s.fail("release", false, status.Errorf(codes.FailedPrecondition,
-				"%s is held by %s (uid %s), not by %s: nothing released; --force releases it whoever holds it",
+				"%s is held by %s (uid %s), not by %s: nothing released; --force "+
+					"releases it whoever holds it",
 				arg, ownerName(a.GetOwner()), a.GetOwner().GetUid(), ref))
 		}
 		i := 0
@@ -197,7 +209,8 @@ func release(ctx context.Context, s *session, ref ownerRef, groups []releaseGrou
 			continue
 		}
 		resp, err := callWrite(ctx, s.o, func(ctx context.Context) (*allocdv1.ReleaseResponse, error) {
-			return s.c.Release(ctx, &allocdv1.ReleaseRequest{Owner: g.owner, ClusterIps: g.items.ips, NodePorts: g.items.ports, Force: force})
+			return s.c.Release(ctx, &allocdv1.ReleaseRequest{Owner: g.owner, ClusterIps: g.items.ips,
+				NodePorts: g.items.ports, Force: force})
 		})
 		if err != nil {
 			return s.fail("release", true, err)

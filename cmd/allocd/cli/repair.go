@@ -108,7 +108,8 @@ func printRepairStatus(w io.Writer, st *allocdv1.GetRepairStatusResponse, wide b
 		tw = newTable(w)
 		row(tw, "  ITEM", "RANGE", "OWNER", "UID", "STRIKES", "STRIKES LEFT", "AGE")
 		for _, c := range st.GetLeakCandidates() {
-			row(tw, "  "+itemOf(c), c.GetRange(), ownerName(c.GetOwner()), c.GetOwner().GetUid(), fmt.Sprint(c.GetStrikes()),
+			row(tw, "  "+itemOf(c), c.GetRange(), ownerName(c.GetOwner()), c.GetOwner().GetUid(),
+				fmt.Sprint(c.GetStrikes()),
 				fmt.Sprint(c.GetStrikesLeft()), humanDuration(c.GetAge().AsDuration()))
 		}
 		if err := tw.Flush(); err != nil {
@@ -137,7 +138,8 @@ func printFindings(w io.Writer, findings []*allocdv1.Finding, wide bool) error {
 	for _, f := range findings {
 		item := itemOf(f)
 		if wide {
-			row(tw, f.GetReason(), orNone(f.GetRange()), item, ownerName(f.GetService()), f.GetService().GetUid(),
+			row(tw, f.GetReason(), orNone(f.GetRange()), item, ownerName(f.GetService()),
+				f.GetService().GetUid(),
 				fmt.Sprint(f.GetRepaired()), oneLine(f.GetMessage()))
 		} else {
 			row(tw, f.GetReason(), item, ownerName(f.GetService()), oneLine(f.GetMessage()))
@@ -159,7 +161,8 @@ func passSummary(r *allocdv1.RepairReport) string {
 		counts = append(counts, fmt.Sprintf("%s %d", reason, n))
 	}
 	sort.Strings(counts)
-	s := fmt.Sprintf("pass on snapshot revision %d took %s: %d findings, %d repaired", r.GetSnapshotRevision(),
+	s := fmt.Sprintf("pass on snapshot revision %d took %s: %d findings, %d repaired",
+		r.GetSnapshotRevision(),
 		r.GetDuration().AsDuration().Round(time.Microsecond), len(r.GetFindings()), repaired)
 	if len(counts) > 0 {
 		s += " (" + strings.Join(counts, ", ") + ")"

@@ -47,7 +47,10 @@ holders).
 			var err error
 			if len(args) == 1 {
 				var c *allocdv1.ServiceCIDR
-				c, err = call(ctx, o, func(ctx context.Context) (*allocdv1.ServiceCIDR, error) { return s.c.GetServiceCIDR(ctx, args[0]) })
+				c, err = call(ctx, o,
+					func(ctx context.Context) (*allocdv1.ServiceCIDR, error) {
+						return s.c.GetServiceCIDR(ctx, args[0])
+					})
 				cs = []*allocdv1.ServiceCIDR{c}
 			} else {
 				cs, err = call(ctx, o, s.c.ListServiceCIDRs)
@@ -86,7 +89,8 @@ func printServiceCIDRs(w io.Writer, cs []*allocdv1.ServiceCIDR, wide bool) error
 		}
 		cells := []string{c.GetName(), strings.Join(c.GetCidrs(), ","), stateName(c.GetState()), blocking}
 		if wide {
-			cells = append(cells, fmt.Sprint(c.GetRevision()), rfc3339(c.GetCreateTime()), rfc3339(c.GetDeleteTime()))
+			cells = append(cells, fmt.Sprint(c.GetRevision()), rfc3339(c.GetCreateTime()),
+				rfc3339(c.GetDeleteTime()))
 		}
 		row(tw, append(cells, age(c.GetCreateTime(), now))...)
 	}
@@ -95,7 +99,8 @@ func printServiceCIDRs(w io.Writer, cs []*allocdv1.ServiceCIDR, wide bool) error
 
 // printBlockers lists the sample of allocations that block a terminating ServiceCIDR.
 func printBlockers(w io.Writer, c *allocdv1.ServiceCIDR) error {
-	fmt.Fprintf(w, "\n%d allocations lie only in %s and block its removal; %d of them:\n", c.GetBlockingAllocations(), c.GetName(), len(c.GetBlockingSample()))
+	fmt.Fprintf(w, "\n%d allocations lie only in %s and block its removal; %d of them:\n",
+		c.GetBlockingAllocations(), c.GetName(), len(c.GetBlockingSample()))
 	tw := newTable(w)
 	row(tw, "  ITEM", "RANGE", "OWNER", "UID")
 	for _, a := range c.GetBlockingSample() {
@@ -158,7 +163,10 @@ the last one's release. Deleting a terminating ServiceCIDR again is not an error
 			if err != nil {
 				return s.fail("delete servicecidr "+args[0], true, err)
 			}
-			c, err := call(ctx, o, func(ctx context.Context) (*allocdv1.ServiceCIDR, error) { return s.c.GetServiceCIDR(ctx, args[0]) })
+			c, err := call(ctx, o,
+				func(ctx context.Context) (*allocdv1.ServiceCIDR, error) {
+					return s.c.GetServiceCIDR(ctx, args[0])
+				})
 			gone := errors.Is(err, client.ErrNotFound)
 			switch {
 			case err != nil && !gone:
@@ -171,7 +179,8 @@ the last one's release. Deleting a terminating ServiceCIDR again is not an error
 				fmt.Fprintf(s.out, "servicecidr %s deleted\n", args[0])
 				return nil
 			case c.GetBlockingAllocations() == 0:
-				fmt.Fprintf(s.out, "servicecidr %s terminating: nothing new is allocated from it, nothing blocks its removal (within a second)\n", args[0])
+				fmt.Fprintf(s.out, "servicecidr %s terminating: nothing new is allocated from it, nothing "+
+					"blocks its removal (within a second)\n", args[0])
 				return nil
 			}
 			fmt.Fprintf(s.out, "servicecidr %s terminating: nothing new is allocated from it\n", args[0])

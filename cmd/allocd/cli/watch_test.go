@@ -76,17 +76,22 @@ func TestWatchEndpoints(t *testing.T) {
 	a := start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	web := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web", ClusterIps: []string{"10.0.0.40"},
-		Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
-		Ports:    []*allocdv1.ServicePortSpec{{Name: "http", Port: 80, TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 8080}}}}}
+	web := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web",
+		ClusterIps: []string{"10.0.0.40"},
+		Selector:   &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
+		Ports: []*allocdv1.ServicePortSpec{{Name: "http", Port: 80,
+			TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 8080}}}}}
 	pod := func(name, ip, rv string, ready bool) *allocdv1.Pod {
-		return &allocdv1.Pod{Namespace: "shop", Name: name, Uid: "uid-" + name, ResourceVersion: rv, Labels: map[string]string{"app": "web"},
+		return &allocdv1.Pod{Namespace: "shop", Name: name, Uid: "uid-" + name, ResourceVersion: rv,
+			Labels:   map[string]string{"app": "web"},
 			NodeName: "node-a", PodIps: []string{ip}, Phase: "Running", Ready: ready}
 	}
-	if _, err := a.c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 20, Services: []*allocdv1.Service{web}}); err != nil {
+	if _, err := a.c.PushServiceSnapshot(ctx,
+		&allocdv1.ServiceSnapshot{Revision: 20, Services: []*allocdv1.Service{web}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.c.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: 20, Pods: []*allocdv1.Pod{pod("web-1", "10.244.1.5", "101", true)}}); err != nil {
+	if _, err := a.c.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: 20,
+		Pods: []*allocdv1.Pod{pod("web-1", "10.244.1.5", "101", true)}}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the Endpoints of shop/web", func(ctx context.Context) bool {
@@ -108,14 +113,19 @@ func TestWatchEndpoints(t *testing.T) {
 		what  string
 		event *allocdv1.Event
 	}{
-		{"web-2 starts, not ready", &allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Object: &allocdv1.Event_Pod{Pod: pod("web-2", "10.244.1.6", "102", false)}}},
-		{"web-2 is ready", &allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Object: &allocdv1.Event_Pod{Pod: pod("web-2", "10.244.1.6", "103", true)}}},
-		{"web-1 is deleted", &allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_DELETE, Object: &allocdv1.Event_Pod{Pod: pod("web-1", "10.244.1.5", "104", true)}}},
-		{"shop/web is deleted", &allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_DELETE, Object: &allocdv1.Event_Service{Service: web}}},
+		{"web-2 starts, not ready", &allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_UPSERT,
+			Object: &allocdv1.Event_Pod{Pod: pod("web-2", "10.244.1.6", "102", false)}}},
+		{"web-2 is ready", &allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_UPSERT,
+			Object: &allocdv1.Event_Pod{Pod: pod("web-2", "10.244.1.6", "103", true)}}},
+		{"web-1 is deleted", &allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_DELETE,
+			Object: &allocdv1.Event_Pod{Pod: pod("web-1", "10.244.1.5", "104", true)}}},
+		{"shop/web is deleted", &allocdv1.Event{Type: allocdv1.EventType_EVENT_TYPE_DELETE,
+			Object: &allocdv1.Event_Service{Service: web}}},
 	} {
 		rev := int64(21 + i)
 		ev.event.Revision = rev
-		if _, err := a.c.PushEvents(ctx, &allocdv1.PushEventsRequest{Revision: rev, Events: []*allocdv1.Event{ev.event}}); err != nil {
+		if _, err := a.c.PushEvents(ctx,
+			&allocdv1.PushEventsRequest{Revision: rev, Events: []*allocdv1.Event{ev.event}}); err != nil {
 			t.Fatal(err)
 		}
 		got = append(got, "# "+ev.what, next(t, out, ev.what))

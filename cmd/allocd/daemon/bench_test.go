@@ -42,7 +42,8 @@ func benchPod(s, p int, ready bool, rev int64) *allocdv1.Pod {
 		Labels:          map[string]string{"app": app, "pod-template-hash": "5d8f7c9b4"},
 		NodeName:        fmt.Sprintf("node-%d", (s*benchPodsPerSvc+p)%100),
 		PodIps:          []string{benchPodIP(s, p)}, Phase: "Running", Ready: ready,
-		Containers: []*allocdv1.Container{{Name: "app", Ports: []*allocdv1.ContainerPort{{Name: "http", ContainerPort: 8080}}}},
+		Containers: []*allocdv1.Container{{Name: "app",
+			Ports: []*allocdv1.ContainerPort{{Name: "http", ContainerPort: 8080}}}},
 	}
 }
 
@@ -145,7 +146,8 @@ func benchEndpointsFeed(b *testing.B) {
 		})
 
 	pushStart := time.Now()
-	if _, err := c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 1, Services: svcs}); err != nil {
+	if _, err := c.PushServiceSnapshot(ctx,
+		&allocdv1.ServiceSnapshot{Revision: 1, Services: svcs}); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := c.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: 1, Pods: pods}); err != nil {
@@ -256,7 +258,8 @@ func benchEndpointsFeed(b *testing.B) {
 				break
 			}
 			b.Logf("applied %d of %d", applied, total)
-			b.Fatalf("%d Services never showed their last change on the watch (%d wrong)", len(wantReady), wrong)
+			b.Fatalf("%d Services never showed their last change on the watch (%d wrong)", len(wantReady),
+				wrong)
 		}
 	}
 	revAfter := d.etcdRevision(b)

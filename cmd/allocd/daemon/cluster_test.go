@@ -71,9 +71,11 @@ func TestCluster(t *testing.T) {
 	// What one replica allocated, the other sees, with its holder.
 	for ip, uid := range holders {
 		for i, c := range clients {
-			a, err := c.GetAllocation(ctx, &allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: ip}})
+			a, err := c.GetAllocation(ctx, &allocdv1.GetAllocationRequest{
+				Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: ip}})
 			if err != nil || a.GetOwner().GetUid() != uid {
-				t.Errorf("replica %d: GetAllocation(%s) = %v, %v; want held by %s", i+1, ip, a.GetOwner(), err, uid)
+				t.Errorf("replica %d: GetAllocation(%s) = %v, %v; want held by %s", i+1, ip, a.GetOwner(),
+					err, uid)
 			}
 		}
 	}

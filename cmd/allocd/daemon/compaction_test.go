@@ -100,8 +100,9 @@ type replica struct {
 
 func newReplica(t *testing.T, d *Daemon) replica {
 	conn := dial(t, d.GRPCAddr())
-	return replica{d: d, alloc: allocdv1.NewAllocatorServiceClient(conn), lease: allocdv1.NewLeaseServiceClient(conn),
-		eps: allocdv1.NewEndpointsServiceClient(conn)}
+	return replica{d: d, alloc: allocdv1.NewAllocatorServiceClient(conn),
+		lease: allocdv1.NewLeaseServiceClient(conn),
+		eps:   allocdv1.NewEndpointsServiceClient(conn)}
 }
 
 func owner(uid string) *allocdv1.Owner {
@@ -135,7 +136,8 @@ func (r replica) view(ctx context.Context) (view, error) {
 	for _, s := range ep.GetEndpoints().GetSubsets() {
 		v.masters = append(v.masters, s.GetAddresses()...)
 	}
-	se, err := r.eps.GetServiceEndpoints(ctx, &allocdv1.GetServiceEndpointsRequest{Namespace: "default", Name: "kubernetes"})
+	se, err := r.eps.GetServiceEndpoints(ctx,
+		&allocdv1.GetServiceEndpointsRequest{Namespace: "default", Name: "kubernetes"})
 	if err != nil {
 		return v, err
 	}
@@ -144,7 +146,8 @@ func (r replica) view(ctx context.Context) (view, error) {
 			v.endpoints = append(v.endpoints, a.GetIp())
 		}
 	}
-	se, err = r.eps.GetServiceEndpoints(ctx, &allocdv1.GetServiceEndpointsRequest{Namespace: "shop", Name: "web"})
+	se, err = r.eps.GetServiceEndpoints(ctx,
+		&allocdv1.GetServiceEndpointsRequest{Namespace: "shop", Name: "web"})
 	if err != nil {
 		return v, err
 	}
@@ -158,12 +161,14 @@ func (r replica) view(ctx context.Context) (view, error) {
 }
 
 func (v view) String() string {
-	return fmt.Sprintf("used %v, master lease endpoints %v, stored endpoints %v, shop/web %v", v.used, v.masters, v.endpoints, v.shop)
+	return fmt.Sprintf("used %v, master lease endpoints %v, stored endpoints %v, shop/web %v", v.used,
+		v.masters, v.endpoints, v.shop)
 }
 
 // equal reports whether v and w are the same state.
 func (v view) equal(w view) bool {
-	return slices.Equal(v.used, w.used) && slices.Equal(v.masters, w.masters) && slices.Equal(v.endpoints, w.endpoints) &&
+	return slices.Equal(v.used, w.used) && slices.Equal(v.masters, w.masters) &&
+		slices.Equal(v.endpoints, w.endpoints) &&
 		slices.Equal(v.shop, w.shop)
 }
 
@@ -210,8 +215,10 @@ func TestCompactionRelist(t *testing.T) {
 	a, b := newReplica(t, one), newReplica(t, two)
 	ctx := etcdtest.Context(t)
 	w := workload{t: t, ctx: ctx, cli: e.Client}
-	if st, err := allocdv1.NewRepairServiceClient(dial(t, one.GRPCAddr())).GetRepairStatus(ctx, &allocdv1.GetRepairStatusRequest{}); err != nil || st.GetLeader() != two.GRPCAddr() {
-		t.Fatalf("repair leader = %q, %v; want the replica started first, %s", st.GetLeader(), err, two.GRPCAddr())
+	if st, err := allocdv1.NewRepairServiceClient(dial(t, one.GRPCAddr())).GetRepairStatus(ctx,
+		&allocdv1.GetRepairStatusRequest{}); err != nil || st.GetLeader() != two.GRPCAddr() {
+		t.Fatalf("repair leader = %q, %v; want the replica started first, %s", st.GetLeader(), err,
+			two.GRPCAddr())
 	}
 	w.shop(one, "10.244.0.1", "10.244.0.2")
 
@@ -255,7 +262,8 @@ func converge(t *testing.T, replicas map[string]replica, want view) {
 		var got view
 		var err error
 		deadline := time.Now().Add(20 * time.Second)
-		for got, err = r.view(ctx); (err != nil || !got.equal(want)) && time.Now().Before(deadline); got, err = r.view(ctx) {
+		for got, err = r.view(ctx); (err != nil || !got.equal(want)) &&
+			time.Now().Before(deadline); got, err = r.view(ctx) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		if err != nil || !got.equal(want) {
@@ -290,7 +298,8 @@ func (w *workload) partition(rl *relay, r replica, during func()) {
 
 func (w *workload) allocate(r replica, uid string) {
 	w.t.Helper()
-	if _, err := r.alloc.Allocate(w.ctx, &allocdv1.AllocateRequest{Owner: owner(uid), NodePortCount: 1}); err != nil {
+	if _, err := r.alloc.Allocate(w.ctx,
+		&allocdv1.AllocateRequest{Owner: owner(uid), NodePortCount: 1}); err != nil {
 		w.t.Fatalf("Allocate(%s): %v", uid, err)
 	}
 }
@@ -341,10 +350,13 @@ func (w *workload) shop(d *Daemon, ips ...string) {
 	defer c.Close()
 	w.n++
 	rev := int64(w.n)
-	svc := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web", ClusterIps: []string{"10.96.0.50"},
-		Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
-		Ports:    []*allocdv1.ServicePortSpec{{Name: "http", Port: 80, TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_StrValue{StrValue: "http"}}}}}
-	if _, err := c.PushServiceSnapshot(w.ctx, &allocdv1.ServiceSnapshot{Revision: rev, Services: []*allocdv1.Service{svc}}); err != nil {
+	svc := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web",
+		ClusterIps: []string{"10.96.0.50"},
+		Selector:   &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
+		Ports: []*allocdv1.ServicePortSpec{{Name: "http", Port: 80,
+			TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_StrValue{StrValue: "http"}}}}}
+	if _, err := c.PushServiceSnapshot(w.ctx,
+		&allocdv1.ServiceSnapshot{Revision: rev, Services: []*allocdv1.Service{svc}}); err != nil {
 		w.t.Fatalf("PushServiceSnapshot: %v", err)
 	}
 	var pods []*allocdv1.Pod

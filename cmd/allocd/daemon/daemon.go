@@ -1,13 +1,3 @@
-// Package daemon wires allocd together: etcd (embedded or remote), the allocator, the
-// master leases, the repair loop, the gRPC server with health and reflection, and the
-// metrics listener; with the security flags, TLS for both, client certificates, and
-// the authorization of calls by grpc-go's authz policy (security.go). cmd/allocd parses
-// flags into a Config and calls Run; tests call StartForTest.
-//
-//	d, err := daemon.Start(ctx, daemon.DefaultConfig())
-//	if err != nil { ... }
-//	defer d.Close()
-//	fmt.Println("serving on", d.GRPCAddr())
 package daemon
 
 import (
@@ -102,7 +92,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, restarts: watch.NewRestarts()}
 	d.log = newLogger(cfg)
 	d.registry = prometheus.NewRegistry()
-	d.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	d.registry.MustRegister(collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	d.etcdReqs = newEtcdRequestMetrics(d.registry)
 
 	var err error
@@ -121,14 +112,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		ServerOptions: append(d.sec.serverOptions(),
 			grpc.ChainUnaryInterceptor(d.gateUnary), grpc.ChainStreamInterceptor(d.gateStream)),
 	})
-	d.gates.alloc.AllocatorServiceServer = allocdv1.UnimplementedAllocatorServiceServer{}
-	d.gates.lease.LeaseServiceServer = allocdv1.UnimplementedLeaseServiceServer{}
-	d.gates.repair.RepairServiceServer = allocdv1.UnimplementedRepairServiceServer{}
-	allocdv1.RegisterAllocatorServiceServer(d.grpc, &d.gates.alloc)
-	allocdv1.RegisterLeaseServiceServer(d.grpc, &d.gates.lease)
-	allocdv1.RegisterRepairServiceServer(d.grpc, &d.gates.repair)
-	d.gates.endpoints.EndpointsServiceServer = allocdv1.UnimplementedEndpointsServiceServer{}
-	allocdv1.RegisterEndpointsServiceServer(d.grpc, &d.gates.endpoints)
+	d.registerGates()
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
@@ -146,8 +130,8 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if d.plis != nil {
 		d.servePprof()
 	}
-	d.log.Info("allocd starting", "grpc", d.lis.Addr().String(), "metrics", cfg.MetricsAddress, "etcd", d.etcdDescription(),
-		"tls", d.sec.server != nil, "authorization", d.sec.authorizing())
+	d.log.Info("allocd starting", "grpc", d.lis.Addr().String(), "metrics", cfg.MetricsAddress,
+		"etcd", d.etcdDescription(), "tls", d.sec.server != nil, "authorization", d.sec.authorizing())
 
 	if err := d.startEtcd(ctx); err != nil {
 		d.Close()
@@ -170,6 +154,19 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	d.group.Go(func() error { d.watchEtcdHealth(runCtx); return nil })
 	d.log.Info("allocd serving", "grpc", d.lis.Addr().String())
 	return d, nil
+}
+
+// registerGates registers the allocd services on d.grpc through d.gates, unimplemented
+// until their state is loaded.
+func (d *Daemon) registerGates() {
+	d.gates.alloc.AllocatorServiceServer = allocdv1.UnimplementedAllocatorServiceServer{}
+	d.gates.lease.LeaseServiceServer = allocdv1.UnimplementedLeaseServiceServer{}
+	d.gates.repair.RepairServiceServer = allocdv1.UnimplementedRepairServiceServer{}
+	d.gates.endpoints.EndpointsServiceServer = allocdv1.UnimplementedEndpointsServiceServer{}
+	allocdv1.RegisterAllocatorServiceServer(d.grpc, &d.gates.alloc)
+	allocdv1.RegisterLeaseServiceServer(d.grpc, &d.gates.lease)
+	allocdv1.RegisterRepairServiceServer(d.grpc, &d.gates.repair)
+	allocdv1.RegisterEndpointsServiceServer(d.grpc, &d.gates.endpoints)
 }
 
 // listen opens the listeners of the gRPC API, /metrics and pprof.
@@ -222,7 +219,8 @@ func (d *Daemon) serveMetrics() {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{Registry: d.registry}))
 	d.msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
-		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelDebug)} // TLS handshake errors of scrapers, say
+		// The TLS handshake errors of scrapers, say.
+		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelDebug)}
 	if d.cfg.MetricsTLS {
 		d.msrv.TLSConfig = d.sec.server.Config()
 		d.msrv.TLSConfig.GetConfigForClient = nil
@@ -248,28 +246,42 @@ func (d *Daemon) etcdDescription() string {
 	return "embedded in " + d.cfg.DataDir + " at http://" + d.cfg.EmbeddedEtcdClientAddress
 }
 
+// embeddedTickMs is the raft tick of the embedded etcd (see startEtcd).
+const embeddedTickMs = 10
+
 // startEtcd starts the embedded member (when no --etcd-servers) and connects to etcd.
 func (d *Daemon) startEtcd(ctx context.Context) error {
 	endpoints := d.cfg.EtcdServers
 	var tlsCfg *tls.Config
 	if len(endpoints) == 0 {
+		// The embedded etcd is a cluster of one: after a restart it elects itself
+		// once the rest of a randomized election timeout has passed, up to 1.1 s with
+		// etcd's 100 ms ticks (it skips all but one tick of the first 10). With 10 ms
+		// ticks that is at most 110 ms of the restart; it has no peer to lose a
+		// heartbeat to.
+		tick, election := d.cfg.embeddedEtcdTickMs, d.cfg.embeddedEtcdElectionMs
+		if tick == 0 {
+			tick, election = embeddedTickMs, 10*embeddedTickMs
+		}
 		e, err := embedded.Start(ctx, embedded.Config{
 			Dir:               d.cfg.DataDir,
 			ClientURL:         "http://" + d.cfg.EmbeddedEtcdClientAddress,
 			PeerURL:           "http://" + d.cfg.EmbeddedEtcdPeerAddress,
 			UnsafeNoFsync:     d.cfg.embeddedEtcdUnsafeNoFsync,
-			TickMs:            d.cfg.embeddedEtcdTickMs,
-			ElectionMs:        d.cfg.embeddedEtcdElectionMs,
+			TickMs:            tick,
+			ElectionMs:        election,
 			QuotaBackendBytes: d.cfg.QuotaBackendBytes,
 			MaxTxnOps:         uint(d.cfg.EtcdMaxTxnOps),
 		})
 		if err != nil {
-			return fmt.Errorf("%w (check --data-dir and --embedded-etcd-client-address/--embedded-etcd-peer-address)", err)
+			return fmt.Errorf(
+				"%w (check --data-dir and --embedded-etcd-client-address/--embedded-etcd-peer-address)", err)
 		}
 		d.etcd = e
 		endpoints = []string{"http://" + d.cfg.EmbeddedEtcdClientAddress}
 	} else if d.cfg.EtcdCAFile != "" || d.cfg.EtcdCertFile != "" {
-		info := transport.TLSInfo{CertFile: d.cfg.EtcdCertFile, KeyFile: d.cfg.EtcdKeyFile, TrustedCAFile: d.cfg.EtcdCAFile}
+		info := transport.TLSInfo{CertFile: d.cfg.EtcdCertFile, KeyFile: d.cfg.EtcdKeyFile,
+			TrustedCAFile: d.cfg.EtcdCAFile}
 		var err error
 		if tlsCfg, err = info.ClientConfig(); err != nil {
 			return fmt.Errorf("etcd TLS (--etcd-cafile/--etcd-certfile/--etcd-keyfile): %w", err)
@@ -309,9 +321,10 @@ func (d *Daemon) etcdConfig(endpoints []string, tlsCfg *tls.Config) clientv3.Con
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
 		Logger:               zap.NewNop(),
-		DialOptions:          []grpc.DialOption{grpc.WithChainUnaryInterceptor(etcdRequestMetrics(d.etcdReqs), slowEtcdCalls(d.log), call.NotSentInterceptor()), grpc.WithDisableRetry()},
-		MaxCallSendMsgSize:   8 << 20,
-		MaxCallRecvMsgSize:   64 << 20,
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(etcdRequestMetrics(d.etcdReqs),
+			slowEtcdCalls(d.log), call.NotSentInterceptor()), grpc.WithDisableRetry()},
+		MaxCallSendMsgSize: 8 << 20,
+		MaxCallRecvMsgSize: 64 << 20,
 	}
 }
 
@@ -360,14 +373,16 @@ func (d *Daemon) watchEtcdHealth(ctx context.Context) {
 }
 
 // gateUnary answers UNAVAILABLE for allocd calls that arrive before the state is loaded.
-func (d *Daemon) gateUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+func (d *Daemon) gateUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
+	h grpc.UnaryHandler) (any, error) {
 	if !d.ready.Load() && isAllocdMethod(info.FullMethod) {
 		return nil, notReady()
 	}
 	return h(ctx, req)
 }
 
-func (d *Daemon) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+func (d *Daemon) gateStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo,
+	h grpc.StreamHandler) error {
 	if !d.ready.Load() && isAllocdMethod(info.FullMethod) {
 		return notReady()
 	}
@@ -423,7 +438,8 @@ func (d *Daemon) Close() error {
 			select {
 			case <-stopped:
 			case <-t.C:
-				d.log.Warn("graceful stop timed out; cutting calls in flight", "timeout", d.cfg.ShutdownTimeout)
+				d.log.Warn("graceful stop timed out; cutting calls in flight",
+					"timeout", d.cfg.ShutdownTimeout)
 				d.grpc.Stop()
 				<-stopped
 			}
@@ -501,7 +517,8 @@ const slowEtcdCall = 500 * time.Millisecond
 // slowEtcdCalls logs unary etcd calls that took longer than slowEtcdCall, with the
 // member's address.
 func slowEtcdCalls(log *slog.Logger) grpc.UnaryClientInterceptor {
-	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		var p peer.Peer
 		start := time.Now()
 		err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Peer(&p))...)
@@ -510,7 +527,8 @@ func slowEtcdCalls(log *slog.Logger) grpc.UnaryClientInterceptor {
 			if p.Addr != nil {
 				addr = p.Addr.String()
 			}
-			log.Debug("slow etcd call", "method", method, "member", addr, "took", d.Round(time.Millisecond), "err", err)
+			log.Debug("slow etcd call", "method", method, "member", addr, "took", d.Round(time.Millisecond),
+				"err", err)
 		}
 		return err
 	}

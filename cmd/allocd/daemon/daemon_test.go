@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -47,7 +48,8 @@ func listServices(t *testing.T, conn *grpc.ClientConn) []string {
 	if err != nil {
 		t.Fatalf("reflection: %v", err)
 	}
-	if err := st.Send(&rpb.ServerReflectionRequest{MessageRequest: &rpb.ServerReflectionRequest_ListServices{}}); err != nil {
+	if err := st.Send(&rpb.ServerReflectionRequest{
+		MessageRequest: &rpb.ServerReflectionRequest_ListServices{}}); err != nil {
 		t.Fatalf("reflection send: %v", err)
 	}
 	resp, err := st.Recv()
@@ -68,8 +70,10 @@ func TestServesHealthReflectionMetrics(t *testing.T) {
 		t.Fatalf("Health.Check = %v, %v; want SERVING", got, err)
 	}
 	names := listServices(t, conn)
-	for _, want := range []string{"allocd.v1.AllocatorService", "allocd.v1.LeaseService", "allocd.v1.RepairService",
-		"grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"} {
+	for _, want := range []string{"allocd.v1.AllocatorService", "allocd.v1.LeaseService",
+		"allocd.v1.RepairService",
+		"grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+		"grpc.reflection.v1alpha.ServerReflection"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("reflection services = %v; want %s among them", names, want)
 		}
@@ -80,7 +84,8 @@ func TestServesHealthReflectionMetrics(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"grpc_server_handled_total", "grpc_server_handling_seconds", "go_goroutines", "process_cpu_seconds_total"} {
+	for _, want := range []string{"grpc_server_handled_total", "grpc_server_handling_seconds",
+		"go_goroutines", "process_cpu_seconds_total"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics has no %s", want)
 		}
@@ -142,7 +147,8 @@ func TestCloseThenRestartOnSameDataDir(t *testing.T) {
 		t.Fatalf("restart on the same data dir: %v", err)
 	}
 	defer d2.Close()
-	if got, err := healthStatus(t, dial(t, d2.GRPCAddr())); err != nil || got != healthpb.HealthCheckResponse_SERVING {
+	if got, err := healthStatus(t, dial(t, d2.GRPCAddr())); err != nil ||
+		got != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("Health.Check after restart = %v, %v; want SERVING", got, err)
 	}
 	r, err := d2.Client().Get(ctx, cfg.EtcdPrefix+"/test/marker")
@@ -155,7 +161,8 @@ func TestTwoSideBySide(t *testing.T) {
 	a := StartForTest(t)
 	b := StartForTest(t)
 	for _, d := range []*Daemon{a, b} {
-		if got, err := healthStatus(t, dial(t, d.GRPCAddr())); err != nil || got != healthpb.HealthCheckResponse_SERVING {
+		if got, err := healthStatus(t, dial(t, d.GRPCAddr())); err != nil ||
+			got != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("Health.Check(%s) = %v, %v; want SERVING", d.GRPCAddr(), got, err)
 		}
 	}
@@ -190,34 +197,59 @@ func TestBadConfig(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		mutate func(*Config)
-		want   string
+		flag   string // refused
+		why    error  // the refusal's Kind (or cause)
 	}{
-		{"cidr", func(c *Config) { c.ServiceClusterIPRange = "10.0.0.0" }, "--service-cluster-ip-range"},
-		{"ports", func(c *Config) { c.ServiceNodePortRange = "32767-30000" }, "--service-node-port-range"},
-		{"format", func(c *Config) { c.LogFormat = "xml" }, "--log-format"},
-		{"level", func(c *Config) { c.LogLevel = "loud" }, "--log-level"},
-		{"addr", func(c *Config) { c.GRPCAddress = "8080" }, "--grpc-address"},
-		{"pprof addr", func(c *Config) { c.PprofAddress = "6060" }, "--pprof-address"},
-		{"ttl", func(c *Config) { c.MasterLeaseTTL = 2 * time.Hour }, "--master-lease-ttl"},
-		{"tls", func(c *Config) { c.EtcdCertFile = "x.pem" }, "--etcd-keyfile"},
-		{"tls embedded", func(c *Config) { c.EtcdCAFile = "ca.pem" }, "need --etcd-servers"},
-		{"tls http", func(c *Config) { c.EtcdCAFile = "ca.pem"; c.EtcdServers = []string{"http://etcd:2379"} }, "use https://"},
-		{"compaction", func(c *Config) { c.EtcdCompactionInterval = -time.Second }, "--etcd-compaction-interval"},
-		{"quota", func(c *Config) { c.QuotaBackendBytes = -1 }, "--quota-backend-bytes"},
-		{"quota external", func(c *Config) { c.QuotaBackendBytes = 8 << 30; c.EtcdServers = []string{"http://etcd:2379"} }, "set --quota-backend-bytes on the etcd members"},
+		{"cidr", func(c *Config) { c.ServiceClusterIPRange = "10.0.0.0" }, "--service-cluster-ip-range",
+			ErrFlagValue},
+		{"ports", func(c *Config) { c.ServiceNodePortRange = "32767-30000" }, "--service-node-port-range",
+			ErrFlagValue},
+		{"format", func(c *Config) { c.LogFormat = "xml" }, "--log-format", ErrFlagValue},
+		{"level", func(c *Config) { c.LogLevel = "loud" }, "--log-level", ErrFlagValue},
+		{"addr", func(c *Config) { c.GRPCAddress = "8080" }, "--grpc-address", ErrFlagValue},
+		{"pprof addr", func(c *Config) { c.PprofAddress = "6060" }, "--pprof-address", ErrFlagValue},
+		{"ttl", func(c *Config) { c.MasterLeaseTTL = 2 * time.Hour }, "--master-lease-ttl", ErrFlagValue},
+		{"tls", func(c *Config) { c.EtcdCertFile = "x.pem" }, "--etcd-keyfile", ErrFlagsTogether},
+		{"tls embedded", func(c *Config) { c.EtcdCAFile = "ca.pem" }, "--etcd-servers", ErrFlagNeeds},
+		{"tls http", func(c *Config) {
+			c.EtcdCAFile, c.EtcdServers = "ca.pem", []string{"http://etcd:2379"}
+		}, "--etcd-servers", ErrFlagConflict},
+		{"compaction", func(c *Config) { c.EtcdCompactionInterval = -time.Second },
+			"--etcd-compaction-interval", ErrFlagValue},
+		{"quota", func(c *Config) { c.QuotaBackendBytes = -1 }, "--quota-backend-bytes", ErrFlagValue},
+		{"quota external",
+			func(c *Config) { c.QuotaBackendBytes = 8 << 30; c.EtcdServers = []string{"http://etcd:2379"} },
+			"--quota-backend-bytes", ErrFlagConflict},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
 			tc.mutate(&c)
-			err := c.Validate()
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("Validate() = %v; want an error naming %s", err, tc.want)
+			if err := c.Validate(); !refuses(err, tc.flag, tc.why) {
+				t.Errorf("Validate() = %v; want a *FlagError of %s for %v", err, tc.flag, tc.why)
 			}
 		})
 	}
 	if err := (func() *Config { c := DefaultConfig(); return &c })().Validate(); err != nil {
 		t.Errorf("DefaultConfig().Validate() = %v; want nil", err)
 	}
+}
+
+// refuses reports whether err (an errors.Join of them, say) holds a *FlagError about
+// flag that errors.Is why.
+func refuses(err error, flag string, why error) bool {
+	var walk func(error) bool
+	walk = func(err error) bool {
+		switch e := err.(type) {
+		case *FlagError:
+			return slices.Contains(e.Flags, flag) && errors.Is(e, why)
+		case interface{ Unwrap() []error }:
+			return slices.ContainsFunc(e.Unwrap(), walk)
+		case interface{ Unwrap() error }:
+			return walk(e.Unwrap())
+		}
+		return false
+	}
+	return walk(err)
 }
 
 // TestNotServingUntilEtcdAnswers starts allocd against an etcd that is not there yet:
@@ -260,7 +292,8 @@ func TestNotServingUntilEtcdAnswers(t *testing.T) {
 	if s, err := healthStatus(t, conn); err != nil || s != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("Health.Check once started = %v, %v; want SERVING", s, err)
 	}
-	if _, err := allocdv1.NewAllocatorServiceClient(conn).ListRanges(ctx, &allocdv1.ListRangesRequest{}); err != nil {
+	if _, err := allocdv1.NewAllocatorServiceClient(conn).ListRanges(ctx,
+		&allocdv1.ListRangesRequest{}); err != nil {
 		t.Errorf("ListRanges once started = %v", err)
 	}
 }

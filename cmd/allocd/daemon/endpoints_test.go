@@ -60,9 +60,11 @@ func (s *store) setPod(f *client.Feeder, p *allocdv1.Pod) {
 }
 
 func webPod(name, ip string, ready bool) *allocdv1.Pod {
-	return &allocdv1.Pod{Namespace: "shop", Name: name, Uid: "uid-" + name, Labels: map[string]string{"app": "web"},
+	return &allocdv1.Pod{Namespace: "shop", Name: name, Uid: "uid-" + name,
+		Labels: map[string]string{"app": "web"},
 		PodIps: []string{ip}, Phase: "Running", Ready: ready,
-		Containers: []*allocdv1.Container{{Name: "c", Ports: []*allocdv1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}}
+		Containers: []*allocdv1.Container{{Name: "c",
+			Ports: []*allocdv1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}}
 }
 
 // TestEndpointsLeaderChange: two replicas on one etcd, a Feeder talking to the one that
@@ -110,9 +112,12 @@ func TestEndpointsLeaderChange(t *testing.T) {
 			return nil
 		})
 
-	st := &store{rev: 1, svcs: map[string]*allocdv1.Service{"shop/web": {Namespace: "shop", Name: "web", Uid: "uid-web",
-		ClusterIps: []string{"10.0.0.50"}, Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
-		Ports: []*allocdv1.ServicePortSpec{{Name: "http", Port: 80, TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_StrValue{StrValue: "http"}}}}}},
+	st := &store{rev: 1,
+		svcs: map[string]*allocdv1.Service{"shop/web": {Namespace: "shop", Name: "web", Uid: "uid-web",
+			ClusterIps: []string{"10.0.0.50"},
+			Selector:   &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
+			Ports: []*allocdv1.ServicePortSpec{{Name: "http", Port: 80,
+				TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_StrValue{StrValue: "http"}}}}}},
 		pods: map[string]*allocdv1.Pod{}}
 	for i := range 3 {
 		p := webPod(fmt.Sprintf("web-%d", i), fmt.Sprintf("10.244.0.%d", i+1), true)
@@ -147,7 +152,8 @@ func TestEndpointsLeaderChange(t *testing.T) {
 	if _, err := e.Client.Delete(ctx, "/allocd/endpoints/shop/web"); err != nil {
 		t.Fatal(err)
 	}
-	etcdtest.WaitFor(t, 20*time.Second, "the Endpoints re-created by the new leader after an idle heartbeat", ready(2))
+	etcdtest.WaitFor(t, 20*time.Second, "the Endpoints re-created by the new leader after an idle heartbeat",
+		ready(2))
 	mu.Lock()
 	deleted--
 	mu.Unlock()
@@ -181,23 +187,30 @@ func TestEndpointsBadInput(t *testing.T) {
 	})
 	pod := webPod("web-0", "10.244.0.1", true)
 	if _, err := c.PushEvents(ctx, &allocdv1.PushEventsRequest{Revision: 2, Events: []*allocdv1.Event{{
-		Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Object: &allocdv1.Event_Pod{Pod: pod}}}}); !errors.Is(err, client.ErrSnapshotRequired) {
+		Type:   allocdv1.EventType_EVENT_TYPE_UPSERT,
+		Object: &allocdv1.Event_Pod{Pod: pod}}}}); !errors.Is(err, client.ErrSnapshotRequired) {
 		t.Fatalf("PushEvents before any snapshot = %v; want ErrSnapshotRequired", err)
 	}
 
-	svc := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web", ClusterIps: []string{"10.0.0.50"},
-		Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
-		Ports:    []*allocdv1.ServicePortSpec{{Port: 80, TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_StrValue{StrValue: "http"}}}}}
-	badSvc := &allocdv1.Service{Namespace: "shop", Name: "bad", Uid: "uid-bad", Ports: []*allocdv1.ServicePortSpec{{Port: 80, Protocol: "HTTP"}}}
-	_, err = c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 5, Services: []*allocdv1.Service{svc, badSvc}})
+	svc := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web",
+		ClusterIps: []string{"10.0.0.50"},
+		Selector:   &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
+		Ports: []*allocdv1.ServicePortSpec{{Port: 80,
+			TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_StrValue{StrValue: "http"}}}}}
+	badSvc := &allocdv1.Service{Namespace: "shop", Name: "bad", Uid: "uid-bad",
+		Ports: []*allocdv1.ServicePortSpec{{Port: 80, Protocol: "HTTP"}}}
+	_, err = c.PushServiceSnapshot(ctx,
+		&allocdv1.ServiceSnapshot{Revision: 5, Services: []*allocdv1.Service{svc, badSvc}})
 	assertInvalid(t, "PushServiceSnapshot", err, "snapshot.services[1].ports[0].protocol")
 	if st, err := c.GetRepairStatus(ctx); err != nil || st.GetSnapshotRevision() != 0 {
 		t.Fatalf("repair took a refused snapshot: revision %d, %v", st.GetSnapshotRevision(), err)
 	}
-	if _, err := c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 5, Services: []*allocdv1.Service{svc}}); err != nil {
+	if _, err := c.PushServiceSnapshot(ctx,
+		&allocdv1.ServiceSnapshot{Revision: 5, Services: []*allocdv1.Service{svc}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: 5, Pods: []*allocdv1.Pod{pod}}); err != nil {
+	if _, err := c.PushPodSnapshot(ctx,
+		&allocdv1.PodSnapshot{Revision: 5, Pods: []*allocdv1.Pod{pod}}); err != nil {
 		t.Fatal(err)
 	}
 	var before *allocdv1.ServiceEndpoints
@@ -207,17 +220,21 @@ func TestEndpointsBadInput(t *testing.T) {
 	})
 
 	bad := webPod("web-1", "10.244.300.1", true)
-	_, err = c.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: 6, Pods: []*allocdv1.Pod{webPod("web-9", "10.244.0.9", true), bad}})
+	_, err = c.PushPodSnapshot(ctx,
+		&allocdv1.PodSnapshot{Revision: 6, Pods: []*allocdv1.Pod{webPod("web-9", "10.244.0.9", true), bad}})
 	assertInvalid(t, "PushPodSnapshot", err, "snapshot.pods[1].pod_ips[0]")
 	_, err = c.PushEvents(ctx, &allocdv1.PushEventsRequest{Revision: 7, Events: []*allocdv1.Event{
-		{Type: allocdv1.EventType_EVENT_TYPE_DELETE, Object: &allocdv1.Event_Pod{Pod: &allocdv1.Pod{Namespace: "shop", Name: "web-0"}}},
-		{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Object: &allocdv1.Event_Pod{Pod: &allocdv1.Pod{Namespace: "shop", Name: "x", Uid: "x", Phase: "Runing"}}},
+		{Type: allocdv1.EventType_EVENT_TYPE_DELETE,
+			Object: &allocdv1.Event_Pod{Pod: &allocdv1.Pod{Namespace: "shop", Name: "web-0"}}},
+		{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Object: &allocdv1.Event_Pod{
+			Pod: &allocdv1.Pod{Namespace: "shop", Name: "x", Uid: "x", Phase: "Runing"}}},
 	}})
 	assertInvalid(t, "PushEvents", err, "events[1].pod.phase")
 	time.Sleep(300 * time.Millisecond)
 	after, err := c.GetServiceEndpoints(ctx, "shop", "web")
 	if err != nil || after.GetRevision() != before.GetRevision() {
-		t.Fatalf("a refused message changed the Endpoints: revision %d -> %d (%v)", before.GetRevision(), after.GetRevision(), err)
+		t.Fatalf("a refused message changed the Endpoints: revision %d -> %d (%v)", before.GetRevision(),
+			after.GetRevision(), err)
 	}
 
 	if _, err := d.Client().Compact(ctx, after.GetRevision()); err != nil {
@@ -273,17 +290,22 @@ func TestServiceEventsReachRepair(t *testing.T) {
 		return true
 	})
 	owner := &allocdv1.Owner{Namespace: "shop", Name: "web", Uid: "uid-web"}
-	if _, err := follower.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner, ClusterIps: []string{"10.0.0.50"}}); err != nil {
+	if _, err := follower.Allocate(ctx,
+		&allocdv1.AllocateRequest{Owner: owner, ClusterIps: []string{"10.0.0.50"}}); err != nil {
 		t.Fatal(err)
 	}
-	svc := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web", ClusterIps: []string{"10.0.0.50"},
-		Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
-		Ports:    []*allocdv1.ServicePortSpec{{Port: 80, TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 8080}}}}}
+	svc := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web",
+		ClusterIps: []string{"10.0.0.50"},
+		Selector:   &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
+		Ports: []*allocdv1.ServicePortSpec{{Port: 80,
+			TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 8080}}}}}
 	etcdtest.WaitFor(t, 20*time.Second, "the controller's term to take snapshots", func() bool {
-		if _, err := follower.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 5, Services: []*allocdv1.Service{svc}}); err != nil {
+		if _, err := follower.PushServiceSnapshot(ctx,
+			&allocdv1.ServiceSnapshot{Revision: 5, Services: []*allocdv1.Service{svc}}); err != nil {
 			return false
 		}
-		_, err := follower.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: 5, Pods: []*allocdv1.Pod{webPod("web-0", "10.244.0.1", true)}})
+		_, err := follower.PushPodSnapshot(ctx,
+			&allocdv1.PodSnapshot{Revision: 5, Pods: []*allocdv1.Pod{webPod("web-0", "10.244.0.1", true)}})
 		return err == nil
 	})
 	leaks := func() []string {
@@ -304,7 +326,8 @@ func TestServiceEventsReachRepair(t *testing.T) {
 		t.Fatalf("leak candidates with the Service in the snapshot = %v; want none", got)
 	}
 	if _, err := follower.PushEvents(ctx, &allocdv1.PushEventsRequest{Revision: 6, Events: []*allocdv1.Event{{
-		Type: allocdv1.EventType_EVENT_TYPE_DELETE, Object: &allocdv1.Event_Service{Service: &allocdv1.Service{Namespace: "shop", Name: "web"}}}}}); err != nil {
+		Type: allocdv1.EventType_EVENT_TYPE_DELETE, Object: &allocdv1.Event_Service{
+			Service: &allocdv1.Service{Namespace: "shop", Name: "web"}}}}}); err != nil {
 		t.Fatalf("PushEvents(delete shop/web) = %v", err)
 	}
 	if got := leaks(); len(got) != 1 || got[0] != "10.0.0.50" {

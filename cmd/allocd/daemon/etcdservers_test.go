@@ -111,9 +111,10 @@ func TestEtcdServersEndToEnd(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	ctx := etcdtest.Context(t)
 	masters := watchAll(t, c.WatchEndpoints)
-	shop := watchAll(t, func(ctx context.Context, fn func(*allocdv1.WatchServiceEndpointsResponse) error) error {
-		return c.WatchServiceEndpoints(ctx, &allocdv1.WatchServiceEndpointsRequest{Namespace: "shop"}, fn)
-	})
+	shop := watchAll(t,
+		func(ctx context.Context, fn func(*allocdv1.WatchServiceEndpointsResponse) error) error {
+			return c.WatchServiceEndpoints(ctx, &allocdv1.WatchServiceEndpointsRequest{Namespace: "shop"}, fn)
+		})
 
 	serviceCIDRLife(t, ctx, c)
 	if _, err := c.Renew(ctx, &allocdv1.RenewRequest{Ip: "192.0.2.1", TtlSeconds: 30}); err != nil {
@@ -135,22 +136,29 @@ func TestEtcdServersEndToEnd(t *testing.T) {
 	if _, err := c.RemoveLease(ctx, &allocdv1.RemoveLeaseRequest{Ip: "192.0.2.1"}); err != nil {
 		t.Fatalf("RemoveLease(192.0.2.1) = %v", err)
 	}
-	masters.await(t, "192.0.2.2 and 192.0.2.3 alone in the kubernetes Endpoints", func(e *allocdv1.Endpoints) bool {
-		return slices.Equal(masterAddrs(e), []string{"192.0.2.2", "192.0.2.3"})
-	})
+	masters.await(t, "192.0.2.2 and 192.0.2.3 alone in the kubernetes Endpoints",
+		func(e *allocdv1.Endpoints) bool {
+			return slices.Equal(masterAddrs(e), []string{"192.0.2.2", "192.0.2.3"})
+		})
 	pushShop(t, ctx, c, 2, webPod("web-0", "10.244.0.1", true), webPod("web-1", "10.244.0.2", true))
-	after := shop.await(t, "shop/web with 10.244.0.1 and 10.244.0.2", shopEvent("10.244.0.1", "10.244.0.2")).GetRevision()
+	after := shop.await(t, "shop/web with 10.244.0.1 and 10.244.0.2",
+		shopEvent("10.244.0.1", "10.244.0.2")).GetRevision()
 
-	err = c.WatchServiceEndpoints(ctx, &allocdv1.WatchServiceEndpointsRequest{Namespace: "shop", StartRevision: before},
+	err = c.WatchServiceEndpoints(ctx,
+		&allocdv1.WatchServiceEndpointsRequest{Namespace: "shop", StartRevision: before},
 		func(*allocdv1.WatchServiceEndpointsResponse) error { return nil })
 	if !errors.Is(err, client.ErrCompacted) {
-		t.Errorf("WatchServiceEndpoints from compacted revision %d = %v; want %v", before, err, client.ErrCompacted)
+		t.Errorf("WatchServiceEndpoints from compacted revision %d = %v; want %v", before, err,
+			client.ErrCompacted)
 	}
-	resumed := watchAll(t, func(ctx context.Context, fn func(*allocdv1.WatchServiceEndpointsResponse) error) error {
-		return c.WatchServiceEndpoints(ctx, &allocdv1.WatchServiceEndpointsRequest{Namespace: "shop", StartRevision: after}, fn)
-	})
+	resumed := watchAll(t,
+		func(ctx context.Context, fn func(*allocdv1.WatchServiceEndpointsResponse) error) error {
+			return c.WatchServiceEndpoints(ctx,
+				&allocdv1.WatchServiceEndpointsRequest{Namespace: "shop", StartRevision: after}, fn)
+		})
 	pushShop(t, ctx, c, 3, webPod("web-1", "10.244.0.2", true))
-	resumed.await(t, "shop/web with 10.244.0.2 alone, on the watch resumed from its last revision", shopEvent("10.244.0.2"))
+	resumed.await(t, "shop/web with 10.244.0.2 alone, on the watch resumed from its last revision",
+		shopEvent("10.244.0.2"))
 }
 
 // serviceCIDRLife adds the ServiceCIDR extra, allocates and releases one of its
@@ -162,7 +170,8 @@ func serviceCIDRLife(t *testing.T, ctx context.Context, c *client.Client) {
 	}
 	owner := &allocdv1.Owner{Namespace: "shop", Name: "db", Uid: "uid-db"}
 	etcdtest.WaitFor(t, 10*time.Second, "an address of the new ServiceCIDR", func() bool {
-		_, err := c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner, ClusterIps: []string{"10.97.0.5"}, NodePortCount: 1})
+		_, err := c.Allocate(ctx,
+			&allocdv1.AllocateRequest{Owner: owner, ClusterIps: []string{"10.97.0.5"}, NodePortCount: 1})
 		return err == nil
 	})
 	if _, err := c.Release(ctx, &allocdv1.ReleaseRequest{Owner: owner}); err != nil {
@@ -180,11 +189,14 @@ func serviceCIDRLife(t *testing.T, ctx context.Context, c *client.Client) {
 // pushShop pushes snapshots of the Service shop/web and of pods at revision rev.
 func pushShop(t *testing.T, ctx context.Context, c *client.Client, rev int64, pods ...*allocdv1.Pod) {
 	t.Helper()
-	svc := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web", ClusterIps: []string{"10.96.0.50"},
-		Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
-		Ports:    []*allocdv1.ServicePortSpec{{Name: "http", Port: 80, TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_StrValue{StrValue: "http"}}}}}
+	svc := &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web",
+		ClusterIps: []string{"10.96.0.50"},
+		Selector:   &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
+		Ports: []*allocdv1.ServicePortSpec{{Name: "http", Port: 80,
+			TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_StrValue{StrValue: "http"}}}}}
 	etcdtest.WaitFor(t, 20*time.Second, "the Endpoints leader to take the snapshots", func() bool {
-		if _, err := c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: rev, Services: []*allocdv1.Service{svc}}); err != nil {
+		if _, err := c.PushServiceSnapshot(ctx,
+			&allocdv1.ServiceSnapshot{Revision: rev, Services: []*allocdv1.Service{svc}}); err != nil {
 			return false
 		}
 		_, err := c.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: rev, Pods: pods})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -30,7 +29,8 @@ import (
 const clientCAPolicy = `{
   "name": "allocd-client-ca",
   "allow_rules": [
-    {"name": "reflection", "request": {"paths": ["/grpc.reflection.v1.ServerReflection/*", "/grpc.reflection.v1alpha.ServerReflection/*"]}},
+    {"name": "reflection", "request": {"paths": [
+      "/grpc.reflection.v1.ServerReflection/*", "/grpc.reflection.v1alpha.ServerReflection/*"]}},
     {"name": "client-certificates", "source": {"principals": ["*"]}}
   ]
 }`
@@ -42,39 +42,52 @@ const healthMethods = "/grpc.health.v1.Health/"
 // validateSecurity checks the TLS and authorization flags and reads their files.
 func (c *Config) validateSecurity() []error {
 	var errs []error
+	tlsPair := []string{"--tls-cert-file", "--tls-private-key-file"}
 	if (c.TLSCertFile == "") != (c.TLSPrivateKeyFile == "") {
-		errs = append(errs, errors.New("--tls-cert-file and --tls-private-key-file go together"))
+		errs = append(errs, flagError(ErrFlagsTogether, tlsPair,
+			"--tls-cert-file and --tls-private-key-file go together"))
 	} else if c.TLSCertFile != "" {
 		if _, err := tlsfiles.CheckKeyPair(c.TLSCertFile, c.TLSPrivateKeyFile); err != nil {
-			errs = append(errs, fmt.Errorf("--tls-cert-file/--tls-private-key-file: %w", err))
+			errs = append(errs, flagError(ErrFlagValue, tlsPair, "--tls-cert-file/--tls-private-key-file: %w",
+				err))
 		}
 	}
 	if c.ClientCAFile != "" {
 		if c.TLSCertFile == "" {
-			errs = append(errs, errors.New("--client-ca-file needs --tls-cert-file and --tls-private-key-file: client certificates are verified in the TLS handshake"))
+			errs = append(errs, flagError(ErrFlagNeeds, append([]string{"--client-ca-file"}, tlsPair...),
+				"--client-ca-file needs --tls-cert-file and --tls-private-key-file: client certificates are "+
+					"verified in the TLS handshake"))
 		} else if err := tlsfiles.CheckCA(c.ClientCAFile); err != nil {
-			errs = append(errs, fmt.Errorf("--client-ca-file: %w", err))
+			errs = append(errs, badValue("--client-ca-file", "--client-ca-file: %w", err))
 		}
 	}
 	if c.AuthorizationPolicyFile != "" {
 		if c.ClientCAFile == "" {
-			errs = append(errs, errors.New("--authorization-policy-file needs --client-ca-file: the policy's principals are client certificate identities"))
+			errs = append(errs,
+				flagError(ErrFlagNeeds, []string{"--authorization-policy-file", "--client-ca-file"},
+					"--authorization-policy-file needs --client-ca-file: the policy's principals are client "+
+						"certificate identities"))
 		}
 		if b, err := os.ReadFile(c.AuthorizationPolicyFile); err != nil {
-			errs = append(errs, fmt.Errorf("--authorization-policy-file: %w", err))
+			errs = append(errs,
+				badValue("--authorization-policy-file", "--authorization-policy-file: %w", err))
 		} else if _, err := authz.NewStatic(string(b)); err != nil {
-			errs = append(errs, fmt.Errorf("--authorization-policy-file %s: %w", c.AuthorizationPolicyFile, err))
+			errs = append(errs, badValue("--authorization-policy-file", "--authorization-policy-file %s: %w",
+				c.AuthorizationPolicyFile, err))
 		}
 	}
 	if c.MetricsTLS && (c.TLSCertFile == "" || c.MetricsAddress == "") {
-		errs = append(errs, errors.New("--metrics-tls needs --tls-cert-file, --tls-private-key-file and --metrics-address"))
+		errs = append(errs, flagError(ErrFlagNeeds,
+			[]string{"--metrics-tls", "--tls-cert-file", "--tls-private-key-file", "--metrics-address"},
+			"--metrics-tls needs --tls-cert-file, --tls-private-key-file and --metrics-address"))
 	}
 	return errs
 }
 
 // authorizer is what authz.StaticInterceptor and authz.FileWatcherInterceptor have.
 type authorizer interface {
-	UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error)
+	UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo,
+		h grpc.UnaryHandler) (any, error)
 	StreamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error
 }
 
@@ -104,7 +117,8 @@ func newSecurity(c Config, log *slog.Logger) (*security, error) {
 	if refresh <= 0 {
 		refresh = tlsfiles.DefaultRefresh
 	}
-	files := tlsfiles.Files{CertFile: c.TLSCertFile, KeyFile: c.TLSPrivateKeyFile, CAFile: c.ClientCAFile, Refresh: refresh}
+	files := tlsfiles.Files{CertFile: c.TLSCertFile, KeyFile: c.TLSPrivateKeyFile, CAFile: c.ClientCAFile,
+		Refresh: refresh}
 	var err error
 	if s.server, err = tlsfiles.NewServer(files); err != nil {
 		return nil, fmt.Errorf("--tls-cert-file/--tls-private-key-file/--client-ca-file: %w", err)
@@ -145,10 +159,12 @@ func newSecurity(c Config, log *slog.Logger) (*security, error) {
 func warnSecurity(c Config, log *slog.Logger) {
 	switch {
 	case c.ClientCAFile == "":
-		log.Warn("TLS without --client-ca-file: any caller that reaches the port may call everything, forced releases included")
+		log.Warn("TLS without --client-ca-file: any caller that reaches the port may call everything, " +
+			"forced releases included")
 		return
 	case c.AuthorizationPolicyFile == "":
-		log.Warn("--client-ca-file without --authorization-policy-file: any caller with a verified client certificate may call everything")
+		log.Warn("--client-ca-file without --authorization-policy-file: any caller with a verified client " +
+			"certificate may call everything")
 	}
 	pair, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSPrivateKeyFile)
 	if err != nil || len(pair.Certificate) == 0 {
@@ -161,8 +177,10 @@ func warnSecurity(c Config, log *slog.Logger) {
 	}
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(caPEM)
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		log.Warn("--tls-cert-file is not a client certificate that --client-ca-file verifies: the other replicas will refuse the calls this one forwards to them (repair, feeds)",
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		log.Warn("--tls-cert-file is not a client certificate that --client-ca-file verifies: the other "+
+			"replicas will refuse the calls this one forwards to them (repair, feeds)",
 			"err", err)
 	}
 }
@@ -178,8 +196,10 @@ func (s *security) serverOptions() []grpc.ServerOption {
 		opts = append(opts, grpc.Creds(s.server.Credentials()))
 	}
 	if s.authz != nil {
-		opts = append(opts, grpc.ChainUnaryInterceptor(s.authorizeUnary), grpc.ChainStreamInterceptor(s.authorizeStream),
-			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxConnectionAge, MaxConnectionAgeGrace: maxConnectionAgeGrace}))
+		opts = append(opts, grpc.ChainUnaryInterceptor(s.authorizeUnary),
+			grpc.ChainStreamInterceptor(s.authorizeStream),
+			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: maxConnectionAge,
+				MaxConnectionAgeGrace: maxConnectionAgeGrace}))
 	}
 	return opts
 }
@@ -211,7 +231,8 @@ func (s *security) close() {
 // authorizeUnary asks the policy before the handler runs. The policy's interceptor
 // is run with a handler that does nothing, so that an error of the real handler is
 // never taken for a refusal.
-func (s *security) authorizeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+func (s *security) authorizeUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
+	h grpc.UnaryHandler) (any, error) {
 	if strings.HasPrefix(info.FullMethod, healthMethods) {
 		return h(ctx, req)
 	}
@@ -225,7 +246,8 @@ func (s *security) authorizeUnary(ctx context.Context, req any, info *grpc.Unary
 	return h(s.trustForwarding(ctx, info.FullMethod), req)
 }
 
-func (s *security) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+func (s *security) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo,
+	h grpc.StreamHandler) error {
 	if strings.HasPrefix(info.FullMethod, healthMethods) {
 		return h(srv, ss)
 	}
@@ -281,7 +303,8 @@ func (s *security) trustForwarding(ctx context.Context, method string) context.C
 	for _, k := range server.ForwardingMetadata {
 		md.Delete(k)
 	}
-	s.log.DebugContext(ctx, "forwarding metadata dropped: the caller is not a replica", "method", method, "identity", id)
+	s.log.DebugContext(ctx, "forwarding metadata dropped: the caller is not a replica", "method", method,
+		"identity", id)
 	return metadata.NewIncomingContext(ctx, md)
 }
 
@@ -290,7 +313,8 @@ func (s *security) trustForwarding(ctx context.Context, method string) context.C
 // maxConnectionAge).
 func expired(ctx context.Context, method string) error {
 	if cert := tlsfiles.PeerCertificate(ctx); cert != nil && time.Now().After(cert.NotAfter) {
-		return status.Errorf(codes.Unauthenticated, "%s: the client certificate of %q expired at %s: connect again with a valid one",
+		return status.Errorf(codes.Unauthenticated,
+			"%s: the client certificate of %q expired at %s: connect again with a valid one",
 			method, tlsfiles.Identity(cert), cert.NotAfter.UTC().Format(time.RFC3339))
 	}
 	return nil
@@ -316,12 +340,14 @@ func (s *security) refused(ctx context.Context, method string, err error) error 
 	cert := tlsfiles.PeerCertificate(ctx)
 	if cert == nil {
 		s.log.DebugContext(ctx, "call without a client certificate refused", "method", method)
-		return status.Errorf(codes.Unauthenticated, "%s needs a client certificate signed by a CA of allocd's --client-ca-file "+
-			"(without one, only grpc.health.v1.Health and what the policy opens to everyone answer)", method)
+		return status.Errorf(codes.Unauthenticated,
+			"%s needs a client certificate signed by a CA of allocd's --client-ca-file (without one, only "+
+				"grpc.health.v1.Health and what the policy opens to everyone answer)", method)
 	}
 	id := tlsfiles.Identity(cert)
 	s.log.DebugContext(ctx, "call refused by the authorization policy", "method", method, "identity", id)
-	return status.Errorf(codes.PermissionDenied, "%s: the authorization policy does not allow %q to call it", method, id)
+	return status.Errorf(codes.PermissionDenied, "%s: the authorization policy does not allow %q to call it",
+		method, id)
 }
 
 // checkPolicyFile reads the policy file every refresh and logs, once per change, a

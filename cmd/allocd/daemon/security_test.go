@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -114,10 +115,14 @@ func replicaLeaf(addrs ...string) devpki.Leaf {
 }
 
 var (
-	shimLeaf     = devpki.Leaf{CommonName: "shim", URIs: []string{devpki.ShimIdentity + "apiserver-1"}, Client: true}
-	otherShim    = devpki.Leaf{CommonName: "shim2", URIs: []string{devpki.ShimIdentity + "apiserver-2"}, Client: true}
-	operatorLeaf = devpki.Leaf{CommonName: "operator", URIs: []string{devpki.OperatorIdentity + "alice"}, Client: true}
-	adminLeaf    = devpki.Leaf{CommonName: "admin", URIs: []string{devpki.AdminIdentity + "bob"}, Client: true}
+	shimLeaf = devpki.Leaf{CommonName: "shim", URIs: []string{devpki.ShimIdentity + "apiserver-1"},
+		Client: true}
+	otherShim = devpki.Leaf{CommonName: "shim2", URIs: []string{devpki.ShimIdentity + "apiserver-2"},
+		Client: true}
+	operatorLeaf = devpki.Leaf{CommonName: "operator", URIs: []string{devpki.OperatorIdentity + "alice"},
+		Client: true}
+	adminLeaf = devpki.Leaf{CommonName: "admin", URIs: []string{devpki.AdminIdentity + "bob"},
+		Client: true}
 )
 
 // startSecure starts allocd with TLS, p's CA as client CA and the example policy,
@@ -125,7 +130,8 @@ var (
 func startSecure(t *testing.T, p *testPKI, mutate ...func(*Config)) *Daemon {
 	t.Helper()
 	return StartForTest(t, append([]func(*Config){func(c *Config) {
-		c.TLSCertFile, c.TLSPrivateKeyFile = p.issue("server-"+c.GRPCAddress, replicaLeaf(c.GRPCAddress, c.MetricsAddress))
+		c.TLSCertFile, c.TLSPrivateKeyFile = p.issue("server-"+c.GRPCAddress,
+			replicaLeaf(c.GRPCAddress, c.MetricsAddress))
 		c.ClientCAFile = p.caFile
 		c.AuthorizationPolicyFile = examplePolicy
 		c.securityRefresh = 100 * time.Millisecond
@@ -151,7 +157,8 @@ func copyExamplePolicy(t *testing.T) (path string, policy []byte) {
 // them) extended to operators.
 func grantOperatorAllocate(t *testing.T, policy []byte) string {
 	t.Helper()
-	granted := strings.Replace(string(policy), `"spiffe://allocd.local/shim/*"]},`, `"spiffe://allocd.local/shim/*", "spiffe://allocd.local/operator/*"]},`, 1)
+	granted := strings.Replace(string(policy), `"spiffe://allocd.local/shim/*"]},`,
+		`"spiffe://allocd.local/shim/*", "spiffe://allocd.local/operator/*"]},`, 1)
 	if granted == string(policy) {
 		t.Fatal("the example policy changed: update this test's edit")
 	}
@@ -170,7 +177,8 @@ func secureFollower(t *testing.T, p *testPKI) (follower, leading *Daemon) {
 	probe := p.dial(ds[0].GRPCAddr(), &operatorLeaf)
 	var leader string
 	etcdtest.WaitFor(t, 20*time.Second, "a repair leader", func() bool {
-		st, err := allocdv1.NewRepairServiceClient(probe).GetRepairStatus(callCtx(t), &allocdv1.GetRepairStatusRequest{})
+		st, err := allocdv1.NewRepairServiceClient(probe).GetRepairStatus(callCtx(t),
+			&allocdv1.GetRepairStatusRequest{})
 		leader = st.GetLeader()
 		return err == nil && leader != ""
 	})
@@ -196,7 +204,8 @@ func pushServices(ctx context.Context, conn *grpc.ClientConn) error {
 	if err != nil {
 		return err
 	}
-	if err := st.Send(&allocdv1.PushServiceSnapshotRequest{Snapshot: &allocdv1.ServiceSnapshot{Revision: 1}}); err != nil && err != io.EOF {
+	if err := st.Send(&allocdv1.PushServiceSnapshotRequest{
+		Snapshot: &allocdv1.ServiceSnapshot{Revision: 1}}); err != nil && err != io.EOF {
 		return err
 	}
 	_, err = st.CloseAndRecv()
@@ -215,19 +224,23 @@ var mutations = []struct {
 		return err
 	}},
 	{"Release", func(ctx context.Context, conn *grpc.ClientConn) error {
-		_, err := allocdv1.NewAllocatorServiceClient(conn).Release(ctx, &allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Uid: "uid-web"}})
+		_, err := allocdv1.NewAllocatorServiceClient(conn).Release(ctx,
+			&allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Uid: "uid-web"}})
 		return err
 	}},
 	{"ForceRelease", func(ctx context.Context, conn *grpc.ClientConn) error {
-		_, err := allocdv1.NewAllocatorServiceClient(conn).ForceRelease(ctx, &allocdv1.ForceReleaseRequest{Owner: &allocdv1.Owner{Uid: "uid-web"}})
+		_, err := allocdv1.NewAllocatorServiceClient(conn).ForceRelease(ctx,
+			&allocdv1.ForceReleaseRequest{Owner: &allocdv1.Owner{Uid: "uid-web"}})
 		return err
 	}},
 	{"CreateServiceCIDR", func(ctx context.Context, conn *grpc.ClientConn) error {
-		_, err := allocdv1.NewAllocatorServiceClient(conn).CreateServiceCIDR(ctx, &allocdv1.CreateServiceCIDRRequest{Name: "more", Cidrs: []string{"10.1.0.0/24"}})
+		_, err := allocdv1.NewAllocatorServiceClient(conn).CreateServiceCIDR(ctx,
+			&allocdv1.CreateServiceCIDRRequest{Name: "more", Cidrs: []string{"10.1.0.0/24"}})
 		return err
 	}},
 	{"DeleteServiceCIDR", func(ctx context.Context, conn *grpc.ClientConn) error {
-		_, err := allocdv1.NewAllocatorServiceClient(conn).DeleteServiceCIDR(ctx, &allocdv1.DeleteServiceCIDRRequest{Name: "kubernetes"})
+		_, err := allocdv1.NewAllocatorServiceClient(conn).DeleteServiceCIDR(ctx,
+			&allocdv1.DeleteServiceCIDRRequest{Name: "kubernetes"})
 		return err
 	}},
 	{"Renew", func(ctx context.Context, conn *grpc.ClientConn) error {
@@ -235,7 +248,8 @@ var mutations = []struct {
 		return err
 	}},
 	{"RemoveLease", func(ctx context.Context, conn *grpc.ClientConn) error {
-		_, err := allocdv1.NewLeaseServiceClient(conn).RemoveLease(ctx, &allocdv1.RemoveLeaseRequest{Ip: "192.0.2.1"})
+		_, err := allocdv1.NewLeaseServiceClient(conn).RemoveLease(ctx,
+			&allocdv1.RemoveLeaseRequest{Ip: "192.0.2.1"})
 		return err
 	}},
 	{"PushServiceSnapshot", pushServices},
@@ -248,7 +262,8 @@ var mutations = []struct {
 		if err != nil {
 			return err
 		}
-		if err := st.Send(&allocdv1.PushPodSnapshotRequest{Snapshot: &allocdv1.PodSnapshot{Revision: 1}}); err != nil && err != io.EOF {
+		if err := st.Send(&allocdv1.PushPodSnapshotRequest{
+			Snapshot: &allocdv1.PodSnapshot{Revision: 1}}); err != nil && err != io.EOF {
 			return err
 		}
 		_, err = st.CloseAndRecv()
@@ -271,11 +286,13 @@ var mutations = []struct {
 func state(t *testing.T, admin *grpc.ClientConn) []proto.Message {
 	t.Helper()
 	ctx := callCtx(t)
-	allocs, err := allocdv1.NewAllocatorServiceClient(admin).ListAllocations(ctx, &allocdv1.ListAllocationsRequest{})
+	allocs, err := allocdv1.NewAllocatorServiceClient(admin).ListAllocations(ctx,
+		&allocdv1.ListAllocationsRequest{})
 	if err != nil {
 		t.Fatalf("ListAllocations: %v", err)
 	}
-	cidrs, err := allocdv1.NewAllocatorServiceClient(admin).ListServiceCIDRs(ctx, &allocdv1.ListServiceCIDRsRequest{})
+	cidrs, err := allocdv1.NewAllocatorServiceClient(admin).ListServiceCIDRs(ctx,
+		&allocdv1.ListServiceCIDRsRequest{})
 	if err != nil {
 		t.Fatalf("ListServiceCIDRs: %v", err)
 	}
@@ -283,11 +300,13 @@ func state(t *testing.T, admin *grpc.ClientConn) []proto.Message {
 	if err != nil {
 		t.Fatalf("ListLeases: %v", err)
 	}
-	repair, err := allocdv1.NewRepairServiceClient(admin).GetRepairStatus(ctx, &allocdv1.GetRepairStatusRequest{})
+	repair, err := allocdv1.NewRepairServiceClient(admin).GetRepairStatus(ctx,
+		&allocdv1.GetRepairStatusRequest{})
 	if err != nil {
 		t.Fatalf("GetRepairStatus: %v", err)
 	}
-	out := []proto.Message{cidrs, &allocdv1.GetRepairStatusResponse{SnapshotRevision: repair.GetSnapshotRevision(), LastReport: repair.GetLastReport()}}
+	out := []proto.Message{cidrs, &allocdv1.GetRepairStatusResponse{
+		SnapshotRevision: repair.GetSnapshotRevision(), LastReport: repair.GetLastReport()}}
 	for _, a := range allocs.GetAllocations() {
 		out = append(out, a)
 	}
@@ -310,7 +329,8 @@ func TestAuthorizationRoles(t *testing.T) {
 	d := startSecure(t, p)
 	ctx := callCtx(t)
 	anon, shim, shim2, operator, admin := p.dial(d.GRPCAddr(), nil), p.dial(d.GRPCAddr(), &shimLeaf),
-		p.dial(d.GRPCAddr(), &otherShim), p.dial(d.GRPCAddr(), &operatorLeaf), p.dial(d.GRPCAddr(), &adminLeaf)
+		p.dial(d.GRPCAddr(), &otherShim), p.dial(d.GRPCAddr(), &operatorLeaf), p.dial(d.GRPCAddr(),
+			&adminLeaf)
 
 	if got, err := healthStatus(t, anon); err != nil || got != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("Health.Check without a client certificate = %v, %v; want SERVING", got, err)
@@ -319,11 +339,13 @@ func TestAuthorizationRoles(t *testing.T) {
 		t.Errorf("reflection without a client certificate lists %v; want the allocd services", names)
 	}
 	alloc := allocdv1.NewAllocatorServiceClient(shim)
-	web, err := alloc.Allocate(ctx, &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "default", Name: "web", Uid: "uid-web"}, NodePortCount: 1})
+	web, err := alloc.Allocate(ctx, &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "default",
+		Name: "web", Uid: "uid-web"}, NodePortCount: 1})
 	if err != nil {
 		t.Fatalf("shim Allocate: %v", err)
 	}
-	if _, err := allocdv1.NewLeaseServiceClient(shim2).Renew(ctx, &allocdv1.RenewRequest{Ip: "192.0.2.1", TtlSeconds: 600}); err != nil {
+	if _, err := allocdv1.NewLeaseServiceClient(shim2).Renew(ctx,
+		&allocdv1.RenewRequest{Ip: "192.0.2.1", TtlSeconds: 600}); err != nil {
 		t.Fatalf("second shim Renew: %v", err)
 	}
 	before := state(t, admin)
@@ -338,39 +360,46 @@ func TestAuthorizationRoles(t *testing.T) {
 	if after := state(t, admin); !sameState(before, after) {
 		t.Errorf("refused calls changed the state:\nbefore %v\nafter  %v", before, after)
 	}
-	if _, err := allocdv1.NewAllocatorServiceClient(operator).ListRanges(ctx, &allocdv1.ListRangesRequest{}); err != nil {
+	if _, err := allocdv1.NewAllocatorServiceClient(operator).ListRanges(ctx,
+		&allocdv1.ListRangesRequest{}); err != nil {
 		t.Errorf("operator ListRanges = %v; want OK", err)
 	}
 
 	// Forced releases: refused to the shim by either road, done by the admin.
 	port := web.GetNodePorts()[0]
 	_, err = alloc.Release(ctx, &allocdv1.ReleaseRequest{NodePorts: []int32{port}, Force: true})
-	if st := status.Convert(err); st.Code() != codes.PermissionDenied || reason(st) != "FORCE_RELEASE_REQUIRED" {
+	if st := status.Convert(err); st.Code() != codes.PermissionDenied ||
+		reason(st) != "FORCE_RELEASE_REQUIRED" {
 		t.Errorf("shim Release with force = %v; want PERMISSION_DENIED, reason FORCE_RELEASE_REQUIRED", err)
 	}
-	if _, err := alloc.ForceRelease(ctx, &allocdv1.ForceReleaseRequest{NodePorts: []int32{port}}); status.Code(err) != codes.PermissionDenied {
+	if _, err := alloc.ForceRelease(ctx,
+		&allocdv1.ForceReleaseRequest{NodePorts: []int32{port}}); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("shim ForceRelease = %v; want PERMISSION_DENIED", err)
 	}
 	if after := state(t, admin); !sameState(before, after) {
 		t.Errorf("refused forced releases changed the state")
 	}
-	rel, err := allocdv1.NewAllocatorServiceClient(admin).ForceRelease(ctx, &allocdv1.ForceReleaseRequest{NodePorts: []int32{port}})
+	rel, err := allocdv1.NewAllocatorServiceClient(admin).ForceRelease(ctx,
+		&allocdv1.ForceReleaseRequest{NodePorts: []int32{port}})
 	if err != nil || !slices.Equal(rel.GetReleasedNodePorts(), []int32{port}) {
 		t.Errorf("admin ForceRelease(%d) = %v, %v; want it released", port, rel, err)
 	}
-	if _, err := alloc.Release(ctx, &allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Uid: "uid-web"}}); err != nil {
+	if _, err := alloc.Release(ctx,
+		&allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Uid: "uid-web"}}); err != nil {
 		t.Errorf("shim Release of its own = %v; want OK", err)
 	}
 
 	// Master leases: a shim renews its own but cannot remove another API server's.
-	if _, err := allocdv1.NewLeaseServiceClient(shim).RemoveLease(ctx, &allocdv1.RemoveLeaseRequest{Ip: "192.0.2.1"}); status.Code(err) != codes.PermissionDenied {
+	if _, err := allocdv1.NewLeaseServiceClient(shim).RemoveLease(ctx,
+		&allocdv1.RemoveLeaseRequest{Ip: "192.0.2.1"}); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("shim RemoveLease of another API server's lease = %v; want PERMISSION_DENIED", err)
 	}
 	leases, err := allocdv1.NewLeaseServiceClient(operator).ListLeases(ctx, &allocdv1.ListLeasesRequest{})
 	if err != nil || len(leases.GetLeases()) != 1 {
 		t.Errorf("ListLeases = %v, %v; want the lease of 192.0.2.1 kept", leases, err)
 	}
-	if _, err := allocdv1.NewLeaseServiceClient(admin).RemoveLease(ctx, &allocdv1.RemoveLeaseRequest{Ip: "192.0.2.1"}); err != nil {
+	if _, err := allocdv1.NewLeaseServiceClient(admin).RemoveLease(ctx,
+		&allocdv1.RemoveLeaseRequest{Ip: "192.0.2.1"}); err != nil {
 		t.Errorf("admin RemoveLease = %v; want OK", err)
 	}
 }
@@ -382,6 +411,16 @@ func reason(st *status.Status) string {
 		}
 	}
 	return ""
+}
+
+// errorMetadata returns the metadata of st's google.rpc.ErrorInfo, nil without one.
+func errorMetadata(st *status.Status) map[string]string {
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok {
+			return ei.GetMetadata()
+		}
+	}
+	return nil
 }
 
 // TestClientForceReleaseWithTLSFiles: the Go client, with tlsfiles' credentials, releases
@@ -397,7 +436,8 @@ func TestClientForceReleaseWithTLSFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(files.Close)
-		c, err := client.New(d.GRPCAddr(), client.WithDialOptions(files.DialOption()), client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
+		c, err := client.New(d.GRPCAddr(), client.WithDialOptions(files.DialOption()),
+			client.WithRetry(client.RetryPolicy{MaxAttempts: 1}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -405,7 +445,8 @@ func TestClientForceReleaseWithTLSFiles(t *testing.T) {
 		return c
 	}
 	shim, admin := newClient(shimLeaf), newClient(adminLeaf)
-	got, err := shim.Allocate(ctx, &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "default", Name: "db", Uid: "uid-db"}, ClusterIps: []string{"10.0.0.10"}})
+	got, err := shim.Allocate(ctx, &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "default",
+		Name: "db", Uid: "uid-db"}, ClusterIps: []string{"10.0.0.10"}})
 	if err != nil {
 		t.Fatalf("Allocate: %v", err)
 	}
@@ -428,16 +469,19 @@ func TestTLSHandshakeRefusals(t *testing.T) {
 	before := state(t, admin)
 	other := newTestPKI(t)
 	expired := adminLeaf
-	expired.CommonName, expired.NotBefore, expired.NotAfter = "expired", time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour)
+	expired.CommonName = "expired"
+	expired.NotBefore, expired.NotAfter = time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour)
 	otherCrt, otherKey := other.issue("admin", adminLeaf)
 	expCrt, expKey := p.issue("expired", expired)
 	for _, tc := range []struct {
 		name  string
 		files tlsfiles.Files
 	}{
-		{"client certificate of another CA", tlsfiles.Files{CAFile: p.caFile, CertFile: otherCrt, KeyFile: otherKey}},
+		{"client certificate of another CA",
+			tlsfiles.Files{CAFile: p.caFile, CertFile: otherCrt, KeyFile: otherKey}},
 		{"expired client certificate", tlsfiles.Files{CAFile: p.caFile, CertFile: expCrt, KeyFile: expKey}},
-		{"server of an untrusted CA", tlsfiles.Files{CAFile: other.caFile, CertFile: otherCrt, KeyFile: otherKey}},
+		{"server of an untrusted CA",
+			tlsfiles.Files{CAFile: other.caFile, CertFile: otherCrt, KeyFile: otherKey}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conn := dialFiles(t, d.GRPCAddr(), tc.files)
@@ -446,7 +490,8 @@ func TestTLSHandshakeRefusals(t *testing.T) {
 					t.Errorf("%s = %v; want UNAVAILABLE (handshake refused)", m.name, err)
 				}
 			}
-			if _, err := healthpb.NewHealthClient(conn).Check(callCtx(t), &healthpb.HealthCheckRequest{}); status.Code(err) != codes.Unavailable {
+			if _, err := healthpb.NewHealthClient(conn).Check(callCtx(t),
+				&healthpb.HealthCheckRequest{}); status.Code(err) != codes.Unavailable {
 				t.Errorf("Health.Check = %v; want UNAVAILABLE (handshake refused)", err)
 			}
 		})
@@ -467,7 +512,8 @@ func serverSerial(t *testing.T, addr, caFile string) string {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(pem)
 	host, _, _ := net.SplitHostPort(addr)
-	conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, ServerName: host, NextProtos: []string{"h2"}})
+	conn, err := tls.Dial("tcp", addr,
+		&tls.Config{RootCAs: pool, ServerName: host, NextProtos: []string{"h2"}})
 	if err != nil {
 		t.Fatalf("TLS dial %s: %v", addr, err)
 	}
@@ -483,25 +529,28 @@ func TestCertificateRotation(t *testing.T) {
 	var certFile string
 	d := startSecure(t, p, func(c *Config) { certFile = c.TLSCertFile })
 	admin := p.dial(d.GRPCAddr(), &adminLeaf)
-	if _, err := allocdv1.NewAllocatorServiceClient(admin).ListRanges(callCtx(t), &allocdv1.ListRangesRequest{}); err != nil {
+	if _, err := allocdv1.NewAllocatorServiceClient(admin).ListRanges(callCtx(t),
+		&allocdv1.ListRangesRequest{}); err != nil {
 		t.Fatalf("ListRanges before the rotation: %v", err)
 	}
 	old := serverSerial(t, d.GRPCAddr(), p.caFile)
 
-	p.issue("server-"+d.GRPCAddr(), replicaLeaf(d.GRPCAddr(), d.MetricsAddr())) // the same files, a new certificate
+	p.issue("server-"+d.GRPCAddr(), replicaLeaf(d.GRPCAddr(), d.MetricsAddr())) // same files, new certificate
 	if _, err := os.Stat(certFile); err != nil {
 		t.Fatalf("rotated certificate: %v", err)
 	}
 	etcdtest.WaitFor(t, 10*time.Second, "the rotated certificate served", func() bool {
 		return serverSerial(t, d.GRPCAddr(), p.caFile) != old
 	})
-	if _, err := allocdv1.NewAllocatorServiceClient(admin).ListRanges(callCtx(t), &allocdv1.ListRangesRequest{}); err != nil {
+	if _, err := allocdv1.NewAllocatorServiceClient(admin).ListRanges(callCtx(t),
+		&allocdv1.ListRangesRequest{}); err != nil {
 		t.Errorf("ListRanges on the connection opened before the rotation: %v", err)
 	}
 
 	// A second CA in the bundle: its admins get in once the file is read again.
 	next := newTestPKI(t)
-	if err := os.WriteFile(p.caFile+".tmp", append(slices.Clone(p.ca.PEM), next.ca.PEM...), 0o644); err != nil {
+	if err := os.WriteFile(p.caFile+".tmp", append(slices.Clone(p.ca.PEM), next.ca.PEM...),
+		0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Rename(p.caFile+".tmp", p.caFile); err != nil {
@@ -510,7 +559,8 @@ func TestCertificateRotation(t *testing.T) {
 	crt, key := next.issue("admin", adminLeaf)
 	etcdtest.WaitFor(t, 10*time.Second, "an admin of the new CA admitted", func() bool {
 		conn := dialFiles(t, d.GRPCAddr(), tlsfiles.Files{CAFile: p.caFile, CertFile: crt, KeyFile: key})
-		_, err := allocdv1.NewAllocatorServiceClient(conn).ListRanges(callCtx(t), &allocdv1.ListRangesRequest{})
+		_, err := allocdv1.NewAllocatorServiceClient(conn).ListRanges(callCtx(t),
+			&allocdv1.ListRangesRequest{})
 		conn.Close()
 		return err == nil
 	})
@@ -550,7 +600,8 @@ func TestForwardingWithTLS(t *testing.T) {
 		t.Fatalf("RunRepair through the follower: %v", err)
 	}
 	if rep.GetReport().GetSnapshotRevision() != 1 {
-		t.Errorf("RunRepair report = %v; want the pass over the pushed snapshot (revision 1)", rep.GetReport())
+		t.Errorf("RunRepair report = %v; want the pass over the pushed snapshot (revision 1)",
+			rep.GetReport())
 	}
 }
 
@@ -561,7 +612,8 @@ func TestMetricsTLS(t *testing.T) {
 	pem, _ := os.ReadFile(p.caFile)
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(pem)
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 10 * time.Second}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}},
+		Timeout: 10 * time.Second}
 	resp, err := hc.Get("https://" + d.MetricsAddr() + "/metrics")
 	if err != nil {
 		t.Fatalf("GET https /metrics: %v", err)
@@ -596,41 +648,62 @@ func TestSecurityConfig(t *testing.T) {
 		t.Fatal("copy key")
 	}
 	badPolicy := filepath.Join(otherDir, "policy.json")
-	os.WriteFile(badPolicy, []byte(`{"name": "x", "allow_rules": [{"name": "r", "request": {"headers": [{"key": ":path", "values": ["x"]}]}}]}`), 0o644)
+	os.WriteFile(badPolicy, []byte(`{"name": "x", "allow_rules": [`+
+		`{"name": "r", "request": {"headers": [{"key": ":path", "values": ["x"]}]}}]}`), 0o644)
 	for _, tc := range []struct {
 		name   string
 		mutate func(*Config)
-		want   string
+		flag   string // refused
+		why    error  // the refusal's Kind or cause
+		not    error  // a cause it is not, if any
 	}{
-		{"cert without key", func(c *Config) { c.TLSCertFile = crt }, "--tls-cert-file and --tls-private-key-file go together"},
-		{"key without cert", func(c *Config) { c.TLSPrivateKeyFile = key }, "--tls-cert-file and --tls-private-key-file go together"},
-		{"unreadable cert", func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile = crt+".missing", key }, "--tls-cert-file"},
-		{"key in another directory", func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile = crt, keyElsewhere }, "one directory"},
-		{"key of another certificate", func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile = crt, mismatched }, "private key does not match"},
-		{"CA without cert", func(c *Config) { c.ClientCAFile = p.caFile }, "--client-ca-file needs --tls-cert-file"},
-		{"unreadable CA", func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile, c.ClientCAFile = crt, key, crt+".missing" }, "--client-ca-file"},
-		{"CA file without a certificate", func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile, c.ClientCAFile = crt, key, badPolicy }, "no PEM certificate"},
+		{"cert without key", func(c *Config) { c.TLSCertFile = crt },
+			"--tls-private-key-file", ErrFlagsTogether, nil},
+		{"key without cert", func(c *Config) { c.TLSPrivateKeyFile = key },
+			"--tls-cert-file", ErrFlagsTogether, nil},
+		{"unreadable cert", func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile = crt+".missing", key },
+			"--tls-cert-file", fs.ErrNotExist, nil},
+		{"key in another directory",
+			func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile = crt, keyElsewhere },
+			"--tls-private-key-file", tlsfiles.ErrPair, nil},
+		{"key of another certificate",
+			func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile = crt, mismatched },
+			"--tls-private-key-file", tlsfiles.ErrKeyMismatch, nil},
+		{"CA without cert", func(c *Config) { c.ClientCAFile = p.caFile },
+			"--tls-cert-file", ErrFlagNeeds, nil},
+		{"unreadable CA",
+			func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile, c.ClientCAFile = crt, key, crt+".missing" },
+			"--client-ca-file", fs.ErrNotExist, nil},
+		{"CA file without a certificate",
+			func(c *Config) { c.TLSCertFile, c.TLSPrivateKeyFile, c.ClientCAFile = crt, key, badPolicy },
+			"--client-ca-file", tlsfiles.ErrNoCertificate, nil},
 		{"policy without CA", func(c *Config) {
 			c.TLSCertFile, c.TLSPrivateKeyFile, c.AuthorizationPolicyFile = crt, key, examplePolicy
-		}, "--authorization-policy-file needs --client-ca-file"},
+		}, "--client-ca-file", ErrFlagNeeds, nil},
 		{"unreadable policy", func(c *Config) {
-			c.TLSCertFile, c.TLSPrivateKeyFile, c.ClientCAFile, c.AuthorizationPolicyFile = crt, key, p.caFile, badPolicy+".missing"
-		}, "--authorization-policy-file"},
+			c.TLSCertFile, c.TLSPrivateKeyFile = crt, key
+			c.ClientCAFile, c.AuthorizationPolicyFile = p.caFile, badPolicy+".missing"
+		}, "--authorization-policy-file", fs.ErrNotExist, nil},
 		{"bad policy", func(c *Config) {
-			c.TLSCertFile, c.TLSPrivateKeyFile, c.ClientCAFile, c.AuthorizationPolicyFile = crt, key, p.caFile, badPolicy
-		}, "--authorization-policy-file " + badPolicy},
-		{"metrics TLS without cert", func(c *Config) { c.MetricsTLS = true }, "--metrics-tls needs"},
+			c.TLSCertFile, c.TLSPrivateKeyFile = crt, key
+			c.ClientCAFile, c.AuthorizationPolicyFile = p.caFile, badPolicy
+		}, "--authorization-policy-file", ErrFlagValue, fs.ErrNotExist},
+		{"metrics TLS without cert", func(c *Config) { c.MetricsTLS = true },
+			"--metrics-address", ErrFlagNeeds, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
 			tc.mutate(&c)
-			if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("Validate() = %v; want an error with %q", err, tc.want)
+			err := c.Validate()
+			if !refuses(err, tc.flag, tc.why) || tc.not != nil && errors.Is(err, tc.not) {
+				t.Errorf("Validate() = %v; want a *FlagError of %s for %v (not %v)", err, tc.flag, tc.why,
+					tc.not)
 			}
 		})
 	}
 	c := DefaultConfig()
-	c.TLSCertFile, c.TLSPrivateKeyFile, c.ClientCAFile, c.AuthorizationPolicyFile, c.MetricsTLS = crt, key, p.caFile, examplePolicy, true
+	c.TLSCertFile, c.TLSPrivateKeyFile, c.ClientCAFile = crt, key, p.caFile
+	c.AuthorizationPolicyFile, c.MetricsTLS = examplePolicy, true
 	if err := c.Validate(); err != nil {
 		t.Errorf("Validate() of a full TLS and authorization configuration = %v; want nil", err)
 	}
@@ -651,9 +724,12 @@ func TestCertificateExpiresOnOpenConnection(t *testing.T) {
 		t.Fatalf("Allocate before the certificate expired: %v", err)
 	}
 	time.Sleep(time.Until(short.NotAfter) + 200*time.Millisecond)
-	_, err := alloc.Allocate(ctx, &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "default", Name: "db", Uid: "uid-db"}})
-	if status.Code(err) != codes.Unauthenticated || !strings.Contains(status.Convert(err).Message(), "expired") {
-		t.Fatalf("Allocate on the same connection after the certificate expired = %v; want UNAUTHENTICATED, expired", err)
+	_, err := alloc.Allocate(ctx,
+		&allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "default", Name: "db", Uid: "uid-db"}})
+	if status.Code(err) != codes.Unauthenticated ||
+		!strings.Contains(status.Convert(err).Message(), "expired") {
+		t.Fatalf("Allocate on the same connection after the certificate expired = %v; want "+
+			"UNAUTHENTICATED, expired", err)
 	}
 }
 
@@ -684,19 +760,24 @@ func TestServerAuthOnlyClientCertificateRefused(t *testing.T) {
 	conn := dialFiles(t, d.GRPCAddr(), tlsfiles.Files{CAFile: p.caFile, CertFile: crt, KeyFile: key})
 	for _, m := range mutations {
 		if err := m.call(callCtx(t), conn); status.Code(err) != codes.Unavailable {
-			t.Errorf("%s with a server-auth-only client certificate = %v; want UNAVAILABLE (handshake refused)", m.name, err)
+			t.Errorf("%s with a server-auth-only client certificate = %v; want "+
+				"UNAVAILABLE (handshake refused)", m.name, err)
 		}
 	}
-	if _, err := healthpb.NewHealthClient(conn).Check(callCtx(t), &healthpb.HealthCheckRequest{}); status.Code(err) != codes.Unavailable {
-		t.Errorf("Health.Check with a server-auth-only client certificate = %v; want UNAVAILABLE (handshake refused)", err)
+	if _, err := healthpb.NewHealthClient(conn).Check(callCtx(t),
+		&healthpb.HealthCheckRequest{}); status.Code(err) != codes.Unavailable {
+		t.Errorf("Health.Check with a server-auth-only client certificate = %v; want UNAVAILABLE "+
+			"(handshake refused)", err)
 	}
 	if after := state(t, admin); !sameState(before, after) {
-		t.Errorf("calls with a server-auth-only client certificate changed the state:\nbefore %v\nafter  %v", before, after)
+		t.Errorf("calls with a server-auth-only client certificate changed the state:\nbefore %v\nafter  %v",
+			before, after)
 	}
 
 	both := serverOnly
 	both.CommonName, both.Client = "server-and-client-auth admin", true
-	if _, err := allocdv1.NewAllocatorServiceClient(p.dial(d.GRPCAddr(), &both)).ListRanges(callCtx(t), &allocdv1.ListRangesRequest{}); err != nil {
+	if _, err := allocdv1.NewAllocatorServiceClient(p.dial(d.GRPCAddr(), &both)).ListRanges(callCtx(t),
+		&allocdv1.ListRangesRequest{}); err != nil {
 		t.Errorf("ListRanges with the same identity and client auth too = %v; want OK", err)
 	}
 }
@@ -715,11 +796,13 @@ func TestPolicyReloadKeepsLastValidPolicy(t *testing.T) {
 		t.Helper()
 		slug := strings.ReplaceAll(stage, " ", "-")
 		owner := &allocdv1.Owner{Namespace: "default", Name: "keep-" + slug, Uid: "uid-keep-" + slug}
-		if _, err := allocdv1.NewAllocatorServiceClient(shim).Allocate(callCtx(t), &allocdv1.AllocateRequest{Owner: owner, NodePortCount: 1}); err != nil {
+		if _, err := allocdv1.NewAllocatorServiceClient(shim).Allocate(callCtx(t),
+			&allocdv1.AllocateRequest{Owner: owner, NodePortCount: 1}); err != nil {
 			t.Errorf("%s: shim Allocate = %v; want OK (the previous policy kept)", stage, err)
 		}
 		if err := allocate(callCtx(t), operator); status.Code(err) != codes.PermissionDenied {
-			t.Errorf("%s: operator Allocate = %v; want PERMISSION_DENIED (the previous policy kept)", stage, err)
+			t.Errorf("%s: operator Allocate = %v; want PERMISSION_DENIED (the previous policy kept)", stage,
+				err)
 		}
 	}
 	inForce("initial")
@@ -752,9 +835,11 @@ func TestPolicyReloadKeepsLastValidPolicy(t *testing.T) {
 	if err := write(granted)(); err != nil {
 		t.Fatal(err)
 	}
-	etcdtest.WaitFor(t, 10*time.Second, "operator Allocate allowed by a valid policy written after the bad ones", func() bool {
-		return allocate(callCtx(t), operator) == nil
-	})
+	etcdtest.WaitFor(t, 10*time.Second,
+		"operator Allocate allowed by a valid policy written after the bad ones",
+		func() bool {
+			return allocate(callCtx(t), operator) == nil
+		})
 }
 
 // TestForwardedCallsRefusedAtFollower: with two replicas, callers the policy refuses
@@ -768,11 +853,13 @@ func TestForwardedCallsRefusedAtFollower(t *testing.T) {
 	leaderAdmin := p.dial(leading.GRPCAddr(), &adminLeaf)
 	repairStatus := func() *allocdv1.GetRepairStatusResponse {
 		t.Helper()
-		st, err := allocdv1.NewRepairServiceClient(leaderAdmin).GetRepairStatus(callCtx(t), &allocdv1.GetRepairStatusRequest{})
+		st, err := allocdv1.NewRepairServiceClient(leaderAdmin).GetRepairStatus(callCtx(t),
+			&allocdv1.GetRepairStatusRequest{})
 		if err != nil {
 			t.Fatalf("GetRepairStatus at the leader: %v", err)
 		}
-		return &allocdv1.GetRepairStatusResponse{SnapshotRevision: st.GetSnapshotRevision(), LastReport: st.GetLastReport()}
+		return &allocdv1.GetRepairStatusResponse{SnapshotRevision: st.GetSnapshotRevision(),
+			LastReport: st.GetLastReport()}
 	}
 	before := repairStatus()
 
@@ -795,13 +882,16 @@ func TestForwardedCallsRefusedAtFollower(t *testing.T) {
 			call func(context.Context, *grpc.ClientConn) error
 		}{{"PushServiceSnapshot", pushServices}, {"RunRepair", runRepair}} {
 			err := m.call(callCtx(t), conn)
-			if st := status.Convert(err); st.Code() != caller.code || !strings.Contains(st.Message(), caller.message) {
-				t.Errorf("%s at the follower as %s = %v; want %v naming %q", m.name, caller.name, err, caller.code, caller.message)
+			if st := status.Convert(err); st.Code() != caller.code ||
+				!strings.Contains(st.Message(), caller.message) {
+				t.Errorf("%s at the follower as %s = %v; want %v naming %q", m.name, caller.name, err,
+					caller.code, caller.message)
 			}
 		}
 	}
 	if after := repairStatus(); !proto.Equal(before, after) {
-		t.Errorf("refused calls at the follower changed the leader's repair status:\nbefore %v\nafter  %v", before, after)
+		t.Errorf("refused calls at the follower changed the leader's repair status:\nbefore %v\nafter  %v",
+			before, after)
 	}
 
 	// The probe sees a forwarded push: the shim's, through the follower.
@@ -854,7 +944,8 @@ func TestForwardingMetadataOnlyFromReplicas(t *testing.T) {
 	admin0 := p.dial(ds[0].GRPCAddr(), &adminLeaf)
 	var leaderAddr string
 	etcdtest.WaitFor(t, 20*time.Second, "a repair leader", func() bool {
-		st, err := allocdv1.NewRepairServiceClient(admin0).GetRepairStatus(callCtx(t), &allocdv1.GetRepairStatusRequest{})
+		st, err := allocdv1.NewRepairServiceClient(admin0).GetRepairStatus(callCtx(t),
+			&allocdv1.GetRepairStatusRequest{})
 		leaderAddr = st.GetLeader()
 		return err == nil && leaderAddr != ""
 	})
@@ -870,22 +961,29 @@ func TestForwardingMetadataOnlyFromReplicas(t *testing.T) {
 		t.Fatalf("shim PushServiceSnapshot through the follower: %v", err)
 	}
 	admin := p.dial(follower.GRPCAddr(), &adminLeaf)
-	if _, err := allocdv1.NewRepairServiceClient(admin).RunRepair(claim(t), &allocdv1.RunRepairRequest{DryRun: true}); err != nil {
-		t.Errorf("admin RunRepair at the follower claiming to be forwarded = %v; want it forwarded to the leader (the claim dropped)", err)
+	if _, err := allocdv1.NewRepairServiceClient(admin).RunRepair(claim(t),
+		&allocdv1.RunRepairRequest{DryRun: true}); err != nil {
+		t.Errorf("admin RunRepair at the follower claiming to be forwarded = %v; want it forwarded to the "+
+			"leader (the claim dropped)", err)
 	}
-	etcdtest.WaitFor(t, 10*time.Second, "the leader's log of the forwarded call naming the admin", func() bool {
-		return strings.Contains(logs[leaderAddr].String(), "forwarded call") &&
-			strings.Contains(logs[leaderAddr].String(), adminLeaf.URIs[0])
-	})
+	etcdtest.WaitFor(t, 10*time.Second, "the leader's log of the forwarded call naming the admin",
+		func() bool {
+			return strings.Contains(logs[leaderAddr].String(), "forwarded call") &&
+				strings.Contains(logs[leaderAddr].String(), adminLeaf.URIs[0])
+		})
 	if strings.Contains(logs[leaderAddr].String(), "mallory") {
 		t.Errorf("the leader logged the identity the admin's call claimed:\n%s", logs[leaderAddr].String())
 	}
 
 	replica := replicaLeaf()
 	replicaConn := p.dial(follower.GRPCAddr(), &replica)
-	_, err := allocdv1.NewRepairServiceClient(replicaConn).RunRepair(claim(t), &allocdv1.RunRepairRequest{DryRun: true})
-	if st := status.Convert(err); st.Code() != codes.FailedPrecondition || !strings.Contains(st.Message(), leaderAddr) {
-		t.Errorf("replica RunRepair at the follower, forwarded already = %v; want FAILED_PRECONDITION naming the leader %s", err, leaderAddr)
+	_, err := allocdv1.NewRepairServiceClient(replicaConn).RunRepair(claim(t),
+		&allocdv1.RunRepairRequest{DryRun: true})
+	if st := status.Convert(err); st.Code() != codes.FailedPrecondition ||
+		reason(st) != allocdv1.ErrorReason_NOT_REPAIR_LEADER.String() ||
+		errorMetadata(st)["leader"] != leaderAddr {
+		t.Errorf("replica RunRepair at the follower, forwarded already = %v; want FAILED_PRECONDITION "+
+			"naming the leader %s", err, leaderAddr)
 	}
 }
 

@@ -44,24 +44,7 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	if err != nil {
 		return err
 	}
-	endpointOn, sliceOn, err := c.controllers()
-	if err != nil {
-		return err
-	}
-	ec, err := endpoints.New(d.cli, endpoints.Config{
-		Prefix:                c.EtcdPrefix,
-		Workers:               c.ConcurrentEndpointSyncs,
-		BatchPeriod:           c.EndpointUpdatesBatchPeriod,
-		MasterResync:          c.EndpointReconcilerInterval,
-		DisableEndpoints:      !endpointOn,
-		DisableEndpointSlices: !sliceOn,
-		SliceWorkers:          c.ConcurrentServiceEndpointSyncs,
-		SliceBatchPeriod:      c.EndpointSliceUpdatesBatchPeriod,
-		MaxEndpointsPerSlice:  c.MaxEndpointsPerSlice,
-		MaxTxnOps:             c.EtcdMaxTxnOps,
-		Logger:                d.log,
-		Registerer:            d.registry,
-	})
+	ec, err := d.newEndpoints()
 	if err != nil {
 		return err
 	}
@@ -130,6 +113,29 @@ func (d *Daemon) swapIn(alloc *allocator.Allocator, leases *masterlease.Manager,
 	d.gates.repair.RepairServiceServer = repairSvc
 }
 
+// newEndpoints builds the Endpoints and EndpointSlice controllers.
+func (d *Daemon) newEndpoints() (*endpoints.Controller, error) {
+	c := d.cfg
+	endpointOn, sliceOn, err := c.controllers()
+	if err != nil {
+		return nil, err
+	}
+	return endpoints.New(d.cli, endpoints.Config{
+		Prefix:                c.EtcdPrefix,
+		Workers:               c.ConcurrentEndpointSyncs,
+		BatchPeriod:           c.EndpointUpdatesBatchPeriod,
+		MasterResync:          c.EndpointReconcilerInterval,
+		DisableEndpoints:      !endpointOn,
+		DisableEndpointSlices: !sliceOn,
+		SliceWorkers:          c.ConcurrentServiceEndpointSyncs,
+		SliceBatchPeriod:      c.EndpointSliceUpdatesBatchPeriod,
+		MaxEndpointsPerSlice:  c.MaxEndpointsPerSlice,
+		MaxTxnOps:             c.EtcdMaxTxnOps,
+		Logger:                d.log,
+		Registerer:            d.registry,
+	})
+}
+
 // newAllocator builds the allocator of the configured ranges. It talks to an embedded
 // etcd through direct calls (v3client), not gRPC over loopback: about 15% less CPU per
 // Allocate. The caller closes that client (the one returned, when it is not d.cli).
@@ -182,7 +188,8 @@ func (d *Daemon) identity() string {
 // masterToEndpoints hands every state of the master leases' Endpoints of
 // default/kubernetes to the Endpoints controller, which stores them beside the others,
 // until ctx ends.
-func masterToEndpoints(ctx context.Context, m *masterlease.Manager, ec *endpoints.Controller, log *slog.Logger) {
+func masterToEndpoints(ctx context.Context, m *masterlease.Manager, ec *endpoints.Controller,
+	log *slog.Logger) {
 	for ctx.Err() == nil {
 		err := m.WatchEndpoints(ctx, func(e masterlease.Endpoints) error {
 			if len(e.Ports) == 0 {

@@ -50,16 +50,22 @@ func historyBudget(quota int64) int64 {
 func (c *Config) validateEtcdSpace() []error {
 	var errs []error
 	if c.EtcdCompactionInterval < 0 {
-		errs = append(errs, fmt.Errorf("--etcd-compaction-interval %v: want >= 0 (0: never compact)", c.EtcdCompactionInterval))
+		errs = append(errs, badValue("--etcd-compaction-interval",
+			"--etcd-compaction-interval %v: want >= 0 (0: never compact)", c.EtcdCompactionInterval))
 	}
 	switch {
 	case c.QuotaBackendBytes < 0:
-		errs = append(errs, fmt.Errorf("--quota-backend-bytes %d: want >= 0 (0: etcd's default, 2 GiB)", c.QuotaBackendBytes))
+		errs = append(errs, badValue("--quota-backend-bytes",
+			"--quota-backend-bytes %d: want >= 0 (0: etcd's default, 2 GiB)", c.QuotaBackendBytes))
 	case c.QuotaBackendBytes > 0 && c.QuotaBackendBytes < minQuotaBackendBytes:
-		errs = append(errs, fmt.Errorf("--quota-backend-bytes %d: want at least 16 MiB (%d), or 0 for etcd's default, 2 GiB",
+		errs = append(errs, badValue("--quota-backend-bytes",
+			"--quota-backend-bytes %d: want at least 16 MiB (%d), or 0 for etcd's default, 2 GiB",
 			c.QuotaBackendBytes, minQuotaBackendBytes))
-	case len(c.EtcdServers) > 0 && c.QuotaBackendBytes != 0 && c.QuotaBackendBytes != DefaultQuotaBackendBytes:
-		errs = append(errs, fmt.Errorf("--quota-backend-bytes %d: applies to the embedded etcd only; with --etcd-servers set --quota-backend-bytes on the etcd members", c.QuotaBackendBytes))
+	case len(c.EtcdServers) > 0 && c.QuotaBackendBytes != 0 &&
+		c.QuotaBackendBytes != DefaultQuotaBackendBytes:
+		errs = append(errs, flagError(ErrFlagConflict, []string{"--quota-backend-bytes", "--etcd-servers"},
+			"--quota-backend-bytes %d: applies to the embedded etcd only; with --etcd-servers set "+
+				"--quota-backend-bytes on the etcd members", c.QuotaBackendBytes))
 	}
 	return errs
 }
@@ -78,7 +84,8 @@ var exportedAlarms = []etcdserverpb.AlarmType{etcdserverpb.AlarmType_NOSPACE, et
 func (d *Daemon) startSpace(ctx, runCtx context.Context) error {
 	d.alarms = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "allocd_etcd_alarm",
-		Help: "1 while etcd has raised the alarm (NOSPACE: out of space, every write refused; CORRUPT), else 0.",
+		Help: "1 while etcd has raised the alarm (NOSPACE: out of space, every write " +
+			"refused; CORRUPT), else 0.",
 	}, []string{"alarm"})
 	for _, a := range exportedAlarms {
 		d.alarms.WithLabelValues(a.String())
@@ -100,20 +107,23 @@ func (d *Daemon) startSpace(ctx, runCtx context.Context) error {
 		return nil // an external etcd's defragmentation is its operator's (docs/operators/etcd.md)
 	}
 	if q := d.cfg.QuotaBackendBytes; q > maxRecommendedQuotaBackendBytes {
-		d.log.Warn("--quota-backend-bytes is above etcd's recommended maximum, 8 GiB: a larger database makes the embedded etcd "+
-			"slower to start, to snapshot and to defragment", "quota_backend_bytes", q)
+		d.log.Warn("--quota-backend-bytes is above etcd's recommended maximum, 8 GiB: a larger database "+
+			"makes the embedded etcd slower to start, to snapshot and to defragment", "quota_backend_bytes",
+			q)
 	}
 	budget := historyBudget(d.cfg.QuotaBackendBytes)
 	// The maintenance calls on d.cli's connection to the member (d.cli's Status and
 	// Defragment would dial a connection per call).
-	mt := clientv3.NewMaintenanceFromMaintenanceClient(etcdserverpb.NewMaintenanceClient(d.cli.ActiveConnection()), d.cli)
+	mt := clientv3.NewMaintenanceFromMaintenanceClient(
+		etcdserverpb.NewMaintenanceClient(d.cli.ActiveConnection()), d.cli)
 	if err := d.startOutOfSpace(ctx, mt, budget); err != nil {
 		return err
 	}
 	// Tests that poll faster keep two polls of history too (2 s at the default 1 s).
-	m, err := compactor.NewMember(mt, compactor.MemberConfig{Endpoint: "http://" + d.cfg.EmbeddedEtcdClientAddress,
-		HistoryBytes: budget, DefragFreeBytes: 2 * budget, Compactor: c, Poll: d.cfg.etcdSpacePoll,
-		HistoryFloor: 2 * d.cfg.etcdSpacePoll, Logger: d.log, Registerer: d.registry})
+	m, err := compactor.NewMember(mt,
+		compactor.MemberConfig{Endpoint: "http://" + d.cfg.EmbeddedEtcdClientAddress,
+			HistoryBytes: budget, DefragFreeBytes: 2 * budget, Compactor: c, Poll: d.cfg.etcdSpacePoll,
+			HistoryFloor: 2 * d.cfg.etcdSpacePoll, Logger: d.log, Registerer: d.registry})
 	if err != nil {
 		return err
 	}
@@ -166,11 +176,13 @@ func (d *Daemon) startOutOfSpace(ctx context.Context, mt compactor.Maintainer, b
 		return fmt.Errorf("status of the embedded etcd: %w", err)
 	}
 	if st.DbSize > st.DbSizeQuota-2*budget {
-		hint := "raise --quota-backend-bytes"
+		hint, flags := "raise --quota-backend-bytes", []string{"--quota-backend-bytes"}
 		if d.cfg.EtcdCompactionInterval == 0 {
 			hint += ", or start once with --etcd-compaction-interval above 0 to compact its history"
+			flags = append(flags, "--etcd-compaction-interval")
 		}
-		return fmt.Errorf("the embedded etcd in %s is out of space (alarm NOSPACE): its database takes %d bytes of --quota-backend-bytes %d after defragmentation: %s",
+		return flagError(ErrFlagValue, flags, "the embedded etcd in %s is out of space (alarm NOSPACE): "+
+			"its database takes %d bytes of --quota-backend-bytes %d after defragmentation: %s",
 			d.cfg.DataDir, st.DbSize, st.DbSizeQuota, hint)
 	}
 	for _, a := range nospace {
@@ -178,8 +190,10 @@ func (d *Daemon) startOutOfSpace(ctx context.Context, mt compactor.Maintainer, b
 			return fmt.Errorf("disarm the NOSPACE alarm of the embedded etcd: %w", err)
 		}
 	}
-	d.log.Warn("the embedded etcd was out of space at start: history compacted, defragmented, NOSPACE alarm disarmed",
-		"compacted", d.cfg.EtcdCompactionInterval > 0, "db_size", st.DbSize, "in_use", st.DbSizeInUse, "quota_backend_bytes", st.DbSizeQuota)
+	d.log.Warn("the embedded etcd was out of space at start: history compacted, defragmented, NOSPACE "+
+		"alarm disarmed",
+		"compacted", d.cfg.EtcdCompactionInterval > 0, "db_size", st.DbSize, "in_use", st.DbSizeInUse,
+		"quota_backend_bytes", st.DbSizeQuota)
 	return nil
 }
 
@@ -214,7 +228,8 @@ func (d *Daemon) checkEtcd(ctx context.Context) (etcdState, error) {
 		return etcdUnreachable, err
 	}
 	// On d.cli's connection (whichever member it is on), not a new one per call.
-	mt := clientv3.NewMaintenanceFromMaintenanceClient(etcdserverpb.NewMaintenanceClient(d.cli.ActiveConnection()), d.cli)
+	mt := clientv3.NewMaintenanceFromMaintenanceClient(
+		etcdserverpb.NewMaintenanceClient(d.cli.ActiveConnection()), d.cli)
 	st, err := mt.Status(ctx, "")
 	if err != nil {
 		return etcdUnknown, err
@@ -255,8 +270,8 @@ func (d *Daemon) etcdStateChanged(from, to etcdState, err error) {
 		if d.etcd != nil {
 			attrs = append(attrs, "quota_backend_bytes", d.cfg.QuotaBackendBytes)
 		}
-		d.log.Error("etcd is out of space (alarm NOSPACE): every write fails with RESOURCE_EXHAUSTED, reads still work; "+
-			"free space and disarm: etcdctl compact (allocd compacts every --etcd-compaction-interval), etcdctl defrag, "+
-			"etcdctl alarm disarm; NOT_SERVING", attrs...)
+		d.log.Error("etcd is out of space (alarm NOSPACE): every write fails with RESOURCE_EXHAUSTED, "+
+			"reads still work; free space and disarm: etcdctl compact (allocd compacts every "+
+			"--etcd-compaction-interval), etcdctl defrag, etcdctl alarm disarm; NOT_SERVING", attrs...)
 	}
 }

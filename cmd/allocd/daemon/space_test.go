@@ -93,9 +93,11 @@ func wantNoSpace(t *testing.T, call string, err error) {
 			help = d
 		}
 	}
-	if st.Code() != codes.ResourceExhausted || info.GetReason() != allocdv1.ErrorReason_ETCD_NO_SPACE.String() ||
+	if st.Code() != codes.ResourceExhausted ||
+		info.GetReason() != allocdv1.ErrorReason_ETCD_NO_SPACE.String() ||
 		info.GetDomain() != "allocd.io" || len(help.GetLinks()) == 0 {
-		t.Errorf("%s while etcd is out of space = %v (details %v); want RESOURCE_EXHAUSTED, ErrorInfo ETCD_NO_SPACE, a Help link", call, err, st.Details())
+		t.Errorf("%s while etcd is out of space = %v (details %v); want RESOURCE_EXHAUSTED, ErrorInfo "+
+			"ETCD_NO_SPACE, a Help link", call, err, st.Details())
 	}
 }
 
@@ -173,7 +175,8 @@ func TestNoSpace(t *testing.T) {
 		s, err := healthStatus(t, conn)
 		return err == nil && s == healthpb.HealthCheckResponse_SERVING
 	})
-	t.Logf("after the alarm was disarmed: Allocate succeeded after %v, health SERVING after %v", allocAfter, time.Since(disarmed))
+	t.Logf("after the alarm was disarmed: Allocate succeeded after %v, health SERVING after %v", allocAfter,
+		time.Since(disarmed))
 	for name, write := range writes {
 		if err := write(); err != nil {
 			t.Errorf("%s after the alarm was disarmed: %v", name, err)
@@ -201,13 +204,15 @@ func fill(t *testing.T, cli *clientv3.Client) {
 }
 
 // checkReads reads what was written before etcd ran out of space.
-func checkReads(t *testing.T, alloc allocdv1.AllocatorServiceClient, lease allocdv1.LeaseServiceClient, ip string) {
+func checkReads(t *testing.T, alloc allocdv1.AllocatorServiceClient, lease allocdv1.LeaseServiceClient,
+	ip string) {
 	t.Helper()
 	ctx := etcdtest.Context(t)
 	if _, err := alloc.ListRanges(ctx, &allocdv1.ListRangesRequest{}); err != nil {
 		t.Errorf("ListRanges while etcd is out of space: %v", err)
 	}
-	a, err := alloc.GetAllocation(ctx, &allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: ip}})
+	a, err := alloc.GetAllocation(ctx,
+		&allocdv1.GetAllocationRequest{Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: ip}})
 	if err != nil || a.GetAllocation().GetOwner().GetUid() != "before" {
 		t.Errorf("GetAllocation(%s) while etcd is out of space = %v, %v; want held by before", ip, a, err)
 	}
@@ -253,19 +258,22 @@ func TestHistoryBudget(t *testing.T) {
 	v := strings.Repeat("x", 256<<10)
 	for i := range 4 * 64 {
 		if _, err := d.Client().Put(ctx, "/filler", v); err != nil {
-			t.Fatalf("Put %d of 256 KiB (%d MiB written): %v; want the history compacted before etcd runs out of space", i, i/4, err)
+			t.Fatalf("Put %d of 256 KiB (%d MiB written): %v; want the history compacted before "+
+				"etcd runs out of space", i, i/4, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	conn := dial(t, d.GRPCAddr())
-	if _, err := allocdv1.NewAllocatorServiceClient(conn).Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner("after")}); err != nil {
+	if _, err := allocdv1.NewAllocatorServiceClient(conn).Allocate(ctx,
+		&allocdv1.AllocateRequest{Owner: owner("after")}); err != nil {
 		t.Errorf("Allocate after 64 MiB of history: %v", err)
 	}
 	st, err := d.Client().Status(ctx, "http://"+d.cfg.EmbeddedEtcdClientAddress)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("database file %d bytes, %d in use, after 64 MiB of history in a 16 MiB quota", st.DbSize, st.DbSizeInUse)
+	t.Logf("database file %d bytes, %d in use, after 64 MiB of history in a 16 MiB quota", st.DbSize,
+		st.DbSizeInUse)
 }
 
 // TestNoSpaceAtStart: etcd keeps its NOSPACE alarm across restarts, and allocd writes
@@ -285,12 +293,13 @@ func TestNoSpaceAtStart(t *testing.T) {
 	fill(t, d.Client())
 	d.Close()
 
-	if d, err := Start(ctx, cfg); err == nil || !strings.Contains(err.Error(), "--quota-backend-bytes") ||
-		!strings.Contains(err.Error(), "--etcd-compaction-interval") {
+	if d, err := Start(ctx, cfg); !refuses(err, "--quota-backend-bytes", ErrFlagValue) ||
+		!refuses(err, "--etcd-compaction-interval", ErrFlagValue) {
 		if err == nil {
 			d.Close()
 		}
-		t.Fatalf("Start on a full etcd with compaction off = %v; want an error naming --quota-backend-bytes and --etcd-compaction-interval", err)
+		t.Fatalf("Start on a full etcd with compaction off = %v; want an error naming "+
+			"--quota-backend-bytes and --etcd-compaction-interval", err)
 	}
 	cfg.EtcdCompactionInterval = 5 * time.Minute
 	d, err = Start(ctx, cfg)
@@ -299,7 +308,8 @@ func TestNoSpaceAtStart(t *testing.T) {
 	}
 	defer d.Close()
 	conn := dial(t, d.GRPCAddr())
-	if _, err := allocdv1.NewAllocatorServiceClient(conn).Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner("after")}); err != nil {
+	if _, err := allocdv1.NewAllocatorServiceClient(conn).Allocate(ctx,
+		&allocdv1.AllocateRequest{Owner: owner("after")}); err != nil {
 		t.Errorf("Allocate after a start on a full etcd: %v", err)
 	}
 	alarms, err := d.Client().AlarmList(ctx)
@@ -308,15 +318,14 @@ func TestNoSpaceAtStart(t *testing.T) {
 	}
 }
 
-// TestBadQuotaConfig: a --quota-backend-bytes below 16 MiB (but 0) is refused with a
-// message naming the flag and the least value; 0, 16 MiB and more are taken.
+// TestBadQuotaConfig: a --quota-backend-bytes below 16 MiB (but 0) is refused (a
+// *FlagError of the flag); 0, 16 MiB and more are taken.
 func TestBadQuotaConfig(t *testing.T) {
 	for _, q := range []int64{1, 7, 1 << 20, 16<<20 - 1} {
 		c := DefaultConfig()
 		c.QuotaBackendBytes = q
-		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--quota-backend-bytes") ||
-			!strings.Contains(err.Error(), "at least 16 MiB") {
-			t.Errorf("Validate() with --quota-backend-bytes %d = %v; want an error naming the flag and 16 MiB", q, err)
+		if err := c.Validate(); !refuses(err, "--quota-backend-bytes", ErrFlagValue) {
+			t.Errorf("Validate() with --quota-backend-bytes %d = %v; want a *FlagError of the flag", q, err)
 		}
 	}
 	for _, q := range []int64{0, 16 << 20, 9 << 30} {

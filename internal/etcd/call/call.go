@@ -1,29 +1,14 @@
-// Package call tells the failed etcd writes that certainly changed nothing from
-// those whose outcome is unknown, and tries the first kind again.
-//
-// A write that fails with a timeout or a broken connection may still commit: it was
-// proposed, and the new leader may apply it. A write that never left this process, or
-// that a member refused before proposing it, changed nothing and never will:
-//   - no connection to any member: the request was never sent (the gRPC call made no
-//     stream, which NotSentInterceptor records);
-//   - "etcdserver: no leader": the member has no leader and the request asked for one
-//     (clientv3.WithRequireLeader, which Write sets);
-//   - "raft proposal dropped": a member with no leader drops proposals;
-//   - "etcdserver: too many requests": the member refused it before proposing it.
-//
-// Those are worth trying again at once, through the next member, and a caller who is
-// told about them may retry any request, idempotent or not.
 package call
 
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/raft/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
@@ -38,7 +23,8 @@ import (
 // clientv3.Config.DialOptions. Calls made without Write are not traced: their errors
 // claim nothing.
 func NotSentInterceptor() grpc.UnaryClientInterceptor {
-	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		t, ok := ctx.Value(tracesKey{}).(*trace)
 		if !ok {
 			return invoker(ctx, method, req, reply, cc, opts...) // not a Write: nothing to record
@@ -123,10 +109,16 @@ func refused(err error) bool {
 	if ee := rpctypes.Error(err); ee == rpctypes.ErrNoLeader || ee == rpctypes.ErrTooManyRequests {
 		return true
 	}
-	// raft's ErrProposalDropped reaches the client as an UNKNOWN status with its text.
-	st, ok := status.FromError(err)
-	return ok && strings.HasSuffix(st.Message(), "raft proposal dropped")
+	return errors.Is(err, errProposalDropped)
 }
+
+// errProposalDropped is raft's ErrProposalDropped as an etcd member answers it. etcd
+// sends the errors it knows as rpctypes' statuses and any other as an UNKNOWN status
+// with the error's text (togRPCError); the etcd client's rpctypes.Error has no error
+// for it. A gRPC status error is errors.Is-equal to another with the same code,
+// message and details, so this matches the member's answer as it arrives, wrapped or
+// not.
+var errProposalDropped = status.Error(codes.Unknown, raft.ErrProposalDropped.Error())
 
 // retryWait is the first wait between tries of a write that was not applied; it
 // doubles up to maxRetryWait. An election takes about one election timeout.
@@ -143,7 +135,8 @@ func Write(ctx context.Context, attempt, budget time.Duration, write func(contex
 	wait := retryWait
 	for {
 		t := &trace{}
-		actx, cancel := context.WithTimeout(context.WithValue(clientv3.WithRequireLeader(ctx), tracesKey{}, t), attempt)
+		actx, cancel := context.WithTimeout(context.WithValue(clientv3.WithRequireLeader(ctx), tracesKey{},
+			t), attempt)
 		err := write(actx)
 		cancel()
 		switch {
@@ -190,7 +183,7 @@ func Read(ctx context.Context, attempt time.Duration, tries int, read func(conte
 // Transient reports whether a failed etcd call failed for a passing reason: a timeout,
 // a lost connection, a leader that changed. A write that failed so may have taken
 // effect, or may yet, unless NotApplied. Errors that say the request was refused
-// (invalid, too large, no space, not permitted) are not transient.
+// (invalid, too large, no space, not permitted) are not Transient.
 func Transient(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return true

@@ -38,10 +38,11 @@ func TestNotSentIsNotApplied(t *testing.T) {
 	}
 	for _, intercept := range []bool{true, false} {
 		cli := newClient(t, "http://"+addr, intercept)
-		err := call.Write(context.Background(), 200*time.Millisecond, 200*time.Millisecond, func(ctx context.Context) error {
-			_, err := cli.Put(ctx, "/k", "v")
-			return err
-		})
+		err := call.Write(context.Background(), 200*time.Millisecond, 200*time.Millisecond,
+			func(ctx context.Context) error {
+				_, err := cli.Put(ctx, "/k", "v")
+				return err
+			})
 		if err == nil {
 			t.Fatal("Put to an address where nothing listens succeeded")
 		}
@@ -71,13 +72,14 @@ func TestNoLeaderRetried(t *testing.T) {
 	})
 	done := make(chan error, 1)
 	go func() {
-		done <- call.Write(context.Background(), time.Second, 20*time.Second, func(ctx context.Context) error {
-			_, err := cli.Put(ctx, "/k", "v")
-			if call.NotApplied(err) {
-				refused.Add(1)
-			}
-			return err
-		})
+		done <- call.Write(context.Background(), time.Second, 20*time.Second,
+			func(ctx context.Context) error {
+				_, err := cli.Put(ctx, "/k", "v")
+				if call.NotApplied(err) {
+					refused.Add(1)
+				}
+				return err
+			})
 	}()
 	time.Sleep(300 * time.Millisecond)
 	c.StartMember(1)

@@ -91,7 +91,8 @@ func (m *Members) Run(ctx context.Context) {
 			want, restart = m.all, false
 		}
 		if !slices.Equal(want, current) {
-			m.log.Warn("etcd endpoints changed: members that do not answer are left out", "endpoints", want, "stalled", stalled)
+			m.log.Warn("etcd endpoints changed: members that do not answer are left out", "endpoints", want,
+				"stalled", stalled)
 			m.cli.SetEndpoints(want...)
 			current = want
 		}

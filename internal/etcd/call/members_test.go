@@ -47,9 +47,11 @@ func startMembers(t *testing.T, endpoints []string, onLeftOut func()) *clientv3.
 	t.Helper()
 	cli := newClient(t, endpoints[0], true)
 	cli.SetEndpoints(endpoints...)
-	m, err := call.NewMembers(cli, endpoints, "/health", slog.New(slog.DiscardHandler), func(ep string) (*clientv3.Client, error) {
-		return clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: time.Second, Logger: zap.NewNop()})
-	})
+	m, err := call.NewMembers(cli, endpoints, "/health", slog.New(slog.DiscardHandler),
+		func(ep string) (*clientv3.Client, error) {
+			return clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: time.Second,
+				Logger: zap.NewNop()})
+		})
 	if err != nil {
 		t.Fatal(err)
 	}

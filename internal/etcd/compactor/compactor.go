@@ -66,7 +66,8 @@ func New(cli *clientv3.Client, cfg Config) (*Compactor, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Compactor{cli: cli, key: cfg.Key, interval: cfg.Interval, log: log.With("component", "compactor"), m: m,
+	return &Compactor{cli: cli, key: cfg.Key, interval: cfg.Interval, log: log.With("component", "compactor"),
+		m:     m,
 		hurry: make(chan int64, 1)}, nil
 }
 
@@ -85,7 +86,8 @@ func (c *Compactor) Run(ctx context.Context) error {
 		case hurried = <-c.hurry:
 		}
 		if _, err := c.step(ctx, hurried); err != nil && ctx.Err() == nil {
-			c.log.Warn("etcd compaction failed; trying again next interval", "err", err, "interval", c.interval)
+			c.log.Warn("etcd compaction failed; trying again next interval",
+				"err", err, "interval", c.interval)
 		}
 		t.Reset(c.interval)
 	}
@@ -155,7 +157,8 @@ func (c *Compactor) step(ctx context.Context, hurried int64) (int64, error) {
 		return 0, nil
 	}
 	start := time.Now()
-	if _, err := c.cli.Compact(ctx, target, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+	if _, err := c.cli.Compact(ctx, target, clientv3.WithCompactPhysical()); err != nil &&
+		!errors.Is(err, rpctypes.ErrCompacted) {
 		c.m.step("failed")
 		return 0, fmt.Errorf("compact revision %d: %w", target, err)
 	}
@@ -163,7 +166,8 @@ func (c *Compactor) step(ctx context.Context, hurried int64) (int64, error) {
 	// compacted past target already; the history is as short as asked.
 	c.m.step("compacted")
 	c.raiseCompacted(target)
-	c.log.Debug("etcd history compacted", "revision", target, "hurried", hurried > 0, "took", time.Since(start).Round(time.Millisecond))
+	c.log.Debug("etcd history compacted", "revision", target, "hurried", hurried > 0,
+		"took", time.Since(start).Round(time.Millisecond))
 	return target, nil
 }
 

@@ -24,7 +24,8 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func newCompactor(t *testing.T, cli *clientv3.Client, interval time.Duration) *Compactor {
 	t.Helper()
-	c, err := New(cli, Config{Key: testKey, Interval: interval, Logger: quiet, Registerer: prometheus.NewRegistry()})
+	c, err := New(cli,
+		Config{Key: testKey, Interval: interval, Logger: quiet, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +67,8 @@ func compacted(t *testing.T, cli *clientv3.Client, rev int64) bool {
 // stops, a standby takes over and compacts what it recorded.
 func TestRunOnceTakesTurns(t *testing.T) {
 	e := etcdtest.New(t)
-	cs := []*Compactor{newCompactor(t, e.Client, time.Hour), newCompactor(t, e.NewClient(), time.Hour), newCompactor(t, e.NewClient(), time.Hour)}
+	cs := []*Compactor{newCompactor(t, e.Client, time.Hour), newCompactor(t, e.NewClient(), time.Hour),
+		newCompactor(t, e.NewClient(), time.Hour)}
 	ctx := etcdtest.Context(t)
 	steps := []struct {
 		replica   int
@@ -96,10 +98,12 @@ func TestRunOnceTakesTurns(t *testing.T) {
 		switch {
 		case s.compacts:
 			if got != recorded || got == 0 || !compacted(t, e.Client, got-1) || compacted(t, e.Client, got) {
-				t.Errorf("step %d: replica %d RunOnce = %d; want it to compact %d, its previous step's revision", i, s.replica, got, recorded)
+				t.Errorf("step %d: replica %d RunOnce = %d; want it to compact %d, its "+
+					"previous step's revision", i, s.replica, got, recorded)
 			}
 		case got != 0:
-			t.Errorf("step %d: replica %d RunOnce = %d; want nothing compacted (first step %v, standing by %v)", i, s.replica, got, s.firstStep, s.standsBy)
+			t.Errorf("step %d: replica %d RunOnce = %d; want nothing compacted (first "+
+				"step %v, standing by %v)", i, s.replica, got, s.firstStep, s.standsBy)
 		}
 		if c.rev == 0 {
 			t.Errorf("step %d: replica %d recorded no revision", i, s.replica)
@@ -151,7 +155,8 @@ func TestRunCompactsOncePerInterval(t *testing.T) {
 		total += counter(t, c.m.steps.WithLabelValues("compacted"))
 	}
 	if most := float64(elapsed/interval) + 1; total > most || total < most/2 {
-		t.Errorf("%.0f compactions by 3 replicas in %v; want about one per %v (at most %.0f)", total, elapsed, interval, most)
+		t.Errorf("%.0f compactions by 3 replicas in %v; want about one per %v (at most %.0f)", total, elapsed,
+			interval, most)
 	}
 	if !compacted(t, e.Client, early) {
 		t.Errorf("revision %d, written %v before the end, is not compacted", early, elapsed-2*interval)
@@ -190,7 +195,8 @@ func TestHurry(t *testing.T) {
 			return counter(t, c.m.steps.WithLabelValues("compacted")) == float64(i+1)
 		})
 		if !compacted(t, e.Client, rev-1) || compacted(t, e.Client, rev) {
-			t.Errorf("after Hurry(%d) (another replica stepped: %v): want revisions before %d compacted and %d kept", rev, other, rev, rev)
+			t.Errorf("after Hurry(%d) (another replica stepped: %v): want revisions before %d "+
+				"compacted and %d kept", rev, other, rev, rev)
 		}
 	}
 }
@@ -228,6 +234,7 @@ func TestCompactedRevisionOnlyRises(t *testing.T) {
 		t.Fatalf("hurried step to %d = %d, %v; want it done (ErrCompacted)", old, got, err)
 	}
 	if got := gaugeValue(t, c.m.compacted); got != float64(byOther) {
-		t.Errorf("allocd_etcd_compacted_revision = %v; want %d, the other replica's, not the older %d", got, byOther, old)
+		t.Errorf("allocd_etcd_compacted_revision = %v; want %d, the other replica's, not the older %d", got,
+			byOther, old)
 	}
 }

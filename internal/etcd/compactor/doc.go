@@ -39,7 +39,8 @@
 //
 // etcd has one history for all of its keys: compaction is not limited to --etcd-prefix.
 //
-//	c, err := compactor.New(cli, compactor.Config{Key: "/allocd" + compactor.KeyName, Interval: 5 * time.Minute})
+//	c, err := compactor.New(cli, compactor.Config{Key: "/allocd" + compactor.KeyName,
+//		Interval: 5 * time.Minute})
 //	if err != nil { ... }
 //	m, err := compactor.NewMember(cli, compactor.MemberConfig{Endpoint: "http://127.0.0.1:12379",
 //		HistoryBytes: 16 << 20, DefragFreeBytes: 32 << 20, Compactor: c})

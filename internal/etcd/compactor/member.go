@@ -122,7 +122,8 @@ func NewMember(cli Maintainer, cfg MemberConfig) (*Member, error) {
 	if floor <= 0 {
 		floor = hurryFloor
 	}
-	return &Member{cli: cli, cfg: cfg, log: log.With("component", "compactor", "member", cfg.Endpoint), m: m, poll: poll,
+	return &Member{cli: cli, cfg: cfg, log: log.With("component", "compactor", "member", cfg.Endpoint), m: m,
+		poll:  poll,
 		floor: floor, maxDefragInUse: DefragMaxInUseBytes}, nil
 }
 
@@ -149,7 +150,8 @@ func (m *Member) Run(ctx context.Context) error {
 		m.hurry(st)
 		if m.defragWanted(st) && time.Now().After(m.defragAfter) {
 			if err := m.defrag(ctx, st); err != nil && ctx.Err() == nil {
-				m.log.Warn("etcd defragmentation failed; trying again later", "err", err, "after", defragRetry)
+				m.log.Warn("etcd defragmentation failed; trying again later",
+					"err", err, "after", defragRetry)
 			}
 		}
 	}
@@ -205,8 +207,9 @@ func (m *Member) hurry(st *clientv3.StatusResponse) {
 	if (grown <= m.cfg.HistoryBytes && !nospace) || target <= m.hurried {
 		return
 	}
-	m.log.Debug("etcd history over its budget, or etcd out of space: compacting now", "in_use", st.DbSizeInUse, "grown", grown,
-		"budget", m.cfg.HistoryBytes, "nospace", nospace, "revision", target)
+	m.log.Debug("etcd history over its budget, or etcd out of space: compacting now",
+		"in_use", st.DbSizeInUse, "grown", grown, "budget", m.cfg.HistoryBytes, "nospace", nospace,
+		"revision", target)
 	m.cfg.Compactor.Hurry(target)
 	m.hurried = target
 	m.low = 0 // measured anew from the next read, after the compaction
@@ -236,8 +239,9 @@ func (m *Member) defragWanted(st *clientv3.StatusResponse) bool {
 	}
 	if !m.advised {
 		m.advised = true
-		m.log.Warn("etcd member mostly free, but too large to defragment automatically: etcd serves no client while it "+
-			"defragments, for a time that grows with the size in use; run etcdctl defrag on it at a quiet time",
+		m.log.Warn("etcd member mostly free, but too large to defragment automatically: etcd serves no "+
+			"client while it defragments, for a time that grows with the size in use; run etcdctl defrag "+
+			"on it at a quiet time",
 			"size", st.DbSize, "in_use", st.DbSizeInUse, "max_in_use_auto_defrag", m.maxDefragInUse)
 	}
 	return false
@@ -264,7 +268,8 @@ func (m *Member) defrag(ctx context.Context, before *clientv3.StatusResponse) er
 	}
 	m.m.defrags.WithLabelValues("done").Inc()
 	m.m.defragSeconds.Observe(took.Seconds())
-	attrs := []any{"size_before", before.DbSize, "in_use_before", before.DbSizeInUse, "took", took.Round(time.Millisecond)}
+	attrs := []any{"size_before", before.DbSize, "in_use_before", before.DbSizeInUse, "took",
+		took.Round(time.Millisecond)}
 	if after, err := m.status(ctx); err == nil {
 		attrs = append(attrs, "size_after", after.DbSize)
 	}

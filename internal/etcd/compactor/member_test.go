@@ -26,9 +26,11 @@ const kib = 1 << 10
 
 func newMember(t *testing.T, e *etcdtest.Server, c *Compactor, history, free int64) *Member {
 	t.Helper()
-	m, err := NewMember(e.Client, MemberConfig{Endpoint: e.Endpoint, HistoryBytes: history, DefragFreeBytes: free,
-		Compactor: c, Poll: 20 * time.Millisecond, HistoryFloor: 200 * time.Millisecond, // ten polls, as 2 s is two of a second
-		Logger: quiet, Registerer: prometheus.NewRegistry()})
+	m, err := NewMember(e.Client,
+		MemberConfig{Endpoint: e.Endpoint, HistoryBytes: history, DefragFreeBytes: free,
+			// A floor of ten polls, as 2 s is two of a second.
+			Compactor: c, Poll: 20 * time.Millisecond, HistoryFloor: 200 * time.Millisecond,
+			Logger: quiet, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +80,8 @@ func TestMemberKeepsHistoryWithinBudget(t *testing.T) {
 	size, inUse := dbSize(t, e)
 	t.Logf("database file %d bytes, %d in use, after 24 MiB of history", size, inUse)
 	if size > 12<<20 {
-		t.Errorf("database file %d bytes (%d in use) after 24 MiB of history; want under 12 MiB (24 MiB without the hurry)", size, inUse)
+		t.Errorf("database file %d bytes (%d in use) after 24 MiB of history; want under 12 MiB (24 MiB "+
+			"without the hurry)", size, inUse)
 	}
 	if n := counter(t, c.m.steps.WithLabelValues("compacted")); n < 3 {
 		t.Errorf("%.0f compactions; want the Member to have hurried several", n)
@@ -156,9 +159,11 @@ func TestMemberHurryKeepsFloor(t *testing.T) {
 	e := etcdtest.New(t)
 	c := newCompactor(t, e.Client, time.Hour) // not run: the test takes its hurries
 	const floor = 300 * time.Millisecond
-	m, err := NewMember(&slowStatus{Maintainer: e.Client}, MemberConfig{Endpoint: e.Endpoint, HistoryBytes: 32 * kib,
-		DefragFreeBytes: 1 << 30, Compactor: c, Poll: 20 * time.Millisecond, HistoryFloor: floor, Logger: quiet,
-		Registerer: prometheus.NewRegistry()})
+	m, err := NewMember(&slowStatus{Maintainer: e.Client},
+		MemberConfig{Endpoint: e.Endpoint, HistoryBytes: 32 * kib,
+			DefragFreeBytes: 1 << 30, Compactor: c, Poll: 20 * time.Millisecond, HistoryFloor: floor,
+			Logger:     quiet,
+			Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +202,8 @@ func TestMemberHurryKeepsFloor(t *testing.T) {
 			b, ok := began[rev]
 			mu.Unlock()
 			if age := at.Sub(b); ok && age < floor {
-				t.Errorf("hurry to revision %d, written %v before: want at least the floor, %v", rev, age.Round(time.Millisecond), floor)
+				t.Errorf("hurry to revision %d, written %v before: want at least the floor, %v", rev,
+					age.Round(time.Millisecond), floor)
 			}
 		}
 	}
@@ -211,8 +217,10 @@ func TestMemberDefragCap(t *testing.T) {
 	e := etcdtest.New(t)
 	var logs bytes.Buffer
 	var logMu sync.Mutex
-	m, err := NewMember(e.Client, MemberConfig{Endpoint: e.Endpoint, DefragFreeBytes: 1 << 20, Poll: 20 * time.Millisecond,
-		Logger: slog.New(slog.NewJSONHandler(lockedWriter{&logMu, &logs}, nil)), Registerer: prometheus.NewRegistry()})
+	m, err := NewMember(e.Client,
+		MemberConfig{Endpoint: e.Endpoint, DefragFreeBytes: 1 << 20, Poll: 20 * time.Millisecond,
+			Logger:     slog.New(slog.NewJSONHandler(lockedWriter{&logMu, &logs}, nil)),
+			Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +315,8 @@ func TestMemberCompactsOutOfSpace(t *testing.T) {
 		t.Fatalf("status errors %q: want the NOSPACE alarm", st.Errors)
 	}
 	end := st.Header.Revision
-	etcdtest.WaitFor(t, 5*time.Second, "the history compacted", func() bool { return compacted(t, e.Client, end-1) })
+	etcdtest.WaitFor(t, 5*time.Second, "the history compacted",
+		func() bool { return compacted(t, e.Client, end-1) })
 	// The pages compaction freed count as free after etcd's next commit; under NOSPACE
 	// that is a deletion (a Release, say), which etcd still accepts.
 	i := 0

@@ -16,11 +16,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		steps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allocd_etcd_compaction_steps_total",
-			Help: "Compaction steps by result: compacted (this replica compacted), other_replica (another replica compacted since this one last looked: standing by), recorded (first step: nothing old enough yet), failed.",
+			Help: "Compaction steps by result: compacted (this replica compacted), other_replica (another " +
+				"replica compacted since this one last looked: standing by), recorded (first step: nothing " +
+				"old enough yet), failed.",
 		}, []string{"result"}),
 		compacted: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "allocd_etcd_compacted_revision",
-			Help: "The etcd revision compacted last, by this replica or (as the compaction key says) another.",
+			Help: "The etcd revision compacted last, by this replica or (as the " +
+				"compaction key says) another.",
 		}),
 	}
 	for _, r := range []string{"compacted", "other_replica", "recorded", "failed"} {
@@ -58,15 +61,18 @@ func newMemberMetrics(reg prometheus.Registerer) (*memberMetrics, error) {
 	m := &memberMetrics{
 		size: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "allocd_etcd_db_size_bytes",
-			Help: "Size of the embedded etcd's database file: what its quota (--quota-backend-bytes) is checked against.",
+			Help: "Size of the embedded etcd's database file: what its quota (--quota-backend-bytes) is " +
+				"checked against.",
 		}),
 		inUse: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "allocd_etcd_db_size_in_use_bytes",
-			Help: "Part of the embedded etcd's database file in use; the rest is free pages that compaction left and defragmentation gives back.",
+			Help: "Part of the embedded etcd's database file in use; the rest is free pages that " +
+				"compaction left and defragmentation gives back.",
 		}),
 		quota: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "allocd_etcd_quota_backend_bytes",
-			Help: "The embedded etcd's quota: when its database file reaches it, etcd raises the NOSPACE alarm and refuses writes.",
+			Help: "The embedded etcd's quota: when its database file reaches it, etcd raises the NOSPACE " +
+				"alarm and refuses writes.",
 		}),
 		defrags: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allocd_etcd_defrags_total",
@@ -81,7 +87,8 @@ func newMemberMetrics(reg prometheus.Registerer) (*memberMetrics, error) {
 	for _, r := range []string{"done", "failed"} {
 		m.defrags.WithLabelValues(r)
 	}
-	if err := register(reg, "member metrics", m.size, m.inUse, m.quota, m.defrags, m.defragSeconds); err != nil {
+	if err := register(reg, "member metrics", m.size, m.inUse, m.quota, m.defrags,
+		m.defragSeconds); err != nil {
 		return nil, err
 	}
 	return m, nil

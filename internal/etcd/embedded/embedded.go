@@ -1,11 +1,3 @@
-// Package embedded starts a single-member etcd inside the allocd process: the
-// daemon's default when no --etcd-servers is given, and the etcd of every test
-// (through package etcdtest).
-//
-//	e, err := embedded.Start(ctx, embedded.Config{Dir: "/var/lib/allocd",
-//		ClientURL: "http://127.0.0.1:2379", PeerURL: "http://127.0.0.1:2380"})
-//	if err != nil { ... }
-//	defer e.Close()
 package embedded
 
 import (
@@ -93,7 +85,9 @@ func Start(ctx context.Context, c Config) (*embed.Etcd, error) {
 	}
 	cfg.LogLevel = c.LogLevel
 	if cfg.LogLevel == "" {
-		cfg.LogLevel = "panic" // etcd logs expected listener errors at "error" on every Close; real failures come back from StartEtcd and Err()
+		// etcd logs expected listener errors at "error" on every Close; real failures come
+		// back from StartEtcd and Err().
+		cfg.LogLevel = "panic"
 	}
 	// No metrics listener of etcd's own: allocd serves its metrics.
 	cfg.ListenMetricsUrls = nil

@@ -27,6 +27,7 @@ type BehindError struct {
 	Timeout     time.Duration
 }
 
+// Error names both revisions, and how long the watch was waited for.
 func (e *BehindError) Error() string {
 	if !e.Running {
 		return fmt.Sprintf("watch at revision %d, etcd at %d, and the watch is not running", e.Rev, e.Target)
@@ -184,7 +185,8 @@ func (p *Progress) Wait(ctx context.Context, target int64, timeout time.Duration
 // next after a pause that doubles from 100 ms up to maxBackoff, and starts again from
 // 100 ms after a session that lasted longer than maxBackoff. When ctx carries
 // Restarts (WithRestarts), a Fire ends the session and the next starts at once.
-func Loop(ctx context.Context, log *slog.Logger, what string, maxBackoff time.Duration, session func(ctx context.Context) error) {
+func Loop(ctx context.Context, log *slog.Logger, what string, maxBackoff time.Duration,
+	session func(ctx context.Context) error) {
 	const first = 100 * time.Millisecond
 	backoff := first
 	restarts, _ := ctx.Value(restartsKey{}).(*Restarts)
@@ -215,7 +217,8 @@ func Loop(ctx context.Context, log *slog.Logger, what string, maxBackoff time.Du
 
 // runSession runs session with a context that a Fire of restarts (if any) cancels,
 // and reports whether one did.
-func runSession(ctx context.Context, restarts *Restarts, session func(ctx context.Context) error) (bool, error) {
+func runSession(ctx context.Context, restarts *Restarts,
+	session func(ctx context.Context) error) (bool, error) {
 	if restarts == nil {
 		return false, session(ctx)
 	}

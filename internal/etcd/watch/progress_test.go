@@ -24,7 +24,8 @@ func TestProgressWait(t *testing.T) {
 	}
 	p.SetRunning(true)
 	start := time.Now()
-	if err := p.Wait(ctx, 6, 100*time.Millisecond); !errors.As(err, &be) || !be.Running || be.Rev != 5 || be.Target != 6 {
+	if err := p.Wait(ctx, 6, 100*time.Millisecond); !errors.As(err, &be) || !be.Running || be.Rev != 5 ||
+		be.Target != 6 {
 		t.Fatalf("Wait(6) with nothing advancing = %v; want a BehindError at 5 of 6 with Running true", err)
 	}
 	if d := time.Since(start); d < 100*time.Millisecond {

@@ -1,4 +1,3 @@
-// Package watch holds what the packages that watch etcd share.
 package watch
 
 import (

@@ -24,7 +24,8 @@ type floor struct {
 }
 
 var floors = []floor{
-	{1, "plumbing", []string{"internal/etcd", "internal/badrequest", "internal/loopback", "tlsfiles", "allocator/bitmap"}},
+	{1, "plumbing", []string{"internal/etcd", "internal/badrequest", "internal/loopback", "tlsfiles",
+		"allocator/bitmap"}},
 	{1, "API types", []string{"proto"}},
 	{2, "domain", []string{"allocator", "masterlease"}},
 	{3, "leadership", []string{"leader"}},
@@ -65,7 +66,8 @@ func violations(imports map[string][]string) []string {
 	for pkg, deps := range imports {
 		pf, ok := floorOf(pkg)
 		if !ok {
-			out = append(out, fmt.Sprintf("%s is on no floor of the house: give it one in layout_test.go", pkg))
+			out = append(out,
+				fmt.Sprintf("%s is on no floor of the house: give it one in layout_test.go", pkg))
 			continue
 		}
 		for _, dep := range deps {
@@ -78,10 +80,12 @@ func violations(imports map[string][]string) []string {
 			case df.name == "test harnesses" && pf.rank < 8:
 				out = append(out, fmt.Sprintf("%s (%s) imports the test harness %s", pkg, pf.name, dep))
 			case df.name == "API types" && pf.rank >= 2 && pf.rank <= 4:
-				out = append(out, fmt.Sprintf("%s (%s) imports the API types %s: convert in server/", pkg, pf.name, dep))
+				out = append(out,
+					fmt.Sprintf("%s (%s) imports the API types %s: convert in server/", pkg, pf.name, dep))
 			case df.rank >= pf.rank && pf.rank < 8:
-				out = append(out, fmt.Sprintf("%s (%s, floor %d) imports %s (%s, floor %d): an import that runs back up",
-					pkg, pf.name, pf.rank, dep, df.name, df.rank))
+				out = append(out,
+					fmt.Sprintf("%s (%s, floor %d) imports %s (%s, floor %d): an import that runs back up",
+						pkg, pf.name, pf.rank, dep, df.name, df.rank))
 			}
 		}
 	}
@@ -196,7 +200,8 @@ func TestNoBuildOutputsInGit(t *testing.T) {
 		t.Fatalf("git ls-files lists %d files; the listing is not what this test expects", len(files))
 	}
 	for _, f := range files {
-		if strings.Contains(f, "member/wal/") || strings.Contains(f, "member/snap/") || strings.HasSuffix(f, ".wal") {
+		if strings.Contains(f, "member/wal/") || strings.Contains(f, "member/snap/") ||
+			strings.HasSuffix(f, ".wal") {
 			t.Errorf("%s is etcd data; delete it from git (.gitignore keeps allocd-data/ out)", f)
 			continue
 		}

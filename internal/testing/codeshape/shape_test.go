@@ -26,7 +26,8 @@ func TestFunctionLength(t *testing.T) {
 		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") && path != root || d.Name() == "testdata") {
 			return filepath.SkipDir
 		}
-		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || strings.HasSuffix(path, ".pb.go") {
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") ||
+			strings.HasSuffix(path, ".pb.go") {
 			return nil
 		}
 		f, err := parser.ParseFile(fset, path, nil, 0)
@@ -40,7 +41,8 @@ func TestFunctionLength(t *testing.T) {
 				continue
 			}
 			if n := fset.Position(fd.End()).Line - fset.Position(fd.Pos()).Line + 1; n > maxFuncLines {
-				t.Errorf("%s: %s is %d lines long; at most %d outside tests", fset.Position(fd.Pos()), fd.Name.Name, n, maxFuncLines)
+				t.Errorf("%s: %s is %d lines long; at most %d outside tests", fset.Position(fd.Pos()),
+					fd.Name.Name, n, maxFuncLines)
 			}
 		}
 		return nil

@@ -1,13 +1,3 @@
-// Package devpki issues throwaway certificates with crypto/x509: a CA, server
-// certificates and client certificates with the identities allocd's example
-// authorization policies name (deploy/authz). Tests use it to run allocd with TLS on
-// loopback; `make certs` (mkcerts) writes a set for docker compose and for trying TLS
-// by hand. Never use its keys in production: they are written readable by anyone, so
-// that a container's non-root user can read them.
-//
-//	ca, err := devpki.NewCA("allocd test CA")
-//	if err != nil { ... }
-//	crt, key, err := ca.Issue(devpki.Leaf{URIs: []string{devpki.ShimIdentity + "apiserver-1"}, Client: true})
 package devpki
 
 import (
@@ -31,10 +21,14 @@ import (
 // allocd's server certificate, which it also presents when it forwards a call to
 // another replica), and the prefixes of the shims', operators' and admins'.
 const (
-	ReplicaIdentity  = "spiffe://allocd.local/replica"
-	ShimIdentity     = "spiffe://allocd.local/shim/"
+	// ReplicaIdentity is every replica's identity.
+	ReplicaIdentity = "spiffe://allocd.local/replica"
+	// ShimIdentity is the prefix of the shims' identities.
+	ShimIdentity = "spiffe://allocd.local/shim/"
+	// OperatorIdentity is the prefix of the operators' identities.
 	OperatorIdentity = "spiffe://allocd.local/operator/"
-	AdminIdentity    = "spiffe://allocd.local/admin/"
+	// AdminIdentity is the prefix of the admins' identities.
+	AdminIdentity = "spiffe://allocd.local/admin/"
 )
 
 // CA is a certificate authority.
@@ -68,7 +62,8 @@ func NewCA(name string) (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &CA{Cert: cert, key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
+	return &CA{Cert: cert, key: key,
+		PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
 }
 
 // KeyPEM returns the CA's private key in PEM (to issue more certificates later).

@@ -33,10 +33,11 @@ type claim struct {
 // claims names every marked block of README.md and docs/; a block that none claims
 // fails TestDocMarkers.
 var claims = map[string]claim{
-	"quick-tour":         {cli: true, norm: normalizeCLI, min: 6},  // README.md
-	"cli-tour":           {cli: true, norm: normalizeCLI, min: 30}, // docs/operators/cli-tour.md
-	"grpcurl-tour":       {cli: false, norm: normalize, min: 40},   // docs/operators/grpcurl-tour.md
-	"service-cidrs-tour": {cli: false, norm: normalize, min: 8},    // docs/operators/service-cidrs.md
+	"quick-tour":          {cli: true, norm: normalizeCLI, min: 6},  // README.md
+	"cli-tour":            {cli: true, norm: normalizeCLI, min: 30}, // docs/operators/cli-tour.md
+	"grpcurl-tour":        {cli: false, norm: normalize, min: 40},   // docs/operators/grpcurl-tour.md
+	"service-cidrs-tour":  {cli: false, norm: normalize, min: 8},    // docs/operators/service-cidrs.md
+	"endpointslices-tour": {cli: true, norm: normalizeCLI, min: 9},  // docs/shims/endpointslices.md
 }
 
 // docs reads every markdown file that the tests cover, by path relative to root.
@@ -47,7 +48,8 @@ func docs(t *testing.T) map[string]string {
 		t.Fatal(err)
 	}
 	if len(files) < 10 {
-		t.Fatalf("Files found %d markdown files (%q); the docs are not where this test expects", len(files), files)
+		t.Fatalf("Files found %d markdown files (%q); the docs are not where this test expects", len(files),
+			files)
 	}
 	texts := map[string]string{}
 	for _, f := range files {
@@ -108,7 +110,8 @@ func TestDocLinks(t *testing.T) {
 		seen := map[string]int{}
 		for _, h := range Headings(text) {
 			if first, ok := seen[Slug(h.Text)]; ok {
-				t.Errorf("%s:%d: heading %q again (line %d): headings are unique within a file", f, h.Line, h.Text, first)
+				t.Errorf("%s:%d: heading %q again (line %d): headings are unique within a file", f, h.Line,
+					h.Text, first)
 			}
 			seen[Slug(h.Text)] = h.Line
 		}
@@ -153,7 +156,8 @@ func TestDocTours(t *testing.T) {
 func runTour(t *testing.T, b Block, c claim, path []string) {
 	steps := Steps(b.Body)
 	if len(steps) < c.min {
-		t.Fatalf("%s:%d: %s has %d commands; want at least %d (the whole tour)", b.File, b.Line, b.Name, len(steps), c.min)
+		t.Fatalf("%s:%d: %s has %d commands; want at least %d (the whole tour)", b.File, b.Line, b.Name,
+			len(steps), c.min)
 	}
 	var d *daemon.Daemon
 	outputs := make([]string, len(steps))
@@ -168,7 +172,8 @@ func runTour(t *testing.T, b Block, c claim, path []string) {
 		outputs[i] = runStep(d, s.Cmd, path)
 		got, want := c.norm(outputs[i], s.Varies), c.norm(s.Want, s.Varies)
 		if got != want && os.Getenv("UPDATE_DOCS") == "" {
-			t.Errorf("%s (%s) step %d:\n$ %s\ngot:\n%s\nwant (as the doc says):\n%s", b.Name, b.File, i, s.Cmd, outputs[i], s.Want)
+			t.Errorf("%s (%s) step %d:\n$ %s\ngot:\n%s\nwant (as the doc says):\n%s", b.Name, b.File, i,
+				s.Cmd, outputs[i], s.Want)
 		}
 	}
 	if os.Getenv("UPDATE_DOCS") != "" {
@@ -197,7 +202,8 @@ func runStep(d *daemon.Daemon, cmd string, path []string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sh := exec.CommandContext(ctx, "bash", "-c", cmd)
-	sh.Env = append(os.Environ(), "PATH="+strings.Join(append(path, os.Getenv("PATH")), string(os.PathListSeparator)),
+	sh.Env = append(os.Environ(),
+		"PATH="+strings.Join(append(path, os.Getenv("PATH")), string(os.PathListSeparator)),
 		cli.ServerEnv+"="+d.GRPCAddr())
 	out, _ := sh.CombinedOutput()
 	// What allocd says of itself (the repair leader) is said of the doc's address.
@@ -274,10 +280,12 @@ func findGrpcurl(t *testing.T) string {
 }
 
 var (
-	volatile = regexp.MustCompile(`"(revision|createRevision|modRevision|leaseId|remainingTtlSeconds|allocateTime|startTime|duration|age|allocationRevision|snapshotRevision|leader|createTime|deleteTime)": ("[^"]*"|-?\d+)`)
-	ipv4     = regexp.MustCompile(`\b\d{1,3}(\.\d{1,3}){3}\b`)
-	ipv6     = regexp.MustCompile(`\b[0-9a-f]{1,4}(:[0-9a-f]{0,4}){2,7}\b`)
-	port     = regexp.MustCompile(`\b3[0-2]\d{3}\b`)
+	volatile = regexp.MustCompile(`"(revision|createRevision|modRevision|leaseId|remainingTtlSeconds|` +
+		`allocateTime|startTime|duration|age|allocationRevision|snapshotRevision|leader|createTime|` +
+		`deleteTime)": ("[^"]*"|-?\d+)`)
+	ipv4 = regexp.MustCompile(`\b\d{1,3}(\.\d{1,3}){3}\b`)
+	ipv6 = regexp.MustCompile(`\b[0-9a-f]{1,4}(:[0-9a-f]{0,4}){2,7}\b`)
+	port = regexp.MustCompile(`\b3[0-2]\d{3}\b`)
 )
 
 // normalize masks what changes from run to run in grpcurl's output: revisions, lease
@@ -297,8 +305,10 @@ var (
 	revision  = regexp.MustCompile(`(at revision|Revision:) +\d+`)
 	took      = regexp.MustCompile(`took [^:]+:`)
 	duration  = regexp.MustCompile(`\b\d+[smhdy](\d+[smh])?\b`)
-	yamlKey   = regexp.MustCompile(`(?m)^(\s*(?:- )?)(revision|createRevision|modRevision|leaseId|remainingTtlSeconds|allocateTime|startTime|duration|age|allocationRevision|createTime|deleteTime|leader): .*$`)
-	spaces    = regexp.MustCompile(` {2,}`)
+	yamlKey   = regexp.MustCompile(`(?m)^(\s*(?:- )?)(revision|createRevision|modRevision|leaseId|` +
+		`remainingTtlSeconds|allocateTime|startTime|duration|age|allocationRevision|createTime|deleteTime|` +
+		`leader): .*$`)
+	spaces = regexp.MustCompile(` {2,}`)
 )
 
 // normalizeCLI masks what normalize masks and what the allocd commands print that

@@ -86,7 +86,8 @@ func Slug(heading string) string {
 		switch {
 		case r == ' ':
 			b.WriteByte('-')
-		case r == '-' || unicode.IsLetter(r) || unicode.IsNumber(r) || unicode.IsMark(r) || unicode.Is(unicode.Pc, r):
+		case r == '-' || unicode.IsLetter(r) || unicode.IsNumber(r) || unicode.IsMark(r) ||
+			unicode.Is(unicode.Pc, r):
 			b.WriteRune(r)
 		}
 	}

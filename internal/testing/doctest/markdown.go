@@ -52,7 +52,8 @@ func Blocks(file, text string) ([]Block, []error) {
 		line := strings.Count(text[:m[0]], "\n") + 1
 		switch {
 		case kind == "begin" && open != nil:
-			errs = append(errs, fmt.Errorf("%s:%d: %s begins inside %s (line %d)", file, line, name, open.Name, open.Line))
+			errs = append(errs,
+				fmt.Errorf("%s:%d: %s begins inside %s (line %d)", file, line, name, open.Name, open.Line))
 		case kind == "begin":
 			open, start = &Block{Name: name, File: file, Line: line}, m[1]
 		case open == nil || open.Name != name:

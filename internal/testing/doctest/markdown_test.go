@@ -12,8 +12,10 @@ func TestSlug(t *testing.T) {
 	for _, tc := range []struct{ heading, want string }{
 		{"What it does", "what-it-does"},
 		{"Operator tour: the allocd command line", "operator-tour-the-allocd-command-line"},
-		{"Security: TLS, client certificates, authorization", "security-tls-client-certificates-authorization"},
-		{"Running for months: compaction, quota, defragmentation, NOSPACE", "running-for-months-compaction-quota-defragmentation-nospace"},
+		{"Security: TLS, client certificates, authorization",
+			"security-tls-client-certificates-authorization"},
+		{"Running for months: compaction, quota, defragmentation, NOSPACE",
+			"running-for-months-compaction-quota-defragmentation-nospace"},
 		{"`allocd get` and `-o json`", "allocd-get-and--o-json"},
 		{"The [Go client](go-client.md) for shims", "the-go-client-for-shims"},
 		{"Flags & errors", "flags--errors"},
@@ -74,7 +76,8 @@ func TestCheckLinks(t *testing.T) {
 		{"Makefile#all", "not markdown"},
 		{"../outside.md", "leaves the repository"},
 	} {
-		write("README.md", "# Local\n\nSee [it]("+tc.link+").\n\n`[code](gone.md)`\n\n```\n[fenced](gone.md)\n```\n")
+		write("README.md", "# Local\n\nSee [it]("+tc.link+").\n\n`[code](gone.md)`\n\n"+
+			"```\n[fenced](gone.md)\n```\n")
 		got := strings.Join(CheckLinks(root, []string{"README.md"}), "\n")
 		if tc.want == "" && got != "" || tc.want != "" && !strings.Contains(got, tc.want) {
 			t.Errorf("CheckLinks of a link to %s = %q; want %q", tc.link, got, tc.want)
@@ -91,7 +94,8 @@ func TestBlocks(t *testing.T) {
 	for _, b := range blocks {
 		names = append(names, b.Name)
 	}
-	if !reflect.DeepEqual(names, []string{"one", "two"}) || blocks[0].Body != "\nbody\n" || blocks[0].Line != 2 {
+	if !reflect.DeepEqual(names, []string{"one", "two"}) || blocks[0].Body != "\nbody\n" ||
+		blocks[0].Line != 2 {
 		t.Errorf("Blocks(%q) = %+v; want one (line 2, body \"\\nbody\\n\") and two", text, blocks)
 	}
 	var got []string
@@ -106,7 +110,8 @@ func TestBlocks(t *testing.T) {
 }
 
 func TestStepsAndRewrite(t *testing.T) {
-	body := "Intro.\n\n```console\n$ echo a\nold a\n$ echo b \\\n  c  # addresses vary\n$ true\n```\n\nText.\n\n" +
+	body := "Intro.\n\n```console\n$ echo a\nold a\n$ echo b \\\n  c  # addresses vary\n$ true\n```\n" +
+		"\nText.\n\n" +
 		"```console\n$ echo d\nold d\nold d 2\n```\n"
 	steps := Steps(body)
 	want := []Step{{Cmd: "echo a", Want: "old a\n"}, {Cmd: "echo b \\\n  c", Varies: true}, {Cmd: "true"},
@@ -118,7 +123,8 @@ func TestStepsAndRewrite(t *testing.T) {
 		t.Errorf("Rewrite with the same outputs = %q; want the body unchanged, %q", got, body)
 	}
 	got := Rewrite(body, []string{"new a", "b c\n", "", "new d\n"})
-	wantBody := "Intro.\n\n```console\n$ echo a\nnew a\n$ echo b \\\n  c  # addresses vary\nb c\n$ true\n```\n\nText.\n\n" +
+	wantBody := "Intro.\n\n```console\n$ echo a\nnew a\n$ echo b \\\n  c  # addresses vary\nb c\n$ true\n" +
+		"```\n\nText.\n\n" +
 		"```console\n$ echo d\nnew d\n```\n"
 	if got != wantBody {
 		t.Errorf("Rewrite = %q; want %q", got, wantBody)

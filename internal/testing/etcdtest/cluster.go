@@ -40,7 +40,7 @@ type member struct {
 	name, dir, clientURL, peerURL string
 	etcd                          *embed.Etcd   // nil while stopped
 	closed                        chan struct{} // closed when the last stop is over; nil before any
-	proc                          *process      // with BinaryEnv, instead of etcd; nil while stopped
+	proc                          *process      // with binaryEnv, instead of etcd; nil while stopped
 }
 
 // NewCluster starts size members (named m0, m1, ...) as one new cluster on free
@@ -80,7 +80,8 @@ func NewCluster(t testing.TB, size int) *Cluster {
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
 		// As allocd's own client: the errors of calls that reached no member say so.
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(call.NotSentInterceptor()), grpc.WithDisableRetry()},
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(call.NotSentInterceptor()),
+			grpc.WithDisableRetry()},
 	})
 	if err != nil {
 		t.Fatalf("etcd cluster client: %v", err)
@@ -94,7 +95,7 @@ func NewCluster(t testing.TB, size int) *Cluster {
 // waiting up to 10 s for them to have one that is running.
 func (c *Cluster) Leader() int {
 	c.t.Helper()
-	if Binary() != "" {
+	if binary() != "" {
 		return c.processLeader()
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -122,7 +123,7 @@ func (c *Cluster) Leader() int {
 // StopMember returns. Its listeners close in the background: new requests go to the
 // other members at once, but a client stream already open on it (a watch) stays
 // silent until etcd cuts it, after its request timeout (5.2 s here), and then resumes
-// on another member. With BinaryEnv the member's process is killed, which closes its
+// on another member. With binaryEnv the member's process is killed, which closes its
 // connections at once. Stopping a stopped member does nothing.
 func (c *Cluster) StopMember(i int) {
 	m := c.members[i]
@@ -162,7 +163,7 @@ func (c *Cluster) StartMember(i int) {
 // launch starts member i without waiting for it to be ready.
 func (c *Cluster) launch(i int) {
 	c.t.Helper()
-	if Binary() != "" {
+	if binary() != "" {
 		c.launchProcess(i)
 		return
 	}

@@ -29,7 +29,8 @@ func TestClusterLeaderCrash(t *testing.T) {
 	}
 	c.StartMember(old)
 	// The member that was down serves the write it missed.
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{c.Endpoints[old]}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{c.Endpoints[old]},
+		DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatalf("client of m%d: %v", old, err)
 	}

@@ -1,13 +1,3 @@
-// Package etcdtest starts a real etcd for tests: one embedded member on free loopback
-// ports in t.TempDir(), stopped by t.Cleanup. Every package's tests use it; nothing in
-// allocd mocks etcd. With ALLOCD_TEST_ETCD_BINARY (BinaryEnv) the members are processes
-// of that etcd binary instead: make etcd-matrix runs the tests against etcd 3.5 and 3.6.
-//
-//	func TestX(t *testing.T) {
-//		e := etcdtest.New(t)
-//		resp, err := e.Client.Put(ctx, "k", "v")
-//		...
-//	}
 package etcdtest
 
 import (
@@ -36,8 +26,8 @@ type Server struct {
 
 	t       testing.TB
 	cfg     embedded.Config
-	etcd    *embed.Etcd // the embedded member; nil while stopped or with BinaryEnv
-	proc    *process    // the member's process with BinaryEnv; nil while stopped
+	etcd    *embed.Etcd // the embedded member; nil while stopped or with binaryEnv
+	proc    *process    // the member's process with binaryEnv; nil while stopped
 	clients []*clientv3.Client
 }
 
@@ -80,7 +70,8 @@ func (s *Server) NewClient() *clientv3.Client {
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
 		// As allocd's own client: the errors of calls that reached no member say so.
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(call.NotSentInterceptor()), grpc.WithDisableRetry()},
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(call.NotSentInterceptor()),
+			grpc.WithDisableRetry()},
 	})
 	if err != nil {
 		s.t.Fatalf("etcd client: %v", err)
@@ -121,7 +112,7 @@ func (s *Server) start() {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if Binary() != "" {
+	if binary() != "" {
 		p, err := startProcess(ctx, s.cfg)
 		if err != nil {
 			s.t.Fatalf("start etcd: %v", err)

@@ -16,23 +16,23 @@ import (
 	"github.com/allocd/allocd/internal/etcd/embedded"
 )
 
-// BinaryEnv names the environment variable that runs etcdtest's members as processes of
+// binaryEnv names the environment variable that runs etcdtest's members as processes of
 // the etcd binary it names (an absolute path) instead of embedding go.mod's etcd in the
 // test: `make etcd-matrix` builds etcd 3.5 and 3.6 from the Go module proxy and runs
 // the tests of every package that uses etcdtest against each. Every New still gets a
 // member of its own (its keys, its revisions, its compactions) on free loopback ports,
 // and NewCluster a cluster of its own; Stop, Restart, StopMember kill a process (as a
 // crash would), Start and StartMember start it again on its data.
-const BinaryEnv = "ALLOCD_TEST_ETCD_BINARY"
+const binaryEnv = "ALLOCD_TEST_ETCD_BINARY"
 
-// Binary is the etcd binary that BinaryEnv names; "" when members are embedded.
-func Binary() string { return os.Getenv(BinaryEnv) }
+// binary is the etcd binary that binaryEnv names; "" when members are embedded.
+func binary() string { return os.Getenv(binaryEnv) }
 
-// logProcess says in the test's log, with BinaryEnv, that the etcd at endpoints is a
-// process of Binary(): make etcd-matrix counts the tests that say it.
+// logProcess says in the test's log, with binaryEnv, that the etcd at endpoints is a
+// process of binary(): make etcd-matrix counts the tests that say it.
 func logProcess(t testing.TB, endpoints string) {
 	t.Helper()
-	if bin := Binary(); bin != "" {
+	if bin := binary(); bin != "" {
 		t.Logf("etcdtest: etcd %s is a process of %s", endpoints, bin)
 	}
 }
@@ -77,7 +77,7 @@ func processArgs(c embedded.Config) []string {
 	return args
 }
 
-// startProcess starts a member of Binary() with c's configuration and returns once it
+// startProcess starts a member of binary() with c's configuration and returns once it
 // answers /health, or with an error that quotes the end of its log.
 func startProcess(ctx context.Context, c embedded.Config) (*process, error) {
 	p, err := launchProcess(c)
@@ -91,13 +91,14 @@ func startProcess(ctx context.Context, c embedded.Config) (*process, error) {
 	return p, nil
 }
 
-// launchProcess starts a member of Binary() with c's configuration, its output
+// launchProcess starts a member of binary() with c's configuration, its output
 // appended to c.Dir's sibling file "<dir>.etcd.log", without waiting for it to serve
 // (the members of a new cluster serve once enough of them run).
 func launchProcess(c embedded.Config) (*process, error) {
-	bin := Binary()
+	bin := binary()
 	if !filepath.IsAbs(bin) {
-		return nil, fmt.Errorf("%s=%s: want an absolute path (go test runs each package's tests in the package's directory)", BinaryEnv, bin)
+		return nil, fmt.Errorf("%s=%s: want an absolute path (go test runs each package's tests in the "+
+			"package's directory)", binaryEnv, bin)
 	}
 	p := &process{log: strings.TrimSuffix(c.Dir, "/") + ".etcd.log", done: make(chan struct{})}
 	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
@@ -165,12 +166,13 @@ func (p *process) logTail() string {
 	return string(b)
 }
 
-// launchProcess starts member i of the cluster as a process of Binary(), without
+// launchProcess starts member i of the cluster as a process of binary(), without
 // waiting for it to be ready.
 func (c *Cluster) launchProcess(i int) {
 	c.t.Helper()
 	m := c.members[i]
-	p, err := launchProcess(embedded.Config{Name: m.name, Dir: m.dir, ClientURL: m.clientURL, PeerURL: m.peerURL,
+	p, err := launchProcess(embedded.Config{Name: m.name, Dir: m.dir, ClientURL: m.clientURL,
+		PeerURL:        m.peerURL,
 		InitialCluster: c.initial, ClusterToken: c.token, UnsafeNoFsync: true, TickMs: 10, ElectionMs: 100})
 	if err != nil {
 		c.t.Fatalf("start etcd member %s: %v", m.name, err)

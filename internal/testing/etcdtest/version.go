@@ -7,7 +7,7 @@ import (
 )
 
 // Version is the etcd server version the member reports (its Status): go.mod's etcd
-// when embedded, the binary's with BinaryEnv.
+// when embedded, the binary's with binaryEnv.
 func (s *Server) Version() string {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

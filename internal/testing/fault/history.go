@@ -113,6 +113,21 @@ type violation string
 // check runs every check over the history and the final state (item → owner uid) and
 // returns the violations found.
 func (h *history) check(final map[string]string) []violation {
+	c := h.checker()
+	var out []violation
+	for owner, os := range c.byOwner {
+		out = append(out, c.owner(owner, os, final)...)
+	}
+	out = append(out, c.definite(final)...)
+	out = append(out, c.twoHolders()...)
+	v, _ := c.afterFullRelease(final)
+	out = append(out, v...)
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// checker returns a checker of the operations recorded so far.
+func (h *history) checker() *checker {
 	h.mu.Lock()
 	c := &checker{ops: slices.Clone(h.ops), byOwner: map[string][]op{}}
 	h.mu.Unlock()
@@ -121,14 +136,7 @@ func (h *history) check(final map[string]string) []violation {
 			c.byOwner[o.owner] = append(c.byOwner[o.owner], o)
 		}
 	}
-	var out []violation
-	for owner, os := range c.byOwner {
-		out = append(out, c.owner(owner, os, final)...)
-	}
-	out = append(out, c.definite(final)...)
-	out = append(out, c.twoHolders()...)
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
+	return c
 }
 
 // checker holds a history's operations for the checks, by owner too.
@@ -188,14 +196,16 @@ func (c *checker) owner(owner string, os []op, final map[string]string) []violat
 		case cur == nil, slices.Equal(o.items, cur.items), c.releasedAny(owner, cur.items, cur.start, o.end):
 			cur = o
 		default:
-			out = append(out, violation(fmt.Sprintf("owner %s: an Allocate (%v-%v) got %v; %v was acknowledged at %v and never released",
+			out = append(out, violation(fmt.Sprintf(
+				"owner %s: an Allocate (%v-%v) got %v; %v was acknowledged at %v and never released",
 				owner, o.start, o.end, o.items, cur.items, cur.end)))
 		}
 	}
 	if cur != nil {
 		for _, it := range cur.items {
 			if final[it] != owner && !c.released(owner, it, cur.start, forever) {
-				out = append(out, violation(fmt.Sprintf("owner %s: %s acknowledged at %v, held by %q at the end, never released", owner, it, cur.end, final[it])))
+				out = append(out, violation(fmt.Sprintf("owner %s: %s acknowledged at %v, held by %q at "+
+					"the end, never released", owner, it, cur.end, final[it])))
 			}
 		}
 	}
@@ -218,10 +228,56 @@ func (c *checker) definite(final map[string]string) []violation {
 			}
 		}
 		if !possible {
-			out = append(out, violation(fmt.Sprintf("%s held by %s, whose every Allocate failed definitely", it, owner)))
+			out = append(out,
+				violation(fmt.Sprintf("%s held by %s, whose every Allocate failed definitely", it, owner)))
 		}
 	}
 	return out
+}
+
+// afterFullRelease finds items held at the end by an owner after its last acknowledged
+// full release (a Release naming nothing) when no Allocate of that owner may have taken
+// effect after the release began: none ended after it began with an outcome other than
+// a definite failure. An Allocate whose outcome was unknown and that ended before the
+// release began must not land after it (allocd's owner tombstones and epoch fence). It
+// also returns how many owners' full releases it checked.
+func (c *checker) afterFullRelease(final map[string]string) ([]violation, int) {
+	held := map[string][]string{}
+	for it, owner := range final {
+		held[owner] = append(held[owner], it)
+	}
+	var out []violation
+	checked := 0
+	for owner, os := range c.byOwner {
+		var last *op
+		for i := range os {
+			o := &os[i]
+			if o.kind == opRelease && len(o.items) == 0 && o.outcome == ok &&
+				(last == nil || o.end > last.end) {
+				last = o
+			}
+		}
+		if last == nil {
+			continue
+		}
+		checked++
+		if len(held[owner]) == 0 {
+			continue
+		}
+		later := false
+		for _, o := range os {
+			if (o.kind == opAllocate || o.kind == opRetry) && o.outcome != definite && o.end > last.start {
+				later = true
+			}
+		}
+		if !later {
+			slices.Sort(held[owner])
+			out = append(out, violation(fmt.Sprintf("owner %s: holds %v at the end, after its full release "+
+				"acknowledged at %v-%v, with no Allocate after it began",
+				owner, held[owner], last.start, last.end)))
+		}
+	}
+	return out, checked
 }
 
 // twoHolders finds two owners at once: B's Allocate of an item started after A's was
@@ -249,7 +305,8 @@ func (c *checker) twoHolders() []violation {
 				if debugLinear && len(out) == 0 {
 					c.dump(a.owner, b.owner, it)
 				}
-				out = append(out, violation(fmt.Sprintf("%s: held by %s (acknowledged at %v) and given to %s (%v-%v) with no release in between",
+				out = append(out, violation(fmt.Sprintf(
+					"%s: held by %s (acknowledged at %v) and given to %s (%v-%v) with no release in between",
 					it, a.owner, a.end, b.owner, b.start, b.end)))
 			}
 		}
@@ -261,7 +318,8 @@ func (c *checker) twoHolders() []violation {
 func (c *checker) dump(a, b, item string) {
 	for _, o := range c.ops {
 		if o.owner == a || o.owner == b || o.kind == opForce && slices.Contains(o.items, item) {
-			fmt.Printf("DEBUG %s %s %v %v-%v %s %s\n", o.kind, o.owner, o.items, o.start, o.end, o.outcome, o.err)
+			fmt.Printf("DEBUG %s %s %v %v-%v %s %s\n", o.kind, o.owner, o.items, o.start, o.end, o.outcome,
+				o.err)
 		}
 	}
 }
@@ -378,12 +436,14 @@ func (h *history) stalls(ws []window, replicas int) string {
 	by := map[string]*agg{}
 	var kinds []string
 	for _, w := range ws {
-		firstOK := make([]time.Duration, replicas) // per replica, the end of its first ok Allocate begun after w.start
+		// Per replica, the end of its first ok Allocate begun after w.start.
+		firstOK := make([]time.Duration, replicas)
 		for i := range firstOK {
 			firstOK[i] = -1
 		}
 		for _, o := range ops {
-			if (o.kind != opAllocate && o.kind != opRetry) || o.outcome != ok || o.start < w.start || o.replica < 0 || o.replica >= replicas {
+			if (o.kind != opAllocate && o.kind != opRetry) || o.outcome != ok || o.start < w.start ||
+				o.replica < 0 || o.replica >= replicas {
 				continue
 			}
 			if d := o.end - w.start; firstOK[o.replica] < 0 || d < firstOK[o.replica] {
@@ -392,7 +452,8 @@ func (h *history) stalls(ws []window, replicas int) string {
 		}
 		first, all, complete := time.Duration(-1), time.Duration(0), true
 		for i, d := range firstOK {
-			if strings.Contains(w.name, fmt.Sprintf("allocd-%d ", i)) || strings.HasSuffix(w.name, fmt.Sprintf("allocd-%d", i)) {
+			if strings.Contains(w.name, fmt.Sprintf("allocd-%d ", i)) ||
+				strings.HasSuffix(w.name, fmt.Sprintf("allocd-%d", i)) {
 				continue // the replica the fault hit: killed, or cut off from etcd by design
 			}
 			if d < 0 {
@@ -431,11 +492,14 @@ func (h *history) stalls(ws []window, replicas int) string {
 	}
 	sort.Strings(kinds)
 	var b strings.Builder
-	b.WriteString("time from each fault's start to an ok Allocate begun after it (p50 / max over the faults of a kind):\n")
+	b.WriteString("time from each fault's start to an ok Allocate begun after it (p50 / max over the " +
+		"faults of a kind):\n")
 	for _, k := range kinds {
 		a := by[k]
-		fmt.Fprintf(&b, "  %-34s %3d faults  any replica %s  every replica %s  unknown outcomes %d of %d calls during them (%.1f %%)\n",
-			k, max(len(a.first), len(a.all)), pmax(a.first), pmax(a.all), a.unknown, a.calls, 100*float64(a.unknown)/float64(max(a.calls, 1)))
+		fmt.Fprintf(&b, "  %-34s %3d faults  any replica %s  every replica %s  unknown outcomes %d of %d "+
+			"calls during them (%.1f %%)\n",
+			k, max(len(a.first), len(a.all)), pmax(a.first), pmax(a.all), a.unknown, a.calls,
+			100*float64(a.unknown)/float64(max(a.calls, 1)))
 	}
 	return b.String()
 }
@@ -455,7 +519,8 @@ func (h *history) explain(ops []op, w window, firstOK []time.Duration) {
 	for i, d := range firstOK {
 		errs := map[string]int{}
 		for _, o := range ops {
-			if o.replica == i && (o.kind == opAllocate || o.kind == opRetry) && o.outcome != ok && o.start >= w.start && (d < 0 || o.start < w.start+d) {
+			if o.replica == i && (o.kind == opAllocate || o.kind == opRetry) && o.outcome != ok &&
+				o.start >= w.start && (d < 0 || o.start < w.start+d) {
 				e := o.err
 				if len(e) > 90 {
 					e = e[:90]
@@ -463,6 +528,7 @@ func (h *history) explain(ops []op, w window, firstOK []time.Duration) {
 				errs[e]++
 			}
 		}
-		fmt.Printf("%-34s replica %d first ok after %v; errors before: %v\n", w.name, i, d.Round(10*time.Millisecond), errs)
+		fmt.Printf("%-34s replica %d first ok after %v; errors before: %v\n", w.name, i,
+			d.Round(10*time.Millisecond), errs)
 	}
 }

@@ -39,7 +39,8 @@ func (l *leases) run(ctx context.Context, h *history, clients []*client.Client) 
 			rep := r.IntN(len(clients))
 			cctx, cancel := context.WithTimeout(ctx, leaseTTL/3)
 			o := h.record(op{kind: opRenew, owner: ip, replica: rep}, func() ([]string, error) {
-				_, err := clients[rep].Renew(cctx, &allocdv1.RenewRequest{Ip: ip, TtlSeconds: int64(leaseTTL / time.Second)})
+				_, err := clients[rep].Renew(cctx,
+					&allocdv1.RenewRequest{Ip: ip, TtlSeconds: int64(leaseTTL / time.Second)})
 				return nil, err
 			})
 			cancel()
@@ -106,8 +107,10 @@ func (l *leases) check(faults []window) (out []violation, lists int) {
 	for _, ls := range l.lists {
 		for _, ip := range l.renewed {
 			for _, r := range l.renews {
-				if r.owner == ip && r.outcome == ok && r.end < ls.start && ls.end < r.start+leaseTTL-time.Second && !slices.Contains(ls.ips, ip) {
-					out = append(out, violation(fmt.Sprintf("master lease %s missing from a list at %v-%v, renewed at %v-%v with TTL %v",
+				if r.owner == ip && r.outcome == ok && r.end < ls.start &&
+					ls.end < r.start+leaseTTL-time.Second && !slices.Contains(ls.ips, ip) {
+					out = append(out, violation(fmt.Sprintf(
+						"master lease %s missing from a list at %v-%v, renewed at %v-%v with TTL %v",
 						ip, ls.start, ls.end, r.start, r.end, leaseTTL)))
 					break
 				}
@@ -128,7 +131,8 @@ func (l *leases) check(faults []window) (out []violation, lists int) {
 		}
 		for _, ls := range l.lists {
 			if ls.start > from+leaseTTL+2*time.Second && slices.Contains(ls.ips, l.abandoned) {
-				out = append(out, violation(fmt.Sprintf("master lease %s, last renewed at %v, still listed at %v", l.abandoned, last, ls.start)))
+				out = append(out, violation(fmt.Sprintf(
+					"master lease %s, last renewed at %v, still listed at %v", l.abandoned, last, ls.start)))
 			}
 		}
 	}

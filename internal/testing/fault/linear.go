@@ -85,7 +85,8 @@ var debugLinear = os.Getenv("ALLOCD_FAULT_DEBUG") != ""
 // linearizable checks every item's register and returns the items whose history no
 // order explains, and how many items the checker could not decide within the time
 // given to each (or at all, once total has passed).
-func (h *history) linearizable(final map[string]string, perItem, total time.Duration) (illegal []string, undecided, checked int) {
+func (h *history) linearizable(final map[string]string, perItem,
+	total time.Duration) (illegal []string, undecided, checked int) {
 	began := time.Now()
 	h.mu.Lock()
 	ops := slices.Clone(h.ops)
@@ -100,7 +101,8 @@ func (h *history) linearizable(final map[string]string, perItem, total time.Dura
 	for _, it := range items {
 		hist := registerHistory(ops, it, related[it])
 		last := int64(h.now())
-		hist = append(hist, porcupine.Operation{ClientId: 0, Input: regOp{kind: "read", owner: final[it]}, Call: last, Return: last})
+		hist = append(hist, porcupine.Operation{ClientId: 0, Input: regOp{kind: "read", owner: final[it]},
+			Call: last, Return: last})
 		checked++
 		if time.Since(began) > total {
 			undecided++
@@ -112,7 +114,8 @@ func (h *history) linearizable(final map[string]string, perItem, total time.Dura
 			if debugLinear && len(illegal) == 1 {
 				sort.Slice(hist, func(i, j int) bool { return hist[i].Call < hist[j].Call })
 				for _, o := range hist {
-					fmt.Printf("%s %v %v-%v\n", it, o.Input, time.Duration(o.Call), time.Duration(min(o.Return, int64(time.Hour))))
+					fmt.Printf("%s %v %v-%v\n", it, o.Input, time.Duration(o.Call),
+						time.Duration(min(o.Return, int64(time.Hour))))
 				}
 			}
 		case porcupine.Unknown:
@@ -167,7 +170,8 @@ func registerHistory(ops []op, it string, owners map[string]bool) []porcupine.Op
 		if unknownEnd {
 			ret = int64(math.MaxInt64)
 		}
-		hist = append(hist, porcupine.Operation{ClientId: o.replica, Input: r, Call: int64(o.start), Return: ret})
+		hist = append(hist,
+			porcupine.Operation{ClientId: o.replica, Input: r, Call: int64(o.start), Return: ret})
 	}
 	for _, o := range ops {
 		switch o.kind {

@@ -26,8 +26,9 @@ type pods struct {
 	h    *history
 }
 
-var webService = &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web", ClusterIps: []string{"None"},
-	Selector: &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
+var webService = &allocdv1.Service{Namespace: "shop", Name: "web", Uid: "uid-web",
+	ClusterIps: []string{"None"},
+	Selector:   &allocdv1.Selector{MatchLabels: map[string]string{"app": "web"}},
 	Ports: []*allocdv1.ServicePortSpec{{Name: "http", Port: 80,
 		TargetPort: &allocdv1.TargetPort{Value: &allocdv1.TargetPort_IntValue{IntValue: 8080}}}}}
 
@@ -42,7 +43,7 @@ func newPods() *pods {
 func webPod(i int, ready bool, rev int64) *allocdv1.Pod {
 	return &allocdv1.Pod{Namespace: "shop", Name: fmt.Sprintf("web-%d", i), Uid: fmt.Sprintf("uid-web-%d", i),
 		ResourceVersion: fmt.Sprint(rev), Labels: map[string]string{"app": "web"},
-		PodIps: []string{fmt.Sprintf("10.244.0.%d", i+1)}, Phase: "Running", Ready: ready}
+		PodIps: []string{fmt.Sprintf("10.244.0.%d", i+1)}, Phase: "Running", Ready: ready, NodeName: "node-a"}
 }
 
 func (p *pods) ListServices() ([]*allocdv1.Service, int64, error) {
@@ -61,25 +62,28 @@ func (p *pods) ListPods() ([]*allocdv1.Pod, int64, error) {
 	return out, p.rev, nil
 }
 
-// ListNodes lists no Node: the Pods name none.
+// ListNodes lists the one Node the Pods run on.
 func (p *pods) ListNodes() ([]*allocdv1.Node, int64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return nil, p.rev, nil
+	return []*allocdv1.Node{{Name: "node-a", Ready: true,
+		Labels: map[string]string{"topology.kubernetes.io/zone": "zone-a"}}}, p.rev, nil
 }
 
 // run flips Pods until events ends, feeds them until ctx ends, and counts the DELETED
 // events of shop/web on a watch from another replica (there must be none: the Service
 // never goes away).
 func (p *pods) run(events, ctx context.Context, feed, watch *client.Client, deleted *atomic.Int64) {
-	f := client.NewFeeder(feed, p, client.WithHeartbeat(200*time.Millisecond), client.WithPushTimeout(5*time.Second), client.WithFeedErrors(func(err error) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if len(p.errs) == 20 {
-			p.errs = p.errs[1:]
-		}
-		p.errs = append(p.errs, fmt.Sprintf("%v: %v", p.h.now().Round(time.Millisecond), err))
-	}))
+	f := client.NewFeeder(feed, p, client.WithHeartbeat(200*time.Millisecond),
+		client.WithPushTimeout(5*time.Second),
+		client.WithFeedErrors(func(err error) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if len(p.errs) == 20 {
+				p.errs = p.errs[1:]
+			}
+			p.errs = append(p.errs, fmt.Sprintf("%v: %v", p.h.now().Round(time.Millisecond), err))
+		}))
 	go f.Run(ctx)
 	go func() {
 		for ctx.Err() == nil {

@@ -48,7 +48,8 @@ func faultKinds(t *testing.T) []int {
 	for _, name := range strings.Split(v, ",") {
 		i := slices.Index(faultNames, strings.TrimSpace(name))
 		if i < 0 {
-			t.Fatalf("ALLOCD_FAULT_KINDS: unknown kind %q; kinds are %s", name, strings.Join(faultNames, ", "))
+			t.Fatalf("ALLOCD_FAULT_KINDS: unknown kind %q; kinds are %s", name,
+				strings.Join(faultNames, ", "))
 		}
 		out = append(out, i)
 	}
@@ -106,6 +107,14 @@ func TestFaultSuite(t *testing.T) {
 			worker(ctx, h, clients, w, &seq)
 		}()
 	}
+	var races atomic.Int64
+	for w := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			racer(ctx, h, clients, w, &seq, &races)
+		}()
+	}
 	ls := &leases{renewed: []string{"192.0.2.1", "192.0.2.2"}, abandoned: "192.0.2.9"}
 	wg.Add(1)
 	go func() {
@@ -149,6 +158,10 @@ func TestFaultSuite(t *testing.T) {
 		return true
 	})
 	viol := h.check(final)
+	_, fullReleases := h.checker().afterFullRelease(final)
+	t.Logf("full releases checked (nothing held after an acknowledged full release with no later "+
+		"Allocate): %d owners; named Releases raced against Allocates of the same address: %d rounds",
+		fullReleases, races.Load())
 	converged := false
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -161,7 +174,8 @@ func TestFaultSuite(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	if !converged {
-		viol = append(viol, "shop/web's Endpoints did not converge on the last Pod states within 60 s of the end")
+		viol = append(viol,
+			"shop/web's Endpoints did not converge on the last Pod states within 60 s of the end")
 		pf.mu.Lock()
 		t.Logf("the Feeder's last errors:\n%s", strings.Join(pf.errs, "\n"))
 		pf.mu.Unlock()
@@ -173,22 +187,28 @@ func TestFaultSuite(t *testing.T) {
 		}
 	}
 	if n := epDeleted.Load(); n > 0 {
-		viol = append(viol, violation(fmt.Sprintf("shop/web's Endpoints were deleted %d times; its Service never was", n)))
+		viol = append(viol,
+			violation(fmt.Sprintf("shop/web's Endpoints were deleted %d times; its Service never was", n)))
 	}
-	t.Logf("Pod events: %d readiness flips fed; Endpoints converged: %v; deleted: %d", pf.sent.Load(), converged, epDeleted.Load())
+	t.Logf("Pod events: %d readiness flips fed; Endpoints converged: %v; deleted: %d", pf.sent.Load(),
+		converged, epDeleted.Load())
 	lv, nlists := ls.check(faults)
 	viol = append(viol, lv...)
-	t.Logf("master leases: %d renewed every TTL/3 (TTL %v), 1 abandoned; %d lists checked, %d violations", len(ls.renewed), leaseTTL, nlists, len(lv))
+	t.Logf("master leases: %d renewed every TTL/3 (TTL %v), 1 abandoned; %d lists checked, %d violations",
+		len(ls.renewed), leaseTTL, nlists, len(lv))
 	lstart := time.Now()
 	illegal, undecided, checked := h.linearizable(final, 2*time.Second, time.Minute)
 	for _, it := range illegal {
-		viol = append(viol, violation(fmt.Sprintf("%s: no linearization of its allocation register explains the history", it)))
+		viol = append(viol, violation(
+			fmt.Sprintf("%s: no linearization of its allocation register explains the history", it)))
 	}
-	t.Logf("porcupine: %d item registers checked in %v, %d not linearizable, %d undecided (2 s each, 1 min in all)",
+	t.Logf("porcupine: %d item registers checked in %v, %d not linearizable, %d undecided "+
+		"(2 s each, 1 min in all)",
 		checked, time.Since(lstart).Round(time.Millisecond), len(illegal), undecided)
 	t.Logf("ran %v: %d faults\n%s", dur, len(faults), h.summary(faults))
 	for _, f := range faults {
-		t.Logf("fault %-28s %8v - %8v", f.name, f.start.Round(time.Millisecond), f.end.Round(time.Millisecond))
+		t.Logf("fault %-28s %8v - %8v", f.name, f.start.Round(time.Millisecond),
+			f.end.Round(time.Millisecond))
 	}
 	t.Logf("recovery after each fault (first ok operation after it ended): %s", pcts(recoveries))
 	t.Logf("etcd election timeout %d ms; %s", electionMs(), h.stalls(faults, len(tp.grpc)))
@@ -236,7 +256,9 @@ func worker(ctx context.Context, h *history, clients []*client.Client, w int, se
 			case 2: // a specific node port, no address
 				req.NoClusterIp, req.NodePorts = true, []int32{int32(30000 + r.IntN(200))}
 			}
-			o := h.record(op{kind: opAllocate, owner: uid, replica: rep, items: itemsOf(req.ClusterIps, req.NodePorts)}, func() ([]string, error) {
+			asked := op{kind: opAllocate, owner: uid, replica: rep,
+				items: itemsOf(req.ClusterIps, req.NodePorts)}
+			o := h.record(asked, func() ([]string, error) {
 				resp, err := c.Allocate(cctx, req)
 				return itemsOf(resp.GetClusterIps(), resp.GetNodePorts()), err
 			})
@@ -259,22 +281,25 @@ func worker(ctx context.Context, h *history, clients []*client.Client, w int, se
 				cancel()
 				continue
 			}
-			req := &allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Namespace: "fault", Name: hd.uid, Uid: hd.uid}}
+			req := &allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Namespace: "fault", Name: hd.uid,
+				Uid: hd.uid}}
 			if ip, err := netip.ParseAddr(it[0]); err == nil {
 				req.ClusterIps = []string{ip.String()}
 			} else {
 				p, _ := strconv.Atoi(strings.TrimPrefix(it[0], "port/"))
 				req.NodePorts = []int32{int32(p)}
 			}
-			h.record(op{kind: opRelease, owner: hd.uid, replica: rep, items: it[:1]}, func() ([]string, error) {
-				_, err := c.Release(cctx, req)
-				return nil, err
-			})
+			h.record(op{kind: opRelease, owner: hd.uid, replica: rep, items: it[:1]},
+				func() ([]string, error) {
+					_, err := c.Release(cctx, req)
+					return nil, err
+				})
 		case x < 95: // release an owner of this worker, all of it
 			i := r.IntN(len(mine))
 			hd := mine[i]
 			o := h.record(op{kind: opRelease, owner: hd.uid, replica: rep}, func() ([]string, error) {
-				_, err := c.Release(cctx, &allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Namespace: "fault", Name: hd.uid, Uid: hd.uid}})
+				_, err := c.Release(cctx, &allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Namespace: "fault",
+					Name: hd.uid, Uid: hd.uid}})
 				return nil, err
 			})
 			if o.outcome == ok {
@@ -282,12 +307,65 @@ func worker(ctx context.Context, h *history, clients []*client.Client, w int, se
 			}
 		default: // force-release any address
 			ip := netip.AddrFrom4([4]byte{10, 0, 0, byte(2 + r.IntN(125))}).String()
-			h.record(op{kind: opForce, owner: "", replica: rep, items: []string{ip}}, func() ([]string, error) {
-				_, err := c.Release(cctx, &allocdv1.ReleaseRequest{ClusterIps: []string{ip}, Force: true})
-				return nil, err
-			})
+			h.record(op{kind: opForce, owner: "", replica: rep, items: []string{ip}},
+				func() ([]string, error) {
+					_, err := c.Release(cctx, &allocdv1.ReleaseRequest{ClusterIps: []string{ip}, Force: true})
+					return nil, err
+				})
 		}
 		cancel()
+	}
+}
+
+// racers is how many goroutines run racer.
+const racers = 4
+
+// racer races, until ctx ends, Releases of a named address against Allocates of the
+// same address: an owner allocates one of a few hot addresses; then at once, on three
+// replicas picked at random, the owner releases it by name twice and a new owner asks
+// for it (and releases everything it got). A Release that deleted the address without
+// comparing the revision it read could free the new owner's allocation.
+func racer(ctx context.Context, h *history, clients []*client.Client, w int, seq, rounds *atomic.Int64) {
+	r := rand.New(rand.NewPCG(uint64(100+w), uint64(time.Now().UnixNano())))
+	newOwner := func() string { return "r" + strconv.Itoa(w) + "-" + strconv.FormatInt(seq.Add(1), 10) }
+	alloc := func(c *client.Client, uid, ip string) op {
+		req := &allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "fault", Name: uid, Uid: uid},
+			ClusterIps: []string{ip}}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		return h.record(op{kind: opAllocate, owner: uid, items: []string{ip}}, func() ([]string, error) {
+			resp, err := c.Allocate(cctx, req)
+			return itemsOf(resp.GetClusterIps(), resp.GetNodePorts()), err
+		})
+	}
+	release := func(c *client.Client, uid string, items []string) op {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		return h.record(op{kind: opRelease, owner: uid, items: items}, func() ([]string, error) {
+			owner := &allocdv1.Owner{Namespace: "fault", Name: uid, Uid: uid}
+			_, err := c.Release(cctx, &allocdv1.ReleaseRequest{Owner: owner, ClusterIps: items})
+			return nil, err
+		})
+	}
+	for ctx.Err() == nil {
+		ip := netip.AddrFrom4([4]byte{10, 0, 0, byte(120 + r.IntN(6))}).String()
+		a := newOwner()
+		if o := alloc(clients[r.IntN(len(clients))], a, ip); o.outcome != ok {
+			continue
+		}
+		rounds.Add(1)
+		b := newOwner()
+		pick := func() *client.Client { return clients[r.IntN(len(clients))] }
+		c1, c2, c3, c4 := pick(), pick(), pick(), pick()
+		var wg sync.WaitGroup
+		wg.Go(func() { release(c1, a, []string{ip}) })
+		wg.Go(func() { release(c2, a, []string{ip}) })
+		wg.Go(func() {
+			if o := alloc(c3, b, ip); o.outcome != definite {
+				release(c4, b, nil)
+			}
+		})
+		wg.Wait()
 	}
 }
 

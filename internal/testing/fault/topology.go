@@ -1,9 +1,3 @@
-// Package fault runs allocd the way it is deployed, on loopback, and breaks it: a
-// 3-member etcd cluster and 3 allocd replicas, each a process of its own (etcd members
-// through cmd etcdmember, allocd through its binary), every allocd reaching every etcd
-// member through a proxy (etcd's pkg/proxy) that can delay, hold (a partition) and reset.
-// TestFaultSuite drives clients against it while faults are injected on a schedule and
-// checks the recorded history and the final state in etcd.
 package fault
 
 import (
@@ -108,7 +102,8 @@ func build(t testing.TB, dir string) (allocd, member string) {
 		t.Fatal(err)
 	}
 	allocd, member = filepath.Join(dir, "allocd"), filepath.Join(dir, "etcdmember")
-	for bin, pkg := range map[string]string{allocd: "./cmd/allocd", member: "./internal/testing/fault/etcdmember"} {
+	for bin, pkg := range map[string]string{allocd: "./cmd/allocd",
+		member: "./internal/testing/fault/etcdmember"} {
 		cmd := exec.Command("go", "build", "-o", bin, pkg)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -150,10 +145,14 @@ func startTopology(t testing.TB, ranges, ports string) *topology {
 	}
 	token := fmt.Sprintf("fault-%d", time.Now().UnixNano())
 	for i := range n {
-		p := &proc{name: fmt.Sprintf("etcd-m%d", i), bin: memberBin, logPath: filepath.Join(dir, fmt.Sprintf("etcd-m%d.log", i)),
-			args: []string{"-name", fmt.Sprintf("m%d", i), "-data-dir", filepath.Join(dir, fmt.Sprintf("m%d", i)),
-				"-client-url", tp.etcdURL[i], "-peer-url", peers[i], "-initial-cluster", strings.Join(initial, ","), "-token", token,
-				"-tick-ms", strconv.Itoa(max(10, electionMs()/10)), "-election-ms", strconv.Itoa(electionMs())}}
+		p := &proc{name: fmt.Sprintf("etcd-m%d", i), bin: memberBin,
+			logPath: filepath.Join(dir, fmt.Sprintf("etcd-m%d.log", i)),
+			args: []string{"-name", fmt.Sprintf("m%d", i), "-data-dir",
+				filepath.Join(dir, fmt.Sprintf("m%d", i)),
+				"-client-url", tp.etcdURL[i], "-peer-url", peers[i], "-initial-cluster",
+				strings.Join(initial, ","), "-token", token,
+				"-tick-ms", strconv.Itoa(max(10, electionMs()/10)), "-election-ms",
+				strconv.Itoa(electionMs())}}
 		if err := p.start(); err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +168,8 @@ func startTopology(t testing.TB, ranges, ports string) *topology {
 			}
 		}
 	})
-	cli, err := clientv3.New(clientv3.Config{Endpoints: tp.etcdURL, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: tp.etcdURL, DialTimeout: 5 * time.Second,
+		Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,10 +192,13 @@ func startTopology(t testing.TB, ranges, ports string) *topology {
 		tp.proxies = append(tp.proxies, ps)
 		addr := freeAddr(t)
 		tp.grpc = append(tp.grpc, addr)
-		p := &proc{name: fmt.Sprintf("allocd-%d", i), bin: allocdBin, logPath: filepath.Join(dir, fmt.Sprintf("allocd-%d.log", i)),
-			args: []string{"--etcd-servers", strings.Join(urls, ","), "--grpc-address", addr, "--metrics-address", "",
+		p := &proc{name: fmt.Sprintf("allocd-%d", i), bin: allocdBin,
+			logPath: filepath.Join(dir, fmt.Sprintf("allocd-%d.log", i)),
+			args: []string{"--etcd-servers", strings.Join(urls, ","), "--grpc-address", addr,
+				"--metrics-address", "",
 				"--service-cluster-ip-range", ranges, "--service-node-port-range", ports,
-				"--master-lease-ttl", "3s", "--shutdown-timeout", "1s", "--log-format", "json", "--log-level", logLevel()}}
+				"--master-lease-ttl", "3s", "--shutdown-timeout", "1s", "--log-format", "json", "--log-level",
+				logLevel()}}
 		if err := p.start(); err != nil {
 			t.Fatal(err)
 		}

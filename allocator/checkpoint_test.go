@@ -1,0 +1,201 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bits-and-blooms/bitset"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allocd/allocd/internal/testing/etcdtest"
+)
+
+// runWith runs a until the test ends or stop is called, after mutate changed it
+// (before its watch starts).
+func runWith(t *testing.T, a *Allocator, mutate func(*Allocator)) (stop func()) {
+	t.Helper()
+	if mutate != nil {
+		mutate(a)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// writer starts an allocator that writes a checkpoint after every change, and waits
+// until etcd holds one of the index as it is after a Sync; stop stops it.
+func writer(t *testing.T, e *etcdtest.Server, cfg Config) (stop func()) {
+	t.Helper()
+	ctx := etcdtest.Context(t)
+	w, err := New(ctx, e.NewClient(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop = runWith(t, w, func(a *Allocator) { a.cpEvery, a.cpMinGap, a.cpMaxAge = 1, 0, time.Millisecond })
+	// A change to checkpoint, then a checkpoint of the index after it.
+	if _, err := w.Allocate(ctx, Request{Owner: owner(fmt.Sprint("w", time.Now().UnixNano()))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	at := w.progress.Rev()
+	etcdtest.WaitFor(t, 10*time.Second, "a checkpoint", func() bool {
+		r, err := w.checkpointRevision(ctx)
+		return err == nil && r >= at
+	})
+	return stop
+}
+
+// listedSets lists every item key at rev and returns each range's used set, as reload
+// would build it.
+func listedSets(t *testing.T, a *Allocator, rev int64) map[string]*bitset.BitSet {
+	t.Helper()
+	tab := a.tab.Load()
+	out := map[string]*bitset.BitSet{}
+	for _, r := range tab.all {
+		out[r.name] = r.NewUsed()
+	}
+	err := a.listItems(etcdtest.Context(t), rev, func(it Item) {
+		a.eachRange(tab, it, func(r *rng, off uint64) { out[r.name].Set(uint(off)) })
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// checkEqualsList fails the test unless a's index is, range by range, what a full
+// list of etcd at the revision it reflects says.
+func checkEqualsList(t *testing.T, a *Allocator) {
+	t.Helper()
+	rev := a.progress.Rev()
+	want := listedSets(t, a, rev)
+	tab := a.tab.Load()
+	if len(tab.all) != len(want) {
+		t.Fatalf("index has %d ranges; the list %d", len(tab.all), len(want))
+	}
+	for _, r := range tab.all {
+		if got := r.CopyUsed(); !got.Equal(want[r.name]) {
+			t.Errorf("range %s at revision %d: index has %d used, the list %d (differ in %d offsets)",
+				r.name, rev, got.Count(), want[r.name].Count(),
+				got.SymmetricDifferenceCardinality(want[r.name]))
+		}
+	}
+}
+
+// churn allocates n owners of prefix (a ClusterIP and a node port each) and releases
+// every third, and one item of every fifth.
+func churn(t *testing.T, a *Allocator, prefix string, n int) {
+	t.Helper()
+	ctx := etcdtest.Context(t)
+	for i := range n {
+		o := owner(fmt.Sprint(prefix, i))
+		res, err := a.Allocate(ctx, Request{Owner: o, Policy: PreferDualStack, NodePortCount: 1})
+		if err != nil {
+			t.Fatalf("Allocate(%v) = %v", o, err)
+		}
+		switch {
+		case i%3 == 0:
+			if _, _, err := a.Release(ctx, o, nil, false); err != nil {
+				t.Fatal(err)
+			}
+		case i%5 == 0:
+			if _, _, err := a.Release(ctx, o, []Item{IP(res.ClusterIPs[0])}, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestCheckpointEqualsList: an index loaded from a checkpoint and the events after it
+// equals, range by range, the full list at the revision it reports; when the
+// checkpoint's revision is compacted, or the checkpoint is damaged, or a ServiceCIDR
+// came after it, New lists instead (or replays the change) and the index still equals
+// the list.
+func TestCheckpointEqualsList(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	cfg := testConfig("10.0.0.0/22", "fd00::/110")
+
+	// Changes through a replica that writes no checkpoint.
+	other, err := New(ctx, e.Client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.loadedFrom != "list" {
+		t.Fatalf("first start loaded from %q; want list (no checkpoint yet)", other.loadedFrom)
+	}
+	runWith(t, other, func(a *Allocator) { a.cpCh = nil })
+	churn(t, other, "a", 60)
+	writer(t, e, cfg)() // a checkpoint of that, and the writer stopped
+	// Changes after the checkpoint, and a ServiceCIDR added after it.
+	if _, err := other.CreateServiceCIDR(ctx, "extra", []string{"10.1.0.0/24"}); err != nil {
+		t.Fatal(err)
+	}
+	churn(t, other, "b", 40)
+
+	got, err := New(ctx, e.NewClient(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.loadedFrom != "checkpoint" {
+		t.Fatalf("New loaded from %q; want checkpoint", got.loadedFrom)
+	}
+	head, _ := got.checkpointRevision(ctx)
+	if head >= got.progress.Rev() {
+		t.Fatalf("checkpoint at %d, index at %d: nothing was replayed", head, got.progress.Rev())
+	}
+	checkEqualsList(t, got)
+	if len(got.tab.Load().ip) != 3 {
+		t.Errorf("index has ClusterIP ranges %v; want the two of the flags and extra's", got.rangeNames())
+	}
+
+	// Damaged: a part rewritten with other bits.
+	hresp, err := e.Client.Get(ctx, other.cpDataPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil || len(hresp.Kvs) == 0 {
+		t.Fatalf("checkpoint parts: %v, %v", hresp, err)
+	}
+	if _, err := e.Client.Put(ctx, string(hresp.Kvs[0].Key), "not flate"); err != nil {
+		t.Fatal(err)
+	}
+	damaged, err := New(ctx, e.NewClient(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if damaged.loadedFrom != "list" {
+		t.Errorf("with a damaged checkpoint New loaded from %q; want list", damaged.loadedFrom)
+	}
+	checkEqualsList(t, damaged)
+
+	// Compacted: a fresh checkpoint, more changes, then etcd compacted past it.
+	writer(t, e, cfg)()
+	churn(t, other, "c", 10)
+	resp, err := e.Client.Get(ctx, "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, _ := other.checkpointRevision(ctx)
+	if cp >= resp.Header.Revision {
+		t.Fatalf("checkpoint at %d, etcd at %d: want changes after it", cp, resp.Header.Revision)
+	}
+	if _, err := e.Client.Compact(ctx, resp.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	compacted, err := New(ctx, e.NewClient(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if compacted.loadedFrom != "list" {
+		t.Errorf("with the checkpoint's revision compacted New loaded from %q; want list",
+			compacted.loadedFrom)
+	}
+	checkEqualsList(t, compacted)
+}

@@ -1,0 +1,218 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/pkg/v3/proxy"
+	"go.uber.org/zap"
+
+	"github.com/allocd/allocd/internal/testing/etcdtest"
+)
+
+// checkTombstone fails the test unless uid's owner record is a tombstone: present,
+// holding nothing, with no request to replay.
+func checkTombstone(t *testing.T, cli *clientv3.Client, a *Allocator, uid string) {
+	t.Helper()
+	resp, err := cli.Get(etcdtest.Context(t), a.ownerKey(uid))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Errorf("owner record of %s after its full release = %v, %v; want a tombstone", uid, resp, err)
+		return
+	}
+	rec, err := decodeOwnerRecord(resp.Kvs[0].Value)
+	if err != nil || rec.items() != 0 || rec.Last != nil {
+		t.Errorf("owner record of %s after its full release = %s, %v; want a tombstone (no "+
+			"items, no last request)",
+			uid, resp.Kvs[0].Value, err)
+	}
+}
+
+// passEpochs moves the epoch on until the tombstones written so far may be collected,
+// and collects them.
+func passEpochs(t *testing.T, a *Allocator) {
+	t.Helper()
+	ctx := etcdtest.Context(t)
+	target := a.fenceNow().version + 2*epochSlack + 1
+	for a.fenceNow().version < target {
+		if _, err := a.bumpEpoch(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.collectTombstones(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNoAllocationComesBack reproduces, deterministically, the race the tombstones
+// close: a replica's Allocate transaction is held in a paused link to etcd (the fault
+// suite's proxy, pkg/proxy) and its caller gives up; the caller's retry commits through
+// another replica, and the caller releases everything; then the link resumes and the
+// held transaction reaches etcd. It must not commit: the owner holds nothing after its
+// acknowledged full release. (Before the tombstones, the owner record's absence and
+// the free item satisfied its compares, and the allocation came back.) An owner that
+// allocates again after a genuine release still can. In the second case the tombstone
+// is collected before the held transaction lands: the epoch fence fails it.
+func TestNoAllocationComesBack(t *testing.T) {
+	for _, collect := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tombstone", true: "tombstone collected"}[collect], func(t *testing.T) {
+			raceRelease(t, collect)
+		})
+	}
+}
+
+func raceRelease(t *testing.T, collect bool) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	cfg := testConfig("10.0.0.0/24")
+	px, via := newProxy(t, e.Endpoint)
+	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{via}, DialTimeout: 5 * time.Second,
+		Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pcli.Close() })
+	reg := prometheus.NewRegistry()
+	cfg1 := cfg
+	cfg1.Registerer = reg
+	held := start(t, pcli, cfg1)
+	other := start(t, e.NewClient(), cfg)
+	o := owner("svc")
+	req := Request{Owner: o}
+
+	txns := func() float64 { // every group-commit transaction, whatever its result
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0.0
+		for _, mf := range mfs {
+			if mf.GetName() == "allocd_allocator_commit_transactions_total" {
+				for _, m := range mf.Metric {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+		return n
+	}
+	before := txns()
+	px.PauseTx()
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = held.Allocate(cctx, req)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		px.UnpauseTx()
+		t.Fatalf("Allocate through the paused link = %v; want the caller's deadline (its transaction held)",
+			err)
+	}
+	res, err := other.Allocate(ctx, req) // the caller's retry, through another replica
+	if err != nil {
+		px.UnpauseTx()
+		t.Fatalf("retry = %v", err)
+	}
+	if _, _, err := other.Release(ctx, o, nil, false); err != nil {
+		px.UnpauseTx()
+		t.Fatalf("Release(all of %s) = %v", o.UID, err)
+	}
+	if collect {
+		passEpochs(t, other)
+		if resp, _ := e.Client.Get(ctx, other.ownerKey(o.UID)); len(resp.Kvs) != 0 {
+			px.UnpauseTx()
+			t.Fatalf("tombstone of %s not collected", o.UID)
+		}
+	}
+	px.UnpauseTx() // the held transaction reaches etcd, within its 2 s
+	etcdtest.WaitFor(t, 10*time.Second, "the held transaction's outcome",
+		func() bool { return txns() > before })
+
+	holds := heldBy(t, e.Client, other, o.UID)
+	if len(holds) != 0 {
+		t.Errorf("after %s's acknowledged full release (of %v), etcd holds %v for it: the held "+
+			"transaction committed",
+			o.UID, res.ClusterIPs, holds)
+	}
+	if !collect {
+		checkTombstone(t, e.Client, other, o.UID)
+	}
+
+	// A genuine new allocation of the owner, through either replica, follows the
+	// tombstone.
+	again, err := held.Allocate(ctx, Request{Owner: o, NodePortCount: 1})
+	if err != nil || again.Replayed || len(again.ClusterIPs) != 1 {
+		t.Fatalf("Allocate after the release = %+v, %v; want a new allocation", again, err)
+	}
+	if got := heldBy(t, e.Client, other, o.UID); len(got) != 2 {
+		t.Errorf("after allocating again, etcd holds %v for %s; want a ClusterIP and a node port", got, o.UID)
+	}
+}
+
+// heldBy lists the item keys etcd holds for owner uid.
+func heldBy(t *testing.T, cli *clientv3.Client, a *Allocator, uid string) []string {
+	t.Helper()
+	var out []string
+	for _, p := range []string{a.ipPrefix, a.portPrefix} {
+		resp, err := cli.Get(etcdtest.Context(t), p, clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range resp.Kvs {
+			if o, _, err := decodeItemValue(kv.Value); err == nil && o.UID == uid {
+				out = append(out, string(kv.Key))
+			}
+		}
+	}
+	return out
+}
+
+// newProxy starts etcd's pkg/proxy (the fault suite's) to the member at target and
+// returns it and its URL.
+func newProxy(t *testing.T, target string) (proxy.Server, string) {
+	to, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := url.URL{Scheme: "http", Host: etcdtest.FreeAddr(t)}
+	px := proxy.NewServer(proxy.ServerConfig{Logger: zap.NewNop(), From: from, To: *to})
+	select {
+	case <-px.Ready():
+	case err := <-px.Error():
+		t.Fatalf("proxy to %s: %v", target, err)
+	}
+	go func() {
+		for {
+			select {
+			case <-px.Error():
+			case <-px.Done():
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { px.Close() })
+	return px, from.String()
+}
+
+// TestEpochSeenKeepsPairs: the epoch's version and CreateRevision are recorded
+// together: a late event of the key before it was made anew never lends its version
+// to the new key (the fence would be looser than the key allows).
+func TestEpochSeenKeepsPairs(t *testing.T) {
+	a := &Allocator{}
+	a.epochSeen(59, 100)
+	a.epochSeen(1, 500)  // the key made anew
+	a.epochSeen(60, 100) // a late event of the old key
+	if f := a.fenceNow(); f != (fence{version: 1, create: 500}) {
+		t.Errorf("after a late event of the old key: fence %+v; want {1 500}", f)
+	}
+	a.epochSeen(3, 500)
+	a.epochSeen(2, 500)
+	if f := a.fenceNow(); f != (fence{version: 3, create: 500}) {
+		t.Errorf("a version went back: fence %+v; want {3 500}", f)
+	}
+	a.epochSeen(0, 0) // deleted
+	if f := a.fenceNow(); f != (fence{}) {
+		t.Errorf("after the key's delete: fence %+v; want its absence", f)
+	}
+}

@@ -1,0 +1,337 @@
+package adopt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/allocd/allocd/bridge/feed"
+	"github.com/allocd/allocd/client"
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
+)
+
+// Adopter allocates in allocd the ClusterIPs and NodePorts a cluster's Services hold,
+// under each Service's UID, so that allocd never hands them out. It takes what is free,
+// reports what another owner holds (a Conflict), and never takes an address from its
+// holder. When a Service gives up an address or port, or is deleted, the Adopter
+// releases it in allocd (only what that Service's UID holds).
+type Adopter struct {
+	c   *client.Client
+	log *slog.Logger
+
+	mu        sync.Mutex
+	conflicts map[string]Conflict // by Service UID and resource
+}
+
+// kubernetesOwnerUID is the owner UID under which allocd reserves the first address of
+// its primary range for the kubernetes Service (allocator.KubernetesOwner).
+const kubernetesOwnerUID = "default/kubernetes"
+
+// Conflict is an address or port a Service holds in the cluster that allocd gives to
+// another owner.
+type Conflict struct {
+	// Service is namespace/name of the cluster's Service.
+	Service string
+	// UID of the Service.
+	UID string
+	// Resource is the ClusterIP or NodePort.
+	Resource string
+	// Holder is allocd's owner of it ("namespace/name uid").
+	Holder string
+}
+
+// Result is what adopting one Service did.
+type Result struct {
+	// Adopted are the ClusterIPs and NodePorts newly allocated in allocd.
+	Adopted []string
+	// Held are those allocd already had for the Service.
+	Held []string
+	// Released are those allocd had for the Service and the Service no longer holds.
+	Released []string
+	// Conflicts are those another owner holds in allocd.
+	Conflicts []Conflict
+}
+
+// New returns an Adopter writing to c.
+func New(log *slog.Logger, c *client.Client) *Adopter {
+	return &Adopter{c: c, log: log, conflicts: map[string]Conflict{}}
+}
+
+// Conflicts returns the conflicts standing now.
+func (a *Adopter) Conflicts() []Conflict {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Conflict, 0, len(a.conflicts))
+	for _, c := range a.conflicts {
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(x, y Conflict) int {
+		return cmpStrings(x.Service+x.Resource, y.Service+y.Resource)
+	})
+	return out
+}
+
+func cmpStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// wants is what a Service holds in the cluster: its ClusterIPs and NodePorts.
+type wants struct {
+	ips   []string
+	ports []int32
+}
+
+func serviceWants(s *corev1.Service) wants {
+	var w wants
+	for _, ip := range feed.ClusterIPs(s) {
+		if a, err := netip.ParseAddr(ip); err == nil {
+			w.ips = append(w.ips, a.String())
+		}
+	}
+	for _, p := range s.Spec.Ports {
+		if p.NodePort != 0 && !slices.Contains(w.ports, p.NodePort) {
+			w.ports = append(w.ports, p.NodePort)
+		}
+	}
+	if hc := s.Spec.HealthCheckNodePort; hc != 0 && !slices.Contains(w.ports, hc) {
+		w.ports = append(w.ports, hc)
+	}
+	return w
+}
+
+// Service makes allocd hold, under s's UID, exactly the ClusterIPs and NodePorts s holds
+// (what another owner holds excepted: a Conflict).
+func (a *Adopter) Service(ctx context.Context, s *corev1.Service) (Result, error) {
+	owner := &allocdv1.Owner{Namespace: s.Namespace, Name: s.Name, Uid: string(s.UID)}
+	want := serviceWants(s)
+	held, err := a.held(ctx, owner.Uid)
+	if err != nil {
+		return Result{}, err
+	}
+	var res Result
+	var ips []string
+	var ports []int32
+	for _, ip := range want.ips {
+		if held.ips[ip] {
+			res.Held = append(res.Held, ip)
+		} else {
+			ips = append(ips, ip)
+		}
+	}
+	for _, p := range want.ports {
+		if held.ports[p] {
+			res.Held = append(res.Held, fmt.Sprint(p))
+		} else {
+			ports = append(ports, p)
+		}
+	}
+	if err := a.allocate(ctx, owner, ips, ports, &res); err != nil {
+		return res, err
+	}
+	if err := a.releaseExtra(ctx, owner, want, held, &res); err != nil {
+		return res, err
+	}
+	a.record(owner, want, res.Conflicts)
+	return res, nil
+}
+
+// holdings is what allocd holds for one owner.
+type holdings struct {
+	ips   map[string]bool
+	ports map[int32]bool
+}
+
+func (a *Adopter) held(ctx context.Context, uid string) (holdings, error) {
+	h := holdings{ips: map[string]bool{}, ports: map[int32]bool{}}
+	req := &allocdv1.ListAllocationsRequest{OwnerUid: uid, PageSize: 100}
+	for {
+		resp, err := a.c.ListAllocations(ctx, req)
+		if err != nil {
+			return h, fmt.Errorf("adopt: list allocations of %s: %w", uid, err)
+		}
+		for _, al := range resp.GetAllocations() {
+			if al.GetClusterIp() != "" {
+				h.ips[al.GetClusterIp()] = true
+			}
+			if al.GetNodePort() != 0 {
+				h.ports[al.GetNodePort()] = true
+			}
+		}
+		if resp.GetNextPageToken() == "" {
+			return h, nil
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+}
+
+// allocate allocates ips and ports for owner, all at once, or one at a time when
+// another owner holds some of them, so that what is free is adopted.
+func (a *Adopter) allocate(ctx context.Context, owner *allocdv1.Owner, ips []string, ports []int32, res *Result) error {
+	if len(ips)+len(ports) == 0 {
+		return nil
+	}
+	err := a.allocateOnce(ctx, owner, ips, ports)
+	if err == nil {
+		res.Adopted = append(res.Adopted, ips...)
+		for _, p := range ports {
+			res.Adopted = append(res.Adopted, fmt.Sprint(p))
+		}
+		return nil
+	}
+	if !errors.Is(err, client.ErrAlreadyAllocated) {
+		return err
+	}
+	for _, ip := range ips {
+		if err := a.one(ctx, owner, []string{ip}, nil, ip, res); err != nil {
+			return err
+		}
+	}
+	for _, p := range ports {
+		if err := a.one(ctx, owner, nil, []int32{p}, fmt.Sprint(p), res); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *Adopter) one(ctx context.Context, owner *allocdv1.Owner, ips []string, ports []int32, name string, res *Result) error {
+	err := a.allocateOnce(ctx, owner, ips, ports)
+	var held *client.AlreadyAllocatedError
+	switch {
+	case err == nil:
+		res.Adopted = append(res.Adopted, name)
+	case errors.As(err, &held) && held.HolderUID == kubernetesOwnerUID &&
+		owner.Namespace == "default" && owner.Name == "kubernetes":
+		// allocd reserves the kubernetes Service's address at start, as kube-apiserver
+		// does, under an owner of its own: the same Service.
+		res.Held = append(res.Held, name)
+	case errors.As(err, &held):
+		res.Conflicts = append(res.Conflicts, Conflict{Service: owner.Namespace + "/" + owner.Name,
+			UID: owner.Uid, Resource: name, Holder: held.Holder})
+	default:
+		return err
+	}
+	return nil
+}
+
+func (a *Adopter) allocateOnce(ctx context.Context, owner *allocdv1.Owner, ips []string, ports []int32) error {
+	_, err := a.c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner, ClusterIps: ips, NodePorts: ports,
+		NoClusterIp: len(ips) == 0})
+	if err != nil {
+		return fmt.Errorf("adopt: allocate %v %v for %s/%s: %w", ips, ports, owner.Namespace, owner.Name, err)
+	}
+	return nil
+}
+
+// releaseExtra releases what allocd holds for owner that the Service no longer holds.
+func (a *Adopter) releaseExtra(ctx context.Context, owner *allocdv1.Owner, want wants, held holdings, res *Result) error {
+	var ips []string
+	var ports []int32
+	for ip := range held.ips {
+		if !slices.Contains(want.ips, ip) {
+			ips = append(ips, ip)
+		}
+	}
+	for p := range held.ports {
+		if !slices.Contains(want.ports, p) {
+			ports = append(ports, p)
+		}
+	}
+	if len(ips)+len(ports) == 0 {
+		return nil
+	}
+	resp, err := a.c.Release(ctx, &allocdv1.ReleaseRequest{Owner: owner, ClusterIps: ips, NodePorts: ports})
+	if err != nil {
+		return fmt.Errorf("adopt: release %v %v of %s/%s: %w", ips, ports, owner.Namespace, owner.Name, err)
+	}
+	res.Released = append(res.Released, resp.GetReleasedClusterIps()...)
+	for _, p := range resp.GetReleasedNodePorts() {
+		res.Released = append(res.Released, fmt.Sprint(p))
+	}
+	return nil
+}
+
+// Deleted releases everything allocd holds for the deleted Service of uid.
+func (a *Adopter) Deleted(ctx context.Context, namespace, name, uid string) error {
+	owner := &allocdv1.Owner{Namespace: namespace, Name: name, Uid: uid}
+	if _, err := a.c.Release(ctx, &allocdv1.ReleaseRequest{Owner: owner}); err != nil {
+		return fmt.Errorf("adopt: release %s/%s: %w", namespace, name, err)
+	}
+	a.record(owner, wants{}, nil)
+	return nil
+}
+
+// record replaces the conflicts standing for owner.
+func (a *Adopter) record(owner *allocdv1.Owner, _ wants, conflicts []Conflict) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k, c := range a.conflicts {
+		if c.UID == owner.Uid {
+			delete(a.conflicts, k)
+		}
+	}
+	for _, c := range conflicts {
+		a.conflicts[c.UID+" "+c.Resource] = c
+		a.log.Warn("address held by the cluster's Service is allocated to another owner in allocd; not taken",
+			"service", c.Service, "uid", c.UID, "resource", c.Resource, "holder", c.Holder)
+	}
+}
+
+// ServiceCIDRs creates in allocd every ServiceCIDR of the cluster that allocd lacks,
+// under the same name. A name allocd has with other CIDRs is reported, not changed.
+func (a *Adopter) ServiceCIDRs(ctx context.Context, cidrs []networkingv1.ServiceCIDR) (created []string, err error) {
+	have, err := a.c.ListServiceCIDRs(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("adopt: list allocd's ServiceCIDRs: %w", err)
+	}
+	byName := map[string]*allocdv1.ServiceCIDR{}
+	for _, sc := range have {
+		byName[sc.GetName()] = sc
+	}
+	var errs []error
+	for _, sc := range cidrs {
+		if sc.DeletionTimestamp != nil {
+			continue
+		}
+		want := canonical(sc.Spec.CIDRs)
+		if cur, ok := byName[sc.Name]; ok {
+			if !slices.Equal(canonical(cur.GetCidrs()), want) {
+				errs = append(errs, fmt.Errorf("adopt: ServiceCIDR %s is %v in the cluster and %v in allocd",
+					sc.Name, sc.Spec.CIDRs, cur.GetCidrs()))
+			}
+			continue
+		}
+		if _, err := a.c.CreateServiceCIDR(ctx, sc.Name, want...); err != nil && !errors.Is(err, client.ErrAlreadyExists) {
+			errs = append(errs, fmt.Errorf("adopt: create ServiceCIDR %s %v: %w", sc.Name, want, err))
+			continue
+		}
+		created = append(created, sc.Name)
+	}
+	return created, errors.Join(errs...)
+}
+
+func canonical(cidrs []string) []string {
+	out := make([]string, 0, len(cidrs))
+	for _, c := range cidrs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out = append(out, p.Masked().String())
+		} else {
+			out = append(out, c)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

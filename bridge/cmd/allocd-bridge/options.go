@@ -1,0 +1,138 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/allocd/allocd/client"
+)
+
+// options are the flags, named as kube-controller-manager names the same things.
+type options struct {
+	kubeconfig, master string
+	qps                float32
+	burst              int
+
+	allocd                          string
+	allocdCA, allocdCert, allocdKey string
+
+	endpointSyncs int
+	sliceSyncs    int
+	serviceSyncs  int
+	adopt         bool
+	kubernetesSvc bool
+	healthAddress string
+	resync        time.Duration
+	logLevel      string
+}
+
+func defaultOptions() *options {
+	return &options{qps: 200, burst: 400, allocd: "127.0.0.1:8080", endpointSyncs: 5, sliceSyncs: 5, serviceSyncs: 5,
+		adopt: true, healthAddress: "127.0.0.1:10260", logLevel: "info"}
+}
+
+func (o *options) addConnectionFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "path to a kubeconfig; empty: the in-cluster config")
+	fs.StringVar(&o.master, "master", o.master, "address of the API server (overrides the kubeconfig's)")
+	fs.Float32Var(&o.qps, "kube-api-qps", o.qps, "queries per second to the API server")
+	fs.IntVar(&o.burst, "kube-api-burst", o.burst, "burst of queries to the API server")
+	fs.StringVar(&o.allocd, "allocd-address", o.allocd, "allocd: a gRPC target (host:port, dns:///name:port) or replicas host:port,host:port")
+	fs.StringVar(&o.allocdCA, "allocd-ca-file", o.allocdCA, "PEM CA bundle to verify allocd's certificate; with it allocd is reached over TLS")
+	fs.StringVar(&o.allocdCert, "allocd-cert-file", o.allocdCert, "PEM client certificate presented to allocd")
+	fs.StringVar(&o.allocdKey, "allocd-key-file", o.allocdKey, "PEM private key of --allocd-cert-file")
+	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "log level: debug, info, warn or error")
+}
+
+func (o *options) addRunFlags(fs *pflag.FlagSet) {
+	fs.IntVar(&o.endpointSyncs, "concurrent-endpoint-syncs", o.endpointSyncs,
+		"Endpoints written into the cluster at once (kube-controller-manager's flag)")
+	fs.IntVar(&o.sliceSyncs, "concurrent-service-endpoint-syncs", o.sliceSyncs,
+		"EndpointSlices written into the cluster at once (kube-controller-manager's flag); 0: write none (allocd's EndpointSlice controller off)")
+	fs.IntVar(&o.serviceSyncs, "concurrent-service-syncs", o.serviceSyncs,
+		"Services whose allocations are adopted into allocd at once")
+	fs.BoolVar(&o.adopt, "adopt", o.adopt, "allocate in allocd the ClusterIPs and NodePorts the cluster's Services hold")
+	fs.BoolVar(&o.kubernetesSvc, "manage-kubernetes-service", o.kubernetesSvc,
+		"write default/kubernetes' Endpoints from allocd's master leases (kube-apiserver runs with --endpoint-reconciler-type=none)")
+	fs.StringVar(&o.healthAddress, "health-address", o.healthAddress, "host:port serving /healthz, /readyz and /metrics; empty: none")
+	fs.DurationVar(&o.resync, "resync-period", o.resync, "informers' resync period; 0: none")
+}
+
+func (o *options) logger() *slog.Logger {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
+		lvl = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+}
+
+func (o *options) kubeClient() (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if o.kubeconfig == "" && o.master == "" {
+		cfg, err = rest.InClusterConfig()
+	} else {
+		cfg, err = clientcmd.BuildConfigFromFlags(o.master, o.kubeconfig)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	cfg.QPS, cfg.Burst = o.qps, o.burst
+	cfg.UserAgent = "allocd-bridge"
+	// Every write of an Endpoints draws the API server's deprecation warning; as
+	// kube-controller-manager's endpoint controller, the bridge writes them anyway.
+	cfg.WarningHandler = rest.NoWarnings{}
+	return kubernetes.NewForConfig(cfg)
+}
+
+// allocdClient connects to --allocd-address: one gRPC target, or a comma-separated list
+// of host:port replicas (the connection moves to another when the one it uses fails).
+func (o *options) allocdClient() (*client.Client, error) {
+	target, opts := o.allocd, []client.Option(nil)
+	if strings.Contains(o.allocd, ",") {
+		r := manual.NewBuilderWithScheme("allocd-replicas")
+		var addrs []resolver.Address
+		for _, a := range strings.Split(o.allocd, ",") {
+			addrs = append(addrs, resolver.Address{Addr: strings.TrimSpace(a)})
+		}
+		r.InitialState(resolver.State{Addresses: addrs})
+		target = r.Scheme() + ":///replicas"
+		opts = append(opts, client.WithDialOptions(grpc.WithResolvers(r)))
+	}
+	if o.allocdCA == "" {
+		if o.allocdCert != "" || o.allocdKey != "" {
+			return nil, errors.New("--allocd-cert-file and --allocd-key-file need --allocd-ca-file")
+		}
+		return client.New(target, opts...)
+	}
+	pem, err := os.ReadFile(o.allocdCA)
+	if err != nil {
+		return nil, fmt.Errorf("--allocd-ca-file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--allocd-ca-file %s: no PEM certificate", o.allocdCA)
+	}
+	cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if o.allocdCert != "" {
+		cert, err := tls.LoadX509KeyPair(o.allocdCert, o.allocdKey)
+		if err != nil {
+			return nil, fmt.Errorf("--allocd-cert-file: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return client.New(target, append(opts, client.WithTLS(cfg))...)
+}

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/allocd/allocd/bridge/adopt"
+	"github.com/allocd/allocd/bridge/feed"
+	"github.com/allocd/allocd/bridge/write"
+	"github.com/allocd/allocd/client"
+)
+
+// bridge is the running bridge's parts.
+type bridge struct {
+	log     *slog.Logger
+	kube    kubernetes.Interface
+	c       *client.Client
+	reg     *prometheus.Registry
+	factory informers.SharedInformerFactory
+	src     *feed.Source
+	writers []*write.Writer
+	adopter *adopt.Controller
+	ad      *adopt.Adopter
+}
+
+func run(ctx context.Context, o *options) error {
+	b, err := newBridge(o)
+	if err != nil {
+		return err
+	}
+	defer b.c.Close()
+	b.factory.Start(ctx.Done())
+	defer b.factory.Shutdown()
+	g, gctx := errgroup.WithContext(ctx)
+	if o.healthAddress != "" {
+		srv, err := b.health(o.healthAddress)
+		if err != nil {
+			return err
+		}
+		g.Go(func() error {
+			<-gctx.Done()
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), 5*time.Second)
+			defer cancel()
+			return srv.Shutdown(sctx)
+		})
+	}
+	g.Go(func() error { return ignoreCanceled(b.src.Run(gctx)) })
+	for _, w := range b.writers {
+		g.Go(func() error { return w.Run(gctx) })
+	}
+	if b.adopter != nil {
+		g.Go(func() error {
+			if err := b.syncCIDRs(gctx); err != nil {
+				return ignoreCanceled(err)
+			}
+			return b.adopter.Run(gctx, b.factory.Core().V1().Services().Informer().HasSynced)
+		})
+	}
+	b.log.Info("allocd-bridge started", "allocd", o.allocd, "adopt", o.adopt,
+		"manage_kubernetes_service", o.kubernetesSvc)
+	err = g.Wait()
+	b.log.Info("allocd-bridge stopped")
+	return err
+}
+
+func ignoreCanceled(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func newBridge(o *options) (*bridge, error) {
+	b := &bridge{log: o.logger(), reg: prometheus.NewRegistry()}
+	var err error
+	if b.kube, err = o.kubeClient(); err != nil {
+		return nil, err
+	}
+	if b.c, err = o.allocdClient(); err != nil {
+		return nil, err
+	}
+	b.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	b.factory = informers.NewSharedInformerFactory(b.kube, o.resync)
+	var fopts []feed.Option
+	if o.adopt {
+		b.ad = adopt.New(b.log, b.c)
+		store := b.factory.Core().V1().Services().Informer().GetStore()
+		b.adopter = adopt.NewController(b.ad, b.log, store, o.serviceSyncs)
+		fopts = append(fopts, feed.WithServiceHandler(b.adopter.ServiceChanged))
+	}
+	feedErrors := func(err error) { b.log.Info("feeding allocd failed; retrying", "error", err) }
+	b.src, err = feed.New(b.log, b.kube, b.factory, b.c, []client.FeederOption{client.WithFeedErrors(feedErrors)}, fopts...)
+	if err != nil {
+		return nil, err
+	}
+	m := write.NewMetrics(b.reg)
+	eps := write.NewEndpoints(b.c, b.kube, b.factory, m, o.kubernetesSvc)
+	w := write.New(b.log, eps, o.endpointSyncs, m)
+	if err := w.Register(); err != nil {
+		return nil, err
+	}
+	b.writers = append(b.writers, w)
+	if o.sliceSyncs > 0 {
+		slices := write.NewEndpointSlices(b.c, b.kube, b.factory, m, o.kubernetesSvc)
+		ws := write.New(b.log, slices, o.sliceSyncs, m)
+		if err := ws.Register(); err != nil {
+			return nil, err
+		}
+		b.writers = append(b.writers, ws)
+	}
+	return b, nil
+}
+
+// syncCIDRs makes allocd have the cluster's ServiceCIDRs before adopting addresses in
+// them, retrying until it succeeds.
+func (b *bridge) syncCIDRs(ctx context.Context) error {
+	for backoff := time.Second; ; backoff = min(2*backoff, 30*time.Second) {
+		list, err := b.kube.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
+		if err == nil {
+			var created []string
+			if created, err = b.ad.ServiceCIDRs(ctx, list.Items); err == nil {
+				b.log.Info("ServiceCIDRs in allocd", "cluster", len(list.Items), "created", created)
+				return nil
+			}
+		}
+		b.log.Warn("ServiceCIDRs not synced into allocd; retrying", "error", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// health serves /healthz (the process runs), /readyz (informers synced, allocd's
+// objects listed) and /metrics.
+func (b *bridge) health(addr string) (*http.Server, error) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		ready := b.src.HasSynced()
+		for _, wr := range b.writers {
+			ready = ready && wr.Synced()
+		}
+		if !ready {
+			http.Error(w, "not ready: informers syncing or allocd not listed yet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(b.reg, promhttp.HandlerOpts{}))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--health-address: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return srv, nil
+}

@@ -1,0 +1,316 @@
+package write
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/allocd/allocd/client"
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
+)
+
+// Labels and annotations of Endpoints, as Kubernetes spells them.
+const (
+	// LabelManagedBy is the label kube-controller-manager's endpoint controller puts
+	// on every Endpoints it writes.
+	LabelManagedBy = "endpoints.kubernetes.io/managed-by"
+	// EndpointController is LabelManagedBy's value.
+	EndpointController = "endpoint-controller"
+	// AnnotationTriggerTime is endpoints.kubernetes.io/last-change-trigger-time.
+	AnnotationTriggerTime = corev1.EndpointsLastChangeTriggerTime
+	// AnnotationOverCapacity is endpoints.kubernetes.io/over-capacity.
+	AnnotationOverCapacity = corev1.EndpointsOverCapacity
+)
+
+// managedAnnotations are the annotations allocd owns on an Endpoints; others are kept,
+// as kube-controller-manager keeps them.
+var managedAnnotations = []string{AnnotationTriggerTime, AnnotationOverCapacity}
+
+// Endpoints writes the Endpoints allocd computes into the cluster.
+type Endpoints struct {
+	c    *client.Client
+	kube kubernetes.Interface
+	inf  cache.SharedIndexInformer
+	m    *Metrics
+	last *lastWritten[*corev1.Endpoints]
+	// kubernetes: default/kubernetes is written too (from allocd's master leases).
+	kubernetes bool
+}
+
+// kubernetesKey is the Service whose Endpoints kube-apiserver writes, unless it runs
+// with --endpoint-reconciler-type=none and allocd's master leases stand in.
+const kubernetesKey = "default/kubernetes"
+
+// NewEndpoints returns the Endpoints kind over c (allocd) and kube (the cluster); its
+// informer comes from f. With kubernetesSvc the Endpoints of default/kubernetes that
+// allocd's master leases produce are written too; without, they are left to
+// kube-apiserver.
+func NewEndpoints(c *client.Client, kube kubernetes.Interface, f informers.SharedInformerFactory, m *Metrics,
+	kubernetesSvc bool) *Endpoints {
+	inf := f.Core().V1().Endpoints().Informer()
+	_ = inf.SetTransform(dropManagedFields) // fails only once started
+	return &Endpoints{c: c, kube: kube, inf: inf, m: m, last: newLastWritten[*corev1.Endpoints](),
+		kubernetes: kubernetesSvc}
+}
+
+func (e *Endpoints) skip(key string) bool { return key == kubernetesKey && !e.kubernetes }
+
+// Name implements Kind.
+func (*Endpoints) Name() string { return "endpoints" }
+
+// Informer implements Kind.
+func (e *Endpoints) Informer() cache.SharedIndexInformer { return e.inf }
+
+// List implements Kind: every Endpoints allocd stores, paged, read at one revision.
+func (e *Endpoints) List(ctx context.Context) (map[string]any, int64, error) {
+	out := map[string]any{}
+	req := &allocdv1.ListServiceEndpointsRequest{PageSize: 5000}
+	var rev int64
+	for {
+		resp, err := e.c.ListServiceEndpoints(ctx, req)
+		if err != nil {
+			return nil, 0, err
+		}
+		if rev == 0 {
+			rev = resp.GetRevision()
+		}
+		for _, ep := range resp.GetEndpoints() {
+			if key := ep.GetNamespace() + "/" + ep.GetName(); !e.skip(key) {
+				out[key] = ep
+			}
+		}
+		if resp.GetNextPageToken() == "" {
+			return out, rev, nil
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+}
+
+// Watch implements Kind.
+func (e *Endpoints) Watch(ctx context.Context, rev int64, fn func(string, any, int64)) error {
+	return e.c.WatchServiceEndpoints(ctx, &allocdv1.WatchServiceEndpointsRequest{StartRevision: rev},
+		func(r *allocdv1.WatchServiceEndpointsResponse) error {
+			ep := r.GetEndpoints()
+			key := ep.GetNamespace() + "/" + ep.GetName()
+			if e.skip(key) {
+				return nil
+			}
+			if r.GetType() == allocdv1.WatchEventType_WATCH_EVENT_TYPE_DELETED {
+				fn(key, nil, r.GetRevision())
+			} else {
+				fn(key, ep, r.GetRevision())
+			}
+			return nil
+		})
+}
+
+// Sync implements Kind.
+func (e *Endpoints) Sync(ctx context.Context, key string, obj any) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil // not a key this writer made
+	}
+	cur := e.current(key)
+	if obj == nil {
+		return e.remove(ctx, key, cur)
+	}
+	desired := EndpointsObject(obj.(*allocdv1.ServiceEndpoints))
+	if cur == nil {
+		created, err := e.kube.CoreV1().Endpoints(ns).Create(ctx, desired, metav1.CreateOptions{})
+		switch {
+		case err == nil:
+			e.m.Wrote("endpoints", "create")
+			e.last.put(key, created)
+			return nil
+		case apierrors.IsAlreadyExists(err):
+			// The cache lags: update what is there.
+			if cur, err = e.kube.CoreV1().Endpoints(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+				return fmt.Errorf("get %s: %w", key, err)
+			}
+		case namespaceGone(err):
+			return nil // as kube-controller-manager: the namespace is going away
+		default:
+			return fmt.Errorf("create %s: %w", key, err)
+		}
+	}
+	return e.update(ctx, key, cur, desired)
+}
+
+// update writes desired over cur unless they already match; on a conflict it reads the
+// object again and tries once more before giving the key back to the queue.
+func (e *Endpoints) update(ctx context.Context, key string, cur, desired *corev1.Endpoints) error {
+	for attempt := 0; ; attempt++ {
+		if EndpointsMatch(cur, desired) {
+			return nil
+		}
+		next := cur.DeepCopy()
+		next.Labels = desired.Labels
+		if next.Annotations == nil {
+			next.Annotations = map[string]string{}
+		}
+		for _, a := range managedAnnotations {
+			delete(next.Annotations, a)
+		}
+		maps.Copy(next.Annotations, desired.Annotations)
+		next.Subsets = desired.Subsets
+		updated, err := e.kube.CoreV1().Endpoints(cur.Namespace).Update(ctx, next, metav1.UpdateOptions{})
+		switch {
+		case err == nil:
+			e.m.Wrote("endpoints", "update")
+			e.last.put(key, updated)
+			return nil
+		case apierrors.IsConflict(err) && attempt == 0:
+			cur, err = e.kube.CoreV1().Endpoints(cur.Namespace).Get(ctx, cur.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return fmt.Errorf("update %s: deleted meanwhile", key)
+			}
+			if err != nil {
+				return fmt.Errorf("get %s: %w", key, err)
+			}
+		default:
+			return fmt.Errorf("update %s: %w", key, err)
+		}
+	}
+}
+
+// remove deletes cur, allocd having deleted its object, when the endpoint controller
+// wrote it: an Endpoints someone else keeps (a Service without selector) stays.
+func (e *Endpoints) remove(ctx context.Context, key string, cur *corev1.Endpoints) error {
+	if cur == nil || cur.Labels[LabelManagedBy] != EndpointController {
+		return nil
+	}
+	uid, rv := cur.UID, cur.ResourceVersion
+	err := e.kube.CoreV1().Endpoints(cur.Namespace).Delete(ctx, cur.Name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+	switch {
+	case err == nil:
+		e.m.Wrote("endpoints", "delete")
+		e.last.forget(key)
+		return nil
+	case apierrors.IsNotFound(err):
+		e.last.forget(key)
+		return nil
+	default:
+		// A conflict: the object changed; the next try judges it again.
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+}
+
+// current is the newest state of key known: the informer's, or the one this writer
+// wrote last when the informer has not caught up with it yet.
+func (e *Endpoints) current(key string) *corev1.Endpoints {
+	var cached *corev1.Endpoints
+	if obj, ok, _ := e.inf.GetStore().GetByKey(key); ok {
+		cached = obj.(*corev1.Endpoints)
+	}
+	return e.last.newer(key, cached)
+}
+
+// EndpointsObject is the Kubernetes object of allocd's Endpoints, as
+// kube-controller-manager writes it: labels and annotations as allocd computed them,
+// every address with its node name and Pod reference, no owner reference.
+func EndpointsObject(ep *allocdv1.ServiceEndpoints) *corev1.Endpoints {
+	out := &corev1.Endpoints{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ep.GetNamespace(), Name: ep.GetName(),
+			Labels: ep.GetLabels(), Annotations: ep.GetAnnotations()},
+	}
+	for _, s := range ep.GetSubsets() {
+		sub := corev1.EndpointSubset{}
+		for _, a := range s.GetAddresses() {
+			sub.Addresses = append(sub.Addresses, address(a))
+		}
+		for _, a := range s.GetNotReadyAddresses() {
+			sub.NotReadyAddresses = append(sub.NotReadyAddresses, address(a))
+		}
+		for _, p := range s.GetPorts() {
+			sub.Ports = append(sub.Ports, corev1.EndpointPort{Name: p.GetName(), Port: p.GetPort(),
+				Protocol: corev1.Protocol(p.GetProtocol()), AppProtocol: p.AppProtocol})
+		}
+		out.Subsets = append(out.Subsets, sub)
+	}
+	return out
+}
+
+func address(a *allocdv1.EndpointAddress) corev1.EndpointAddress {
+	out := corev1.EndpointAddress{IP: a.GetIp(), Hostname: a.GetHostname()}
+	if r := a.GetTargetRef(); r != nil {
+		// kube-controller-manager always sets the node name of a Pod's address.
+		node := a.GetNodeName()
+		out.NodeName = &node
+		out.TargetRef = &corev1.ObjectReference{Kind: r.GetKind(), Namespace: r.GetNamespace(),
+			Name: r.GetName(), UID: types.UID(r.GetUid())}
+	} else if a.GetNodeName() != "" {
+		node := a.GetNodeName()
+		out.NodeName = &node
+	}
+	return out
+}
+
+// EndpointsMatch reports whether the cluster's object cur already says what desired
+// says: the same labels, the same over-capacity annotation, the same subsets (in any
+// order). The trigger time alone does not make a write, as in kube-controller-manager.
+func EndpointsMatch(cur, desired *corev1.Endpoints) bool {
+	if !maps.Equal(cur.Labels, desired.Labels) && len(cur.Labels)+len(desired.Labels) > 0 {
+		return false
+	}
+	if cur.Annotations[AnnotationOverCapacity] != desired.Annotations[AnnotationOverCapacity] {
+		return false
+	}
+	if (cur.Annotations[AnnotationTriggerTime] == "") != (desired.Annotations[AnnotationTriggerTime] == "") {
+		return false
+	}
+	return apiequality.Semantic.DeepEqual(SortedSubsets(cur.Subsets), SortedSubsets(desired.Subsets))
+}
+
+// SortedSubsets returns a copy of subsets with addresses and ports sorted, and the
+// subsets sorted by their first port and address: one order for comparing.
+func SortedSubsets(subsets []corev1.EndpointSubset) []corev1.EndpointSubset {
+	out := make([]corev1.EndpointSubset, 0, len(subsets))
+	for _, s := range subsets {
+		s = *s.DeepCopy()
+		byIP := func(a, b corev1.EndpointAddress) int { return strings.Compare(a.IP, b.IP) }
+		slices.SortFunc(s.Addresses, byIP)
+		slices.SortFunc(s.NotReadyAddresses, byIP)
+		slices.SortFunc(s.Ports, func(a, b corev1.EndpointPort) int {
+			return strings.Compare(fmt.Sprint(a.Name, a.Port, a.Protocol), fmt.Sprint(b.Name, b.Port, b.Protocol))
+		})
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b corev1.EndpointSubset) int { return strings.Compare(subsetKey(a), subsetKey(b)) })
+	return out
+}
+
+func subsetKey(s corev1.EndpointSubset) string {
+	var b strings.Builder
+	for _, p := range s.Ports {
+		fmt.Fprint(&b, p.Name, p.Port, p.Protocol, ";")
+	}
+	for _, a := range append(s.Addresses, s.NotReadyAddresses...) {
+		b.WriteString(a.IP + ";")
+	}
+	return b.String()
+}
+
+// namespaceGone is a create refused because the namespace is terminating or absent.
+func namespaceGone(err error) bool {
+	return apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) ||
+		(apierrors.IsNotFound(err) && apiStatusKind(err) == "namespaces")
+}
+
+func apiStatusKind(err error) string {
+	if s, ok := err.(apierrors.APIStatus); ok && s.Status().Details != nil {
+		return s.Status().Details.Kind
+	}
+	return ""
+}

@@ -1,0 +1,270 @@
+package write
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/allocd/allocd/client"
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
+)
+
+// EndpointSliceController is the endpointslice.kubernetes.io/managed-by value of the
+// slices kube-controller-manager's EndpointSlice controller writes, and allocd's.
+const EndpointSliceController = "endpointslice-controller.k8s.io"
+
+// EndpointSlices writes the EndpointSlices allocd computes into the cluster, each with
+// the owner reference to its Service that kube-controller-manager sets (the garbage
+// collector deletes them with the Service).
+type EndpointSlices struct {
+	c          *client.Client
+	kube       kubernetes.Interface
+	inf        cache.SharedIndexInformer
+	m          *Metrics
+	last       *lastWritten[*discoveryv1.EndpointSlice]
+	kubernetes bool
+}
+
+// NewEndpointSlices returns the EndpointSlice kind over c (allocd) and kube (the
+// cluster); its informer comes from f. With kubernetesSvc the slices of
+// default/kubernetes are written too.
+func NewEndpointSlices(c *client.Client, kube kubernetes.Interface, f informers.SharedInformerFactory, m *Metrics,
+	kubernetesSvc bool) *EndpointSlices {
+	inf := f.Discovery().V1().EndpointSlices().Informer()
+	_ = inf.SetTransform(dropManagedFields) // fails only once started
+	return &EndpointSlices{c: c, kube: kube, inf: inf, m: m, kubernetes: kubernetesSvc,
+		last: newLastWritten[*discoveryv1.EndpointSlice]()}
+}
+
+// Name implements Kind.
+func (*EndpointSlices) Name() string { return "endpointslices" }
+
+// Informer implements Kind.
+func (e *EndpointSlices) Informer() cache.SharedIndexInformer { return e.inf }
+
+func (e *EndpointSlices) skip(s *allocdv1.EndpointSlice) bool {
+	return !e.kubernetes && s.GetNamespace() == "default" &&
+		s.GetLabels()[discoveryv1.LabelServiceName] == "kubernetes"
+}
+
+// List implements Kind.
+func (e *EndpointSlices) List(ctx context.Context) (map[string]any, int64, error) {
+	out := map[string]any{}
+	req := &allocdv1.ListEndpointSlicesRequest{PageSize: 5000}
+	var rev int64
+	for {
+		resp, err := e.c.ListEndpointSlices(ctx, req)
+		if err != nil {
+			return nil, 0, err
+		}
+		if rev == 0 {
+			rev = resp.GetRevision()
+		}
+		for _, s := range resp.GetEndpointSlices() {
+			if !e.skip(s) {
+				out[s.GetNamespace()+"/"+s.GetName()] = s
+			}
+		}
+		if resp.GetNextPageToken() == "" {
+			return out, rev, nil
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+}
+
+// Watch implements Kind.
+func (e *EndpointSlices) Watch(ctx context.Context, rev int64, fn func(string, any, int64)) error {
+	return e.c.WatchEndpointSlices(ctx, &allocdv1.WatchEndpointSlicesRequest{StartRevision: rev},
+		func(r *allocdv1.WatchEndpointSlicesResponse) error {
+			s := r.GetEndpointSlice()
+			if e.skip(s) {
+				return nil
+			}
+			key := s.GetNamespace() + "/" + s.GetName()
+			if r.GetType() == allocdv1.WatchEventType_WATCH_EVENT_TYPE_DELETED {
+				fn(key, nil, r.GetRevision())
+			} else {
+				fn(key, s, r.GetRevision())
+			}
+			return nil
+		})
+}
+
+// Sync implements Kind.
+func (e *EndpointSlices) Sync(ctx context.Context, key string, obj any) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
+	}
+	var cur *discoveryv1.EndpointSlice
+	if o, ok, _ := e.inf.GetStore().GetByKey(key); ok {
+		cur = o.(*discoveryv1.EndpointSlice)
+	}
+	cur = e.last.newer(key, cur)
+	api := e.kube.DiscoveryV1().EndpointSlices(ns)
+	if obj == nil {
+		if cur == nil || cur.Labels[discoveryv1.LabelManagedBy] != EndpointSliceController {
+			return nil
+		}
+		uid, rv := cur.UID, cur.ResourceVersion
+		err := api.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+		if err == nil || apierrors.IsNotFound(err) {
+			e.m.Wrote("endpointslices", "delete")
+			e.last.forget(key)
+			return nil
+		}
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	desired := EndpointSliceObject(obj.(*allocdv1.EndpointSlice))
+	if cur == nil {
+		created, err := api.Create(ctx, desired, metav1.CreateOptions{})
+		switch {
+		case err == nil:
+			e.m.Wrote("endpointslices", "create")
+			e.last.put(key, created)
+			return nil
+		case apierrors.IsAlreadyExists(err):
+			if cur, err = api.Get(ctx, name, metav1.GetOptions{}); err != nil {
+				return fmt.Errorf("get %s: %w", key, err)
+			}
+		case namespaceGone(err):
+			return nil
+		default:
+			return fmt.Errorf("create %s: %w", key, err)
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		if EndpointSliceMatch(cur, desired) {
+			return nil
+		}
+		next := cur.DeepCopy()
+		next.Labels, next.OwnerReferences = desired.Labels, desired.OwnerReferences
+		if next.Annotations == nil {
+			next.Annotations = map[string]string{}
+		}
+		delete(next.Annotations, AnnotationTriggerTime)
+		maps.Copy(next.Annotations, desired.Annotations)
+		next.AddressType, next.Endpoints, next.Ports = desired.AddressType, desired.Endpoints, desired.Ports
+		updated, err := api.Update(ctx, next, metav1.UpdateOptions{})
+		switch {
+		case err == nil:
+			e.m.Wrote("endpointslices", "update")
+			e.last.put(key, updated)
+			return nil
+		case apierrors.IsConflict(err) && attempt == 0:
+			if cur, err = api.Get(ctx, name, metav1.GetOptions{}); err != nil {
+				return fmt.Errorf("get %s: %w", key, err)
+			}
+		case apierrors.IsInvalid(err) && next.AddressType != cur.AddressType:
+			// addressType is immutable: a slice that changed family is made again.
+			if err := api.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("delete %s to change its address type: %w", key, err)
+			}
+			e.last.forget(key)
+			return fmt.Errorf("update %s: address type changed; created again next", key)
+		default:
+			return fmt.Errorf("update %s: %w", key, err)
+		}
+	}
+}
+
+// EndpointSliceObject is the Kubernetes object of allocd's EndpointSlice, as
+// kube-controller-manager writes it: its labels and annotations, the owner reference to
+// the Service (controller, blocking its deletion), and the fields upstream sets.
+func EndpointSliceObject(s *allocdv1.EndpointSlice) *discoveryv1.EndpointSlice {
+	t := true
+	out := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: s.GetNamespace(), Name: s.GetName(), Labels: s.GetLabels(),
+			Annotations: s.GetAnnotations()},
+		AddressType: discoveryv1.AddressType(s.GetAddressType()),
+	}
+	if uid := s.GetServiceUid(); uid != "" {
+		out.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service",
+			Name: s.GetLabels()[discoveryv1.LabelServiceName], UID: types.UID(uid), Controller: &t, BlockOwnerDeletion: &t}}
+	}
+	for _, ep := range s.GetEndpoints() {
+		c := ep.GetConditions()
+		e := discoveryv1.Endpoint{Addresses: ep.GetAddresses(), Hostname: ep.Hostname, NodeName: ep.NodeName, Zone: ep.Zone,
+			Conditions: discoveryv1.EndpointConditions{Ready: c.Ready, Serving: c.Serving, Terminating: c.Terminating}}
+		if r := ep.GetTargetRef(); r != nil {
+			e.TargetRef = &corev1.ObjectReference{Kind: r.GetKind(), Namespace: r.GetNamespace(), Name: r.GetName(),
+				UID: types.UID(r.GetUid())}
+		}
+		if h := ep.GetHints(); h != nil {
+			e.Hints = &discoveryv1.EndpointHints{}
+			for _, z := range h.GetForZones() {
+				e.Hints.ForZones = append(e.Hints.ForZones, discoveryv1.ForZone{Name: z.GetName()})
+			}
+			for _, n := range h.GetForNodes() {
+				e.Hints.ForNodes = append(e.Hints.ForNodes, discoveryv1.ForNode{Name: n.GetName()})
+			}
+		}
+		out.Endpoints = append(out.Endpoints, e)
+	}
+	for _, p := range s.GetPorts() {
+		port := discoveryv1.EndpointPort{Name: p.Name, Port: p.Port, AppProtocol: p.AppProtocol}
+		if p.Protocol != nil {
+			proto := corev1.Protocol(*p.Protocol)
+			port.Protocol = &proto
+		}
+		out.Ports = append(out.Ports, port)
+	}
+	return out
+}
+
+// EndpointSliceMatch reports whether the cluster's slice cur already says what desired
+// says: labels, owner references, address type, endpoints and ports (in any order);
+// the trigger time alone makes no write.
+func EndpointSliceMatch(cur, desired *discoveryv1.EndpointSlice) bool {
+	if !maps.Equal(cur.Labels, desired.Labels) || cur.AddressType != desired.AddressType ||
+		!apiequality.Semantic.DeepEqual(cur.OwnerReferences, desired.OwnerReferences) {
+		return false
+	}
+	if (cur.Annotations[AnnotationTriggerTime] == "") != (desired.Annotations[AnnotationTriggerTime] == "") {
+		return false
+	}
+	return apiequality.Semantic.DeepEqual(sortedEndpoints(cur.Endpoints), sortedEndpoints(desired.Endpoints)) &&
+		apiequality.Semantic.DeepEqual(sortedPorts(cur.Ports), sortedPorts(desired.Ports))
+}
+
+func sortedEndpoints(eps []discoveryv1.Endpoint) []discoveryv1.Endpoint {
+	out := slices.Clone(eps)
+	slices.SortFunc(out, func(a, b discoveryv1.Endpoint) int {
+		return strings.Compare(strings.Join(a.Addresses, ","), strings.Join(b.Addresses, ","))
+	})
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+func sortedPorts(ports []discoveryv1.EndpointPort) []discoveryv1.EndpointPort {
+	out := slices.Clone(ports)
+	slices.SortFunc(out, func(a, b discoveryv1.EndpointPort) int {
+		return strings.Compare(fmt.Sprint(deref(a.Name), deref(a.Port)), fmt.Sprint(deref(b.Name), deref(b.Port)))
+	})
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}

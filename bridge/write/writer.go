@@ -1,0 +1,216 @@
+package write
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/allocd/allocd/client"
+)
+
+// Kind is one kind of object a Writer keeps in the cluster: how allocd's objects of
+// the kind are listed and watched, and how one is written into the cluster.
+type Kind interface {
+	// Name names the kind in logs and metrics ("endpoints", "endpointslices").
+	Name() string
+	// List returns every object allocd holds of the kind by key, and the revision
+	// the listing was read at.
+	List(ctx context.Context) (map[string]any, int64, error)
+	// Watch calls fn with every change after rev, in order (obj nil when allocd
+	// deleted the object), until ctx ends or the watch breaks; client.ErrCompacted
+	// when rev is gone.
+	Watch(ctx context.Context, rev int64, fn func(key string, obj any, rev int64)) error
+	// Sync makes the cluster's object of key what obj says; obj nil means that allocd
+	// holds none: the cluster's is deleted only when allocd's controller manages it.
+	Sync(ctx context.Context, key string, obj any) error
+	// Informer is the informer of the kind's cluster objects: a change there that
+	// someone else made is put right. Its store is what Sync compares against.
+	Informer() cache.SharedIndexInformer
+}
+
+// Writer follows allocd's objects of one Kind and writes them into the cluster with a
+// pool of workers, one key at a time per worker (a key is never synced by two workers
+// at once: client-go's work queue guarantees it). A failed write is retried with
+// backoff from allocd's state as it then stands, so a conflict (someone else wrote
+// the object) ends with allocd's state written.
+//
+// The desired state of a key changes only when allocd says so (an event, or a
+// complete listing after a broken watch): a Writer never deletes because its own view
+// is incomplete.
+type Writer struct {
+	kind    Kind
+	log     *slog.Logger
+	workers int
+	m       *Metrics
+	queue   workqueue.TypedRateLimitingInterface[string]
+
+	mu      sync.Mutex
+	desired map[string]any // nil value: allocd deleted it
+	synced  bool           // the first listing was queued
+}
+
+// New returns a Writer of k with workers workers.
+func New(log *slog.Logger, k Kind, workers int, m *Metrics) *Writer {
+	return &Writer{
+		kind:    k,
+		log:     log.With("kind", k.Name()),
+		workers: max(workers, 1),
+		m:       m,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: k.Name()}),
+		desired: map[string]any{},
+	}
+}
+
+// Register adds the handler that puts right what someone else changes or deletes in
+// the cluster. Call it before the informer starts.
+func (w *Writer) Register() error {
+	requeue := func(obj any) {
+		key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+		if err != nil {
+			return
+		}
+		w.mu.Lock()
+		_, known := w.desired[key]
+		w.mu.Unlock()
+		if known {
+			w.queue.Add(key)
+		}
+	}
+	_, err := w.kind.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, cur any) { requeue(cur) },
+		DeleteFunc: requeue,
+	})
+	return err
+}
+
+// Synced reports whether allocd's objects were listed once and every key of the
+// listing was written or tried.
+func (w *Writer) Synced() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.synced
+}
+
+// Run waits for the informer's cache, then writes until ctx ends and returns nil.
+// Follow errors are logged and followed by a new listing, with backoff.
+func (w *Writer) Run(ctx context.Context) error {
+	if !cache.WaitForCacheSync(ctx.Done(), w.kind.Informer().HasSynced) {
+		return nil
+	}
+	var wg sync.WaitGroup
+	for range w.workers {
+		wg.Go(func() {
+			for w.next(ctx) {
+			}
+		})
+	}
+	go func() {
+		<-ctx.Done()
+		w.queue.ShutDown()
+	}()
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := w.follow(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if time.Since(start) > time.Minute {
+			backoff = 100 * time.Millisecond
+		}
+		w.log.Warn("following allocd failed; listing again", "error", err, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	wg.Wait()
+	return nil
+}
+
+// follow lists allocd's objects, queues every key whose state it learns (a key known
+// before and absent now was deleted), then watches from the listing's revision.
+func (w *Writer) follow(ctx context.Context) error {
+	objs, rev, err := w.kind.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list: %w", err)
+	}
+	w.mu.Lock()
+	for key := range w.desired {
+		if _, ok := objs[key]; !ok {
+			w.desired[key] = nil
+			w.queue.Add(key)
+		}
+	}
+	for key, obj := range objs {
+		w.desired[key] = obj
+		w.queue.Add(key)
+	}
+	w.synced = true
+	w.mu.Unlock()
+	w.log.Info("listed allocd's objects", "count", len(objs), "revision", rev)
+	err = w.kind.Watch(ctx, rev, func(key string, obj any, _ int64) {
+		w.mu.Lock()
+		w.desired[key] = obj
+		w.mu.Unlock()
+		w.queue.Add(key)
+	})
+	if errors.Is(err, client.ErrCompacted) {
+		return fmt.Errorf("watch from %d: %w", rev, err)
+	}
+	return err
+}
+
+// next syncs one key; false when the queue is shut down.
+func (w *Writer) next(ctx context.Context) bool {
+	key, quit := w.queue.Get()
+	if quit {
+		return false
+	}
+	defer w.queue.Done(key)
+	w.mu.Lock()
+	obj, known := w.desired[key]
+	w.mu.Unlock()
+	if !known {
+		w.queue.Forget(key)
+		return true
+	}
+	start := time.Now()
+	err := w.kind.Sync(ctx, key, obj)
+	w.m.observeSync(w.kind.Name(), time.Since(start), err)
+	switch {
+	case err == nil:
+		w.queue.Forget(key)
+		if obj == nil {
+			w.forgetDeleted(key)
+		}
+	case ctx.Err() != nil:
+	default:
+		w.log.Info("sync failed; retrying", "key", key, "error", err, "retries", w.queue.NumRequeues(key))
+		w.queue.AddRateLimited(key)
+	}
+	return true
+}
+
+// forgetDeleted drops a key whose deletion is written, unless allocd has a new object
+// for it since.
+func (w *Writer) forgetDeleted(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if obj, ok := w.desired[key]; ok && obj == nil {
+		delete(w.desired, key)
+	}
+}
+
+// Len is the number of keys waiting to be synced.
+func (w *Writer) Len() int { return w.queue.Len() }

@@ -1,0 +1,81 @@
+package tlsfiles
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc/credentials"
+)
+
+// handshakes keeps why the last connection of a Client could not start TLS.
+type handshakes struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (h *handshakes) set(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.err = err
+}
+
+func (h *handshakes) get() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+// HandshakeError returns why the last connection the Client made could not start TLS,
+// nil when it could: its handshake failed, or allocd's first answer was a TLS alert
+// (under TLS 1.3 a server refuses a client certificate so, after the handshake). It is
+// crypto/tls's or crypto/x509's own error, for errors.As: tls.RecordHeaderError when
+// the server does not speak TLS; *tls.CertificateVerificationError or an x509 error
+// when its certificate is not trusted or does not name the host; a *net.OpError whose
+// Op is "remote error" for an alert of the server. gRPC's own error of the call keeps
+// only their text.
+func (c *Client) HandshakeError() error { return c.handshakes.get() }
+
+// recording is a Client's credentials, which keep the error of every connection that
+// could not start TLS.
+type recording struct {
+	credentials.TransportCredentials
+	h *handshakes
+}
+
+// ClientHandshake records a failed handshake, and watches the first read of a
+// connection that it started.
+func (r recording) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn,
+	credentials.AuthInfo, error) {
+	conn, info, err := r.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	if err != nil {
+		r.h.set(err)
+		return nil, nil, err
+	}
+	return &firstRead{Conn: conn, h: r.h}, info, nil
+}
+
+// Clone clones the credentials, which keep recording into the same Client.
+func (r recording) Clone() credentials.TransportCredentials {
+	return recording{TransportCredentials: r.TransportCredentials.Clone(), h: r.h}
+}
+
+// firstRead records the outcome of a connection's first read: an alert of the server
+// instead of its first bytes is why the connection could not start.
+type firstRead struct {
+	net.Conn
+	h    *handshakes
+	done atomic.Bool
+}
+
+func (f *firstRead) Read(b []byte) (int, error) {
+	n, err := f.Conn.Read(b)
+	if (n > 0 || err != nil) && f.done.CompareAndSwap(false, true) {
+		if n > 0 {
+			err = nil
+		}
+		f.h.set(err)
+	}
+	return n, err
+}

@@ -1,0 +1,385 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
+	"github.com/allocd/allocd/server"
+)
+
+// filler allocates one ClusterIP per new owner from many goroutines, and remembers
+// every owner and address (the Services of the repair snapshots).
+type filler struct {
+	clients int
+	addr    string
+	conns   []*grpc.ClientConn
+	mu      sync.Mutex
+	svcs    []*allocdv1.Service
+	seq     atomic.Int64
+}
+
+func newFiller(clients int) *filler { return &filler{clients: clients} }
+
+func (f *filler) dial(addr string) error {
+	if f.addr == addr && len(f.conns) > 0 {
+		return nil
+	}
+	f.close()
+	f.addr = addr
+	for range 4 {
+		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(server.MaxRecvMsgSize)))
+		if err != nil {
+			return err
+		}
+		f.conns = append(f.conns, c)
+	}
+	return nil
+}
+
+func (f *filler) close() {
+	for _, c := range f.conns {
+		c.Close()
+	}
+	f.conns = nil
+}
+
+func (f *filler) alloc(g int) allocdv1.AllocatorServiceClient {
+	return allocdv1.NewAllocatorServiceClient(f.conns[g%len(f.conns)])
+}
+
+// allocate allocates one ClusterIP for owner uid, retrying (the same request: a retry
+// replays) until it succeeds or ctx ends.
+func (f *filler) allocate(ctx context.Context, g int, uid string) (*allocdv1.AllocateResponse, error) {
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		resp, err := f.alloc(g).Allocate(cctx, &allocdv1.AllocateRequest{
+			Owner: &allocdv1.Owner{Namespace: "scale", Name: uid, Uid: uid}})
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return resp, err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// fill allocates until the filler's owners number n.
+func (f *filler) fill(ctx context.Context, addr string, n int) error {
+	if err := f.dial(addr); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	for g := range f.clients {
+		wg.Go(func() {
+			for {
+				k := f.seq.Add(1)
+				if k > int64(n) {
+					f.seq.Add(-1)
+					return
+				}
+				uid := "s-" + strconv.FormatInt(k, 10)
+				resp, err := f.allocate(ctx, g, uid)
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				f.mu.Lock()
+				f.svcs = append(f.svcs,
+					&allocdv1.Service{Namespace: "scale", Name: uid, Uid: uid, ClusterIps: resp.ClusterIps})
+				f.mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if v := firstErr.Load(); v != nil {
+		return v.(error)
+	}
+	return nil
+}
+
+// row is one point's measurements.
+type row struct {
+	n                    int
+	rate                 float64       // Allocates per second, ok calls
+	cpu                  time.Duration // allocd's CPU per Allocate in the rate run
+	rss, etcdRSS, extRSS int64
+	data, db             int64
+	pass                 time.Duration
+	restart, etcdStart   time.Duration
+	join, extRestart     time.Duration
+}
+
+// measure takes a point's measurements (see the package doc) and leaves allocd
+// running on its embedded etcd.
+func (s *stack) measure(ctx context.Context, f *filler, n int) (row, error) {
+	r := row{n: n}
+	var err error
+	if r.rate, r.cpu, err = s.rateRun(ctx, f, n); err != nil {
+		return r, err
+	}
+	r.rss = rss(s.allocd.Process.Pid)
+	r.data, r.db = dirSize(s.data), dbSize(s.data)
+	if s.o.repair && n > 0 {
+		if r.pass, err = s.repairPass(ctx, f); err != nil {
+			return r, err
+		}
+	}
+	// kill -9 → SERVING, on the embedded etcd.
+	s.killAllocd()
+	if r.restart, err = s.startAllocd(ctx, ""); err != nil {
+		return r, err
+	}
+	s.killAllocd()
+	// etcd alone, then an allocd on it: a replica joining, and its kill -9 → SERVING.
+	if r.etcdStart, err = s.startEtcd(); err != nil {
+		return r, err
+	}
+	time.Sleep(time.Second)
+	r.etcdRSS = rss(s.etcd.Process.Pid)
+	ext := "http://" + s.etcdClient
+	if r.join, err = s.startAllocd(ctx, ext); err != nil {
+		return r, err
+	}
+	r.extRSS = rss(s.allocd.Process.Pid)
+	s.killAllocd()
+	if r.extRestart, err = s.startAllocd(ctx, ext); err != nil {
+		return r, err
+	}
+	s.killAllocd()
+	s.stopEtcd()
+	_, err = s.startAllocd(ctx, "")
+	return r, err
+}
+
+// rateRun runs Allocate (one ClusterIP, new owners) from f.clients goroutines for
+// the rate duration, then releases what it allocated; it returns the rate of ok calls
+// and allocd's CPU per ok call. At the profile point it takes allocd's profiles.
+func (s *stack) rateRun(ctx context.Context, f *filler, n int) (float64, time.Duration, error) {
+	if err := f.dial(s.grpcAddr); err != nil {
+		return 0, 0, err
+	}
+	pid := s.allocd.Process.Pid
+	var profErr chan error
+	if s.o.profileAt > 0 && n == s.o.profileAt {
+		profErr = make(chan error, 1)
+		secs := max(1, int(s.o.rateDuration.Seconds())-2)
+		go func() {
+			err := s.profile("profile", "?seconds="+strconv.Itoa(secs),
+				filepath.Join(s.o.profileDir, fmt.Sprintf("cpu-%d.pprof", n)))
+			if err == nil {
+				err = s.profile("heap", "", filepath.Join(s.o.profileDir, fmt.Sprintf("heap-%d.pprof", n)))
+			}
+			profErr <- err
+		}()
+	}
+	var ok atomic.Int64
+	var mu sync.Mutex
+	var uids []string
+	cpu0 := procCPU(pid)
+	start := time.Now()
+	run := start.UnixNano() // owners of this run only: none was ever released
+	deadline := start.Add(s.o.rateDuration)
+	var wg sync.WaitGroup
+	for g := range f.clients {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(deadline); i++ {
+				uid := fmt.Sprintf("rate-%d-%d-%d", run, g, i)
+				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				_, err := f.alloc(g).Allocate(cctx, &allocdv1.AllocateRequest{
+					Owner: &allocdv1.Owner{Namespace: "scale", Name: uid, Uid: uid}})
+				cancel()
+				if err == nil {
+					ok.Add(1)
+				}
+				mu.Lock()
+				uids = append(uids, uid)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	el := time.Since(start)
+	cpu := procCPU(pid) - cpu0
+	if profErr != nil {
+		if err := <-profErr; err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := f.release(ctx, uids); err != nil {
+		return 0, 0, err
+	}
+	k := ok.Load()
+	if k == 0 {
+		return 0, 0, fmt.Errorf("no Allocate succeeded in the rate run at %d", n)
+	}
+	return float64(k) / el.Seconds(), cpu / time.Duration(k), nil
+}
+
+// release releases every allocation of the owners uids.
+func (f *filler) release(ctx context.Context, uids []string) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	for g := range f.clients {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(uids) {
+					return
+				}
+				for try := 0; ; try++ {
+					cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+					_, err := f.alloc(g).Release(cctx, &allocdv1.ReleaseRequest{
+						Owner: &allocdv1.Owner{Namespace: "scale", Name: uids[i], Uid: uids[i]}})
+					cancel()
+					if err == nil {
+						break
+					}
+					if try == 10 {
+						firstErr.CompareAndSwap(nil, err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if v := firstErr.Load(); v != nil {
+		return v.(error)
+	}
+	return nil
+}
+
+var snapshotRev atomic.Int64
+
+// repairPass pushes the filler's Services as a snapshot and runs a repair pass; it
+// returns the pass's duration as allocd reports it.
+func (s *stack) repairPass(ctx context.Context, f *filler) (time.Duration, error) {
+	conn := f.conns[0]
+	rc := allocdv1.NewRepairServiceClient(conn)
+	f.mu.Lock()
+	svcs := f.svcs
+	f.mu.Unlock()
+	rev := snapshotRev.Add(1)
+	// The repair leader of the replica killed before holds its election key until its
+	// lease runs out: push again until this one leads.
+	for try := 0; ; try++ {
+		err := pushSnapshot(ctx, rc, rev, svcs)
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || try == 120 {
+			return 0, err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	var best time.Duration
+	for range 2 {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		resp, err := rc.RunRepair(cctx, &allocdv1.RunRepairRequest{})
+		cancel()
+		rep := resp.GetReport()
+		if err != nil {
+			return 0, fmt.Errorf("run repair: %w", err)
+		}
+		if rep.Error != "" {
+			return 0, fmt.Errorf("repair pass: %s", rep.Error)
+		}
+		if d := rep.Duration.AsDuration(); best == 0 || d < best {
+			best = d
+		}
+	}
+	return best, nil
+}
+
+// pushSnapshot pushes svcs as the snapshot of revision rev, in chunks.
+func pushSnapshot(ctx context.Context, rc allocdv1.RepairServiceClient, rev int64,
+	svcs []*allocdv1.Service) error {
+	stream, err := rc.PushServiceSnapshot(ctx)
+	if err != nil {
+		return err
+	}
+	const chunk = 50_000
+	for i := 0; i == 0 || i < len(svcs); i += chunk {
+		part := svcs[i:min(i+chunk, len(svcs))]
+		req := &allocdv1.PushServiceSnapshotRequest{Snapshot: &allocdv1.ServiceSnapshot{Revision: rev,
+			Services: part}}
+		if err := stream.Send(req); err != nil {
+			_, err = stream.CloseAndRecv()
+			return fmt.Errorf("push snapshot: %w", err)
+		}
+	}
+	_, err = stream.CloseAndRecv()
+	return err
+}
+
+// procCPU is the user + system CPU time of pid.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ = 100
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
+
+func secs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
+
+func (r row) print(w io.Writer, _ bool) {
+	fmt.Fprintf(w, "at %d: Allocate %.0f/s (%.1f µs CPU each), RSS %s, data %s (db %s), repair pass "+
+		"%v, kill -9 → SERVING %s; etcd alone: start %s, RSS %s; allocd on it: join %s, kill -9 → "+
+		"SERVING %s, RSS %s\n",
+		r.n, r.rate, float64(r.cpu)/float64(time.Microsecond), mib(r.rss), mib(r.data), mib(r.db),
+		r.pass.Round(time.Millisecond),
+		secs(r.restart), secs(r.etcdStart), mib(r.etcdRSS), secs(r.join), secs(r.extRestart), mib(r.extRSS))
+}
+
+// printTable prints every point in one table, with the rate against the empty store's.
+func printTable(w io.Writer, rows []row) {
+	fmt.Fprintln(w,
+		"| allocations | Allocate rate | vs empty | CPU/Allocate | repair pass | kill -9 → SERVING | etcd "+
+			"alone: start | allocd joining (external etcd) | kill -9 → SERVING (external) | RSS allocd | "+
+			"RSS etcd alone | RSS ratio | data dir | per allocation |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	base := rows[0].rate
+	for _, r := range rows {
+		per := "-"
+		if r.n > 0 {
+			per = fmt.Sprintf("%.0f B", float64(r.data)/float64(r.n))
+		}
+		pass := "-"
+		if r.pass > 0 {
+			pass = secs(r.pass)
+		}
+		fmt.Fprintf(w,
+			"| %d | %.0f/s | %.2f | %.0f µs | %s | %s | %s | %s | %s | %s | %s | %.2f | %s | %s |\n",
+			r.n, r.rate, r.rate/base, float64(r.cpu)/float64(time.Microsecond), pass, secs(r.restart),
+			secs(r.etcdStart),
+			secs(r.join), secs(r.extRestart), mib(r.rss), mib(r.etcdRSS),
+			float64(r.rss)/float64(max(r.etcdRSS, 1)),
+			mib(r.data), per)
+	}
+}

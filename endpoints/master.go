@@ -27,17 +27,17 @@ func (t *term) keepMaster(ctx context.Context) error {
 		return nil
 	case <-t.listed:
 	}
-	retry := time.NewTimer(time.Hour)
+	retry := t.c.cfg.Clock.NewTimer(time.Hour)
 	defer retry.Stop()
-	resync := time.NewTicker(t.c.cfg.MasterResync)
+	resync := t.c.cfg.Clock.NewTicker(t.c.cfg.MasterResync)
 	defer resync.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.masterc:
-		case <-retry.C:
-		case <-resync.C:
+		case <-retry.Chan():
+		case <-resync.Chan():
 		}
 		err := t.syncMaster(ctx)
 		switch {

@@ -1,6 +1,7 @@
 package endpoints
 
 import (
+	"slices"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -15,25 +16,64 @@ import (
 // strings (protobuf-go refuses to send others), whose slice endpoints all have
 // conditions (the conversion always sends them), no optional string present but
 // empty (the conversion leaves those out) and ports with their name, number and
-// protocol (the conversion always sends them): what allocd writes. Anything else goes the
-// way of decode and conversion, errors included.
+// protocol (the conversion always sends them), no field the API's message does not
+// know (a watcher would keep it, the decoding drops it) and no message field twice (a
+// watcher merges the two, the decoding keeps the last): what allocd writes. Anything
+// else goes the way of decode and conversion, errors included.
 
 // errNotExact stops the walk of a value that is not sent as stored.
 var errNotExact = errMalformed
 
+// The schemas of the messages inside the stored ones, as the API's messages have them
+// (codec.go's stringsSchema serves several of them for decoding; sending as stored needs
+// each message's own).
+var (
+	mapEntrySchema  = schema{-1, bytesField, bytesField}
+	referenceSchema = schema{-1, bytesField, bytesField, bytesField, bytesField}
+	addressSchema   = schema{-1, bytesField, bytesField, bytesField, bytesField}
+)
+
+// exactFields is fields for a value sent as stored: a field that sc does not know, or one
+// of the message fields in once seen a second time, makes it not exact.
+func exactFields(b []byte, sc schema, once []protowire.Number,
+	fn func(num protowire.Number, v []byte, n uint64) error) error {
+	var seen uint64
+	for rest := b; len(rest) > 0; {
+		num, typ, n := protowire.ConsumeTag(rest)
+		if n < 0 {
+			return errMalformed
+		}
+		if int(num) >= len(sc) || sc[num] < 0 {
+			return errNotExact
+		}
+		if slices.Contains(once, num) {
+			if seen&(1<<num) != 0 {
+				return errNotExact
+			}
+			seen |= 1 << num
+		}
+		m := protowire.ConsumeFieldValue(num, typ, rest[n:])
+		if m < 0 {
+			return errMalformed
+		}
+		rest = rest[n+m:]
+	}
+	return fields(b, sc, fn)
+}
+
 // exactEndpoints reports whether a stored Endpoints object is sent to watchers as it is
 // stored (see above).
 func exactEndpoints(b []byte) bool {
-	return fields(b, endpointsSchema, func(num protowire.Number, v []byte, _ uint64) error {
+	return exactFields(b, endpointsSchema, nil, func(num protowire.Number, v []byte, _ uint64) error {
 		switch num {
 		case 1, 2, 7, 8:
 			return validUTF8(v)
 		case 3, 4:
-			return stringFields(v)
+			return stringFields(v, mapEntrySchema)
 		case 5:
-			return fields(v, subsetSchema, func(num protowire.Number, v []byte, _ uint64) error {
+			return exactFields(v, subsetSchema, nil, func(num protowire.Number, v []byte, _ uint64) error {
 				if num == 3 {
-					return fields(v, portSchema, stringsBut(2))
+					return exactFields(v, portSchema, nil, stringsBut(2))
 				}
 				return exactAddress(v)
 			})
@@ -43,9 +83,10 @@ func exactEndpoints(b []byte) bool {
 }
 
 func exactAddress(b []byte) error {
-	return fields(b, stringsSchema, func(num protowire.Number, v []byte, _ uint64) error {
+	return exactFields(b, addressSchema, []protowire.Number{4}, func(num protowire.Number, v []byte,
+		_ uint64) error {
 		if num == 4 {
-			return stringFields(v) // the target reference
+			return stringFields(v, referenceSchema) // the target reference
 		}
 		return validUTF8(v)
 	})
@@ -54,12 +95,12 @@ func exactAddress(b []byte) error {
 // exactSlice reports whether a stored slice is sent to watchers as it is stored (see
 // above).
 func exactSlice(b []byte) bool {
-	return fields(b, sliceSchema, func(num protowire.Number, v []byte, _ uint64) error {
+	return exactFields(b, sliceSchema, nil, func(num protowire.Number, v []byte, _ uint64) error {
 		switch num {
 		case 1, 2, 5, 6:
 			return validUTF8(v)
 		case 3, 4:
-			return stringFields(v)
+			return stringFields(v, mapEntrySchema)
 		case 7:
 			return exactSliceEndpoint(v)
 		case 8:
@@ -73,7 +114,7 @@ func exactSlice(b []byte) bool {
 // sends them even when empty).
 func exactSlicePort(b []byte) error {
 	var seen [5]bool
-	err := fields(b, portSchema, func(num protowire.Number, v []byte, n uint64) error {
+	err := exactFields(b, portSchema, nil, func(num protowire.Number, v []byte, n uint64) error {
 		seen[num] = true
 		return stringsBut(2)(num, v, n)
 	})
@@ -85,23 +126,26 @@ func exactSlicePort(b []byte) error {
 
 func exactSliceEndpoint(b []byte) error {
 	conditions := false
-	err := fields(b, sliceEndpointSchema, func(num protowire.Number, v []byte, _ uint64) error {
+	err := exactFields(b, sliceEndpointSchema, []protowire.Number{2, 6, 7}, func(num protowire.Number,
+		v []byte, _ uint64) error {
 		switch num {
 		case 1:
 			return validUTF8(v)
 		case 2:
 			conditions = true
-			return fields(v, conditionsSchema, func(protowire.Number, []byte, uint64) error { return nil })
+			return exactFields(v, conditionsSchema, nil, func(protowire.Number, []byte, uint64) error {
+				return nil
+			})
 		case 3, 4, 5:
 			if len(v) == 0 {
 				return errNotExact
 			}
 			return validUTF8(v)
 		case 6:
-			return stringFields(v)
+			return stringFields(v, referenceSchema)
 		case 7:
-			return fields(v, hintsSchema, func(_ protowire.Number, v []byte, _ uint64) error {
-				return stringFields(v)
+			return exactFields(v, hintsSchema, nil, func(_ protowire.Number, v []byte, _ uint64) error {
+				return stringFields(v, nameSchema) // a ForZone or a ForNode
 			})
 		}
 		return nil
@@ -112,10 +156,10 @@ func exactSliceEndpoint(b []byte) error {
 	return err
 }
 
-// stringFields checks a message whose known fields are all strings (a map entry, an
-// object reference, a hint), by stringsSchema.
-func stringFields(b []byte) error {
-	return fields(b, stringsSchema, func(_ protowire.Number, v []byte, _ uint64) error {
+// stringFields checks a message of schema sc whose fields are all strings (a map entry,
+// an object reference, a hint's zone or node).
+func stringFields(b []byte, sc schema) error {
+	return exactFields(b, sc, nil, func(_ protowire.Number, v []byte, _ uint64) error {
 		return validUTF8(v)
 	})
 }

@@ -6,6 +6,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/allocd/allocd/endpoints"
@@ -39,7 +40,32 @@ func storedEndpoints() map[string]*allocdv1.ServiceEndpoints {
 		"bare": {Namespace: "ns", Name: "bare"},
 		"empty-subset": {Namespace: "ns", Name: "empty-subset",
 			Subsets: []*allocdv1.ServiceEndpointSubset{{}}},
+		"unknown-field": withUnknown(&allocdv1.ServiceEndpoints{Namespace: "ns", Name: "unknown-field"},
+			bytesField(11, []byte("from a newer allocd"))),
+		"twice-ref": {Namespace: "ns", Name: "twice-ref",
+			Subsets: []*allocdv1.ServiceEndpointSubset{{
+				Addresses: []*allocdv1.EndpointAddress{withUnknown(&allocdv1.EndpointAddress{Ip: "10.0.0.9",
+					TargetRef: ref("p9")}, bytesField(4, marshal(&allocdv1.ObjectReference{Uid: "other"})))}}}},
 	}
+}
+
+// withUnknown gives m the unknown-field bytes raw: marshalled after m's known fields,
+// they make a field the API's message does not know, or a second copy of one it does.
+func withUnknown[M proto.Message](m M, raw []byte) M {
+	m.ProtoReflect().SetUnknown(raw)
+	return m
+}
+
+func bytesField(num protowire.Number, v []byte) []byte {
+	return protowire.AppendBytes(protowire.AppendTag(nil, num, protowire.BytesType), v)
+}
+
+func marshal(m proto.Message) []byte {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
 func storedSlices() map[string]*allocdv1.EndpointSlice {
@@ -83,7 +109,25 @@ func storedSlices() map[string]*allocdv1.EndpointSlice {
 		"svc-empty-host":    slice("svc-empty-host", []*allocdv1.SliceEndpoint{emptyHost}, port),
 		"svc-unnamed-port": slice("svc-unnamed-port", []*allocdv1.SliceEndpoint{ep("10.0.0.6")},
 			&allocdv1.EndpointSlicePort{Port: proto.Int32(80)}),
+		// What allocd does not write either: a field the API does not know, at the top or
+		// in a hint's zone; a target reference or hints twice in one endpoint.
+		"svc-unknown": withUnknown(slice("svc-unknown", []*allocdv1.SliceEndpoint{ep("10.0.0.7")}, port),
+			bytesField(12, []byte("x"))),
+		"svc-zone-unknown": slice("svc-zone-unknown", []*allocdv1.SliceEndpoint{withHints(ep("10.0.0.8"),
+			&allocdv1.EndpointHints{ForZones: []*allocdv1.ForZone{withUnknown(&allocdv1.ForZone{Name: "z1"},
+				bytesField(2, []byte("z9")))}})}, port),
+		"svc-twice-ref": slice("svc-twice-ref", []*allocdv1.SliceEndpoint{withUnknown(ep("10.0.0.9"),
+			bytesField(6, marshal(&allocdv1.ObjectReference{Uid: "other"})))}, port),
+		"svc-twice-hints": slice("svc-twice-hints", []*allocdv1.SliceEndpoint{withUnknown(
+			withHints(ep("10.0.0.10"), &allocdv1.EndpointHints{ForZones: []*allocdv1.ForZone{{Name: "z1"}}}),
+			bytesField(7, marshal(&allocdv1.EndpointHints{ForZones: []*allocdv1.ForZone{{Name: "z2"}}})))},
+			port),
 	}
+}
+
+func withHints(ep *allocdv1.SliceEndpoint, h *allocdv1.EndpointHints) *allocdv1.SliceEndpoint {
+	ep.Hints = h
+	return ep
 }
 
 // TestWatchSendsWhatListSends: every Added, Modified and Deleted event of

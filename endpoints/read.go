@@ -293,8 +293,9 @@ func (s store[T]) watchKVs(ctx context.Context, scope string, startRev int64,
 		if err := wr.Err(); err != nil {
 			return fmt.Errorf("watch %s: %w", s.what, err)
 		}
-		for _, ev := range wr.Events {
-			if err := s.sendEvent(wctx, ev, send); err != nil {
+		last := s.lastStates(wctx, wr.Events)
+		for i, ev := range wr.Events {
+			if err := s.sendEvent(wctx, ev, last[i], send); err != nil {
 				return err
 			}
 		}
@@ -329,14 +330,59 @@ func (s store[T]) sendAll(ctx context.Context, scope string,
 	}
 }
 
+// lastStatesPerTxn bounds the reads of one transaction of lastStates (etcd's
+// --max-txn-ops is 128 by default).
+const lastStatesPerTxn = 32
+
+// lastStates reads the last state of each delete among evs (by position), a transaction
+// per lastStatesPerTxn of them, each at the revision before its delete: one round trip
+// for a namespace's worth of deletes instead of one per delete. A read that fails (a
+// compacted revision, a smaller --max-txn-ops) leaves its deletes out; sendEvent reads
+// those one by one and answers as it always did.
+func (s store[T]) lastStates(ctx context.Context, evs []*clientv3.Event) map[int]*mvccpb.KeyValue {
+	var at []int
+	var ops []clientv3.Op
+	out := map[int]*mvccpb.KeyValue{}
+	flush := func() {
+		if len(ops) == 0 {
+			return
+		}
+		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+		if err == nil {
+			for j, r := range resp.Responses {
+				if kvs := r.GetResponseRange().GetKvs(); len(kvs) == 1 {
+					out[at[j]] = kvs[0]
+				}
+			}
+		}
+		at, ops = at[:0], ops[:0]
+	}
+	for i, ev := range evs {
+		if ev.Type != mvccpb.DELETE || s.relKey(ev.Kv.Key) == "" {
+			continue
+		}
+		at = append(at, i)
+		ops = append(ops, clientv3.OpGet(string(ev.Kv.Key), clientv3.WithRev(ev.Kv.ModRevision-1)))
+		if len(ops) == lastStatesPerTxn {
+			flush()
+		}
+	}
+	flush()
+	return out
+}
+
 // sendEvent sends one etcd event of an object under the prefix; a delete with the
-// object's last state, read at the revision before it.
-func (s store[T]) sendEvent(ctx context.Context, ev *clientv3.Event,
+// object's last state (prev, read by lastStates, or read here at the revision before
+// the delete when prev is nil).
+func (s store[T]) sendEvent(ctx context.Context, ev *clientv3.Event, prev *mvccpb.KeyValue,
 	send func(WatchType, *mvccpb.KeyValue, int64) error) error {
 	if s.relKey(ev.Kv.Key) == "" {
 		return nil
 	}
 	rev := ev.Kv.ModRevision
+	if ev.Type == mvccpb.DELETE && prev != nil {
+		return send(Deleted, prev, rev)
+	}
 	if ev.Type == mvccpb.DELETE {
 		resp, err := s.cli.Get(ctx, string(ev.Kv.Key), clientv3.WithRev(rev-1))
 		switch {

@@ -349,7 +349,9 @@ func (in *inputs) servicesSelecting(dst map[string]struct{}, p *Pod) {
 		return
 	}
 	for _, s := range idx[allPods] {
-		dst[s.Key()] = struct{}{}
+		if selects(s.Selector, p.Labels) { // all of them, but for a selector ""="" (the Go API's)
+			dst[s.Key()] = struct{}{}
+		}
 	}
 	for k, v := range p.Labels {
 		for _, s := range idx[label{k, v}] {

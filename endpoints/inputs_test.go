@@ -34,6 +34,9 @@ func TestServicesSelecting(t *testing.T) {
 			map[string]string{"app": "b"})}, nil, nil},
 		{"selector changed to", []*Service{svc("s", map[string]string{"app": "b"}), svc("s",
 			map[string]string{"app": "a"})}, nil, []string{"ns/s"}},
+		// Not a selector the feed takes (an empty key), but the Go API: it selects the
+		// Pods labelled ""="", as the walk over every Service found.
+		{"empty pair", []*Service{svc("s", map[string]string{"": ""})}, nil, nil},
 		{"empty then none", []*Service{svc("s", map[string]string{}), svc("s", nil)}, nil, nil},
 		{"deleted", []*Service{svc("s", map[string]string{"app": "a"}), svc("t",
 			map[string]string{"tier": "web"})},

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -203,6 +204,13 @@ func (d *Daemon) servePprof() {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	addr := d.plis.Addr().String()
+	if ap, err := netip.ParseAddrPort(addr); err == nil && !ap.Addr().IsLoopback() {
+		d.log.Warn("pprof serves profiles and the command line without authentication on a "+
+			"non-loopback address", "pprof", addr)
+	} else {
+		d.log.Info("pprof serving", "pprof", addr)
+	}
 	d.psrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelDebug)}
 	d.group.Go(func() error {

@@ -44,8 +44,9 @@ func storedEndpoints() map[string]*allocdv1.ServiceEndpoints {
 			bytesField(11, []byte("from a newer allocd"))),
 		"twice-ref": {Namespace: "ns", Name: "twice-ref",
 			Subsets: []*allocdv1.ServiceEndpointSubset{{
-				Addresses: []*allocdv1.EndpointAddress{withUnknown(&allocdv1.EndpointAddress{Ip: "10.0.0.9",
-					TargetRef: ref("p9")}, bytesField(4, marshal(&allocdv1.ObjectReference{Uid: "other"})))}}}},
+				Addresses: []*allocdv1.EndpointAddress{withUnknown(
+					&allocdv1.EndpointAddress{Ip: "10.0.0.9", TargetRef: ref("p9")},
+					bytesField(4, marshal(&allocdv1.ObjectReference{Uid: "other"})))}}}},
 	}
 }
 

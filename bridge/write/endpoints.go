@@ -42,6 +42,7 @@ type Endpoints struct {
 	c    *client.Client
 	kube kubernetes.Interface
 	inf  cache.SharedIndexInformer
+	svcs cache.SharedIndexInformer
 	m    *Metrics
 	last *lastWritten[*corev1.Endpoints]
 	// kubernetes: default/kubernetes is written too (from allocd's master leases).
@@ -60,8 +61,8 @@ func NewEndpoints(c *client.Client, kube kubernetes.Interface, f informers.Share
 	kubernetesSvc bool) *Endpoints {
 	inf := f.Core().V1().Endpoints().Informer()
 	_ = inf.SetTransform(dropManagedFields) // fails only once started
-	return &Endpoints{c: c, kube: kube, inf: inf, m: m, last: newLastWritten[*corev1.Endpoints](),
-		kubernetes: kubernetesSvc}
+	return &Endpoints{c: c, kube: kube, inf: inf, svcs: f.Core().V1().Services().Informer(), m: m,
+		last: newLastWritten[*corev1.Endpoints](), kubernetes: kubernetesSvc}
 }
 
 func (e *Endpoints) skip(key string) bool { return key == kubernetesKey && !e.kubernetes }
@@ -71,6 +72,24 @@ func (*Endpoints) Name() string { return "endpoints" }
 
 // Informer implements Kind.
 func (e *Endpoints) Informer() cache.SharedIndexInformer { return e.inf }
+
+// HasSynced implements Kind.
+func (e *Endpoints) HasSynced() bool { return e.inf.HasSynced() && e.svcs.HasSynced() }
+
+// Leftovers implements Kind: the Endpoints labelled by the endpoint controller that
+// allocd lacks, of a Service that is gone (kube-controller-manager's
+// checkLeftoverEndpoints; allocd always holds the Endpoints of a Service with a
+// selector, so lacking one of those means allocd looks reset).
+func (e *Endpoints) Leftovers(listed map[string]any) ([]string, error) {
+	return leftovers(e.inf.GetStore().List(), func(o any) clusterObject {
+		ep := o.(*corev1.Endpoints)
+		key := ep.Namespace + "/" + ep.Name
+		return clusterObject{key: key, service: key, managed: ep.Labels[LabelManagedBy] == EndpointController}
+	}, e.svcs.GetStore(), listed, func(o any) string {
+		ep := o.(*allocdv1.ServiceEndpoints)
+		return ep.GetNamespace() + "/" + ep.GetName()
+	})
+}
 
 // List implements Kind: every Endpoints allocd stores, paged, read at one revision.
 func (e *Endpoints) List(ctx context.Context) (map[string]any, int64, error) {

@@ -32,6 +32,7 @@ type EndpointSlices struct {
 	c          *client.Client
 	kube       kubernetes.Interface
 	inf        cache.SharedIndexInformer
+	svcs       cache.SharedIndexInformer
 	m          *Metrics
 	last       *lastWritten[*discoveryv1.EndpointSlice]
 	kubernetes bool
@@ -44,8 +45,28 @@ func NewEndpointSlices(c *client.Client, kube kubernetes.Interface, f informers.
 	kubernetesSvc bool) *EndpointSlices {
 	inf := f.Discovery().V1().EndpointSlices().Informer()
 	_ = inf.SetTransform(dropManagedFields) // fails only once started
-	return &EndpointSlices{c: c, kube: kube, inf: inf, m: m, kubernetes: kubernetesSvc,
-		last: newLastWritten[*discoveryv1.EndpointSlice]()}
+	return &EndpointSlices{c: c, kube: kube, inf: inf, svcs: f.Core().V1().Services().Informer(), m: m,
+		kubernetes: kubernetesSvc, last: newLastWritten[*discoveryv1.EndpointSlice]()}
+}
+
+// HasSynced implements Kind.
+func (e *EndpointSlices) HasSynced() bool { return e.inf.HasSynced() && e.svcs.HasSynced() }
+
+// Leftovers implements Kind: the slices labelled as the EndpointSlice controller's that
+// allocd lacks, of a Service that is gone or has a selector, as the upstream
+// reconciler deletes the slices of a Service it does not want (a Service whose ports
+// changed: its old slices).
+func (e *EndpointSlices) Leftovers(listed map[string]any) ([]string, error) {
+	return leftovers(e.inf.GetStore().List(), func(o any) clusterObject {
+		s := o.(*discoveryv1.EndpointSlice)
+		return clusterObject{key: s.Namespace + "/" + s.Name,
+			service: s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName],
+			managed: s.Labels[discoveryv1.LabelManagedBy] == EndpointSliceController &&
+				s.Labels[discoveryv1.LabelServiceName] != ""}
+	}, e.svcs.GetStore(), listed, func(o any) string {
+		s := o.(*allocdv1.EndpointSlice)
+		return s.GetNamespace() + "/" + s.GetLabels()[discoveryv1.LabelServiceName]
+	})
 }
 
 // Name implements Kind.

@@ -33,6 +33,13 @@ type Kind interface {
 	// Informer is the informer of the kind's cluster objects: a change there that
 	// someone else made is put right. Its store is what Sync compares against.
 	Informer() cache.SharedIndexInformer
+	// HasSynced reports whether the informers the kind reads (its objects', the
+	// Services') have synced.
+	HasSynced() bool
+	// Leftovers returns the keys of the cluster's objects that allocd's controller
+	// manages and that listed (every object allocd holds, by key) lacks, as upstream's
+	// controllers would delete them; a *ResetError when allocd looks reset.
+	Leftovers(listed map[string]any) ([]string, error)
 }
 
 // Writer follows allocd's objects of one Kind and writes them into the cluster with a
@@ -43,7 +50,11 @@ type Kind interface {
 //
 // The desired state of a key changes only when allocd says so (an event, or a
 // complete listing after a broken watch): a Writer never deletes because its own view
-// is incomplete.
+// is incomplete. After each complete listing, once its informers have synced, it
+// sweeps: what allocd deleted while no bridge ran (the cluster's objects with the
+// managed-by label the bridge writes that allocd's listing lacks, see Kind.Leftovers)
+// is deleted too, unless allocd looks reset (a ResetError: the sweep is held off, logged,
+// counted, and tried again every SweepRetry until allocd has caught up).
 type Writer struct {
 	kind    Kind
 	log     *slog.Logger
@@ -51,9 +62,13 @@ type Writer struct {
 	m       *Metrics
 	queue   workqueue.TypedRateLimitingInterface[string]
 
+	// SweepRetry is how often a held-off sweep is tried again; set it before Run.
+	SweepRetry time.Duration
+
 	mu      sync.Mutex
 	desired map[string]any // nil value: allocd deleted it
 	synced  bool           // the first listing was queued
+	sweep   bool           // a sweep is due (a listing came, or one was held off)
 }
 
 // New returns a Writer of k with workers workers.
@@ -66,7 +81,8 @@ func New(log *slog.Logger, k Kind, workers int, m *Metrics) *Writer {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: k.Name()}),
-		desired: map[string]any{},
+		desired:    map[string]any{},
+		SweepRetry: time.Minute,
 	}
 }
 
@@ -103,10 +119,11 @@ func (w *Writer) Synced() bool {
 // Run waits for the informer's cache, then writes until ctx ends and returns nil.
 // Follow errors are logged and followed by a new listing, with backoff.
 func (w *Writer) Run(ctx context.Context) error {
-	if !cache.WaitForCacheSync(ctx.Done(), w.kind.Informer().HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), w.kind.HasSynced) {
 		return nil
 	}
 	var wg sync.WaitGroup
+	wg.Go(func() { w.sweeper(ctx) })
 	for range w.workers {
 		wg.Go(func() {
 			for w.next(ctx) {
@@ -157,8 +174,10 @@ func (w *Writer) follow(ctx context.Context) error {
 		w.queue.Add(key)
 	}
 	w.synced = true
+	w.sweep = true
 	w.mu.Unlock()
 	w.log.Info("listed allocd's objects", "count", len(objs), "revision", rev)
+	w.sweepOnce()
 	err = w.kind.Watch(ctx, rev, func(key string, obj any, _ int64) {
 		w.mu.Lock()
 		w.desired[key] = obj
@@ -169,6 +188,58 @@ func (w *Writer) follow(ctx context.Context) error {
 		return fmt.Errorf("watch from %d: %w", rev, err)
 	}
 	return err
+}
+
+// sweeper tries a held-off sweep again every SweepRetry until ctx ends.
+func (w *Writer) sweeper(ctx context.Context) {
+	t := time.NewTicker(w.SweepRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			w.sweepOnce()
+		}
+	}
+}
+
+// sweepOnce, when a sweep is due, queues the deletion of every leftover of allocd's
+// state as it now stands (its listing and the events since), unless allocd looks reset.
+func (w *Writer) sweepOnce() {
+	w.mu.Lock()
+	if !w.sweep {
+		w.mu.Unlock()
+		return
+	}
+	listed := make(map[string]any, len(w.desired))
+	for key, obj := range w.desired {
+		if obj != nil {
+			listed[key] = obj
+		}
+	}
+	w.mu.Unlock()
+	stale, err := w.kind.Leftovers(listed)
+	if err != nil {
+		w.m.swept(w.kind.Name(), "held")
+		w.log.Warn("sweep of what allocd deleted held off; trying again later", "error", err,
+			"retry", w.SweepRetry)
+		return
+	}
+	w.mu.Lock()
+	w.sweep = false
+	for _, key := range stale {
+		if _, known := w.desired[key]; !known { // allocd has not made it meanwhile
+			w.desired[key] = nil
+			w.queue.Add(key)
+		}
+	}
+	w.mu.Unlock()
+	w.m.swept(w.kind.Name(), "done")
+	if len(stale) > 0 {
+		w.log.Info("deleting the cluster's objects allocd deleted while no bridge ran", "count", len(stale),
+			"keys", stale[:min(len(stale), 10)])
+	}
 }
 
 // next syncs one key; false when the queue is shut down.

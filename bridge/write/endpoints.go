@@ -134,11 +134,17 @@ func (e *Endpoints) Watch(ctx context.Context, rev int64, fn func(string, any, i
 		})
 }
 
-// Sync implements Kind.
+// Sync implements Kind. The Endpoints of a Service that exists without a selector are
+// left alone (not created, updated or deleted), as kube-controller-manager's syncService
+// leaves them: allocd keeps its last object of such a Service, which must not be written
+// over the one its user keeps.
 func (e *Endpoints) Sync(ctx context.Context, key string, obj any) error {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
 		return nil // not a key this writer made
+	}
+	if leftAlone(e.svcs.GetStore(), key) {
+		return nil
 	}
 	cur := e.current(key)
 	if obj == nil {

@@ -123,7 +123,8 @@ func (e *EndpointSlices) Watch(ctx context.Context, rev int64, fn func(string, a
 		})
 }
 
-// Sync implements Kind.
+// Sync implements Kind. The slices of a Service that exists without a selector are
+// left alone, as upstream's reconciler leaves them.
 func (e *EndpointSlices) Sync(ctx context.Context, key string, obj any) error {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
@@ -134,21 +135,17 @@ func (e *EndpointSlices) Sync(ctx context.Context, key string, obj any) error {
 		cur = o.(*discoveryv1.EndpointSlice)
 	}
 	cur = e.last.newer(key, cur)
-	api := e.kube.DiscoveryV1().EndpointSlices(ns)
 	if obj == nil {
-		if cur == nil || cur.Labels[discoveryv1.LabelManagedBy] != EndpointSliceController {
+		if cur == nil || leftAlone(e.svcs.GetStore(), ns+"/"+cur.Labels[discoveryv1.LabelServiceName]) {
 			return nil
 		}
-		uid, rv := cur.UID, cur.ResourceVersion
-		err := api.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
-		if err == nil || apierrors.IsNotFound(err) {
-			e.m.Wrote("endpointslices", "delete")
-			e.last.forget(key)
-			return nil
-		}
-		return fmt.Errorf("delete %s: %w", key, err)
+		return e.remove(ctx, key, cur)
 	}
 	desired := EndpointSliceObject(obj.(*allocdv1.EndpointSlice))
+	if leftAlone(e.svcs.GetStore(), ns+"/"+desired.Labels[discoveryv1.LabelServiceName]) {
+		return nil
+	}
+	api := e.kube.DiscoveryV1().EndpointSlices(ns)
 	if cur == nil {
 		created, err := api.Create(ctx, desired, metav1.CreateOptions{})
 		switch {
@@ -166,6 +163,31 @@ func (e *EndpointSlices) Sync(ctx context.Context, key string, obj any) error {
 			return fmt.Errorf("create %s: %w", key, err)
 		}
 	}
+	return e.update(ctx, key, cur, desired)
+}
+
+// remove deletes cur, allocd having deleted its slice, when the EndpointSlice
+// controller wrote it, with the UID and resourceVersion read as preconditions.
+func (e *EndpointSlices) remove(ctx context.Context, key string, cur *discoveryv1.EndpointSlice) error {
+	if cur.Labels[discoveryv1.LabelManagedBy] != EndpointSliceController {
+		return nil
+	}
+	uid, rv := cur.UID, cur.ResourceVersion
+	err := e.kube.DiscoveryV1().EndpointSlices(cur.Namespace).Delete(ctx, cur.Name,
+		metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+	if err == nil || apierrors.IsNotFound(err) {
+		e.m.Wrote("endpointslices", "delete")
+		e.last.forget(key)
+		return nil
+	}
+	return fmt.Errorf("delete %s: %w", key, err)
+}
+
+// update writes desired over cur unless they already match; on a conflict it reads the
+// slice again and tries once more before giving the key back to the queue.
+func (e *EndpointSlices) update(ctx context.Context, key string,
+	cur, desired *discoveryv1.EndpointSlice) error {
+	api := e.kube.DiscoveryV1().EndpointSlices(cur.Namespace)
 	for attempt := 0; ; attempt++ {
 		if EndpointSliceMatch(cur, desired) {
 			return nil
@@ -185,12 +207,13 @@ func (e *EndpointSlices) Sync(ctx context.Context, key string, obj any) error {
 			e.last.put(key, updated)
 			return nil
 		case apierrors.IsConflict(err) && attempt == 0:
-			if cur, err = api.Get(ctx, name, metav1.GetOptions{}); err != nil {
+			if cur, err = api.Get(ctx, cur.Name, metav1.GetOptions{}); err != nil {
 				return fmt.Errorf("get %s: %w", key, err)
 			}
 		case apierrors.IsInvalid(err) && next.AddressType != cur.AddressType:
 			// addressType is immutable: a slice that changed family is made again.
-			if err := api.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			err := api.Delete(ctx, cur.Name, metav1.DeleteOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("delete %s to change its address type: %w", key, err)
 			}
 			e.last.forget(key)

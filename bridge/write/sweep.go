@@ -74,3 +74,16 @@ func leftovers(objs []any, describe func(any) clusterObject, services cache.Stor
 	}
 	return stale, nil
 }
+
+// leftAlone reports whether the objects of the Service namespace/name are not the
+// bridge's to write: the Service exists without a selector (its Endpoints are kept by
+// someone else, as upstream's controllers leave them; allocd keeps its last computed
+// object, which must not be written over theirs). The kubernetes Service, whose
+// Endpoints the bridge writes from master leases when asked to, is not left alone.
+func leftAlone(services cache.Store, key string) bool {
+	if key == kubernetesKey {
+		return false
+	}
+	obj, exists, _ := services.GetByKey(key)
+	return exists && obj.(*corev1.Service).Spec.Selector == nil
+}

@@ -73,6 +73,9 @@ func (*Endpoints) Name() string { return "endpoints" }
 // Informer implements Kind.
 func (e *Endpoints) Informer() cache.SharedIndexInformer { return e.inf }
 
+// Forget implements Kind.
+func (e *Endpoints) Forget(key string) { e.last.forget(key) }
+
 // HasSynced implements Kind.
 func (e *Endpoints) HasSynced() bool { return e.inf.HasSynced() && e.svcs.HasSynced() }
 
@@ -139,8 +142,7 @@ func (e *Endpoints) Watch(ctx context.Context, rev int64, fn func(string, any, i
 // leaves them: allocd keeps its last object of such a Service, which must not be written
 // over the one its user keeps.
 func (e *Endpoints) Sync(ctx context.Context, key string, obj any) error {
-	ns, name, err := cache.SplitMetaNamespaceKey(key)
-	if err != nil {
+	if _, _, err := cache.SplitMetaNamespaceKey(key); err != nil {
 		return nil // not a key this writer made
 	}
 	if leftAlone(e.svcs.GetStore(), key) {
@@ -152,28 +154,37 @@ func (e *Endpoints) Sync(ctx context.Context, key string, obj any) error {
 	}
 	desired := EndpointsObject(obj.(*allocdv1.ServiceEndpoints))
 	if cur == nil {
-		created, err := e.kube.CoreV1().Endpoints(ns).Create(ctx, desired, metav1.CreateOptions{})
-		switch {
-		case err == nil:
-			e.m.Wrote("endpoints", "create")
-			e.last.put(key, created)
-			return nil
-		case apierrors.IsAlreadyExists(err):
-			// The cache lags: update what is there.
-			if cur, err = e.kube.CoreV1().Endpoints(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
-				return fmt.Errorf("get %s: %w", key, err)
-			}
-		case namespaceGone(err):
-			return nil // as kube-controller-manager: the namespace is going away
-		default:
-			return fmt.Errorf("create %s: %w", key, err)
-		}
+		return e.create(ctx, key, desired)
 	}
 	return e.update(ctx, key, cur, desired)
 }
 
+// create creates desired, or updates what is there when the cache lagged.
+func (e *Endpoints) create(ctx context.Context, key string, desired *corev1.Endpoints) error {
+	api := e.kube.CoreV1().Endpoints(desired.Namespace)
+	created, err := api.Create(ctx, desired, metav1.CreateOptions{})
+	switch {
+	case err == nil:
+		e.m.Wrote("endpoints", "create")
+		e.last.put(key, created)
+		return nil
+	case apierrors.IsAlreadyExists(err):
+		// The cache lags: update what is there.
+		cur, err := api.Get(ctx, desired.Name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("get %s: %w", key, err)
+		}
+		return e.update(ctx, key, cur, desired)
+	case namespaceGone(err):
+		return nil // as kube-controller-manager: the namespace is going away
+	default:
+		return fmt.Errorf("create %s: %w", key, err)
+	}
+}
+
 // update writes desired over cur unless they already match; on a conflict it reads the
-// object again and tries once more before giving the key back to the queue.
+// object again and tries once more before giving the key back to the queue. An object
+// deleted meanwhile is forgotten and created (once: the next try reads it again).
 func (e *Endpoints) update(ctx context.Context, key string, cur, desired *corev1.Endpoints) error {
 	for attempt := 0; ; attempt++ {
 		if EndpointsMatch(cur, desired) {
@@ -195,9 +206,20 @@ func (e *Endpoints) update(ctx context.Context, key string, cur, desired *corev1
 			e.m.Wrote("endpoints", "update")
 			e.last.put(key, updated)
 			return nil
+		case apierrors.IsNotFound(err) && attempt == 0:
+			e.last.forget(key)
+			api := e.kube.CoreV1().Endpoints(cur.Namespace)
+			created, err := api.Create(ctx, desired, metav1.CreateOptions{})
+			if err != nil {
+				return fmt.Errorf("update %s: deleted meanwhile; create: %w", key, err)
+			}
+			e.m.Wrote("endpoints", "create")
+			e.last.put(key, created)
+			return nil
 		case apierrors.IsConflict(err) && attempt == 0:
 			cur, err = e.kube.CoreV1().Endpoints(cur.Namespace).Get(ctx, cur.Name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
+				e.last.forget(key)
 				return fmt.Errorf("update %s: deleted meanwhile", key)
 			}
 			if err != nil {

@@ -49,6 +49,9 @@ func NewEndpointSlices(c *client.Client, kube kubernetes.Interface, f informers.
 		kubernetes: kubernetesSvc, last: newLastWritten[*discoveryv1.EndpointSlice]()}
 }
 
+// Forget implements Kind.
+func (e *EndpointSlices) Forget(key string) { e.last.forget(key) }
+
 // HasSynced implements Kind.
 func (e *EndpointSlices) HasSynced() bool { return e.inf.HasSynced() && e.svcs.HasSynced() }
 
@@ -206,8 +209,21 @@ func (e *EndpointSlices) update(ctx context.Context, key string,
 			e.m.Wrote("endpointslices", "update")
 			e.last.put(key, updated)
 			return nil
+		case apierrors.IsNotFound(err) && attempt == 0:
+			// Deleted meanwhile: forgotten, and created.
+			e.last.forget(key)
+			created, err := api.Create(ctx, desired, metav1.CreateOptions{})
+			if err != nil {
+				return fmt.Errorf("update %s: deleted meanwhile; create: %w", key, err)
+			}
+			e.m.Wrote("endpointslices", "create")
+			e.last.put(key, created)
+			return nil
 		case apierrors.IsConflict(err) && attempt == 0:
 			if cur, err = api.Get(ctx, cur.Name, metav1.GetOptions{}); err != nil {
+				if apierrors.IsNotFound(err) {
+					e.last.forget(key)
+				}
 				return fmt.Errorf("get %s: %w", key, err)
 			}
 		case apierrors.IsInvalid(err) && next.AddressType != cur.AddressType:
@@ -240,6 +256,9 @@ func EndpointSliceObject(s *allocdv1.EndpointSlice) *discoveryv1.EndpointSlice {
 	}
 	for _, ep := range s.GetEndpoints() {
 		c := ep.GetConditions()
+		if c == nil { // every condition unknown
+			c = &allocdv1.EndpointConditions{}
+		}
 		e := discoveryv1.Endpoint{Addresses: ep.GetAddresses(), Hostname: ep.Hostname, NodeName: ep.NodeName, Zone: ep.Zone,
 			Conditions: discoveryv1.EndpointConditions{Ready: c.Ready, Serving: c.Serving, Terminating: c.Terminating}}
 		if r := ep.GetTargetRef(); r != nil {

@@ -33,6 +33,9 @@ type Kind interface {
 	// Informer is the informer of the kind's cluster objects: a change there that
 	// someone else made is put right. Its store is what Sync compares against.
 	Informer() cache.SharedIndexInformer
+	// Forget drops what the kind remembers of key's cluster object beside the
+	// informer (the object it wrote last): the informer saw it deleted.
+	Forget(key string)
 	// HasSynced reports whether the informers the kind reads (its objects', the
 	// Services') have synced.
 	HasSynced() bool
@@ -103,7 +106,12 @@ func (w *Writer) Register() error {
 	}
 	_, err := w.kind.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(_, cur any) { requeue(cur) },
-		DeleteFunc: requeue,
+		DeleteFunc: func(obj any) {
+			if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+				w.kind.Forget(key)
+			}
+			requeue(obj)
+		},
 	})
 	return err
 }

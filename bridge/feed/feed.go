@@ -46,6 +46,10 @@ type Source struct {
 
 	resyncs   atomic.Int64
 	onService func(old, cur *corev1.Service)
+	// seen is, per kind, the highest revision of a change handed to the Feeder (each
+	// informer calls its handler from one goroutine).
+	seen        [kinds]atomic.Int64
+	loggedOrder atomic.Int64 // when inOrder last logged, Unix nanoseconds
 }
 
 // Option configures New.
@@ -103,40 +107,77 @@ func (s *Source) resync() {
 	s.feeder.Resync()
 }
 
-// Resyncs is how many times the Source asked for snapshots after a broken watch or a
-// tombstone.
+// Resyncs is how many times the Source asked for snapshots after a broken watch, a
+// tombstone, or a change older than one fed before.
 func (s *Source) Resyncs() int64 { return s.resyncs.Load() }
 
-func (s *Source) handler() cache.ResourceEventHandlerFuncs {
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.upsert(nil, obj) },
-		UpdateFunc: func(old, cur any) { s.upsert(old, cur) },
+func (s *Source) handler() cache.ResourceEventHandlerDetailedFuncs {
+	return cache.ResourceEventHandlerDetailedFuncs{
+		// The first list comes in no order, before the first snapshots: not checked.
+		AddFunc:    func(obj any, initial bool) { s.upsert(nil, obj, !initial) },
+		UpdateFunc: func(old, cur any) { s.upsert(old, cur, true) },
 		DeleteFunc: s.remove,
 	}
 }
 
-func (s *Source) upsert(old, obj any) {
+// upsert feeds an add or update; check says whether its revision order is checked.
+func (s *Source) upsert(old, obj any, check bool) {
+	changed := check
+	if o, ok := old.(metav1.Object); ok {
+		// An informer's periodic resync hands the same object again: not a change.
+		changed = changed && o.GetResourceVersion() != obj.(metav1.Object).GetResourceVersion()
+	}
 	switch o := obj.(type) {
 	case *corev1.Service:
 		s.feeder.UpsertService(Service(o), Revision(o))
+		s.inOrder(services, o, changed)
 		prev, _ := old.(*corev1.Service)
 		s.onService(prev, o)
 	case *corev1.Pod:
 		s.feeder.UpsertPod(Pod(o), Revision(o))
+		s.inOrder(pods, o, changed)
 	case *corev1.Node:
 		s.feeder.UpsertNode(Node(o), Revision(o))
+		s.inOrder(nodes, o, changed)
 	}
+}
+
+// inOrder notes the revision of a change of kind k handed to the Feeder and asks for
+// snapshots when it is older than one handed before. After a watch broke, the
+// reflector relists and replays what changed meanwhile in name order, not revision
+// order, and allocd ignores an event older than one it applied (a readiness flip would
+// be lost until that Pod changes again): a snapshot listed now covers the change.
+func (s *Source) inOrder(k kind, obj metav1.Object, changed bool) {
+	rev := Revision(obj)
+	if !changed || rev == 0 {
+		return
+	}
+	if prev := s.seen[k].Load(); rev < prev {
+		// One line a second at most: a relist replays many.
+		if now := time.Now().UnixNano(); now-s.loggedOrder.Load() > int64(time.Second) {
+			s.loggedOrder.Store(now)
+			s.log.Info("change older than one fed already (an informer's relist); feeding snapshots again",
+				"kind", k.String(), "object", obj.GetNamespace()+"/"+obj.GetName(), "revision", rev,
+				"newest", prev)
+		}
+		s.resync()
+		return
+	}
+	s.seen[k].Store(rev)
 }
 
 func (s *Source) remove(obj any) {
 	switch o := obj.(type) {
 	case *corev1.Service:
 		s.feeder.DeleteService(o.Namespace, o.Name, Revision(o))
+		s.inOrder(services, o, true)
 		s.onService(o, nil)
 	case *corev1.Pod:
 		s.feeder.DeletePod(o.Namespace, o.Name, Revision(o))
+		s.inOrder(pods, o, true)
 	case *corev1.Node:
 		s.feeder.DeleteNode(o.Name, Revision(o))
+		s.inOrder(nodes, o, true)
 	case cache.DeletedFinalStateUnknown:
 		// The delete was missed (a relist found the object gone): its revision is
 		// unknown, so an event could be ignored as old. A snapshot is exact.

@@ -27,8 +27,8 @@ func (webLister) ListNodes() ([]*allocdv1.Node, int64, error) { return nil, 1, n
 
 func webPod(name, ip string) *allocdv1.Pod {
 	return &allocdv1.Pod{Namespace: "ns", Name: name, Uid: "uid-" + name,
-		Labels: map[string]string{"app": "web"}, NodeName: "n1", Phase: "Running", Ready: true, PodIps: []string{ip},
-		Containers: []*allocdv1.Container{{Name: "c"}}}
+		Labels: map[string]string{"app": "web"}, NodeName: "n1", Phase: "Running", Ready: true,
+		PodIps: []string{ip}, Containers: []*allocdv1.Container{{Name: "c"}}}
 }
 
 // TestFeederDropsOnlyTheInvalidEvent: a batch holding one event allocd refuses (a

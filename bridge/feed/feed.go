@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
@@ -50,6 +52,10 @@ type Source struct {
 	// informer calls its handler from one goroutine).
 	seen        [kinds]atomic.Int64
 	loggedOrder atomic.Int64 // when inOrder last logged, Unix nanoseconds
+
+	droppedN  *prometheus.CounterVec
+	droppedMu sync.Mutex
+	logged    map[string]bool // what was dropped and logged: object, field and value
 }
 
 // Option configures New.
@@ -62,11 +68,37 @@ func WithServiceHandler(f func(old, cur *corev1.Service)) Option {
 	return func(s *Source) { s.onService = f }
 }
 
+// WithRegisterer registers the Source's metric on reg: allocd_bridge_feed_dropped_total,
+// the values of the cluster's objects left out because allocd refuses them.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(s *Source) { reg.MustRegister(s.droppedN) }
+}
+
+// dropped logs (once per object, field and value) and counts a value left out.
+func (s *Source) dropped(kind, object, field, value string) {
+	s.droppedN.WithLabelValues(kind, field).Inc()
+	key := object + " " + field + " " + value
+	s.droppedMu.Lock()
+	seen := s.logged[key]
+	if !seen && len(s.logged) < 10000 {
+		s.logged[key] = true
+	}
+	s.droppedMu.Unlock()
+	if !seen {
+		s.log.Warn("value allocd does not know left out of the feed", "kind", kind, "object", object,
+			"field", field, "value", value)
+	}
+}
+
 // New returns a Source over the Services and Pods informers of f (of the cluster kube),
 // pushing to c through a Feeder made with fopts. Call it before f.Start: it registers its handlers.
 func New(log *slog.Logger, kube kubernetes.Interface, f informers.SharedInformerFactory, c *client.Client,
 	fopts []client.FeederOption, opts ...Option) (*Source, error) {
-	s := &Source{log: log, kube: kube, onService: func(_, _ *corev1.Service) {}}
+	s := &Source{log: log, kube: kube, onService: func(_, _ *corev1.Service) {}, logged: map[string]bool{},
+		droppedN: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allocd_bridge_feed_dropped_total",
+			Help: "Values of the cluster's objects left out of the feed because allocd does not know them.",
+		}, []string{"kind", "field"})}
 	for _, o := range opts {
 		o(s)
 	}
@@ -129,12 +161,12 @@ func (s *Source) upsert(old, obj any, check bool) {
 	}
 	switch o := obj.(type) {
 	case *corev1.Service:
-		s.feeder.UpsertService(Service(o), Revision(o))
+		s.feeder.UpsertService(convertService(o, s.dropped), Revision(o))
 		s.inOrder(services, o, changed)
 		prev, _ := old.(*corev1.Service)
 		s.onService(prev, o)
 	case *corev1.Pod:
-		s.feeder.UpsertPod(Pod(o), Revision(o))
+		s.feeder.UpsertPod(convertPod(o, s.dropped), Revision(o))
 		s.inOrder(pods, o, changed)
 	case *corev1.Node:
 		s.feeder.UpsertNode(Node(o), Revision(o))
@@ -200,7 +232,7 @@ func (s *Source) ListServices() ([]*allocdv1.Service, int64, error) {
 			return "", "", err
 		}
 		for i := range l.Items {
-			out = append(out, Service(&l.Items[i]))
+			out = append(out, convertService(&l.Items[i], s.dropped))
 		}
 		return l.ResourceVersion, l.Continue, nil
 	})
@@ -216,7 +248,7 @@ func (s *Source) ListPods() ([]*allocdv1.Pod, int64, error) {
 			return "", "", err
 		}
 		for i := range l.Items {
-			out = append(out, Pod(&l.Items[i]))
+			out = append(out, convertPod(&l.Items[i], s.dropped))
 		}
 		return l.ResourceVersion, l.Continue, nil
 	})

@@ -1,8 +1,10 @@
 package feed
 
 import (
+	"context"
 	"io"
 	"log/slog"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/allocd/allocd/client"
 	"github.com/allocd/allocd/cmd/allocd/daemon"
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
 // startAllocd starts a real allocd and returns a client of it.
@@ -67,5 +70,39 @@ func TestOutOfOrderChangeResyncs(t *testing.T) {
 		if got := s.Resyncs(); got != st.want {
 			t.Errorf("after %s: Resyncs() = %d; want %d", st.name, got, st.want)
 		}
+	}
+}
+
+// TestConvertLeavesOutWhatAllocdRefuses: values a newer API server may hold that allocd
+// does not know (a trafficDistribution, a Pod phase, an init container's restart
+// policy) are left out of the converted objects and told to Dropped, so that a real
+// allocd takes the snapshots that hold them.
+func TestConvertLeavesOutWhatAllocdRefuses(t *testing.T) {
+	c := startAllocd(t)
+	td := "PreferSomewhereNew"
+	never := corev1.ContainerRestartPolicy("Never")
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "u1"},
+		Spec: corev1.ServiceSpec{TrafficDistribution: &td, Selector: map[string]string{"app": "web"},
+			Ports: []corev1.ServicePort{{Port: 80}}}}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "u2"},
+		Spec:   corev1.PodSpec{InitContainers: []corev1.Container{{Name: "init", RestartPolicy: &never}}},
+		Status: corev1.PodStatus{Phase: "Hibernating"}}
+	var got []string
+	dropped := Dropped(func(kind, object, field, value string) {
+		got = append(got, kind+" "+object+" "+field+"="+value)
+	})
+	ctx := context.Background()
+	if _, err := c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 5,
+		Services: []*allocdv1.Service{convertService(svc, dropped)}}); err != nil {
+		t.Errorf("PushServiceSnapshot(unknown trafficDistribution) = %v; want it taken", err)
+	}
+	if _, err := c.PushPodSnapshot(ctx, &allocdv1.PodSnapshot{Revision: 5,
+		Pods: []*allocdv1.Pod{convertPod(p, dropped)}}); err != nil {
+		t.Errorf("PushPodSnapshot(unknown phase, restart policy) = %v; want it taken", err)
+	}
+	want := []string{"services ns/web spec.trafficDistribution=PreferSomewhereNew",
+		"pods ns/p status.phase=Hibernating", "pods ns/p spec.initContainers[init].restartPolicy=Never"}
+	if !slices.Equal(got, want) {
+		t.Errorf("Dropped told %q; want %q", got, want)
 	}
 }

@@ -94,7 +94,7 @@ func newBridge(o *options) (*bridge, error) {
 	}
 	b.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	b.factory = informers.NewSharedInformerFactory(b.kube, o.resync)
-	var fopts []feed.Option
+	fopts := []feed.Option{feed.WithRegisterer(b.reg)}
 	if o.adopt {
 		b.ad = adopt.New(b.log, b.c)
 		store := b.factory.Core().V1().Services().Informer().GetStore()

@@ -111,7 +111,7 @@ func startWriter(t *testing.T, c *client.Client, newKind newKindFunc, objs ...ru
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	w := New(slog.New(slog.NewTextHandler(io.Discard, nil)), newKind(kube, f, m), 2, m)
-	w.SweepRetry = 50 * time.Millisecond
+	w.SweepInterval = 50 * time.Millisecond
 	if err := w.Register(); err != nil {
 		t.Fatalf("Register = %v", err)
 	}

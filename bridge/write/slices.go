@@ -2,6 +2,7 @@ package write
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -192,6 +193,13 @@ func (e *EndpointSlices) update(ctx context.Context, key string,
 	cur, desired *discoveryv1.EndpointSlice) error {
 	api := e.kube.DiscoveryV1().EndpointSlices(cur.Namespace)
 	for attempt := 0; ; attempt++ {
+		if cur.Labels[discoveryv1.LabelManagedBy] != EndpointSliceController {
+			// Not the EndpointSlice controller's (its name came by chance): left alone, as
+			// the upstream reconciler leaves slices without its label.
+			return fmt.Errorf("update %s: %w", key, errNotManaged)
+		}
+		desired := desired.DeepCopy()
+		desired.OwnerReferences = ownerReferences(cur.OwnerReferences, desired.OwnerReferences)
 		if EndpointSliceMatch(cur, desired) {
 			return nil
 		}
@@ -228,7 +236,9 @@ func (e *EndpointSlices) update(ctx context.Context, key string,
 			}
 		case apierrors.IsInvalid(err) && next.AddressType != cur.AddressType:
 			// addressType is immutable: a slice that changed family is made again.
-			err := api.Delete(ctx, cur.Name, metav1.DeleteOptions{})
+			uid, rv := cur.UID, cur.ResourceVersion
+			err := api.Delete(ctx, cur.Name,
+				metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
 			if err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("delete %s to change its address type: %w", key, err)
 			}
@@ -238,6 +248,34 @@ func (e *EndpointSlices) update(ctx context.Context, key string,
 			return fmt.Errorf("update %s: %w", key, err)
 		}
 	}
+}
+
+// errNotManaged is a slice of the name allocd gives that the EndpointSlice controller
+// did not write.
+var errNotManaged = errors.New("the cluster's slice is not labelled as the EndpointSlice " +
+	"controller's; left alone")
+
+// ownerReferences is the owner references a slice is written with, in cur's order:
+// desired's (the controller reference to its Service) and the others set on cur, except
+// another controller reference (an object has one controller: a Service made again has
+// a new UID).
+func ownerReferences(cur, desired []metav1.OwnerReference) []metav1.OwnerReference {
+	var out []metav1.OwnerReference
+	for _, r := range cur {
+		i := slices.IndexFunc(desired, func(d metav1.OwnerReference) bool { return d.UID == r.UID })
+		switch {
+		case i >= 0:
+			out = append(out, desired[i])
+		case r.Controller == nil || !*r.Controller:
+			out = append(out, r)
+		}
+	}
+	for _, d := range desired {
+		if !slices.ContainsFunc(out, func(r metav1.OwnerReference) bool { return r.UID == d.UID }) {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // EndpointSliceObject is the Kubernetes object of allocd's EndpointSlice, as

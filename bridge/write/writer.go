@@ -56,8 +56,10 @@ type Kind interface {
 // is incomplete. After each complete listing, once its informers have synced, it
 // sweeps: what allocd deleted while no bridge ran (the cluster's objects with the
 // managed-by label the bridge writes that allocd's listing lacks, see Kind.Leftovers)
-// is deleted too, unless allocd looks reset (a ResetError: the sweep is held off, logged,
-// counted, and tried again every SweepRetry until allocd has caught up).
+// is deleted too, unless allocd looks reset (a ResetError: the sweep is held off, logged
+// and counted). It sweeps again every SweepInterval: a held sweep goes through once
+// allocd has caught up, and what kube-controller-manager's controllers left behind
+// when they were turned off (their old slices) goes.
 type Writer struct {
 	kind    Kind
 	log     *slog.Logger
@@ -65,13 +67,13 @@ type Writer struct {
 	m       *Metrics
 	queue   workqueue.TypedRateLimitingInterface[string]
 
-	// SweepRetry is how often a held-off sweep is tried again; set it before Run.
-	SweepRetry time.Duration
+	// SweepInterval is how often the writer sweeps after its first listing; set it
+	// before Run.
+	SweepInterval time.Duration
 
 	mu      sync.Mutex
 	desired map[string]any // nil value: allocd deleted it
 	synced  bool           // the first listing was queued
-	sweep   bool           // a sweep is due (a listing came, or one was held off)
 }
 
 // New returns a Writer of k with workers workers.
@@ -84,8 +86,8 @@ func New(log *slog.Logger, k Kind, workers int, m *Metrics) *Writer {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: k.Name()}),
-		desired:    map[string]any{},
-		SweepRetry: time.Minute,
+		desired:       map[string]any{},
+		SweepInterval: time.Minute,
 	}
 }
 
@@ -182,7 +184,6 @@ func (w *Writer) follow(ctx context.Context) error {
 		w.queue.Add(key)
 	}
 	w.synced = true
-	w.sweep = true
 	w.mu.Unlock()
 	w.log.Info("listed allocd's objects", "count", len(objs), "revision", rev)
 	w.sweepOnce()
@@ -198,9 +199,9 @@ func (w *Writer) follow(ctx context.Context) error {
 	return err
 }
 
-// sweeper tries a held-off sweep again every SweepRetry until ctx ends.
+// sweeper sweeps every SweepInterval until ctx ends.
 func (w *Writer) sweeper(ctx context.Context) {
-	t := time.NewTicker(w.SweepRetry)
+	t := time.NewTicker(w.SweepInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -212,11 +213,11 @@ func (w *Writer) sweeper(ctx context.Context) {
 	}
 }
 
-// sweepOnce, when a sweep is due, queues the deletion of every leftover of allocd's
+// sweepOnce, once allocd was listed, queues the deletion of every leftover of allocd's
 // state as it now stands (its listing and the events since), unless allocd looks reset.
 func (w *Writer) sweepOnce() {
 	w.mu.Lock()
-	if !w.sweep {
+	if !w.synced {
 		w.mu.Unlock()
 		return
 	}
@@ -231,11 +232,10 @@ func (w *Writer) sweepOnce() {
 	if err != nil {
 		w.m.swept(w.kind.Name(), "held")
 		w.log.Warn("sweep of what allocd deleted held off; trying again later", "error", err,
-			"retry", w.SweepRetry)
+			"retry", w.SweepInterval)
 		return
 	}
 	w.mu.Lock()
-	w.sweep = false
 	for _, key := range stale {
 		if _, known := w.desired[key]; !known { // allocd has not made it meanwhile
 			w.desired[key] = nil
@@ -245,7 +245,8 @@ func (w *Writer) sweepOnce() {
 	w.mu.Unlock()
 	w.m.swept(w.kind.Name(), "done")
 	if len(stale) > 0 {
-		w.log.Info("deleting the cluster's objects allocd deleted while no bridge ran", "count", len(stale),
+		w.log.Info("deleting the cluster's objects allocd does not hold (deleted while no bridge ran, "+
+			"or left by kube-controller-manager)", "count", len(stale),
 			"keys", stale[:min(len(stale), 10)])
 	}
 }

@@ -165,8 +165,11 @@ func (w *Writer) Run(ctx context.Context) error {
 	return nil
 }
 
-// follow lists allocd's objects, queues every key whose state it learns (a key known
-// before and absent now was deleted), then watches from the listing's revision.
+// follow lists allocd's objects, queues every key whose state it learns, then watches
+// from the listing's revision. A key known before and absent from the listing is
+// forgotten, not deleted: the sweep that follows the listing deletes its cluster object
+// if allocd deleted it, and holds off if allocd looks reset (restored from a backup,
+// restarted on an empty data directory), where a listing lacks what allocd still wants.
 func (w *Writer) follow(ctx context.Context) error {
 	objs, rev, err := w.kind.List(ctx)
 	if err != nil {
@@ -175,8 +178,7 @@ func (w *Writer) follow(ctx context.Context) error {
 	w.mu.Lock()
 	for key := range w.desired {
 		if _, ok := objs[key]; !ok {
-			w.desired[key] = nil
-			w.queue.Add(key)
+			delete(w.desired, key)
 		}
 	}
 	for key, obj := range objs {

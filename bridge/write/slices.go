@@ -60,7 +60,34 @@ func (e *EndpointSlices) HasSynced() bool { return e.inf.HasSynced() && e.svcs.H
 // allocd lacks, of a Service that is gone or has a selector, as the upstream
 // reconciler deletes the slices of a Service it does not want (a Service whose ports
 // changed: its old slices).
+//
+// A Service's leftovers wait until every slice allocd holds of it is in the cluster
+// (the next sweep takes them): as the upstream reconciler creates before it deletes, so
+// that a create that fails or waits does not leave the Service without endpoints.
 func (e *EndpointSlices) Leftovers(listed map[string]any) ([]string, error) {
+	stale, err := e.leftovers(listed)
+	if err != nil || len(stale) == 0 {
+		return stale, err
+	}
+	waiting := map[string]bool{} // Services with a slice of allocd's not yet in the cluster
+	for key, o := range listed {
+		if _, ok, _ := e.inf.GetStore().GetByKey(key); !ok {
+			waiting[e.ServiceOf(o)] = true
+		}
+	}
+	out := stale[:0]
+	for _, key := range stale {
+		o, ok, _ := e.inf.GetStore().GetByKey(key)
+		if s, isSlice := o.(*discoveryv1.EndpointSlice); ok && isSlice &&
+			waiting[s.Namespace+"/"+s.Labels[discoveryv1.LabelServiceName]] {
+			continue
+		}
+		out = append(out, key)
+	}
+	return out, nil
+}
+
+func (e *EndpointSlices) leftovers(listed map[string]any) ([]string, error) {
 	return leftovers(e.inf.GetStore().List(), func(o any) clusterObject {
 		s := o.(*discoveryv1.EndpointSlice)
 		return clusterObject{key: s.Namespace + "/" + s.Name,

@@ -2,15 +2,19 @@ package write
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 var web = map[string]string{"app": "web"}
@@ -219,4 +223,44 @@ func (k *switchKind) Watch(ctx context.Context, rev int64, fn func(string, any, 
 		return fmt.Errorf("allocd replaced: %w", err)
 	}
 	return nil
+}
+
+// TestSweepSlicesCreatesFirst: the old slice of a Service (kube-controller-manager's,
+// or allocd's before its ports changed) stays while allocd's slice of that Service
+// cannot be created, and goes once it is in the cluster: the Service is never left
+// without endpoints in between.
+func TestSweepSlicesCreatesFirst(t *testing.T) {
+	c := startAllocd(t)
+	feedAllocd(t, c, 10, []*corev1.Service{service("ns", "web", web)},
+		[]*corev1.Pod{readyPod("ns", "p1", "10.0.0.1", web)})
+	eventuallyListedSlices(t, c, "ns/web")
+	var failing atomic.Bool
+	failing.Store(true)
+	b := startWriter(t, c, func(kube *fake.Clientset, f informers.SharedInformerFactory, m *Metrics) Kind {
+		kube.PrependReactor("create", "endpointslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if failing.Load() {
+				return true, nil, errors.New("injected: the API server refuses the create")
+			}
+			return false, nil, nil
+		})
+		return NewEndpointSlices(c, kube, f, m, false)
+	}, service("ns", "web", web), managedSlice("ns", "web-old", "web", 8080))
+	eventually(t, "two sweeps", func() bool {
+		return b.counter(t, "allocd_bridge_sweeps_total", map[string]string{"result": "done"}) >= 2
+	})
+	get := func(name string) error {
+		_, err := b.kube.DiscoveryV1().EndpointSlices("ns").Get(context.Background(), name, metav1.GetOptions{})
+		return err
+	}
+	if err := get("web-old"); err != nil {
+		t.Fatalf("Get(ns/web-old) = %v while allocd's slice could not be created; want it kept", err)
+	}
+	failing.Store(false)
+	eventually(t, "ns/web-old deleted after allocd's slice was created", func() bool {
+		return get("web-old") != nil
+	})
+	l, err := b.kube.DiscoveryV1().EndpointSlices("ns").List(context.Background(), metav1.ListOptions{})
+	if err != nil || len(l.Items) != 1 {
+		t.Fatalf("List(slices) = %v, %v; want allocd's slice of ns/web", l, err)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -107,6 +108,8 @@ func (c *cluster) clientset(kubeconfig string, qps float32) *kubernetes.Clientse
 	// the API server more CPU for the test's own requests than for the controllers'.
 	rc.ContentType = "application/vnd.kubernetes.protobuf"
 	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	// The test reads and writes Endpoints on purpose: no deprecation warning per call.
+	rc.WarningHandler = rest.NoWarnings{}
 	if qps == 0 {
 		rc.QPS, rc.Burst = -1, 0
 	} else {

@@ -230,6 +230,8 @@ type flipResult struct {
 	late time.Duration
 	// resumed and relisted sum the followers' resumed watches and lists after a 410.
 	resumed, relisted int64
+	// diag: the processes' CPU time and the side's own metrics.
+	diag string
 }
 
 func (tr *flipTracker) result() flipResult {
@@ -305,5 +307,8 @@ func (r flipResult) line() string {
 	fmt.Fprintf(&b, "; the flips' requests p50 %s p99 %s, %d failed, sent at most %s late; watches resumed %d, relisted %d",
 		fmtQ(r.patch, len(r.patch), .5), fmtQ(r.patch, len(r.patch), .99), r.failed, roundDur(r.late),
 		r.resumed, r.relisted)
+	if r.diag != "" {
+		b.WriteString("\n\t" + r.diag)
+	}
 	return b.String()
 }

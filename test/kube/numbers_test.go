@@ -104,6 +104,10 @@ type side struct {
 	c      *cluster
 	ctrl   *proc
 	allocd *client.Client // allocd's side only: its commits are followed too
+	// procs are the side's processes (their CPU time is reported); metrics the
+	// Prometheus endpoints whose figures are reported.
+	procs   []*proc
+	metrics []string
 	// next is the next Pod to flip (in turn over the Services); notReady the Pods
 	// flipped to not ready.
 	next     int
@@ -111,9 +115,17 @@ type side struct {
 }
 
 func (p *pair) sides() []*side {
+	alc := &side{name: "allocd+bridge", c: p.alc, ctrl: p.allocd.Bridge, allocd: p.allocd.Client,
+		notReady: map[string]bool{}, procs: []*proc{p.alc.APIServer, p.allocd.Bridge},
+		metrics: []string{"http://" + p.allocd.bridgeHealth + "/metrics"}}
+	for i, r := range p.allocd.Replicas {
+		alc.procs = append(alc.procs, r)
+		alc.metrics = append(alc.metrics, "http://"+p.allocd.Metrics[i]+"/metrics")
+	}
 	return []*side{
-		{name: "kube-controller-manager", c: p.ref, ctrl: p.ref.KCM, notReady: map[string]bool{}},
-		{name: "allocd+bridge", c: p.alc, ctrl: p.allocd.Bridge, allocd: p.allocd.Client, notReady: map[string]bool{}},
+		{name: "kube-controller-manager", c: p.ref, ctrl: p.ref.KCM, notReady: map[string]bool{},
+			procs: []*proc{p.ref.APIServer, p.ref.KCM}},
+		alc,
 	}
 }
 
@@ -411,11 +423,13 @@ func (s *side) flipRun(t *testing.T, cfg numbersConfig, rate, n int) flipResult 
 		dones = append(dones, followAllocd(ctx, s.allocd, testNS, tr.onAllocdEP, tr.onAllocdSlice))
 	}
 	recs := s.plan(cfg, rate, n)
+	u, before := startUsage(s.procs...), s.scrape()
 	sendFlips(ctx, s.c.Admin, tr, recs)
 	select {
 	case <-tr.done:
 	case <-time.After(5 * time.Minute):
 	}
+	diag := u.String() + s.metricsLine(before, s.scrape())
 	cancel()
 	for _, d := range dones {
 		<-d
@@ -425,8 +439,49 @@ func (s *side) flipRun(t *testing.T, cfg numbersConfig, rate, n int) flipResult 
 		res.resumed += f.resumed.Load()
 		res.relisted += f.relisted.Load()
 	}
+	res.diag = diag
 	s.settle(t, tr)
 	return res
+}
+
+// scrape reads the side's metrics endpoints into one map (series summed over them).
+func (s *side) scrape() map[string]float64 {
+	out := map[string]float64{}
+	for _, url := range s.metrics {
+		for k, v := range scrape(url) {
+			out[k] += v
+		}
+	}
+	return out
+}
+
+// metricsLine says, from the side's metrics, what allocd and the bridge did between
+// before and after: allocd's time from an event to its commit, the bridge's time per
+// write, and its writes.
+func (s *side) metricsLine(before, after map[string]float64) string {
+	if len(s.metrics) == 0 {
+		return ""
+	}
+	mean := func(sum, count string) string {
+		d := metricsDelta(before, after, sum)[""]
+		n := metricsDelta(before, after, count)[""]
+		if n == 0 {
+			return "none"
+		}
+		return fmt.Sprintf("%v (%d)", roundDur(time.Duration(d/n*float64(time.Second))), int(n))
+	}
+	var b strings.Builder
+	for _, k := range []string{"endpoints", "endpointslice"} {
+		fmt.Fprintf(&b, "; allocd %s event→commit mean %s", k,
+			mean("allocd_"+k+"_event_to_commit_seconds_sum", "allocd_"+k+"_event_to_commit_seconds_count"))
+	}
+	for _, k := range []string{"endpoints", "endpointslices"} {
+		l := `{kind="` + k + `"}`
+		fmt.Fprintf(&b, "; bridge %s sync mean %s, updates %d", k,
+			mean("allocd_bridge_sync_duration_seconds_sum"+l, "allocd_bridge_sync_duration_seconds_count"+l),
+			int(metricsDelta(before, after, `allocd_bridge_writes_total{kind="`+k+`",verb="update"}`)[""]))
+	}
+	return b.String()
 }
 
 // plan is the next n flips of the side, due at rate per second from 200 ms on.

@@ -16,7 +16,12 @@ func (p *proc) cpuTime() time.Duration {
 	if p == nil || p.cmd == nil || !p.Running() {
 		return 0
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	return pidCPU(p.cmd.Process.Pid)
+}
+
+// pidCPU is the CPU time process pid has used so far.
+func pidCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
 	}
@@ -35,26 +40,54 @@ func (p *proc) cpuTime() time.Duration {
 // usage samples the CPU time of a side's processes, to tell how much of the machine
 // each used in a run.
 type usage struct {
-	procs []*proc
-	start []time.Duration
-	at    time.Time
+	procs      []*proc
+	start      []time.Duration
+	self       time.Duration // this process's: the test and the etcd it embeds
+	busy, idle int64         // the machine's, in clock ticks
+	at         time.Time
 }
 
 func startUsage(procs ...*proc) *usage {
-	u := &usage{procs: procs, at: time.Now()}
+	u := &usage{procs: procs, at: time.Now(), self: pidCPU(os.Getpid())}
+	u.busy, u.idle = machineTicks()
 	for _, p := range procs {
 		u.start = append(u.start, p.cpuTime())
 	}
 	return u
 }
 
-// String is the CPU time each process used since startUsage, and the wall time.
+// String is the CPU time each process used since startUsage, the wall time, and how
+// busy the machine's processors were (every process on it, other users' too).
 func (u *usage) String() string {
 	var parts []string
 	for i, p := range u.procs {
 		parts = append(parts, fmt.Sprintf("%s %.1fs", p.name, (p.cpuTime()-u.start[i]).Seconds()))
 	}
-	return fmt.Sprintf("CPU in %.0fs: %s", time.Since(u.at).Seconds(), strings.Join(parts, ", "))
+	parts = append(parts, fmt.Sprintf("test+etcd %.1fs", (pidCPU(os.Getpid())-u.self).Seconds()))
+	busy, idle := machineTicks()
+	load, _ := os.ReadFile("/proc/loadavg")
+	return fmt.Sprintf("CPU in %.0fs: %s; machine %.0f%% busy, load %s", time.Since(u.at).Seconds(),
+		strings.Join(parts, ", "), 100*float64(busy-u.busy)/float64(max(1, busy-u.busy+idle-u.idle)),
+		strings.Join(strings.Fields(string(load))[:3], " "))
+}
+
+// machineTicks are the clock ticks all processors spent busy and idle (iowait counted
+// idle) since boot.
+func machineTicks() (busy, idle int64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	for i, f := range strings.Fields(line)[1:] {
+		v, _ := strconv.ParseInt(f, 10, 64)
+		if i == 3 || i == 4 {
+			idle += v
+		} else if i < 8 {
+			busy += v
+		}
+	}
+	return busy, idle
 }
 
 // scrape reads a Prometheus text endpoint into series → value.

@@ -3,6 +3,7 @@ package kube
 import (
 	"crypto/x509/pkix"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -73,7 +74,7 @@ func startCluster(t testing.TB, cfg clusterConfig) *cluster {
 		"--disable-admission-plugins=ServiceAccount",
 		"--endpoint-reconciler-type=" + cfg.reconciler,
 		"--enable-priority-and-fairness=false",
-		"--profiling=false",
+		fmt.Sprintf("--profiling=%v", os.Getenv("KUBE_E2E_PROFILE") != ""),
 		"--max-requests-inflight=2000",
 		"--max-mutating-requests-inflight=1000",
 		"--v=1",

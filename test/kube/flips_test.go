@@ -226,6 +226,9 @@ type flipResult struct {
 	// → its answer; allocd: committed flip → allocd's commit of the slice; bridge:
 	// allocd's commit → the slice in the API. Only flips seen are in them.
 	slice, ep, patch, allocd, bridge []time.Duration
+	// watchLag: the flip's answer → the test's Pod watch showing it (negative when
+	// the watch came first).
+	watchLag []time.Duration
 	// late is the most a flip went out after it was due.
 	late time.Duration
 	// resumed and relisted sum the followers' resumed watches and lists after a 410.
@@ -246,6 +249,9 @@ func (tr *flipTracker) result() flipResult {
 		}
 		c := r.committed()
 		res.patch = append(res.patch, r.acked.Sub(r.sent))
+		if !r.podSeen.IsZero() {
+			res.watchLag = append(res.watchLag, r.podSeen.Sub(r.acked))
+		}
 		if !r.slice.IsZero() {
 			res.slice = append(res.slice, r.slice.Sub(c))
 		}
@@ -304,9 +310,10 @@ func (r flipResult) line() string {
 			fmtQ(r.allocd, len(r.allocd), .5), fmtQ(r.allocd, len(r.allocd), .99),
 			fmtQ(r.bridge, len(r.bridge), .5), fmtQ(r.bridge, len(r.bridge), .99))
 	}
-	fmt.Fprintf(&b, "; the flips' requests p50 %s p99 %s, %d failed, sent at most %s late; watches resumed %d, relisted %d",
+	fmt.Fprintf(&b, "; the flips' requests p50 %s p99 %s, %d failed, sent at most %s late; "+
+		"answer → Pod watch p50 %s p99 %s; watches resumed %d, relisted %d",
 		fmtQ(r.patch, len(r.patch), .5), fmtQ(r.patch, len(r.patch), .99), r.failed, roundDur(r.late),
-		r.resumed, r.relisted)
+		fmtQ(r.watchLag, len(r.watchLag), .5), fmtQ(r.watchLag, len(r.watchLag), .99), r.resumed, r.relisted)
 	if r.diag != "" {
 		b.WriteString("\n\t" + r.diag)
 	}

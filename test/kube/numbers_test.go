@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -430,6 +431,9 @@ func (s *side) flipRun(t *testing.T, cfg numbersConfig, rate, n int) flipResult 
 	}
 	recs := s.plan(cfg, rate, n)
 	u, before := startUsage(s.procs...), s.scrape()
+	if os.Getenv("KUBE_E2E_PROFILE") != "" {
+		go s.profile(ctx, t, fmt.Sprintf("%s-%d", s.c.name, rate))
+	}
 	sendFlips(ctx, s.c.Admin, tr, recs)
 	select {
 	case <-tr.done:
@@ -532,5 +536,19 @@ func (s *side) settle(t *testing.T, tr *flipTracker) {
 		} else {
 			s.notReady[r.pod] = true
 		}
+	}
+}
+
+// profile saves a CPU profile of the side's kube-apiserver over 15 s into the logs
+// (KUBE_E2E_PROFILE=1, which also turns kube-apiserver's --profiling on).
+func (s *side) profile(ctx context.Context, t *testing.T, name string) {
+	b, err := s.c.Admin.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "15").DoRaw(ctx)
+	if err != nil {
+		t.Logf("profile %s: %v", name, err)
+		return
+	}
+	path := filepath.Join(logDir(t), name+"-kube-apiserver.pprof")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Logf("profile %s: %v", name, err)
 	}
 }

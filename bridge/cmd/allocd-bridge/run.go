@@ -86,7 +86,7 @@ func ignoreCanceled(err error) error {
 func newBridge(o *options) (*bridge, error) {
 	b := &bridge{log: o.logger(), reg: prometheus.NewRegistry()}
 	var err error
-	if b.kube, err = o.kubeClient(); err != nil {
+	if b.kube, err = o.kubeClient("informers"); err != nil {
 		return nil, err
 	}
 	if b.c, err = o.allocdClient(); err != nil {
@@ -107,14 +107,22 @@ func newBridge(o *options) (*bridge, error) {
 		return nil, err
 	}
 	m := write.NewMetrics(b.reg)
-	eps := write.NewEndpoints(b.c, b.kube, b.factory, m, o.kubernetesSvc)
+	epsKube, err := o.kubeClient("endpoints")
+	if err != nil {
+		return nil, err
+	}
+	eps := write.NewEndpoints(b.c, epsKube, b.factory, m, o.kubernetesSvc)
 	w := write.New(b.log, eps, o.endpointSyncs, m)
 	if err := w.Register(); err != nil {
 		return nil, err
 	}
 	b.writers = append(b.writers, w)
 	if o.sliceSyncs > 0 {
-		slices := write.NewEndpointSlices(b.c, b.kube, b.factory, m, o.kubernetesSvc)
+		slicesKube, err := o.kubeClient("endpointslices")
+		if err != nil {
+			return nil, err
+		}
+		slices := write.NewEndpointSlices(b.c, slicesKube, b.factory, m, o.kubernetesSvc)
 		ws := write.New(b.log, slices, o.sliceSyncs, m)
 		if err := ws.Register(); err != nil {
 			return nil, err

@@ -35,7 +35,7 @@ VOLUME ["/var/lib/allocd"]
 # 8080: gRPC API (allocd.v1, health, reflection). 9090: Prometheus /metrics.
 EXPOSE 8080 9090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-    CMD ["/allocd", "health", "--grpc-address", "127.0.0.1:8080"]
+    CMD ["/allocd", "health", "--server", "127.0.0.1:8080"]
 ENTRYPOINT ["/allocd"]
 # allocd listens on loopback by default; in a container it must listen on every
 # interface to be reachable. Arguments given to `docker run` replace these.

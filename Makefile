@@ -1,5 +1,6 @@
-# allocd. `make test` is what CI runs (through .ci/run); `make run` starts allocd on an
-# embedded etcd; `make bench` measures against the ceilings of the same run.
+# allocd. `make test` is what CI runs (through .ci/run); `make test-unit` is the quick
+# loop of every day; `make run` starts allocd on an embedded etcd; `make bench` measures
+# against the ceilings of the same run.
 
 GO ?= go
 BIN := $(CURDIR)/.bin
@@ -12,7 +13,7 @@ GRPCURL_VERSION := v1.9.4
 
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all run build test vet fmt-check lint proto proto-check docs docs-check compose-check certs tools bench scale soak cluster fault etcd-matrix clean bridge bridge-test kube-bins kube-e2e kube-numbers
+.PHONY: all run build test test-unit vet fmt-check lint proto proto-check docs docs-check compose-check certs tools bench scale soak cluster fault etcd-matrix clean bridge bridge-test kube-bins kube-e2e kube-numbers
 
 all: build
 
@@ -27,6 +28,14 @@ build:
 test: vet fmt-check lint proto-check docs-check compose-check $(BIN)/grpcurl
 	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/internal/testing/fault$$')
 	$(GO) test -count=1 -timeout 10m ./internal/testing/fault
+
+# test-unit is the everyday loop, under a minute on 2 cores with a warm build cache:
+# go test -short skips what builds or runs binaries and other processes, the fault
+# runs, and the tests that wait out seconds of real time (lease TTLs, probes, timeouts,
+# restarts); the quick tests against an embedded etcd stay, and every package's leak
+# check. -count=1: the tests run every time, as in CI (no cached results).
+test-unit:
+	$(GO) test -short -count=1 ./...
 
 vet:
 	$(GO) vet ./...

@@ -24,14 +24,19 @@ func (a *Allocator) drainLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		for _, c := range a.tab.Load().cidrs {
-			if c.State != CIDRTerminating || a.indexBlocked(c) {
-				continue
-			}
-			if err := a.removeDrained(ctx, c.Name); err != nil && ctx.Err() == nil {
-				a.log.Warn("removing a drained ServiceCIDR failed; will try again",
-					"name", c.Name, "err", err)
-			}
+		a.drain(ctx)
+	}
+}
+
+// drain removes the terminating ServiceCIDRs that nothing depends on any more: one
+// look of drainLoop.
+func (a *Allocator) drain(ctx context.Context) {
+	for _, c := range a.tab.Load().cidrs {
+		if c.State != CIDRTerminating || a.indexBlocked(c) {
+			continue
+		}
+		if err := a.removeDrained(ctx, c.Name); err != nil && ctx.Err() == nil {
+			a.log.Warn("removing a drained ServiceCIDR failed; will try again", "name", c.Name, "err", err)
 		}
 	}
 }

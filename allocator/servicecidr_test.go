@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,12 +120,16 @@ func TestServiceCIDRLifecycle(t *testing.T) {
 			t.Fatalf("Release(%s) = %v", addr, err)
 		}
 	}
-	// The kubernetes Service's address blocks it like any other.
-	time.Sleep(3 * drainEvery)
+	// The kubernetes Service's address blocks it like any other: a look of the drain
+	// loop, with the releases in the index, leaves it.
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a.drain(ctx)
 	if c, err := a.GetServiceCIDR(ctx, KubernetesCIDR); err != nil || c.Blockers != 1 ||
 		c.Sample[0].Owner != KubernetesOwner {
-		t.Fatalf("GetServiceCIDR(kubernetes) after the releases = %+v, %v; want blocked by the "+
-			"kubernetes address only", c, err)
+		t.Fatalf("GetServiceCIDR(kubernetes) after the releases = %+v, %v; want blocked by the kubernetes "+
+			"address only", c, err)
 	}
 	if _, _, err := a.Release(ctx, KubernetesOwner, []Item{IP(a.kubernetesIP())}, false); err != nil {
 		t.Fatalf("Release(kubernetes address) = %v", err)
@@ -168,6 +173,9 @@ func TestServiceCIDRAcrossReplicas(t *testing.T) {
 // it as fast as they can, many times: no allocation committed after the delete lies
 // only in the deleted CIDR, and once it is removed no address lies in it alone.
 func TestServiceCIDRDeleteRace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("eight rounds of a race on two replicas: seconds")
+	}
 	e := etcdtest.New(t)
 	// A /29 that fills at once: the allocations then come from the CIDR of the round.
 	a := start(t, e.Client, testConfig("10.0.0.0/29"))
@@ -190,6 +198,7 @@ func TestServiceCIDRDeleteRace(t *testing.T) {
 			rev  int64
 		}
 		var commits []commit
+		var tries atomic.Int64 // Allocate calls returned
 		for w := range 8 {
 			al := []*Allocator{a, b}[w%2]
 			wg.Go(func() {
@@ -200,6 +209,7 @@ func TestServiceCIDRDeleteRace(t *testing.T) {
 					default:
 					}
 					res, err := al.Allocate(ctx, Request{Owner: owner(fmt.Sprintf("r%d-%d-%d", round, w, i))})
+					tries.Add(1)
 					if err != nil {
 						continue
 					}
@@ -209,12 +219,15 @@ func TestServiceCIDRDeleteRace(t *testing.T) {
 				}
 			})
 		}
-		time.Sleep(20 * time.Millisecond)
+		// The delete lands among allocations in flight, and they go on after it.
+		etcdtest.WaitFor(t, 10*time.Second, "allocations under way", func() bool { return tries.Load() >= 8 })
 		del, err := []*Allocator{a, b}[round%2].DeleteServiceCIDR(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		after := tries.Load()
+		etcdtest.WaitFor(t, 10*time.Second, "allocations after the delete",
+			func() bool { return tries.Load() >= after+16 })
 		close(stop)
 		wg.Wait()
 		for _, c := range commits {

@@ -21,10 +21,16 @@ var forbiddenDeps = []string{
 	// the operator command line's (cmd/allocd/cli): its flags and YAML output.
 	"github.com/spf13/",
 	"sigs.k8s.io/yaml",
+	// the tests' goroutine-leak check and harnesses.
+	"go.uber.org/goleak",
+	"github.com/allocd/allocd/internal/testing/",
 }
 
 // TestDeps checks, with `go list -deps`, what importing the client package builds.
 func TestDeps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		t.Skipf("go command not found: %v", err)

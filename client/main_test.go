@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/allocd/allocd/cmd/allocd/daemon"
+	"github.com/allocd/allocd/internal/testing/leakcheck"
 )
 
 // examples holds what the examples started, stopped by TestMain once they ran.
@@ -48,9 +49,9 @@ func startAllocd() string {
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	for _, stop := range examples.stops {
-		stop()
-	}
-	os.Exit(code)
+	leakcheck.MustTestMain(m, func() {
+		for _, stop := range examples.stops {
+			stop()
+		}
+	})
 }

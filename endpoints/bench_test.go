@@ -70,9 +70,7 @@ func BenchmarkInitialSync(b *testing.B) {
 		go func() {
 			done <- c.Lead(ctx, leader.Fence{Key: testPrefix + "/repair/leader/x", Rev: resp.Header.Revision})
 		}()
-		for !c.Leading() {
-			time.Sleep(time.Millisecond)
-		}
+		etcdtest.WaitFor(b, 10*time.Second, "the term", c.Leading)
 		runtime.GC()
 		var m0 runtime.MemStats
 		runtime.ReadMemStats(&m0)
@@ -87,18 +85,16 @@ func BenchmarkInitialSync(b *testing.B) {
 		}
 		start := time.Now()
 		t, _ := c.currentTerm()
-		for {
-			time.Sleep(5 * time.Millisecond)
-			if t.idle() {
-				resp, err := e.Client.Get(ctx, testPrefix+"/endpoints/", withPrefixCount()...)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if resp.Count == 10000 {
-					break
-				}
+		etcdtest.WaitFor(b, time.Minute, "10,000 Endpoints committed", func() bool {
+			if !t.idle() {
+				return false
 			}
-		}
+			resp, err := e.Client.Get(ctx, testPrefix+"/endpoints/", withPrefixCount()...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return resp.Count == 10000
+		})
 		elapsed := time.Since(start)
 		runtime.GC()
 		var m1 runtime.MemStats

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -54,6 +55,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the metrics; nil means none.
 	Registerer prometheus.Registerer
+	// Clock times BatchPeriod, the retries' backoff and MasterResync; nil means the
+	// real clock. Tests advance a fake one.
+	Clock clockwork.Clock
 }
 
 // Controller is kube-controller-manager's endpoint controller over etcd. For every
@@ -104,6 +108,9 @@ func New(cli *clientv3.Client, cfg Config) (*Controller, error) {
 	}
 	if cfg.Workers == 0 {
 		cfg.Workers = DefaultWorkers
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clockwork.NewRealClock()
 	}
 	log := cfg.Logger
 	if log == nil {

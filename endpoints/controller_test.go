@@ -2,11 +2,13 @@ package endpoints
 
 import (
 	"errors"
-	"github.com/allocd/allocd/internal/testing/etcdtest"
 	"maps"
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 	"github.com/allocd/allocd/leader"
 )
 
@@ -260,7 +262,11 @@ func TestWaitsForBothSnapshots(t *testing.T) {
 		Pod: testPod("default", 0, true, 1)}}); !errors.Is(err, ErrSnapshotRequired) {
 		t.Fatalf("ApplyEvents(pod) before a Pod snapshot = %v; want ErrSnapshotRequired", err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Only the workers write Endpoints of Services, and they start with the term's
+	// syncing: not started, nothing was or will be written before the Pod snapshot.
+	if h.syncing() {
+		t.Fatal("the term syncs with only a Service snapshot")
+	}
 	if got := h.rev(); got != before {
 		t.Fatalf("wrote %d times with only a Service snapshot; want 0", got-before)
 	}
@@ -377,13 +383,7 @@ func TestEndpointsDeletedBySomeone(t *testing.T) {
 
 func waitStored(t *testing.T, h *harness, ns, name string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for h.get(ns, name) == nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s/%s not stored within 5 s", ns, name)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	etcdtest.WaitFor(t, 5*time.Second, ns+"/"+name+" stored", func() bool { return h.get(ns, name) != nil })
 }
 
 // TestOverCapacity: 1,500 ready Pods give 1,000 addresses and the annotation; a sync
@@ -470,7 +470,9 @@ func TestNewTermNeedsFreshSnapshots(t *testing.T) {
 	if err := h.c.ApplyServiceSnapshot(etcdtest.Context(t), 5, nil); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	if h.syncing() {
+		t.Fatal("a term without a Pod snapshot syncs")
+	}
 	if h.get("default", "foo") == nil || h.rev() != before {
 		t.Fatal("a term without a Pod snapshot deleted or wrote an object")
 	}
@@ -485,7 +487,8 @@ func TestPodBatching(t *testing.T) {
 		writes int64
 	}{{"none", 0, 3}, {"1s", time.Second, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, Config{BatchPeriod: tc.period})
+			clock := clockwork.NewFakeClock()
+			h := newHarness(t, Config{BatchPeriod: tc.period, Clock: clock})
 			h.snapshots(1, []*Service{testService("default")}, []*Pod{testPod("default", 0, true, 1)})
 			h.settle()
 			before := h.rev()
@@ -494,7 +497,16 @@ func TestPodBatching(t *testing.T) {
 				p.ResourceVersion = itoa(10 + i)
 				p.PodIPs = []string{"10.0.0." + itoa(10+i)}
 				h.events(Event{Type: Upsert, Revision: int64(10 + i), Pod: p})
-				time.Sleep(100 * time.Millisecond)
+				if tc.period == 0 {
+					h.settle() // synced before the next change, as 100 ms later
+				}
+				clock.Advance(100 * time.Millisecond)
+			}
+			if tc.period > 0 {
+				if got := h.rev() - before; got != 0 {
+					t.Fatalf("writes inside the batch period = %d; want 0", got)
+				}
+				clock.Advance(tc.period) // the period ends
 			}
 			h.settle()
 			if got := h.rev() - before; got != tc.writes {
@@ -508,9 +520,9 @@ func TestPodBatching(t *testing.T) {
 // whatever the feeds say, and an empty state is written only over a stored one.
 func TestMasterEndpoints(t *testing.T) {
 	h := newHarness(t, Config{})
-	h.c.SetMasterEndpoints(&Endpoints{})
-	time.Sleep(200 * time.Millisecond)
-	if h.get("default", "kubernetes") != nil {
+	before := h.rev()
+	h.masterSynced(&Endpoints{})
+	if h.get("default", "kubernetes") != nil || h.rev() != before {
 		t.Fatal("an empty kubernetes Endpoints was created")
 	}
 	h.c.SetMasterEndpoints(
@@ -558,22 +570,30 @@ func TestHeartbeat(t *testing.T) {
 // right within MasterResync (--endpoint-reconciler-interval), as kube-apiserver's
 // reconciler does, without a change of the leases.
 func TestMasterResync(t *testing.T) {
-	h := newHarness(t, Config{MasterResync: 200 * time.Millisecond})
+	clock := clockwork.NewFakeClock()
+	h := newHarness(t, Config{MasterResync: time.Minute, Clock: clock})
 	h.c.SetMasterEndpoints(&Endpoints{Subsets: []Subset{{Addresses: []Address{{IP: "10.0.0.1"}},
 		Ports: []Port{{Name: "https", Port: 6443, Protocol: ProtocolTCP}}}}})
 	waitStored(t, h, "default", "kubernetes")
 	edited := h.get("default", "kubernetes")
 	edited.Subsets[0].Addresses[0].IP = "10.9.9.9"
 	h.store(edited)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	fixed := func() bool {
 		e := h.get("default", "kubernetes")
-		if e != nil && len(e.Subsets) == 1 && e.Subsets[0].Addresses[0].IP == "10.0.0.1" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("default/kubernetes = %+v 5 s after a hand edit; want 10.0.0.1 again", e)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return e != nil && len(e.Subsets) == 1 && e.Subsets[0].Addresses[0].IP == "10.0.0.1"
 	}
+	// The resync, retry and queue timers.
+	if err := clock.BlockUntilContext(etcdtest.Context(t), 3); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Minute - time.Millisecond)
+	if fixed() {
+		t.Fatal("default/kubernetes put right before MasterResync")
+	}
+	// Each resync compares with the stored object as the term's watch last saw it: one
+	// that ran before the watch saw the edit found nothing to do, the next one does.
+	etcdtest.WaitFor(t, 10*time.Second, "default/kubernetes put right by a resync", func() bool {
+		clock.Advance(time.Minute)
+		return fixed()
+	})
 }

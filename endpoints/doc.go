@@ -1,8 +1,15 @@
-// Package endpoints is kube-controller-manager's endpoint controller, over etcd: for
-// every Service with a selector it keeps the v1 Endpoints object Kubernetes would write
-// (the same addresses, readiness, ports, labels and annotations) under
-// <prefix>/endpoints/<namespace>/<name>, computed from the Service and Pod feeds that an
-// API-server shim pushes (snapshots, then events).
+// Package endpoints is kube-controller-manager's Endpoints and EndpointSlice
+// controllers, over etcd, side by side in one term of leadership: for every Service
+// with a selector it keeps the v1 Endpoints object Kubernetes would write (the same
+// addresses, readiness, ports, labels and annotations) under
+// <prefix>/endpoints/<namespace>/<name>, and its discovery/v1 EndpointSlices under
+// <prefix>/endpointslices/<namespace>/<service>/<name>, computed from the Service, Pod
+// and Node feeds that an API-server shim pushes (snapshots, then events). The slice
+// reconciler (slicereconcile.go: placement into slices of at most
+// Config.MaxEndpointsPerSlice) and hints (slicehints.go) follow k8s.io/endpointslice;
+// docs/shims/endpointslices.md says where allocd does better or deviates.
+//
+// The Endpoints rules follow.
 //
 // The rules are Kubernetes v1.37's, listed one by one in shared/reference/endpoints.md:
 // Pods selected by the Service's selector in its namespace; terminal Pods never, and

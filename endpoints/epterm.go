@@ -20,7 +20,7 @@ import (
 func (t *term) newEndpointsHalf() *half {
 	return &half{
 		name:    "endpoints",
-		queue:   newQueue(),
+		queue:   newQueue(t.c.cfg.Clock),
 		workers: t.c.cfg.Workers,
 		batch:   t.c.cfg.BatchPeriod,
 		needs:   []Kind{KindService, KindPod},

@@ -139,6 +139,40 @@ func (h *harness) settle() {
 	etcdtest.WaitFor(h.t, 10*time.Second, "controller idle", t.idle)
 }
 
+// syncing reports whether a controller of the term has the snapshots it needs and
+// runs its workers, which write the objects of Services (and delete leftovers).
+func (h *harness) syncing() bool {
+	h.t.Helper()
+	t, err := h.c.currentTerm()
+	if err != nil {
+		h.t.Fatalf("no term: %v", err)
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, half := range []*half{t.eps, t.slices} {
+		if half != nil && half.started {
+			return true
+		}
+	}
+	return false
+}
+
+// masterSynced sets the master leases' Endpoints to ep and returns once the term has
+// synced them: keepMaster takes one signal at a time, so once it has taken a second
+// one, the sync of the first is over.
+func (h *harness) masterSynced(ep *Endpoints) {
+	h.t.Helper()
+	t, err := h.c.currentTerm()
+	if err != nil {
+		h.t.Fatalf("no term: %v", err)
+	}
+	for range 2 {
+		h.c.SetMasterEndpoints(ep)
+		etcdtest.WaitFor(h.t, 10*time.Second, "the master endpoints taken",
+			func() bool { return len(t.masterc) == 0 })
+	}
+}
+
 // rev returns etcd's current revision: unchanged means nothing was written.
 func (h *harness) rev() int64 {
 	h.t.Helper()

@@ -22,22 +22,24 @@ const labelSkipMirror = "endpointslice.kubernetes.io/skip-mirror"
 // object where none is stored: an empty set is written only over a non-empty one (the
 // last API server shut down cleanly, kubernetes #115804).
 func (t *term) keepMaster(ctx context.Context) error {
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-t.listed:
+	for _, listed := range []chan struct{}{t.listed, t.slicesListed} {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-listed:
+		}
 	}
-	retry := time.NewTimer(time.Hour)
+	retry := t.c.cfg.Clock.NewTimer(time.Hour)
 	defer retry.Stop()
-	resync := time.NewTicker(t.c.cfg.MasterResync)
+	resync := t.c.cfg.Clock.NewTicker(t.c.cfg.MasterResync)
 	defer resync.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.masterc:
-		case <-retry.C:
-		case <-resync.C:
+		case <-retry.Chan():
+		case <-resync.Chan():
 		}
 		err := t.syncMaster(ctx)
 		switch {

@@ -4,6 +4,8 @@ import (
 	"container/heap"
 	"sync"
 	"time"
+
+	"github.com/jonboulle/clockwork"
 )
 
 // queue is the controller's work queue of Service keys, with client-go workqueue's
@@ -16,6 +18,7 @@ import (
 // Each key also carries the time of the earliest event not yet synced (since), for the
 // event-to-commit latency.
 type queue struct {
+	clock      clockwork.Clock // of addAfter's delays
 	mu         sync.Mutex
 	cond       *sync.Cond
 	ready      []string
@@ -31,8 +34,9 @@ type queue struct {
 	closed    bool
 }
 
-func newQueue() *queue {
+func newQueue(clock clockwork.Clock) *queue {
 	q := &queue{
+		clock:      clock,
 		dirty:      map[string]struct{}{},
 		processing: map[string]struct{}{},
 		since:      map[string]time.Time{},
@@ -88,7 +92,7 @@ func (q *queue) addAfter(key string, d time.Duration, since time.Time) {
 			q.since[key] = since
 		}
 	}
-	due := time.Now().Add(d)
+	due := q.clock.Now().Add(d)
 	if at, ok := q.scheduled[key]; ok && !at.After(due) {
 		return
 	}
@@ -190,7 +194,7 @@ func (q *queue) close() {
 // runTimers moves scheduled keys to the ready list when they are due, until the queue
 // is closed. It is the queue's one goroutine; its owner waits for it.
 func (q *queue) runTimers() {
-	t := time.NewTimer(time.Hour)
+	t := q.clock.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
 		q.mu.Lock()
@@ -198,7 +202,7 @@ func (q *queue) runTimers() {
 			q.mu.Unlock()
 			return
 		}
-		now := time.Now()
+		now := q.clock.Now()
 		for q.waiting.Len() > 0 && !q.waiting[0].due.After(now) {
 			it := heap.Pop(&q.waiting).(waitItem)
 			if at, ok := q.scheduled[it.key]; ok && at.Equal(it.due) {
@@ -213,13 +217,13 @@ func (q *queue) runTimers() {
 		q.mu.Unlock()
 		if !t.Stop() {
 			select {
-			case <-t.C:
+			case <-t.Chan():
 			default:
 			}
 		}
 		t.Reset(next)
 		select {
-		case <-t.C:
+		case <-t.Chan():
 		case <-q.wake:
 		}
 	}

@@ -3,11 +3,14 @@ package endpoints
 import (
 	"context"
 	"fmt"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
 
 // realisticPods are n ready Pods with Kubernetes-like names, uids and node names.
@@ -40,6 +43,9 @@ func TestSliceSize(t *testing.T) {
 // A Service of 12,000 Pods (max 100 per slice: 120 slices, one transaction of 120
 // puts) never gets its slices: the request is larger than etcd's 1.5 MiB.
 func TestLargeServiceNeverWritten(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a Service of 6,000 Pods: seconds")
+	}
 	h := newSliceHarness(t, Config{Logger: slog.New(slog.NewTextHandler(&tw{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	svc := sliceService("production")
 	svc.Name = "checkout-frontend"
@@ -48,15 +54,11 @@ func TestLargeServiceNeverWritten(t *testing.T) {
 		p.Labels = map[string]string{"foo": "bar"}
 	}
 	h.sliceSnapshots(1, []*Service{svc}, realisticNodes(50), pods)
-	deadline := time.Now().Add(15 * time.Second)
 	n := 0
-	for time.Now().Before(deadline) {
+	etcdtest.Eventually(15*time.Second, func() bool {
 		n = len(h.slices("production", "checkout-frontend"))
-		if n > 0 {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return n > 0
+	})
 	t.Logf("slices stored after 15 s: %d", n)
 	if n == 0 {
 		t.Errorf("no slice of a 12,000-Pod Service written in 15 s")
@@ -78,6 +80,9 @@ func (w *tw) Write(b []byte) (int, error) {
 // Two Services of 6,000 Pods each (60 slices, ~800 KB each) synced at once: each
 // write fits alone, but the committer puts both in one transaction.
 func TestTwoBigServicesBatched(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two Services of 6,000 Pods: seconds")
+	}
 	h := newSliceHarness(t, Config{Logger: slog.New(slog.NewTextHandler(&tw{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	var svcs []*Service
 	var pods []*Pod
@@ -93,15 +98,11 @@ func TestTwoBigServicesBatched(t *testing.T) {
 		}
 	}
 	h.sliceSnapshots(1, svcs, realisticNodes(50), pods)
-	deadline := time.Now().Add(20 * time.Second)
 	var a, b int
-	for time.Now().Before(deadline) {
+	etcdtest.Eventually(20*time.Second, func() bool {
 		a, b = len(h.slices("production", "alpha")), len(h.slices("production", "beta"))
-		if a > 0 && b > 0 {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return a > 0 && b > 0
+	})
 	t.Logf("slices after: alpha %d, beta %d", a, b)
 	if a == 0 || b == 0 {
 		t.Errorf("slices of two Services of 6,000 Pods: %d and %d; want both written", a, b)

@@ -9,6 +9,9 @@ import (
 // label changed by hand) and that bears the name the controller picks for its next
 // create: every sync conflicts and is retried at once, for ever.
 func TestUnmanagedNameCollision(t *testing.T) {
+	if testing.Short() {
+		t.Skip("watches the controller for 2 s")
+	}
 	svc := sliceService("ns")
 	foreign := ownSlice(svc, sliceName(svc, 0), nil)
 	foreign.Labels[LabelSliceManagedBy] = "someone-else"

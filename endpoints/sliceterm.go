@@ -30,7 +30,7 @@ type storedSlice struct {
 func (t *term) newSlicesHalf() *half {
 	return &half{
 		name:    "endpointslice",
-		queue:   newQueue(),
+		queue:   newQueue(t.c.cfg.Clock),
 		workers: t.c.cfg.SliceWorkers,
 		batch:   t.c.cfg.SliceBatchPeriod,
 		needs:   []Kind{KindService, KindPod, KindNode},

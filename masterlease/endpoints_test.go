@@ -264,6 +264,9 @@ func TestApplyCatchUp(t *testing.T) {
 // TestGuardOnExpiry lets the only lease expire: storage lists none, the endpoints
 // keep its address.
 func TestGuardOnExpiry(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out real lease TTLs: seconds")
+	}
 	t.Parallel()
 	e := etcdtest.New(t)
 	m := start(t, e.Client)
@@ -292,6 +295,9 @@ func TestGuardOnExpiry(t *testing.T) {
 // TestEndpointsLeaveWithinTTL: a lease that is not renewed leaves WatchEndpoints
 // within TTL + 2 s while another is renewed every TTL/3.
 func TestEndpointsLeaveWithinTTL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out real lease TTLs: seconds")
+	}
 	t.Parallel()
 	e := etcdtest.New(t)
 	m := start(t, e.Client)

@@ -179,6 +179,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 // acknowledged Renew to the deletion of its key: at least the TTL (etcd's TTL is a lower
 // bound) and at most TTL + 1 s on a quiet etcd.
 func TestExpiryLatency(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out real lease TTLs: seconds")
+	}
 	t.Parallel()
 	e := etcdtest.New(t)
 	m := newStopped(t, e.Client)
@@ -219,6 +222,9 @@ func TestExpiryLatency(t *testing.T) {
 // TestRenewEveryThirdNeverExpires renews a 1 s lease every 1/3 s for 10 s: the key is
 // never deleted, and it stays on one etcd lease.
 func TestRenewEveryThirdNeverExpires(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out real lease TTLs: seconds")
+	}
 	t.Parallel()
 	e := etcdtest.New(t)
 	m := newStopped(t, e.Client)
@@ -272,6 +278,9 @@ func TestRenewEveryThirdNeverExpires(t *testing.T) {
 }
 
 func TestRenewLeavesOneEtcdLease(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out real lease TTLs: seconds")
+	}
 	t.Parallel()
 	e := etcdtest.New(t)
 	m1 := newStopped(t, e.Client)
@@ -517,6 +526,9 @@ func addrs(ss ...string) []netip.Addr {
 // restarts (its lessor is promoted again, as after a leader change): renewals during
 // the outage may fail, the key must never be deleted and keeps its lease.
 func TestRenewThroughRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts etcd under real lease TTLs: seconds")
+	}
 	t.Parallel()
 	e := etcdtest.New(t, etcdtest.WithFsync())
 	m := newStopped(t, e.Client)

@@ -84,9 +84,7 @@ func BenchmarkRepairPass100k(b *testing.B) {
 		b.Fatal(err)
 	}
 	wg.Go(func() { el.Run(ctx, ctl.Lead) })
-	for !ctl.IsLeader() {
-		time.Sleep(time.Millisecond)
-	}
+	etcdtest.WaitFor(b, 10*time.Second, "repair leadership", ctl.IsLeader)
 	rc, err := ctl.Receive(ctx)
 	if err != nil {
 		b.Fatal(err)

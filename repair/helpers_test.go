@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -33,6 +34,7 @@ type opts struct {
 	interval     time.Duration // default 1h: passes only when the test asks
 	noRun        bool          // do not start the controller's Run
 	wrap         func(*allocator.Allocator) repair.Store
+	clock        clockwork.Clock // default the real clock
 }
 
 // replica is one allocd replica's allocator and repair controller on a test etcd.
@@ -110,6 +112,7 @@ func newReplica(t *testing.T, cli *clientv3.Client, o opts, id string) *replica 
 		ParseSnapshotFile: server.ParseServiceSnapshotJSON,
 		Leadership:        el,
 		Registerer:        reg,
+		Clock:             o.clock,
 	})
 	if err != nil {
 		t.Fatalf("repair.New: %v", err)

@@ -444,7 +444,7 @@ func (p *passRun) leaks(ctx context.Context) error {
 	c.mu.Lock()
 	prev := c.candidates
 	c.mu.Unlock()
-	now := time.Now()
+	now := c.cfg.Clock.Now()
 	next := make(map[allocator.Item]*candidate)
 	for i := range p.allocs {
 		if p.used[i] {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -93,6 +94,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the repair metrics; nil means no metrics.
 	Registerer prometheus.Registerer
+	// Clock times the passes (Interval) and stamps snapshot receipts (LeakGrace is
+	// measured to them); nil means the real clock. Tests advance a fake one.
+	Clock clockwork.Clock
 }
 
 // Leadership is what repair needs of the election: who leads.
@@ -228,6 +232,9 @@ func New(cli *clientv3.Client, store Store, cfg Config) (*Controller, error) {
 	if cfg.LeakStrikes == 0 {
 		cfg.LeakStrikes = DefaultLeakStrikes
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = clockwork.NewRealClock()
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -288,13 +295,13 @@ func (c *Controller) passes(ctx context.Context, t *term) {
 	if c.cfg.SnapshotFile != "" || c.snapshot() != nil {
 		c.periodicPass(ctx, t)
 	}
-	tick := time.NewTicker(c.cfg.Interval)
+	tick := c.cfg.Clock.NewTicker(c.cfg.Interval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-tick.Chan():
 			c.periodicPass(ctx, t)
 		}
 	}
@@ -436,7 +443,7 @@ func (c *Controller) Status(ctx context.Context) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	now := time.Now()
+	now := c.cfg.Clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := Status{LastReport: c.last, Leader: leader, Leading: self}

@@ -3,11 +3,14 @@ package repair_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/jonboulle/clockwork"
 
 	"github.com/allocd/allocd/allocator"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
@@ -461,6 +464,58 @@ func TestRepairLeakGrace(t *testing.T) {
 	}
 	if got := r.holder(port(30100)); got != "uid-leak" {
 		t.Errorf("holder = %q; want uid-leak", got)
+	}
+}
+
+// TestRepairLeakGraceEnds: the grace runs on the controller's clock, from the
+// allocation to the receipt of the judging snapshot: a leak is kept while snapshots
+// are received less than the grace after it was allocated, and released by the first
+// pass over one received at the grace.
+func TestRepairLeakGraceEnds(t *testing.T) {
+	// Wall times only (Round(0) drops the monotonic reading): the pass measures the
+	// age from the time stored in etcd, which has none.
+	clock := clockwork.NewFakeClockAt(time.Now().Round(0))
+	r := newEnv(t, opts{strikes: 2, grace: time.Hour, clock: clock})
+	allocated := r.assign("uid-leak", port(30100))[0].AllocateTime.Round(0)
+	kept := []string{"LeakSuspected 30100 uid-leak"}
+	for i, at := range []time.Duration{0, time.Hour - time.Millisecond, time.Hour} {
+		clock.Advance(allocated.Add(at).Sub(clock.Now()))
+		r.push(int64(i + 1))
+		rep := r.pass(false)
+		if at < time.Hour {
+			rep = r.pass(false) // the last strike too
+		}
+		want := kept
+		if at == time.Hour {
+			want = []string{"LeakReleased 30100 uid-leak repaired"}
+		}
+		if got := summary(rep.Findings); !slices.Equal(got, want) {
+			t.Errorf("pass over a snapshot received %v after the allocation = %q; want %q", at, got, want)
+		}
+	}
+	if got := r.holder(port(30100)); got != "" {
+		t.Errorf("holder = %q; want none", got)
+	}
+}
+
+// TestRepairPassesEveryInterval: while leading, a pass runs every Interval of the
+// controller's clock, and none in between.
+func TestRepairPassesEveryInterval(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	r := newEnv(t, opts{interval: time.Minute, clock: clock})
+	r.push(1)
+	passes := func() float64 { return metric(t, r, "allocd_repair_passes_total", "result=ok") }
+	for i := 1; i <= 3; i++ {
+		if err := clock.BlockUntilContext(etcdtest.Context(t), 1); err != nil { // the ticker
+			t.Fatal(err)
+		}
+		clock.Advance(time.Minute - time.Millisecond)
+		if got := passes(); got != float64(i-1) {
+			t.Fatalf("passes before interval %d ended = %v; want %d", i, got, i-1)
+		}
+		clock.Advance(time.Millisecond)
+		etcdtest.WaitFor(t, 10*time.Second, fmt.Sprintf("pass %d", i),
+			func() bool { return passes() == float64(i) })
 	}
 }
 

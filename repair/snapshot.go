@@ -212,7 +212,7 @@ func (c *Controller) Receive(ctx context.Context) (Receipt, error) {
 	if err != nil {
 		return Receipt{}, fmt.Errorf("stamp snapshot receipt: %w", err)
 	}
-	return Receipt{Revision: resp.Header.Revision, Time: time.Now()}, nil
+	return Receipt{Revision: resp.Header.Revision, Time: c.cfg.Clock.Now()}, nil
 }
 
 // Accept validates a snapshot, records its revision in etcd (refusing with a

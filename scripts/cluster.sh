@@ -19,14 +19,14 @@ stop() {
 	kill -TERM "$one" 2>/dev/null && wait "$one" || true
 }
 trap stop INT TERM EXIT
-until bin/allocd health --grpc-address 127.0.0.1:8081 >/dev/null 2>&1; do
+until bin/allocd health --server 127.0.0.1:8081 >/dev/null 2>&1; do
 	kill -0 $one 2>/dev/null || { echo "allocd-1 did not start" >&2; exit 1; }
 	sleep 0.2
 done
 bin/allocd --etcd-servers http://127.0.0.1:12379 "${ranges[@]}" \
 	--grpc-address 127.0.0.1:8082 --metrics-address 127.0.0.1:9092 "$@" &
 two=$!
-until bin/allocd health --grpc-address 127.0.0.1:8082 >/dev/null 2>&1; do
+until bin/allocd health --server 127.0.0.1:8082 >/dev/null 2>&1; do
 	kill -0 $two 2>/dev/null || { echo "allocd-2 did not start" >&2; exit 1; }
 	sleep 0.2
 done

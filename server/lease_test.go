@@ -105,6 +105,9 @@ func badRequestFields(t *testing.T, err error) []string {
 // TTL + 2 s; RemoveLease of the other: gone at once, endpoints kept by the guard; a
 // shutdown removal of the last lease empties them.
 func TestLeaseServiceAcceptance(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out real lease TTLs: seconds")
+	}
 	e := etcdtest.New(t)
 	c := startLeaseServer(t, e)
 	ctx := etcdtest.Context(t)

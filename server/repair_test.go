@@ -86,17 +86,17 @@ func startRepairNode(t *testing.T, cli *clientv3.Client) *repairNode {
 
 func waitRepairLeader(t *testing.T, nodes ...*repairNode) *repairNode {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	var leader *repairNode
+	etcdtest.WaitFor(t, 10*time.Second, "a repair leader", func() bool {
 		for _, n := range nodes {
 			if n.ctl.IsLeader() {
-				return n
+				leader = n
+				return true
 			}
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatal("no repair leader elected")
-	return nil
+		return false
+	})
+	return leader
 }
 
 // push sends chunks (each a list of Services) with the given revisions.
@@ -425,6 +425,9 @@ func TestRepairServiceForwarding(t *testing.T) {
 // TestRepairServiceLargeSnapshot: 100k Services are accepted in chunks, and in one
 // message (about 6 MiB, under the 16 MiB limit).
 func TestRepairServiceLargeSnapshot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("pushes a large snapshot: seconds")
+	}
 	e := etcdtest.New(t)
 	n := startRepairNode(t, e.Client)
 	waitRepairLeader(t, n)

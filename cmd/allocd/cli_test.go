@@ -110,6 +110,9 @@ complete_line "allocd get ranges -o "
 // policy through the commands: without a certificate they are refused with what to
 // do; an operator reads; a shim cannot force a release; an admin can.
 func TestCommandsWithTLS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a TLS allocd and certificates for every role: seconds")
+	}
 	d, caFile, issue := startTLSDaemon(t)
 	cert := func(name, identity string) []string {
 		crt, key := issue(name, identity)

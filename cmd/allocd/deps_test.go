@@ -8,8 +8,12 @@ import (
 )
 
 // TestBinaryDeps checks, with `go list -deps`, that the allocd binary does not link
-// package testing (test helpers of the daemon take an interface instead).
+// package testing (test helpers of the daemon take an interface instead), nor the
+// tests' leak check (goleak) and harnesses.
 func TestBinaryDeps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		t.Skipf("go command not found: %v", err)
@@ -23,7 +27,10 @@ func TestBinaryDeps(t *testing.T) {
 		t.Fatalf("go list -deps lists %d packages without cmd/allocd/daemon; the listing is not "+
 			"what this test expects", len(deps))
 	}
-	if slices.Contains(deps, "testing") {
-		t.Error("the allocd binary links package testing")
+	for _, dep := range deps {
+		if dep == "testing" || dep == "go.uber.org/goleak" ||
+			strings.HasPrefix(dep, "github.com/allocd/allocd/internal/testing/") {
+			t.Errorf("the allocd binary links %s, which is the tests'", dep)
+		}
 	}
 }

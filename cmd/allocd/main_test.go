@@ -16,7 +16,11 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/allocd/allocd/cmd/allocd/daemon"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
+	"github.com/allocd/allocd/internal/testing/leakcheck"
 )
+
+func TestMain(m *testing.M) { leakcheck.MustTestMain(m) }
 
 // buildAllocd builds the binary once per test run.
 func buildAllocd(t *testing.T) string {
@@ -135,18 +139,14 @@ func waitServing(t *testing.T, addr string, d time.Duration) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	deadline := time.Now().Add(d)
-	for {
+	var resp *healthpb.HealthCheckResponse
+	if !etcdtest.Eventually(d, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-		cancel()
-		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not SERVING after %s: %v %v", addr, d, resp.GetStatus(), err)
-		}
-		time.Sleep(100 * time.Millisecond)
+		defer cancel()
+		resp, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+	}) {
+		t.Fatalf("%s not SERVING after %s: %v %v", addr, d, resp.GetStatus(), err)
 	}
 }
 

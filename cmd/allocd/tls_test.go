@@ -61,12 +61,11 @@ func TestTLSAsAUser(t *testing.T) {
 		}
 	}
 	var stdout, stderr bytes.Buffer
-	if rc := run([]string{"health", "--grpc-address", d.GRPCAddr(), "--tls-ca-file", caFile}, &stdout,
+	if rc := run([]string{"health", "--server", d.GRPCAddr(), "--tls-ca-file", caFile}, &stdout,
 		&stderr); rc != 0 {
 		t.Errorf("allocd health --tls-ca-file = %d (%s); want 0", rc, stderr.String())
 	}
-	if rc := run([]string{"health", "--grpc-address", d.GRPCAddr(), "--timeout", "1s"}, &stdout,
-		&stderr); rc == 0 {
+	if rc := run([]string{"health", "--server", d.GRPCAddr(), "--timeout", "1s"}, &stdout, &stderr); rc == 0 {
 		t.Errorf("allocd health in plaintext against TLS = 0; want a failure")
 	}
 }

@@ -247,11 +247,10 @@ func TestDashboardMetricsExported(t *testing.T) {
 	// Some series follow a call by a moment (the Endpoints controller writes after
 	// the push is acknowledged).
 	var gone []string
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if gone = missing(uses, scrape(t, d.MetricsAddr())); len(gone) == 0 || time.Now().After(deadline) {
-			break
-		}
-	}
+	etcdtest.Eventually(10*time.Second, func() bool {
+		gone = missing(uses, scrape(t, d.MetricsAddr()))
+		return len(gone) == 0
+	})
 	for _, m := range gone {
 		t.Errorf("allocd.json queries %s, which allocd does not export", m)
 	}

@@ -26,7 +26,7 @@ func TestGenerate(t *testing.T) {
 	}
 	for page, want := range map[string]string{
 		"allocd.md":            "--service-cluster-ip-range", // allocd --help: the serving flags
-		"allocd_health.md":     "-grpc-address",              // allocd health's Go flags
+		"allocd_health.md":     "--tls-ca-file",              // cobra's flags, as every command's
 		"allocd_get_ranges.md": "allocd get ranges -o wide",  // cobra's examples
 		"allocd_release.md":    "--owner",                    // cobra's flags
 		"allocd_completion.md": "## allocd completion",

@@ -11,17 +11,12 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 	etcdversion "go.etcd.io/etcd/api/v3/version"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/allocd/allocd/cmd/allocd/cli"
 	"github.com/allocd/allocd/cmd/allocd/daemon"
-	"github.com/allocd/allocd/tlsfiles"
 )
 
 // version is set at build time with
@@ -56,15 +51,6 @@ func NewCommand(stdout, stderr io.Writer) *cobra.Command {
 		}
 		return exit(serve(args, stdout, stderr, func(w io.Writer) { cli.PrintCommands(w, root) }))
 	}
-	root.AddCommand(&cobra.Command{
-		Use: "health [--grpc-address ADDR] [--timeout D] [--tls-ca-file FILE]",
-		Short: "Exit 0 when an allocd answers grpc.health.v1 SERVING " +
-			"(the container health check)",
-		DisableFlagParsing: true, // its Go flags, as before
-		RunE: func(_ *cobra.Command, args []string) error {
-			return exit(health(args, stdout, stderr))
-		},
-	})
 	root.AddCommand(cli.Commands()...)
 	help := root.HelpFunc()
 	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
@@ -140,53 +126,6 @@ func serve(args []string, stdout, stderr io.Writer, commands func(io.Writer)) in
 	}
 	if runErr != nil {
 		fmt.Fprintf(stderr, "allocd: %v\n", oneLine(runErr))
-		return 1
-	}
-	return 0
-}
-
-// health asks an allocd for grpc.health.v1 and exits 0 when it is SERVING: the
-// container health check.
-func health(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("allocd health", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	addr := fs.String("grpc-address", daemon.DefaultConfig().GRPCAddress, "host:port of the allocd to check")
-	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for an answer")
-	useTLS := fs.Bool("tls", false, "use TLS (implied by --tls-ca-file), verifying allocd's certificate "+
-		"against the system roots unless --tls-ca-file")
-	files := tlsfiles.Files{}
-	fs.StringVar(&files.CAFile, "tls-ca-file", "", "PEM CA bundle that allocd's certificate is verified "+
-		"against (it must name the host of --grpc-address)")
-	fs.StringVar(&files.CertFile, "tls-cert-file", "", "client certificate to present (health needs none)")
-	fs.StringVar(&files.KeyFile, "tls-private-key-file", "", "private key of --tls-cert-file")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	creds := insecure.NewCredentials()
-	if *useTLS || files != (tlsfiles.Files{}) {
-		c, err := tlsfiles.NewClient(files)
-		if err != nil {
-			fmt.Fprintf(stderr, "allocd health: %v\n", err)
-			return 2
-		}
-		defer c.Close()
-		creds = c.Credentials()
-	}
-	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		fmt.Fprintf(stderr, "allocd health: %v\n", err)
-		return 1
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
-	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-	if err != nil {
-		fmt.Fprintf(stderr, "allocd health: %s: %v\n", *addr, err)
-		return 1
-	}
-	fmt.Fprintln(stdout, resp.GetStatus())
-	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		return 1
 	}
 	return 0

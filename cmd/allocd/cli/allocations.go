@@ -119,7 +119,9 @@ node port range, like 30000-32767); --uid one owner, by its UID (allocd filters)
 --owner one owner by namespace and name (this command filters: every page is read).
 
 -o wide adds when each was allocated and its etcd revisions; -o json prints the
-allocations as one ListAllocationsResponse (without the page token).`,
+allocations as one ListAllocationsResponse (without the page token). A page that fails
+after others were printed ends the document with the page token of the page that
+failed (nextPageToken), the error on stderr and exit 1: the output stays valid.`,
 		Example: `  allocd get allocations
   allocd get allocations --owner default/web
   allocd get allocations --range 10.0.0.0/24 -o wide
@@ -183,7 +185,7 @@ func listAllocations(ctx context.Context, s *session, req *allocdv1.ListAllocati
 			return l.page()
 		})
 	if err != nil {
-		return err
+		return l.cut(req.GetPageToken(), err)
 	}
 	return l.end(s.err, rev)
 }
@@ -211,9 +213,11 @@ A number is a NodePort, anything else a ClusterIP. A free address is NOT_FOUND.`
 			if o.structured() {
 				return printObject(s.out, o.output, a)
 			}
+			// One more than is shown, to know whether there are more: allocd answers an
+			// owner's listing in one page, whatever page_size says.
 			held, err := call(ctx, o, func(ctx context.Context) (*allocdv1.ListAllocationsResponse, error) {
-				return s.c.ListAllocations(ctx,
-					&allocdv1.ListAllocationsRequest{OwnerUid: a.GetOwner().GetUid(), PageSize: maxHeldShown})
+				return s.c.ListAllocations(ctx, &allocdv1.ListAllocationsRequest{
+					OwnerUid: a.GetOwner().GetUid(), PageSize: maxHeldShown + 1})
 			})
 			return describeAllocation(s, a, held, err)
 		}),
@@ -235,7 +239,8 @@ func describeAllocation(s *session, a *allocdv1.Allocation, held *allocdv1.ListA
 	for _, h := range held.GetAllocations() {
 		all = append(all, itemOf(h))
 	}
-	if held.GetNextPageToken() != "" {
+	if len(all) > maxHeldShown || held.GetNextPageToken() != "" {
+		all = all[:min(len(all), maxHeldShown)]
 		all = append(all, "and more: allocd get allocations --uid "+a.GetOwner().GetUid())
 	}
 	if heldErr != nil {

@@ -66,7 +66,8 @@ func (o *options) register(fs *pflag.FlagSet) {
 
 // check validates the shared flags before a command runs.
 func (o *options) check(cmd *cobra.Command) error {
-	if v := os.Getenv(ServerEnv); v != "" && !cmd.Flags().Changed("server") {
+	if v := os.Getenv(ServerEnv); v != "" && !cmd.Flags().Changed("server") &&
+		!cmd.Flags().Changed("grpc-address") {
 		o.server = v
 	}
 	if o.output == "" {

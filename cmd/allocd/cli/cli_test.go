@@ -1,16 +1,25 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"sigs.k8s.io/yaml"
+
 	"github.com/allocd/allocd/client"
 	"github.com/allocd/allocd/cmd/allocd/daemon"
 	"github.com/allocd/allocd/internal/loopback"
+	"github.com/allocd/allocd/internal/testing/etcdtest"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
@@ -37,22 +46,14 @@ func portStrings(ports []int32) []string {
 	return out
 }
 
-// eventually polls f until it is true, for up to 10 s.
+// eventually polls f, each call within 2 s, until it is true, for up to 10 s.
 func eventually(t *testing.T, what string, f func(ctx context.Context) bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	etcdtest.WaitFor(t, 10*time.Second, what, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		ok := f(ctx)
-		cancel()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 10s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		defer cancel()
+		return f(ctx)
+	})
 }
 
 // TestAllocations lists, describes, allocates and releases through the commands what a
@@ -214,6 +215,9 @@ func TestLeasesAndRepair(t *testing.T) {
 // TestUnreachable: an allocd that refuses connections, and one that accepts them and
 // never answers, are each one line naming the address, within the timeout.
 func TestUnreachable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out --timeout against an allocd that never answers: seconds")
+	}
 	refused, err := loopback.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
@@ -252,6 +256,9 @@ func TestUnreachable(t *testing.T) {
 			"get ranges: no answer from allocd at " + silent.Addr().String() + " within 1s"},
 		{[]string{"watch", "endpoints", "--server", silent.Addr().String()},
 			"watch endpoints: no answer from allocd at " + silent.Addr().String() + " within 1s"},
+		{[]string{"health", "--server", refused}, "health: cannot reach allocd at " + refused + ": "},
+		{[]string{"health", "--server", silent.Addr().String()},
+			"health: no answer from allocd at " + silent.Addr().String() + " within 1s"},
 	} {
 		var stderr string
 		var code int
@@ -275,5 +282,108 @@ func TestUnreachable(t *testing.T) {
 func TestDefaultServer(t *testing.T) {
 	if got := daemon.DefaultConfig().GRPCAddress; got != defaultServer {
 		t.Errorf("defaultServer = %q; allocd's default --grpc-address is %q", defaultServer, got)
+	}
+}
+
+// TestDescribeHolderHas: describe lists up to maxHeldShown of what the holder has,
+// then an "and more" line when it has more (allocd answers an owner's listing in one
+// page, so there is no page token to tell).
+func TestDescribeHolderHas(t *testing.T) {
+	a := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, n := range []int{maxHeldShown, maxHeldShown + 1, 3 * maxHeldShown} {
+		uid := fmt.Sprintf("uid-%d", n)
+		res, err := a.c.Allocate(ctx,
+			&allocdv1.AllocateRequest{Owner: &allocdv1.Owner{Namespace: "default", Name: uid, Uid: uid},
+				NoClusterIp: true, NodePortCount: int32(n)})
+		if err != nil {
+			t.Fatalf("Allocate(%d node ports) = %v", n, err)
+		}
+		out := a.run("describe", "allocation", strconv.Itoa(int(res.GetNodePorts()[0])))
+		var has string
+		for _, line := range strings.Split(out, "\n") {
+			if h, ok := strings.CutPrefix(line, "Holder has:"); ok {
+				has = strings.TrimSpace(h)
+			}
+		}
+		items, more := strings.Split(has, ", "), false
+		if last := items[len(items)-1]; last == "and more: allocd get allocations --uid "+uid {
+			items, more = items[:len(items)-1], true
+		}
+		if want := n > maxHeldShown; len(items) != min(n, maxHeldShown) || more != want {
+			t.Errorf("describe of an owner of %d ports: Holder has %d items, and more: %v; want %d, %v\n%s",
+				n, len(items), more, min(n, maxHeldShown), want, out)
+		}
+	}
+}
+
+// compactingWriter is stdout that, at its first write (the first page printed),
+// compacts etcd's history past the listing's revision: the next page's token has
+// expired, and the listing fails after a page.
+type compactingWriter struct {
+	t   *testing.T
+	cli *clientv3.Client
+	buf bytes.Buffer
+}
+
+func (w *compactingWriter) Write(p []byte) (int, error) {
+	if w.buf.Len() == 0 {
+		ctx := etcdtest.Context(w.t)
+		resp, err := w.cli.Put(ctx, "/cut-short", "x")
+		if err == nil {
+			_, err = w.cli.Compact(ctx, resp.Header.Revision)
+		}
+		if err != nil {
+			w.t.Errorf("compact etcd under the listing: %v", err)
+		}
+	}
+	return w.buf.Write(p)
+}
+
+// TestListingCutShort: a listing whose later page fails prints, with -o json or yaml,
+// one valid document of what it fetched, with the page token of the page that failed,
+// and the error on stderr, exit 1; a table keeps its rows.
+func TestListingCutShort(t *testing.T) {
+	a := start(t)
+	for i := range 3 {
+		a.allocate("default", fmt.Sprint("web-", i), fmt.Sprint("uid-", i), nil, int32(30100+i))
+	}
+	for _, format := range []string{"json", "yaml", "table"} {
+		out := &compactingWriter{t: t, cli: a.d.Client()}
+		var stderr bytes.Buffer
+		root := &cobra.Command{Use: "allocd"}
+		root.AddCommand(Commands()...)
+		code := Execute(context.Background(), root,
+			[]string{"get", "allocations", "--chunk-size", "1", "-o", format}, out, &stderr)
+		if code != 1 || !strings.Contains(stderr.String(), "page_token") {
+			t.Errorf("-o %s: get allocations cut short = %d, stderr %q; want 1 and the expired page "+
+				"token's error", format, code, stderr.String())
+		}
+		doc := out.buf.Bytes()
+		switch format {
+		case "table":
+			if got := strings.Count(out.buf.String(), "\n"); got != 2 {
+				t.Errorf("-o table cut short printed %d lines:\n%s\nwant the header and the first page's row",
+					got, doc)
+			}
+			continue
+		case "yaml":
+			var err error
+			if doc, err = yaml.YAMLToJSON(doc); err != nil {
+				t.Errorf("-o yaml cut short is no YAML document: %v\n%s", err, out.buf.String())
+				continue
+			}
+		}
+		var resp allocdv1.ListAllocationsResponse
+		if err := protojson.Unmarshal(doc, &resp); err != nil {
+			t.Errorf("-o %s cut short is no ListAllocationsResponse: %v\n%s", format, err, out.buf.String())
+			continue
+		}
+		if len(resp.GetAllocations()) != 1 || resp.GetNextPageToken() == "" || resp.GetRevision() == 0 {
+			t.Errorf("-o %s cut short = %d allocations, page token %q, revision %d; want the first page's "+
+				"one, its token and revision",
+				format, len(resp.GetAllocations()), resp.GetNextPageToken(), resp.GetRevision())
+		}
 	}
 }

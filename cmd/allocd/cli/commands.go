@@ -9,8 +9,8 @@ import (
 )
 
 // Commands returns the operator commands, for the allocd root command: get, describe,
-// create, delete, release, repair and watch. They share one set of client flags
-// (--server, --timeout, -o, TLS); every call goes through package client.
+// create, delete, release, repair, watch and health. They share one set of client
+// flags (--server, --timeout, -o, TLS); every call goes through package client.
 func Commands() []*cobra.Command {
 	o := &options{}
 	get := group(o, "get",
@@ -32,7 +32,8 @@ func Commands() []*cobra.Command {
 	release := newRelease(o)
 	o.register(release.PersistentFlags())
 	completeOutput(release)
-	return []*cobra.Command{get, describe, create, del, release, repair, watch}
+	// health has its own options: its --timeout default is shorter.
+	return []*cobra.Command{get, describe, create, del, release, repair, watch, newHealth(&options{})}
 }
 
 // group returns a command that only holds subcommands (kubectl's "get", "delete"),

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -116,7 +115,7 @@ Service's, masterlease for default/kubernetes).`,
 			rev, err := listEndpoints(ctx, s, "get endpoints", req,
 				func(ep *allocdv1.ServiceEndpoints, rev int64) error { return l.add(ep, rev) }, l.page)
 			if err != nil {
-				return err
+				return l.cut(req.GetPageToken(), err)
 			}
 			return l.end(s.err, rev)
 		}),
@@ -177,7 +176,13 @@ func newWatchEndpoints(o *options) *cobra.Command {
 		Long: `List the Endpoints (of -n's namespace, or every one) as ADDED, then follow them
 (WatchServiceEndpoints from the listing's revision) and print one line per change,
 ADDED, MODIFIED or DELETED, as kubectl get -w --output-watch-events does, until Ctrl-C
-(or SIGTERM), which exits 0. A broken stream (allocd gone) exits 1.
+(or SIGTERM), which exits 0. An allocd out of reach at the start exits 1.
+
+A stream that breaks (allocd restarted, the connection cut) is opened again from the
+last change printed, after a pause that grows up to 5s while it keeps failing (said on
+stderr); no change is printed twice, none is missed. When etcd has compacted that
+revision meanwhile, the Endpoints are listed again and what changed since is printed as
+the changes it makes: DELETED for what is gone, ADDED or MODIFIED for the rest.
 
 -o json prints each change as one line of JSON (a WatchServiceEndpointsResponse), -o
 yaml as a YAML document.`,
@@ -195,78 +200,35 @@ yaml as a YAML document.`,
 	return cmd
 }
 
-// watchEndpoints lists, then watches from the listing's revision, printing each change.
+// watchEndpoints lists, then follows the changes from the listing's revision, printing
+// each (followWatch).
 func watchEndpoints(ctx context.Context, s *session, namespace string) error {
-	p := &changePrinter{w: s.out, format: s.o.output}
-	added := func(ep *allocdv1.ServiceEndpoints, rev int64) error {
-		p.add(&allocdv1.WatchServiceEndpointsResponse{Type: allocdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED,
-			Endpoints: ep, Revision: rev})
-		return nil
-	}
-	rev, err := listEndpoints(ctx, s, "watch endpoints",
-		&allocdv1.ListServiceEndpointsRequest{Namespace: namespace}, added, p.flush)
-	if err != nil {
-		return err
-	}
-	req := &allocdv1.WatchServiceEndpointsRequest{Namespace: namespace, StartRevision: rev}
-	err = s.c.WatchServiceEndpoints(ctx, req, func(ev *allocdv1.WatchServiceEndpointsResponse) error {
-		p.add(ev)
-		return p.flush()
-	})
-	if ctx.Err() != nil {
-		return nil // interrupted: the way a watch ends
-	}
-	return s.fail("watch endpoints", false, err)
-}
-
-// changePrinter prints watch events one line each, in a streamTable: the listing's
-// pages aligned, and each change as soon as it arrives.
-type changePrinter struct {
-	w       io.Writer
-	format  string
-	table   *streamTable
-	pending []*allocdv1.WatchServiceEndpointsResponse
-}
-
-// add queues a change for flush.
-func (p *changePrinter) add(ev *allocdv1.WatchServiceEndpointsResponse) {
-	p.pending = append(p.pending, ev)
-}
-
-// flush prints the changes queued.
-func (p *changePrinter) flush() error {
-	defer func() { p.pending = p.pending[:0] }()
-	if p.format == outJSON || p.format == outYAML {
-		for _, ev := range p.pending {
-			if err := p.printObject(ev); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	wide := p.format == outWide
-	if p.table == nil {
-		p.table = &streamTable{w: p.w, widths: []int{len("MODIFIED") + 3}}
-		p.table.add(append([]string{"EVENT"}, endpointsHeader(wide)...))
-	}
-	for _, ev := range p.pending {
-		event := strings.TrimPrefix(ev.GetType().String(), "WATCH_EVENT_TYPE_")
-		p.table.add(append([]string{event}, endpointsRow(ev.GetEndpoints(), wide)...))
-	}
-	return p.table.flush()
-}
-
-// printObject prints one change as one line of JSON, or as a YAML document.
-func (p *changePrinter) printObject(ev *allocdv1.WatchServiceEndpointsResponse) error {
-	if p.format == outYAML {
-		if _, err := fmt.Fprintln(p.w, "---"); err != nil {
-			return err
-		}
-		return printObject(p.w, outYAML, ev)
-	}
-	b, err := marshal(ev)
-	if err == nil {
-		_, err = fmt.Fprintf(p.w, "%s\n", b)
-	}
-	return err
+	type (
+		object = *allocdv1.ServiceEndpoints
+		change = *allocdv1.WatchServiceEndpointsResponse
+		typ    = allocdv1.WatchEventType
+	)
+	p := &eventPrinter[change]{w: s.out, format: s.o.output,
+		header: endpointsHeader(s.o.output == outWide),
+		row: func(ev change, wide bool) (string, []string) {
+			return ev.GetType().String(), endpointsRow(ev.GetEndpoints(), wide)
+		}}
+	return followWatch(ctx, s, watchKind[object, change]{
+		what: "watch endpoints",
+		list: func(ctx context.Context, each func(object, int64) error, page func() error) (int64, error) {
+			return listEndpoints(ctx, s, "watch endpoints",
+				&allocdv1.ListServiceEndpointsRequest{Namespace: namespace}, each, page)
+		},
+		watch: func(ctx context.Context, from int64, each func(change) error) error {
+			return s.c.WatchServiceEndpoints(ctx,
+				&allocdv1.WatchServiceEndpointsRequest{Namespace: namespace, StartRevision: from}, each)
+		},
+		key: func(ep object) string { return ep.GetNamespace() + "/" + ep.GetName() },
+		change: func(ev change) (typ, object, int64) {
+			return ev.GetType(), ev.GetEndpoints(), ev.GetRevision()
+		},
+		event: func(t typ, ep object, rev int64) change {
+			return &allocdv1.WatchServiceEndpointsResponse{Type: t, Endpoints: ep, Revision: rev}
+		},
+	}, p)
 }

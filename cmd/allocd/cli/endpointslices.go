@@ -166,35 +166,35 @@ as a YAML document.`,
 	return cmd
 }
 
-// watchSlices lists, then watches from the listing's revision, printing each change;
-// a broken stream is watched again from the last revision printed, a compacted one
-// listed again.
+// watchSlices lists, then follows the changes from the listing's revision, printing
+// each (followWatch).
 func watchSlices(ctx context.Context, s *session, namespace string) error {
-	p := &eventPrinter[*allocdv1.WatchEndpointSlicesResponse]{w: s.out, format: s.o.output,
+	type (
+		object = *allocdv1.EndpointSlice
+		change = *allocdv1.WatchEndpointSlicesResponse
+		typ    = allocdv1.WatchEventType
+	)
+	p := &eventPrinter[change]{w: s.out, format: s.o.output,
 		header: sliceHeader(s.o.output == outWide),
-		row: func(ev *allocdv1.WatchEndpointSlicesResponse, wide bool) (string, []string) {
+		row: func(ev change, wide bool) (string, []string) {
 			return ev.GetType().String(), sliceRow(ev.GetEndpointSlice(), wide)
 		}}
-	return followWatch(ctx, s, "watch endpointslices", func(ctx context.Context) (int64, error) {
-		return listSlices(ctx, s, "watch endpointslices",
-			&allocdv1.ListEndpointSlicesRequest{Namespace: namespace},
-			func(es *allocdv1.EndpointSlice, rev int64) error {
-				p.add(&allocdv1.WatchEndpointSlicesResponse{
-					Type:          allocdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED,
-					EndpointSlice: es, Revision: rev})
-				return nil
-			}, p.flush)
-	}, func(ctx context.Context, from int64, r *resume) error {
-		req := &allocdv1.WatchEndpointSlicesRequest{Namespace: namespace, StartRevision: from}
-		return s.c.WatchEndpointSlices(ctx, req, func(ev *allocdv1.WatchEndpointSlicesResponse) error {
-			es := ev.GetEndpointSlice()
-			key := es.GetNamespace() + "/" + es.GetName()
-			if r.skip(ev.GetRevision(), key) {
-				return nil
-			}
-			p.add(ev)
-			r.seen(ev.GetRevision(), key)
-			return p.flush()
-		})
-	})
+	return followWatch(ctx, s, watchKind[object, change]{
+		what: "watch endpointslices",
+		list: func(ctx context.Context, each func(object, int64) error, page func() error) (int64, error) {
+			return listSlices(ctx, s, "watch endpointslices",
+				&allocdv1.ListEndpointSlicesRequest{Namespace: namespace}, each, page)
+		},
+		watch: func(ctx context.Context, from int64, each func(change) error) error {
+			return s.c.WatchEndpointSlices(ctx,
+				&allocdv1.WatchEndpointSlicesRequest{Namespace: namespace, StartRevision: from}, each)
+		},
+		key: func(es object) string { return es.GetNamespace() + "/" + es.GetName() },
+		change: func(ev change) (typ, object, int64) {
+			return ev.GetType(), ev.GetEndpointSlice(), ev.GetRevision()
+		},
+		event: func(t typ, es object, rev int64) change {
+			return &allocdv1.WatchEndpointSlicesResponse{Type: t, EndpointSlice: es, Revision: rev}
+		},
+	}, p)
 }

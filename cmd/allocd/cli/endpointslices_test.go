@@ -2,6 +2,9 @@ package cli
 
 import (
 	"context"
+	"errors"
+	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -130,23 +133,71 @@ func (b *syncedBuffer) String() string {
 	return b.buf.String()
 }
 
-// TestResume: after a broken stream the changes of the last revision printed are asked
-// for again, and those printed already are skipped.
+// TestResume: after a broken stream, the changes of the last revision printed are
+// asked for again (one revision holds the changes of many objects), and those printed
+// already, deletions included, are skipped.
 func TestResume(t *testing.T) {
-	r := &resume{last: 10}
-	r.seen(11, "a")
-	r.seen(11, "b")
-	for _, tc := range []struct {
+	type change struct {
+		typ  allocdv1.WatchEventType
+		name string
 		rev  int64
-		key  string
-		skip bool
-	}{{10, "x", true}, {11, "a", true}, {11, "b", true}, {11, "c", false}, {12, "a", false}} {
-		if got := r.skip(tc.rev, tc.key); got != tc.skip {
-			t.Errorf("skip(%d, %q) = %v; want %v", tc.rev, tc.key, got, tc.skip)
+	}
+	const added, modified, deleted = allocdv1.WatchEventType_WATCH_EVENT_TYPE_ADDED,
+		allocdv1.WatchEventType_WATCH_EVENT_TYPE_MODIFIED, allocdv1.WatchEventType_WATCH_EVENT_TYPE_DELETED
+	streams := [][]change{ // what each stream sends before it breaks
+		{{added, "a", 11}, {added, "b", 11}},
+		{{added, "a", 11}, {added, "b", 11}, {added, "c", 11}, {modified, "a", 12}, {deleted, "b", 12}},
+		{{modified, "a", 12}, {deleted, "b", 12}, {modified, "c", 13}},
+	}
+	var froms []int64
+	var got []change // printed
+	type (
+		object = *allocdv1.ServiceEndpoints
+		wev    = *allocdv1.WatchServiceEndpointsResponse
+	)
+	p := &eventPrinter[wev]{w: io.Discard, format: outTable,
+		row: func(ev wev, _ bool) (string, []string) {
+			got = append(got, change{ev.GetType(), ev.GetEndpoints().GetName(), ev.GetRevision()})
+			return ev.GetType().String(), nil
+		}}
+	k := watchKind[object, wev]{
+		list: func(context.Context, func(object, int64) error, func() error) (int64, error) {
+			return 10, nil
+		},
+		watch: func(_ context.Context, from int64, each func(wev) error) error {
+			froms = append(froms, from)
+			for _, c := range streams[len(froms)-1] {
+				ep := &allocdv1.ServiceEndpoints{Namespace: "ns", Name: c.name, Revision: c.rev}
+				if err := each(&allocdv1.WatchServiceEndpointsResponse{Type: c.typ, Endpoints: ep,
+					Revision: c.rev}); err != nil {
+					return err
+				}
+			}
+			return client.ErrUnavailable
+		},
+		key: func(ep object) string { return ep.GetNamespace() + "/" + ep.GetName() },
+		change: func(ev wev) (allocdv1.WatchEventType, object, int64) {
+			return ev.GetType(), ev.GetEndpoints(), ev.GetRevision()
+		},
+	}
+	w := &followed[object, wev]{k: k, p: p,
+		known: map[string]printed[object]{}, deleted: map[string]int64{}}
+	ctx := context.Background()
+	if err := w.list(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range streams {
+		if err := w.follow(ctx); !errors.Is(err, client.ErrUnavailable) {
+			t.Fatalf("follow = %v; want the stream's break", err)
 		}
 	}
-	r.seen(12, "a")
-	if r.skip(12, "b") || !r.skip(11, "c") {
-		t.Errorf("after a change of revision 12, resume = %+v", r)
+	if want := []int64{10, 10, 11}; !slices.Equal(froms, want) {
+		t.Errorf("streams opened after revisions %v; want %v", froms, want)
+	}
+	want := []change{{added, "a", 11}, {added, "b", 11}, {added, "c", 11}, {modified, "a", 12},
+		{deleted, "b", 12},
+		{modified, "c", 13}}
+	if !slices.Equal(got, want) {
+		t.Errorf("printed %v; want %v", got, want)
 	}
 }

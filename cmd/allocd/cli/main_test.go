@@ -16,7 +16,10 @@ import (
 
 	"github.com/allocd/allocd/client"
 	"github.com/allocd/allocd/cmd/allocd/daemon"
+	"github.com/allocd/allocd/internal/testing/leakcheck"
 )
+
+func TestMain(m *testing.M) { leakcheck.MustTestMain(m) }
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from this run")
 

@@ -176,6 +176,25 @@ func (l *list) end(stderr io.Writer, rev int64) error {
 	return l.page()
 }
 
+// cut ends a listing that failed at the page of token (its request's page token): for
+// -o json or yaml, when items were written, it closes the document so that it stays
+// one valid document of what was fetched, with "nextPageToken" set to token, as the
+// List response of a page that has more after it (a listing can go on from there);
+// nothing is written for a listing that wrote nothing, nor for tables, whose rows are
+// complete lines. It returns err, which Execute prints on stderr.
+func (l *list) cut(token string, err error) error {
+	if l.n == 0 {
+		return err
+	}
+	switch l.format {
+	case outJSON:
+		fmt.Fprintf(l.w, "\n  ],\n  \"nextPageToken\": %q,\n  \"revision\": \"%d\"\n}\n", token, l.rev)
+	case outYAML:
+		fmt.Fprintf(l.w, "nextPageToken: %q\nrevision: \"%d\"\n", token, l.rev)
+	}
+	return err
+}
+
 // streamTable is a table printed a batch of rows at a time (a page of a listing, a
 // change of a watch) without holding what was printed: each column is as wide as its
 // widest cell so far, so a batch is aligned with the batches before it unless one of

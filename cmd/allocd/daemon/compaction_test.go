@@ -201,6 +201,9 @@ func etcdTruth(t *testing.T, cli *clientv3.Client) (ips, ports int64) {
 // stored: shop/web's Endpoints are deleted behind its back while it is cut off, and it
 // must write them again.
 func TestCompactionRelist(t *testing.T) {
+	if testing.Short() {
+		t.Skip("partitions replicas and waits for them to converge: seconds")
+	}
 	e := etcdtest.New(t)
 	setup := func(c *Config) {
 		c.EtcdServers = []string{e.Endpoint}
@@ -261,11 +264,10 @@ func converge(t *testing.T, replicas map[string]replica, want view) {
 	for name, r := range replicas {
 		var got view
 		var err error
-		deadline := time.Now().Add(20 * time.Second)
-		for got, err = r.view(ctx); (err != nil || !got.equal(want)) &&
-			time.Now().Before(deadline); got, err = r.view(ctx) {
-			time.Sleep(50 * time.Millisecond)
-		}
+		etcdtest.Eventually(20*time.Second, func() bool {
+			got, err = r.view(ctx)
+			return err == nil && got.equal(want)
+		})
 		if err != nil || !got.equal(want) {
 			t.Errorf("%s replica serves %v, %v; want %v (etcd's keys and leases)", name, got, err, want)
 		}

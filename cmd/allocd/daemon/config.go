@@ -244,7 +244,7 @@ func Usage(w io.Writer, fs *flag.FlagSet) {
 
 Usage:
   allocd [flags]                  serve (embedded etcd in --data-dir unless --etcd-servers)
-  allocd health [--grpc-address ADDR] [--tls-ca-file FILE]   exit 0 when ADDR answers grpc.health.v1 SERVING
+  allocd health [--server ADDR] [--tls-ca-file FILE]   exit 0 when ADDR answers grpc.health.v1 SERVING
   allocd --version                print the version and the Go and etcd client versions
 `)
 	for _, g := range flagGroups {

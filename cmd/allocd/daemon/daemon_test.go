@@ -144,6 +144,9 @@ func TestTwoSideBySide(t *testing.T) {
 }
 
 func TestHealthFollowsEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the health check to see etcd gone, and a bounded shutdown: seconds")
+	}
 	// allocd against an external etcd (another daemon's embedded one), which we stop.
 	etcdHost := StartForTest(t)
 	d := StartForTest(t, func(c *Config) {
@@ -158,7 +161,9 @@ func TestHealthFollowsEtcd(t *testing.T) {
 	// Shutdown stays bounded while etcd is unreachable, even with a call in flight
 	// that has no deadline of its own.
 	go allocdv1.NewLeaseServiceClient(conn).ListLeases(context.Background(), &allocdv1.ListLeasesRequest{})
-	time.Sleep(100 * time.Millisecond)
+	etcdtest.WaitFor(t, 10*time.Second, "ListLeases in flight", func() bool {
+		return counterSum(t, d, "grpc_server_started_total", "grpc_method", "ListLeases") == 1
+	})
 	start := time.Now()
 	d.Close()
 	took := time.Since(start)

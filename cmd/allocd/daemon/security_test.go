@@ -712,6 +712,9 @@ func TestSecurityConfig(t *testing.T) {
 // A client certificate that expires while its connection is open stops working on
 // that connection: the handshake checked it once, the calls check it each time.
 func TestCertificateExpiresOnOpenConnection(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a real certificate to expire")
+	}
 	p := newTestPKI(t)
 	d := startSecure(t, p)
 	ctx := callCtx(t)
@@ -787,6 +790,9 @@ func TestServerAuthOnlyClientCertificateRefused(t *testing.T) {
 // (the shim still allocates, the operator is still refused) after several refresh
 // periods; a valid file written afterwards is taken, so the file was being read.
 func TestPolicyReloadKeepsLastValidPolicy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out refresh periods of the policy file")
+	}
 	p := newTestPKI(t)
 	policy, orig := copyExamplePolicy(t)
 	d := startSecure(t, p, func(c *Config) { c.AuthorizationPolicyFile = policy })

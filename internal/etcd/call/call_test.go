@@ -56,6 +56,9 @@ func TestNotSentIsNotApplied(t *testing.T) {
 // A member without a leader refuses a write that asks for one; Write tries again until
 // a leader is elected, and the write is applied once.
 func TestNoLeaderRetried(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three etcd members, an election: seconds")
+	}
 	c := etcdtest.NewCluster(t, 3)
 	c.StopMember(1)
 	c.StopMember(2)
@@ -81,7 +84,8 @@ func TestNoLeaderRetried(t *testing.T) {
 				return err
 			})
 	}()
-	time.Sleep(300 * time.Millisecond)
+	etcdtest.WaitFor(t, 5*time.Second, "a try refused for want of a leader",
+		func() bool { return refused.Load() > 0 })
 	c.StartMember(1)
 	if err := <-done; err != nil {
 		t.Fatalf("Write after the election: %v", err)

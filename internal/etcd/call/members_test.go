@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/allocd/allocd/internal/etcd/call"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
@@ -43,15 +44,26 @@ func blackhole(t *testing.T) string {
 	return "http://" + lis.Addr().String()
 }
 
+// probes counts the probes started, by every member's probe client.
+var probes atomic.Int64
+
+func countProbes(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+	invoker grpc.UnaryInvoker,
+	opts ...grpc.CallOption) error {
+	probes.Add(1)
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
 func startMembers(t *testing.T, endpoints []string, onLeftOut func()) *clientv3.Client {
 	t.Helper()
 	cli := newClient(t, endpoints[0], true)
 	cli.SetEndpoints(endpoints...)
-	m, err := call.NewMembers(cli, endpoints, "/health", slog.New(slog.DiscardHandler),
-		func(ep string) (*clientv3.Client, error) {
-			return clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: time.Second,
-				Logger: zap.NewNop()})
-		})
+	probe := func(ep string) (*clientv3.Client, error) {
+		return clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: time.Second,
+			Logger:      zap.NewNop(),
+			DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(countProbes)}})
+	}
+	m, err := call.NewMembers(cli, endpoints, "/health", slog.New(slog.DiscardHandler), probe)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,6 +78,9 @@ func startMembers(t *testing.T, endpoints []string, onLeftOut func()) *clientv3.
 // A member that accepts connections and never answers is left out of the client's
 // endpoints within a second, and the writes go to the member that answers.
 func TestMembersLeaveOutStalled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-time probes of a stalled member: seconds")
+	}
 	e := etcdtest.New(t)
 	hole := blackhole(t)
 	var leftOut atomic.Int32
@@ -90,9 +105,17 @@ func TestMembersLeaveOutStalled(t *testing.T) {
 
 // When no member answers, all stay: leaving none would make every call fail at once.
 func TestMembersKeepAllWhenNoneAnswers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for rounds of real-time probes")
+	}
 	holes := []string{blackhole(t), blackhole(t)}
+	before := probes.Load()
 	cli := startMembers(t, holes, func() { t.Error("OnLeftOut called with no member answering") })
-	time.Sleep(time.Second) // two rounds of probes
+	// Run starts a round once it has acted on the one before: once the fourth round
+	// has started, three (restartAfter) were missed and acted on.
+	etcdtest.WaitFor(t, 10*time.Second, "four rounds of probes", func() bool {
+		return probes.Load()-before > 3*int64(len(holes))
+	})
 	if got := cli.Endpoints(); !slices.Equal(got, holes) {
 		t.Fatalf("endpoints = %v, want all of %v", got, holes)
 	}
@@ -100,6 +123,9 @@ func TestMembersKeepAllWhenNoneAnswers(t *testing.T) {
 
 // A member that stops is left out, and comes back when it serves again.
 func TestMembersComeBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three etcd members stopped and started: seconds")
+	}
 	c := etcdtest.NewCluster(t, 3)
 	cli := startMembers(t, c.Endpoints, nil)
 	c.StopMember(2)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -32,6 +33,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer gets the metrics; nil: none.
 	Registerer prometheus.Registerer
+	// Clock times the interval; nil: the real clock. Tests advance a fake one.
+	Clock clockwork.Clock
 }
 
 // Compactor compacts etcd's history older than one interval, coordinated with every
@@ -40,6 +43,7 @@ type Compactor struct {
 	cli      *clientv3.Client
 	key      string
 	interval time.Duration
+	clock    clockwork.Clock
 	log      *slog.Logger
 	m        *metrics
 	hurry    chan int64 // revisions Hurry asks to compact now
@@ -66,23 +70,27 @@ func New(cli *clientv3.Client, cfg Config) (*Compactor, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Compactor{cli: cli, key: cfg.Key, interval: cfg.Interval, log: log.With("component", "compactor"),
-		m:     m,
-		hurry: make(chan int64, 1)}, nil
+	clock := cfg.Clock
+	if clock == nil {
+		clock = clockwork.NewRealClock()
+	}
+	return &Compactor{cli: cli, key: cfg.Key, interval: cfg.Interval, clock: clock,
+		log: log.With("component", "compactor"),
+		m:   m, hurry: make(chan int64, 1)}, nil
 }
 
 // Run runs a step every interval, and one at once for every Hurry, until ctx ends; it
 // then returns nil. A step that fails is logged and counted, and the next one comes an
 // interval later, as kube-apiserver's.
 func (c *Compactor) Run(ctx context.Context) error {
-	t := time.NewTimer(c.interval)
+	t := c.clock.NewTimer(c.interval)
 	defer t.Stop()
 	for {
 		hurried := int64(0)
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-t.Chan():
 		case hurried = <-c.hurry:
 		}
 		if _, err := c.step(ctx, hurried); err != nil && ctx.Err() == nil {

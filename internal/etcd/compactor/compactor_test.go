@@ -3,6 +3,7 @@ package compactor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -118,51 +120,59 @@ func TestRunOnceTakesTurns(t *testing.T) {
 	}
 }
 
-// TestRunCompactsOncePerInterval runs three replicas' compactors for about 20
-// intervals while keys are written: together they compact about once per interval
-// (not three times), history younger than one interval is kept, older history is
-// compacted.
+// TestRunCompactsOncePerInterval runs three replicas' compactors for ten intervals of a
+// fake clock while keys are written: the first interval only records, then exactly one
+// replica compacts per interval (not three), the revision it read an interval before:
+// history older than one interval is compacted, younger history is kept.
 func TestRunCompactsOncePerInterval(t *testing.T) {
-	const interval = 100 * time.Millisecond
+	const interval = time.Minute
+	clock := clockwork.NewFakeClock()
 	e := etcdtest.New(t)
 	ctx, cancel := context.WithCancel(etcdtest.Context(t))
 	var cs []*Compactor
 	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
 	for i := range 3 {
 		cli := e.Client
 		if i > 0 {
 			cli = e.NewClient()
 		}
-		c := newCompactor(t, cli, interval)
+		c, err := New(cli, Config{Key: testKey, Interval: interval, Logger: quiet,
+			Registerer: prometheus.NewRegistry(), Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
 		cs = append(cs, c)
 		wg.Go(func() { c.Run(ctx) })
 	}
-	start := time.Now()
-	var early int64
-	for time.Since(start) < 20*interval {
-		rev := put(t, e.Client, "k")
-		if early == 0 && time.Since(start) > 2*interval {
-			early = rev
+	sum := func(results ...string) (n float64) {
+		for _, c := range cs {
+			for _, r := range results {
+				n += counter(t, c.m.steps.WithLabelValues(r))
+			}
 		}
-		time.Sleep(5 * time.Millisecond)
+		return n
 	}
-	recent := put(t, e.Client, "k")
-	cancel()
-	wg.Wait()
-	elapsed := time.Since(start)
-	total := 0.0
-	for _, c := range cs {
-		total += counter(t, c.m.steps.WithLabelValues("compacted"))
+	var revs []int64 // a revision written in each interval
+	for i := 1; i <= 10; i++ {
+		if err := clock.BlockUntilContext(ctx, 3); err != nil { // the three timers
+			t.Fatal(err)
+		}
+		revs = append(revs, put(t, e.Client, "k"))
+		clock.Advance(interval)
+		etcdtest.WaitFor(t, 10*time.Second, fmt.Sprintf("interval %d's three steps", i), func() bool {
+			return sum("recorded", "other_replica", "compacted", "failed") == float64(3*i)
+		})
+		if got := sum("compacted"); got != float64(i-1) {
+			t.Fatalf("%.0f compactions by 3 replicas after %d intervals; want %d, one per interval after "+
+				"the first", got, i, i-1)
+		}
 	}
-	if most := float64(elapsed/interval) + 1; total > most || total < most/2 {
-		t.Errorf("%.0f compactions by 3 replicas in %v; want about one per %v (at most %.0f)", total, elapsed,
-			interval, most)
+	if old := revs[len(revs)-2]; !compacted(t, e.Client, old) {
+		t.Errorf("revision %d, written an interval before the last step, is not compacted", old)
 	}
-	if !compacted(t, e.Client, early) {
-		t.Errorf("revision %d, written %v before the end, is not compacted", early, elapsed-2*interval)
-	}
-	if compacted(t, e.Client, recent) {
-		t.Errorf("revision %d, written just now, is compacted; want one interval kept", recent)
+	if recent := revs[len(revs)-1]; compacted(t, e.Client, recent) {
+		t.Errorf("revision %d, written in the last interval, is compacted; want one interval kept", recent)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -71,16 +72,20 @@ type MemberConfig struct {
 	Logger *slog.Logger
 	// Registerer gets the metrics; nil: none.
 	Registerer prometheus.Registerer
+	// Clock times the polls, the history floor and the pause after a failed
+	// defragmentation; nil: the real clock. Tests advance a fake one.
+	Clock clockwork.Clock
 }
 
 // Member looks after the space of one etcd member (see the package comment). Run it
 // once; Defragment is for before Run.
 type Member struct {
-	cli  Maintainer
-	cfg  MemberConfig
-	log  *slog.Logger
-	m    *memberMetrics
-	poll time.Duration
+	cli   Maintainer
+	cfg   MemberConfig
+	log   *slog.Logger
+	m     *memberMetrics
+	poll  time.Duration
+	clock clockwork.Clock
 
 	floor          time.Duration // HistoryFloor
 	maxDefragInUse int64         // DefragMaxInUseBytes; tests lower it
@@ -122,9 +127,13 @@ func NewMember(cli Maintainer, cfg MemberConfig) (*Member, error) {
 	if floor <= 0 {
 		floor = hurryFloor
 	}
+	clock := cfg.Clock
+	if clock == nil {
+		clock = clockwork.NewRealClock()
+	}
 	return &Member{cli: cli, cfg: cfg, log: log.With("component", "compactor", "member", cfg.Endpoint), m: m,
 		poll:  poll,
-		floor: floor, maxDefragInUse: DefragMaxInUseBytes}, nil
+		clock: clock, floor: floor, maxDefragInUse: DefragMaxInUseBytes}, nil
 }
 
 // Run reads the member's status every poll, hurries the Compactor when the history
@@ -132,13 +141,13 @@ func NewMember(cli Maintainer, cfg MemberConfig) (*Member, error) {
 // then returns nil. A failed read is logged at debug: the health check reports an etcd
 // that does not answer.
 func (m *Member) Run(ctx context.Context) error {
-	t := time.NewTicker(m.poll)
+	t := m.clock.NewTicker(m.poll)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-t.Chan():
 		}
 		st, err := m.status(ctx)
 		if err != nil {
@@ -148,7 +157,7 @@ func (m *Member) Run(ctx context.Context) error {
 			continue
 		}
 		m.hurry(st)
-		if m.defragWanted(st) && time.Now().After(m.defragAfter) {
+		if m.defragWanted(st) && m.clock.Now().After(m.defragAfter) {
 			if err := m.defrag(ctx, st); err != nil && ctx.Err() == nil {
 				m.log.Warn("etcd defragmentation failed; trying again later",
 					"err", err, "after", defragRetry)
@@ -196,7 +205,7 @@ func (m *Member) status(ctx context.Context) (*clientv3.StatusResponse, error) {
 // when the member is out of space (NOSPACE: the hurried step compacts without the
 // compaction key, which etcd refuses to write). Never twice for one revision.
 func (m *Member) hurry(st *clientv3.StatusResponse) {
-	target := m.observe(time.Now(), st.Header.Revision)
+	target := m.observe(m.clock.Now(), st.Header.Revision)
 	if m.cfg.Compactor == nil || m.cfg.HistoryBytes == 0 {
 		return
 	}
@@ -263,7 +272,7 @@ func (m *Member) defrag(ctx context.Context, before *clientv3.StatusResponse) er
 	took := time.Since(start)
 	if err != nil {
 		m.m.defrags.WithLabelValues("failed").Inc()
-		m.defragAfter = time.Now().Add(defragRetry)
+		m.defragAfter = m.clock.Now().Add(defragRetry)
 		return fmt.Errorf("defragment etcd member %s: %w", m.cfg.Endpoint, err)
 	}
 	m.m.defrags.WithLabelValues("done").Inc()

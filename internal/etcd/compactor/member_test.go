@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -24,22 +25,97 @@ import (
 
 const kib = 1 << 10
 
-func newMember(t *testing.T, e *etcdtest.Server, c *Compactor, history, free int64) *Member {
+// polled is the Maintainer of a test Member: it counts the status reads, so that a
+// test can advance the Member's fake clock one poll and wait for the read it makes,
+// and can hold a read (hold, then release) as a slow etcd would.
+type polled struct {
+	Maintainer
+	reads atomic.Int64
+	read  chan struct{} // a token per read, dropped when full
+	mu    sync.Mutex
+	gate  chan struct{} // the next read waits until it is closed; nil: none
+	held  atomic.Bool   // a read is waiting at the gate
+}
+
+func (p *polled) Status(ctx context.Context, endpoint string) (*clientv3.StatusResponse, error) {
+	p.mu.Lock()
+	gate := p.gate
+	p.gate = nil
+	p.mu.Unlock()
+	if gate != nil {
+		p.held.Store(true)
+		<-gate
+	}
+	defer func() {
+		p.reads.Add(1)
+		select {
+		case p.read <- struct{}{}:
+		default:
+		}
+	}()
+	return p.Maintainer.Status(ctx, endpoint)
+}
+
+func newPolled(m Maintainer) *polled { return &polled{Maintainer: m, read: make(chan struct{}, 1)} }
+
+// waitReads waits until n status reads were made in all.
+func (p *polled) waitReads(t *testing.T, n int64) {
 	t.Helper()
-	m, err := NewMember(e.Client,
-		MemberConfig{Endpoint: e.Endpoint, HistoryBytes: history, DefragFreeBytes: free,
-			// A floor of ten polls, as 2 s is two of a second.
-			Compactor: c, Poll: 20 * time.Millisecond, HistoryFloor: 200 * time.Millisecond,
-			Logger: quiet, Registerer: prometheus.NewRegistry()})
+	timeout := time.After(10 * time.Second)
+	for p.reads.Load() < n {
+		select {
+		case <-p.read:
+		case <-timeout:
+			t.Fatalf("%d status reads after 10s; want %d", p.reads.Load(), n)
+		}
+	}
+}
+
+// testMember is a Member on a fake clock, polling every 20 ms of it.
+type testMember struct {
+	*Member
+	t     *testing.T
+	clock *clockwork.FakeClock
+	p     *polled
+}
+
+func newMember(t *testing.T, e *etcdtest.Server, c *Compactor, history, free int64) *testMember {
+	t.Helper()
+	tm := &testMember{t: t, clock: clockwork.NewFakeClock(), p: newPolled(e.Client)}
+	m, err := NewMember(tm.p, MemberConfig{Endpoint: e.Endpoint, HistoryBytes: history, DefragFreeBytes: free,
+		// HistoryFloor: ten polls, as 2 s is two of a second.
+		Compactor: c, Poll: 20 * time.Millisecond, HistoryFloor: 200 * time.Millisecond,
+		Logger: quiet, Registerer: prometheus.NewRegistry(), Clock: tm.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m
+	tm.Member = m
+	return tm
 }
 
-// overwrite writes n values of size bytes to one key, every pause: history only, the
-// live data stays one value.
-func overwrite(t *testing.T, cli *clientv3.Client, n, size int, pause time.Duration) int64 {
+// run runs the Member until the test ends.
+func (m *testMember) run(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { m.Run(ctx); close(done) }()
+	m.t.Cleanup(func() { cancel(); <-done })
+}
+
+// pollOnce advances the clock one poll, once Run's ticker is there, and waits for the
+// status read it makes.
+func (m *testMember) pollOnce() {
+	m.t.Helper()
+	if err := m.clock.BlockUntilContext(etcdtest.Context(m.t), 1); err != nil {
+		m.t.Fatal(err)
+	}
+	n := m.p.reads.Load()
+	m.clock.Advance(m.poll)
+	m.p.waitReads(m.t, n+1)
+}
+
+// overwrite writes n values of size bytes to one key: history only, the live data
+// stays one value. Between two writes, between is called (nil: nothing).
+func overwrite(t *testing.T, cli *clientv3.Client, n, size int, between func()) int64 {
 	t.Helper()
 	v := strings.Repeat("x", size)
 	var rev int64
@@ -49,7 +125,9 @@ func overwrite(t *testing.T, cli *clientv3.Client, n, size int, pause time.Durat
 			t.Fatalf("Put: %v", err)
 		}
 		rev = resp.Header.Revision
-		time.Sleep(pause)
+		if between != nil {
+			between()
+		}
 	}
 	return rev
 }
@@ -63,20 +141,30 @@ func dbSize(t *testing.T, e *etcdtest.Server) (size, inUse int64) {
 	return st.DbSize, st.DbSizeInUse
 }
 
-// TestMemberKeepsHistoryWithinBudget writes 24 MiB of history at about 6 MiB/s with a
-// compaction interval of an hour: the Member hurries the Compactor whenever the size in
-// use has grown by the 1 MiB budget, and the database file stays a few MiB.
+// TestMemberKeepsHistoryWithinBudget writes 24 MiB of history, 256 KiB every two polls
+// (40 ms: about 6 MiB/s), with a compaction interval of an hour: the Member hurries the
+// Compactor whenever the size in use has grown by the 1 MiB budget, and the database
+// file stays a few MiB. The test makes each hurried step itself, as Run would, before
+// the next write (TestHurry runs them through Run): on a loaded machine, a compaction
+// running behind the writes would measure the machine, not the Member.
 func TestMemberKeepsHistoryWithinBudget(t *testing.T) {
 	e := etcdtest.New(t)
 	c := newCompactor(t, e.Client, time.Hour)
 	m := newMember(t, e, c, 1<<20, 8<<20)
-	ctx, cancel := context.WithCancel(etcdtest.Context(t))
-	done := make(chan struct{}, 2)
-	go func() { c.Run(ctx); done <- struct{}{} }()
-	go func() { m.Run(ctx); done <- struct{}{} }()
-	defer func() { cancel(); <-done; <-done }()
+	ctx := etcdtest.Context(t)
+	m.run(ctx)
 
-	overwrite(t, e.Client, 24*4, 256*kib, 40*time.Millisecond)
+	overwrite(t, e.Client, 24*4, 256*kib, func() {
+		m.pollOnce()
+		m.pollOnce()
+		select {
+		case rev := <-c.hurry:
+			if _, err := c.step(ctx, rev); err != nil {
+				t.Fatalf("hurried step to %d: %v", rev, err)
+			}
+		default:
+		}
+	})
 	size, inUse := dbSize(t, e)
 	t.Logf("database file %d bytes, %d in use, after 24 MiB of history", size, inUse)
 	if size > 12<<20 {
@@ -95,7 +183,7 @@ func TestMemberDefragments(t *testing.T) {
 	e := etcdtest.New(t)
 	m := newMember(t, e, nil, 0, 2<<20)
 	ctx := etcdtest.Context(t)
-	rev := overwrite(t, e.Client, 16, 256*kib, 0)
+	rev := overwrite(t, e.Client, 16, 256*kib, nil)
 	if did, err := m.Defragment(ctx); err != nil || did {
 		t.Fatalf("Defragment with nothing free = %v, %v; want false, nil", did, err)
 	}
@@ -118,16 +206,14 @@ func TestMemberDefragments(t *testing.T) {
 	}
 
 	// Run does it by itself.
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { m.Run(rctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	rev = overwrite(t, e.Client, 16, 256*kib, 0)
+	m.run(ctx)
+	rev = overwrite(t, e.Client, 16, 256*kib, nil)
 	if _, err := e.Client.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil {
 		t.Fatal(err)
 	}
 	etcdtest.WaitFor(t, 5*time.Second, "Run to defragment", func() bool {
 		put(t, e.Client, "other")
+		m.pollOnce()
 		return counter(t, m.m.defrags.WithLabelValues("done")) == 2
 	})
 	if size, _ := dbSize(t, e); size > 2<<20 {
@@ -135,77 +221,64 @@ func TestMemberDefragments(t *testing.T) {
 	}
 }
 
-// slowStatus is a Maintainer whose every fifth status read takes 100 ms longer: the
-// Member's ticker then delivers the late tick at once, and two reads land milliseconds
-// apart.
-type slowStatus struct {
-	Maintainer
-	n atomic.Int64
-}
-
-func (s *slowStatus) Status(ctx context.Context, endpoint string) (*clientv3.StatusResponse, error) {
-	if s.n.Add(1)%5 == 0 {
-		time.Sleep(100 * time.Millisecond)
-	}
-	return s.Maintainer.Status(ctx, endpoint)
-}
-
 // TestMemberHurryKeepsFloor: a hurry compacts a revision at least the floor old, even
-// when slow status reads bunch the ticks (two reads milliseconds apart), never the
-// revision of the previous read. Keys are written every 2 ms, each over the budget; the
-// test takes the Compactor's hurry requests itself and checks that the write that
-// made each revision began at least the floor before the request.
+// when a slow status read bunches the ticks (the ticker delivers the late tick at once:
+// two reads at the same time), never the revision of the previous read. A key is
+// written every poll, each over the budget; every fifth read is held while five polls
+// pass. The test takes the Compactor's hurry requests itself and checks that the write
+// that made each revision was at least the floor before the request.
 func TestMemberHurryKeepsFloor(t *testing.T) {
 	e := etcdtest.New(t)
 	c := newCompactor(t, e.Client, time.Hour) // not run: the test takes its hurries
 	const floor = 300 * time.Millisecond
-	m, err := NewMember(&slowStatus{Maintainer: e.Client},
-		MemberConfig{Endpoint: e.Endpoint, HistoryBytes: 32 * kib,
-			DefragFreeBytes: 1 << 30, Compactor: c, Poll: 20 * time.Millisecond, HistoryFloor: floor,
-			Logger:     quiet,
-			Registerer: prometheus.NewRegistry()})
+	clock := clockwork.NewFakeClock()
+	p := newPolled(e.Client)
+	mm, err := NewMember(p,
+		MemberConfig{Endpoint: e.Endpoint, HistoryBytes: 32 * kib, DefragFreeBytes: 1 << 30,
+			Compactor: c, Poll: 20 * time.Millisecond, HistoryFloor: floor, Logger: quiet,
+			Registerer: prometheus.NewRegistry(), Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(etcdtest.Context(t))
-	var mu sync.Mutex
-	began := map[int64]time.Time{} // revision: when the Put that made it began
-	done := make(chan struct{}, 2)
-	go func() { m.Run(ctx); done <- struct{}{} }()
-	go func() {
-		defer func() { done <- struct{}{} }()
-		v := strings.Repeat("x", 16*kib)
-		for ctx.Err() == nil {
-			start := time.Now()
-			if resp, err := e.Client.Put(ctx, "k", v); err == nil {
-				mu.Lock()
-				began[resp.Header.Revision] = start
-				mu.Unlock()
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
-	defer func() { cancel(); <-done; <-done }()
+	m := &testMember{Member: mm, t: t, clock: clock, p: p}
+	m.run(etcdtest.Context(t))
 
+	written := map[int64]time.Time{} // revision: when the Put that made it was written
+	v := strings.Repeat("x", 16*kib)
 	hurries := 0
-	for deadline := time.After(2 * time.Second); ; {
-		select {
-		case <-deadline:
-			if hurries < 3 {
-				t.Errorf("%d hurries in 2 s; want several", hurries)
-			}
-			return
-		case rev := <-c.hurry:
-			at := time.Now()
-			hurries++
-			mu.Lock()
-			b, ok := began[rev]
-			mu.Unlock()
-			if age := at.Sub(b); ok && age < floor {
-				t.Errorf("hurry to revision %d, written %v before: want at least the floor, %v", rev,
-					age.Round(time.Millisecond), floor)
-			}
+	for i := range 100 {
+		resp, err := e.Client.Put(etcdtest.Context(t), "k", v)
+		if err != nil {
+			t.Fatal(err)
 		}
+		written[resp.Header.Revision] = clock.Now()
+		if i%5 == 4 {
+			p.mu.Lock()
+			p.gate = make(chan struct{})
+			gate := p.gate
+			p.mu.Unlock()
+			n := p.reads.Load()
+			m.clock.Advance(m.poll)
+			etcdtest.WaitFor(t, 10*time.Second, "a read held", p.held.Load)
+			clock.Advance(5 * m.poll) // the late tick waits in the ticker
+			p.held.Store(false)
+			close(gate)
+			p.waitReads(t, n+2)
+		} else {
+			m.pollOnce()
+		}
+		select {
+		case rev := <-c.hurry:
+			hurries++
+			if age := clock.Since(written[rev]); age < floor {
+				t.Errorf("hurry to revision %d, written %v before: want at least the floor, %v", rev, age,
+					floor)
+			}
+		default:
+		}
+	}
+	if hurries < 3 {
+		t.Errorf("%d hurries in 100 writes; want several", hurries)
 	}
 }
 
@@ -217,13 +290,16 @@ func TestMemberDefragCap(t *testing.T) {
 	e := etcdtest.New(t)
 	var logs bytes.Buffer
 	var logMu sync.Mutex
-	m, err := NewMember(e.Client,
+	clock, p := clockwork.NewFakeClock(), newPolled(e.Client)
+	mm, err := NewMember(p,
 		MemberConfig{Endpoint: e.Endpoint, DefragFreeBytes: 1 << 20, Poll: 20 * time.Millisecond,
 			Logger:     slog.New(slog.NewJSONHandler(lockedWriter{&logMu, &logs}, nil)),
-			Registerer: prometheus.NewRegistry()})
+			Registerer: prometheus.NewRegistry(),
+			Clock:      clock})
 	if err != nil {
 		t.Fatal(err)
 	}
+	m := &testMember{Member: mm, t: t, clock: clock, p: p}
 	m.maxDefragInUse = 1 << 20
 	ctx := etcdtest.Context(t)
 	v := strings.Repeat("x", 256*kib)
@@ -232,7 +308,7 @@ func TestMemberDefragCap(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rev := overwrite(t, e.Client, 24, 256*kib, 0)
+	rev := overwrite(t, e.Client, 24, 256*kib, nil)
 	if _, err := e.Client.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +323,9 @@ func TestMemberDefragCap(t *testing.T) {
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { m.Run(rctx); close(done) }()
-	time.Sleep(400 * time.Millisecond) // some 20 reads
+	for range 20 {
+		m.pollOnce()
+	}
 	cancel()
 	<-done
 	if n := counter(t, m.m.defrags.WithLabelValues("done")); n != 0 {
@@ -286,9 +364,9 @@ func TestMemberCompactsOutOfSpace(t *testing.T) {
 	c := newCompactor(t, e.Client, time.Hour)
 	m := newMember(t, e, c, 1<<20, 2<<20)
 	ctx, cancel := context.WithCancel(etcdtest.Context(t))
-	done := make(chan struct{}, 2)
-	go func() { c.Run(ctx); done <- struct{}{} }()
-	defer func() { cancel(); <-done; <-done }()
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
 	if _, err := c.RunOnce(ctx); err != nil { // the compaction key's first write
 		t.Fatal(err)
 	}
@@ -306,7 +384,7 @@ func TestMemberCompactsOutOfSpace(t *testing.T) {
 			t.Fatalf("Put %d of 1 MiB in an 8 MiB etcd: %v; want NOSPACE before 32", i, err)
 		}
 	}
-	go func() { m.Run(ctx); done <- struct{}{} }()
+	m.run(ctx)
 	st, err := e.Client.Status(ctx, e.Endpoint)
 	if err != nil {
 		t.Fatal(err)
@@ -315,8 +393,11 @@ func TestMemberCompactsOutOfSpace(t *testing.T) {
 		t.Fatalf("status errors %q: want the NOSPACE alarm", st.Errors)
 	}
 	end := st.Header.Revision
-	etcdtest.WaitFor(t, 5*time.Second, "the history compacted",
-		func() bool { return compacted(t, e.Client, end-1) })
+	// The hurry compacts the newest revision read at least the floor (ten polls) ago.
+	etcdtest.WaitFor(t, 5*time.Second, "the history compacted", func() bool {
+		m.pollOnce()
+		return compacted(t, e.Client, end-1)
+	})
 	// The pages compaction freed count as free after etcd's next commit; under NOSPACE
 	// that is a deletion (a Release, say), which etcd still accepts.
 	i := 0
@@ -325,6 +406,7 @@ func TestMemberCompactsOutOfSpace(t *testing.T) {
 		if _, err := e.Client.Delete(ctx, "d"+strconv.Itoa(i%len(deletable))); err != nil {
 			t.Fatalf("Delete under NOSPACE: %v", err)
 		}
+		m.pollOnce()
 		size, _ := dbSize(t, e)
 		return size < 4<<20
 	})

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -53,6 +54,15 @@ type Progress struct {
 	// expectAt when the watch last moved (or was first expected to) while behind it.
 	expect   int64
 	expectAt time.Time
+	clock    clockwork.Clock // of expectAt; nil: the real clock (tests set a fake one)
+}
+
+// now is the time on p's clock.
+func (p *Progress) now() time.Time {
+	if p.clock == nil {
+		return time.Now()
+	}
+	return p.clock.Now()
 }
 
 func (p *Progress) init() {
@@ -83,7 +93,7 @@ func (p *Progress) Advance(rev int64) bool {
 	if rev >= p.expect {
 		p.expect = 0
 	} else {
-		p.expectAt = time.Now()
+		p.expectAt = p.now()
 	}
 	return true
 }
@@ -97,7 +107,7 @@ func (p *Progress) Expect(rev int64) {
 		return
 	}
 	if p.expect == 0 {
-		p.expectAt = time.Now()
+		p.expectAt = p.now()
 	}
 	p.expect = max(p.expect, rev)
 }
@@ -109,7 +119,7 @@ func (p *Progress) Expect(rev int64) {
 func (p *Progress) Lagging(d time.Duration) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.expect > p.rev && time.Since(p.expectAt) > d
+	return p.expect > p.rev && p.now().Sub(p.expectAt) > d
 }
 
 // SetRunning records whether the watcher runs: a Wait fails at once, rather than

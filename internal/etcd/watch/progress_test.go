@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jonboulle/clockwork"
 )
 
 func TestProgressWait(t *testing.T) {
@@ -49,8 +51,16 @@ func TestProgressWait(t *testing.T) {
 		t.Fatal("Advance did not wake the waiter")
 	}
 	// SetRunning(false) ends a waiter at once.
+	select {
+	case <-p.Asked(): // an ask left by the waiter before
+	default:
+	}
 	go func() { done <- p.Wait(ctx, 8, 5*time.Second) }()
-	time.Sleep(20 * time.Millisecond)
+	select {
+	case <-p.Asked(): // it waits
+	case <-time.After(time.Second):
+		t.Fatal("a waiting Wait did not ask for progress")
+	}
 	p.SetRunning(false)
 	select {
 	case err := <-done:
@@ -90,7 +100,8 @@ func TestLoop(t *testing.T) {
 // reach, without moving, for longer than the bound; moving restarts the count, and
 // reaching the revision ends it.
 func TestLagging(t *testing.T) {
-	var p Progress
+	clock := clockwork.NewFakeClock()
+	p := Progress{clock: clock}
 	p.Advance(10)
 	p.Expect(9) // reached already
 	if p.Lagging(0) {
@@ -98,17 +109,21 @@ func TestLagging(t *testing.T) {
 	}
 	p.Expect(12)
 	p.Expect(15)
-	time.Sleep(30 * time.Millisecond)
+	clock.Advance(20 * time.Millisecond)
+	if p.Lagging(20 * time.Millisecond) {
+		t.Fatal("Lagging(20ms) 20 ms behind revision 15; want false")
+	}
+	clock.Advance(time.Millisecond)
 	if !p.Lagging(20 * time.Millisecond) {
-		t.Fatal("Lagging(20ms) 30 ms behind revision 15; want true")
+		t.Fatal("Lagging(20ms) 21 ms behind revision 15; want true")
 	}
 	p.Advance(13) // moved, still behind
 	if p.Lagging(20 * time.Millisecond) {
 		t.Fatal("Lagging(20ms) right after the watch moved; want false")
 	}
-	time.Sleep(30 * time.Millisecond)
+	clock.Advance(21 * time.Millisecond)
 	if !p.Lagging(20 * time.Millisecond) {
-		t.Fatal("Lagging(20ms) 30 ms after the watch last moved, behind 15; want true")
+		t.Fatal("Lagging(20ms) 21 ms after the watch last moved, behind 15; want true")
 	}
 	p.Advance(15)
 	if p.Lagging(0) {

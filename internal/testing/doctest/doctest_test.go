@@ -15,6 +15,7 @@ import (
 
 	"github.com/allocd/allocd/cmd/allocd/cli"
 	"github.com/allocd/allocd/cmd/allocd/daemon"
+	"github.com/allocd/allocd/internal/testing/leakcheck"
 )
 
 // root is the repository, from this package's directory.
@@ -125,6 +126,9 @@ func TestDocLinks(t *testing.T) {
 // TestDocTours runs every claimed block against a real allocd and compares each
 // command's output with the doc's; UPDATE_DOCS=1 writes the outputs into the docs.
 func TestDocTours(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs grpcurl, and the allocd binary, as processes: seconds")
+	}
 	found := blocks(t)
 	names := make([]string, 0, len(claims))
 	for name := range claims {
@@ -140,9 +144,6 @@ func TestDocTours(t *testing.T) {
 			}
 			path := []string{filepath.Dir(findGrpcurl(t))}
 			if c.cli {
-				if testing.Short() {
-					t.Skip("builds the allocd binary")
-				}
 				path = append([]string{filepath.Dir(buildAllocd(t))}, path...)
 			}
 			runTour(t, b, c, path)
@@ -252,13 +253,13 @@ func buildAllocd(t *testing.T) string {
 	return built
 }
 
-// TestMain removes the binary that buildAllocd built.
+// TestMain removes the binary that buildAllocd built, and checks for goroutine leaks.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if built != "" {
-		os.RemoveAll(filepath.Dir(built))
-	}
-	os.Exit(code)
+	leakcheck.MustTestMain(m, func() {
+		if built != "" {
+			os.RemoveAll(filepath.Dir(built))
+		}
+	})
 }
 
 // findGrpcurl returns grpcurl's path, skipping the test without it (outside CI).

@@ -1,0 +1,9 @@
+package daemon
+
+import (
+	"testing"
+
+	"github.com/allocd/allocd/internal/testing/leakcheck"
+)
+
+func TestMain(m *testing.M) { leakcheck.MustTestMain(m) }

@@ -226,6 +226,10 @@ type flipResult struct {
 	// → its answer; allocd: committed flip → allocd's commit of the slice; bridge:
 	// allocd's commit → the slice in the API. Only flips seen are in them.
 	slice, ep, patch, allocd, bridge []time.Duration
+	// sliceSched and epSched: the flip's scheduled send → the object in the API (what
+	// a saturated API server adds before the flip is committed included); committed:
+	// the scheduled send → the flip committed (how late the API server took it).
+	sliceSched, epSched, committed []time.Duration
 	// watchLag: the flip's answer → the test's Pod watch showing it (negative when
 	// the watch came first).
 	watchLag []time.Duration
@@ -249,14 +253,17 @@ func (tr *flipTracker) result() flipResult {
 		}
 		c := r.committed()
 		res.patch = append(res.patch, r.acked.Sub(r.sent))
+		res.committed = append(res.committed, c.Sub(r.sched))
 		if !r.podSeen.IsZero() {
 			res.watchLag = append(res.watchLag, r.podSeen.Sub(r.acked))
 		}
 		if !r.slice.IsZero() {
 			res.slice = append(res.slice, r.slice.Sub(c))
+			res.sliceSched = append(res.sliceSched, r.slice.Sub(r.sched))
 		}
 		if !r.ep.IsZero() {
 			res.ep = append(res.ep, r.ep.Sub(c))
+			res.epSched = append(res.epSched, r.ep.Sub(r.sched))
 		}
 		if !r.allocdSlice.IsZero() {
 			res.allocd = append(res.allocd, r.allocdSlice.Sub(c))
@@ -302,9 +309,14 @@ func roundDur(d time.Duration) time.Duration {
 // line is the run's figures on one line.
 func (r flipResult) line() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "slice p50 %s p99 %s (%d of %d seen); endpoints p50 %s p99 %s (%d seen)",
+	fmt.Fprintf(&b, "from the flip's commit: slice p50 %s p99 %s (%d of %d seen), "+
+		"endpoints p50 %s p99 %s (%d seen); "+
+		"from its scheduled send: slice p50 %s p99 %s, endpoints p50 %s p99 %s; "+
+		"the flips committed after their scheduled send p50 %s p99 %s",
 		fmtQ(r.slice, r.n, .5), fmtQ(r.slice, r.n, .99), len(r.slice), r.n,
-		fmtQ(r.ep, r.n, .5), fmtQ(r.ep, r.n, .99), len(r.ep))
+		fmtQ(r.ep, r.n, .5), fmtQ(r.ep, r.n, .99), len(r.ep),
+		fmtQ(r.sliceSched, r.n, .5), fmtQ(r.sliceSched, r.n, .99), fmtQ(r.epSched, r.n, .5), fmtQ(r.epSched, r.n, .99),
+		fmtQ(r.committed, len(r.committed), .5), fmtQ(r.committed, len(r.committed), .99))
 	if len(r.allocd) > 0 {
 		fmt.Fprintf(&b, "; of the slice's: flip → allocd's commit p50 %s p99 %s, allocd's commit → API p50 %s p99 %s",
 			fmtQ(r.allocd, len(r.allocd), .5), fmtQ(r.allocd, len(r.allocd), .99),

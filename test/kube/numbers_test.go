@@ -373,24 +373,43 @@ func (p *pair) flipRuns(t *testing.T, cfg numbersConfig, sides []*side, rate int
 		}
 	}
 	for i, s := range sides {
-		t.Logf("%d flips/s, %s, median [min, max] of %d runs: flip → slice in the API p50 %s, p99 %s; "+
-			"flip → Endpoints p50 %s, p99 %s", rate, s.name, cfg.runs,
-			summary(res[i], func(r flipResult) []time.Duration { return r.slice }, .5),
-			summary(res[i], func(r flipResult) []time.Duration { return r.slice }, .99),
-			summary(res[i], func(r flipResult) []time.Duration { return r.ep }, .5),
-			summary(res[i], func(r flipResult) []time.Duration { return r.ep }, .99))
+		t.Logf("%d flips/s, %s, median [min, max] of %d runs: from the flip's commit in the API: slice p50 %s, p99 %s; "+
+			"Endpoints p50 %s, p99 %s; from the flip's scheduled send: slice p50 %s, p99 %s; Endpoints p50 %s, p99 %s; "+
+			"the flips committed after their scheduled send p50 %s, p99 %s", rate, s.name, cfg.runs,
+			summary(res[i], slicePick, .5), summary(res[i], slicePick, .99), summary(res[i], epPick, .5),
+			summary(res[i], epPick, .99), summary(res[i], sliceSchedPick, .5), summary(res[i], sliceSchedPick, .99),
+			summary(res[i], epSchedPick, .5), summary(res[i], epSchedPick, .99),
+			summary(res[i], committedPick, .5), summary(res[i], committedPick, .99))
 	}
+	for _, f := range []struct {
+		from string
+		pick func(flipResult) []time.Duration
+	}{{"the flip's commit", slicePick}, {"the flip's scheduled send", sliceSchedPick}} {
+		t.Logf("%d flips/s, from %s: slice p99 kube-controller-manager / allocd+bridge, run by run: %s",
+			rate, f.from, p99Ratios(res, f.pick))
+	}
+}
+
+// The figures of a flipResult that summary and p99Ratios pick.
+func slicePick(r flipResult) []time.Duration      { return r.slice }
+func epPick(r flipResult) []time.Duration         { return r.ep }
+func sliceSchedPick(r flipResult) []time.Duration { return r.sliceSched }
+func epSchedPick(r flipResult) []time.Duration    { return r.epSched }
+func committedPick(r flipResult) []time.Duration  { return r.committed }
+
+// p99Ratios is, run by run, the ratio of the p99s of pick of the two sides.
+func p99Ratios(res [2][]flipResult, pick func(flipResult) []time.Duration) string {
 	var ratios []string
 	for r := range min(len(res[0]), len(res[1])) {
-		a, okA := quantile(res[0][r].slice, res[0][r].n, .99)
-		b, okB := quantile(res[1][r].slice, res[1][r].n, .99)
+		a, okA := quantile(pick(res[0][r]), res[0][r].n, .99)
+		b, okB := quantile(pick(res[1][r]), res[1][r].n, .99)
 		if okA && okB && b > 0 {
 			ratios = append(ratios, fmt.Sprintf("%.1f", float64(a)/float64(b)))
 		} else {
 			ratios = append(ratios, "n/a")
 		}
 	}
-	t.Logf("%d flips/s: slice p99 kube-controller-manager / allocd+bridge, run by run: %s", rate, strings.Join(ratios, ", "))
+	return strings.Join(ratios, ", ")
 }
 
 // summary is the median [min, max] over runs of each run's q quantile.

@@ -61,12 +61,14 @@ func TestNumbers(t *testing.T) {
 	for r := range cfg.runs {
 		d := p.initialSync(t, cfg, sides, r)
 		for i := range sides {
-			syncs[i] = append(syncs[i], d[i])
+			if d[i] > 0 {
+				syncs[i] = append(syncs[i], d[i])
+			}
 		}
 	}
 	t.Logf("initial sync of %d Services / %d Pods, from the controller's start to every Endpoints and slice "+
-		"complete, median [min, max] of %d runs: kube-controller-manager %s; allocd+bridge %s",
-		cfg.services, cfg.services*cfg.podsPer, cfg.runs, spread(syncs[0]), spread(syncs[1]))
+		"complete, median [min, max] of %d runs: %s %s; %s %s", cfg.services, cfg.services*cfg.podsPer, cfg.runs,
+		sides[0].name, spread(syncs[0]), sides[1].name, spread(syncs[1]))
 	for _, f := range []struct {
 		rate int
 		d    time.Duration
@@ -111,31 +113,74 @@ type side struct {
 	// Prometheus endpoints whose figures are reported.
 	procs   []*proc
 	metrics []string
-	// next is the next Pod to flip (in turn over the Services); notReady the Pods
-	// flipped to not ready.
+	// flips is the state of the side's cluster's Pods (shared by two sides of one
+	// cluster).
+	flips *flipState
+	// bridgeArgs, when set, are the bridge's arguments on this side: the bridge is
+	// started again with them before the side is measured (KUBE_E2E_BRIDGE_B).
+	bridgeArgs []string
+	bridge     *allocdSide
+}
+
+// flipState is what the flips did to a cluster's Pods: next is the next Pod to flip
+// (in turn over the Services), notReady the Pods flipped to not ready.
+type flipState struct {
 	next     int
 	notReady map[string]bool
 }
 
+// bridgeB is KUBE_E2E_BRIDGE_B: extra arguments of the bridge that, when set, make
+// the test compare the bridge with them (side A, in place of kube-controller-manager)
+// against the bridge without them (side B), on allocd's cluster; the initial sync is
+// then measured on side B alone.
+func bridgeB() []string { return strings.Fields(os.Getenv("KUBE_E2E_BRIDGE_B")) }
+
+// useBridgeArgs makes the running bridge's arguments the side's, starting it again
+// (when running is set) if they differ.
+func (s *side) useBridgeArgs(t *testing.T, running bool) {
+	if s.bridgeArgs == nil || slices.Equal(s.bridge.Bridge.args, s.bridgeArgs) {
+		return
+	}
+	s.bridge.Bridge.Stop()
+	s.bridge.Bridge.args = s.bridgeArgs
+	if running {
+		s.bridge.Bridge.Start()
+		s.bridge.WaitBridgeReady(t)
+	}
+}
+
 func (p *pair) sides() []*side {
+	alcFlips := &flipState{notReady: map[string]bool{}}
 	alc := &side{name: "allocd+bridge", c: p.alc, ctrl: p.allocd.Bridge, allocd: p.allocd.Client,
-		notReady: map[string]bool{}, procs: []*proc{p.alc.APIServer, p.alc.KCM, p.allocd.Bridge},
+		flips: alcFlips, procs: []*proc{p.alc.APIServer, p.alc.KCM, p.allocd.Bridge},
 		metrics: []string{"http://" + p.allocd.bridgeHealth + "/metrics"}}
 	for i, r := range p.allocd.Replicas {
 		alc.procs = append(alc.procs, r)
 		alc.metrics = append(alc.metrics, "http://"+p.allocd.Metrics[i]+"/metrics")
 	}
+	if b := bridgeB(); len(b) > 0 {
+		alc.bridge, alc.bridgeArgs = p.allocd, slices.Clone(p.allocd.bridgeArgs)
+		a := *alc
+		a.name = "allocd+bridge " + strings.Join(b, " ")
+		a.bridgeArgs = append(slices.Clone(alc.bridgeArgs), b...)
+		a.procs, a.metrics = slices.Clone(alc.procs), slices.Clone(alc.metrics)
+		return []*side{&a, alc}
+	}
 	return []*side{
-		{name: "kube-controller-manager", c: p.ref, ctrl: p.ref.KCM, notReady: map[string]bool{},
+		{name: "kube-controller-manager", c: p.ref, ctrl: p.ref.KCM, flips: &flipState{notReady: map[string]bool{}},
 			procs: []*proc{p.ref.APIServer, p.ref.KCM}},
 		alc,
 	}
 }
 
-// order is the order of the sides in run r: A B, then B A, and so on.
+// order is the order of the sides in run r: A B, then B A, and so on; sync says
+// that it is for the initial sync.
 // KUBE_E2E_SIDES=allocd (for a contributor's quicker loop) measures allocd's side alone.
-func order(r int) []int {
+func order(r int, sync bool) []int {
 	if os.Getenv("KUBE_E2E_SIDES") == "allocd" {
+		return []int{1}
+	}
+	if len(bridgeB()) > 0 && sync {
 		return []int{1}
 	}
 	if r%2 == 0 {
@@ -179,7 +224,8 @@ func (p *pair) initialSync(t *testing.T, cfg numbersConfig, sides []*side, r int
 	t.Logf("run %d: %d Services created in each cluster in %v, controllers stopped", r+1, cfg.services,
 		time.Since(start).Round(time.Second))
 	var out [2]time.Duration
-	for _, i := range order(r) {
+	for _, i := range order(r, true) {
+		sides[i].useBridgeArgs(t, false)
 		out[i] = sides[i].timeSync(t, cfg)
 		t.Logf("run %d: initial sync, %s: %v", r+1, sides[i].name, roundDur(out[i]))
 	}
@@ -366,7 +412,8 @@ func (p *pair) flipRuns(t *testing.T, cfg numbersConfig, sides []*side, rate int
 	}
 	res := [2][]flipResult{}
 	for r := range cfg.runs {
-		for _, i := range order(r) {
+		for _, i := range order(r, false) {
+			sides[i].useBridgeArgs(t, true)
 			fr := sides[i].flipRun(t, cfg, rate, n)
 			res[i] = append(res[i], fr)
 			t.Logf("run %d, %d flips at %d/s, %s: %s", r+1, n, rate, sides[i].name, fr.line())
@@ -385,8 +432,8 @@ func (p *pair) flipRuns(t *testing.T, cfg numbersConfig, sides []*side, rate int
 		from string
 		pick func(flipResult) []time.Duration
 	}{{"the flip's commit", slicePick}, {"the flip's scheduled send", sliceSchedPick}} {
-		t.Logf("%d flips/s, from %s: slice p99 kube-controller-manager / allocd+bridge, run by run: %s",
-			rate, f.from, p99Ratios(res, f.pick))
+		t.Logf("%d flips/s, from %s: slice p99 %s / %s, run by run: %s",
+			rate, f.from, sides[0].name, sides[1].name, p99Ratios(res, f.pick))
 	}
 }
 
@@ -530,10 +577,10 @@ func (s *side) plan(cfg numbersConfig, rate, n int) []*flipRec {
 	start := time.Now().Add(200 * time.Millisecond)
 	recs := make([]*flipRec, n)
 	for k := range n {
-		i := s.next
-		s.next++
+		i := s.flips.next
+		s.flips.next++
 		svc, pod, ip := cfg.podOf(i%cfg.services, (i/cfg.services)%cfg.podsPer)
-		recs[k] = &flipRec{svc: svc, pod: pod, ip: ip, ready: s.notReady[pod],
+		recs[k] = &flipRec{svc: svc, pod: pod, ip: ip, ready: s.flips.notReady[pod],
 			sched: start.Add(time.Duration(k) * time.Second / time.Duration(rate))}
 	}
 	return recs
@@ -551,9 +598,9 @@ func (s *side) settle(t *testing.T, tr *flipTracker) {
 			ready = podReady(pod)
 		}
 		if ready {
-			delete(s.notReady, r.pod)
+			delete(s.flips.notReady, r.pod)
 		} else {
-			s.notReady[r.pod] = true
+			s.flips.notReady[r.pod] = true
 		}
 	}
 }

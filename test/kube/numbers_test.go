@@ -3,6 +3,8 @@ package kube
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,10 +35,11 @@ import (
 //     server and the controllers do: the time from the flip committed in the API to the
 //     changed EndpointSlice (and Endpoints) in the API.
 //
-// Each figure is measured KUBE_E2E_RUNS times (default 3) per side; the log has every
-// run and the medians. The test's watches resume from their last resourceVersion and
-// list again after a 410, so no flip goes unseen because a watch ended. It runs with
-// KUBE_E2E_NUMBERS=1 (make kube-numbers).
+// Each figure is measured KUBE_E2E_RUNS times (default 3) per side (the initial sync
+// KUBE_E2E_SYNC_RUNS times, default the same); the log has every run and the medians.
+// The test's watches resume from their last resourceVersion and list again after a
+// 410, so no flip goes unseen because a watch ended. It runs with KUBE_E2E_NUMBERS=1
+// (make kube-numbers).
 func TestNumbers(t *testing.T) {
 	if os.Getenv("KUBE_E2E_NUMBERS") == "" {
 		t.Skip("KUBE_E2E_NUMBERS is not set (make kube-numbers)")
@@ -58,7 +61,8 @@ func TestNumbers(t *testing.T) {
 	sides := p.sides()
 	p.createPods(t, cfg)
 	var syncs [2][]time.Duration
-	for r := range cfg.runs {
+	syncRuns := envInt("KUBE_E2E_SYNC_RUNS", cfg.runs)
+	for r := range syncRuns {
 		d := p.initialSync(t, cfg, sides, r)
 		for i := range sides {
 			if d[i] > 0 {
@@ -67,7 +71,7 @@ func TestNumbers(t *testing.T) {
 		}
 	}
 	t.Logf("initial sync of %d Services / %d Pods, from the controller's start to every Endpoints and slice "+
-		"complete, median [min, max] of %d runs: %s %s; %s %s", cfg.services, cfg.services*cfg.podsPer, cfg.runs,
+		"complete, median [min, max] of %d runs: %s %s; %s %s", cfg.services, cfg.services*cfg.podsPer, syncRuns,
 		sides[0].name, spread(syncs[0]), sides[1].name, spread(syncs[1]))
 	for _, f := range []struct {
 		rate int
@@ -116,10 +120,11 @@ type side struct {
 	// flips is the state of the side's cluster's Pods (shared by two sides of one
 	// cluster).
 	flips *flipState
-	// bridgeArgs, when set, are the bridge's arguments on this side: the bridge is
-	// started again with them before the side is measured (KUBE_E2E_BRIDGE_B).
-	bridgeArgs []string
+	// bridge is allocd's side's; bridgeArgs, when set, are the bridge's arguments on
+	// this side: the bridge is started again with them before the side is measured
+	// (KUBE_E2E_BRIDGE_B).
 	bridge     *allocdSide
+	bridgeArgs []string
 }
 
 // flipState is what the flips did to a cluster's Pods: next is the next Pod to flip
@@ -151,7 +156,7 @@ func (s *side) useBridgeArgs(t *testing.T, running bool) {
 
 func (p *pair) sides() []*side {
 	alcFlips := &flipState{notReady: map[string]bool{}}
-	alc := &side{name: "allocd+bridge", c: p.alc, ctrl: p.allocd.Bridge, allocd: p.allocd.Client,
+	alc := &side{name: "allocd+bridge", c: p.alc, ctrl: p.allocd.Bridge, allocd: p.allocd.Client, bridge: p.allocd,
 		flips: alcFlips, procs: []*proc{p.alc.APIServer, p.alc.KCM, p.allocd.Bridge},
 		metrics: []string{"http://" + p.allocd.bridgeHealth + "/metrics"}}
 	for i, r := range p.allocd.Replicas {
@@ -159,7 +164,7 @@ func (p *pair) sides() []*side {
 		alc.metrics = append(alc.metrics, "http://"+p.allocd.Metrics[i]+"/metrics")
 	}
 	if b := bridgeB(); len(b) > 0 {
-		alc.bridge, alc.bridgeArgs = p.allocd, slices.Clone(p.allocd.bridgeArgs)
+		alc.bridgeArgs = slices.Clone(p.allocd.bridgeArgs)
 		a := *alc
 		a.name = "allocd+bridge " + strings.Join(b, " ")
 		a.bridgeArgs = append(slices.Clone(alc.bridgeArgs), b...)
@@ -605,16 +610,47 @@ func (s *side) settle(t *testing.T, tr *flipTracker) {
 	}
 }
 
-// profile saves a CPU profile of the side's kube-apiserver over 15 s into the logs
-// (KUBE_E2E_PROFILE=1, which also turns kube-apiserver's --profiling on).
+// profile saves CPU profiles of the side's kube-apiserver and, on allocd's side, of
+// the bridge, over 15 s, into the logs (KUBE_E2E_PROFILE=1, which also turns
+// kube-apiserver's and the bridge's --profiling on).
 func (s *side) profile(ctx context.Context, t *testing.T, name string) {
-	b, err := s.c.Admin.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "15").DoRaw(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		b, err := s.c.Admin.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "15").DoRaw(ctx)
+		saveProfile(t, name+"-kube-apiserver", b, err)
+	})
+	if s.bridge != nil {
+		wg.Go(func() {
+			b, err := httpGet(ctx, "http://"+s.bridge.bridgeHealth+"/debug/pprof/profile?seconds=15")
+			saveProfile(t, name+"-allocd-bridge", b, err)
+		})
+	}
+	wg.Wait()
+}
+
+func saveProfile(t *testing.T, name string, b []byte, err error) {
+	if err == nil {
+		err = os.WriteFile(filepath.Join(logDir(t), name+".pprof"), b, 0o644)
+	}
 	if err != nil {
 		t.Logf("profile %s: %v", name, err)
-		return
 	}
-	path := filepath.Join(logDir(t), name+"-kube-apiserver.pprof")
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Logf("profile %s: %v", name, err)
+}
+
+// httpGet is the body of url (an error unless 200 OK).
+func httpGet(ctx context.Context, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
 	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return b, err
 }

@@ -37,6 +37,7 @@ type options struct {
 	adopt         bool
 	kubernetesSvc bool
 	healthAddress string
+	profiling     bool
 	resync        time.Duration
 	logLevel      string
 }
@@ -72,6 +73,8 @@ func (o *options) addRunFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.kubernetesSvc, "manage-kubernetes-service", o.kubernetesSvc,
 		"write default/kubernetes' Endpoints from allocd's master leases (kube-apiserver runs with --endpoint-reconciler-type=none)")
 	fs.StringVar(&o.healthAddress, "health-address", o.healthAddress, "host:port serving /healthz, /readyz and /metrics; empty: none")
+	fs.BoolVar(&o.profiling, "profiling", o.profiling,
+		"serve Go's profiles under /debug/pprof/ on --health-address (kube-controller-manager's flag)")
 	fs.DurationVar(&o.resync, "resync-period", o.resync, "informers' resync period; 0: none")
 }
 

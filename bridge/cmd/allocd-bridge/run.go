@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,7 +47,7 @@ func run(ctx context.Context, o *options) error {
 	defer b.factory.Shutdown()
 	g, gctx := errgroup.WithContext(ctx)
 	if o.healthAddress != "" {
-		srv, err := b.health(o.healthAddress)
+		srv, err := b.health(o.healthAddress, o.profiling)
 		if err != nil {
 			return err
 		}
@@ -154,8 +155,8 @@ func (b *bridge) syncCIDRs(ctx context.Context) error {
 }
 
 // health serves /healthz (the process runs), /readyz (informers synced, allocd's
-// objects listed) and /metrics.
-func (b *bridge) health(addr string) (*http.Server, error) {
+// objects listed), /metrics, and with profiling /debug/pprof/.
+func (b *bridge) health(addr string, profiling bool) (*http.Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -170,6 +171,10 @@ func (b *bridge) health(addr string) (*http.Server, error) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(b.reg, promhttp.HandlerOpts{}))
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--health-address: %w", err)

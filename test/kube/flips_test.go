@@ -28,7 +28,10 @@ type flipRec struct {
 	// allocdEP and allocdSlice: allocd committed the changed Endpoints and slice (the
 	// test follows allocd's own watches); ep and slice: the changed objects in the API.
 	allocdEP, allocdSlice, ep, slice time.Time
-	err                              error
+	// ackRV is the Pod's resourceVersion in the flip's answer; epRV and sliceRV those
+	// of the Endpoints and slice first seen showing it: the revision clock times them.
+	ackRV, epRV, sliceRV string
+	err                  error
 }
 
 // committed is the best estimate of when the API server committed the flip: its
@@ -49,6 +52,7 @@ func (r *flipRec) complete() bool { return r.err != nil || (!r.ep.IsZero() && !r
 // new one was written after the flip.
 type flipTracker struct {
 	mu   sync.Mutex
+	rc   *revClock // nil: none
 	recs []*flipRec
 	byIP map[string]*flipRec
 	left int
@@ -56,23 +60,24 @@ type flipTracker struct {
 	shut bool
 }
 
-func newFlipTracker() *flipTracker {
-	return &flipTracker{byIP: map[string]*flipRec{}, done: make(chan struct{})}
+func newFlipTracker(rc *revClock) *flipTracker {
+	return &flipTracker{rc: rc, byIP: map[string]*flipRec{}, done: make(chan struct{})}
 }
 
-// seen sets *at to when, the first time, for the flip of ip to ready, and reports
-// the flip when that completed it.
-func (tr *flipTracker) seen(ip, svc string, ready bool, field func(*flipRec) *time.Time, when time.Time) {
+// seen sets the field's time to when and its resourceVersion to rv, the first time,
+// for the flip of ip to ready, and reports the flip when that completed it.
+func (tr *flipTracker) seen(ip, svc string, ready bool, field func(*flipRec) (*time.Time, *string),
+	when time.Time, rv string) {
 	r := tr.byIP[ip]
 	if r == nil || r.svc != svc || r.ready != ready {
 		return
 	}
-	at := field(r)
+	at, atRV := field(r)
 	if !at.IsZero() {
 		return
 	}
 	was := r.complete()
-	*at = when
+	*at, *atRV = when, rv
 	if !was && r.complete() {
 		tr.completed()
 	}
@@ -104,13 +109,13 @@ func (tr *flipTracker) onEndpoints(obj runtime.Object, deleted bool, at time.Tim
 	}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	field := func(r *flipRec) *time.Time { return &r.ep }
+	field := func(r *flipRec) (*time.Time, *string) { return &r.ep, &r.epRV }
 	for _, s := range ep.Subsets {
 		for _, a := range s.Addresses {
-			tr.seen(a.IP, ep.Name, true, field, at)
+			tr.seen(a.IP, ep.Name, true, field, at, ep.ResourceVersion)
 		}
 		for _, a := range s.NotReadyAddresses {
-			tr.seen(a.IP, ep.Name, false, field, at)
+			tr.seen(a.IP, ep.Name, false, field, at, ep.ResourceVersion)
 		}
 	}
 }
@@ -122,10 +127,10 @@ func (tr *flipTracker) onSlice(obj runtime.Object, deleted bool, at time.Time) {
 	}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	field := func(r *flipRec) *time.Time { return &r.slice }
+	field := func(r *flipRec) (*time.Time, *string) { return &r.slice, &r.sliceRV }
 	for _, e := range sl.Endpoints {
 		if len(e.Addresses) > 0 {
-			tr.seen(e.Addresses[0], sl.Labels[discoveryv1.LabelServiceName], sliceReady(e), field, at)
+			tr.seen(e.Addresses[0], sl.Labels[discoveryv1.LabelServiceName], sliceReady(e), field, at, sl.ResourceVersion)
 		}
 	}
 }
@@ -171,10 +176,10 @@ func (tr *flipTracker) add(r *flipRec) {
 }
 
 // answered records the API server's answer to r's request.
-func (tr *flipTracker) answered(r *flipRec, at time.Time, err error) {
+func (tr *flipTracker) answered(r *flipRec, at time.Time, rv string, err error) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	r.acked = at
+	r.acked, r.ackRV = at, rv
 	if err != nil && !r.complete() {
 		r.err = err
 		tr.completed()
@@ -210,9 +215,13 @@ func sendFlips(ctx context.Context, cs kubernetes.Interface, tr *flipTracker, re
 			if r.ready {
 				patch = readyPatch
 			}
-			_, err := cs.CoreV1().Pods(testNS).Patch(ctx, r.pod, types.StrategicMergePatchType, patch,
+			pod, err := cs.CoreV1().Pods(testNS).Patch(ctx, r.pod, types.StrategicMergePatchType, patch,
 				metav1.PatchOptions{}, "status")
-			tr.answered(r, time.Now(), err)
+			rv := ""
+			if err == nil {
+				rv = pod.ResourceVersion
+			}
+			tr.answered(r, time.Now(), rv, err)
 		})
 	}
 	wg.Wait()
@@ -230,6 +239,10 @@ type flipResult struct {
 	// a saturated API server adds before the flip is committed included); committed:
 	// the scheduled send → the flip committed (how late the API server took it).
 	sliceSched, epSched, committed []time.Duration
+	// sliceRev and epRev: the flip's commit → the object's, both by the revision
+	// clock (etcd's own watch); revCommitted: the scheduled send → the flip's commit
+	// by the clock.
+	sliceRev, epRev, revCommitted []time.Duration
 	// watchLag: the flip's answer → the test's Pod watch showing it (negative when
 	// the watch came first).
 	watchLag []time.Duration
@@ -265,6 +278,7 @@ func (tr *flipTracker) result() flipResult {
 			res.ep = append(res.ep, r.ep.Sub(c))
 			res.epSched = append(res.epSched, r.ep.Sub(r.sched))
 		}
+		tr.byRevision(&res, r)
 		if !r.allocdSlice.IsZero() {
 			res.allocd = append(res.allocd, r.allocdSlice.Sub(c))
 			if !r.slice.IsZero() {
@@ -273,6 +287,24 @@ func (tr *flipTracker) result() flipResult {
 		}
 	}
 	return res
+}
+
+// byRevision adds r's times by the revision clock to res.
+func (tr *flipTracker) byRevision(res *flipResult, r *flipRec) {
+	if tr.rc == nil {
+		return
+	}
+	c, ok := tr.rc.when(r.ackRV)
+	if !ok {
+		return
+	}
+	res.revCommitted = append(res.revCommitted, c.Sub(r.sched))
+	if at, ok := tr.rc.when(r.sliceRV); ok {
+		res.sliceRev = append(res.sliceRev, at.Sub(c))
+	}
+	if at, ok := tr.rc.when(r.epRV); ok {
+		res.epRev = append(res.epRev, at.Sub(c))
+	}
 }
 
 // quantile is the q quantile of d among n samples, the missing ones (flips never
@@ -309,6 +341,11 @@ func roundDur(d time.Duration) time.Duration {
 // line is the run's figures on one line.
 func (r flipResult) line() string {
 	var b strings.Builder
+	fmt.Fprintf(&b, "by etcd revision, the flip's commit → the object's: slice p50 %s p99 %s, endpoints p50 %s p99 %s "+
+		"(%d, %d of %d timed), the flips committed after their scheduled send p50 %s p99 %s; as the test's watches "+
+		"saw them: ", fmtQ(r.sliceRev, r.n, .5), fmtQ(r.sliceRev, r.n, .99), fmtQ(r.epRev, r.n, .5),
+		fmtQ(r.epRev, r.n, .99), len(r.sliceRev), len(r.epRev), r.n,
+		fmtQ(r.revCommitted, len(r.revCommitted), .5), fmtQ(r.revCommitted, len(r.revCommitted), .99))
 	fmt.Fprintf(&b, "from the flip's commit: slice p50 %s p99 %s (%d of %d seen), "+
 		"endpoints p50 %s p99 %s (%d seen); "+
 		"from its scheduled send: slice p50 %s p99 %s, endpoints p50 %s p99 %s; "+

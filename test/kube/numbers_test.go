@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/allocd/allocd/client"
 )
 
@@ -110,6 +112,7 @@ func envSeconds(name string, def int) time.Duration {
 // Endpoints and slices (paused by stopping it).
 type side struct {
 	name   string
+	etcd   *clientv3.Client // of the etcd under both clusters: the revision clock's
 	c      *cluster
 	ctrl   *proc
 	allocd *client.Client // allocd's side only: its commits are followed too
@@ -155,9 +158,11 @@ func (s *side) useBridgeArgs(t *testing.T, running bool) {
 }
 
 func (p *pair) sides() []*side {
+	etcd := p.etcd.NewClient()
 	alcFlips := &flipState{notReady: map[string]bool{}}
-	alc := &side{name: "allocd+bridge", c: p.alc, ctrl: p.allocd.Bridge, allocd: p.allocd.Client, bridge: p.allocd,
-		flips: alcFlips, procs: []*proc{p.alc.APIServer, p.alc.KCM, p.allocd.Bridge},
+	alc := &side{name: "allocd+bridge", etcd: etcd, c: p.alc, ctrl: p.allocd.Bridge, allocd: p.allocd.Client,
+		bridge: p.allocd,
+		flips:  alcFlips, procs: []*proc{p.alc.APIServer, p.alc.KCM, p.allocd.Bridge},
 		metrics: []string{"http://" + p.allocd.bridgeHealth + "/metrics"}}
 	for i, r := range p.allocd.Replicas {
 		alc.procs = append(alc.procs, r)
@@ -172,7 +177,8 @@ func (p *pair) sides() []*side {
 		return []*side{&a, alc}
 	}
 	return []*side{
-		{name: "kube-controller-manager", c: p.ref, ctrl: p.ref.KCM, flips: &flipState{notReady: map[string]bool{}},
+		{name: "kube-controller-manager", etcd: etcd, c: p.ref, ctrl: p.ref.KCM,
+			flips: &flipState{notReady: map[string]bool{}},
 			procs: []*proc{p.ref.APIServer, p.ref.KCM}},
 		alc,
 	}
@@ -425,7 +431,13 @@ func (p *pair) flipRuns(t *testing.T, cfg numbersConfig, sides []*side, rate int
 		}
 	}
 	for i, s := range sides {
-		t.Logf("%d flips/s, %s, median [min, max] of %d runs: from the flip's commit in the API: slice p50 %s, p99 %s; "+
+		t.Logf("%d flips/s, %s, median [min, max] of %d runs: by etcd revision, the flip's commit → the object's: "+
+			"slice p50 %s, p99 %s; Endpoints p50 %s, p99 %s; the flips committed after their scheduled send p50 %s, "+
+			"p99 %s", rate, s.name, cfg.runs, summary(res[i], sliceRevPick, .5), summary(res[i], sliceRevPick, .99),
+			summary(res[i], epRevPick, .5), summary(res[i], epRevPick, .99), summary(res[i], revCommittedPick, .5),
+			summary(res[i], revCommittedPick, .99))
+		t.Logf("%d flips/s, %s, median [min, max] of %d runs, as the test's watches saw them: from the flip's "+
+			"commit in the API: slice p50 %s, p99 %s; "+
 			"Endpoints p50 %s, p99 %s; from the flip's scheduled send: slice p50 %s, p99 %s; Endpoints p50 %s, p99 %s; "+
 			"the flips committed after their scheduled send p50 %s, p99 %s", rate, s.name, cfg.runs,
 			summary(res[i], slicePick, .5), summary(res[i], slicePick, .99), summary(res[i], epPick, .5),
@@ -436,18 +448,22 @@ func (p *pair) flipRuns(t *testing.T, cfg numbersConfig, sides []*side, rate int
 	for _, f := range []struct {
 		from string
 		pick func(flipResult) []time.Duration
-	}{{"the flip's commit", slicePick}, {"the flip's scheduled send", sliceSchedPick}} {
+	}{{"the flip's commit to the slice's, by etcd revision", sliceRevPick},
+		{"the flip's commit (as the test saw it)", slicePick}, {"the flip's scheduled send", sliceSchedPick}} {
 		t.Logf("%d flips/s, from %s: slice p99 %s / %s, run by run: %s",
 			rate, f.from, sides[0].name, sides[1].name, p99Ratios(res, f.pick))
 	}
 }
 
 // The figures of a flipResult that summary and p99Ratios pick.
-func slicePick(r flipResult) []time.Duration      { return r.slice }
-func epPick(r flipResult) []time.Duration         { return r.ep }
-func sliceSchedPick(r flipResult) []time.Duration { return r.sliceSched }
-func epSchedPick(r flipResult) []time.Duration    { return r.epSched }
-func committedPick(r flipResult) []time.Duration  { return r.committed }
+func slicePick(r flipResult) []time.Duration        { return r.slice }
+func epPick(r flipResult) []time.Duration           { return r.ep }
+func sliceSchedPick(r flipResult) []time.Duration   { return r.sliceSched }
+func epSchedPick(r flipResult) []time.Duration      { return r.epSched }
+func committedPick(r flipResult) []time.Duration    { return r.committed }
+func sliceRevPick(r flipResult) []time.Duration     { return r.sliceRev }
+func epRevPick(r flipResult) []time.Duration        { return r.epRev }
+func revCommittedPick(r flipResult) []time.Duration { return r.revCommitted }
 
 // p99Ratios is, run by run, the ratio of the p99s of pick of the two sides.
 func p99Ratios(res [2][]flipResult, pick func(flipResult) []time.Duration) string {
@@ -487,13 +503,17 @@ func summary(runs []flipResult, pick func(flipResult) []time.Duration, q float64
 // a slice, or 5 minutes after the last was sent.
 func (s *side) flipRun(t *testing.T, cfg numbersConfig, rate, n int) flipResult {
 	ctx, cancel := context.WithCancel(context.Background())
-	tr := newFlipTracker()
+	rc, rcDone, err := startRevClock(ctx, s.etcd, "/"+s.c.name+"/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newFlipTracker(rc)
 	fols := []*follower{
 		newFollower(podsLW(s.c.Admin, testNS), tr.onPod),
 		newFollower(endpointsLW(s.c.Admin, testNS), tr.onEndpoints),
 		newFollower(slicesLW(s.c.Admin, testNS), tr.onSlice),
 	}
-	var dones []<-chan struct{}
+	dones := []<-chan struct{}{rcDone}
 	for _, f := range fols {
 		dones = append(dones, f.start(ctx))
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -27,6 +28,7 @@ type options struct {
 	qps                float32
 	burst              int
 	contentType        string
+	connPerClient      bool
 
 	allocd                          string
 	allocdCA, allocdCert, allocdKey string
@@ -55,6 +57,9 @@ func (o *options) addConnectionFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.burst, "kube-api-burst", o.burst, "burst of queries to the API server, of each client")
 	fs.StringVar(&o.contentType, "kube-api-content-type", o.contentType,
 		"content type of requests to the API server (kube-controller-manager's flag and default)")
+	fs.BoolVar(&o.connPerClient, "kube-api-connection-per-client", o.connPerClient,
+		"give the informers and each writer a connection to the API server of its own (else one HTTP/2 connection "+
+			"carries the watches and every write)")
 	fs.StringVar(&o.allocd, "allocd-address", o.allocd, "allocd: a gRPC target (host:port, dns:///name:port) or replicas host:port,host:port")
 	fs.StringVar(&o.allocdCA, "allocd-ca-file", o.allocdCA, "PEM CA bundle to verify allocd's certificate; with it allocd is reached over TLS")
 	fs.StringVar(&o.allocdCert, "allocd-cert-file", o.allocdCert, "PEM client certificate presented to allocd")
@@ -112,6 +117,11 @@ func (o *options) kubeClient(name string) (kubernetes.Interface, error) {
 	// Every write of an Endpoints draws the API server's deprecation warning; as
 	// kube-controller-manager's endpoint controller, the bridge writes them anyway.
 	cfg.WarningHandler = rest.NoWarnings{}
+	if o.connPerClient {
+		// A dialer of its own makes client-go build this client a transport of its own
+		// (it shares one between configs that differ in nothing it compares).
+		cfg.Dial = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	}
 	return kubernetes.NewForConfig(cfg)
 }
 

@@ -45,7 +45,8 @@ type options struct {
 }
 
 func defaultOptions() *options {
-	return &options{qps: 200, burst: 400, contentType: "application/vnd.kubernetes.protobuf", allocd: "127.0.0.1:8080", endpointSyncs: 5, sliceSyncs: 5, serviceSyncs: 5,
+	return &options{qps: 200, burst: 400, contentType: "application/vnd.kubernetes.protobuf", connPerClient: true,
+		allocd: "127.0.0.1:8080", endpointSyncs: 5, sliceSyncs: 5, serviceSyncs: 5,
 		adopt: true, healthAddress: "127.0.0.1:10260", logLevel: "info"}
 }
 
@@ -58,8 +59,8 @@ func (o *options) addConnectionFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.contentType, "kube-api-content-type", o.contentType,
 		"content type of requests to the API server (kube-controller-manager's flag and default)")
 	fs.BoolVar(&o.connPerClient, "kube-api-connection-per-client", o.connPerClient,
-		"give the informers and each writer a connection to the API server of its own (else one HTTP/2 connection "+
-			"carries the watches and every write)")
+		"give the informers and each writer a connection to the API server of its own (false: one HTTP/2 "+
+			"connection carries the watches and every write, their frames in one queue on each side)")
 	fs.StringVar(&o.allocd, "allocd-address", o.allocd, "allocd: a gRPC target (host:port, dns:///name:port) or replicas host:port,host:port")
 	fs.StringVar(&o.allocdCA, "allocd-ca-file", o.allocdCA, "PEM CA bundle to verify allocd's certificate; with it allocd is reached over TLS")
 	fs.StringVar(&o.allocdCert, "allocd-cert-file", o.allocdCert, "PEM client certificate presented to allocd")

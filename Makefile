@@ -120,11 +120,14 @@ ETCD_MATRIX_VERSIONS ?= v3.5.35 v3.6.16
 etcd-matrix:
 	GO=$(GO) bash scripts/etcd-matrix.sh $(ETCD_MATRIX_VERSIONS)
 
+# The last step measures both endpoint controllers as an operator sees them: allocd as its
+# own process, fed and watched over gRPC (tools/epbench; a few minutes a run).
 bench:
 	$(GO) run ./tools/bench
 	$(GO) test -run '^$$' -bench BenchmarkRepairPass -benchtime 3x ./repair/
 	$(GO) test -run '^$$' -bench BenchmarkInitialSync -benchtime 3x ./endpoints/
 	$(GO) test -run '^$$' -bench BenchmarkEndpointsFeed -benchtime 1x ./cmd/allocd/daemon/
+	$(GO) run ./tools/epbench -runs $${EPBENCH_RUNS:-3}
 
 # scale: allocd as its store grows to 1,000,000 allocations (a /11, fsync on): Allocate's rate
 # and CPU, RSS (allocd, and etcd alone on the same data), the data directory, a repair pass,

@@ -55,11 +55,23 @@ const (
 )
 
 // WatchEvent is one change of a stored Endpoints object. For Deleted, Endpoints is the
-// last state and Revision the revision of the delete.
+// last state and Revision the revision of the delete. From WatchStored, Stored instead
+// of Endpoints when the stored form can be sent as it is.
 type WatchEvent struct {
 	Type      WatchType
 	Endpoints *Endpoints
+	Stored    *Stored
 	Revision  int64
+}
+
+// Stored is an object in its stored form, the encoding of the API's message without
+// its revisions (ServiceEndpoints, EndpointSlice: see codec.go), with its revisions.
+// WatchStored and WatchSlicesStored send one when what a watcher parses from it, with
+// the revisions appended, is what the API's conversion of the decoded object would
+// send (see exact.go); the server then passes it on without decoding it.
+type Stored struct {
+	Value                       []byte
+	ModRevision, CreateRevision int64
 }
 
 // Defaults of Config, as kube-controller-manager's.

@@ -70,6 +70,10 @@ type Config struct {
 // before it has a snapshot of both kinds; then it syncs every Service and every stored
 // object (the start-up sweep), and after that the keys the events touch. Reads (Get,
 // List, Watch) go to etcd and work on every replica.
+//
+// The feeds keep the Services, Pods and Nodes they are given, and Pods of one template
+// share their labels and containers with each other: a caller must not change an
+// object (or its maps and slices) after handing it over, but send a new one.
 type Controller struct {
 	cli     *clientv3.Client
 	cfg     Config

@@ -277,6 +277,12 @@ func (t *term) applyStoredEvent(ev *clientv3.Event) {
 		return
 	}
 	rev := ev.Kv.ModRevision
+	t.storedMu.Lock()
+	cur, ok := t.stored[key]
+	t.storedMu.Unlock()
+	if ok && cur.rev >= rev {
+		return // the term's own write, learnt when it committed: no need to decode it again
+	}
 	var e *Endpoints
 	if ev.Type == mvccpb.PUT {
 		var err error
@@ -286,7 +292,7 @@ func (t *term) applyStoredEvent(ev *clientv3.Event) {
 		}
 	}
 	t.storedMu.Lock()
-	cur, ok := t.stored[key]
+	cur, ok = t.stored[key]
 	newer := !ok || cur.rev < rev
 	if newer {
 		t.stored[key] = storedObj{ep: e, rev: rev}

@@ -2,7 +2,7 @@ package endpoints
 
 import (
 	"maps"
-	"strings"
+	"slices"
 )
 
 // inputs are the controller's view of the feeds in one term: the Services and Pods of
@@ -16,15 +16,18 @@ type inputs struct {
 	svcRev, podRev, nodeRev       int64
 	haveSvcs, havePods, haveNodes bool
 
-	services map[string]*Service            // by "ns/name"
-	svcsByNS map[string]map[string]*Service // ns -> name -> Service
-	pods     map[string]map[string]*Pod     // ns -> name -> Pod
+	services map[string]*Service // by "ns/name"
+	// bySelector indexes the Services that have a selector by namespace and by each
+	// key=value pair of it, under allPods when it is empty (it selects every Pod):
+	// ns -> pair -> name -> Service.
+	bySelector map[string]map[label]map[string]*Service
+	pods       map[string]map[string]*Pod // ns -> name -> Pod
 	// labels indexes the Pods of a namespace by each of their labels.
 	labels map[string]map[label]map[string]struct{}
 
 	nodes map[string]*Node // by name
-	// podsOnNode indexes the Pods by spec.nodeName: "ns/name" keys.
-	podsOnNode map[string]map[string]struct{}
+	// podsOnNode indexes the Pods by spec.nodeName.
+	podsOnNode map[string]map[podRef]struct{}
 	// topology is the zones' shares of the Nodes' CPU for topology hints; nil when
 	// the Nodes say too little (see computeTopology).
 	topology map[string]float64
@@ -33,14 +36,21 @@ type inputs struct {
 // label is one key=value pair of a Pod's labels.
 type label struct{ k, v string }
 
+// allPods is where bySelector holds the Services whose selector is empty (no label
+// has an empty key).
+var allPods = label{}
+
+// podRef names a Pod (its strings shared with the stored Pod).
+type podRef struct{ namespace, name string }
+
 func newInputs() *inputs {
 	return &inputs{
 		services:   map[string]*Service{},
-		svcsByNS:   map[string]map[string]*Service{},
+		bySelector: map[string]map[label]map[string]*Service{},
 		pods:       map[string]map[string]*Pod{},
 		labels:     map[string]map[label]map[string]struct{}{},
 		nodes:      map[string]*Node{},
-		podsOnNode: map[string]map[string]struct{}{},
+		podsOnNode: map[string]map[podRef]struct{}{},
 	}
 }
 
@@ -68,21 +78,62 @@ func (in *inputs) revision(k Kind) (int64, bool) {
 // setServices replaces every Service.
 func (in *inputs) setServices(rev int64, svcs []*Service) {
 	in.services = make(map[string]*Service, len(svcs))
-	in.svcsByNS = map[string]map[string]*Service{}
+	in.bySelector = map[string]map[label]map[string]*Service{}
 	for _, s := range svcs {
 		in.putService(s)
 	}
 	in.svcRev, in.haveSvcs = rev, true
 }
 
+// putService stores s, replacing the Service of the same name.
 func (in *inputs) putService(s *Service) {
-	in.services[s.Key()] = s
-	ns := in.svcsByNS[s.Namespace]
-	if ns == nil {
-		ns = map[string]*Service{}
-		in.svcsByNS[s.Namespace] = ns
+	key := s.Key()
+	if old := in.services[key]; old != nil {
+		in.unindexService(old)
 	}
-	ns[s.Name] = s
+	in.services[key] = s
+	if s.Selector == nil {
+		return
+	}
+	idx := in.bySelector[s.Namespace]
+	if idx == nil {
+		idx = map[label]map[string]*Service{}
+		in.bySelector[s.Namespace] = idx
+	}
+	add := func(l label) {
+		set := idx[l]
+		if set == nil {
+			set = map[string]*Service{}
+			idx[l] = set
+		}
+		set[s.Name] = s
+	}
+	if len(s.Selector) == 0 {
+		add(allPods)
+	}
+	for k, v := range s.Selector {
+		add(label{k, v})
+	}
+}
+
+// unindexService removes s from bySelector.
+func (in *inputs) unindexService(s *Service) {
+	idx := in.bySelector[s.Namespace]
+	drop := func(l label) {
+		if set := idx[l]; set != nil {
+			delete(set, s.Name)
+			if len(set) == 0 {
+				delete(idx, l)
+			}
+		}
+	}
+	drop(allPods)
+	for k, v := range s.Selector {
+		drop(label{k, v})
+	}
+	if len(idx) == 0 {
+		delete(in.bySelector, s.Namespace)
+	}
 }
 
 // deleteService removes a Service and returns it (nil when it was not there).
@@ -93,12 +144,7 @@ func (in *inputs) deleteService(namespace, name string) *Service {
 		return nil
 	}
 	delete(in.services, key)
-	if ns := in.svcsByNS[namespace]; ns != nil {
-		delete(ns, name)
-		if len(ns) == 0 {
-			delete(in.svcsByNS, namespace)
-		}
-	}
+	in.unindexService(s)
 	return s
 }
 
@@ -106,14 +152,15 @@ func (in *inputs) deleteService(namespace, name string) *Service {
 func (in *inputs) setPods(rev int64, pods []*Pod) {
 	in.pods = map[string]map[string]*Pod{}
 	in.labels = map[string]map[label]map[string]struct{}{}
-	in.podsOnNode = map[string]map[string]struct{}{}
+	in.podsOnNode = map[string]map[podRef]struct{}{}
 	for _, p := range pods {
 		in.putPod(p)
 	}
 	in.podRev, in.havePods = rev, true
 }
 
-// putPod stores p, replacing (and unindexing) the Pod of the same name.
+// putPod stores a copy of p (see share), replacing (and unindexing) the Pod of the same
+// name.
 func (in *inputs) putPod(p *Pod) {
 	ns := in.pods[p.Namespace]
 	if ns == nil {
@@ -123,14 +170,15 @@ func (in *inputs) putPod(p *Pod) {
 	if old := ns[p.Name]; old != nil {
 		in.unindex(old)
 	}
+	p = in.share(p)
 	ns[p.Name] = p
 	if p.NodeName != "" {
 		on := in.podsOnNode[p.NodeName]
 		if on == nil {
-			on = map[string]struct{}{}
+			on = map[podRef]struct{}{}
 			in.podsOnNode[p.NodeName] = on
 		}
-		on[p.Key()] = struct{}{}
+		on[podRef{p.Namespace, p.Name}] = struct{}{}
 	}
 	idx := in.labels[p.Namespace]
 	if idx == nil {
@@ -165,7 +213,7 @@ func (in *inputs) deletePod(namespace, name string) *Pod {
 
 func (in *inputs) unindex(p *Pod) {
 	if on := in.podsOnNode[p.NodeName]; on != nil {
-		delete(on, p.Key())
+		delete(on, podRef{p.Namespace, p.Name})
 		if len(on) == 0 {
 			delete(in.podsOnNode, p.NodeName)
 		}
@@ -179,6 +227,78 @@ func (in *inputs) unindex(p *Pod) {
 			}
 		}
 	}
+}
+
+// share returns the copy of p that the inputs store: its labels and containers are
+// those of a stored Pod of its namespace that has equal ones (a Pod of the same
+// template), when the label index finds one among a few candidates; its namespace
+// that Pod's, its node name the Node's, its phase the constant's. The Pods of one
+// template then hold one label map and one container list, not one each: most of
+// what 100,000 Pods would otherwise cost. Shared parts are never written to: a Pod is
+// replaced whole.
+func (in *inputs) share(p *Pod) *Pod {
+	cp := *p
+	cp.Phase = canonicalPhase(p.Phase)
+	if n := in.nodes[p.NodeName]; n != nil {
+		cp.NodeName = n.Name
+	}
+	q := in.sameLabels(p)
+	if q == nil {
+		return &cp
+	}
+	cp.Namespace, cp.Labels = q.Namespace, q.Labels
+	if containersEqual(q.Containers, p.Containers) {
+		cp.Containers = q.Containers
+	}
+	if containersEqual(q.InitContainers, p.InitContainers) {
+		cp.InitContainers = q.InitContainers
+	}
+	return &cp
+}
+
+// sameLabels returns a stored Pod of p's namespace with p's labels: one of the first
+// few of the label index's shortest list among p's labels; nil when none (or p has no
+// labels).
+func (in *inputs) sameLabels(p *Pod) *Pod {
+	idx := in.labels[p.Namespace]
+	var shortest map[string]struct{}
+	for k, v := range p.Labels {
+		set := idx[label{k, v}]
+		if len(set) == 0 {
+			return nil
+		}
+		if shortest == nil || len(set) < len(shortest) {
+			shortest = set
+		}
+	}
+	const tries = 4
+	n := 0
+	for name := range shortest {
+		if q := in.pods[p.Namespace][name]; q != nil && maps.Equal(q.Labels, p.Labels) {
+			return q
+		}
+		if n++; n == tries {
+			break
+		}
+	}
+	return nil
+}
+
+// canonicalPhase is the constant of a phase, so that stored Pods share it.
+func canonicalPhase(s string) string {
+	for _, c := range []string{PhaseRunning, PhasePending, PhaseSucceeded, PhaseFailed, PhaseUnknown} {
+		if s == c {
+			return c
+		}
+	}
+	return s
+}
+
+// containersEqual reports whether two container lists are the same.
+func containersEqual(a, b []Container) bool {
+	return slices.EqualFunc(a, b, func(x, y Container) bool {
+		return x.Name == y.Name && x.RestartPolicy == y.RestartPolicy && slices.Equal(x.Ports, y.Ports)
+	})
 }
 
 // pod returns the Pod of that name, nil when none.
@@ -221,11 +341,23 @@ func (in *inputs) selectPods(namespace string, selector map[string]string) []*Po
 
 // servicesSelecting appends to dst the keys of the Services of p's namespace whose
 // selector selects p (a nil selector selects nothing), as kube-controller-manager's
-// GetPodServiceMemberships.
+// GetPodServiceMemberships; it looks only at the Services whose selector has one of p's
+// labels (or is empty).
 func (in *inputs) servicesSelecting(dst map[string]struct{}, p *Pod) {
-	for _, s := range in.svcsByNS[p.Namespace] {
-		if s.Selector != nil && selects(s.Selector, p.Labels) {
+	idx := in.bySelector[p.Namespace]
+	if len(idx) == 0 {
+		return
+	}
+	for _, s := range idx[allPods] {
+		if selects(s.Selector, p.Labels) { // all of them, but for a selector ""="" (the Go API's)
 			dst[s.Key()] = struct{}{}
+		}
+	}
+	for k, v := range p.Labels {
+		for _, s := range idx[label{k, v}] {
+			if selects(s.Selector, p.Labels) {
+				dst[s.Key()] = struct{}{}
+			}
 		}
 	}
 }
@@ -297,9 +429,8 @@ func (in *inputs) node(name string) (*Node, bool) {
 
 // servicesOfNode adds to dst the keys of the Services that select a Pod on the Node.
 func (in *inputs) servicesOfNode(dst map[string]struct{}, node string) {
-	for key := range in.podsOnNode[node] {
-		ns, name, _ := strings.Cut(key, "/")
-		if p := in.pods[ns][name]; p != nil {
+	for ref := range in.podsOnNode[node] {
+		if p := in.pods[ref.namespace][ref.name]; p != nil {
 			in.servicesSelecting(dst, p)
 		}
 	}

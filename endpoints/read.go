@@ -25,9 +25,6 @@ type store[T any] struct {
 	// depth is the number of '/' in a key under prefix ("ns/name": 1; "ns/svc/name": 2).
 	depth  int
 	decode func(kv *mvccpb.KeyValue) (T, error)
-	// revision is an object's ModRevision: the revision of its Added event in a
-	// watch's initial listing.
-	revision func(T) int64
 }
 
 // Get returns the stored Endpoints of namespace/name (a linearizable read), or
@@ -64,8 +61,7 @@ func (c *Controller) endpointsStore() store[*Endpoints] {
 	return store[*Endpoints]{cli: c.cli, prefix: c.prefix, what: "endpoints", depth: 1,
 		decode: func(kv *mvccpb.KeyValue) (*Endpoints, error) {
 			return decode(kv.Value, kv.ModRevision, kv.CreateRevision)
-		},
-		revision: func(e *Endpoints) int64 { return e.Revision }}
+		}}
 }
 
 // List returns up to pageSize objects (0: DefaultPageSize; capped at MaxPageSize) of
@@ -98,6 +94,31 @@ func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64
 		})
 }
 
+// WatchStored is Watch for a caller that sends the objects on in the API's form: an
+// event carries the object's stored form (Stored, Endpoints nil) when that is exact,
+// else the decoded object as Watch sends it.
+func (c *Controller) WatchStored(ctx context.Context, namespace string, startRev int64,
+	send func(WatchEvent) error) error {
+	if err := validScope("namespace", namespace); err != nil {
+		return err
+	}
+	return c.endpointsStore().watchKVs(ctx, namespace, startRev, func(t WatchType, kv *mvccpb.KeyValue,
+		rev int64) error {
+		if exactEndpoints(kv.Value) {
+			return send(WatchEvent{Type: t, Stored: storedOf(kv), Revision: rev})
+		}
+		e, err := decode(kv.Value, kv.ModRevision, kv.CreateRevision)
+		if err != nil {
+			return err
+		}
+		return send(WatchEvent{Type: t, Endpoints: e, Revision: rev})
+	})
+}
+
+func storedOf(kv *mvccpb.KeyValue) *Stored {
+	return &Stored{Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision}
+}
+
 // validScope refuses a namespace (or name) that would escape its place in the key
 // space; "" is every namespace.
 func validScope(field, s string) error {
@@ -110,6 +131,23 @@ func validScope(field, s string) error {
 // list returns a page of the objects under scope ("" for all, "ns", or "ns/svc").
 func (s store[T]) list(ctx context.Context, scope string, pageSize int,
 	pageToken string) (out []T, next string, rev int64, err error) {
+	kvs, next, rev, err := s.listKVs(ctx, scope, pageSize, pageToken)
+	if err != nil {
+		return nil, "", 0, err
+	}
+	for _, kv := range kvs {
+		o, err := s.decode(kv)
+		if err != nil {
+			return nil, "", 0, fmt.Errorf("list %s: %s: %w", s.what, kv.Key, err)
+		}
+		out = append(out, o)
+	}
+	return out, next, rev, nil
+}
+
+// listKVs is list of the stored key-values, not decoded.
+func (s store[T]) listKVs(ctx context.Context, scope string, pageSize int,
+	pageToken string) (out []*mvccpb.KeyValue, next string, rev int64, err error) {
 	switch {
 	case pageSize < 0:
 		return nil, "", 0, &InvalidError{
@@ -150,14 +188,9 @@ func (s store[T]) list(ctx context.Context, scope string, pageSize int,
 		kvs = kvs[:pageSize]
 	}
 	for _, kv := range kvs {
-		if s.relKey(kv.Key) == "" {
-			continue
+		if s.relKey(kv.Key) != "" {
+			out = append(out, kv)
 		}
-		o, err := s.decode(kv)
-		if err != nil {
-			return nil, "", 0, fmt.Errorf("list %s: %s: %w", s.what, kv.Key, err)
-		}
-		out = append(out, o)
 	}
 	if more && len(kvs) > 0 {
 		next = token{rev: rev, scope: scope, after: s.relKey(kvs[len(kvs)-1].Key)}.String()
@@ -221,6 +254,18 @@ func tokenRev(s, scope string) int64 {
 // watch sends the changes of the objects under scope (see Controller.Watch).
 func (s store[T]) watch(ctx context.Context, scope string, startRev int64,
 	send func(WatchType, T, int64) error) error {
+	return s.watchKVs(ctx, scope, startRev, func(t WatchType, kv *mvccpb.KeyValue, rev int64) error {
+		o, err := s.decode(kv)
+		if err != nil {
+			return err
+		}
+		return send(t, o, rev)
+	})
+}
+
+// watchKVs is watch of the stored key-values, not decoded: for Deleted, the last one.
+func (s store[T]) watchKVs(ctx context.Context, scope string, startRev int64,
+	send func(WatchType, *mvccpb.KeyValue, int64) error) error {
 	if startRev < 0 {
 		return &InvalidError{
 			Violations: []violation{{Field: "start_revision", Description: "must not be negative"}}}
@@ -238,8 +283,9 @@ func (s store[T]) watch(ctx context.Context, scope string, startRev int64,
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	wch := s.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(startRev+1),
-		clientv3.WithPrevKV())
+	// Without WithPrevKV: etcd would read the previous value of every changed key for
+	// it, where only a delete needs one (sendEvent reads it then).
+	wch := s.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(startRev+1))
 	for wr := range wch {
 		if wr.CompactRevision != 0 {
 			return &CompactedError{Revision: startRev, Compacted: wr.CompactRevision}
@@ -247,8 +293,9 @@ func (s store[T]) watch(ctx context.Context, scope string, startRev int64,
 		if err := wr.Err(); err != nil {
 			return fmt.Errorf("watch %s: %w", s.what, err)
 		}
-		for _, ev := range wr.Events {
-			if err := s.sendEvent(ev, send); err != nil {
+		last := s.lastStates(wctx, wr.Events)
+		for i, ev := range wr.Events {
+			if err := s.sendEvent(wctx, ev, last[i], send); err != nil {
 				return err
 			}
 		}
@@ -262,17 +309,17 @@ func (s store[T]) watch(ctx context.Context, scope string, startRev int64,
 // sendAll sends every current object as Added, listing a page at a time at one
 // revision, and returns that revision.
 func (s store[T]) sendAll(ctx context.Context, scope string,
-	send func(WatchType, T, int64) error) (int64, error) {
+	send func(WatchType, *mvccpb.KeyValue, int64) error) (int64, error) {
 	var rev int64
 	tok := ""
 	for {
-		objs, next, r, err := s.list(ctx, scope, MaxPageSize, tok)
+		kvs, next, r, err := s.listKVs(ctx, scope, MaxPageSize, tok)
 		if err != nil {
 			return 0, err
 		}
 		rev = r
-		for _, o := range objs {
-			if err := send(Added, o, s.revision(o)); err != nil {
+		for _, kv := range kvs {
+			if err := send(Added, kv, kv.ModRevision); err != nil {
 				return 0, err
 			}
 		}
@@ -283,32 +330,75 @@ func (s store[T]) sendAll(ctx context.Context, scope string,
 	}
 }
 
-// sendEvent sends one etcd event of an object under the prefix.
-func (s store[T]) sendEvent(ev *clientv3.Event, send func(WatchType, T, int64) error) error {
+// lastStatesPerTxn bounds the reads of one transaction of lastStates (etcd's
+// --max-txn-ops is 128 by default).
+const lastStatesPerTxn = 32
+
+// lastStates reads the last state of each delete among evs (by position), a transaction
+// per lastStatesPerTxn of them, each at the revision before its delete: one round trip
+// for a namespace's worth of deletes instead of one per delete. A read that fails (a
+// compacted revision, a smaller --max-txn-ops) leaves its deletes out; sendEvent reads
+// those one by one and answers as it always did.
+func (s store[T]) lastStates(ctx context.Context, evs []*clientv3.Event) map[int]*mvccpb.KeyValue {
+	var at []int
+	var ops []clientv3.Op
+	out := map[int]*mvccpb.KeyValue{}
+	flush := func() {
+		if len(ops) == 0 {
+			return
+		}
+		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+		if err == nil {
+			for j, r := range resp.Responses {
+				if kvs := r.GetResponseRange().GetKvs(); len(kvs) == 1 {
+					out[at[j]] = kvs[0]
+				}
+			}
+		}
+		at, ops = at[:0], ops[:0]
+	}
+	for i, ev := range evs {
+		if ev.Type != mvccpb.DELETE || s.relKey(ev.Kv.Key) == "" {
+			continue
+		}
+		at = append(at, i)
+		ops = append(ops, clientv3.OpGet(string(ev.Kv.Key), clientv3.WithRev(ev.Kv.ModRevision-1)))
+		if len(ops) == lastStatesPerTxn {
+			flush()
+		}
+	}
+	flush()
+	return out
+}
+
+// sendEvent sends one etcd event of an object under the prefix; a delete with the
+// object's last state (prev, read by lastStates, or read here at the revision before
+// the delete when prev is nil).
+func (s store[T]) sendEvent(ctx context.Context, ev *clientv3.Event, prev *mvccpb.KeyValue,
+	send func(WatchType, *mvccpb.KeyValue, int64) error) error {
 	if s.relKey(ev.Kv.Key) == "" {
 		return nil
 	}
 	rev := ev.Kv.ModRevision
-	if ev.Type == mvccpb.DELETE {
-		if ev.PrevKv == nil {
-			// etcd drops the previous value when its revision was compacted (an event
-			// at the compaction revision, or sent late): a Deleted event must carry the
-			// last state, so the watcher lists again instead.
-			return &CompactedError{Revision: ev.Kv.ModRevision - 1}
-		}
-		o, err := s.decode(ev.PrevKv)
-		if err != nil {
-			return err
-		}
-		return send(Deleted, o, rev)
+	if ev.Type == mvccpb.DELETE && prev != nil {
+		return send(Deleted, prev, rev)
 	}
-	o, err := s.decode(ev.Kv)
-	if err != nil {
-		return err
+	if ev.Type == mvccpb.DELETE {
+		resp, err := s.cli.Get(ctx, string(ev.Kv.Key), clientv3.WithRev(rev-1))
+		switch {
+		case errors.Is(err, rpctypes.ErrCompacted) || err == nil && len(resp.Kvs) == 0:
+			// The last state was compacted (an event at the compaction revision, or
+			// read late): a Deleted event must carry it, so the watcher lists again
+			// instead.
+			return &CompactedError{Revision: rev - 1}
+		case err != nil:
+			return fmt.Errorf("watch %s: read the last state of %s: %w", s.what, ev.Kv.Key, err)
+		}
+		return send(Deleted, resp.Kvs[0], rev)
 	}
 	t := Modified
 	if ev.IsCreate() {
 		t = Added
 	}
-	return send(t, o, rev)
+	return send(t, ev.Kv, rev)
 }

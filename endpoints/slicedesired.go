@@ -2,6 +2,7 @@ package endpoints
 
 import (
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -162,6 +163,9 @@ func desiredEndpoints(svc *Service, pods []*Pod, nodes nodeLookup, addrType stri
 		g := groups[key]
 		if g == nil {
 			g = &desiredGroup{ports: ports}
+			if len(groups) == 0 {
+				g.endpoints = make([]SliceEndpoint, 0, len(pods)) // most Services: one group
+			}
 			groups[key] = g
 		}
 		node, ok := nodes(pod.NodeName)
@@ -187,22 +191,27 @@ func desiredEndpoints(svc *Service, pods []*Pod, nodes nodeLookup, addrType stri
 	return groups, skipped
 }
 
-// sortEndpoints sorts a group's endpoints by key, dropping a second endpoint of one
-// identity (two Pods cannot share a namespace and name).
+// sortEndpoints sorts a group's endpoints by key, in place, dropping a second endpoint
+// of one identity (two Pods cannot share a namespace and name).
 func sortEndpoints(g *desiredGroup) {
-	idx := make([]int, len(g.endpoints))
-	for i := range idx {
-		idx[i] = i
-	}
-	slices.SortFunc(idx, func(a, b int) int { return strings.Compare(g.keys[a], g.keys[b]) })
-	eps := make([]SliceEndpoint, 0, len(idx))
-	keys := make([]string, 0, len(idx))
-	for _, i := range idx {
-		if n := len(keys); n > 0 && keys[n-1] == g.keys[i] {
+	sort.Sort((*byKey)(g))
+	n := 0
+	for i := range g.keys {
+		if n > 0 && g.keys[n-1] == g.keys[i] {
 			continue
 		}
-		eps = append(eps, g.endpoints[i])
-		keys = append(keys, g.keys[i])
+		g.keys[n], g.endpoints[n] = g.keys[i], g.endpoints[i]
+		n++
 	}
-	g.endpoints, g.keys = eps, keys
+	g.keys, g.endpoints = g.keys[:n], g.endpoints[:n]
+}
+
+// byKey sorts a group's endpoints and keys together, by key.
+type byKey desiredGroup
+
+func (g *byKey) Len() int           { return len(g.keys) }
+func (g *byKey) Less(i, j int) bool { return g.keys[i] < g.keys[j] }
+func (g *byKey) Swap(i, j int) {
+	g.keys[i], g.keys[j] = g.keys[j], g.keys[i]
+	g.endpoints[i], g.endpoints[j] = g.endpoints[j], g.endpoints[i]
 }

@@ -219,6 +219,14 @@ func (t *term) seeSlice(svcKey, name string, s *EndpointSlice, rev int64) bool {
 	return true
 }
 
+// sawSlice reports whether the term has seen the slice at rev or later.
+func (t *term) sawSlice(svcKey, name string, rev int64) bool {
+	t.slicesMu.Lock()
+	defer t.slicesMu.Unlock()
+	cur, ok := t.storedSlices[svcKey][name]
+	return ok && cur.rev >= rev
+}
+
 // slicesView is the term's view of the stored slices, for the committer.
 type slicesView struct{ t *term }
 
@@ -376,6 +384,9 @@ func (t *term) applyStoredSliceEvent(ev *clientv3.Event) {
 	if !ok {
 		return
 	}
+	if t.sawSlice(svcKey, name, ev.Kv.ModRevision) {
+		return // the term's own write, learnt when it committed: no need to decode it again
+	}
 	var s *EndpointSlice
 	if ev.Type == mvccpb.PUT {
 		s = t.c.readSlice(ev.Kv)
@@ -390,8 +401,7 @@ func (t *term) applyStoredSliceEvent(ev *clientv3.Event) {
 // slicesStore reads the stored slices.
 func (c *Controller) slicesStore() store[*EndpointSlice] {
 	return store[*EndpointSlice]{cli: c.cli, prefix: c.slicePrefix, what: "endpoint slices", depth: 2,
-		decode:   c.decodeStoredSlice,
-		revision: func(s *EndpointSlice) int64 { return s.Revision }}
+		decode: c.decodeStoredSlice}
 }
 
 // ListSlices returns up to pageSize slices (0: DefaultPageSize; capped at MaxPageSize)
@@ -428,10 +438,12 @@ func sliceScope(namespace, service string) (string, error) {
 }
 
 // SliceWatchEvent is one change of a stored slice. For Deleted, Slice is the last
-// state and Revision the revision of the delete.
+// state and Revision the revision of the delete. From WatchSlicesStored, Stored instead
+// of Slice when the stored form can be sent as it is.
 type SliceWatchEvent struct {
 	Type     WatchType
 	Slice    *EndpointSlice
+	Stored   *Stored
 	Revision int64
 }
 
@@ -442,6 +454,26 @@ func (c *Controller) WatchSlices(ctx context.Context, namespace string, startRev
 		return err
 	}
 	return c.slicesStore().watch(ctx, namespace, startRev, func(t WatchType, s *EndpointSlice, rev int64) error {
+		return send(SliceWatchEvent{Type: t, Slice: s, Revision: rev})
+	})
+}
+
+// WatchSlicesStored is WatchSlices for a caller that sends the slices on in the API's
+// form, as WatchStored is for Endpoints.
+func (c *Controller) WatchSlicesStored(ctx context.Context, namespace string, startRev int64,
+	send func(SliceWatchEvent) error) error {
+	if err := validScope("namespace", namespace); err != nil {
+		return err
+	}
+	return c.slicesStore().watchKVs(ctx, namespace, startRev, func(t WatchType, kv *mvccpb.KeyValue,
+		rev int64) error {
+		if exactSlice(kv.Value) {
+			return send(SliceWatchEvent{Type: t, Stored: storedOf(kv), Revision: rev})
+		}
+		s, err := c.decodeStoredSlice(kv)
+		if err != nil {
+			return err
+		}
 		return send(SliceWatchEvent{Type: t, Slice: s, Revision: rev})
 	})
 }

@@ -12,6 +12,14 @@ import (
 // every Service port it resolves (or, for a Service with clusterIP None and no ports,
 // with no port), ready when it is ready or the Service publishes not-ready addresses.
 func ComputeSubsets(svc *Service, pods []*Pod) []Subset {
+	if out, ok := onePortSubsets(svc, pods); ok {
+		return out
+	}
+	return repackedSubsets(svc, pods)
+}
+
+// repackedSubsets is ComputeSubsets in general: a subset per Pod and port, repacked.
+func repackedSubsets(svc *Service, pods []*Pod) []Subset {
 	var subsets []Subset
 	for _, p := range pods {
 		if !shouldPodBeInEndpoints(p, svc.PublishNotReadyAddresses) {
@@ -39,6 +47,80 @@ func ComputeSubsets(svc *Service, pods []*Pod) []Subset {
 		}
 	}
 	return Repack(subsets)
+}
+
+// onePortSubsets is ComputeSubsets for the common case, without Repack's maps: a
+// Service with one port that every Pod resolves to the same number, or none, or a
+// headless one without ports. Its result is Repack's: at most one subset, each
+// address (by IP and target uid) once as its first Pod gave it, not ready if any of
+// its Pods is not, in compareAddresses' order. ok is false in any other case.
+func onePortSubsets(svc *Service, pods []*Pod) (out []Subset, ok bool) {
+	switch {
+	case len(svc.Ports) > 1:
+		return nil, false
+	case len(svc.Ports) == 0 && svc.ClusterIP() != "None":
+		return make([]Subset, 0), true // no Pod contributes
+	}
+	entries := make([]readyAddress, 0, len(pods))
+	var port Port
+	for _, p := range pods {
+		if !shouldPodBeInEndpoints(p, svc.PublishNotReadyAddresses) {
+			continue
+		}
+		a, found := podAddress(svc, p)
+		if !found {
+			continue
+		}
+		if len(svc.Ports) == 1 {
+			sp := &svc.Ports[0]
+			n, found := findPort(p, sp)
+			switch {
+			case !found:
+				continue
+			case len(entries) > 0 && n != port.Port:
+				return nil, false // two port numbers: two subsets, Repack's case
+			}
+			port = Port{Name: sp.Name, Port: n, Protocol: sp.Protocol, AppProtocol: sp.AppProtocol}
+		}
+		entries = append(entries, readyAddress{a, svc.PublishNotReadyAddresses || p.Ready})
+	}
+	if len(entries) == 0 {
+		return make([]Subset, 0), true
+	}
+	sub := mergeAddresses(entries)
+	if port.Port > 0 { // as Repack: neither "no port" nor a port 0 is listed
+		sub.Ports = []Port{port}
+	}
+	return []Subset{sub}, true
+}
+
+// readyAddress is an address a Pod gives, and whether it is ready.
+type readyAddress struct {
+	a     Address
+	ready bool
+}
+
+// mergeAddresses is the subset of one port's addresses, as Repack merges them.
+func mergeAddresses(entries []readyAddress) Subset {
+	// By IP and target uid, first Pod first: an address's copies are then next to
+	// each other, and distinct addresses in compareAddresses' order.
+	slices.SortStableFunc(entries, func(x, y readyAddress) int {
+		kx, ky := keyOf(&x.a), keyOf(&y.a)
+		return cmp.Or(strings.Compare(kx.ip, ky.ip), strings.Compare(kx.uid, ky.uid))
+	})
+	var sub Subset
+	for i := 0; i < len(entries); {
+		e, k := entries[i], keyOf(&entries[i].a)
+		for i++; i < len(entries) && keyOf(&entries[i].a) == k; i++ {
+			e.ready = e.ready && entries[i].ready
+		}
+		if e.ready {
+			sub.Addresses = append(sub.Addresses, e.a)
+		} else {
+			sub.NotReadyAddresses = append(sub.NotReadyAddresses, e.a)
+		}
+	}
+	return sub
 }
 
 func oneSubset(a Address, ports []Port, ready bool) Subset {

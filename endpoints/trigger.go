@@ -42,10 +42,13 @@ func (t *TriggerTracker) Compute(svc *Service, pods []*Pod) time.Time {
 			earliest = x
 		}
 	}
-	pt := make(map[string]time.Time, len(pods))
+	var pt map[string]time.Time // nil while no Pod has a time: most feeds send none
 	for _, p := range pods {
 		if p.ReadyTransitionTime.IsZero() {
 			continue
+		}
+		if pt == nil {
+			pt = make(map[string]time.Time, len(pods))
 		}
 		pt[p.Name] = p.ReadyTransitionTime
 		if p.ReadyTransitionTime.After(st.pods[p.Name]) {

@@ -270,12 +270,8 @@ func (s *EndpointsService) ListServiceEndpoints(ctx context.Context, req *allocd
 
 // WatchServiceEndpoints streams changes until the client goes away or the server stops.
 func (s *EndpointsService) WatchServiceEndpoints(req *allocdv1.WatchServiceEndpointsRequest, stream grpc.ServerStreamingServer[allocdv1.WatchServiceEndpointsResponse]) error {
-	err := s.c.Watch(stream.Context(), req.GetNamespace(), req.GetStartRevision(), func(ev endpoints.WatchEvent) error {
-		return stream.Send(&allocdv1.WatchServiceEndpointsResponse{
-			Type:      allocdv1.WatchEventType(ev.Type),
-			Endpoints: endpointsToProto(ev.Endpoints),
-			Revision:  ev.Revision,
-		})
+	err := s.c.WatchStored(stream.Context(), req.GetNamespace(), req.GetStartRevision(), func(ev endpoints.WatchEvent) error {
+		return stream.Send(endpointsWatchResponse(ev))
 	})
 	if err != nil && stream.Context().Err() == nil {
 		return Status(err)
@@ -300,12 +296,8 @@ func (s *EndpointsService) ListEndpointSlices(ctx context.Context, req *allocdv1
 // WatchEndpointSlices streams changes of slices until the client goes away or the
 // server stops.
 func (s *EndpointsService) WatchEndpointSlices(req *allocdv1.WatchEndpointSlicesRequest, stream grpc.ServerStreamingServer[allocdv1.WatchEndpointSlicesResponse]) error {
-	err := s.c.WatchSlices(stream.Context(), req.GetNamespace(), req.GetStartRevision(), func(ev endpoints.SliceWatchEvent) error {
-		return stream.Send(&allocdv1.WatchEndpointSlicesResponse{
-			Type:          allocdv1.WatchEventType(ev.Type),
-			EndpointSlice: sliceToProto(ev.Slice),
-			Revision:      ev.Revision,
-		})
+	err := s.c.WatchSlicesStored(stream.Context(), req.GetNamespace(), req.GetStartRevision(), func(ev endpoints.SliceWatchEvent) error {
+		return stream.Send(sliceWatchResponse(ev))
 	})
 	if err != nil && stream.Context().Err() == nil {
 		return Status(err)

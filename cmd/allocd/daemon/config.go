@@ -59,6 +59,7 @@ type Config struct {
 	GRPCAddress      string
 	AdvertiseAddress string
 	MetricsAddress   string
+	PprofAddress     string
 	ShutdownTimeout  time.Duration
 	// security
 	TLSCertFile             string
@@ -126,7 +127,8 @@ var flagGroups = []flagGroup{
 	{"endpoint controllers", []string{"controllers", "concurrent-endpoint-syncs",
 		"endpoint-updates-batch-period", "concurrent-service-endpoint-syncs",
 		"endpointslice-updates-batch-period", "max-endpoints-per-slice", "etcd-max-txn-ops"}},
-	{"serving", []string{"grpc-address", "advertise-address", "metrics-address", "shutdown-timeout"}},
+	{"serving", []string{"grpc-address", "advertise-address", "metrics-address", "pprof-address",
+		"shutdown-timeout"}},
 	{"security", []string{"tls-cert-file", "tls-private-key-file", "client-ca-file",
 		"authorization-policy-file", "metrics-tls"}},
 	{"logging", []string{"log-format", "log-level"}},
@@ -217,6 +219,9 @@ func (c *Config) registerServingFlags(fs *flag.FlagSet) {
 		"host:port other replicas dial to reach this one (repair forwarding); empty: --grpc-address")
 	fs.StringVar(&c.MetricsAddress, "metrics-address", c.MetricsAddress,
 		"host:port serving Prometheus /metrics; empty: no metrics listener")
+	fs.StringVar(&c.PprofAddress, "pprof-address", c.PprofAddress,
+		"host:port serving Go's runtime profiles (/debug/pprof/, plain HTTP, no authentication: keep "+
+			"it on loopback); empty: none")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout,
 		"how long a graceful stop waits for calls in flight before it cuts them")
 	fs.StringVar(&c.TLSCertFile, "tls-cert-file", c.TLSCertFile, "PEM certificate (with its chain) of the "+
@@ -305,8 +310,8 @@ func (c *Config) Validate() error {
 		{"metrics-address", c.MetricsAddress},
 		{"embedded-etcd-client-address", c.EmbeddedEtcdClientAddress},
 		{"embedded-etcd-peer-address", c.EmbeddedEtcdPeerAddress},
-		{"advertise-address", c.AdvertiseAddress}} {
-		if a.v == "" && (a.flag == "metrics-address" || a.flag == "advertise-address") {
+		{"advertise-address", c.AdvertiseAddress}, {"pprof-address", c.PprofAddress}} {
+		if a.v == "" && a.flag != "grpc-address" && !strings.HasPrefix(a.flag, "embedded-") {
 			continue
 		}
 		if _, _, err := net.SplitHostPort(a.v); err != nil {

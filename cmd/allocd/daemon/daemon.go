@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -52,6 +54,8 @@ type Daemon struct {
 	lis      net.Listener
 	mlis     net.Listener
 	msrv     *http.Server
+	plis     net.Listener // --pprof-address; nil without
+	psrv     *http.Server
 	sec      *security // TLS and authorization; closed last
 
 	ready atomic.Bool
@@ -97,16 +101,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if d.sec, err = newSecurity(cfg, d.log); err != nil {
 		return nil, err
 	}
-	if d.lis, err = net.Listen("tcp", cfg.GRPCAddress); err != nil {
+	if err := d.listen(); err != nil {
 		d.sec.close()
-		return nil, fmt.Errorf("--grpc-address %s: %w", cfg.GRPCAddress, err)
-	}
-	if cfg.MetricsAddress != "" {
-		if d.mlis, err = net.Listen("tcp", cfg.MetricsAddress); err != nil {
-			d.lis.Close()
-			d.sec.close()
-			return nil, fmt.Errorf("--metrics-address %s: %w", cfg.MetricsAddress, err)
-		}
+		return nil, err
 	}
 	// Authorization before the gates: a caller the policy refuses learns nothing of
 	// allocd's state, not even that it is starting.
@@ -130,6 +127,9 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	})
 	if d.mlis != nil {
 		d.serveMetrics()
+	}
+	if d.plis != nil {
+		d.servePprof()
 	}
 	d.log.Info("allocd starting", "grpc", d.lis.Addr().String(), "metrics", cfg.MetricsAddress,
 		"etcd", d.etcdDescription(), "tls", d.sec.server != nil, "authorization", d.sec.authorizing())
@@ -168,6 +168,57 @@ func (d *Daemon) registerGates() {
 	allocdv1.RegisterLeaseServiceServer(d.grpc, &d.gates.lease)
 	allocdv1.RegisterRepairServiceServer(d.grpc, &d.gates.repair)
 	allocdv1.RegisterEndpointsServiceServer(d.grpc, &d.gates.endpoints)
+}
+
+// listen opens the listeners of the gRPC API, /metrics and pprof.
+func (d *Daemon) listen() error {
+	var err error
+	if d.lis, err = net.Listen("tcp", d.cfg.GRPCAddress); err != nil {
+		return fmt.Errorf("--grpc-address %s: %w", d.cfg.GRPCAddress, err)
+	}
+	if d.cfg.MetricsAddress != "" {
+		if d.mlis, err = net.Listen("tcp", d.cfg.MetricsAddress); err != nil {
+			d.lis.Close()
+			return fmt.Errorf("--metrics-address %s: %w", d.cfg.MetricsAddress, err)
+		}
+	}
+	if d.cfg.PprofAddress != "" {
+		if d.plis, err = net.Listen("tcp", d.cfg.PprofAddress); err != nil {
+			d.lis.Close()
+			if d.mlis != nil {
+				d.mlis.Close()
+			}
+			return fmt.Errorf("--pprof-address %s: %w", d.cfg.PprofAddress, err)
+		}
+	}
+	return nil
+}
+
+// servePprof serves Go's runtime profiles (net/http/pprof's /debug/pprof/) on d.plis:
+// plain HTTP without authentication, for the study of allocd's CPU and memory on a
+// loopback address (tools/epbench -profile-dir).
+func (d *Daemon) servePprof() {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	addr := d.plis.Addr().String()
+	if ap, err := netip.ParseAddrPort(addr); err == nil && !ap.Addr().IsLoopback() {
+		d.log.Warn("pprof serves profiles and the command line without authentication on a "+
+			"non-loopback address", "pprof", addr)
+	} else {
+		d.log.Info("pprof serving", "pprof", addr)
+	}
+	d.psrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelDebug)}
+	d.group.Go(func() error {
+		if err := d.psrv.Serve(d.plis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("pprof: %w", err)
+		}
+		return nil
+	})
 }
 
 // serveMetrics serves /metrics on d.mlis, over HTTPS with --metrics-tls (the gRPC API's
@@ -402,10 +453,12 @@ func (d *Daemon) Close() error {
 			}
 			t.Stop()
 		}
-		if d.msrv != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-			d.msrv.Shutdown(ctx)
-			cancel()
+		for _, srv := range []*http.Server{d.msrv, d.psrv} {
+			if srv != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+				srv.Shutdown(ctx)
+				cancel()
+			}
 		}
 		for _, c := range d.closers {
 			c()

@@ -92,6 +92,31 @@ func TestServesHealthReflectionMetrics(t *testing.T) {
 	}
 }
 
+// TestServesPprof: with --pprof-address allocd serves Go's profiles there, and only
+// there (not on the metrics listener).
+func TestServesPprof(t *testing.T) {
+	addr := freeAddr(t)
+	d := StartForTest(t, func(c *Config) { c.PprofAddress = addr })
+	for _, tc := range []struct {
+		url  string
+		want int
+	}{
+		{"http://" + addr + "/debug/pprof/heap?debug=1", http.StatusOK},
+		{"http://" + addr + "/debug/pprof/profile?seconds=1", http.StatusOK},
+		{"http://" + d.MetricsAddr() + "/debug/pprof/heap?debug=1", http.StatusNotFound},
+	} {
+		resp, err := http.Get(tc.url)
+		if err != nil {
+			t.Fatalf("GET %s: %v", tc.url, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want || tc.want == http.StatusOK && len(body) == 0 {
+			t.Errorf("GET %s = %s, %d bytes; want %d with a body", tc.url, resp.Status, len(body), tc.want)
+		}
+	}
+}
+
 func TestCloseThenRestartOnSameDataDir(t *testing.T) {
 	dir := t.TempDir()
 	cfg := TestConfig(dir, func() string { return freeAddr(t) })
@@ -187,6 +212,7 @@ func TestBadConfig(t *testing.T) {
 		{"format", func(c *Config) { c.LogFormat = "xml" }, "--log-format", ErrFlagValue},
 		{"level", func(c *Config) { c.LogLevel = "loud" }, "--log-level", ErrFlagValue},
 		{"addr", func(c *Config) { c.GRPCAddress = "8080" }, "--grpc-address", ErrFlagValue},
+		{"pprof addr", func(c *Config) { c.PprofAddress = "6060" }, "--pprof-address", ErrFlagValue},
 		{"ttl", func(c *Config) { c.MasterLeaseTTL = 2 * time.Hour }, "--master-lease-ttl", ErrFlagValue},
 		{"tls", func(c *Config) { c.EtcdCertFile = "x.pem" }, "--etcd-keyfile", ErrFlagsTogether},
 		{"tls embedded", func(c *Config) { c.EtcdCAFile = "ca.pem" }, "--etcd-servers", ErrFlagNeeds},

@@ -27,6 +27,7 @@ build:
 # processes and faults, which would skew the timing of the other packages' tests.
 test: vet fmt-check lint proto-check docs-check compose-check $(BIN)/grpcurl
 	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/internal/testing/fault$$')
+	cd bridge && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m ./...
 	$(GO) test -count=1 -timeout 10m ./internal/testing/fault
 
 # test-unit is the everyday loop, under a minute on 2 cores with a warm build cache:

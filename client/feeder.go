@@ -27,7 +27,9 @@ type Lister interface {
 // informer callbacks: it pushes a snapshot of every kind, then the events in batches; when the leader needs
 // snapshots (a new term of leadership, ErrSnapshotRequired), when a push fails
 // otherwise, or when its queue overflows, it pushes snapshots again and goes on. It
-// never drops an event silently: events queued before a snapshot are covered by it.
+// never drops an event silently: events queued before a snapshot are covered by it,
+// and an event allocd refuses as malformed is dropped alone (reported to the
+// WithFeedErrors function), the others of its batch pushed.
 //
 // The Upsert and Delete methods are safe to call from any goroutine (the informers');
 // Run does the pushing in the caller's goroutine.
@@ -222,6 +224,11 @@ func (f *Feeder) step(ctx context.Context, idle *time.Timer) error {
 	pctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	if _, err := f.c.PushEvents(pctx, msgs...); err != nil {
+		if errors.Is(err, ErrInvalid) && len(batch) > 1 {
+			// One malformed event refuses its whole message (nothing applied): the
+			// others are pushed without it.
+			return f.pushValid(pctx, batch)
+		}
 		if !errors.Is(err, ErrInvalid) {
 			// The batch may not have been applied, or the leader lost what came
 			// before: snapshots cover both.
@@ -230,6 +237,43 @@ func (f *Feeder) step(ctx context.Context, idle *time.Timer) error {
 		return fmt.Errorf("client: push events: %w", err)
 	}
 	return nil
+}
+
+// pushValid pushes evs, refused whole as invalid, again in halves, in order, down to
+// the events refused alone, which are dropped: it returns an error naming them (told to
+// WithFeedErrors' function), or the first other failure (after asking for snapshots).
+func (f *Feeder) pushValid(ctx context.Context, evs []*allocdv1.Event) error {
+	var dropped []error
+	var push func(evs []*allocdv1.Event) error
+	push = func(evs []*allocdv1.Event) error {
+		rev := int64(0)
+		for _, ev := range evs {
+			rev = max(rev, ev.GetRevision())
+		}
+		_, err := f.c.PushEvents(ctx, &allocdv1.PushEventsRequest{Revision: rev, Events: evs})
+		switch {
+		case err == nil:
+			return nil
+		case !errors.Is(err, ErrInvalid):
+			f.Resync()
+			return fmt.Errorf("client: push events: %w", err)
+		case len(evs) == 1:
+			dropped = append(dropped, fmt.Errorf("client: event at revision %d dropped: %w", rev, err))
+			return nil
+		}
+		if err := push(evs[:len(evs)/2]); err != nil {
+			return err
+		}
+		return push(evs[len(evs)/2:])
+	}
+	mid := len(evs) / 2
+	if err := push(evs[:mid]); err != nil {
+		return err
+	}
+	if err := push(evs[mid:]); err != nil {
+		return err
+	}
+	return errors.Join(dropped...)
 }
 
 // pushSnapshots pushes the Services, then the Nodes, then the Pods.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -28,6 +29,7 @@ type Adopter struct {
 
 	mu        sync.Mutex
 	conflicts map[string]Conflict // by Service UID and resource
+	failures  map[string]Failure  // by Service UID and resource
 }
 
 // kubernetesOwnerUID is the owner UID under which allocd reserves the first address of
@@ -47,6 +49,21 @@ type Conflict struct {
 	Holder string
 }
 
+// Failure is an address or port of a Service that could not be adopted for another
+// reason than its holder (a ClusterIP outside allocd's ranges or in a terminating
+// ServiceCIDR, allocd unreachable): reported and tried again, the Service's other
+// addresses and ports adopted meanwhile.
+type Failure struct {
+	// Service is namespace/name of the cluster's Service.
+	Service string
+	// UID of the Service.
+	UID string
+	// Resource is the ClusterIP or NodePort.
+	Resource string
+	// Err is why.
+	Err error
+}
+
 // Result is what adopting one Service did.
 type Result struct {
 	// Adopted are the ClusterIPs and NodePorts newly allocated in allocd.
@@ -57,11 +74,13 @@ type Result struct {
 	Released []string
 	// Conflicts are those another owner holds in allocd.
 	Conflicts []Conflict
+	// Failed are those that could not be adopted for another reason.
+	Failed []Failure
 }
 
 // New returns an Adopter writing to c.
 func New(log *slog.Logger, c *client.Client) *Adopter {
-	return &Adopter{c: c, log: log, conflicts: map[string]Conflict{}}
+	return &Adopter{c: c, log: log, conflicts: map[string]Conflict{}, failures: map[string]Failure{}}
 }
 
 // Conflicts returns the conflicts standing now.
@@ -73,6 +92,20 @@ func (a *Adopter) Conflicts() []Conflict {
 		out = append(out, c)
 	}
 	slices.SortFunc(out, func(x, y Conflict) int {
+		return cmpStrings(x.Service+x.Resource, y.Service+y.Resource)
+	})
+	return out
+}
+
+// Failures returns the failures standing now.
+func (a *Adopter) Failures() []Failure {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Failure, 0, len(a.failures))
+	for _, f := range a.failures {
+		out = append(out, f)
+	}
+	slices.SortFunc(out, func(x, y Failure) int {
 		return cmpStrings(x.Service+x.Resource, y.Service+y.Resource)
 	})
 	return out
@@ -144,7 +177,7 @@ func (a *Adopter) Service(ctx context.Context, s *corev1.Service) (Result, error
 	if err := a.releaseExtra(ctx, owner, want, held, &res); err != nil {
 		return res, err
 	}
-	a.record(owner, want, res.Conflicts)
+	a.record(owner, res.Conflicts, res.Failed)
 	return res, nil
 }
 
@@ -177,9 +210,11 @@ func (a *Adopter) held(ctx context.Context, uid string) (holdings, error) {
 	}
 }
 
-// allocate allocates ips and ports for owner, all at once, or one at a time when
-// another owner holds some of them, so that what is free is adopted.
-func (a *Adopter) allocate(ctx context.Context, owner *allocdv1.Owner, ips []string, ports []int32, res *Result) error {
+// allocate allocates ips and ports for owner, all at once, or one at a time when that
+// fails (another owner holds some of them, an address is outside allocd's ranges), so
+// that each is adopted on its own and what cannot be is reported in res.
+func (a *Adopter) allocate(ctx context.Context, owner *allocdv1.Owner, ips []string, ports []int32,
+	res *Result) error {
 	if len(ips)+len(ports) == 0 {
 		return nil
 	}
@@ -191,7 +226,7 @@ func (a *Adopter) allocate(ctx context.Context, owner *allocdv1.Owner, ips []str
 		}
 		return nil
 	}
-	if !errors.Is(err, client.ErrAlreadyAllocated) {
+	if ctx.Err() != nil {
 		return err
 	}
 	for _, ip := range ips {
@@ -207,7 +242,8 @@ func (a *Adopter) allocate(ctx context.Context, owner *allocdv1.Owner, ips []str
 	return nil
 }
 
-func (a *Adopter) one(ctx context.Context, owner *allocdv1.Owner, ips []string, ports []int32, name string, res *Result) error {
+func (a *Adopter) one(ctx context.Context, owner *allocdv1.Owner, ips []string, ports []int32, name string,
+	res *Result) error {
 	err := a.allocateOnce(ctx, owner, ips, ports)
 	var held *client.AlreadyAllocatedError
 	switch {
@@ -221,8 +257,11 @@ func (a *Adopter) one(ctx context.Context, owner *allocdv1.Owner, ips []string, 
 	case errors.As(err, &held):
 		res.Conflicts = append(res.Conflicts, Conflict{Service: owner.Namespace + "/" + owner.Name,
 			UID: owner.Uid, Resource: name, Holder: held.Holder})
-	default:
+	case ctx.Err() != nil:
 		return err
+	default:
+		res.Failed = append(res.Failed, Failure{Service: owner.Namespace + "/" + owner.Name,
+			UID: owner.Uid, Resource: name, Err: err})
 	}
 	return nil
 }
@@ -270,23 +309,25 @@ func (a *Adopter) Deleted(ctx context.Context, namespace, name, uid string) erro
 	if _, err := a.c.Release(ctx, &allocdv1.ReleaseRequest{Owner: owner}); err != nil {
 		return fmt.Errorf("adopt: release %s/%s: %w", namespace, name, err)
 	}
-	a.record(owner, wants{}, nil)
+	a.record(owner, nil, nil)
 	return nil
 }
 
-// record replaces the conflicts standing for owner.
-func (a *Adopter) record(owner *allocdv1.Owner, _ wants, conflicts []Conflict) {
+// record replaces the conflicts and failures standing for owner.
+func (a *Adopter) record(owner *allocdv1.Owner, conflicts []Conflict, failures []Failure) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for k, c := range a.conflicts {
-		if c.UID == owner.Uid {
-			delete(a.conflicts, k)
-		}
-	}
+	maps.DeleteFunc(a.conflicts, func(_ string, c Conflict) bool { return c.UID == owner.Uid })
+	maps.DeleteFunc(a.failures, func(_ string, f Failure) bool { return f.UID == owner.Uid })
 	for _, c := range conflicts {
 		a.conflicts[c.UID+" "+c.Resource] = c
 		a.log.Warn("address held by the cluster's Service is allocated to another owner in allocd; not taken",
 			"service", c.Service, "uid", c.UID, "resource", c.Resource, "holder", c.Holder)
+	}
+	for _, f := range failures {
+		a.failures[f.UID+" "+f.Resource] = f
+		a.log.Warn("address held by the cluster's Service could not be adopted; trying again",
+			"service", f.Service, "uid", f.UID, "resource", f.Resource, "error", f.Err)
 	}
 }
 

@@ -7,24 +7,31 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 )
 
 // Controller keeps allocd's allocations in step with the cluster's Services: every
 // Service is adopted once the informer has synced and again whenever its addresses or
-// ports change; a deleted Service's allocations are released. A failure (allocd
-// unreachable, a conflict standing) is retried with backoff up to 5 minutes.
+// ports change; a deleted Service's allocations are released. Each address and port is
+// adopted on its own: one that fails (a conflict standing, a ClusterIP outside allocd's
+// ranges, allocd unreachable) is reported and retried with backoff up to 5 minutes,
+// the others adopted. SyncCIDRs keeps the cluster's ServiceCIDRs in allocd beside it.
 type Controller struct {
 	a       *Adopter
 	log     *slog.Logger
 	store   cache.Store
 	workers int
 	queue   workqueue.TypedRateLimitingInterface[string]
+	cidrErr prometheus.Counter
 
-	mu   sync.Mutex
-	uids map[string]string // key → UID adopted, for releasing after a delete
+	mu      sync.Mutex
+	uids    map[string]string // key → UID adopted, for releasing after a delete
+	initial map[string]bool   // the Services of the first listing not tried yet; nil before it
+	ran     bool              // every Service of the first listing was tried once
 }
 
 // NewController returns a Controller of the Services in store (an informer's), run by
@@ -33,7 +40,75 @@ func NewController(a *Adopter, log *slog.Logger, store cache.Store, workers int)
 	return &Controller{a: a, log: log, store: store, workers: max(workers, 1), uids: map[string]string{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 5*time.Minute),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "adopt"})}
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "adopt"}),
+		cidrErr: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allocd_bridge_servicecidr_sync_failures_total",
+			Help: "Syncs of the cluster's ServiceCIDRs into allocd that failed or found a conflict.",
+		})}
+}
+
+// Register registers the Controller's metrics on reg: the failed ServiceCIDR syncs, and
+// the conflicts and failures standing.
+func (c *Controller) Register(reg prometheus.Registerer) error {
+	conflicts := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "allocd_bridge_adoption_conflicts",
+		Help: "Addresses and ports the cluster's Services hold that allocd gives to another owner.",
+	}, func() float64 { return float64(len(c.a.Conflicts())) })
+	failures := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "allocd_bridge_adoption_failures",
+		Help: "Addresses and ports the cluster's Services hold that could not be adopted (retried).",
+	}, func() float64 { return float64(len(c.a.Failures())) })
+	for _, m := range []prometheus.Collector{c.cidrErr, conflicts, failures} {
+		if err := reg.Register(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Ran reports whether every Service the informer listed first was tried once (adopted,
+// or its conflicts and failures reported): the bridge's readiness.
+func (c *Controller) Ran() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ran
+}
+
+// SyncCIDRs creates in allocd the cluster's ServiceCIDRs (list returns them) that
+// allocd lacks, now and every interval until ctx ends. A failure (a ServiceCIDR of
+// another range in allocd, allocd or the API server unreachable) is logged and counted
+// and tried again at the next interval; it never holds adoption up. When a ServiceCIDR
+// was created, the Services with failures standing are tried again at once.
+func (c *Controller) SyncCIDRs(ctx context.Context,
+	list func(context.Context) ([]networkingv1.ServiceCIDR, error), interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		cidrs, err := list(ctx)
+		var created []string
+		if err == nil {
+			created, err = c.a.ServiceCIDRs(ctx, cidrs)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			c.cidrErr.Inc()
+			c.log.Warn("ServiceCIDRs not all synced into allocd; trying again", "error", err,
+				"retry", interval)
+		}
+		if len(created) > 0 {
+			c.log.Info("ServiceCIDRs created in allocd", "created", created)
+			for _, f := range c.a.Failures() {
+				c.queue.Add(f.Service)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // ServiceChanged is the feed's Service handler: (nil, s) add, (old, s) update, (s, nil)
@@ -71,6 +146,13 @@ func (c *Controller) Run(ctx context.Context, synced cache.InformerSynced) error
 	if !cache.WaitForCacheSync(ctx.Done(), synced) {
 		return nil
 	}
+	c.mu.Lock()
+	c.initial = map[string]bool{}
+	for _, k := range c.store.ListKeys() {
+		c.initial[k] = true
+	}
+	c.ran = len(c.initial) == 0
+	c.mu.Unlock()
 	var wg sync.WaitGroup
 	for range c.workers {
 		wg.Go(func() {
@@ -89,6 +171,9 @@ func (c *Controller) next(ctx context.Context) bool {
 	}
 	defer c.queue.Done(k)
 	err := c.sync(ctx, k)
+	if ctx.Err() == nil {
+		c.tried(k)
+	}
 	if err != nil && ctx.Err() == nil {
 		c.log.Info("adoption failed; retrying", "service", k, "error", err)
 		c.queue.AddRateLimited(k)
@@ -96,6 +181,21 @@ func (c *Controller) next(ctx context.Context) bool {
 	}
 	c.queue.Forget(k)
 	return true
+}
+
+// tried marks k as tried once since the first listing.
+func (c *Controller) tried(k string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.initial == nil || c.ran {
+		return
+	}
+	delete(c.initial, k)
+	if len(c.initial) == 0 {
+		c.ran = true
+		c.log.Info("adoption ran over every Service", "conflicts", len(c.a.Conflicts()),
+			"failures", len(c.a.Failures()))
+	}
 }
 
 func (c *Controller) sync(ctx context.Context, k string) error {
@@ -134,15 +234,16 @@ func (c *Controller) sync(ctx context.Context, k string) error {
 	if len(res.Adopted)+len(res.Released) > 0 {
 		c.log.Info("allocations adopted", "service", k, "uid", s.UID, "adopted", res.Adopted, "released", res.Released)
 	}
-	if len(res.Conflicts) > 0 {
+	if len(res.Conflicts)+len(res.Failed) > 0 {
 		return errConflicts
 	}
 	return nil
 }
 
-// errConflicts makes a Service with conflicts be looked at again later: the holder may
-// have let go.
-var errConflicts = conflictError("some of the Service's addresses or ports are held by another owner in allocd")
+// errConflicts makes a Service with conflicts or failures be looked at again later: the
+// holder may have let go, the range may have come.
+var errConflicts = conflictError("some of the Service's addresses or ports are held by another owner in " +
+	"allocd or could not be adopted")
 
 type conflictError string
 

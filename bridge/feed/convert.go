@@ -1,6 +1,7 @@
 package feed
 
 import (
+	"slices"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,9 +23,29 @@ func Revision(obj metav1.Object) int64 {
 	return rv
 }
 
+// Dropped is told of a value of a cluster's object that allocd refuses (a value it does
+// not know: a newer API server's) and that the conversion left out, as upstream's
+// controllers ignore it: the kind, the object's namespace/name, the field and the value.
+// One such value must not make allocd refuse the object's whole event batch or
+// snapshot.
+type Dropped func(kind, object, field, value string)
+
+func (d Dropped) tell(kind string, obj metav1.Object, field, value string) {
+	if d != nil {
+		d(kind, obj.GetNamespace()+"/"+obj.GetName(), field, value)
+	}
+}
+
 // Service converts a Kubernetes Service into the feed's message: what repair and
 // allocd's Endpoints controller read of it.
-func Service(s *corev1.Service) *allocdv1.Service {
+func Service(s *corev1.Service) *allocdv1.Service { return convertService(s, nil) }
+
+// trafficDistributions are the spec.trafficDistribution values allocd knows; upstream's
+// EndpointSlice controller ignores any other.
+var trafficDistributions = []string{corev1.ServiceTrafficDistributionPreferClose,
+	corev1.ServiceTrafficDistributionPreferSameZone, corev1.ServiceTrafficDistributionPreferSameNode}
+
+func convertService(s *corev1.Service, dropped Dropped) *allocdv1.Service {
 	out := &allocdv1.Service{
 		Namespace:                s.Namespace,
 		Name:                     s.Name,
@@ -36,8 +57,10 @@ func Service(s *corev1.Service) *allocdv1.Service {
 		PublishNotReadyAddresses: s.Spec.PublishNotReadyAddresses,
 		Annotations:              s.Annotations,
 	}
-	if s.Spec.TrafficDistribution != nil {
-		out.TrafficDistribution = *s.Spec.TrafficDistribution
+	if td := s.Spec.TrafficDistribution; td != nil && slices.Contains(trafficDistributions, *td) {
+		out.TrafficDistribution = *td
+	} else if td != nil && *td != "" {
+		dropped.tell("services", s, "spec.trafficDistribution", *td)
 	}
 	for _, f := range s.Spec.IPFamilies {
 		out.IpFamilies = append(out.IpFamilies, string(f))
@@ -93,7 +116,13 @@ func protocol(p corev1.Protocol) string {
 }
 
 // Pod converts a Kubernetes Pod into the feed's message.
-func Pod(p *corev1.Pod) *allocdv1.Pod {
+func Pod(p *corev1.Pod) *allocdv1.Pod { return convertPod(p, nil) }
+
+// podPhases are the phases allocd knows.
+var podPhases = []corev1.PodPhase{corev1.PodPending, corev1.PodRunning, corev1.PodSucceeded, corev1.PodFailed,
+	corev1.PodUnknown}
+
+func convertPod(p *corev1.Pod, dropped Dropped) *allocdv1.Pod {
 	out := &allocdv1.Pod{
 		Namespace:       p.Namespace,
 		Name:            p.Name,
@@ -103,8 +132,13 @@ func Pod(p *corev1.Pod) *allocdv1.Pod {
 		NodeName:        p.Spec.NodeName,
 		Hostname:        p.Spec.Hostname,
 		Subdomain:       p.Spec.Subdomain,
-		Phase:           string(p.Status.Phase),
+		Phase:           string(p.Status.Phase), // checked below
 		Deleting:        p.DeletionTimestamp != nil,
+	}
+	if ph := p.Status.Phase; ph != "" && !slices.Contains(podPhases, ph) {
+		// Neither Succeeded nor Failed: to upstream's controllers, a live Pod.
+		dropped.tell("pods", p, "status.phase", string(ph))
+		out.Phase = string(corev1.PodUnknown)
 	}
 	for _, ip := range p.Status.PodIPs {
 		out.PodIps = append(out.PodIps, ip.IP)
@@ -125,8 +159,14 @@ func Pod(p *corev1.Pod) *allocdv1.Pod {
 	}
 	for _, c := range p.Spec.InitContainers {
 		ic := container(c)
-		if c.RestartPolicy != nil {
-			ic.RestartPolicy = string(*c.RestartPolicy)
+		switch {
+		case c.RestartPolicy == nil:
+		case *c.RestartPolicy == corev1.ContainerRestartPolicyAlways:
+			ic.RestartPolicy = string(*c.RestartPolicy) // a sidecar: its ports count
+		default:
+			// allocd knows "" and Always; any other is no sidecar, as upstream reads it.
+			dropped.tell("pods", p, "spec.initContainers["+c.Name+"].restartPolicy",
+				string(*c.RestartPolicy))
 		}
 		out.InitContainers = append(out.InitContainers, ic)
 	}

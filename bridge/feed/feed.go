@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
@@ -46,6 +48,14 @@ type Source struct {
 
 	resyncs   atomic.Int64
 	onService func(old, cur *corev1.Service)
+	// seen is, per kind, the highest revision of a change handed to the Feeder (each
+	// informer calls its handler from one goroutine).
+	seen        [kinds]atomic.Int64
+	loggedOrder atomic.Int64 // when inOrder last logged, Unix nanoseconds
+
+	droppedN  *prometheus.CounterVec
+	droppedMu sync.Mutex
+	logged    map[string]bool // what was dropped and logged: object, field and value
 }
 
 // Option configures New.
@@ -58,11 +68,37 @@ func WithServiceHandler(f func(old, cur *corev1.Service)) Option {
 	return func(s *Source) { s.onService = f }
 }
 
+// WithRegisterer registers the Source's metric on reg: allocd_bridge_feed_dropped_total,
+// the values of the cluster's objects left out because allocd refuses them.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(s *Source) { reg.MustRegister(s.droppedN) }
+}
+
+// dropped logs (once per object, field and value) and counts a value left out.
+func (s *Source) dropped(kind, object, field, value string) {
+	s.droppedN.WithLabelValues(kind, field).Inc()
+	key := object + " " + field + " " + value
+	s.droppedMu.Lock()
+	seen := s.logged[key]
+	if !seen && len(s.logged) < 10000 {
+		s.logged[key] = true
+	}
+	s.droppedMu.Unlock()
+	if !seen {
+		s.log.Warn("value allocd does not know left out of the feed", "kind", kind, "object", object,
+			"field", field, "value", value)
+	}
+}
+
 // New returns a Source over the Services and Pods informers of f (of the cluster kube),
 // pushing to c through a Feeder made with fopts. Call it before f.Start: it registers its handlers.
 func New(log *slog.Logger, kube kubernetes.Interface, f informers.SharedInformerFactory, c *client.Client,
 	fopts []client.FeederOption, opts ...Option) (*Source, error) {
-	s := &Source{log: log, kube: kube, onService: func(_, _ *corev1.Service) {}}
+	s := &Source{log: log, kube: kube, onService: func(_, _ *corev1.Service) {}, logged: map[string]bool{},
+		droppedN: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allocd_bridge_feed_dropped_total",
+			Help: "Values of the cluster's objects left out of the feed because allocd does not know them.",
+		}, []string{"kind", "field"})}
 	for _, o := range opts {
 		o(s)
 	}
@@ -103,40 +139,77 @@ func (s *Source) resync() {
 	s.feeder.Resync()
 }
 
-// Resyncs is how many times the Source asked for snapshots after a broken watch or a
-// tombstone.
+// Resyncs is how many times the Source asked for snapshots after a broken watch, a
+// tombstone, or a change older than one fed before.
 func (s *Source) Resyncs() int64 { return s.resyncs.Load() }
 
-func (s *Source) handler() cache.ResourceEventHandlerFuncs {
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.upsert(nil, obj) },
-		UpdateFunc: func(old, cur any) { s.upsert(old, cur) },
+func (s *Source) handler() cache.ResourceEventHandlerDetailedFuncs {
+	return cache.ResourceEventHandlerDetailedFuncs{
+		// The first list comes in no order, before the first snapshots: not checked.
+		AddFunc:    func(obj any, initial bool) { s.upsert(nil, obj, !initial) },
+		UpdateFunc: func(old, cur any) { s.upsert(old, cur, true) },
 		DeleteFunc: s.remove,
 	}
 }
 
-func (s *Source) upsert(old, obj any) {
+// upsert feeds an add or update; check says whether its revision order is checked.
+func (s *Source) upsert(old, obj any, check bool) {
+	changed := check
+	if o, ok := old.(metav1.Object); ok {
+		// An informer's periodic resync hands the same object again: not a change.
+		changed = changed && o.GetResourceVersion() != obj.(metav1.Object).GetResourceVersion()
+	}
 	switch o := obj.(type) {
 	case *corev1.Service:
-		s.feeder.UpsertService(Service(o), Revision(o))
+		s.feeder.UpsertService(convertService(o, s.dropped), Revision(o))
+		s.inOrder(services, o, changed)
 		prev, _ := old.(*corev1.Service)
 		s.onService(prev, o)
 	case *corev1.Pod:
-		s.feeder.UpsertPod(Pod(o), Revision(o))
+		s.feeder.UpsertPod(convertPod(o, s.dropped), Revision(o))
+		s.inOrder(pods, o, changed)
 	case *corev1.Node:
 		s.feeder.UpsertNode(Node(o), Revision(o))
+		s.inOrder(nodes, o, changed)
 	}
+}
+
+// inOrder notes the revision of a change of kind k handed to the Feeder and asks for
+// snapshots when it is older than one handed before. After a watch broke, the
+// reflector relists and replays what changed meanwhile in name order, not revision
+// order, and allocd ignores an event older than one it applied (a readiness flip would
+// be lost until that Pod changes again): a snapshot listed now covers the change.
+func (s *Source) inOrder(k kind, obj metav1.Object, changed bool) {
+	rev := Revision(obj)
+	if !changed || rev == 0 {
+		return
+	}
+	if prev := s.seen[k].Load(); rev < prev {
+		// One line a second at most: a relist replays many.
+		if now := time.Now().UnixNano(); now-s.loggedOrder.Load() > int64(time.Second) {
+			s.loggedOrder.Store(now)
+			s.log.Info("change older than one fed already (an informer's relist); feeding snapshots again",
+				"kind", k.String(), "object", obj.GetNamespace()+"/"+obj.GetName(), "revision", rev,
+				"newest", prev)
+		}
+		s.resync()
+		return
+	}
+	s.seen[k].Store(rev)
 }
 
 func (s *Source) remove(obj any) {
 	switch o := obj.(type) {
 	case *corev1.Service:
 		s.feeder.DeleteService(o.Namespace, o.Name, Revision(o))
+		s.inOrder(services, o, true)
 		s.onService(o, nil)
 	case *corev1.Pod:
 		s.feeder.DeletePod(o.Namespace, o.Name, Revision(o))
+		s.inOrder(pods, o, true)
 	case *corev1.Node:
 		s.feeder.DeleteNode(o.Name, Revision(o))
+		s.inOrder(nodes, o, true)
 	case cache.DeletedFinalStateUnknown:
 		// The delete was missed (a relist found the object gone): its revision is
 		// unknown, so an event could be ignored as old. A snapshot is exact.
@@ -159,7 +232,7 @@ func (s *Source) ListServices() ([]*allocdv1.Service, int64, error) {
 			return "", "", err
 		}
 		for i := range l.Items {
-			out = append(out, Service(&l.Items[i]))
+			out = append(out, convertService(&l.Items[i], s.dropped))
 		}
 		return l.ResourceVersion, l.Continue, nil
 	})
@@ -175,7 +248,7 @@ func (s *Source) ListPods() ([]*allocdv1.Pod, int64, error) {
 			return "", "", err
 		}
 		for i := range l.Items {
-			out = append(out, Pod(&l.Items[i]))
+			out = append(out, convertPod(&l.Items[i], s.dropped))
 		}
 		return l.ResourceVersion, l.Continue, nil
 	})

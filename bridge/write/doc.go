@@ -3,10 +3,12 @@
 // of one Kind and writes each into the API server, create, update or delete, from a
 // pool of workers, with the labels and annotations kube-controller-manager sets.
 //
-// It writes only what allocd's controllers manage, deletes only what allocd deleted
-// (and only an object its controller wrote), retries a conflict from allocd's state,
-// and writes nothing when the cluster's object already matches, so that a restarted
-// bridge rewrites nothing.
+// It writes only what allocd's controllers manage (never the objects of a Service
+// without selector), deletes only what allocd deleted or does not hold (and only an
+// object its controller wrote: a sweep after each listing and every minute, held off
+// while allocd looks reset), retries a conflict from allocd's state, and writes nothing
+// when the cluster's object already matches, so that a restarted bridge rewrites
+// nothing.
 //
 //	m := write.NewMetrics(prometheus.DefaultRegisterer)
 //	eps := write.NewEndpoints(c, kube, factory, m)

@@ -42,6 +42,7 @@ type Endpoints struct {
 	c    *client.Client
 	kube kubernetes.Interface
 	inf  cache.SharedIndexInformer
+	svcs cache.SharedIndexInformer
 	m    *Metrics
 	last *lastWritten[*corev1.Endpoints]
 	// kubernetes: default/kubernetes is written too (from allocd's master leases).
@@ -60,8 +61,8 @@ func NewEndpoints(c *client.Client, kube kubernetes.Interface, f informers.Share
 	kubernetesSvc bool) *Endpoints {
 	inf := f.Core().V1().Endpoints().Informer()
 	_ = inf.SetTransform(dropManagedFields) // fails only once started
-	return &Endpoints{c: c, kube: kube, inf: inf, m: m, last: newLastWritten[*corev1.Endpoints](),
-		kubernetes: kubernetesSvc}
+	return &Endpoints{c: c, kube: kube, inf: inf, svcs: f.Core().V1().Services().Informer(), m: m,
+		last: newLastWritten[*corev1.Endpoints](), kubernetes: kubernetesSvc}
 }
 
 func (e *Endpoints) skip(key string) bool { return key == kubernetesKey && !e.kubernetes }
@@ -71,6 +72,27 @@ func (*Endpoints) Name() string { return "endpoints" }
 
 // Informer implements Kind.
 func (e *Endpoints) Informer() cache.SharedIndexInformer { return e.inf }
+
+// Forget implements Kind.
+func (e *Endpoints) Forget(key string) { e.last.forget(key) }
+
+// HasSynced implements Kind.
+func (e *Endpoints) HasSynced() bool { return e.inf.HasSynced() && e.svcs.HasSynced() }
+
+// Leftovers implements Kind: the Endpoints labelled by the endpoint controller that
+// allocd lacks, of a Service that is gone (kube-controller-manager's
+// checkLeftoverEndpoints; allocd always holds the Endpoints of a Service with a
+// selector, so lacking one of those means allocd looks reset).
+func (e *Endpoints) Leftovers(listed map[string]any) ([]string, error) {
+	return leftovers(e.inf.GetStore().List(), func(o any) clusterObject {
+		ep := o.(*corev1.Endpoints)
+		key := ep.Namespace + "/" + ep.Name
+		return clusterObject{key: key, service: key, managed: ep.Labels[LabelManagedBy] == EndpointController}
+	}, e.svcs.GetStore(), listed, func(o any) string {
+		ep := o.(*allocdv1.ServiceEndpoints)
+		return ep.GetNamespace() + "/" + ep.GetName()
+	})
+}
 
 // List implements Kind: every Endpoints allocd stores, paged, read at one revision.
 func (e *Endpoints) List(ctx context.Context) (map[string]any, int64, error) {
@@ -115,11 +137,16 @@ func (e *Endpoints) Watch(ctx context.Context, rev int64, fn func(string, any, i
 		})
 }
 
-// Sync implements Kind.
+// Sync implements Kind. The Endpoints of a Service that exists without a selector are
+// left alone (not created, updated or deleted), as kube-controller-manager's syncService
+// leaves them: allocd keeps its last object of such a Service, which must not be written
+// over the one its user keeps.
 func (e *Endpoints) Sync(ctx context.Context, key string, obj any) error {
-	ns, name, err := cache.SplitMetaNamespaceKey(key)
-	if err != nil {
+	if _, _, err := cache.SplitMetaNamespaceKey(key); err != nil {
 		return nil // not a key this writer made
+	}
+	if leftAlone(e.svcs.GetStore(), key) {
+		return nil
 	}
 	cur := e.current(key)
 	if obj == nil {
@@ -127,28 +154,37 @@ func (e *Endpoints) Sync(ctx context.Context, key string, obj any) error {
 	}
 	desired := EndpointsObject(obj.(*allocdv1.ServiceEndpoints))
 	if cur == nil {
-		created, err := e.kube.CoreV1().Endpoints(ns).Create(ctx, desired, metav1.CreateOptions{})
-		switch {
-		case err == nil:
-			e.m.Wrote("endpoints", "create")
-			e.last.put(key, created)
-			return nil
-		case apierrors.IsAlreadyExists(err):
-			// The cache lags: update what is there.
-			if cur, err = e.kube.CoreV1().Endpoints(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
-				return fmt.Errorf("get %s: %w", key, err)
-			}
-		case namespaceGone(err):
-			return nil // as kube-controller-manager: the namespace is going away
-		default:
-			return fmt.Errorf("create %s: %w", key, err)
-		}
+		return e.create(ctx, key, desired)
 	}
 	return e.update(ctx, key, cur, desired)
 }
 
+// create creates desired, or updates what is there when the cache lagged.
+func (e *Endpoints) create(ctx context.Context, key string, desired *corev1.Endpoints) error {
+	api := e.kube.CoreV1().Endpoints(desired.Namespace)
+	created, err := api.Create(ctx, desired, metav1.CreateOptions{})
+	switch {
+	case err == nil:
+		e.m.Wrote("endpoints", "create")
+		e.last.put(key, created)
+		return nil
+	case apierrors.IsAlreadyExists(err):
+		// The cache lags: update what is there.
+		cur, err := api.Get(ctx, desired.Name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("get %s: %w", key, err)
+		}
+		return e.update(ctx, key, cur, desired)
+	case namespaceGone(err):
+		return nil // as kube-controller-manager: the namespace is going away
+	default:
+		return fmt.Errorf("create %s: %w", key, err)
+	}
+}
+
 // update writes desired over cur unless they already match; on a conflict it reads the
-// object again and tries once more before giving the key back to the queue.
+// object again and tries once more before giving the key back to the queue. An object
+// deleted meanwhile is forgotten and created (once: the next try reads it again).
 func (e *Endpoints) update(ctx context.Context, key string, cur, desired *corev1.Endpoints) error {
 	for attempt := 0; ; attempt++ {
 		if EndpointsMatch(cur, desired) {
@@ -170,9 +206,20 @@ func (e *Endpoints) update(ctx context.Context, key string, cur, desired *corev1
 			e.m.Wrote("endpoints", "update")
 			e.last.put(key, updated)
 			return nil
+		case apierrors.IsNotFound(err) && attempt == 0:
+			e.last.forget(key)
+			api := e.kube.CoreV1().Endpoints(cur.Namespace)
+			created, err := api.Create(ctx, desired, metav1.CreateOptions{})
+			if err != nil {
+				return fmt.Errorf("update %s: deleted meanwhile; create: %w", key, err)
+			}
+			e.m.Wrote("endpoints", "create")
+			e.last.put(key, created)
+			return nil
 		case apierrors.IsConflict(err) && attempt == 0:
 			cur, err = e.kube.CoreV1().Endpoints(cur.Namespace).Get(ctx, cur.Name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
+				e.last.forget(key)
 				return fmt.Errorf("update %s: deleted meanwhile", key)
 			}
 			if err != nil {

@@ -11,6 +11,7 @@ type Metrics struct {
 	syncs    *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	writes   *prometheus.CounterVec
+	sweeps   *prometheus.CounterVec
 }
 
 // NewMetrics registers the writers' metrics on reg.
@@ -29,8 +30,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "allocd_bridge_writes_total",
 			Help: "Writes to the API server, by kind and verb (create, update, delete); a sync that found the object as wanted writes nothing.",
 		}, []string{"kind", "verb"}),
+		sweeps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allocd_bridge_sweeps_total",
+			Help: "Sweeps of what allocd deleted while no bridge ran, by kind and result " +
+				"(done; held: allocd looked reset).",
+		}, []string{"kind", "result"}),
 	}
-	reg.MustRegister(m.syncs, m.duration, m.writes)
+	reg.MustRegister(m.syncs, m.duration, m.writes, m.sweeps)
 	return m
 }
 
@@ -52,4 +58,11 @@ func (m *Metrics) Wrote(kind, verb string) {
 		return
 	}
 	m.writes.WithLabelValues(kind, verb).Inc()
+}
+
+func (m *Metrics) swept(kind, result string) {
+	if m == nil {
+		return
+	}
+	m.sweeps.WithLabelValues(kind, result).Inc()
 }

@@ -2,6 +2,7 @@ package write
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -32,6 +33,7 @@ type EndpointSlices struct {
 	c          *client.Client
 	kube       kubernetes.Interface
 	inf        cache.SharedIndexInformer
+	svcs       cache.SharedIndexInformer
 	m          *Metrics
 	last       *lastWritten[*discoveryv1.EndpointSlice]
 	kubernetes bool
@@ -44,8 +46,31 @@ func NewEndpointSlices(c *client.Client, kube kubernetes.Interface, f informers.
 	kubernetesSvc bool) *EndpointSlices {
 	inf := f.Discovery().V1().EndpointSlices().Informer()
 	_ = inf.SetTransform(dropManagedFields) // fails only once started
-	return &EndpointSlices{c: c, kube: kube, inf: inf, m: m, kubernetes: kubernetesSvc,
-		last: newLastWritten[*discoveryv1.EndpointSlice]()}
+	return &EndpointSlices{c: c, kube: kube, inf: inf, svcs: f.Core().V1().Services().Informer(), m: m,
+		kubernetes: kubernetesSvc, last: newLastWritten[*discoveryv1.EndpointSlice]()}
+}
+
+// Forget implements Kind.
+func (e *EndpointSlices) Forget(key string) { e.last.forget(key) }
+
+// HasSynced implements Kind.
+func (e *EndpointSlices) HasSynced() bool { return e.inf.HasSynced() && e.svcs.HasSynced() }
+
+// Leftovers implements Kind: the slices labelled as the EndpointSlice controller's that
+// allocd lacks, of a Service that is gone or has a selector, as the upstream
+// reconciler deletes the slices of a Service it does not want (a Service whose ports
+// changed: its old slices).
+func (e *EndpointSlices) Leftovers(listed map[string]any) ([]string, error) {
+	return leftovers(e.inf.GetStore().List(), func(o any) clusterObject {
+		s := o.(*discoveryv1.EndpointSlice)
+		return clusterObject{key: s.Namespace + "/" + s.Name,
+			service: s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName],
+			managed: s.Labels[discoveryv1.LabelManagedBy] == EndpointSliceController &&
+				s.Labels[discoveryv1.LabelServiceName] != ""}
+	}, e.svcs.GetStore(), listed, func(o any) string {
+		s := o.(*allocdv1.EndpointSlice)
+		return s.GetNamespace() + "/" + s.GetLabels()[discoveryv1.LabelServiceName]
+	})
 }
 
 // Name implements Kind.
@@ -102,7 +127,8 @@ func (e *EndpointSlices) Watch(ctx context.Context, rev int64, fn func(string, a
 		})
 }
 
-// Sync implements Kind.
+// Sync implements Kind. The slices of a Service that exists without a selector are
+// left alone, as upstream's reconciler leaves them.
 func (e *EndpointSlices) Sync(ctx context.Context, key string, obj any) error {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
@@ -113,21 +139,17 @@ func (e *EndpointSlices) Sync(ctx context.Context, key string, obj any) error {
 		cur = o.(*discoveryv1.EndpointSlice)
 	}
 	cur = e.last.newer(key, cur)
-	api := e.kube.DiscoveryV1().EndpointSlices(ns)
 	if obj == nil {
-		if cur == nil || cur.Labels[discoveryv1.LabelManagedBy] != EndpointSliceController {
+		if cur == nil || leftAlone(e.svcs.GetStore(), ns+"/"+cur.Labels[discoveryv1.LabelServiceName]) {
 			return nil
 		}
-		uid, rv := cur.UID, cur.ResourceVersion
-		err := api.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
-		if err == nil || apierrors.IsNotFound(err) {
-			e.m.Wrote("endpointslices", "delete")
-			e.last.forget(key)
-			return nil
-		}
-		return fmt.Errorf("delete %s: %w", key, err)
+		return e.remove(ctx, key, cur)
 	}
 	desired := EndpointSliceObject(obj.(*allocdv1.EndpointSlice))
+	if leftAlone(e.svcs.GetStore(), ns+"/"+desired.Labels[discoveryv1.LabelServiceName]) {
+		return nil
+	}
+	api := e.kube.DiscoveryV1().EndpointSlices(ns)
 	if cur == nil {
 		created, err := api.Create(ctx, desired, metav1.CreateOptions{})
 		switch {
@@ -145,7 +167,39 @@ func (e *EndpointSlices) Sync(ctx context.Context, key string, obj any) error {
 			return fmt.Errorf("create %s: %w", key, err)
 		}
 	}
+	return e.update(ctx, key, cur, desired)
+}
+
+// remove deletes cur, allocd having deleted its slice, when the EndpointSlice
+// controller wrote it, with the UID and resourceVersion read as preconditions.
+func (e *EndpointSlices) remove(ctx context.Context, key string, cur *discoveryv1.EndpointSlice) error {
+	if cur.Labels[discoveryv1.LabelManagedBy] != EndpointSliceController {
+		return nil
+	}
+	uid, rv := cur.UID, cur.ResourceVersion
+	err := e.kube.DiscoveryV1().EndpointSlices(cur.Namespace).Delete(ctx, cur.Name,
+		metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+	if err == nil || apierrors.IsNotFound(err) {
+		e.m.Wrote("endpointslices", "delete")
+		e.last.forget(key)
+		return nil
+	}
+	return fmt.Errorf("delete %s: %w", key, err)
+}
+
+// update writes desired over cur unless they already match; on a conflict it reads the
+// slice again and tries once more before giving the key back to the queue.
+func (e *EndpointSlices) update(ctx context.Context, key string,
+	cur, desired *discoveryv1.EndpointSlice) error {
+	api := e.kube.DiscoveryV1().EndpointSlices(cur.Namespace)
 	for attempt := 0; ; attempt++ {
+		if cur.Labels[discoveryv1.LabelManagedBy] != EndpointSliceController {
+			// Not the EndpointSlice controller's (its name came by chance): left alone, as
+			// the upstream reconciler leaves slices without its label.
+			return fmt.Errorf("update %s: %w", key, errNotManaged)
+		}
+		desired := desired.DeepCopy()
+		desired.OwnerReferences = ownerReferences(cur.OwnerReferences, desired.OwnerReferences)
 		if EndpointSliceMatch(cur, desired) {
 			return nil
 		}
@@ -163,13 +217,29 @@ func (e *EndpointSlices) Sync(ctx context.Context, key string, obj any) error {
 			e.m.Wrote("endpointslices", "update")
 			e.last.put(key, updated)
 			return nil
+		case apierrors.IsNotFound(err) && attempt == 0:
+			// Deleted meanwhile: forgotten, and created.
+			e.last.forget(key)
+			created, err := api.Create(ctx, desired, metav1.CreateOptions{})
+			if err != nil {
+				return fmt.Errorf("update %s: deleted meanwhile; create: %w", key, err)
+			}
+			e.m.Wrote("endpointslices", "create")
+			e.last.put(key, created)
+			return nil
 		case apierrors.IsConflict(err) && attempt == 0:
-			if cur, err = api.Get(ctx, name, metav1.GetOptions{}); err != nil {
+			if cur, err = api.Get(ctx, cur.Name, metav1.GetOptions{}); err != nil {
+				if apierrors.IsNotFound(err) {
+					e.last.forget(key)
+				}
 				return fmt.Errorf("get %s: %w", key, err)
 			}
 		case apierrors.IsInvalid(err) && next.AddressType != cur.AddressType:
 			// addressType is immutable: a slice that changed family is made again.
-			if err := api.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			uid, rv := cur.UID, cur.ResourceVersion
+			err := api.Delete(ctx, cur.Name,
+				metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+			if err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("delete %s to change its address type: %w", key, err)
 			}
 			e.last.forget(key)
@@ -178,6 +248,34 @@ func (e *EndpointSlices) Sync(ctx context.Context, key string, obj any) error {
 			return fmt.Errorf("update %s: %w", key, err)
 		}
 	}
+}
+
+// errNotManaged is a slice of the name allocd gives that the EndpointSlice controller
+// did not write.
+var errNotManaged = errors.New("the cluster's slice is not labelled as the EndpointSlice " +
+	"controller's; left alone")
+
+// ownerReferences is the owner references a slice is written with, in cur's order:
+// desired's (the controller reference to its Service) and the others set on cur, except
+// another controller reference (an object has one controller: a Service made again has
+// a new UID).
+func ownerReferences(cur, desired []metav1.OwnerReference) []metav1.OwnerReference {
+	var out []metav1.OwnerReference
+	for _, r := range cur {
+		i := slices.IndexFunc(desired, func(d metav1.OwnerReference) bool { return d.UID == r.UID })
+		switch {
+		case i >= 0:
+			out = append(out, desired[i])
+		case r.Controller == nil || !*r.Controller:
+			out = append(out, r)
+		}
+	}
+	for _, d := range desired {
+		if !slices.ContainsFunc(out, func(r metav1.OwnerReference) bool { return r.UID == d.UID }) {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // EndpointSliceObject is the Kubernetes object of allocd's EndpointSlice, as
@@ -196,6 +294,9 @@ func EndpointSliceObject(s *allocdv1.EndpointSlice) *discoveryv1.EndpointSlice {
 	}
 	for _, ep := range s.GetEndpoints() {
 		c := ep.GetConditions()
+		if c == nil { // every condition unknown
+			c = &allocdv1.EndpointConditions{}
+		}
 		e := discoveryv1.Endpoint{Addresses: ep.GetAddresses(), Hostname: ep.Hostname, NodeName: ep.NodeName, Zone: ep.Zone,
 			Conditions: discoveryv1.EndpointConditions{Ready: c.Ready, Serving: c.Serving, Terminating: c.Terminating}}
 		if r := ep.GetTargetRef(); r != nil {

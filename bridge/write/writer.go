@@ -33,6 +33,16 @@ type Kind interface {
 	// Informer is the informer of the kind's cluster objects: a change there that
 	// someone else made is put right. Its store is what Sync compares against.
 	Informer() cache.SharedIndexInformer
+	// Forget drops what the kind remembers of key's cluster object beside the
+	// informer (the object it wrote last): the informer saw it deleted.
+	Forget(key string)
+	// HasSynced reports whether the informers the kind reads (its objects', the
+	// Services') have synced.
+	HasSynced() bool
+	// Leftovers returns the keys of the cluster's objects that allocd's controller
+	// manages and that listed (every object allocd holds, by key) lacks, as upstream's
+	// controllers would delete them; a *ResetError when allocd looks reset.
+	Leftovers(listed map[string]any) ([]string, error)
 }
 
 // Writer follows allocd's objects of one Kind and writes them into the cluster with a
@@ -43,13 +53,23 @@ type Kind interface {
 //
 // The desired state of a key changes only when allocd says so (an event, or a
 // complete listing after a broken watch): a Writer never deletes because its own view
-// is incomplete.
+// is incomplete. After each complete listing, once its informers have synced, it
+// sweeps: what allocd deleted while no bridge ran (the cluster's objects with the
+// managed-by label the bridge writes that allocd's listing lacks, see Kind.Leftovers)
+// is deleted too, unless allocd looks reset (a ResetError: the sweep is held off, logged
+// and counted). It sweeps again every SweepInterval: a held sweep goes through once
+// allocd has caught up, and what kube-controller-manager's controllers left behind
+// when they were turned off (their old slices) goes.
 type Writer struct {
 	kind    Kind
 	log     *slog.Logger
 	workers int
 	m       *Metrics
 	queue   workqueue.TypedRateLimitingInterface[string]
+
+	// SweepInterval is how often the writer sweeps after its first listing; set it
+	// before Run.
+	SweepInterval time.Duration
 
 	mu      sync.Mutex
 	desired map[string]any // nil value: allocd deleted it
@@ -66,7 +86,8 @@ func New(log *slog.Logger, k Kind, workers int, m *Metrics) *Writer {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: k.Name()}),
-		desired: map[string]any{},
+		desired:       map[string]any{},
+		SweepInterval: time.Minute,
 	}
 }
 
@@ -87,7 +108,12 @@ func (w *Writer) Register() error {
 	}
 	_, err := w.kind.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(_, cur any) { requeue(cur) },
-		DeleteFunc: requeue,
+		DeleteFunc: func(obj any) {
+			if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+				w.kind.Forget(key)
+			}
+			requeue(obj)
+		},
 	})
 	return err
 }
@@ -103,10 +129,11 @@ func (w *Writer) Synced() bool {
 // Run waits for the informer's cache, then writes until ctx ends and returns nil.
 // Follow errors are logged and followed by a new listing, with backoff.
 func (w *Writer) Run(ctx context.Context) error {
-	if !cache.WaitForCacheSync(ctx.Done(), w.kind.Informer().HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), w.kind.HasSynced) {
 		return nil
 	}
 	var wg sync.WaitGroup
+	wg.Go(func() { w.sweeper(ctx) })
 	for range w.workers {
 		wg.Go(func() {
 			for w.next(ctx) {
@@ -159,6 +186,7 @@ func (w *Writer) follow(ctx context.Context) error {
 	w.synced = true
 	w.mu.Unlock()
 	w.log.Info("listed allocd's objects", "count", len(objs), "revision", rev)
+	w.sweepOnce()
 	err = w.kind.Watch(ctx, rev, func(key string, obj any, _ int64) {
 		w.mu.Lock()
 		w.desired[key] = obj
@@ -169,6 +197,58 @@ func (w *Writer) follow(ctx context.Context) error {
 		return fmt.Errorf("watch from %d: %w", rev, err)
 	}
 	return err
+}
+
+// sweeper sweeps every SweepInterval until ctx ends.
+func (w *Writer) sweeper(ctx context.Context) {
+	t := time.NewTicker(w.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			w.sweepOnce()
+		}
+	}
+}
+
+// sweepOnce, once allocd was listed, queues the deletion of every leftover of allocd's
+// state as it now stands (its listing and the events since), unless allocd looks reset.
+func (w *Writer) sweepOnce() {
+	w.mu.Lock()
+	if !w.synced {
+		w.mu.Unlock()
+		return
+	}
+	listed := make(map[string]any, len(w.desired))
+	for key, obj := range w.desired {
+		if obj != nil {
+			listed[key] = obj
+		}
+	}
+	w.mu.Unlock()
+	stale, err := w.kind.Leftovers(listed)
+	if err != nil {
+		w.m.swept(w.kind.Name(), "held")
+		w.log.Warn("sweep of what allocd deleted held off; trying again later", "error", err,
+			"retry", w.SweepInterval)
+		return
+	}
+	w.mu.Lock()
+	for _, key := range stale {
+		if _, known := w.desired[key]; !known { // allocd has not made it meanwhile
+			w.desired[key] = nil
+			w.queue.Add(key)
+		}
+	}
+	w.mu.Unlock()
+	w.m.swept(w.kind.Name(), "done")
+	if len(stale) > 0 {
+		w.log.Info("deleting the cluster's objects allocd does not hold (deleted while no bridge ran, "+
+			"or left by kube-controller-manager)", "count", len(stale),
+			"keys", stale[:min(len(stale), 10)])
+	}
 }
 
 // next syncs one key; false when the queue is shut down.

@@ -43,12 +43,13 @@ func runImport(ctx context.Context, o *options, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("list ServiceCIDRs: %w", err)
 	}
+	var n, adopted, held, conflicts, failed int
 	created, err := a.ServiceCIDRs(ctx, cidrs.Items)
 	if err != nil {
-		return err
+		failed++ // reported; the Services are adopted all the same
+		fmt.Fprintf(out, "FAILED ServiceCIDRs: %v\n", err)
 	}
 	fmt.Fprintf(out, "ServiceCIDRs: %d in the cluster, %d created in allocd %v\n", len(cidrs.Items), len(created), created)
-	var n, adopted, held, conflicts, failed int
 	opts := metav1.ListOptions{Limit: 500}
 	for {
 		list, err := kube.CoreV1().Services("").List(ctx, opts)
@@ -67,6 +68,10 @@ func runImport(ctx context.Context, o *options, out io.Writer) error {
 			adopted += len(res.Adopted)
 			held += len(res.Held)
 			conflicts += len(res.Conflicts)
+			failed += len(res.Failed)
+			for _, f := range res.Failed {
+				fmt.Fprintf(out, "FAILED %s/%s %s: %v\n", s.Namespace, s.Name, f.Resource, f.Err)
+			}
 			if len(res.Adopted) > 0 {
 				fmt.Fprintf(out, "adopted %s/%s %v\n", s.Namespace, s.Name, res.Adopted)
 			}
@@ -79,10 +84,11 @@ func runImport(ctx context.Context, o *options, out io.Writer) error {
 		}
 		opts.Continue = list.Continue
 	}
-	fmt.Fprintf(out, "Services: %d; addresses and ports adopted: %d, already held: %d, conflicts: %d, failed: %d\n",
+	fmt.Fprintf(out, "Services: %d; addresses and ports adopted: %d, already held: %d, conflicts: %d, "+
+		"failed: %d\n",
 		n, adopted, held, conflicts, failed)
 	if conflicts+failed > 0 {
-		return fmt.Errorf("%d conflicts, %d Services failed", conflicts, failed)
+		return fmt.Errorf("%d conflicts, %d failures", conflicts, failed)
 	}
 	return nil
 }

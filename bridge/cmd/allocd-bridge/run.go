@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -64,11 +65,10 @@ func run(ctx context.Context, o *options) error {
 	}
 	if b.adopter != nil {
 		g.Go(func() error {
-			if err := b.syncCIDRs(gctx); err != nil {
-				return ignoreCanceled(err)
-			}
-			return b.adopter.Run(gctx, b.factory.Core().V1().Services().Informer().HasSynced)
+			b.adopter.SyncCIDRs(gctx, b.listCIDRs, 30*time.Second)
+			return nil
 		})
+		g.Go(func() error { return b.adopter.Run(gctx, b.factory.Core().V1().Services().Informer().HasSynced) })
 	}
 	b.log.Info("allocd-bridge started", "allocd", o.allocd, "adopt", o.adopt,
 		"manage_kubernetes_service", o.kubernetesSvc)
@@ -95,11 +95,14 @@ func newBridge(o *options) (*bridge, error) {
 	}
 	b.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	b.factory = informers.NewSharedInformerFactory(b.kube, o.resync)
-	var fopts []feed.Option
+	fopts := []feed.Option{feed.WithRegisterer(b.reg)}
 	if o.adopt {
 		b.ad = adopt.New(b.log, b.c)
 		store := b.factory.Core().V1().Services().Informer().GetStore()
 		b.adopter = adopt.NewController(b.ad, b.log, store, o.serviceSyncs)
+		if err := b.adopter.Register(b.reg); err != nil {
+			return nil, err
+		}
 		fopts = append(fopts, feed.WithServiceHandler(b.adopter.ServiceChanged))
 	}
 	feedErrors := func(err error) { b.log.Info("feeding allocd failed; retrying", "error", err) }
@@ -133,29 +136,18 @@ func newBridge(o *options) (*bridge, error) {
 	return b, nil
 }
 
-// syncCIDRs makes allocd have the cluster's ServiceCIDRs before adopting addresses in
-// them, retrying until it succeeds.
-func (b *bridge) syncCIDRs(ctx context.Context) error {
-	for backoff := time.Second; ; backoff = min(2*backoff, 30*time.Second) {
-		list, err := b.kube.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
-		if err == nil {
-			var created []string
-			if created, err = b.ad.ServiceCIDRs(ctx, list.Items); err == nil {
-				b.log.Info("ServiceCIDRs in allocd", "cluster", len(list.Items), "created", created)
-				return nil
-			}
-		}
-		b.log.Warn("ServiceCIDRs not synced into allocd; retrying", "error", err)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
+// listCIDRs lists the cluster's ServiceCIDRs.
+func (b *bridge) listCIDRs(ctx context.Context) ([]networkingv1.ServiceCIDR, error) {
+	list, err := b.kube.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
 	}
+	return list.Items, nil
 }
 
 // health serves /healthz (the process runs), /readyz (informers synced, allocd's
-// objects listed), /metrics, and with profiling /debug/pprof/.
+// objects listed, adoption run over every Service once), /metrics, and with profiling
+// /debug/pprof/.
 func (b *bridge) health(addr string, profiling bool) (*http.Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -164,8 +156,10 @@ func (b *bridge) health(addr string, profiling bool) (*http.Server, error) {
 		for _, wr := range b.writers {
 			ready = ready && wr.Synced()
 		}
+		ready = ready && (b.adopter == nil || b.adopter.Ran())
 		if !ready {
-			http.Error(w, "not ready: informers syncing or allocd not listed yet", http.StatusServiceUnavailable)
+			http.Error(w, "not ready: informers syncing, allocd not listed or adoption not run yet",
+				http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")

@@ -1,0 +1,54 @@
+package write
+
+import (
+	"context"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestSelectorRemovedLeftAlone: allocd keeps its last Endpoints and slices of a Service
+// whose selector was removed; the bridge neither writes them over the user's Endpoints
+// nor creates them again when the user deletes it, nor creates allocd's slices.
+func TestSelectorRemovedLeftAlone(t *testing.T) {
+	c := startAllocd(t)
+	feedAllocd(t, c, 10, []*corev1.Service{service("ns", "web", web)},
+		[]*corev1.Pod{readyPod("ns", "p1", "10.0.0.1", web)})
+	eventuallyListed(t, c, "ns/web")
+	eventuallyListedSlices(t, c, "ns/web")
+	mine := managedEndpoints("ns", "web", "192.0.2.1")
+	mine.Labels = map[string]string{"owner": "me"}
+	selectorless := service("ns", "web", nil)
+	ctx := context.Background()
+
+	b := startWriter(t, c, endpointsKind(c), selectorless, mine)
+	eventually(t, "a sync of ns/web", func() bool {
+		return b.counter(t, "allocd_bridge_syncs_total", map[string]string{"kind": "endpoints"}) >= 1
+	})
+	b.settled(t)
+	if ep, ok := b.endpoints(t, "ns", "web"); !ok || ep.Subsets[0].Addresses[0].IP != "192.0.2.1" ||
+		ep.Labels["owner"] != "me" {
+		t.Fatalf("Endpoints ns/web = %+v, %v; want the user's, untouched", ep, ok)
+	}
+	if err := b.kube.CoreV1().Endpoints("ns").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("Delete(ns/web) = %v", err)
+	}
+	eventually(t, "a sync of ns/web after the delete", func() bool {
+		return b.counter(t, "allocd_bridge_syncs_total", map[string]string{"kind": "endpoints"}) >= 2
+	})
+	b.settled(t)
+	if ep, ok := b.endpoints(t, "ns", "web"); ok {
+		t.Errorf("Endpoints ns/web = %+v after the user deleted it; want none (not created again)", ep)
+	}
+
+	bs := startWriter(t, c, slicesKind(c), selectorless)
+	eventually(t, "a sync of ns/web's slice", func() bool {
+		return bs.counter(t, "allocd_bridge_syncs_total", map[string]string{"kind": "endpointslices"}) >= 1
+	})
+	bs.settled(t)
+	l, err := bs.kube.DiscoveryV1().EndpointSlices("ns").List(ctx, metav1.ListOptions{})
+	if err != nil || len(l.Items) != 0 {
+		t.Errorf("List(slices) = %d slices, %v; want none for a Service without selector", len(l.Items), err)
+	}
+}

@@ -1,0 +1,148 @@
+package write
+
+import (
+	"context"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+var web = map[string]string{"app": "web"}
+
+// TestSweepAfterRestart: a bridge that starts (after a restart) deletes the Endpoints
+// allocd deleted while no bridge ran (the Service is gone), and nothing else: not the
+// Endpoints of a Service without selector, not one without the endpoint controller's
+// label, not allocd's own.
+func TestSweepAfterRestart(t *testing.T) {
+	c := startAllocd(t)
+	feedAllocd(t, c, 10, []*corev1.Service{service("ns", "web", web)},
+		[]*corev1.Pod{readyPod("ns", "p1", "10.0.0.1", web)})
+	eventuallyListed(t, c, "ns/web")
+
+	foreign := managedEndpoints("ns", "foreign", "10.0.0.9")
+	foreign.Labels = nil
+	b := startWriter(t, c, endpointsKind(c),
+		service("ns", "web", web), service("ns", "manual", nil),
+		managedEndpoints("ns", "web", "10.0.0.1"),  // as allocd's: kept, rewritten or not
+		managedEndpoints("ns", "gone", "10.0.0.2"), // allocd deleted it: its Service is gone
+		managedEndpoints("ns", "manual", "10.0.0.3"),
+		foreign)
+	eventually(t, "ns/gone deleted", func() bool {
+		_, ok := b.endpoints(t, "ns", "gone")
+		return !ok
+	})
+	b.settled(t)
+	for _, name := range []string{"web", "manual", "foreign"} {
+		if _, ok := b.endpoints(t, "ns", name); !ok {
+			t.Errorf("Endpoints ns/%s deleted by the sweep; want it kept", name)
+		}
+	}
+	if got := b.counter(t, "allocd_bridge_sweeps_total", map[string]string{"result": "done"}); got < 1 {
+		t.Errorf("allocd_bridge_sweeps_total{result=done} = %v; want at least 1", got)
+	}
+	if got := b.counter(t, "allocd_bridge_sweeps_total", map[string]string{"result": "held"}); got != 0 {
+		t.Errorf("allocd_bridge_sweeps_total{result=held} = %v; want 0", got)
+	}
+}
+
+// TestSweepHeldWhenAllocdLooksReset: allocd holds nothing (an empty data directory)
+// while the cluster has the endpoint controller's Endpoints of a live Service with a
+// selector: the bridge deletes nothing, counts the held sweep, and sweeps once allocd
+// has caught up.
+func TestSweepHeldWhenAllocdLooksReset(t *testing.T) {
+	c := startAllocd(t)
+	b := startWriter(t, c, endpointsKind(c),
+		service("ns", "web", web),
+		managedEndpoints("ns", "web", "10.0.0.1"),
+		managedEndpoints("ns", "gone", "10.0.0.2"))
+	eventually(t, "a held sweep", func() bool {
+		return b.counter(t, "allocd_bridge_sweeps_total", map[string]string{"result": "held"}) >= 2
+	})
+	b.settled(t)
+	for _, name := range []string{"web", "gone"} {
+		if _, ok := b.endpoints(t, "ns", name); !ok {
+			t.Fatalf("Endpoints ns/%s deleted while allocd looked reset; want kept", name)
+		}
+	}
+	// allocd is fed and computes ns/web: the held sweep goes through.
+	feedAllocd(t, c, 10, []*corev1.Service{service("ns", "web", web)},
+		[]*corev1.Pod{readyPod("ns", "p1", "10.0.0.1", web)})
+	eventually(t, "ns/gone deleted once allocd caught up", func() bool {
+		_, ok := b.endpoints(t, "ns", "gone")
+		return !ok
+	})
+	if _, ok := b.endpoints(t, "ns", "web"); !ok {
+		t.Errorf("Endpoints ns/web deleted; want kept")
+	}
+}
+
+// TestSweepSlices: a slice of a live Service that allocd no longer has (its ports
+// changed while no bridge ran) is deleted, as the upstream reconciler deletes the
+// slices it does not want; a slice of a Service without selector is kept.
+func TestSweepSlices(t *testing.T) {
+	c := startAllocd(t)
+	feedAllocd(t, c, 10, []*corev1.Service{service("ns", "web", web)},
+		[]*corev1.Pod{readyPod("ns", "p1", "10.0.0.1", web)})
+	eventuallyListedSlices(t, c, "ns/web")
+	b := startWriter(t, c, slicesKind(c),
+		service("ns", "web", web), service("ns", "manual", nil),
+		managedSlice("ns", "web-old", "web", 8080), managedSlice("ns", "manual-1", "manual", 80))
+	eventually(t, "ns/web-old deleted", func() bool {
+		_, err := b.kube.DiscoveryV1().EndpointSlices("ns").Get(context.Background(), "web-old",
+			metav1.GetOptions{})
+		return err != nil
+	})
+	b.settled(t)
+	if _, err := b.kube.DiscoveryV1().EndpointSlices("ns").Get(context.Background(), "manual-1",
+		metav1.GetOptions{}); err != nil {
+		t.Errorf("Get(ns/manual-1) = %v; want the slice of a Service without selector kept", err)
+	}
+	l, err := b.kube.DiscoveryV1().EndpointSlices("ns").List(context.Background(), metav1.ListOptions{})
+	var names []string
+	for _, s := range l.Items {
+		names = append(names, s.Name+" of "+s.Labels[discoveryv1.LabelServiceName])
+	}
+	if err != nil || len(l.Items) != 2 {
+		t.Errorf("List(slices) = %v, %v; want allocd's slice of ns/web and ns/manual-1", names, err)
+	}
+}
+
+func managedSlice(ns, name, svc string, port int32) *discoveryv1.EndpointSlice {
+	t := true
+	proto := corev1.ProtocolTCP
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("slice-uid-" + name),
+			ResourceVersion: "8", Labels: map[string]string{discoveryv1.LabelServiceName: svc,
+				discoveryv1.LabelManagedBy: EndpointSliceController},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: svc,
+				UID: types.UID("uid-" + svc), Controller: &t}}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}}},
+		Ports:       []discoveryv1.EndpointPort{{Port: &port, Protocol: &proto}},
+	}
+}
+
+// TestSweepPeriodic: a slice with the EndpointSlice controller's label that appears
+// after the first listing (kube-controller-manager's, written before its controller
+// was turned off) is swept at the next interval.
+func TestSweepPeriodic(t *testing.T) {
+	c := startAllocd(t)
+	feedAllocd(t, c, 10, []*corev1.Service{service("ns", "web", web)},
+		[]*corev1.Pod{readyPod("ns", "p1", "10.0.0.1", web)})
+	eventuallyListedSlices(t, c, "ns/web")
+	b := startWriter(t, c, slicesKind(c), service("ns", "web", web))
+	b.settled(t)
+	ctx := context.Background()
+	old := managedSlice("ns", "web-kcm", "web", 80)
+	_, err := b.kube.DiscoveryV1().EndpointSlices("ns").Create(ctx, old, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("Create(ns/web-kcm) = %v", err)
+	}
+	eventually(t, "ns/web-kcm swept", func() bool {
+		_, err := b.kube.DiscoveryV1().EndpointSlices("ns").Get(ctx, "web-kcm", metav1.GetOptions{})
+		return err != nil
+	})
+}

@@ -88,10 +88,16 @@ func (e *Endpoints) Leftovers(listed map[string]any) ([]string, error) {
 		ep := o.(*corev1.Endpoints)
 		key := ep.Namespace + "/" + ep.Name
 		return clusterObject{key: key, service: key, managed: ep.Labels[LabelManagedBy] == EndpointController}
-	}, e.svcs.GetStore(), listed, func(o any) string {
-		ep := o.(*allocdv1.ServiceEndpoints)
-		return ep.GetNamespace() + "/" + ep.GetName()
-	})
+	}, e.svcs.GetStore(), listed, e.ServiceOf)
+}
+
+// Services implements Kind.
+func (e *Endpoints) Services() cache.SharedIndexInformer { return e.svcs }
+
+// ServiceOf implements Kind: an Endpoints object is its Service's namesake.
+func (*Endpoints) ServiceOf(o any) string {
+	ep := o.(*allocdv1.ServiceEndpoints)
+	return ep.GetNamespace() + "/" + ep.GetName()
 }
 
 // List implements Kind: every Endpoints allocd stores, paged, read at one revision.

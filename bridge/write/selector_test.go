@@ -52,3 +52,33 @@ func TestSelectorRemovedLeftAlone(t *testing.T) {
 		t.Errorf("List(slices) = %d slices, %v; want none for a Service without selector", len(l.Items), err)
 	}
 }
+
+// TestSelectorRestoredWrittenAgain: a Service given its selector back has allocd's
+// Endpoints written over what the user wrote while it had none, without any change in
+// allocd (which kept its object all along), as upstream does on the Service's update.
+func TestSelectorRestoredWrittenAgain(t *testing.T) {
+	c := startAllocd(t)
+	feedAllocd(t, c, 10, []*corev1.Service{service("ns", "web", web)},
+		[]*corev1.Pod{readyPod("ns", "p1", "10.0.0.1", web)})
+	eventuallyListed(t, c, "ns/web")
+	mine := managedEndpoints("ns", "web", "192.0.2.1")
+	b := startWriter(t, c, endpointsKind(c), service("ns", "web", nil), mine)
+	eventually(t, "a sync of ns/web", func() bool {
+		return b.counter(t, "allocd_bridge_syncs_total", map[string]string{"kind": "endpoints"}) >= 1
+	})
+	b.settled(t)
+	if ep, ok := b.endpoints(t, "ns", "web"); !ok || ep.Subsets[0].Addresses[0].IP != "192.0.2.1" {
+		t.Fatalf("Endpoints ns/web = %+v, %v; want the user's while the Service has no selector", ep, ok)
+	}
+	restored := service("ns", "web", web)
+	restored.ResourceVersion = "2"
+	if _, err := b.kube.CoreV1().Services("ns").Update(context.Background(), restored,
+		metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("Update(Service ns/web) = %v", err)
+	}
+	eventually(t, "allocd's Endpoints of ns/web written again", func() bool {
+		ep, ok := b.endpoints(t, "ns", "web")
+		return ok && len(ep.Subsets) == 1 && len(ep.Subsets[0].Addresses) == 1 &&
+			ep.Subsets[0].Addresses[0].IP == "10.0.0.1"
+	})
+}

@@ -67,10 +67,16 @@ func (e *EndpointSlices) Leftovers(listed map[string]any) ([]string, error) {
 			service: s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName],
 			managed: s.Labels[discoveryv1.LabelManagedBy] == EndpointSliceController &&
 				s.Labels[discoveryv1.LabelServiceName] != ""}
-	}, e.svcs.GetStore(), listed, func(o any) string {
-		s := o.(*allocdv1.EndpointSlice)
-		return s.GetNamespace() + "/" + s.GetLabels()[discoveryv1.LabelServiceName]
-	})
+	}, e.svcs.GetStore(), listed, e.ServiceOf)
+}
+
+// Services implements Kind.
+func (e *EndpointSlices) Services() cache.SharedIndexInformer { return e.svcs }
+
+// ServiceOf implements Kind: a slice names its Service in its service-name label.
+func (*EndpointSlices) ServiceOf(o any) string {
+	s := o.(*allocdv1.EndpointSlice)
+	return s.GetNamespace() + "/" + s.GetLabels()[discoveryv1.LabelServiceName]
 }
 
 // Name implements Kind.

@@ -2,12 +2,15 @@ package write
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 var web = map[string]string{"app": "web"}
@@ -145,4 +148,75 @@ func TestSweepPeriodic(t *testing.T) {
 		_, err := b.kube.DiscoveryV1().EndpointSlices("ns").Get(ctx, "web-kcm", metav1.GetOptions{})
 		return err != nil
 	})
+}
+
+// TestRelistAfterResetDeletesNothing: a running bridge whose allocd comes back reset
+// (an empty data directory: its watch breaks, its listing is empty) deletes none of the
+// Endpoints it wrote, as a bridge that starts then would not: the keys missing from the
+// listing go to the sweep, which holds off.
+func TestRelistAfterResetDeletesNothing(t *testing.T) {
+	fed := startAllocd(t)
+	feedAllocd(t, fed, 10, []*corev1.Service{service("ns", "web", web)},
+		[]*corev1.Pod{readyPod("ns", "p1", "10.0.0.1", web)})
+	eventuallyListed(t, fed, "ns/web")
+	empty := startAllocd(t)
+	var k *switchKind
+	b := startWriter(t, fed, func(kube *fake.Clientset, f informers.SharedInformerFactory, m *Metrics) Kind {
+		k = &switchKind{Kind: NewEndpoints(fed, kube, f, m, false), next: NewEndpoints(empty, kube, f, m, false),
+			switched: make(chan struct{})}
+		return k
+	}, service("ns", "web", web))
+	eventually(t, "ns/web written", func() bool {
+		_, ok := b.endpoints(t, "ns", "web")
+		return ok
+	})
+	close(k.switched) // allocd is reset: the watch breaks, the bridge lists again
+	eventually(t, "a held sweep", func() bool {
+		return b.counter(t, "allocd_bridge_sweeps_total", map[string]string{"result": "held"}) >= 1
+	})
+	b.settled(t)
+	if _, ok := b.endpoints(t, "ns", "web"); !ok {
+		t.Fatal("Endpoints ns/web deleted after allocd came back reset; want kept")
+	}
+}
+
+// switchKind is a Kind that lists and watches its next Kind's allocd once switched is
+// closed, ending the watch then (an allocd replaced by a reset one).
+type switchKind struct {
+	Kind
+	next     Kind
+	switched chan struct{}
+}
+
+func (k *switchKind) current() Kind {
+	select {
+	case <-k.switched:
+		return k.next
+	default:
+		return k.Kind
+	}
+}
+
+func (k *switchKind) List(ctx context.Context) (map[string]any, int64, error) {
+	return k.current().List(ctx)
+}
+
+func (k *switchKind) Watch(ctx context.Context, rev int64, fn func(string, any, int64)) error {
+	cur := k.current()
+	if cur == k.next {
+		return cur.Watch(ctx, rev, fn)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-k.switched:
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	if err := cur.Watch(wctx, rev, fn); ctx.Err() == nil {
+		return fmt.Errorf("allocd replaced: %w", err)
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
@@ -39,6 +40,10 @@ type Kind interface {
 	// HasSynced reports whether the informers the kind reads (its objects', the
 	// Services') have synced.
 	HasSynced() bool
+	// Services is the informer of the cluster's Services the kind reads.
+	Services() cache.SharedIndexInformer
+	// ServiceOf returns namespace/name of the Service of one of allocd's objects.
+	ServiceOf(obj any) string
 	// Leftovers returns the keys of the cluster's objects that allocd's controller
 	// manages and that listed (every object allocd holds, by key) lacks, as upstream's
 	// controllers would delete them; a *ResetError when allocd looks reset.
@@ -115,7 +120,37 @@ func (w *Writer) Register() error {
 			requeue(obj)
 		},
 	})
+	if err != nil {
+		return err
+	}
+	_, err = w.kind.Services().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*corev1.Service)
+			c, ok2 := cur.(*corev1.Service)
+			if ok1 && ok2 && (o.Spec.Selector == nil) != (c.Spec.Selector == nil) {
+				w.requeueService(c.Namespace + "/" + c.Name)
+			}
+		},
+	})
 	return err
+}
+
+// requeueService queues every key of allocd's objects of the Service svc: it gained or
+// lost its selector, so what the bridge leaves alone or writes of it changed (a
+// Service given its selector back has its objects written over what someone wrote
+// meanwhile, as upstream's controllers do on the Service's update).
+func (w *Writer) requeueService(svc string) {
+	w.mu.Lock()
+	var keys []string
+	for key, obj := range w.desired {
+		if obj != nil && w.kind.ServiceOf(obj) == svc {
+			keys = append(keys, key)
+		}
+	}
+	w.mu.Unlock()
+	for _, key := range keys {
+		w.queue.Add(key)
+	}
 }
 
 // Synced reports whether allocd's objects were listed once and every key of the
@@ -165,8 +200,11 @@ func (w *Writer) Run(ctx context.Context) error {
 	return nil
 }
 
-// follow lists allocd's objects, queues every key whose state it learns (a key known
-// before and absent now was deleted), then watches from the listing's revision.
+// follow lists allocd's objects, queues every key whose state it learns, then watches
+// from the listing's revision. A key known before and absent from the listing is
+// forgotten, not deleted: the sweep that follows the listing deletes its cluster object
+// if allocd deleted it, and holds off if allocd looks reset (restored from a backup,
+// restarted on an empty data directory), where a listing lacks what allocd still wants.
 func (w *Writer) follow(ctx context.Context) error {
 	objs, rev, err := w.kind.List(ctx)
 	if err != nil {
@@ -175,8 +213,7 @@ func (w *Writer) follow(ctx context.Context) error {
 	w.mu.Lock()
 	for key := range w.desired {
 		if _, ok := objs[key]; !ok {
-			w.desired[key] = nil
-			w.queue.Add(key)
+			delete(w.desired, key)
 		}
 	}
 	for key, obj := range objs {

@@ -12,9 +12,11 @@ import (
 // allocdSide is allocd (two replicas on the shared etcd, under their own prefix) and
 // the bridge between it and one cluster.
 type allocdSide struct {
-	t            testing.TB
-	Replicas     []*proc
-	Addrs        []string
+	t        testing.TB
+	Replicas []*proc
+	Addrs    []string
+	// Metrics are the replicas' metrics addresses.
+	Metrics      []string
 	Bridge       *proc
 	Client       *client.Client
 	bridgeHealth string
@@ -42,6 +44,7 @@ func startAllocd(t testing.TB, etcd string, n int, extra ...string) *allocdSide 
 		waitHTTP(t, p, "http://"+metrics+"/metrics", "", time.Minute)
 		s.Replicas = append(s.Replicas, p)
 		s.Addrs = append(s.Addrs, grpc)
+		s.Metrics = append(s.Metrics, metrics)
 	}
 	c, err := client.New("dns:///" + s.Addrs[0])
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/x509/pkix"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -61,7 +62,11 @@ func newPair(t *testing.T) *pair {
 	p.lease = startProc(t, "allocd-bridge-lease", binary(t, "allocd-bridge"), "lease",
 		"--allocd-address="+p.allocd.target(), "--advertise-address="+advertise, "--lease-ttl=15s")
 	kubeconfig := p.bridgeKubeconfig(t)
-	p.allocd.startBridge(t, p.alc, kubeconfig, "--manage-kubernetes-service")
+	bridgeArgs := []string{"--manage-kubernetes-service"}
+	if os.Getenv("KUBE_E2E_PROFILE") != "" {
+		bridgeArgs = append(bridgeArgs, "--profiling")
+	}
+	p.allocd.startBridge(t, p.alc, kubeconfig, bridgeArgs...)
 	for _, c := range []*cluster{p.ref, p.alc} {
 		mustCreateNamespace(t, c.Admin, testNS)
 	}

@@ -29,7 +29,7 @@ An address another owner holds in allocd is reported as a conflict and left to i
 }
 
 func runImport(ctx context.Context, o *options, out io.Writer) error {
-	kube, err := o.kubeClient()
+	kube, err := o.kubeClient("import")
 	if err != nil {
 		return err
 	}

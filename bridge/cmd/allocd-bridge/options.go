@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -26,6 +27,8 @@ type options struct {
 	kubeconfig, master string
 	qps                float32
 	burst              int
+	contentType        string
+	connPerClient      bool
 
 	allocd                          string
 	allocdCA, allocdCert, allocdKey string
@@ -36,20 +39,28 @@ type options struct {
 	adopt         bool
 	kubernetesSvc bool
 	healthAddress string
+	profiling     bool
 	resync        time.Duration
 	logLevel      string
 }
 
 func defaultOptions() *options {
-	return &options{qps: 200, burst: 400, allocd: "127.0.0.1:8080", endpointSyncs: 5, sliceSyncs: 5, serviceSyncs: 5,
+	return &options{qps: 200, burst: 400, contentType: "application/vnd.kubernetes.protobuf", connPerClient: true,
+		allocd: "127.0.0.1:8080", endpointSyncs: 5, sliceSyncs: 5, serviceSyncs: 5,
 		adopt: true, healthAddress: "127.0.0.1:10260", logLevel: "info"}
 }
 
 func (o *options) addConnectionFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "path to a kubeconfig; empty: the in-cluster config")
 	fs.StringVar(&o.master, "master", o.master, "address of the API server (overrides the kubeconfig's)")
-	fs.Float32Var(&o.qps, "kube-api-qps", o.qps, "queries per second to the API server")
-	fs.IntVar(&o.burst, "kube-api-burst", o.burst, "burst of queries to the API server")
+	fs.Float32Var(&o.qps, "kube-api-qps", o.qps,
+		"queries per second to the API server, of each client (the informers', the Endpoints writer's, the EndpointSlice writer's)")
+	fs.IntVar(&o.burst, "kube-api-burst", o.burst, "burst of queries to the API server, of each client")
+	fs.StringVar(&o.contentType, "kube-api-content-type", o.contentType,
+		"content type of requests to the API server (kube-controller-manager's flag and default)")
+	fs.BoolVar(&o.connPerClient, "kube-api-connection-per-client", o.connPerClient,
+		"give the informers and each writer a connection to the API server of its own (false: one HTTP/2 "+
+			"connection carries the watches and every write, their frames in one queue on each side)")
 	fs.StringVar(&o.allocd, "allocd-address", o.allocd, "allocd: a gRPC target (host:port, dns:///name:port) or replicas host:port,host:port")
 	fs.StringVar(&o.allocdCA, "allocd-ca-file", o.allocdCA, "PEM CA bundle to verify allocd's certificate; with it allocd is reached over TLS")
 	fs.StringVar(&o.allocdCert, "allocd-cert-file", o.allocdCert, "PEM client certificate presented to allocd")
@@ -68,6 +79,8 @@ func (o *options) addRunFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.kubernetesSvc, "manage-kubernetes-service", o.kubernetesSvc,
 		"write default/kubernetes' Endpoints from allocd's master leases (kube-apiserver runs with --endpoint-reconciler-type=none)")
 	fs.StringVar(&o.healthAddress, "health-address", o.healthAddress, "host:port serving /healthz, /readyz and /metrics; empty: none")
+	fs.BoolVar(&o.profiling, "profiling", o.profiling,
+		"serve Go's profiles under /debug/pprof/ on --health-address (kube-controller-manager's flag)")
 	fs.DurationVar(&o.resync, "resync-period", o.resync, "informers' resync period; 0: none")
 }
 
@@ -79,7 +92,11 @@ func (o *options) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 }
 
-func (o *options) kubeClient() (kubernetes.Interface, error) {
+// kubeClient is a client of the API server named name (its user agent is
+// allocd-bridge/name), with a rate limit of its own: as kube-controller-manager gives
+// each controller its own client, the informers and each writer have theirs, so that
+// one's requests never wait for another's.
+func (o *options) kubeClient(name string) (kubernetes.Interface, error) {
 	var cfg *rest.Config
 	var err error
 	if o.kubeconfig == "" && o.master == "" {
@@ -91,10 +108,21 @@ func (o *options) kubeClient() (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
 	cfg.QPS, cfg.Burst = o.qps, o.burst
-	cfg.UserAgent = "allocd-bridge"
+	cfg.UserAgent = "allocd-bridge/" + name
+	// Protobuf by default, as kube-controller-manager: JSON costs the API server several
+	// times the CPU to decode each write and encode each watch event.
+	cfg.ContentType = o.contentType
+	if o.contentType != "application/json" {
+		cfg.AcceptContentTypes = o.contentType + ",application/json"
+	}
 	// Every write of an Endpoints draws the API server's deprecation warning; as
 	// kube-controller-manager's endpoint controller, the bridge writes them anyway.
 	cfg.WarningHandler = rest.NoWarnings{}
+	if o.connPerClient {
+		// A dialer of its own makes client-go build this client a transport of its own
+		// (it shares one between configs that differ in nothing it compares).
+		cfg.Dial = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	}
 	return kubernetes.NewForConfig(cfg)
 }
 

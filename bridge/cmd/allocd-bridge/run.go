@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,7 +48,7 @@ func run(ctx context.Context, o *options) error {
 	defer b.factory.Shutdown()
 	g, gctx := errgroup.WithContext(ctx)
 	if o.healthAddress != "" {
-		srv, err := b.health(o.healthAddress)
+		srv, err := b.health(o.healthAddress, o.profiling)
 		if err != nil {
 			return err
 		}
@@ -86,7 +87,7 @@ func ignoreCanceled(err error) error {
 func newBridge(o *options) (*bridge, error) {
 	b := &bridge{log: o.logger(), reg: prometheus.NewRegistry()}
 	var err error
-	if b.kube, err = o.kubeClient(); err != nil {
+	if b.kube, err = o.kubeClient("informers"); err != nil {
 		return nil, err
 	}
 	if b.c, err = o.allocdClient(); err != nil {
@@ -110,14 +111,22 @@ func newBridge(o *options) (*bridge, error) {
 		return nil, err
 	}
 	m := write.NewMetrics(b.reg)
-	eps := write.NewEndpoints(b.c, b.kube, b.factory, m, o.kubernetesSvc)
+	epsKube, err := o.kubeClient("endpoints")
+	if err != nil {
+		return nil, err
+	}
+	eps := write.NewEndpoints(b.c, epsKube, b.factory, m, o.kubernetesSvc)
 	w := write.New(b.log, eps, o.endpointSyncs, m)
 	if err := w.Register(); err != nil {
 		return nil, err
 	}
 	b.writers = append(b.writers, w)
 	if o.sliceSyncs > 0 {
-		slices := write.NewEndpointSlices(b.c, b.kube, b.factory, m, o.kubernetesSvc)
+		slicesKube, err := o.kubeClient("endpointslices")
+		if err != nil {
+			return nil, err
+		}
+		slices := write.NewEndpointSlices(b.c, slicesKube, b.factory, m, o.kubernetesSvc)
 		ws := write.New(b.log, slices, o.sliceSyncs, m)
 		if err := ws.Register(); err != nil {
 			return nil, err
@@ -137,8 +146,9 @@ func (b *bridge) listCIDRs(ctx context.Context) ([]networkingv1.ServiceCIDR, err
 }
 
 // health serves /healthz (the process runs), /readyz (informers synced, allocd's
-// objects listed, adoption run over every Service once) and /metrics.
-func (b *bridge) health(addr string) (*http.Server, error) {
+// objects listed, adoption run over every Service once), /metrics, and with profiling
+// /debug/pprof/.
+func (b *bridge) health(addr string, profiling bool) (*http.Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -155,6 +165,10 @@ func (b *bridge) health(addr string) (*http.Server, error) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(b.reg, promhttp.HandlerOpts{}))
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--health-address: %w", err)

@@ -69,8 +69,17 @@ type snapRange struct {
 	used *bitset.BitSet
 }
 
+// checkpointFormat is the format of the checkpoints this allocd writes and reads: the
+// head's fields and each range's parts, the flate-compressed words of its used bitset.
+// A replica reads only a checkpoint of its own format and lists every allocation
+// otherwise, so that a rolling upgrade that changes the format never loads an index
+// from bytes it misreads (a replica of one format may overwrite the other's checkpoint:
+// the newest wins, and the other lists at its next start).
+const checkpointFormat = 1
+
 // checkpointHead is the JSON of the head key.
 type checkpointHead struct {
+	Format int               `json:"format"`
 	Rev    int64             `json:"rev"`
 	ID     string            `json:"id"` // of the writer: the parts' directory
 	Time   time.Time         `json:"time"`
@@ -110,7 +119,7 @@ func (a *Allocator) snapshotIndex() *indexSnapshot {
 
 // encodeSnapshot returns the head and the data parts of snap.
 func encodeSnapshot(snap *indexSnapshot, now time.Time) (checkpointHead, [][]byte, error) {
-	head := checkpointHead{Rev: snap.rev, Time: now}
+	head := checkpointHead{Format: checkpointFormat, Rev: snap.rev, Time: now}
 	var parts [][]byte
 	var raw []byte
 	for _, sr := range snap.ranges {
@@ -212,6 +221,9 @@ func (a *Allocator) loadCheckpoint(ctx context.Context) error {
 	}
 	if !found || head.Rev <= 0 {
 		return errNoCheckpoint
+	}
+	if head.Format != checkpointFormat {
+		return fmt.Errorf("%w: format %d, this allocd reads %d", errNoCheckpoint, head.Format, checkpointFormat)
 	}
 	if rev := a.progress.Rev(); rev > head.Rev {
 		// An earlier try of the start brought the index past the checkpoint: the

@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"testing"
@@ -174,6 +175,34 @@ func TestCheckpointEqualsList(t *testing.T) {
 		t.Errorf("with a damaged checkpoint New loaded from %q; want list", damaged.loadedFrom)
 	}
 	checkEqualsList(t, damaged)
+
+	// Another format (a rolling upgrade's newer or older allocd wrote it): listed.
+	writer(t, e, cfg)()
+	hv, err := e.Client.Get(ctx, other.cpHeadKey)
+	if err != nil || len(hv.Kvs) != 1 {
+		t.Fatalf("checkpoint head: %v, %v", hv, err)
+	}
+	var h map[string]any
+	if err := json.Unmarshal(hv.Kvs[0].Value, &h); err != nil {
+		t.Fatal(err)
+	}
+	if h["format"] != float64(checkpointFormat) {
+		t.Fatalf("checkpoint head's format %v; want %d", h["format"], checkpointFormat)
+	}
+	h["format"] = checkpointFormat + 1
+	nb, _ := json.Marshal(h)
+	if _, err := e.Client.Put(ctx, other.cpHeadKey, string(nb)); err != nil {
+		t.Fatal(err)
+	}
+	otherFormat, err := New(ctx, e.NewClient(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if otherFormat.loadedFrom != "list" {
+		t.Errorf("with a checkpoint of format %d New loaded from %q; want list", checkpointFormat+1,
+			otherFormat.loadedFrom)
+	}
+	checkEqualsList(t, otherFormat)
 
 	// Compacted: a fresh checkpoint, more changes, then etcd compacted past it.
 	writer(t, e, cfg)()

@@ -223,7 +223,8 @@ func (a *Allocator) loadCheckpoint(ctx context.Context) error {
 		return errNoCheckpoint
 	}
 	if head.Format != checkpointFormat {
-		return fmt.Errorf("%w: format %d, this allocd reads %d", errNoCheckpoint, head.Format, checkpointFormat)
+		return fmt.Errorf("%w: format %d, this allocd reads %d", errNoCheckpoint, head.Format,
+			checkpointFormat)
 	}
 	if rev := a.progress.Rev(); rev > head.Rev {
 		// An earlier try of the start brought the index past the checkpoint: the

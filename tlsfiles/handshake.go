@@ -2,6 +2,8 @@ package tlsfiles
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -33,8 +35,9 @@ func (h *handshakes) get() error {
 // crypto/tls's or crypto/x509's own error, for errors.As: tls.RecordHeaderError when
 // the server does not speak TLS; *tls.CertificateVerificationError or an x509 error
 // when its certificate is not trusted or does not name the host; a *net.OpError whose
-// Op is "remote error" for an alert of the server. gRPC's own error of the call keeps
-// only their text.
+// Op is "remote error" for an alert of the server; ErrClosedAfterHandshake when the
+// connection ended before allocd's first byte without one. gRPC's own error of the call
+// keeps only their text.
 func (c *Client) HandshakeError() error { return c.handshakes.get() }
 
 // recording is a Client's credentials, which keep the error of every connection that
@@ -72,10 +75,25 @@ type firstRead struct {
 func (f *firstRead) Read(b []byte) (int, error) {
 	n, err := f.Conn.Read(b)
 	if (n > 0 || err != nil) && f.done.CompareAndSwap(false, true) {
-		if n > 0 {
-			err = nil
+		rec := err
+		var op *net.OpError
+		switch {
+		case n > 0:
+			rec = nil
+		case errors.As(err, &op) && op.Op == "remote error": // the server's alert: kept as it is
+		default:
+			// The connection ended before allocd's first byte: under TLS 1.3 a server that
+			// refuses the client's certificate closes it so, and the alert it sent is
+			// lost when gRPC's first write meets the closed connection first (gRPC then
+			// closes it here: "use of closed network connection").
+			rec = fmt.Errorf("%w: %w", ErrClosedAfterHandshake, err)
 		}
-		f.h.set(err)
+		f.h.set(rec)
 	}
 	return n, err
 }
+
+// ErrClosedAfterHandshake is in HandshakeError when the connection ended after the TLS
+// handshake and before allocd's first byte, without the server's alert: most often a
+// server refusing the client's certificate.
+var ErrClosedAfterHandshake = errors.New("the connection ended right after the TLS handshake")

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/allocd/allocd/client"
+	"github.com/allocd/allocd/tlsfiles"
 )
 
 // callError is a call to allocd that failed, as a command reports it.
@@ -120,6 +121,9 @@ func tlsHint(err error) string {
 	case errors.As(err, &remote) && remote.Op == "remote error" && refusals[alertOf(remote.Err)]:
 		return "allocd refused the client certificate: check --tls-cert-file and --tls-private-key-file " +
 			"against allocd's --client-ca-file, and the certificate's dates"
+	case errors.Is(err, tlsfiles.ErrClosedAfterHandshake):
+		return "allocd closed the connection as TLS started, as it does when it refuses the client " +
+			"certificate: check --tls-cert-file and --tls-private-key-file against allocd's --client-ca-file"
 	}
 	return ""
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net/http"
-	_ "net/http/pprof" // the serve mode's profiles
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -16,17 +14,13 @@ import (
 )
 
 // serveMain is `scale serve`: allocd as cmd/allocd runs it (daemon.Start, fsync on),
-// with a pprof listener, until SIGTERM or SIGKILL.
+// with its flags (--pprof-address among them: the profiles), until SIGTERM or SIGKILL.
 func serveMain(args []string) int {
 	fs := flag.NewFlagSet("scale serve", flag.ExitOnError)
 	cfg := daemon.DefaultConfig()
 	cfg.RegisterFlags(fs)
-	pprofAddr := fs.String("pprof-address", "", "net/http/pprof listen address")
 	if err := fs.Parse(args); err != nil {
 		return 2
-	}
-	if *pprofAddr != "" {
-		go func() { _ = http.ListenAndServe(*pprofAddr, nil) }()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()

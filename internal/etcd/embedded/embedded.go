@@ -41,6 +41,10 @@ type Config struct {
 	// MaxTxnOps is etcd's --max-txn-ops: the most operations of one transaction; 0:
 	// etcd's default (128).
 	MaxTxnOps uint
+	// BackendBatchInterval is etcd's --backend-batch-interval: how long etcd's backend
+	// may hold writes before it commits them to its database file, whose size in use
+	// (Status) moves only then; 0: etcd's default (100 ms).
+	BackendBatchInterval time.Duration
 }
 
 // Start starts the member and returns once it serves clients, or with an error that
@@ -73,6 +77,9 @@ func Start(ctx context.Context, c Config) (*embed.Etcd, error) {
 		cfg.InitialCluster, cfg.InitialClusterToken = c.InitialCluster, c.ClusterToken
 	}
 	cfg.UnsafeNoFsync = c.UnsafeNoFsync
+	if c.BackendBatchInterval > 0 {
+		cfg.BackendBatchInterval = c.BackendBatchInterval
+	}
 	cfg.QuotaBackendBytes = c.QuotaBackendBytes
 	if c.MaxTxnOps > 0 {
 		cfg.MaxTxnOps = c.MaxTxnOps

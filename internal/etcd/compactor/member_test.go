@@ -71,6 +71,17 @@ func (p *polled) waitReads(t *testing.T, n int64) {
 	}
 }
 
+// newEtcd starts the member of a Member test. Its backend commits every millisecond:
+// the size in use that a Member reads moves only when etcd's backend commits (every
+// 100 ms by default), a few times only in a test's real time on a fast machine, and the
+// hurries came late or not at all (2 in 100 writes; a file of 16 MiB against 12).
+func newEtcd(t *testing.T, opts ...etcdtest.Option) *etcdtest.Server {
+	t.Helper()
+	return etcdtest.New(t, append([]etcdtest.Option{func(c *embedded.Config) {
+		c.BackendBatchInterval = time.Millisecond
+	}}, opts...)...)
+}
+
 // testMember is a Member on a fake clock, polling every 20 ms of it.
 type testMember struct {
 	*Member
@@ -148,7 +159,7 @@ func dbSize(t *testing.T, e *etcdtest.Server) (size, inUse int64) {
 // the next write (TestHurry runs them through Run): on a loaded machine, a compaction
 // running behind the writes would measure the machine, not the Member.
 func TestMemberKeepsHistoryWithinBudget(t *testing.T) {
-	e := etcdtest.New(t)
+	e := newEtcd(t)
 	c := newCompactor(t, e.Client, time.Hour)
 	m := newMember(t, e, c, 1<<20, 8<<20)
 	ctx := etcdtest.Context(t)
@@ -180,7 +191,7 @@ func TestMemberKeepsHistoryWithinBudget(t *testing.T) {
 // the member and the file shrinks; Defragment does the same before Run, and only when
 // it is worth it.
 func TestMemberDefragments(t *testing.T) {
-	e := etcdtest.New(t)
+	e := newEtcd(t)
 	m := newMember(t, e, nil, 0, 2<<20)
 	ctx := etcdtest.Context(t)
 	rev := overwrite(t, e.Client, 16, 256*kib, nil)
@@ -228,10 +239,7 @@ func TestMemberDefragments(t *testing.T) {
 // pass. The test takes the Compactor's hurry requests itself and checks that the write
 // that made each revision was at least the floor before the request.
 func TestMemberHurryKeepsFloor(t *testing.T) {
-	// The size in use that the reads see moves when etcd's backend commits: every
-	// 100 ms by default, a few times only in this test's real time on a fast machine
-	// (2 hurries in 100 writes), so it commits every millisecond here.
-	e := etcdtest.New(t, func(c *embedded.Config) { c.BackendBatchInterval = time.Millisecond })
+	e := newEtcd(t)
 	c := newCompactor(t, e.Client, time.Hour) // not run: the test takes its hurries
 	const floor = 300 * time.Millisecond
 	clock := clockwork.NewFakeClock()
@@ -290,7 +298,7 @@ func TestMemberHurryKeepsFloor(t *testing.T) {
 // recommendation to defragment by hand once, not at every read. Under the cap, the
 // same member is defragmented.
 func TestMemberDefragCap(t *testing.T) {
-	e := etcdtest.New(t)
+	e := newEtcd(t)
 	var logs bytes.Buffer
 	var logMu sync.Mutex
 	clock, p := clockwork.NewFakeClock(), newPolled(e.Client)
@@ -363,7 +371,7 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 // the defragmentation gives the file back. The alarm stays raised: disarming is the
 // operator's (or allocd's at start).
 func TestMemberCompactsOutOfSpace(t *testing.T) {
-	e := etcdtest.New(t, func(c *embedded.Config) { c.QuotaBackendBytes = 8 << 20 })
+	e := newEtcd(t, func(c *embedded.Config) { c.QuotaBackendBytes = 8 << 20 })
 	c := newCompactor(t, e.Client, time.Hour)
 	m := newMember(t, e, c, 1<<20, 2<<20)
 	ctx, cancel := context.WithCancel(etcdtest.Context(t))

@@ -102,26 +102,43 @@ func (*Endpoints) ServiceOf(o any) string {
 
 // List implements Kind: every Endpoints allocd stores, paged, read at one revision.
 func (e *Endpoints) List(ctx context.Context) (map[string]any, int64, error) {
-	out := map[string]any{}
 	req := &allocdv1.ListServiceEndpointsRequest{PageSize: 5000}
+	list := func(ctx context.Context) (*allocdv1.ListServiceEndpointsResponse, error) {
+		return e.c.ListServiceEndpoints(ctx, req)
+	}
+	return listAll(ctx, &req.PageToken, list, (*allocdv1.ListServiceEndpointsResponse).GetEndpoints,
+		func(_ *allocdv1.ServiceEndpoints, key string) bool { return !e.skip(key) })
+}
+
+// listAll reads every page of one of allocd's listings (list reads the page of *token,
+// items its objects), read at the first page's revision, into a map by namespace/name
+// of the objects keep keeps; it returns the revision.
+func listAll[R interface {
+	GetRevision() int64
+	GetNextPageToken() string
+}, T interface {
+	GetNamespace() string
+	GetName() string
+}](ctx context.Context, token *string, list func(context.Context) (R, error), items func(R) []T,
+	keep func(obj T, key string) bool) (map[string]any, int64, error) {
+	out := map[string]any{}
 	var rev int64
 	for {
-		resp, err := e.c.ListServiceEndpoints(ctx, req)
+		resp, err := list(ctx)
 		if err != nil {
 			return nil, 0, err
 		}
 		if rev == 0 {
 			rev = resp.GetRevision()
 		}
-		for _, ep := range resp.GetEndpoints() {
-			if key := ep.GetNamespace() + "/" + ep.GetName(); !e.skip(key) {
-				out[key] = ep
+		for _, o := range items(resp) {
+			if key := o.GetNamespace() + "/" + o.GetName(); keep(o, key) {
+				out[key] = o
 			}
 		}
-		if resp.GetNextPageToken() == "" {
+		if *token = resp.GetNextPageToken(); *token == "" {
 			return out, rev, nil
 		}
-		req.PageToken = resp.GetNextPageToken()
 	}
 }
 

@@ -119,27 +119,12 @@ func (e *EndpointSlices) skip(s *allocdv1.EndpointSlice) bool {
 
 // List implements Kind.
 func (e *EndpointSlices) List(ctx context.Context) (map[string]any, int64, error) {
-	out := map[string]any{}
 	req := &allocdv1.ListEndpointSlicesRequest{PageSize: 5000}
-	var rev int64
-	for {
-		resp, err := e.c.ListEndpointSlices(ctx, req)
-		if err != nil {
-			return nil, 0, err
-		}
-		if rev == 0 {
-			rev = resp.GetRevision()
-		}
-		for _, s := range resp.GetEndpointSlices() {
-			if !e.skip(s) {
-				out[s.GetNamespace()+"/"+s.GetName()] = s
-			}
-		}
-		if resp.GetNextPageToken() == "" {
-			return out, rev, nil
-		}
-		req.PageToken = resp.GetNextPageToken()
+	list := func(ctx context.Context) (*allocdv1.ListEndpointSlicesResponse, error) {
+		return e.c.ListEndpointSlices(ctx, req)
 	}
+	return listAll(ctx, &req.PageToken, list, (*allocdv1.ListEndpointSlicesResponse).GetEndpointSlices,
+		func(s *allocdv1.EndpointSlice, _ string) bool { return !e.skip(s) })
 }
 
 // Watch implements Kind.

@@ -149,6 +149,31 @@ func attempt[T any](ctx context.Context, o *options, read bool,
 	}
 }
 
+// listAt lists every page of a listing read at one revision (list, its items by
+// items), calling each with every item and the revision, and page after each page; it
+// returns the revision.
+func listAt[P interface {
+	GetNextPageToken() string
+	GetRevision() int64
+}, T any](ctx context.Context, s *session, what string, token *string,
+	list func(context.Context) (P, error), items func(P) []T, each func(T, int64) error,
+	page func() error) (int64, error) {
+	var rev int64
+	err := pages(ctx, s, what, token, list, func(resp P) error {
+		rev = resp.GetRevision()
+		for _, it := range items(resp) {
+			if err := each(it, rev); err != nil {
+				return err
+			}
+		}
+		return page()
+	})
+	if err != nil {
+		return 0, err
+	}
+	return rev, nil
+}
+
 // pages reads a paged listing: list reads the page of *token (its request's page
 // token) and each takes it, until the last page. A failed call is s.fail(what).
 func pages[P interface{ GetNextPageToken() string }](ctx context.Context, s *session, what string,

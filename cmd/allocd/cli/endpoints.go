@@ -148,23 +148,10 @@ func getEndpoints(ctx context.Context, s *session, arg, namespace string) error 
 // errors.
 func listEndpoints(ctx context.Context, s *session, what string, req *allocdv1.ListServiceEndpointsRequest,
 	each func(*allocdv1.ServiceEndpoints, int64) error, page func() error) (int64, error) {
-	var rev int64
-	err := pages(ctx, s, what, &req.PageToken,
+	return listAt(ctx, s, what, &req.PageToken,
 		func(ctx context.Context) (*allocdv1.ListServiceEndpointsResponse, error) {
 			return s.c.ListServiceEndpoints(ctx, req)
-		}, func(resp *allocdv1.ListServiceEndpointsResponse) error {
-			rev = resp.GetRevision()
-			for _, ep := range resp.GetEndpoints() {
-				if err := each(ep, rev); err != nil {
-					return err
-				}
-			}
-			return page()
-		})
-	if err != nil {
-		return 0, err
-	}
-	return rev, nil
+		}, (*allocdv1.ListServiceEndpointsResponse).GetEndpoints, each, page)
 }
 
 func newWatchEndpoints(o *options) *cobra.Command {

@@ -120,23 +120,10 @@ the slice (endpointslice-controller.k8s.io; none for default/kubernetes').`,
 // returns the revision the listing was read at.
 func listSlices(ctx context.Context, s *session, what string, req *allocdv1.ListEndpointSlicesRequest,
 	each func(*allocdv1.EndpointSlice, int64) error, page func() error) (int64, error) {
-	var rev int64
-	err := pages(ctx, s, what, &req.PageToken,
+	return listAt(ctx, s, what, &req.PageToken,
 		func(ctx context.Context) (*allocdv1.ListEndpointSlicesResponse, error) {
 			return s.c.ListEndpointSlices(ctx, req)
-		}, func(resp *allocdv1.ListEndpointSlicesResponse) error {
-			rev = resp.GetRevision()
-			for _, es := range resp.GetEndpointSlices() {
-				if err := each(es, rev); err != nil {
-					return err
-				}
-			}
-			return page()
-		})
-	if err != nil {
-		return 0, err
-	}
-	return rev, nil
+		}, (*allocdv1.ListEndpointSlicesResponse).GetEndpointSlices, each, page)
 }
 
 func newWatchEndpointSlices(o *options) *cobra.Command {

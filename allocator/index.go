@@ -63,6 +63,8 @@ func (a *Allocator) reload(ctx context.Context) error {
 		r.Replace(used[r])
 	}
 	a.tab.Store(t)
+	// The watch may have lost events: the holders are listed again when next asked.
+	a.hold.drop()
 	a.advance(rev)
 	return nil
 }
@@ -247,6 +249,8 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
+	var hc []holderChange // for the holders, when kept
+	keep := a.hold.kept()
 	for _, ev := range evs {
 		if bytes.HasPrefix(ev.Kv.Key, []byte(a.cidrPrefix)) {
 			if err := a.cidrChanged(ctx, ev); err != nil {
@@ -266,6 +270,9 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 			continue
 		}
 		put := ev.Type == mvccpb.PUT
+		if keep {
+			hc = append(hc, holderChange{it: it, put: put, uid: itemUID(ev.Kv.Value, put)})
+		}
 		a.cpChanges++
 		t := a.tab.Load()
 		a.eachRange(t, it, func(r *rng, off uint64) {
@@ -277,6 +284,7 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 			r.SetUsed(off, put)
 		})
 	}
+	a.hold.apply(hc)
 	a.advance(evs[len(evs)-1].Kv.ModRevision)
 	return nil
 }

@@ -74,16 +74,38 @@ type passRun struct {
 	used []bool
 	// claims are the in-range items the snapshot uses, in snapshot order.
 	claims []claim
-	// slots indexes both by item: one map for the two, the biggest cost of a pass
+	// slots indexes both by item (its key, which the collector need not scan): one map
+	// for the two, the biggest cost of a pass
 	// after reading etcd.
-	slots map[allocator.Item]slot
+	slots map[allocator.ItemKey]slot
 	// next are the leak candidates after this pass; nil if it did not get that far.
 	next map[allocator.Item]*candidate
+	// deferred are the claims outside the pass's ranges, decided after the listing.
+	deferred []deferred
+	// kube are the keys of the kubernetes address and node port.
+	kube [2]allocator.ItemKey
+	// held marks the claims that ListExcept did not read (claims.go), by position.
+	held []bool
 }
 
-// slot is what a pass knows of one item: its allocation and its claim, if it has them.
+// claimsOf returns how many items Services use, at most: the size of a pass's maps.
+func claimsOf(svcs []Service) int {
+	n := 0
+	for i := range svcs {
+		n += len(svcs[i].ClusterIPs) + len(svcs[i].NodePorts)
+		if svcs[i].HealthCheckNodePort != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// slot is what a pass knows of one item: its allocation and its claim, if it has them,
+// and for a claim of one Service, the allocator.HolderHash of its UID (0 when two
+// Services use it, or it is reserved: the pass reads it whoever holds it).
 type slot struct {
 	alloc, claim ref
+	holder       uint64
 }
 
 // ref is a position in one of a pass's slices (allocs or claims), or none: the zero
@@ -104,6 +126,18 @@ type claim struct {
 	alloc ref // in allocs, none when not allocated
 	first user
 	more  []user // other Services using it: duplicates
+	// held: the allocator showed it held by its one user, and did not read it.
+	held bool
+}
+
+// deferred is an item outside the pass's ranges, used by u: claimed if it is
+// allocated after all (in a range added since the pass took its ranges), else
+// reported in the place at (in the report's findings) with err, the range lookup's.
+type deferred struct {
+	user
+	item allocator.Item
+	err  error
+	at   int
 }
 
 // user is a Service using an item, with the address as it wrote it.
@@ -134,17 +168,27 @@ func (p *passRun) run(ctx context.Context) error {
 	}
 	p.snap = snap
 	p.rep.SnapshotRevision = snap.Revision
-	_, p.allocs, err = p.c.store.List(ctx)
+	n := claimsOf(snap.Services)
+	p.slots = make(map[allocator.ItemKey]slot, n)
+	p.claims = make([]claim, 0, n)
+	p.kube = [2]allocator.ItemKey{allocator.IP(p.ranges.KubernetesIP).Key(),
+		allocator.Port(p.ranges.KubernetesNodePort).Key()}
+	p.collect()
+	// The allocations to look at: those of the items no Service claims, or that the
+	// allocator does not show held by the Service that claims them (claims.go).
+	p.held = make([]bool, len(p.claims))
+	_, p.allocs, err = p.c.store.ListExcept(ctx, (*passClaims)(p))
 	if err != nil {
 		return fmt.Errorf("list allocations: %w", err)
 	}
-	p.slots = make(map[allocator.Item]slot, len(p.allocs)+len(p.allocs)/8)
-	for i := range p.allocs {
-		p.slots[p.allocs[i].Item] = slot{alloc: refTo(i)}
+	for i, h := range p.held {
+		p.claims[i].held = h
 	}
 	p.used = make([]bool, len(p.allocs))
-	p.claims = make([]claim, 0, len(p.allocs))
-	if err := p.collect(); err != nil {
+	for i := range p.allocs {
+		p.allocated(i)
+	}
+	if err := p.resolveDeferred(); err != nil {
 		return err
 	}
 	if err := p.checkCurrent(ctx); err != nil {
@@ -194,8 +238,9 @@ func (p *passRun) checkCurrent(ctx context.Context) error {
 }
 
 // collect rebuilds the expected state: one claim per item the snapshot uses, and a
-// finding for each address or port that cannot be used.
-func (p *passRun) collect() error {
+// finding for each address that cannot be used. An item outside the pass's ranges
+// waits for the allocations (deferred): allocated, it is claimed as any other.
+func (p *passRun) collect() {
 	svcs := p.snap.Services
 	for i := range svcs {
 		svc := &svcs[i]
@@ -209,68 +254,115 @@ func (p *passRun) collect() error {
 				p.add(bad.finding(msgNotValid, bad.what()))
 				continue
 			}
-			if err := p.claimItem(int32(i), allocator.IP(a), raw); err != nil {
-				return err
-			}
+			p.claimItem(int32(i), allocator.IP(a), raw)
 		}
 		for _, np := range svc.NodePorts {
 			if np.Port != 0 {
-				if err := p.claimItem(int32(i), allocator.Port(np.Port), ""); err != nil {
-					return err
-				}
+				p.claimItem(int32(i), allocator.Port(np.Port), "")
 			}
 		}
 		if svc.HealthCheckNodePort != 0 {
-			if err := p.claimItem(int32(i), allocator.Port(svc.HealthCheckNodePort), ""); err != nil {
-				return err
-			}
+			p.claimItem(int32(i), allocator.Port(svc.HealthCheckNodePort), "")
 		}
 	}
-	return nil
 }
 
-// claimItem records that Service svc uses it, or reports why it cannot.
-func (p *passRun) claimItem(svc int32, it allocator.Item, raw string) error {
-	sl := p.slots[it]
+// claimItem records that Service svc uses it; an item outside the pass's ranges is
+// deferred, with a place kept for its finding.
+func (p *passRun) claimItem(svc int32, it allocator.Item, raw string) {
+	k := it.Key()
+	sl := p.slots[k]
 	if c, ok := sl.claim.get(); ok {
 		p.claims[c].addUser(user{svc: svc, raw: raw})
-		return nil
-	}
-	var rng string
-	if a, ok := sl.alloc.get(); ok {
-		rng = p.allocs[a].Range // allocated, so in its range: no need to ask
-	} else {
-		var err error
-		if rng, err = p.ranges.Of(it); err != nil {
-			return p.notInRange(svc, it, raw, err)
+		if len(p.claims[c].more) > 0 && sl.holder != 0 {
+			sl.holder = 0
+			p.slots[k] = sl
 		}
+		return
 	}
-	p.slots[it] = slot{alloc: sl.alloc, claim: refTo(len(p.claims))}
-	p.claims = append(p.claims, claim{item: it, rng: rng, alloc: sl.alloc, first: user{svc: svc, raw: raw}})
+	rng, err := p.ranges.Of(it)
+	if err != nil {
+		p.deferred = append(p.deferred, deferred{user: user{svc: svc, raw: raw}, item: it, err: err,
+			at: len(p.rep.Findings)})
+		p.rep.Findings = append(p.rep.Findings, Finding{}) // its place, filled by resolveDeferred
+		return
+	}
+	var h uint64
+	if k != p.kube[0] && k != p.kube[1] {
+		h = allocator.HolderHash(p.snap.Services[svc].UID) | 1 // never 0
+	}
+	p.slots[k] = slot{claim: refTo(len(p.claims)), holder: h}
+	p.claims = append(p.claims, claim{item: it, rng: rng, first: user{svc: svc, raw: raw}})
+}
+
+// allocated records allocation i in its slot and in its claim, whose range it becomes.
+func (p *passRun) allocated(i int) {
+	al := &p.allocs[i]
+	k := al.Item.Key()
+	sl := p.slots[k]
+	sl.alloc = refTo(i)
+	p.slots[k] = sl
+	if c, ok := sl.claim.get(); ok {
+		p.claims[c].alloc, p.claims[c].rng = sl.alloc, al.Range
+	}
+}
+
+// resolveDeferred claims the deferred items that are allocated (their range is the
+// allocation's) and reports the others, in the places kept for them.
+func (p *passRun) resolveDeferred() error {
+	drop := map[int]bool{}
+	for _, d := range p.deferred {
+		k := d.item.Key()
+		sl := p.slots[k]
+		if c, ok := sl.claim.get(); ok {
+			p.claims[c].addUser(d.user)
+			drop[d.at] = true
+			continue
+		}
+		if a, ok := sl.alloc.get(); ok {
+			p.slots[k] = slot{alloc: sl.alloc, claim: refTo(len(p.claims))}
+			p.claims = append(p.claims,
+				claim{item: d.item, rng: p.allocs[a].Range, alloc: sl.alloc, first: d.user})
+			drop[d.at] = true
+			continue
+		}
+		f, err := p.notInRange(d.user.svc, d.item, d.user.raw, d.err)
+		if err != nil {
+			return err
+		}
+		p.place(d.at, f)
+	}
+	if len(drop) > 0 {
+		fs := p.rep.Findings[:0]
+		for i, f := range p.rep.Findings {
+			if !drop[i] {
+				fs = append(fs, f)
+			}
+		}
+		p.rep.Findings = fs
+	}
 	return nil
 }
 
-// notInRange reports why Service svc cannot use it, from err, the error of the
-// range lookup; an error that says nothing about the item is returned.
-func (p *passRun) notInRange(svc int32, it allocator.Item, raw string, err error) error {
+// notInRange returns the finding of why Service svc cannot use it, from err, the error
+// of the range lookup; an error that says nothing about the item is returned.
+func (p *passRun) notInRange(svc int32, it allocator.Item, raw string, err error) (Finding, error) {
 	a := about{item: it, raw: raw, owner: owner(&p.snap.Services[svc])}
 	var nir *allocator.NotInRangeError
 	switch {
 	case it.Kind == allocator.KindClusterIP && errors.Is(err, allocator.ErrNoRange):
-		p.add(a.finding(msgNoFamily, a.what()))
+		return a.finding(msgNoFamily, a.what()), nil
 	case errors.As(err, &nir) && it.Kind == allocator.KindClusterIP:
 		a.rng = nir.Range
-		p.add(a.finding(msgIPOutOfRange, a.what(), a.rng))
+		return a.finding(msgIPOutOfRange, a.what(), a.rng), nil
 	case errors.As(err, &nir) || errors.Is(err, allocator.ErrNoRange) || errors.Is(err, allocator.ErrInvalid):
 		a.rng = p.ranges.NodePort.String()
 		if nir != nil {
 			a.rng = nir.Range
 		}
-		p.add(a.finding(msgPortOutOfRange, a.what(), a.rng))
-	default:
-		return fmt.Errorf("range of %v: %w", it, err)
+		return a.finding(msgPortOutOfRange, a.what(), a.rng), nil
 	}
-	return nil
+	return Finding{}, fmt.Errorf("range of %v: %w", it, err)
 }
 
 // about is what a finding about claim cl for its user u is about.
@@ -284,6 +376,8 @@ func (p *passRun) check(ctx context.Context, cl *claim) error {
 	if i, ok := cl.alloc.get(); ok {
 		p.used[i] = true
 		al = &p.allocs[i]
+	} else if cl.held {
+		return nil // held by the one Service that uses it: not read (ListExcept)
 	}
 	if p.ranges.IsReserved(cl.item) {
 		return p.checkReserved(ctx, cl, al)

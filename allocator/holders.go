@@ -26,7 +26,7 @@ import (
 // map key the collector does not scan, and cheaper to hash than an Item.
 type ItemKey struct {
 	addr [16]byte
-	port uint16
+	port int64 // any int: a bad port of a Service must not alias a good one
 	kind uint8
 	is4  bool
 }
@@ -36,7 +36,7 @@ func (it Item) Key() ItemKey {
 	if it.Kind == KindClusterIP {
 		return ItemKey{addr: it.Addr.As16(), kind: uint8(it.Kind), is4: it.Addr.Is4()}
 	}
-	return ItemKey{port: uint16(it.Port), kind: uint8(it.Kind)}
+	return ItemKey{port: int64(it.Port), kind: uint8(it.Kind)}
 }
 
 // Item returns the item of k.
@@ -52,8 +52,7 @@ func (k ItemKey) Item() Item {
 
 // holders is the Allocator's map of holders and how far it is.
 type holders struct {
-	hseed maphash.Seed // set by New
-	mu    sync.Mutex
+	mu sync.Mutex
 	// m maps every allocated item to the hash of its owner's UID; nil while not kept.
 	m map[ItemKey]uint64
 	// touched, while a listing seeds m, holds the items the watch changed since the
@@ -77,12 +76,17 @@ func (h *holders) kept() bool {
 	return h.m != nil
 }
 
-// start begins keeping m: from now on the watch records every change, and the listing
-// that follows fills in the rest (fill).
-func (h *holders) start() {
+// start begins keeping m unless it is kept already, and reports whether it did: from
+// now on the watch records every change, and the listing that follows fills in the
+// rest (fill).
+func (h *holders) start() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.m != nil {
+		return false
+	}
 	h.m, h.touched, h.seeded = map[ItemKey]uint64{}, map[ItemKey]struct{}{}, 0
+	return true
 }
 
 // fill fills m with the allocations of a listing at rev, except the items the watch
@@ -103,7 +107,9 @@ func (h *holders) fill(rev int64, all []Allocation) {
 	h.touched, h.seeded = nil, rev
 }
 
-// drop stops keeping m: the watch lost events (a compaction), or a seeding failed.
+// drop stops keeping m: the watch lost events (a compaction), the ranges changed (List,
+// which seeds m, leaves out the items outside every range: a new range may hold one),
+// or a seeding failed.
 func (h *holders) drop() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -190,7 +196,7 @@ type Claims interface {
 // quarter of the allocations (and more than a transaction's worth) are to be read,
 // it lists them all.
 func (a *Allocator) ListExcept(ctx context.Context, c Claims) (int64, []Allocation, error) {
-	if !a.hold.kept() {
+	if a.hold.start() {
 		return a.seedHolders(ctx)
 	}
 	if err := a.Sync(ctx); err != nil {
@@ -213,9 +219,8 @@ func (a *Allocator) ListExcept(ctx context.Context, c Claims) (int64, []Allocati
 	return a.readItems(ctx, read)
 }
 
-// seedHolders lists every allocation and seeds the holders with them.
+// seedHolders lists every allocation and seeds the holders (started) with them.
 func (a *Allocator) seedHolders(ctx context.Context) (int64, []Allocation, error) {
-	a.hold.start()
 	rev, all, err := a.List(ctx)
 	if err != nil {
 		a.hold.drop()

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
@@ -125,6 +126,13 @@ func TestListExcept(t *testing.T) {
 	if _, err := a.Assign(ctx, owner("new"), IP(netip.MustParseAddr("10.0.0.200"))); err != nil {
 		t.Fatal(err)
 	}
+	// items[1] (moved) is read: its claimant no longer holds it; 10.0.0.200 and the
+	// kubernetes address have no claimant; items[0] (released) is neither read nor held.
+	if n := checkListExcept(t, a, uids); n != 3 {
+		t.Errorf("ListExcept after changes read %d; want 3", n)
+	}
+
+	// A new range: the holders are listed again, then kept with its items.
 	if _, err := a.CreateServiceCIDR(ctx, "extra", []string{"10.1.0.0/24"}); err != nil {
 		t.Fatal(err)
 	}
@@ -133,11 +141,11 @@ func TestListExcept(t *testing.T) {
 		t.Fatal(err)
 	}
 	uids[extra] = "x"
-	// items[1] (moved) is read: its claimant no longer holds it; 10.0.0.200 and the
-	// kubernetes address have no claimant; items[0] (released) is neither read nor
-	// held; extra is held by its claimant.
+	if n := checkListExcept(t, a, uids); n != len(items)+2 {
+		t.Errorf("ListExcept after a new range read %d; want all %d", n, len(items)+2)
+	}
 	if n := checkListExcept(t, a, uids); n != 3 {
-		t.Errorf("ListExcept after changes read %d; want 3", n)
+		t.Errorf("ListExcept after that read %d; want 3", n)
 	}
 }
 
@@ -213,4 +221,26 @@ func TestListExceptAfterCompaction(t *testing.T) {
 	if n := checkListExcept(t, a, uids); n != len(items)+1 {
 		t.Errorf("ListExcept after a re-list read %d; want all %d", n, len(items)+1)
 	}
+}
+
+// TestListExceptItemOutsideRanges: an item key outside every range when the holders
+// are seeded (List leaves it out) and inside one later (a ServiceCIDR created over it)
+// is read: the range change drops the holders.
+func TestListExceptItemOutsideRanges(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24"))
+	stray := IP(netip.MustParseAddr("10.1.0.9"))
+	if _, err := e.Client.Put(ctx, a.key(stray), string(appendItemValue(nil, owner("x"), time.Now()))); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkListExcept(t, a, map[Item]string{}) // seeds, without the stray key
+	if _, err := a.CreateServiceCIDR(ctx, "extra", []string{"10.1.0.0/24"}); err != nil {
+		t.Fatal(err)
+	}
+	checkListExcept(t, a, map[Item]string{})
+	checkListExcept(t, a, map[Item]string{stray: "x"})
 }

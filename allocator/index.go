@@ -314,6 +314,9 @@ func (a *Allocator) cidrChanged(ctx context.Context, ev *clientv3.Event) error {
 		a.log.Info("ServiceCIDR removed", "name", name, "revision", ev.Kv.ModRevision)
 	}
 	t, fresh := a.buildTable(cidrs)
+	// An item outside every range, left out of the holders' listing, may be in a new
+	// one: they are listed again when next asked.
+	a.hold.drop()
 	if len(fresh) > 0 {
 		used := make(map[*rng]*bitset.BitSet, len(fresh))
 		for _, r := range fresh {

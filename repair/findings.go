@@ -226,13 +226,7 @@ func (a about) what() string {
 
 // add records a finding: in the report, as a log line and (unless a dry run) as a metric.
 func (p *passRun) add(f Finding) {
-	p.rep.Findings = append(p.rep.Findings, Finding{})
-	p.place(len(p.rep.Findings)-1, f)
-}
-
-// place records a finding as add does, in the report at a place kept for it.
-func (p *passRun) place(at int, f Finding) {
-	p.rep.Findings[at] = f
+	p.rep.Findings = append(p.rep.Findings, f)
 	p.rep.Counts[f.Reason]++
 	attrs := []slog.Attr{
 		slog.String("reason", string(f.Reason)),

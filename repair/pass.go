@@ -80,8 +80,8 @@ type passRun struct {
 	slots map[allocator.ItemKey]slot
 	// next are the leak candidates after this pass; nil if it did not get that far.
 	next map[allocator.Item]*candidate
-	// deferred are the claims outside the pass's ranges, decided after the listing.
-	deferred []deferred
+	// early is what collect found, recorded after the listing.
+	early []early
 	// kube are the keys of the kubernetes address and node port.
 	kube [2]allocator.ItemKey
 	// held marks the claims that ListExcept did not read (claims.go), by position.
@@ -101,8 +101,9 @@ func claimsOf(svcs []Service) int {
 }
 
 // slot is what a pass knows of one item: its allocation and its claim, if it has them,
-// and for a claim of one Service, the allocator.HolderHash of its UID (0 when two
-// Services use it, or it is reserved: the pass reads it whoever holds it).
+// and for a claim of one Service, the allocator.HolderHash of its UID with the low bit
+// set (claims.go; 0 when two Services use it, or it is reserved: the pass reads it
+// whoever holds it).
 type slot struct {
 	alloc, claim ref
 	holder       uint64
@@ -130,14 +131,16 @@ type claim struct {
 	held bool
 }
 
-// deferred is an item outside the pass's ranges, used by u: claimed if it is
-// allocated after all (in a range added since the pass took its ranges), else
-// reported in the place at (in the report's findings) with err, the range lookup's.
-type deferred struct {
+// early is what collect finds before the allocations are read, recorded after they
+// are, in the order found (so that a pass that cannot read them records nothing): a
+// finding f, or an item outside the pass's ranges used by a user, which is claimed if
+// it is allocated after all (in a range added since the pass took its ranges), else
+// reported with err, the range lookup's.
+type early struct {
+	f Finding
 	user
-	item allocator.Item
+	item allocator.Item // KindClusterIP or KindNodePort when an item, zero for f
 	err  error
-	at   int
 }
 
 // user is a Service using an item, with the address as it wrote it.
@@ -188,7 +191,7 @@ func (p *passRun) run(ctx context.Context) error {
 	for i := range p.allocs {
 		p.allocated(i)
 	}
-	if err := p.resolveDeferred(); err != nil {
+	if err := p.recordEarly(); err != nil {
 		return err
 	}
 	if err := p.checkCurrent(ctx); err != nil {
@@ -238,8 +241,8 @@ func (p *passRun) checkCurrent(ctx context.Context) error {
 }
 
 // collect rebuilds the expected state: one claim per item the snapshot uses, and a
-// finding for each address that cannot be used. An item outside the pass's ranges
-// waits for the allocations (deferred): allocated, it is claimed as any other.
+// finding for each address that cannot be used (early). An item outside the pass's
+// ranges waits for the allocations (early): allocated, it is claimed as any other.
 func (p *passRun) collect() {
 	svcs := p.snap.Services
 	for i := range svcs {
@@ -251,7 +254,7 @@ func (p *passRun) collect() {
 			a, err := netip.ParseAddr(raw)
 			if err != nil || a.Zone() != "" {
 				bad := about{item: allocator.Item{Kind: allocator.KindClusterIP}, raw: raw, owner: owner(svc)}
-				p.add(bad.finding(msgNotValid, bad.what()))
+				p.early = append(p.early, early{f: bad.finding(msgNotValid, bad.what())})
 				continue
 			}
 			p.claimItem(int32(i), allocator.IP(a), raw)
@@ -267,8 +270,8 @@ func (p *passRun) collect() {
 	}
 }
 
-// claimItem records that Service svc uses it; an item outside the pass's ranges is
-// deferred, with a place kept for its finding.
+// claimItem records that Service svc uses it; an item outside the pass's ranges waits
+// for the listing (early).
 func (p *passRun) claimItem(svc int32, it allocator.Item, raw string) {
 	k := it.Key()
 	sl := p.slots[k]
@@ -282,9 +285,7 @@ func (p *passRun) claimItem(svc int32, it allocator.Item, raw string) {
 	}
 	rng, err := p.ranges.Of(it)
 	if err != nil {
-		p.deferred = append(p.deferred, deferred{user: user{svc: svc, raw: raw}, item: it, err: err,
-			at: len(p.rep.Findings)})
-		p.rep.Findings = append(p.rep.Findings, Finding{}) // its place, filled by resolveDeferred
+		p.early = append(p.early, early{user: user{svc: svc, raw: raw}, item: it, err: err})
 		return
 	}
 	var h uint64
@@ -307,39 +308,32 @@ func (p *passRun) allocated(i int) {
 	}
 }
 
-// resolveDeferred claims the deferred items that are allocated (their range is the
-// allocation's) and reports the others, in the places kept for them.
-func (p *passRun) resolveDeferred() error {
-	drop := map[int]bool{}
-	for _, d := range p.deferred {
-		k := d.item.Key()
+// recordEarly records what collect found, in order: its findings, and the items
+// outside the pass's ranges, claimed when allocated (their range is the allocation's)
+// and reported otherwise.
+func (p *passRun) recordEarly() error {
+	for _, e := range p.early {
+		if e.item.Kind == 0 {
+			p.add(e.f)
+			continue
+		}
+		k := e.item.Key()
 		sl := p.slots[k]
 		if c, ok := sl.claim.get(); ok {
-			p.claims[c].addUser(d.user)
-			drop[d.at] = true
+			p.claims[c].addUser(e.user)
 			continue
 		}
 		if a, ok := sl.alloc.get(); ok {
 			p.slots[k] = slot{alloc: sl.alloc, claim: refTo(len(p.claims))}
 			p.claims = append(p.claims,
-				claim{item: d.item, rng: p.allocs[a].Range, alloc: sl.alloc, first: d.user})
-			drop[d.at] = true
+				claim{item: e.item, rng: p.allocs[a].Range, alloc: sl.alloc, first: e.user})
 			continue
 		}
-		f, err := p.notInRange(d.user.svc, d.item, d.user.raw, d.err)
+		f, err := p.notInRange(e.svc, e.item, e.raw, e.err)
 		if err != nil {
 			return err
 		}
-		p.place(d.at, f)
-	}
-	if len(drop) > 0 {
-		fs := p.rep.Findings[:0]
-		for i, f := range p.rep.Findings {
-			if !drop[i] {
-				fs = append(fs, f)
-			}
-		}
-		p.rep.Findings = fs
+		p.add(f)
 	}
 	return nil
 }

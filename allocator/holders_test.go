@@ -231,7 +231,8 @@ func TestListExceptItemOutsideRanges(t *testing.T) {
 	ctx := etcdtest.Context(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24"))
 	stray := IP(netip.MustParseAddr("10.1.0.9"))
-	if _, err := e.Client.Put(ctx, a.key(stray), string(appendItemValue(nil, owner("x"), time.Now()))); err != nil {
+	v := appendItemValue(nil, owner("x"), time.Now())
+	if _, err := e.Client.Put(ctx, a.key(stray), string(v)); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Sync(ctx); err != nil {

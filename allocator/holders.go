@@ -50,48 +50,54 @@ func (k ItemKey) Item() Item {
 	return IP(netip.AddrFrom16(k.addr))
 }
 
-// holders is the Allocator's map of holders and how far it is.
+// holders is the Allocator's record of who holds every item, and how far it is.
 type holders struct {
 	mu sync.Mutex
-	// m maps every allocated item to the hash of its owner's UID; nil while not kept.
-	m map[ItemKey]uint64
-	// touched, while a listing seeds m, holds the items the watch changed since the
-	// seeding started: m has their newer state, which the listing must not overwrite.
+	// idx maps every allocated item to its place in hs, which holds the HolderHash of
+	// its owner's UID with the low bit set (0: a free place, listed in free); idx is
+	// nil while the holders are not kept.
+	idx  map[ItemKey]int32
+	hs   []uint64
+	free []int32
+	// touched, while a listing seeds them, holds the items the watch changed since the
+	// seeding started: the holders have their newer state, which the listing must not
+	// overwrite.
 	touched map[ItemKey]struct{}
-	// seeded is the revision of the listing that seeded m (0 while seeding): m equals
-	// etcd's item keys once the index reflects it.
+	// seeded is the revision of the listing that seeded them (0 while seeding): they
+	// equal etcd's item keys once the index reflects it.
 	seeded int64
 }
 
 // holderSeed seeds HolderHash: the holders live in memory only.
 var holderSeed = maphash.MakeSeed()
 
-// HolderHash is the hash of an owner's UID that ListExcept hands to Claims.Claim.
+// HolderHash is the hash of an owner's UID that a Claim names its holder by.
 func HolderHash(uid string) uint64 { return maphash.String(holderSeed, uid) }
 
-// kept reports whether m is kept, seeded or seeding.
+// kept reports whether the holders are kept, seeded or seeding.
 func (h *holders) kept() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.m != nil
+	return h.idx != nil
 }
 
-// start begins keeping m unless it is kept already, and reports whether it did: from
-// now on the watch records every change, and the listing that follows fills in the
-// rest (fill).
+// start begins keeping the holders unless they are kept already, and reports whether
+// it did: from now on the watch records every change, and the listing that follows
+// fills in the rest (fill).
 func (h *holders) start() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.m != nil {
+	if h.idx != nil {
 		return false
 	}
-	h.m, h.touched, h.seeded = map[ItemKey]uint64{}, map[ItemKey]struct{}{}, 0
+	h.idx, h.hs, h.free = map[ItemKey]int32{}, nil, nil
+	h.touched, h.seeded = map[ItemKey]struct{}{}, 0
 	return true
 }
 
-// fill fills m with the allocations of a listing at rev, except the items the watch
-// changed since start (m has them, newer or to be corrected by events still to come).
-// It does nothing if the holders were dropped meanwhile.
+// fill fills the holders with the allocations of a listing at rev, except the items
+// the watch changed since start (they have those, newer or to be corrected by events
+// still to come). It does nothing if the holders were dropped meanwhile.
 func (h *holders) fill(rev int64, all []Allocation) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -101,19 +107,35 @@ func (h *holders) fill(rev int64, all []Allocation) {
 	for i := range all {
 		k := all[i].Item.Key()
 		if _, ok := h.touched[k]; !ok {
-			h.m[k] = HolderHash(all[i].Owner.UID)
+			h.set(k, HolderHash(all[i].Owner.UID))
 		}
 	}
 	h.touched, h.seeded = nil, rev
 }
 
-// drop stops keeping m: the watch lost events (a compaction), the ranges changed (List,
-// which seeds m, leaves out the items outside every range: a new range may hold one),
-// or a seeding failed.
+// drop stops keeping the holders: the watch lost events (a compaction), the ranges
+// changed (List, which seeds them, leaves out the items outside every range: a new
+// range may hold one), or a seeding failed.
 func (h *holders) drop() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.m, h.touched, h.seeded = nil, nil, 0
+	h.idx, h.hs, h.free, h.touched, h.seeded = nil, nil, nil, nil, 0
+}
+
+// set records that the owner of UID hash holds k.
+func (h *holders) set(k ItemKey, hash uint64) {
+	if i, ok := h.idx[k]; ok {
+		h.hs[i] = hash | 1
+		return
+	}
+	var i int32
+	if n := len(h.free); n > 0 {
+		i, h.free = h.free[n-1], h.free[:n-1]
+	} else {
+		i = int32(len(h.hs))
+		h.hs = append(h.hs, 0)
+	}
+	h.hs[i], h.idx[k] = hash|1, i
 }
 
 // holderChange is one change of an item key, as the watch applies it.
@@ -127,15 +149,17 @@ type holderChange struct {
 func (h *holders) apply(cs []holderChange) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.m == nil {
+	if h.idx == nil {
 		return
 	}
 	for _, c := range cs {
 		k := c.it.Key()
-		if c.put {
-			h.m[k] = maphash.Bytes(holderSeed, c.uid)
-		} else {
-			delete(h.m, k)
+		switch i, ok := h.idx[k]; {
+		case c.put:
+			h.set(k, maphash.Bytes(holderSeed, c.uid))
+		case ok:
+			delete(h.idx, k)
+			h.hs[i], h.free = 0, append(h.free, i)
 		}
 		if h.touched != nil {
 			h.touched[k] = struct{}{}
@@ -155,47 +179,53 @@ func itemUID(v []byte, put bool) []byte {
 	return []byte(o.UID)
 }
 
-// holderEntry is one item of m and its owner's hash.
-type holderEntry struct {
-	k ItemKey
-	h uint64
+// Claim is an item that a caller (a repair pass) expects held by the owner whose
+// UID's HolderHash is Holder; 0: no owner is expected, the item is read whoever holds
+// it.
+type Claim struct {
+	Key    ItemKey
+	Holder uint64
 }
 
-// entries copies m, if it is seeded at a revision the index reflects (progress); nil
-// otherwise.
-func (h *holders) entries(progress int64) []holderEntry {
+// check marks held[i] for every claim the holders show held by its Holder, and
+// returns the items to read: those of the claims not held, and every item held that
+// no claim marked. ok is false when the holders are not seeded at a revision the
+// index reflects (progress): then nothing is marked.
+func (h *holders) check(progress int64, claims []Claim, held []bool) (read []ItemKey, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.m == nil || h.seeded == 0 || h.seeded > progress {
-		return nil
+	if h.idx == nil || h.seeded == 0 || h.seeded > progress {
+		return nil, false
 	}
-	es := make([]holderEntry, 0, len(h.m))
-	for k, v := range h.m {
-		es = append(es, holderEntry{k, v})
+	seen := make([]bool, len(h.hs))
+	for i, c := range claims {
+		if j, ok := h.idx[c.Key]; ok && c.Holder != 0 && h.hs[j] == c.Holder|1 {
+			held[i], seen[j] = true, true
+		} else {
+			read = append(read, c.Key)
+		}
 	}
-	return es
+	for k, j := range h.idx {
+		if !seen[j] {
+			read = append(read, k)
+		}
+	}
+	return read, true
 }
 
-// Claims is what ListExcept asks of its caller (a repair pass) about each allocated
-// item.
-type Claims interface {
-	// Claim is asked about the allocated item k, held (the index shows) by the owner
-	// whose UID's HolderHash is held: it returns whether k must be read. When it
-	// returns false, the caller takes k as held by its claimant, whether or not
-	// ListExcept's result has it (it has when ListExcept listed everything after all).
-	Claim(k ItemKey, held uint64) (read bool)
-}
-
-// ListExcept reads the allocations a repair pass must look at, at the revision it
-// returns: every allocation, except those of the items that the index (at a revision
-// at least as new as any write acknowledged before the call, and not newer than the
-// one returned) shows held by their claimant: c.Claim said so.
+// ListExcept reads the allocations a repair pass must look at. It marks held[i]
+// (len(held) == len(claims)) for every claim that the index shows held by its Holder,
+// at a revision at least as new as any write acknowledged before the call and not
+// newer than the one returned; it returns, read at that revision, the allocation of
+// every other item: the items of the claims not held, and those no claim names.
 //
-// The first call lists every allocation (as List, asking c nothing) and seeds the
-// holders; so does a call after the allocation watch was compacted. When more than a
-// quarter of the allocations (and more than a transaction's worth) are to be read,
-// it lists them all.
-func (a *Allocator) ListExcept(ctx context.Context, c Claims) (int64, []Allocation, error) {
+// The first call lists every allocation (as List, marking nothing) and seeds the
+// holders; so does a call after the allocation watch was compacted or the ranges
+// changed. When more than a quarter of the allocations (and more than a transaction's
+// worth) are to be read, it lists them all, marking nothing. The index's watch waits
+// while the claims are checked (about a tenth of a second per million).
+func (a *Allocator) ListExcept(ctx context.Context, claims []Claim, held []bool) (
+	int64, []Allocation, error) {
 	if a.hold.start() {
 		return a.seedHolders(ctx)
 	}
@@ -203,20 +233,23 @@ func (a *Allocator) ListExcept(ctx context.Context, c Claims) (int64, []Allocati
 		a.log.Debug("allocation index not current; listing every allocation", "err", err)
 		return a.List(ctx)
 	}
-	es := a.hold.entries(a.progress.Rev())
-	if es == nil {
+	read, ok := a.hold.check(a.progress.Rev(), claims, held)
+	if !ok {
 		return a.List(ctx) // still seeding
 	}
-	var read []Item
-	for _, e := range es {
-		if c.Claim(e.k, e.h) {
-			read = append(read, e.k.Item())
-		}
-	}
-	if len(read) > max(len(es)/4, maxTxnOps) {
+	if len(read) > max(len(claims)/4, maxTxnOps) {
+		clear(held)
 		return a.List(ctx) // cheaper than reading them one by one
 	}
-	return a.readItems(ctx, read)
+	items := make([]Item, 0, len(read))
+	once := make(map[ItemKey]struct{}, len(read))
+	for _, k := range read {
+		if _, dup := once[k]; !dup {
+			once[k] = struct{}{}
+			items = append(items, k.Item())
+		}
+	}
+	return a.readItems(ctx, items)
 }
 
 // seedHolders lists every allocation and seeds the holders (started) with them.

@@ -13,7 +13,8 @@ import (
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
 
-// claimSet is a Claims of fixed claimants, recording what ListExcept skipped.
+// claimSet calls ListExcept with one claim per item of uids, and records what it
+// marked held.
 type claimSet struct {
 	uid  map[Item]string
 	held map[Item]bool
@@ -21,13 +22,21 @@ type claimSet struct {
 
 func newClaims(uids map[Item]string) *claimSet { return &claimSet{uid: uids, held: map[Item]bool{}} }
 
-func (c *claimSet) Claim(k ItemKey, held uint64) bool {
-	it := k.Item()
-	if u, ok := c.uid[it]; ok && HolderHash(u) == held {
-		c.held[it] = true
-		return false
+func (c *claimSet) listExcept(ctx context.Context, a *Allocator) (int64, []Allocation, error) {
+	var claims []Claim
+	var items []Item
+	for it, uid := range c.uid {
+		claims = append(claims, Claim{Key: it.Key(), Holder: HolderHash(uid)})
+		items = append(items, it)
 	}
-	return true
+	held := make([]bool, len(claims))
+	rev, all, err := a.ListExcept(ctx, claims, held)
+	for i, h := range held {
+		if h {
+			c.held[items[i]] = true
+		}
+	}
+	return rev, all, err
 }
 
 // checkListExcept calls ListExcept with claimants uids and fails the test unless
@@ -39,7 +48,7 @@ func checkListExcept(t *testing.T, a *Allocator, uids map[Item]string) int {
 	t.Helper()
 	ctx := etcdtest.Context(t)
 	c := newClaims(uids)
-	_, read, err := a.ListExcept(ctx, c)
+	_, read, err := c.listExcept(ctx, a)
 	if err != nil {
 		t.Fatalf("ListExcept = %v", err)
 	}
@@ -178,7 +187,7 @@ func TestListExceptSeedingRace(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	if _, _, err := a.ListExcept(ctx, newClaims(uids)); err != nil {
+	if _, _, err := newClaims(uids).listExcept(ctx, a); err != nil {
 		t.Fatal(err)
 	}
 	if a.afterPageRead != nil {
@@ -209,7 +218,7 @@ func TestListExceptAfterCompaction(t *testing.T) {
 		t.Fatal("holders not kept after the first ListExcept")
 	}
 	a.hold.mu.Lock()
-	a.hold.m[items[2].Key()] = HolderHash("stale") // what a lost event would leave
+	a.hold.set(items[2].Key(), HolderHash("stale")) // what a lost event would leave
 	a.hold.mu.Unlock()
 	if err := a.reload(ctx); err != nil { // what the watch does after a compaction
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
 	"time"
 
@@ -82,31 +81,11 @@ type passRun struct {
 	next map[allocator.Item]*candidate
 	// early is what collect found, recorded after the listing.
 	early []early
-	// kube are the keys of the kubernetes address and node port.
-	kube [2]allocator.ItemKey
-	// held marks the claims that ListExcept did not read (claims.go), by position.
-	held []bool
 }
 
-// claimsOf returns how many items Services use, at most: the size of a pass's maps.
-func claimsOf(svcs []Service) int {
-	n := 0
-	for i := range svcs {
-		n += len(svcs[i].ClusterIPs) + len(svcs[i].NodePorts)
-		if svcs[i].HealthCheckNodePort != 0 {
-			n++
-		}
-	}
-	return n
-}
-
-// slot is what a pass knows of one item: its allocation and its claim, if it has them,
-// and for a claim of one Service, the allocator.HolderHash of its UID with the low bit
-// set (claims.go; 0 when two Services use it, or it is reserved: the pass reads it
-// whoever holds it).
+// slot is what a pass knows of one item: its allocation and its claim, if it has them.
 type slot struct {
 	alloc, claim ref
-	holder       uint64
 }
 
 // ref is a position in one of a pass's slices (allocs or claims), or none: the zero
@@ -127,8 +106,6 @@ type claim struct {
 	alloc ref // in allocs, none when not allocated
 	first user
 	more  []user // other Services using it: duplicates
-	// held: the allocator showed it held by its one user, and did not read it.
-	held bool
 }
 
 // early is what collect finds before the allocations are read, recorded after they
@@ -171,22 +148,15 @@ func (p *passRun) run(ctx context.Context) error {
 	}
 	p.snap = snap
 	p.rep.SnapshotRevision = snap.Revision
-	n := claimsOf(snap.Services)
-	p.slots = make(map[allocator.ItemKey]slot, n)
-	p.claims = make([]claim, 0, n)
-	p.kube = [2]allocator.ItemKey{allocator.IP(p.ranges.KubernetesIP).Key(),
-		allocator.Port(p.ranges.KubernetesNodePort).Key()}
-	p.collect()
-	// The allocations to look at: those of the items no Service claims, or that the
-	// allocator does not show held by the Service that claims them (claims.go).
-	p.held = make([]bool, len(p.claims))
-	_, p.allocs, err = p.c.store.ListExcept(ctx, (*passClaims)(p))
+	// The allocations to judge: those of the items no Service uses, or that the
+	// allocator does not show held by the Service that uses them (claims.go).
+	cl := p.gather()
+	held := make([]bool, len(cl))
+	_, p.allocs, err = p.c.store.ListExcept(ctx, cl, held)
 	if err != nil {
 		return fmt.Errorf("list allocations: %w", err)
 	}
-	for i, h := range p.held {
-		p.claims[i].held = h
-	}
+	p.collect(p.judged(cl, held))
 	p.used = make([]bool, len(p.allocs))
 	for i := range p.allocs {
 		p.allocated(i)
@@ -240,34 +210,21 @@ func (p *passRun) checkCurrent(ctx context.Context) error {
 	return nil
 }
 
-// collect rebuilds the expected state: one claim per item the snapshot uses, and a
-// finding for each address that cannot be used (early). An item outside the pass's
-// ranges waits for the allocations (early): allocated, it is claimed as any other.
-func (p *passRun) collect() {
-	svcs := p.snap.Services
-	for i := range svcs {
-		svc := &svcs[i]
-		for _, raw := range svc.ClusterIPs {
-			if raw == "" || raw == "None" {
-				continue // headless
-			}
-			a, err := netip.ParseAddr(raw)
-			if err != nil || a.Zone() != "" {
-				bad := about{item: allocator.Item{Kind: allocator.KindClusterIP}, raw: raw, owner: owner(svc)}
-				p.early = append(p.early, early{f: bad.finding(msgNotValid, bad.what())})
-				continue
-			}
-			p.claimItem(int32(i), allocator.IP(a), raw)
+// collect rebuilds the expected state of the items the pass judges (judge, by their
+// place in eachItem's order): one claim per item, and a finding for each address that
+// cannot be used (early). An item outside the pass's ranges waits for the allocations
+// (early): allocated, it is claimed as any other.
+func (p *passRun) collect(judge func(i int) bool) {
+	i := 0
+	p.eachItem(func(svc int32, it allocator.Item, raw string) {
+		if judge(i) {
+			p.claimItem(svc, it, raw)
 		}
-		for _, np := range svc.NodePorts {
-			if np.Port != 0 {
-				p.claimItem(int32(i), allocator.Port(np.Port), "")
-			}
-		}
-		if svc.HealthCheckNodePort != 0 {
-			p.claimItem(int32(i), allocator.Port(svc.HealthCheckNodePort), "")
-		}
-	}
+		i++
+	}, func(svc *Service, raw string) {
+		bad := about{item: allocator.Item{Kind: allocator.KindClusterIP}, raw: raw, owner: owner(svc)}
+		p.early = append(p.early, early{f: bad.finding(msgNotValid, bad.what())})
+	})
 }
 
 // claimItem records that Service svc uses it; an item outside the pass's ranges waits
@@ -277,10 +234,6 @@ func (p *passRun) claimItem(svc int32, it allocator.Item, raw string) {
 	sl := p.slots[k]
 	if c, ok := sl.claim.get(); ok {
 		p.claims[c].addUser(user{svc: svc, raw: raw})
-		if len(p.claims[c].more) > 0 && sl.holder != 0 {
-			sl.holder = 0
-			p.slots[k] = sl
-		}
 		return
 	}
 	rng, err := p.ranges.Of(it)
@@ -288,11 +241,7 @@ func (p *passRun) claimItem(svc int32, it allocator.Item, raw string) {
 		p.early = append(p.early, early{user: user{svc: svc, raw: raw}, item: it, err: err})
 		return
 	}
-	var h uint64
-	if k != p.kube[0] && k != p.kube[1] {
-		h = allocator.HolderHash(p.snap.Services[svc].UID) | 1 // never 0
-	}
-	p.slots[k] = slot{claim: refTo(len(p.claims)), holder: h}
+	p.slots[k] = slot{claim: refTo(len(p.claims))}
 	p.claims = append(p.claims, claim{item: it, rng: rng, first: user{svc: svc, raw: raw}})
 }
 
@@ -370,8 +319,6 @@ func (p *passRun) check(ctx context.Context, cl *claim) error {
 	if i, ok := cl.alloc.get(); ok {
 		p.used[i] = true
 		al = &p.allocs[i]
-	} else if cl.held {
-		return nil // held by the one Service that uses it: not read (ListExcept)
 	}
 	if p.ranges.IsReserved(cl.item) {
 		return p.checkReserved(ctx, cl, al)

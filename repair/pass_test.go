@@ -27,14 +27,14 @@ type hookStore struct {
 	beforeRelease  func(allocator.Allocation) error
 }
 
-func (s *hookStore) ListExcept(ctx context.Context, c allocator.Claims) (
+func (s *hookStore) ListExcept(ctx context.Context, claims []allocator.Claim, held []bool) (
 	int64, []allocator.Allocation, error) {
 	if s.beforeList != nil {
 		if err := s.beforeList(ctx); err != nil {
 			return 0, nil, err
 		}
 	}
-	return s.Allocator.ListExcept(ctx, c)
+	return s.Allocator.ListExcept(ctx, claims, held)
 }
 
 func (s *hookStore) Assign(ctx context.Context, o allocator.Owner,

@@ -66,6 +66,8 @@ type holders struct {
 	// seeded is the revision of the listing that seeded them (0 while seeding): they
 	// equal etcd's item keys once the index reflects it.
 	seeded int64
+	// gen counts starts and drops: a seeding fills only the holders it started.
+	gen uint64
 }
 
 // holderSeed seeds HolderHash: the holders live in memory only.
@@ -84,24 +86,26 @@ func (h *holders) kept() bool {
 // start begins keeping the holders unless they are kept already, and reports whether
 // it did: from now on the watch records every change, and the listing that follows
 // fills in the rest (fill).
-func (h *holders) start() bool {
+func (h *holders) start() (gen uint64, started bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.idx != nil {
-		return false
+		return 0, false
 	}
 	h.idx, h.hs, h.free = map[ItemKey]int32{}, nil, nil
 	h.touched, h.seeded = map[ItemKey]struct{}{}, 0
-	return true
+	h.gen++
+	return h.gen, true
 }
 
 // fill fills the holders with the allocations of a listing at rev, except the items
 // the watch changed since start (they have those, newer or to be corrected by events
-// still to come). It does nothing if the holders were dropped meanwhile.
-func (h *holders) fill(rev int64, all []Allocation) {
+// still to come). It does nothing unless the holders are those of the start that
+// returned gen (not dropped, nor started again, meanwhile).
+func (h *holders) fill(gen uint64, rev int64, all []Allocation) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.touched == nil {
+	if h.gen != gen || h.touched == nil {
 		return
 	}
 	for i := range all {
@@ -120,6 +124,18 @@ func (h *holders) drop() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.idx, h.hs, h.free, h.touched, h.seeded = nil, nil, nil, nil, 0
+	h.gen++
+}
+
+// dropSeeding drops the holders if they are still those of the start that returned
+// gen: its listing failed.
+func (h *holders) dropSeeding(gen uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.gen == gen {
+		h.idx, h.hs, h.free, h.touched, h.seeded = nil, nil, nil, nil, 0
+		h.gen++
+	}
 }
 
 // set records that the owner of UID hash holds k.
@@ -226,8 +242,8 @@ func (h *holders) check(progress int64, claims []Claim, held []bool) (read []Ite
 // while the claims are checked (about a tenth of a second per million).
 func (a *Allocator) ListExcept(ctx context.Context, claims []Claim, held []bool) (
 	int64, []Allocation, error) {
-	if a.hold.start() {
-		return a.seedHolders(ctx)
+	if gen, ok := a.hold.start(); ok {
+		return a.seedHolders(ctx, gen)
 	}
 	if err := a.Sync(ctx); err != nil {
 		a.log.Debug("allocation index not current; listing every allocation", "err", err)
@@ -253,13 +269,13 @@ func (a *Allocator) ListExcept(ctx context.Context, claims []Claim, held []bool)
 }
 
 // seedHolders lists every allocation and seeds the holders (started) with them.
-func (a *Allocator) seedHolders(ctx context.Context) (int64, []Allocation, error) {
+func (a *Allocator) seedHolders(ctx context.Context, gen uint64) (int64, []Allocation, error) {
 	rev, all, err := a.List(ctx)
 	if err != nil {
-		a.hold.drop()
+		a.hold.dropSeeding(gen)
 		return 0, nil, err
 	}
-	a.hold.fill(rev, all)
+	a.hold.fill(gen, rev, all)
 	return rev, all, nil
 }
 

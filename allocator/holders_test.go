@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -253,4 +254,56 @@ func TestListExceptItemOutsideRanges(t *testing.T) {
 	}
 	checkListExcept(t, a, map[Item]string{})
 	checkListExcept(t, a, map[Item]string{stray: "x"})
+}
+
+// TestListExceptSeedingOfAnEarlierStart: two ListExcept calls. A seeds (start, List);
+// the holders are dropped while A lists (a ServiceCIDR event, a compaction); a release
+// commits while they are not kept; B starts a new seeding, and A's listing ends while
+// B lists: A's fill must not land in B's holders (with A's older listing, the released
+// item would stay held by its former owner).
+func TestListExceptSeedingOfAnEarlierStart(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24"))
+	items := ips(3)
+	uids := map[Item]string{}
+	for i, it := range items {
+		uids[it] = fmt.Sprint("s", i)
+		if _, err := a.Assign(ctx, owner(uids[it]), it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A: ListExcept's seeding, its listing paused after the first page.
+	paused, resume := make(chan struct{}), make(chan struct{})
+	a.afterPageRead = func() { a.afterPageRead = nil; close(paused); <-resume }
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if _, _, err := newClaims(uids).listExcept(ctx, a); err != nil {
+			t.Error(err)
+		}
+	}()
+	<-paused
+	a.hold.drop() // what cidrChanged or reload does
+	al, err := a.Get(ctx, items[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.ReleaseIf(ctx, al); !ok || err != nil {
+		t.Fatalf("ReleaseIf = %v, %v", ok, err)
+	}
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// B: a new seeding starts; A's listing finishes (and fills) while B lists.
+	a.afterPageRead = func() {
+		a.afterPageRead = nil
+		close(resume)
+		wg.Wait()
+	}
+	if _, _, err := newClaims(uids).listExcept(context.Background(), a); err != nil {
+		t.Fatal(err)
+	}
+	checkListExcept(t, a, uids)
 }

@@ -270,11 +270,9 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 			continue
 		}
 		put := ev.Type == mvccpb.PUT
-		if keep {
-			hc = append(hc, holderChange{it: it, put: put, uid: itemUID(ev.Kv.Value, put)})
-		}
 		a.cpChanges++
 		t := a.tab.Load()
+		in := 0
 		a.eachRange(t, it, func(r *rng, off uint64) {
 			if !put {
 				// The cursor first: a pick that sees the bit clear also starts at r (one
@@ -282,7 +280,13 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 				t.freed(r)
 			}
 			r.SetUsed(off, put)
+			in++
 		})
+		// The holders take what List takes: an item of a range, under its own key (not
+		// 030000 for 30000, nor an address with a zone).
+		if keep && in > 0 && a.key(it) == string(ev.Kv.Key) {
+			hc = append(hc, holderChange{it: it, put: put, uid: itemUID(ev.Kv.Value, put)})
+		}
 	}
 	a.hold.apply(hc)
 	a.advance(evs[len(evs)-1].Kv.ModRevision)

@@ -56,3 +56,51 @@ func TestPassListErrorRecordsNothing(t *testing.T) {
 		t.Errorf("LastReport findings = %q; want none", summary(last.Findings))
 	}
 }
+
+// An item key outside every range, written after the holders were seeded (a stray
+// key: an external writer, a restore), held by the Service that uses it: List leaves
+// it out, and so do the holders: ClusterIPOutOfRange on both paths.
+func TestPassStrayKeyOutOfRange(t *testing.T) {
+	bothPaths(t, func(t *testing.T, listFirst bool) {
+		r := newEnv(t, opts{listFirst: listFirst})
+		r.push(1, svc("uid-out", ips("10.9.9.9")))
+		r.pass(false) // seeds the holders on the listFirst path
+		v := `{"namespace":"ns","name":"out","uid":"uid-out","time":"2024-01-01T00:00:00Z"}`
+		if _, err := r.cli.Put(context.Background(), prefix+"/clusterips/10.9.9.9", v); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.alloc.Sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		want := sorted("ClusterIPOutOfRange 10.9.9.9 uid-out")
+		if got := summary(r.pass(false).Findings); !slices.Equal(got, want) {
+			t.Errorf("findings = %q; want %q", got, want)
+		}
+	})
+}
+
+// The same through a zoned key: parseKey accepts "2000::5%x", List leaves it out (no
+// range holds a zoned address), and so do the holders (an ItemKey has no zone): the
+// pass allocates 2000::5 to uid-a, which uses it.
+func TestPassZonedKeyIsNotTheAddress(t *testing.T) {
+	bothPaths(t, func(t *testing.T, listFirst bool) {
+		r := newEnv(t, opts{ranges: []string{"192.168.1.0/24", "2000::/108"}, listFirst: listFirst})
+		r.push(1, svc("uid-a", ips("2000::5")))
+		if listFirst {
+			if _, err := r.ctl.RunRepair(context.Background(), true); err != nil { // seeds; writes nothing
+				t.Fatal(err)
+			}
+		}
+		v := `{"namespace":"ns","name":"a","uid":"uid-a","time":"2024-01-01T00:00:00Z"}`
+		if _, err := r.cli.Put(context.Background(), prefix+"/clusterips/2000::5%x", v); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.alloc.Sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		r.pass(false)
+		if got := r.holder(ip("2000::5")); got != "uid-a" {
+			t.Errorf("holder(2000::5) = %q; want uid-a (NotAllocated repaired)", got)
+		}
+	})
+}

@@ -3,7 +3,10 @@ package allocator
 import (
 	"context"
 	"log/slog"
+	"runtime"
 	"strconv"
+	"sync/atomic"
+	"time"
 )
 
 // Every write of the allocator is logged at info, one line per request (not per
@@ -85,15 +88,31 @@ func (a *Allocator) logWrite(ctx context.Context, o *op, rev int64) {
 	}
 }
 
-// logAllocated logs a committed Allocate.
+// logAllocated logs a committed Allocate. It hands its record to the handler itself,
+// as slog's doc shows for wrappers of its output methods, with the program counter
+// found on its first line rather than on every one (runtime.Callers was a fifth of a
+// line's cost): a handler that adds the source names logAllocated, as it did.
+// logWrite checked that the logger is enabled at info.
 func (a *Allocator) logAllocated(ctx context.Context, o *op, rev int64) {
-	var attrs [7]slog.Attr // on the stack: LogAttrs copies them into its record
+	pc := allocatedPC.Load()
+	if pc == 0 {
+		var pcs [1]uintptr
+		runtime.Callers(1, pcs[:])
+		pc = pcs[0]
+		allocatedPC.Store(pc)
+	}
+	var attrs [7]slog.Attr // on the stack: AddAttrs copies them into the record
 	line := ownerAttrs(attrs[:0], "", o.owner)
 	line = append(line, slog.String("ranges", pickRanges(o.picks)))
 	line = pickAttrs(line, o.picks)
 	line = append(line, slog.Int64("revision", rev))
-	a.log.LogAttrs(ctx, slog.LevelInfo, "allocated", line...)
+	r := slog.NewRecord(time.Now(), slog.LevelInfo, "allocated", pc)
+	r.AddAttrs(line...)
+	_ = a.log.Handler().Handle(ctx, r)
 }
+
+// allocatedPC is logAllocated's program counter, once its first line found it.
+var allocatedPC atomic.Uintptr
 
 // pickRanges is the names of the picks' ranges, comma-separated, a name once for a
 // run of picks from one range: the name itself, not a copy, for a single range.

@@ -1,10 +1,13 @@
 package allocator
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -45,6 +48,33 @@ func TestPickRanges(t *testing.T) {
 		}
 		if got := pickRanges(picks); got != c.want {
 			t.Errorf("pickRanges(%v) = %q; want %q", names, got, c.want)
+		}
+	}
+}
+
+// TestAllocatedSource checks that a handler that adds the source finds the allocated
+// line's in logAllocated, on the first line and on the next.
+func TestAllocatedSource(t *testing.T) {
+	var buf bytes.Buffer
+	a := &Allocator{}
+	a.log = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{AddSource: true}))
+	o := &op{owner: benchOwner, putRecord: true,
+		picks: []*pick{{r: &rng{name: "kubernetes"}, item: IP(netip.MustParseAddr("10.96.0.10"))}}}
+	for i := range 2 {
+		buf.Reset()
+		a.logWrite(context.Background(), o, 7)
+		var line struct {
+			Msg    string
+			Source struct{ Function, File string }
+			UID    string `json:"uid"`
+		}
+		if err := json.Unmarshal(buf.Bytes(), &line); err != nil {
+			t.Fatalf("line %d: %v: %s", i, err, buf.Bytes())
+		}
+		if line.Msg != "allocated" || line.UID != benchOwner.UID ||
+			!strings.HasSuffix(line.Source.Function, "(*Allocator).logAllocated") ||
+			!strings.HasSuffix(line.Source.File, "/allocator/log.go") {
+			t.Errorf("line %d = %s; want allocated, its source logAllocated in allocator/log.go", i, buf.Bytes())
 		}
 	}
 }

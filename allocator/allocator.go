@@ -71,6 +71,8 @@ type Allocator struct {
 
 	// hints are the owner records last written or read.
 	hints ownerHints
+	// hold is who holds every item, kept once a repair pass asked (holders.go).
+	hold holders
 	// committer groups Allocate and Assign calls into transactions while Run runs.
 	committer *committer
 }
@@ -301,9 +303,11 @@ func (a *Allocator) Free(rangeName string) uint64 {
 
 // RangeSet returns the ranges as a value.
 func (a *Allocator) RangeSet() RangeSet {
-	s := RangeSet{NodePort: a.portRange.ports, KubernetesIP: a.kubeIP, KubernetesNodePort: a.kubePort}
+	s := RangeSet{NodePort: a.portRange.ports, KubernetesIP: a.kubeIP, KubernetesNodePort: a.kubePort,
+		nodePortName: a.portRange.name}
 	for _, r := range a.tab.Load().ip {
 		s.ClusterIP = append(s.ClusterIP, r.span.prefix)
+		s.names = append(s.names, r.span.prefix.String())
 	}
 	return s
 }

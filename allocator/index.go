@@ -63,6 +63,8 @@ func (a *Allocator) reload(ctx context.Context) error {
 		r.Replace(used[r])
 	}
 	a.tab.Store(t)
+	// The watch may have lost events: the holders are listed again when next asked.
+	a.hold.drop()
 	a.advance(rev)
 	return nil
 }
@@ -247,6 +249,8 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
+	var hc []holderChange // for the holders, when kept
+	keep := a.hold.kept()
 	for _, ev := range evs {
 		if bytes.HasPrefix(ev.Kv.Key, []byte(a.cidrPrefix)) {
 			if err := a.cidrChanged(ctx, ev); err != nil {
@@ -268,6 +272,7 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 		put := ev.Type == mvccpb.PUT
 		a.cpChanges++
 		t := a.tab.Load()
+		in := 0
 		a.eachRange(t, it, func(r *rng, off uint64) {
 			if !put {
 				// The cursor first: a pick that sees the bit clear also starts at r (one
@@ -275,8 +280,15 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 				t.freed(r)
 			}
 			r.SetUsed(off, put)
+			in++
 		})
+		// The holders take what List takes: an item of a range, under its own key (not
+		// 030000 for 30000, nor an address with a zone).
+		if keep && in > 0 && a.key(it) == string(ev.Kv.Key) {
+			hc = append(hc, holderChange{it: it, put: put, uid: itemUID(ev.Kv.Value, put)})
+		}
 	}
+	a.hold.apply(hc)
 	a.advance(evs[len(evs)-1].Kv.ModRevision)
 	return nil
 }
@@ -306,6 +318,9 @@ func (a *Allocator) cidrChanged(ctx context.Context, ev *clientv3.Event) error {
 		a.log.Info("ServiceCIDR removed", "name", name, "revision", ev.Kv.ModRevision)
 	}
 	t, fresh := a.buildTable(cidrs)
+	// An item outside every range, left out of the holders' listing, may be in a new
+	// one: they are listed again when next asked.
+	a.hold.drop()
 	if len(fresh) > 0 {
 		used := make(map[*rng]*bitset.BitSet, len(fresh))
 		for _, r := range fresh {

@@ -91,6 +91,12 @@ type RangeSet struct {
 	// Service.
 	KubernetesIP       netip.Addr
 	KubernetesNodePort int
+
+	// names are the ClusterIP ranges' names and nodePortName the node port range's,
+	// when made by the Allocator: Of, once per item of a repair pass, need not make
+	// them.
+	names        []string
+	nodePortName string
 }
 
 // Names returns the range names: the ClusterIP ranges, primary first, then the node
@@ -113,11 +119,14 @@ func (s RangeSet) Of(it Item) (string, error) {
 			return "", badrequest.New("cluster_ip", "not an IP address")
 		}
 		var family []string
-		for _, p := range s.ClusterIP {
+		for i, p := range s.ClusterIP {
 			if p.Addr().Is4() != it.Addr.Is4() {
 				continue
 			}
 			if _, ok := newIPSpan(p).offset(it.Addr); ok {
+				if len(s.names) == len(s.ClusterIP) {
+					return s.names[i], nil
+				}
 				return p.String(), nil
 			}
 			family = append(family, p.String())
@@ -129,6 +138,9 @@ func (s RangeSet) Of(it Item) (string, error) {
 	case KindNodePort:
 		if !s.NodePort.Contains(it.Port) {
 			return "", &NotInRangeError{Item: it, Range: s.NodePort.String()}
+		}
+		if s.nodePortName != "" {
+			return s.nodePortName, nil
 		}
 		return s.NodePort.String(), nil
 	}

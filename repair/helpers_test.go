@@ -35,6 +35,17 @@ type opts struct {
 	noRun        bool          // do not start the controller's Run
 	wrap         func(*allocator.Allocator) repair.Store
 	clock        clockwork.Clock // default the real clock
+	// listFirst: the first pass lists every allocation, as the first pass of a term
+	// does. By default the allocator's holders are seeded at start, so that every pass
+	// reads only what it judges, as the passes after the first do.
+	listFirst bool
+}
+
+// bothPaths runs test twice: with a first pass that lists every allocation, and with
+// one that reads only what it judges.
+func bothPaths(t *testing.T, test func(t *testing.T, listFirst bool)) {
+	t.Run("listed", func(t *testing.T) { test(t, true) })
+	t.Run("judged", func(t *testing.T) { test(t, false) })
 }
 
 // replica is one allocd replica's allocator and repair controller on a test etcd.
@@ -93,6 +104,12 @@ func newReplica(t *testing.T, cli *clientv3.Client, o opts, id string) *replica 
 			t.Errorf("allocator Run: %v", err)
 		}
 	}()
+	if !o.listFirst {
+		// The holders, seeded as by a first pass (with no claims: it marks nothing).
+		if _, _, err := a.ListExcept(ctx, nil, nil); err != nil {
+			t.Fatalf("ListExcept: %v", err)
+		}
+	}
 	var store repair.Store = a
 	if o.wrap != nil {
 		store = o.wrap(a)

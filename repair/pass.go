@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
 	"time"
 
@@ -74,11 +73,14 @@ type passRun struct {
 	used []bool
 	// claims are the in-range items the snapshot uses, in snapshot order.
 	claims []claim
-	// slots indexes both by item: one map for the two, the biggest cost of a pass
+	// slots indexes both by item (its key, which the collector need not scan): one map
+	// for the two, the biggest cost of a pass
 	// after reading etcd.
-	slots map[allocator.Item]slot
+	slots map[allocator.ItemKey]slot
 	// next are the leak candidates after this pass; nil if it did not get that far.
 	next map[allocator.Item]*candidate
+	// early is what collect found, recorded after the listing.
+	early []early
 }
 
 // slot is what a pass knows of one item: its allocation and its claim, if it has them.
@@ -104,6 +106,18 @@ type claim struct {
 	alloc ref // in allocs, none when not allocated
 	first user
 	more  []user // other Services using it: duplicates
+}
+
+// early is what collect finds before the allocations are read, recorded after they
+// are, in the order found (so that a pass that cannot read them records nothing): a
+// finding f, or an item outside the pass's ranges used by a user, which is claimed if
+// it is allocated after all (in a range added since the pass took its ranges), else
+// reported with err, the range lookup's.
+type early struct {
+	f Finding
+	user
+	item allocator.Item // KindClusterIP or KindNodePort when an item, zero for f
+	err  error
 }
 
 // user is a Service using an item, with the address as it wrote it.
@@ -134,17 +148,20 @@ func (p *passRun) run(ctx context.Context) error {
 	}
 	p.snap = snap
 	p.rep.SnapshotRevision = snap.Revision
-	_, p.allocs, err = p.c.store.List(ctx)
+	// The allocations to judge: those of the items no Service uses, or that the
+	// allocator does not show held by the Service that uses them (claims.go).
+	cl := p.gather()
+	held := make([]bool, len(cl))
+	_, p.allocs, err = p.c.store.ListExcept(ctx, cl, held)
 	if err != nil {
 		return fmt.Errorf("list allocations: %w", err)
 	}
-	p.slots = make(map[allocator.Item]slot, len(p.allocs)+len(p.allocs)/8)
-	for i := range p.allocs {
-		p.slots[p.allocs[i].Item] = slot{alloc: refTo(i)}
-	}
+	p.collect(p.judged(cl, held))
 	p.used = make([]bool, len(p.allocs))
-	p.claims = make([]claim, 0, len(p.allocs))
-	if err := p.collect(); err != nil {
+	for i := range p.allocs {
+		p.allocated(i)
+	}
+	if err := p.recordEarly(); err != nil {
 		return err
 	}
 	if err := p.checkCurrent(ctx); err != nil {
@@ -193,84 +210,102 @@ func (p *passRun) checkCurrent(ctx context.Context) error {
 	return nil
 }
 
-// collect rebuilds the expected state: one claim per item the snapshot uses, and a
-// finding for each address or port that cannot be used.
-func (p *passRun) collect() error {
-	svcs := p.snap.Services
-	for i := range svcs {
-		svc := &svcs[i]
-		for _, raw := range svc.ClusterIPs {
-			if raw == "" || raw == "None" {
-				continue // headless
-			}
-			a, err := netip.ParseAddr(raw)
-			if err != nil || a.Zone() != "" {
-				bad := about{item: allocator.Item{Kind: allocator.KindClusterIP}, raw: raw, owner: owner(svc)}
-				p.add(bad.finding(msgNotValid, bad.what()))
-				continue
-			}
-			if err := p.claimItem(int32(i), allocator.IP(a), raw); err != nil {
-				return err
-			}
+// collect rebuilds the expected state of the items the pass judges (judge, by their
+// place in eachItem's order): one claim per item, and a finding for each address that
+// cannot be used (early). An item outside the pass's ranges waits for the allocations
+// (early): allocated, it is claimed as any other.
+func (p *passRun) collect(judge func(i int) bool) {
+	i := 0
+	p.eachItem(func(svc int32, it allocator.Item, raw string) {
+		if judge(i) {
+			p.claimItem(svc, it, raw)
 		}
-		for _, np := range svc.NodePorts {
-			if np.Port != 0 {
-				if err := p.claimItem(int32(i), allocator.Port(np.Port), ""); err != nil {
-					return err
-				}
-			}
-		}
-		if svc.HealthCheckNodePort != 0 {
-			if err := p.claimItem(int32(i), allocator.Port(svc.HealthCheckNodePort), ""); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+		i++
+	}, func(svc *Service, raw string) {
+		bad := about{item: allocator.Item{Kind: allocator.KindClusterIP}, raw: raw, owner: owner(svc)}
+		p.early = append(p.early, early{f: bad.finding(msgNotValid, bad.what())})
+	})
 }
 
-// claimItem records that Service svc uses it, or reports why it cannot.
-func (p *passRun) claimItem(svc int32, it allocator.Item, raw string) error {
-	sl := p.slots[it]
+// claimItem records that Service svc uses it; an item outside the pass's ranges waits
+// for the listing (early).
+func (p *passRun) claimItem(svc int32, it allocator.Item, raw string) {
+	k := it.Key()
+	sl := p.slots[k]
 	if c, ok := sl.claim.get(); ok {
 		p.claims[c].addUser(user{svc: svc, raw: raw})
-		return nil
+		return
 	}
-	var rng string
-	if a, ok := sl.alloc.get(); ok {
-		rng = p.allocs[a].Range // allocated, so in its range: no need to ask
-	} else {
-		var err error
-		if rng, err = p.ranges.Of(it); err != nil {
-			return p.notInRange(svc, it, raw, err)
+	rng, err := p.ranges.Of(it)
+	if err != nil {
+		p.early = append(p.early, early{user: user{svc: svc, raw: raw}, item: it, err: err})
+		return
+	}
+	p.slots[k] = slot{claim: refTo(len(p.claims))}
+	p.claims = append(p.claims, claim{item: it, rng: rng, first: user{svc: svc, raw: raw}})
+}
+
+// allocated records allocation i in its slot and in its claim, whose range it becomes.
+func (p *passRun) allocated(i int) {
+	al := &p.allocs[i]
+	k := al.Item.Key()
+	sl := p.slots[k]
+	sl.alloc = refTo(i)
+	p.slots[k] = sl
+	if c, ok := sl.claim.get(); ok {
+		p.claims[c].alloc, p.claims[c].rng = sl.alloc, al.Range
+	}
+}
+
+// recordEarly records what collect found, in order: its findings, and the items
+// outside the pass's ranges, claimed when allocated (their range is the allocation's)
+// and reported otherwise.
+func (p *passRun) recordEarly() error {
+	for _, e := range p.early {
+		if e.item.Kind == 0 {
+			p.add(e.f)
+			continue
 		}
+		k := e.item.Key()
+		sl := p.slots[k]
+		if c, ok := sl.claim.get(); ok {
+			p.claims[c].addUser(e.user)
+			continue
+		}
+		if a, ok := sl.alloc.get(); ok {
+			p.slots[k] = slot{alloc: sl.alloc, claim: refTo(len(p.claims))}
+			p.claims = append(p.claims,
+				claim{item: e.item, rng: p.allocs[a].Range, alloc: sl.alloc, first: e.user})
+			continue
+		}
+		f, err := p.notInRange(e.svc, e.item, e.raw, e.err)
+		if err != nil {
+			return err
+		}
+		p.add(f)
 	}
-	p.slots[it] = slot{alloc: sl.alloc, claim: refTo(len(p.claims))}
-	p.claims = append(p.claims, claim{item: it, rng: rng, alloc: sl.alloc, first: user{svc: svc, raw: raw}})
 	return nil
 }
 
-// notInRange reports why Service svc cannot use it, from err, the error of the
-// range lookup; an error that says nothing about the item is returned.
-func (p *passRun) notInRange(svc int32, it allocator.Item, raw string, err error) error {
+// notInRange returns the finding of why Service svc cannot use it, from err, the error
+// of the range lookup; an error that says nothing about the item is returned.
+func (p *passRun) notInRange(svc int32, it allocator.Item, raw string, err error) (Finding, error) {
 	a := about{item: it, raw: raw, owner: owner(&p.snap.Services[svc])}
 	var nir *allocator.NotInRangeError
 	switch {
 	case it.Kind == allocator.KindClusterIP && errors.Is(err, allocator.ErrNoRange):
-		p.add(a.finding(msgNoFamily, a.what()))
+		return a.finding(msgNoFamily, a.what()), nil
 	case errors.As(err, &nir) && it.Kind == allocator.KindClusterIP:
 		a.rng = nir.Range
-		p.add(a.finding(msgIPOutOfRange, a.what(), a.rng))
+		return a.finding(msgIPOutOfRange, a.what(), a.rng), nil
 	case errors.As(err, &nir) || errors.Is(err, allocator.ErrNoRange) || errors.Is(err, allocator.ErrInvalid):
 		a.rng = p.ranges.NodePort.String()
 		if nir != nil {
 			a.rng = nir.Range
 		}
-		p.add(a.finding(msgPortOutOfRange, a.what(), a.rng))
-	default:
-		return fmt.Errorf("range of %v: %w", it, err)
+		return a.finding(msgPortOutOfRange, a.what(), a.rng), nil
 	}
-	return nil
+	return Finding{}, fmt.Errorf("range of %v: %w", it, err)
 }
 
 // about is what a finding about claim cl for its user u is about.

@@ -16,7 +16,7 @@ import (
 	"github.com/allocd/allocd/repair"
 )
 
-// hookStore is the real allocator with hooks run before List, Assign, Reassign and
+// hookStore is the real allocator with hooks run before ListExcept, Assign, Reassign and
 // ReleaseIf, to make things happen inside a pass. A hook that returns an error fails
 // the call with it.
 type hookStore struct {
@@ -27,13 +27,14 @@ type hookStore struct {
 	beforeRelease  func(allocator.Allocation) error
 }
 
-func (s *hookStore) List(ctx context.Context) (int64, []allocator.Allocation, error) {
+func (s *hookStore) ListExcept(ctx context.Context, claims []allocator.Claim, held []bool) (
+	int64, []allocator.Allocation, error) {
 	if s.beforeList != nil {
 		if err := s.beforeList(ctx); err != nil {
 			return 0, nil, err
 		}
 	}
-	return s.Allocator.List(ctx)
+	return s.Allocator.ListExcept(ctx, claims, held)
 }
 
 func (s *hookStore) Assign(ctx context.Context, o allocator.Owner,

@@ -23,8 +23,10 @@ import (
 type Store interface {
 	// RangeSet returns the ranges: which range an item is in, which are reserved.
 	RangeSet() allocator.RangeSet
-	// List reads every allocation at one etcd revision.
-	List(ctx context.Context) (rev int64, all []allocator.Allocation, err error)
+	// ListExcept reads the allocations a pass must judge at one etcd revision: every
+	// allocation but those of the items it marks held by their claimant.
+	ListExcept(ctx context.Context, claims []allocator.Claim, held []bool) (
+		rev int64, all []allocator.Allocation, err error)
 	// Assign allocates a specific item to o (no write if o holds it already).
 	Assign(ctx context.Context, o allocator.Owner, it allocator.Item) (allocator.Allocation, error)
 	// Reassign moves al to another owner if it did not change since it was read.

@@ -49,8 +49,10 @@ func TestRepairClean(t *testing.T) {
 
 // TestRepairNotAllocated is Kubernetes' TestRepair: items used by Services but not
 // allocated are allocated to them.
-func TestRepairNotAllocated(t *testing.T) {
-	r := newEnv(t, opts{ranges: []string{"192.168.1.0/24", "2000::/108"}})
+func TestRepairNotAllocated(t *testing.T) { bothPaths(t, testRepairNotAllocated) }
+
+func testRepairNotAllocated(t *testing.T, listFirst bool) {
+	r := newEnv(t, opts{ranges: []string{"192.168.1.0/24", "2000::/108"}, listFirst: listFirst})
 	r.push(1,
 		svc("uid-a", ips("192.168.1.2", "2000::2"), 30001),
 		repair.Service{Namespace: "ns", Name: "b", UID: "uid-b", ClusterIPs: ips("192.168.1.3"),
@@ -144,8 +146,10 @@ func TestRepairLeak(t *testing.T) {
 
 // TestRepairWithExisting is Kubernetes' TestRepairWithExisting for ClusterIPs:
 // duplicates, out-of-range, invalid and headless Services among good ones.
-func TestRepairWithExisting(t *testing.T) {
-	r := newEnv(t, opts{})
+func TestRepairWithExisting(t *testing.T) { bothPaths(t, testRepairWithExisting) }
+
+func testRepairWithExisting(t *testing.T, listFirst bool) {
+	r := newEnv(t, opts{listFirst: listFirst})
 	r.assign("uid-a", ip("192.168.1.2"))
 	r.assign("uid-b", ip("192.168.1.100"))
 	r.assign("uid-gone", ip("192.168.1.4"))
@@ -207,8 +211,10 @@ func TestRepairWithExisting(t *testing.T) {
 
 // TestRepairPortsWithExisting is the NodePort copy: duplicates, out of range, the same
 // port under two protocols and as health check node port, the kubernetes node port.
-func TestRepairPortsWithExisting(t *testing.T) {
-	r := newEnv(t, opts{kubeNodePort: 30000})
+func TestRepairPortsWithExisting(t *testing.T) { bothPaths(t, testRepairPortsWithExisting) }
+
+func testRepairPortsWithExisting(t *testing.T, listFirst bool) {
+	r := newEnv(t, opts{kubeNodePort: 30000, listFirst: listFirst})
 	r.assign("uid-a", port(30001))
 	r.assign("uid-gone", port(30005))
 	r.assign("uid-leak", port(30006))
@@ -261,8 +267,10 @@ func TestRepairPortsWithExisting(t *testing.T) {
 
 // TestRepairDualStack is the dual-stack copy of TestRepairWithExisting, with a leak in
 // each family.
-func TestRepairDualStack(t *testing.T) {
-	r := newEnv(t, opts{ranges: []string{"2000::/108", "192.168.1.0/24"}, strikes: 2})
+func TestRepairDualStack(t *testing.T) { bothPaths(t, testRepairDualStack) }
+
+func testRepairDualStack(t *testing.T, listFirst bool) {
+	r := newEnv(t, opts{ranges: []string{"2000::/108", "192.168.1.0/24"}, strikes: 2, listFirst: listFirst})
 	r.assign("uid-a", ip("192.168.1.2"), ip("2000::2"))
 	r.assign("uid-leak", ip("192.168.1.10"), ip("2000::10"))
 	r.push(1,
@@ -308,8 +316,10 @@ func TestRepairDualStack(t *testing.T) {
 
 // TestRepairAllocatedAfterSnapshot: an allocation committed after the snapshot was
 // received is never judged by passes over that snapshot (#8295), nor corrected.
-func TestRepairAllocatedAfterSnapshot(t *testing.T) {
-	r := newEnv(t, opts{strikes: 2})
+func TestRepairAllocatedAfterSnapshot(t *testing.T) { bothPaths(t, testRepairAllocatedAfterSnapshot) }
+
+func testRepairAllocatedAfterSnapshot(t *testing.T, listFirst bool) {
+	r := newEnv(t, opts{strikes: 2, listFirst: listFirst})
 	old := r.assign("uid-b", ip("192.168.1.7"))[0]
 	r.push(1, svc("uid-a", nil), svc("uid-b", ips("192.168.1.7")))
 	// The shim allocated these after it took the snapshot: a new Service, and the
@@ -409,8 +419,10 @@ func TestRepairLeakReallocated(t *testing.T) {
 
 // TestRepairDryRun: a dry run reports what a pass would do and writes nothing,
 // strikes included.
-func TestRepairDryRun(t *testing.T) {
-	r := newEnv(t, opts{strikes: 2})
+func TestRepairDryRun(t *testing.T) { bothPaths(t, testRepairDryRun) }
+
+func testRepairDryRun(t *testing.T, listFirst bool) {
+	r := newEnv(t, opts{strikes: 2, listFirst: listFirst})
 	r.assign("uid-gone", ip("192.168.1.4"))
 	r.assign("uid-leak", ip("192.168.1.5"))
 	r.push(1, svc("uid-notalloc", ips("192.168.1.3")), svc("uid-wrong", ips("192.168.1.4")))

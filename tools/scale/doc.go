@@ -13,7 +13,8 @@
 //     ClusterIP for a new owner per call, ok calls only (then released, so that the
 //     point stays the point); at -profile-at, a CPU and a heap profile of allocd;
 //  2. allocd's RSS (the embedded etcd included) and the data directory's size;
-//  3. a repair pass over the point's Services (pushed as a snapshot; RunRepair);
+//  3. repair passes over the point's Services (pushed as a snapshot; RunRepair): the
+//     first of the term (it lists every allocation), and the best of the next two;
 //  4. kill -9 of allocd; etcd alone on the data directory (`scale etcd`): its start
 //     to ready, and its RSS once ready; with it running, an allocd on --etcd-servers
 //     (a replica joining, on an external etcd): start to SERVING, and kill -9 of it:

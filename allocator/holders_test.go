@@ -1,0 +1,309 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/allocd/allocd/internal/testing/etcdtest"
+)
+
+// claimSet calls ListExcept with one claim per item of uids, and records what it
+// marked held.
+type claimSet struct {
+	uid  map[Item]string
+	held map[Item]bool
+}
+
+func newClaims(uids map[Item]string) *claimSet { return &claimSet{uid: uids, held: map[Item]bool{}} }
+
+func (c *claimSet) listExcept(ctx context.Context, a *Allocator) (int64, []Allocation, error) {
+	var claims []Claim
+	var items []Item
+	for it, uid := range c.uid {
+		claims = append(claims, Claim{Key: it.Key(), Holder: HolderHash(uid)})
+		items = append(items, it)
+	}
+	held := make([]bool, len(claims))
+	rev, all, err := a.ListExcept(ctx, claims, held)
+	for i, h := range held {
+		if h {
+			c.held[items[i]] = true
+		}
+	}
+	return rev, all, err
+}
+
+// checkListExcept calls ListExcept with claimants uids and fails the test unless
+// what it read and what it skipped make up a List read right after it (nothing
+// writes meanwhile): every allocation read is listed as read; every skipped item is
+// listed, held by its claimant; every listed allocation is one or the other. It
+// returns how many were read.
+func checkListExcept(t *testing.T, a *Allocator, uids map[Item]string) int {
+	t.Helper()
+	ctx := etcdtest.Context(t)
+	c := newClaims(uids)
+	_, read, err := c.listExcept(ctx, a)
+	if err != nil {
+		t.Fatalf("ListExcept = %v", err)
+	}
+	_, all, err := a.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[Item]Allocation{}
+	for _, al := range all {
+		listed[al.Item] = al
+	}
+	for _, al := range read {
+		if l, ok := listed[al.Item]; !ok || l != al {
+			t.Errorf("ListExcept read %+v; List has %+v", al, l)
+		}
+		if c.held[al.Item] {
+			t.Errorf("ListExcept read %v and called it held", al.Item)
+		}
+		delete(listed, al.Item)
+	}
+	for it := range c.held {
+		l, ok := listed[it]
+		switch {
+		case !ok:
+			t.Errorf("ListExcept skipped %v as held by %s; List has no allocation of it", it, uids[it])
+		case l.Owner.UID != uids[it]:
+			t.Errorf("ListExcept skipped %v as held by %s; List says %s holds it", it, uids[it], l.Owner.UID)
+		}
+		delete(listed, it)
+	}
+	byName := func(x, y Item) int { return strings.Compare(x.String(), y.String()) }
+	for _, it := range slices.SortedFunc(maps.Keys(listed), byName) {
+		t.Errorf("ListExcept neither read nor skipped %v (held by %s)", it, listed[it].Owner.UID)
+	}
+	return len(read)
+}
+
+func ips(n int) []Item {
+	out := make([]Item, n)
+	a := netip.MustParseAddr("10.0.0.10")
+	for i := range out {
+		out[i], a = IP(a), a.Next()
+	}
+	return out
+}
+
+// TestListExcept: after the first call (a full list that seeds the holders), what
+// changes later (a release, a move to another owner, a new allocation, an allocation
+// in a ServiceCIDR added later) is read, and what is held by its claimant is skipped.
+func TestListExcept(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24"))
+	items := ips(40)
+	uids := map[Item]string{}
+	for i, it := range items {
+		uid := fmt.Sprint("s", i)
+		if _, err := a.Assign(ctx, owner(uid), it); err != nil {
+			t.Fatal(err)
+		}
+		uids[it] = uid
+	}
+	if n := checkListExcept(t, a, uids); n != len(items)+1 {
+		t.Errorf("first ListExcept read %d; want all %d (and the kubernetes address)", n, len(items)+1)
+	}
+	if n := checkListExcept(t, a, uids); n != 1 {
+		t.Errorf("second ListExcept read %d; want only the unclaimed kubernetes address", n)
+	}
+
+	// Changes after the seeding, through the watch.
+	al, err := a.Get(ctx, items[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.ReleaseIf(ctx, al); !ok || err != nil {
+		t.Fatalf("ReleaseIf = %v, %v", ok, err)
+	}
+	if al, err = a.Get(ctx, items[1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Reassign(ctx, al, owner("other")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Assign(ctx, owner("new"), IP(netip.MustParseAddr("10.0.0.200"))); err != nil {
+		t.Fatal(err)
+	}
+	// items[1] (moved) is read: its claimant no longer holds it; 10.0.0.200 and the
+	// kubernetes address have no claimant; items[0] (released) is neither read nor held.
+	if n := checkListExcept(t, a, uids); n != 3 {
+		t.Errorf("ListExcept after changes read %d; want 3", n)
+	}
+
+	// A new range: the holders are listed again, then kept with its items.
+	if _, err := a.CreateServiceCIDR(ctx, "extra", []string{"10.1.0.0/24"}); err != nil {
+		t.Fatal(err)
+	}
+	extra := IP(netip.MustParseAddr("10.1.0.9"))
+	if _, err := a.Assign(ctx, owner("x"), extra); err != nil {
+		t.Fatal(err)
+	}
+	uids[extra] = "x"
+	if n := checkListExcept(t, a, uids); n != len(items)+2 {
+		t.Errorf("ListExcept after a new range read %d; want all %d", n, len(items)+2)
+	}
+	if n := checkListExcept(t, a, uids); n != 3 {
+		t.Errorf("ListExcept after that read %d; want 3", n)
+	}
+}
+
+// TestListExceptSeedingRace: a release while the first ListExcept lists (after the
+// listing read the item) is not undone by the seeding: the item is read afterwards.
+func TestListExceptSeedingRace(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24"))
+	items := ips(3)
+	uids := map[Item]string{}
+	for i, it := range items {
+		uids[it] = fmt.Sprint("s", i)
+		if _, err := a.Assign(ctx, owner(uids[it]), it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.afterPageRead = func() {
+		a.afterPageRead = nil
+		al, err := a.Get(context.Background(), items[0])
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if ok, err := a.ReleaseIf(context.Background(), al); !ok || err != nil {
+			t.Errorf("ReleaseIf = %v, %v", ok, err)
+		}
+		// The watch applies the release before the listing seeds the holders.
+		if err := a.Sync(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, _, err := newClaims(uids).listExcept(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if a.afterPageRead != nil {
+		t.Fatal("the first ListExcept did not list")
+	}
+	if n := checkListExcept(t, a, uids); n != 1 {
+		t.Errorf("ListExcept after the seeding read %d; want the kubernetes address only", n)
+	}
+}
+
+// TestListExceptAfterCompaction: when the allocation watch is compacted (events
+// lost), the holders are dropped and the next ListExcept lists and seeds again.
+func TestListExceptAfterCompaction(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	cfg := testConfig("10.0.0.0/24")
+	a := start(t, e.Client, cfg)
+	items := ips(3)
+	uids := map[Item]string{}
+	for i, it := range items {
+		uids[it] = fmt.Sprint("s", i)
+		if _, err := a.Assign(ctx, owner(uids[it]), it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkListExcept(t, a, uids)
+	if !a.hold.kept() {
+		t.Fatal("holders not kept after the first ListExcept")
+	}
+	a.hold.mu.Lock()
+	a.hold.set(items[2].Key(), HolderHash("stale")) // what a lost event would leave
+	a.hold.mu.Unlock()
+	if err := a.reload(ctx); err != nil { // what the watch does after a compaction
+		t.Fatal(err)
+	}
+	if a.hold.kept() {
+		t.Fatal("holders kept after a re-list")
+	}
+	uids[items[2]] = "stale"
+	if n := checkListExcept(t, a, uids); n != len(items)+1 {
+		t.Errorf("ListExcept after a re-list read %d; want all %d", n, len(items)+1)
+	}
+}
+
+// TestListExceptItemOutsideRanges: an item key outside every range when the holders
+// are seeded (List leaves it out) and inside one later (a ServiceCIDR created over it)
+// is read: the range change drops the holders.
+func TestListExceptItemOutsideRanges(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24"))
+	stray := IP(netip.MustParseAddr("10.1.0.9"))
+	v := appendItemValue(nil, owner("x"), time.Now())
+	if _, err := e.Client.Put(ctx, a.key(stray), string(v)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkListExcept(t, a, map[Item]string{}) // seeds, without the stray key
+	if _, err := a.CreateServiceCIDR(ctx, "extra", []string{"10.1.0.0/24"}); err != nil {
+		t.Fatal(err)
+	}
+	checkListExcept(t, a, map[Item]string{})
+	checkListExcept(t, a, map[Item]string{stray: "x"})
+}
+
+// TestListExceptSeedingOfAnEarlierStart: two ListExcept calls. A seeds (start, List);
+// the holders are dropped while A lists (a ServiceCIDR event, a compaction); a release
+// commits while they are not kept; B starts a new seeding, and A's listing ends while
+// B lists: A's fill must not land in B's holders (with A's older listing, the released
+// item would stay held by its former owner).
+func TestListExceptSeedingOfAnEarlierStart(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24"))
+	items := ips(3)
+	uids := map[Item]string{}
+	for i, it := range items {
+		uids[it] = fmt.Sprint("s", i)
+		if _, err := a.Assign(ctx, owner(uids[it]), it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A: ListExcept's seeding, its listing paused after the first page.
+	paused, resume := make(chan struct{}), make(chan struct{})
+	a.afterPageRead = func() { a.afterPageRead = nil; close(paused); <-resume }
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if _, _, err := newClaims(uids).listExcept(ctx, a); err != nil {
+			t.Error(err)
+		}
+	}()
+	<-paused
+	a.hold.drop() // what cidrChanged or reload does
+	al, err := a.Get(ctx, items[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.ReleaseIf(ctx, al); !ok || err != nil {
+		t.Fatalf("ReleaseIf = %v, %v", ok, err)
+	}
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// B: a new seeding starts; A's listing finishes (and fills) while B lists.
+	a.afterPageRead = func() {
+		a.afterPageRead = nil
+		close(resume)
+		wg.Wait()
+	}
+	if _, _, err := newClaims(uids).listExcept(context.Background(), a); err != nil {
+		t.Fatal(err)
+	}
+	checkListExcept(t, a, uids)
+}

@@ -74,7 +74,8 @@ func TestAllocatedSource(t *testing.T) {
 		if line.Msg != "allocated" || line.UID != benchOwner.UID ||
 			!strings.HasSuffix(line.Source.Function, "(*Allocator).logAllocated") ||
 			!strings.HasSuffix(line.Source.File, "/allocator/log.go") {
-			t.Errorf("line %d = %s; want allocated, its source logAllocated in allocator/log.go", i, buf.Bytes())
+			t.Errorf("line %d = %s; want allocated, its source logAllocated in allocator/log.go", i,
+				buf.Bytes())
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -236,20 +237,23 @@ func (a *Allocator) txnOps(live []*op, now time.Time) ([]clientv3.Cmp, []clientv
 	for _, o := range live {
 		n += o.keys()
 	}
-	// The values of the batch go into one buffer: an item value per op (shared by its
-	// items) and the owner record, at these offsets.
+	// The values of the batch go into one string: an item value per op (shared by its
+	// items) and the owner record, at these offsets. Each is encoded into scratch (on
+	// the stack) and copied into the builder, whose String does not copy it again.
 	spans := make([][3]int, 0, len(live))
-	vals := make([]byte, 0, len(live)*320)
+	var sb strings.Builder
+	sb.Grow(len(live) * 320)
+	var scratch [512]byte
 	for _, o := range live {
 		var sp [3]int
-		sp[0] = len(vals)
-		vals = appendItemValue(vals, o.owner, now)
-		sp[1] = len(vals)
-		vals = appendOwnerRecord(vals, o.next)
-		sp[2] = len(vals)
+		sp[0] = sb.Len()
+		sb.Write(appendItemValue(scratch[:0], o.owner, now))
+		sp[1] = sb.Len()
+		sb.Write(appendOwnerRecord(scratch[:0], o.next))
+		sp[2] = sb.Len()
 		spans = append(spans, sp)
 	}
-	all := string(vals)
+	all := sb.String()
 	cmps := make([]clientv3.Cmp, 0, n+2)
 	puts := make([]clientv3.Op, 0, n)
 	// The oldest fence of the batch (every op of it is fenced on one epoch key:
@@ -266,20 +270,20 @@ func (a *Allocator) txnOps(live []*op, now time.Time) ([]clientv3.Cmp, []clientv
 		val := all[spans[i][0]:spans[i][1]]
 		for _, p := range o.picks {
 			if p.held {
-				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(p.key), "=", p.modRev))
+				cmps = append(cmps, modifiedAt(p.key, p.modRev))
 				continue
 			}
 			if p.guard != nil && !slices.Contains(guards, p.guard.id) {
 				guards = append(guards, p.guard.id)
-				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(p.guard.key), "=", p.guard.rev))
+				cmps = append(cmps, modifiedAt(p.guard.key, p.guard.rev))
 			}
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(p.key), "=", 0))
+			cmps = append(cmps, createdAt(p.key, 0))
 			puts = append(puts, clientv3.OpPut(p.key, val))
 		}
 		if o.ownerRev == 0 {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(o.ownerKey), "=", 0))
+			cmps = append(cmps, createdAt(o.ownerKey, 0))
 		} else {
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(o.ownerKey), "=", o.ownerRev))
+			cmps = append(cmps, modifiedAt(o.ownerKey, o.ownerRev))
 		}
 		if o.putRecord {
 			puts = append(puts, clientv3.OpPut(o.ownerKey, all[spans[i][1]:spans[i][2]]))

@@ -11,6 +11,7 @@ import (
 	"hash/crc32"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -123,8 +124,9 @@ func encodeSnapshot(snap *indexSnapshot, now time.Time) (checkpointHead, [][]byt
 	var parts [][]byte
 	var raw []byte
 	for _, sr := range snap.ranges {
-		raw = raw[:0]
-		for _, w := range sr.used.Words() {
+		words := sr.used.Words()
+		raw = slices.Grow(raw[:0], 8*len(words)) // at once: a /8 is 2 MiB of words
+		for _, w := range words {
 			raw = binary.LittleEndian.AppendUint64(raw, w)
 		}
 		var buf bytes.Buffer

@@ -108,10 +108,7 @@ func (a *Allocator) fenceNow() fence {
 // fenceCmps are the compares of a transaction fenced at f: it commits only while the
 // epoch key is the same key and its version below f.version + epochSlack.
 func (a *Allocator) fenceCmps(f fence) []clientv3.Cmp {
-	return []clientv3.Cmp{
-		clientv3.Compare(clientv3.Version(a.epochKey), "<", f.version+epochSlack),
-		clientv3.Compare(clientv3.CreateRevision(a.epochKey), "=", f.create),
-	}
+	return []clientv3.Cmp{versionBelow(a.epochKey, f.version+epochSlack), createdAt(a.epochKey, f.create)}
 }
 
 // fenceFailed reports whether the epoch key as read (kv, nil when absent) fails the

@@ -37,11 +37,18 @@ func (h *ownerHints) put(uid string, rev int64, rec *ownerRecord) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.cur == nil {
-		h.cur = make(map[string]ownerHint)
+		h.cur = make(map[string]ownerHint, maxHints)
 	}
 	h.cur[uid] = ownerHint{rev: rev, rec: rec}
 	if len(h.cur) >= maxHints {
-		h.old, h.cur = h.cur, make(map[string]ownerHint)
+		// The forgotten generation's map, emptied, is the next current one: it keeps
+		// its room for maxHints owners, so that neither the turn nor the puts after it
+		// allocate (a map grown from empty moves its entries at every growth on the way).
+		h.old, h.cur = h.cur, h.old
+		if h.cur == nil {
+			h.cur = make(map[string]ownerHint, maxHints)
+		}
+		clear(h.cur)
 	}
 }
 

@@ -67,7 +67,12 @@ func newStore(cli *clientv3.Client, log *slog.Logger, prefix string) *store {
 
 func (s *store) key(it Item) string {
 	if it.Kind == KindClusterIP {
-		return s.ipPrefix + it.Addr.String()
+		if !it.Addr.IsValid() {
+			return s.ipPrefix + it.Addr.String() // "invalid IP", which AppendTo does not write
+		}
+		// One allocation, not two (the address's text, then the key).
+		var buf [96]byte
+		return string(it.Addr.AppendTo(append(buf[:0], s.ipPrefix...)))
 	}
 	return s.portPrefix + strconv.Itoa(it.Port)
 }

@@ -21,8 +21,10 @@ import (
 //   - A full release (and repair's, and a forced one, when it empties a record) keeps
 //     the owner record as a tombstone (no items) instead of deleting it: the compare of
 //     any transaction built before it fails, whether it expected no record or the one
-//     the release replaced. An owner that allocates again (a Service turned
-//     ExternalName and back) follows the tombstone like any record.
+//     the release replaced. A full release that finds nothing held (no record, or a
+//     tombstone) writes a tombstone anew all the same, for the same reason. An owner
+//     that allocates again (a Service turned ExternalName and back) follows the
+//     tombstone like any record.
 //   - Tombstones are deleted after a bounded time, counted on etcd, not on a clock: the
 //     epoch key <prefix>/epoch is rewritten every epochInterval by one replica (a
 //     compare of its version), and every allocation and release transaction compares

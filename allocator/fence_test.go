@@ -57,15 +57,31 @@ func passEpochs(t *testing.T, a *Allocator) {
 // the free item satisfied its compares, and the allocation came back.) An owner that
 // allocates again after a genuine release still can. In the second case the tombstone
 // is collected before the held transaction lands: the epoch fence fails it.
+//
+// Two more cases release an owner that has no record, or only a tombstone, when the
+// release reads it: the held transaction (the caller's only attempt, not retried)
+// expects just that, so the release must still change the record (a tombstone anew).
 func TestNoAllocationComesBack(t *testing.T) {
-	for _, collect := range []bool{false, true} {
-		t.Run(map[bool]string{false: "tombstone", true: "tombstone collected"}[collect], func(t *testing.T) {
-			raceRelease(t, collect)
-		})
+	for _, c := range []raceCase{
+		{name: "tombstone", retry: true},
+		{name: "tombstone collected", retry: true, collect: true},
+		{name: "no record when released"},
+		{name: "only a tombstone when released", tombFirst: true},
+	} {
+		t.Run(c.name, func(t *testing.T) { raceRelease(t, c) })
 	}
 }
 
-func raceRelease(t *testing.T, collect bool) {
+// raceCase is one case of TestNoAllocationComesBack: whether the caller retries
+// (else the release finds what the held transaction expects), whether the tombstone
+// is collected before the held transaction lands, and whether the owner allocated and
+// released everything once before (a tombstone when the held transaction is built).
+type raceCase struct {
+	name                      string
+	retry, collect, tombFirst bool
+}
+
+func raceRelease(t *testing.T, c raceCase) {
 	e := etcdtest.New(t)
 	ctx := etcdtest.Context(t)
 	cfg := testConfig("10.0.0.0/24")
@@ -99,6 +115,25 @@ func raceRelease(t *testing.T, collect bool) {
 		}
 		return n
 	}
+	if c.tombFirst {
+		if _, err := other.Allocate(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := other.Release(ctx, o, nil, false); err != nil {
+			t.Fatal(err)
+		}
+		// The held replica knows the tombstone (as from a transaction's read-back), so
+		// that its transaction expects it rather than reading it through the paused link.
+		resp, err := e.Client.Get(ctx, held.ownerKey(o.UID))
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("tombstone of %s: %v, %v", o.UID, resp, err)
+		}
+		rec, err := decodeOwnerRecord(resp.Kvs[0].Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held.hints.put(o.UID, resp.Kvs[0].ModRevision, rec)
+	}
 	before := txns()
 	px.PauseTx()
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -109,16 +144,19 @@ func raceRelease(t *testing.T, collect bool) {
 		t.Fatalf("Allocate through the paused link = %v; want the caller's deadline (its transaction held)",
 			err)
 	}
-	res, err := other.Allocate(ctx, req) // the caller's retry, through another replica
-	if err != nil {
-		px.UnpauseTx()
-		t.Fatalf("retry = %v", err)
+	var res Result
+	if c.retry {
+		res, err = other.Allocate(ctx, req) // the caller's retry, through another replica
+		if err != nil {
+			px.UnpauseTx()
+			t.Fatalf("retry = %v", err)
+		}
 	}
 	if _, _, err := other.Release(ctx, o, nil, false); err != nil {
 		px.UnpauseTx()
 		t.Fatalf("Release(all of %s) = %v", o.UID, err)
 	}
-	if collect {
+	if c.collect {
 		passEpochs(t, other)
 		if resp, _ := e.Client.Get(ctx, other.ownerKey(o.UID)); len(resp.Kvs) != 0 {
 			px.UnpauseTx()
@@ -135,7 +173,7 @@ func raceRelease(t *testing.T, collect bool) {
 			"transaction committed",
 			o.UID, res.ClusterIPs, holds)
 	}
-	if !collect {
+	if !c.collect {
 		checkTombstone(t, e.Client, other, o.UID)
 	}
 

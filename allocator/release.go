@@ -105,13 +105,18 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item,
 		}
 		mine = recs[o.UID]
 	}
+	t := &releaseTxn{byHolder: map[string][]Item{}, epoch: a.fenceNow()}
 	if len(items) == 0 {
-		if mine.rec == nil {
-			return released{}, true, nil
+		if mine.rec == nil || mine.rec.items() == 0 {
+			// Nothing held: the record is made a tombstone anew all the same, so that a
+			// transaction of the owner built before (expecting the record as found)
+			// fails its compare, as after any full release.
+			a.addTombstone(t, o.UID, orOwner(mine.rec, o))
+			t.cmps = append(t.cmps, mine.cmp(a.ownerKey(o.UID)))
+			return a.commitRelease(ctx, o, t)
 		}
 		items = mine.rec.itemList()
 	}
-	t := &releaseTxn{byHolder: map[string][]Item{}, epoch: a.fenceNow()}
 	if err := a.releaseItems(ctx, t, o, items, force); err != nil {
 		return released{}, true, err
 	}
@@ -121,6 +126,20 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item,
 	if len(t.writes) == 0 {
 		return released{}, true, nil
 	}
+	return a.commitRelease(ctx, o, t)
+}
+
+// orOwner is rec, or when nil an empty record of o.
+func orOwner(rec *ownerRecord, o Owner) *ownerRecord {
+	if rec == nil {
+		return &ownerRecord{Namespace: o.Namespace, Name: o.Name, UID: o.UID}
+	}
+	return rec
+}
+
+// commitRelease commits the transaction t of a Release attempt of o: what it
+// released, whether it is done (false: a compare failed, read again) and an error.
+func (a *Allocator) commitRelease(ctx context.Context, o Owner, t *releaseTxn) (released, bool, error) {
 	if len(t.cmps) > maxTxnOps || len(t.writes) > maxTxnOps {
 		return released{}, true, badrequest.New("cluster_ips",
 			"too many items and owners for one transaction")

@@ -108,5 +108,6 @@
 // "released" (with force, and the holder_uids of other owners a forced release took
 // items from), "reassigned" (with to_namespace, to_name, to_uid, if_mod_revision) and
 // ReleaseIf's "released" (with if_mod_revision). Replays and no-ops write nothing and
-// log nothing.
+// log nothing; a full release of an owner that holds nothing writes a tombstone anew
+// (fence.go) and logs nothing.
 package allocator

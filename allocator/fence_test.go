@@ -3,7 +3,9 @@ package allocator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
+	"sync"
 	"testing"
 	"time"
 
@@ -252,5 +254,34 @@ func TestEpochSeenKeepsPairs(t *testing.T) {
 	a.epochSeen(0, 0) // deleted
 	if f := a.fenceNow(); f != (fence{}) {
 		t.Errorf("after the key's delete: fence %+v; want its absence", f)
+	}
+}
+
+// TestConcurrentFullReleases: full releases of one owner at once all succeed. Each
+// writes a tombstone (an owner holding nothing gets one anew); one that loses the race
+// to another's tombstone, written since it began, is done.
+func TestConcurrentFullReleases(t *testing.T) {
+	e := etcdtest.New(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24"))
+	ctx := etcdtest.Context(t)
+	for _, held := range []bool{false, true} {
+		uid := fmt.Sprint("x", held)
+		if held {
+			if _, err := a.Allocate(ctx, Request{Owner: owner(uid)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, 48)
+		for i := range errs {
+			wg.Go(func() { _, _, errs[i] = a.Release(ctx, owner(uid), nil, false) })
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("full Release #%d of %s (holding something: %v) = %v", i, uid, held, err)
+			}
+		}
+		checkTombstone(t, e.Client, a, uid)
 	}
 }

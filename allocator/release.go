@@ -48,9 +48,10 @@ func (a *Allocator) Release(ctx context.Context, o Owner, items []Item, force bo
 			return nil, 0, badrequest.New("cluster_ips", it.String()+" named twice")
 		}
 	}
+	first := int64(-1) // the record's revision at the first attempt's read
 	for range maxWriteRetries {
-		res, done, err := a.releaseOnce(ctx, o, items, force)
-		if err == nil && res.rev != 0 {
+		res, done, err := a.releaseOnce(ctx, o, items, force, &first)
+		if err == nil && res.rev != 0 && !res.sealed {
 			a.logReleased(ctx, o, res.released, res.holders, res.rev, force)
 		}
 		if err != nil || done {
@@ -66,6 +67,8 @@ type released struct {
 	released []Item
 	holders  []string
 	rev      int64
+	// sealed: nothing was held, the record was made a tombstone anew (not logged).
+	sealed bool
 }
 
 // releaseTxn is the transaction one attempt of Release builds.
@@ -96,7 +99,7 @@ func (a *Allocator) addTombstone(t *releaseTxn, uid string, rec *ownerRecord) {
 // releaseOnce makes one attempt of Release: it reports what it released, whether it
 // is done (false: a compare failed, read again) and an error.
 func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item,
-	force bool) (released, bool, error) {
+	force bool, first *int64) (released, bool, error) {
 	var mine recordState
 	if o.UID != "" {
 		recs, err := a.readRecords(ctx, []string{o.UID}, 0)
@@ -104,16 +107,26 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item,
 			return released{}, false, call.Unapplied(err) // every earlier attempt's compares failed
 		}
 		mine = recs[o.UID]
+		if *first < 0 {
+			*first = mine.rev
+		}
 	}
 	t := &releaseTxn{byHolder: map[string][]Item{}, epoch: a.fenceNow()}
 	if len(items) == 0 {
 		if mine.rec == nil || mine.rec.items() == 0 {
+			if mine.rec != nil && mine.rev > *first {
+				// A tombstone written since this call's first read (another release of
+				// the owner): every transaction built before the call fails on it.
+				return released{}, true, nil
+			}
 			// Nothing held: the record is made a tombstone anew all the same, so that a
 			// transaction of the owner built before (expecting the record as found)
 			// fails its compare, as after any full release.
 			a.addTombstone(t, o.UID, orOwner(mine.rec, o))
 			t.cmps = append(t.cmps, mine.cmp(a.ownerKey(o.UID)))
-			return a.commitRelease(ctx, o, t)
+			res, done, err := a.commitRelease(ctx, o, t)
+			res.sealed = true
+			return res, done, err
 		}
 		items = mine.rec.itemList()
 	}

@@ -123,8 +123,7 @@ func (h *holders) fill(gen uint64, rev int64, all []Allocation) {
 func (h *holders) drop() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.idx, h.hs, h.free, h.touched, h.seeded = nil, nil, nil, nil, 0
-	h.gen++
+	h.reset()
 }
 
 // dropSeeding drops the holders if they are still those of the start that returned
@@ -133,9 +132,14 @@ func (h *holders) dropSeeding(gen uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.gen == gen {
-		h.idx, h.hs, h.free, h.touched, h.seeded = nil, nil, nil, nil, 0
-		h.gen++
+		h.reset()
 	}
+}
+
+// reset forgets the holders (h.mu held).
+func (h *holders) reset() {
+	h.idx, h.hs, h.free, h.touched, h.seeded = nil, nil, nil, nil, 0
+	h.gen++
 }
 
 // set records that the owner of UID hash holds k.

@@ -96,22 +96,29 @@ func ips(n int) []Item {
 	return out
 }
 
+// held starts an allocator on a new etcd and assigns it n addresses from 10.0.0.10,
+// the i-th to owner "s<i>": the addresses, and each one's owner UID.
+func held(t *testing.T, n int) (*etcdtest.Server, *Allocator, []Item, map[Item]string) {
+	t.Helper()
+	e := etcdtest.New(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24"))
+	items := ips(n)
+	uids := map[Item]string{}
+	for i, it := range items {
+		uids[it] = fmt.Sprint("s", i)
+		if _, err := a.Assign(etcdtest.Context(t), owner(uids[it]), it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return e, a, items, uids
+}
+
 // TestListExcept: after the first call (a full list that seeds the holders), what
 // changes later (a release, a move to another owner, a new allocation, an allocation
 // in a ServiceCIDR added later) is read, and what is held by its claimant is skipped.
 func TestListExcept(t *testing.T) {
-	e := etcdtest.New(t)
+	_, a, items, uids := held(t, 40)
 	ctx := etcdtest.Context(t)
-	a := start(t, e.Client, testConfig("10.0.0.0/24"))
-	items := ips(40)
-	uids := map[Item]string{}
-	for i, it := range items {
-		uid := fmt.Sprint("s", i)
-		if _, err := a.Assign(ctx, owner(uid), it); err != nil {
-			t.Fatal(err)
-		}
-		uids[it] = uid
-	}
 	if n := checkListExcept(t, a, uids); n != len(items)+1 {
 		t.Errorf("first ListExcept read %d; want all %d (and the kubernetes address)", n, len(items)+1)
 	}
@@ -162,17 +169,8 @@ func TestListExcept(t *testing.T) {
 // TestListExceptSeedingRace: a release while the first ListExcept lists (after the
 // listing read the item) is not undone by the seeding: the item is read afterwards.
 func TestListExceptSeedingRace(t *testing.T) {
-	e := etcdtest.New(t)
+	_, a, items, uids := held(t, 3)
 	ctx := etcdtest.Context(t)
-	a := start(t, e.Client, testConfig("10.0.0.0/24"))
-	items := ips(3)
-	uids := map[Item]string{}
-	for i, it := range items {
-		uids[it] = fmt.Sprint("s", i)
-		if _, err := a.Assign(ctx, owner(uids[it]), it); err != nil {
-			t.Fatal(err)
-		}
-	}
 	a.afterPageRead = func() {
 		a.afterPageRead = nil
 		al, err := a.Get(context.Background(), items[0])
@@ -202,18 +200,8 @@ func TestListExceptSeedingRace(t *testing.T) {
 // TestListExceptAfterCompaction: when the allocation watch is compacted (events
 // lost), the holders are dropped and the next ListExcept lists and seeds again.
 func TestListExceptAfterCompaction(t *testing.T) {
-	e := etcdtest.New(t)
+	_, a, items, uids := held(t, 3)
 	ctx := etcdtest.Context(t)
-	cfg := testConfig("10.0.0.0/24")
-	a := start(t, e.Client, cfg)
-	items := ips(3)
-	uids := map[Item]string{}
-	for i, it := range items {
-		uids[it] = fmt.Sprint("s", i)
-		if _, err := a.Assign(ctx, owner(uids[it]), it); err != nil {
-			t.Fatal(err)
-		}
-	}
 	checkListExcept(t, a, uids)
 	if !a.hold.kept() {
 		t.Fatal("holders not kept after the first ListExcept")
@@ -262,17 +250,8 @@ func TestListExceptItemOutsideRanges(t *testing.T) {
 // B lists: A's fill must not land in B's holders (with A's older listing, the released
 // item would stay held by its former owner).
 func TestListExceptSeedingOfAnEarlierStart(t *testing.T) {
-	e := etcdtest.New(t)
+	_, a, items, uids := held(t, 3)
 	ctx := etcdtest.Context(t)
-	a := start(t, e.Client, testConfig("10.0.0.0/24"))
-	items := ips(3)
-	uids := map[Item]string{}
-	for i, it := range items {
-		uids[it] = fmt.Sprint("s", i)
-		if _, err := a.Assign(ctx, owner(uids[it]), it); err != nil {
-			t.Fatal(err)
-		}
-	}
 	// A: ListExcept's seeding, its listing paused after the first page.
 	paused, resume := make(chan struct{}), make(chan struct{})
 	a.afterPageRead = func() { a.afterPageRead = nil; close(paused); <-resume }

@@ -68,7 +68,8 @@ func (p *passRun) gather() []allocator.Claim {
 }
 
 // judged returns which claims (by place) the pass judges: those ListExcept did not mark
-// held, and those of an item it read (another Service uses it, or it was listed).
+// held, and those of an item it read (another Service uses it, or it was listed). It
+// makes the pass's slots, sized for them.
 func (p *passRun) judged(cl []allocator.Claim, held []bool) func(i int) bool {
 	if !slices.Contains(held, true) {
 		p.slots = make(map[allocator.ItemKey]slot, len(cl))

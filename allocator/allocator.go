@@ -68,6 +68,9 @@ type Allocator struct {
 	epochAt atomic.Int64
 	// epochGone is set when the watch sees the epoch key deleted.
 	epochGone atomic.Bool
+	// earlierSwept is the CreateRevision of the epoch key under which this replica
+	// found no index key written under an earlier one (collectTombstones).
+	earlierSwept atomic.Int64
 
 	// hints are the owner records last written or read.
 	hints ownerHints

@@ -138,3 +138,47 @@ func cpuTime() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkCollectTombstones collects the tombstones of 20,000 full releases (a mass
+// release: a namespace of Services deleted), the way the epoch loop does, a round at a
+// time: each round moves the epoch on and collects what it may. It reports the rounds
+// the collection took (the epoch loop runs one a second) and the time per tombstone.
+func BenchmarkCollectTombstones(b *testing.B) {
+	const n = 20_000
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e, err := embedded.Start(ctx, embedded.Config{Name: "bench", Dir: b.TempDir(), UnsafeNoFsync: true,
+		ClientURL: "http://" + etcdtest.FreeAddr(b), PeerURL: "http://" + etcdtest.FreeAddr(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	cli := v3client.New(e.Server)
+	defer cli.Close()
+	a, err := New(ctx, cli, testConfig("10.0.0.0/16"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var rounds int
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		writeTombstones(b, cli, a, "uid", n)
+		b.StartTimer()
+		for {
+			resp, err := cli.Get(ctx, a.tombPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+			if err != nil {
+				b.Fatal(err)
+			}
+			if resp.Count == 0 {
+				break
+			}
+			if err := a.epochRound(ctx); err != nil {
+				b.Fatal(err)
+			}
+			rounds++
+		}
+	}
+	b.ReportMetric(float64(rounds)/float64(b.N), "rounds/op")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/tombstone")
+}

@@ -43,6 +43,8 @@ const (
 	epochSlack    = 10
 	// tombstoneBatch is how many tombstones one collecting transaction deletes.
 	tombstoneBatch = 32
+	// tombstoneRead is how many index keys a collection reads at once.
+	tombstoneRead = 1024
 	// fenceOps is how many compares fenceCmps adds to a transaction.
 	fenceOps = 2
 )
@@ -243,20 +245,29 @@ func (a *Allocator) bumpEpoch(ctx context.Context) (bool, error) {
 // off, a batch at a time, and the index keys of owners that allocated again since:
 // those written under an earlier epoch key (ModRevision below its CreateRevision:
 // every transaction built before it was made fails its compare), and those of this
-// one whose u + epochSlack the epoch has reached.
+// one whose u + epochSlack the epoch has reached. It collects all it may, unless a
+// batch's transaction fails its compares (an owner allocated again since its record was
+// read, or the epoch key was made anew): the next round reads them again.
+//
+// The index keys of an earlier epoch key are found with a ModRevision filter, which
+// makes etcd read every index key (it drops a limit with a filter): that is done once
+// per epoch key, until a read finds none (no later write can have a ModRevision below
+// the key's CreateRevision), not every round; a mass release would otherwise cost a read
+// of every waiting tombstone's key per batch of 32.
 func (a *Allocator) collectTombstones(ctx context.Context) error {
 	f := a.fenceNow()
 	v, c := f.version, f.create
-	for range 16 {
+	for a.earlierSwept.Load() != c {
 		resp, err := a.cli.Get(ctx, a.tombPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-			clientv3.WithMaxModRev(c-1), clientv3.WithLimit(tombstoneBatch))
+			clientv3.WithMaxModRev(c-1))
 		if err != nil {
 			return err
 		}
 		if len(resp.Kvs) == 0 {
+			a.earlierSwept.Store(c)
 			break
 		}
-		if err := a.collectBatch(ctx, resp.Kvs, c, false); err != nil {
+		if done, err := a.collectBatches(ctx, resp.Kvs, c, false); !done || err != nil {
 			return err
 		}
 	}
@@ -264,27 +275,37 @@ func (a *Allocator) collectTombstones(ctx context.Context) error {
 		return nil
 	}
 	end := a.tombPrefix + fmt.Sprintf("%020d", v-epochSlack+1)
-	for range 16 {
+	for {
 		resp, err := a.cli.Get(ctx, a.tombPrefix, clientv3.WithRange(end), clientv3.WithKeysOnly(),
-			clientv3.WithLimit(tombstoneBatch))
+			clientv3.WithLimit(tombstoneRead))
 		if err != nil || len(resp.Kvs) == 0 {
 			return err
 		}
-		if err := a.collectBatch(ctx, resp.Kvs, c, true); err != nil {
+		if done, err := a.collectBatches(ctx, resp.Kvs, c, true); !done || err != nil || !resp.More {
 			return err
 		}
-		if !resp.More {
-			return nil
-		}
 	}
-	return nil
+}
+
+// collectBatches is collectBatch over keys, tombstoneBatch at a time; it stops at the
+// first batch whose transaction fails its compares, and reports whether none did.
+func (a *Allocator) collectBatches(ctx context.Context, keys []*mvccpb.KeyValue, create int64,
+	byVersion bool) (bool, error) {
+	for len(keys) > 0 {
+		n := min(len(keys), tombstoneBatch)
+		if ok, err := a.collectBatch(ctx, keys[:n], create, byVersion); !ok || err != nil {
+			return false, err
+		}
+		keys = keys[n:]
+	}
+	return true, nil
 }
 
 // collectBatch deletes the tombstones of a batch of index keys (and the keys), under
 // the epoch key of CreateRevision create and, with byVersion, at a version past every
-// key's u + epochSlack.
+// key's u + epochSlack; it reports whether the transaction's compares held.
 func (a *Allocator) collectBatch(ctx context.Context, keys []*mvccpb.KeyValue, create int64,
-	byVersion bool) error {
+	byVersion bool) (bool, error) {
 	var uids []string
 	var us, revs []int64
 	for _, kv := range keys {
@@ -298,7 +319,7 @@ func (a *Allocator) collectBatch(ctx context.Context, keys []*mvccpb.KeyValue, c
 	}
 	recs, err := a.readRecords(ctx, uids, 0)
 	if err != nil {
-		return err
+		return false, err
 	}
 	maxU := int64(0)
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(a.epochKey), "=", create)}
@@ -319,6 +340,9 @@ func (a *Allocator) collectBatch(ctx context.Context, keys []*mvccpb.KeyValue, c
 	if byVersion {
 		cmps = append(cmps, clientv3.Compare(clientv3.Version(a.epochKey), ">", maxU+epochSlack-1))
 	}
-	_, err = a.cli.Txn(ctx).If(cmps...).Then(dels...).Commit()
-	return err
+	resp, err := a.cli.Txn(ctx).If(cmps...).Then(dels...).Commit()
+	if err != nil {
+		return false, err
+	}
+	return resp.Succeeded, nil
 }

@@ -74,8 +74,11 @@ type Allocator struct {
 
 	// hints are the owner records last written or read.
 	hints ownerHints
-	// hold is who holds every item, kept once a repair pass asked (holders.go).
-	hold holders
+	// hold is who holds every item, kept once a repair pass asked, or from the start
+	// with keepHolders (holders.go); holdersWait is holdersDelay, shorter in tests.
+	hold        holders
+	keepHolders bool
+	holdersWait time.Duration
 	// committer groups Allocate and Assign calls into transactions while Run runs.
 	committer *committer
 }
@@ -103,6 +106,8 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, err
 		cpEvery:     checkpointEvery,
 		cpMaxAge:    checkpointMaxAge,
 		cpMinGap:    checkpointMinGap,
+		keepHolders: cfg.KeepHolders,
+		holdersWait: holdersDelay,
 	}
 	conc := cfg.CommitConcurrency
 	if conc <= 0 {
@@ -233,6 +238,9 @@ func (a *Allocator) Run(ctx context.Context) error {
 	g.Go(func() error { a.drainLoop(ctx); return nil })
 	g.Go(func() error { a.checkpointLoop(ctx); return nil })
 	g.Go(func() error { a.epochLoop(ctx); return nil })
+	if a.keepHolders {
+		g.Go(func() error { a.holdersLoop(ctx); return nil })
+	}
 	return g.Wait()
 }
 

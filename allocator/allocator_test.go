@@ -29,11 +29,20 @@ func testConfig(ranges ...string) Config {
 // start makes an Allocator and runs it until the test ends.
 func start(t *testing.T, cli *clientv3.Client, cfg Config) *Allocator {
 	t.Helper()
+	return startWith(t, cli, cfg, nil)
+}
+
+// startWith is start, calling before (unless nil) on the allocator before Run.
+func startWith(t *testing.T, cli *clientv3.Client, cfg Config, before func(*Allocator)) *Allocator {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	a, err := New(ctx, cli, cfg)
 	if err != nil {
 		cancel()
 		t.Fatalf("New(%v) = %v", cfg.ClusterIPRanges, err)
+	}
+	if before != nil {
+		before(a)
 	}
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()

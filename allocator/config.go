@@ -27,6 +27,13 @@ type Config struct {
 	// CommitConcurrency is how many group-commit transactions may be in flight at
 	// once; 0 means DefaultCommitConcurrency.
 	CommitConcurrency int
+	// KeepHolders keeps the holders (who holds each item, holders.go) from the start,
+	// and again after they are dropped, instead of from the first repair pass: then
+	// the first pass of a term of leadership reads only what it must, as every later
+	// one does. It costs a listing of every allocation in the background shortly after
+	// Run starts (and after a compaction of the watch or a ServiceCIDR change), and
+	// about 50 bytes per allocation. A replica that may run repair passes wants it.
+	KeepHolders bool
 }
 
 // DefaultCommitConcurrency is the default number of transactions in flight.

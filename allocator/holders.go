@@ -7,6 +7,7 @@ import (
 	"hash/maphash"
 	"net/netip"
 	"sync"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -20,7 +21,9 @@ import (
 //
 // The holders cost nothing until the first ListExcept: a replica that never runs a
 // repair pass keeps none. After a compaction of the watch (events lost) they are
-// dropped, and the next ListExcept lists again.
+// dropped, and the next ListExcept lists again. With Config.KeepHolders a replica seeds
+// them in the background holdersDelay after Run starts, and again that long after they
+// are dropped: a replica that becomes the leader has them at its first pass.
 
 // ItemKey is an item as a comparable value without pointers (netip.Addr has one): a
 // map key the collector does not scan, and cheaper to hash than an Item.
@@ -270,6 +273,40 @@ func (a *Allocator) ListExcept(ctx context.Context, claims []Claim, held []bool)
 		}
 	}
 	return a.readItems(ctx, items)
+}
+
+// holdersDelay is how long after Run starts, and after the holders are dropped, a
+// replica that keeps them (Config.KeepHolders) seeds them again.
+const holdersDelay = 5 * time.Second
+
+// holdersLoop seeds the holders holdersWait after Run starts and checks every
+// holdersWait after that: holders dropped since (a compaction of the watch, a
+// ServiceCIDR change, a seeding that failed) are seeded again, until ctx ends. A
+// ListExcept that comes first seeds them itself, as without KeepHolders.
+func (a *Allocator) holdersLoop(ctx context.Context) {
+	t := time.NewTicker(a.holdersWait)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		gen, ok := a.hold.start()
+		if !ok {
+			continue
+		}
+		begin := time.Now()
+		rev, all, err := a.seedHolders(ctx, gen)
+		if err != nil {
+			if ctx.Err() == nil {
+				a.log.Warn("holders not seeded; trying again", "err", err, "in", a.holdersWait)
+			}
+			continue
+		}
+		a.log.Info("holders seeded", "allocations", len(all), "revision", rev,
+			"took", time.Since(begin).Round(time.Millisecond))
+	}
 }
 
 // seedHolders lists every allocation and seeds the holders (started) with them.

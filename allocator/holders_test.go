@@ -286,3 +286,36 @@ func TestListExceptSeedingOfAnEarlierStart(t *testing.T) {
 	}
 	checkListExcept(t, a, uids)
 }
+
+// TestKeepHolders: a replica that keeps the holders (Config.KeepHolders) seeds them
+// shortly after it starts, from a listing of the allocations made before, and again
+// after they are dropped (a compaction of its watch): its first ListExcept reads only
+// what no claimant holds, where without it the first lists everything.
+func TestKeepHolders(t *testing.T) {
+	e, _, _, uids := held(t, 40) // made by another replica, before this one starts
+	ctx := etcdtest.Context(t)
+	cfg := testConfig("10.0.0.0/24")
+	cfg.KeepHolders = true
+	a := startWith(t, e.Client, cfg, func(a *Allocator) { a.holdersWait = 20 * time.Millisecond })
+	seeded := func() bool {
+		a.hold.mu.Lock()
+		defer a.hold.mu.Unlock()
+		return a.hold.seeded != 0 && a.Sync(ctx) == nil
+	}
+	etcdtest.WaitFor(t, 10*time.Second, "the holders to be seeded", seeded)
+	if n := checkListExcept(t, a, uids); n != 1 {
+		t.Errorf("first ListExcept of a replica keeping the holders read %d; want only the unclaimed "+
+			"kubernetes address", n)
+	}
+	if _, err := a.Assign(ctx, owner("late"), IP(netip.MustParseAddr("10.0.0.250"))); err != nil {
+		t.Fatal(err)
+	}
+	uids[IP(netip.MustParseAddr("10.0.0.250"))] = "late"
+	if err := a.reload(ctx); err != nil { // what the watch does after a compaction
+		t.Fatal(err)
+	}
+	etcdtest.WaitFor(t, 10*time.Second, "the holders to be seeded again", seeded)
+	if n := checkListExcept(t, a, uids); n != 1 {
+		t.Errorf("ListExcept after the holders were dropped and seeded again read %d; want 1", n)
+	}
+}

@@ -160,6 +160,9 @@ func (d *Daemon) newAllocator(ctx context.Context) (*allocator.Allocator, *clien
 		KubernetesNodePort: c.KubernetesServiceNodePort,
 		Logger:             d.log.With("component", "allocator"),
 		Registerer:         d.registry,
+		// Every replica may lead and run the repair passes: each keeps the holders,
+		// so that the first pass of a term is as fast as the next.
+		KeepHolders: true,
 	})
 	if err != nil {
 		if acli != d.cli {

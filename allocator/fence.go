@@ -247,19 +247,22 @@ func (a *Allocator) bumpEpoch(ctx context.Context) (bool, error) {
 // every transaction built before it was made fails its compare), and those of this
 // one whose u + epochSlack the epoch has reached. It collects all it may, unless a
 // batch's transaction fails its compares (an owner allocated again since its record was
-// read, or the epoch key was made anew): the next round reads them again.
+// read, another replica collected first, the epoch key was made anew): the next round
+// reads them again. Every key read is deleted when its batch commits, so each read
+// moves on.
 //
 // The index keys of an earlier epoch key are found with a ModRevision filter, which
-// makes etcd read every index key (it drops a limit with a filter): that is done once
-// per epoch key, until a read finds none (no later write can have a ModRevision below
-// the key's CreateRevision), not every round; a mass release would otherwise cost a read
-// of every waiting tombstone's key per batch of 32.
+// makes etcd read every index key (it applies a limit only to the response): that is
+// done until a read finds none (no later write can have a ModRevision below the key's
+// CreateRevision), then not again until the key is made anew; every round, a mass
+// release would cost a read of every waiting tombstone's key per batch.
 func (a *Allocator) collectTombstones(ctx context.Context) error {
 	f := a.fenceNow()
 	v, c := f.version, f.create
 	for a.earlierSwept.Load() != c {
+		// A limit bounds the response (etcd ignores it while it reads, with a filter).
 		resp, err := a.cli.Get(ctx, a.tombPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-			clientv3.WithMaxModRev(c-1))
+			clientv3.WithMaxModRev(c-1), clientv3.WithLimit(tombstoneRead))
 		if err != nil {
 			return err
 		}
@@ -267,8 +270,12 @@ func (a *Allocator) collectTombstones(ctx context.Context) error {
 			a.earlierSwept.Store(c)
 			break
 		}
-		if done, err := a.collectBatches(ctx, resp.Kvs, c, false); !done || err != nil {
+		done, err := a.collectBatches(ctx, resp.Kvs, c, false)
+		if err != nil {
 			return err
+		}
+		if !done {
+			break // read again next round; the collection by version goes on
 		}
 	}
 	if v < epochSlack {
@@ -301,31 +308,34 @@ func (a *Allocator) collectBatches(ctx context.Context, keys []*mvccpb.KeyValue,
 	return true, nil
 }
 
-// collectBatch deletes the tombstones of a batch of index keys (and the keys), under
-// the epoch key of CreateRevision create and, with byVersion, at a version past every
-// key's u + epochSlack; it reports whether the transaction's compares held.
+// collectBatch deletes the tombstones of a batch of index keys (and the keys, each at
+// the revision read: a key of the same name written since indexes another tombstone),
+// under the epoch key of CreateRevision create and, with byVersion, at a version past
+// every key's u + epochSlack; it reports whether the transaction's compares held. A
+// key of no index key's form (allocd writes none) is deleted alone: left, it would be
+// read again by every collection.
 func (a *Allocator) collectBatch(ctx context.Context, keys []*mvccpb.KeyValue, create int64,
 	byVersion bool) (bool, error) {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(a.epochKey), "=", create)}
+	var dels []clientv3.Op
 	var uids []string
 	var us, revs []int64
 	for _, kv := range keys {
-		rest := strings.TrimPrefix(string(kv.Key), a.tombPrefix)
-		us0, uid, ok := strings.Cut(rest, "/")
+		k := string(kv.Key)
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision))
+		dels = append(dels, clientv3.OpDelete(k))
+		us0, uid, ok := strings.Cut(strings.TrimPrefix(k, a.tombPrefix), "/")
 		u, err := strconv.ParseInt(us0, 10, 64)
-		if !ok || err != nil {
-			continue
+		if ok && err == nil {
+			uids, us, revs = append(uids, uid), append(us, u), append(revs, kv.ModRevision)
 		}
-		uids, us, revs = append(uids, uid), append(us, u), append(revs, kv.ModRevision)
 	}
 	recs, err := a.readRecords(ctx, uids, 0)
 	if err != nil {
 		return false, err
 	}
 	maxU := int64(0)
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(a.epochKey), "=", create)}
-	var dels []clientv3.Op
 	for i, uid := range uids {
-		dels = append(dels, clientv3.OpDelete(a.tombstoneKey(us[i], uid)))
 		// The tombstone this key indexes was written with it, at its revision; a record
 		// at another revision is another tombstone (indexed by its own key) or the
 		// owner's allocations since: only the index key goes.

@@ -71,6 +71,8 @@ type Allocator struct {
 	// earlierSwept is the CreateRevision of the epoch key under which this replica
 	// found no index key written under an earlier one (collectTombstones).
 	earlierSwept atomic.Int64
+	// collectBudget is collectBudget, longer in tests.
+	collectBudget time.Duration
 
 	// hints are the owner records last written or read.
 	hints ownerHints
@@ -97,17 +99,18 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, err
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &Allocator{
-		store:       newStore(cli, log, cfg.Prefix),
-		log:         log,
-		kubePort:    cfg.KubernetesNodePort,
-		syncTimeout: defaultSyncTimeout,
-		cpCh:        make(chan *indexSnapshot, 1),
-		cpLast:      time.Now(),
-		cpEvery:     checkpointEvery,
-		cpMaxAge:    checkpointMaxAge,
-		cpMinGap:    checkpointMinGap,
-		keepHolders: cfg.KeepHolders,
-		holdersWait: holdersDelay,
+		store:         newStore(cli, log, cfg.Prefix),
+		log:           log,
+		kubePort:      cfg.KubernetesNodePort,
+		syncTimeout:   defaultSyncTimeout,
+		cpCh:          make(chan *indexSnapshot, 1),
+		cpLast:        time.Now(),
+		cpEvery:       checkpointEvery,
+		cpMaxAge:      checkpointMaxAge,
+		cpMinGap:      checkpointMinGap,
+		keepHolders:   cfg.KeepHolders,
+		collectBudget: collectBudget,
+		holdersWait:   holdersDelay,
 	}
 	conc := cfg.CommitConcurrency
 	if conc <= 0 {

@@ -48,13 +48,15 @@ func waiting(t *testing.T, cli *clientv3.Client, a *Allocator) (index, records i
 }
 
 // TestCollectMassRelease: the tombstones of a mass release (more than one round used to
-// collect: 16 batches of 32) all go in the first round that may collect them.
+// collect: 16 batches of 32) all go in the first round that may collect them, within
+// its budget.
 func TestCollectMassRelease(t *testing.T) {
 	e := etcdtest.New(t)
 	a, err := New(etcdtest.Context(t), e.Client, testConfig("10.0.0.0/24"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.collectBudget = time.Minute // a round's budget is TestCollectBudget's
 	_, before := waiting(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "mass", 1500)
 	passEpochs(t, a) // one collection
@@ -151,6 +153,7 @@ func TestCollectForeignKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.collectBudget = time.Minute
 	if a.tombPrefix+"garbage" != garbage {
 		t.Fatalf("tombstones' prefix %s", a.tombPrefix)
 	}
@@ -203,7 +206,7 @@ func TestCollectIndexKeyWrittenAgain(t *testing.T) {
 		t.Fatalf("the sweep's read = %v, %v; want one key", resp, err)
 	}
 	writeTombstones(t, e.Client, a, "o", 1) // the same index key's name, a new tombstone
-	if _, err := a.collectBatches(ctx, resp.Kvs, c, false); err != nil {
+	if _, err := a.collectBatches(ctx, resp.Kvs, c, false, time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	passEpochs(t, a)
@@ -231,6 +234,7 @@ func TestCollectEarlierKeyOverReceiveLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.collectBudget = time.Minute
 	_, before := waiting(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "00000000-0000-0000-0000-0000000", 4000)
 	if _, err := e.Client.Delete(ctx, a.epochKey); err != nil {
@@ -245,5 +249,27 @@ func TestCollectEarlierKeyOverReceiveLimit(t *testing.T) {
 	collectFor(t, a)
 	if index, records := waiting(t, e.Client, a); index != 0 || records != before {
 		t.Errorf("after a collection: %d index keys, %d tombstones left; want none", index, records-before)
+	}
+}
+
+// TestCollectBudget: a round stops at its budget and leaves the rest to the next.
+func TestCollectBudget(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	a, err := New(ctx, e.Client, testConfig("10.0.0.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeTombstones(t, e.Client, a, "o", 200)
+	moveEpoch(t, a)
+	a.collectBudget = 0
+	collectFor(t, a)
+	if index, _ := waiting(t, e.Client, a); index != 200 {
+		t.Errorf("index keys after a round of no budget = %d; want the 200", index)
+	}
+	a.collectBudget = time.Minute
+	collectFor(t, a)
+	if index, _ := waiting(t, e.Client, a); index != 0 {
+		t.Errorf("index keys after a round of a minute = %d; want none", index)
 	}
 }

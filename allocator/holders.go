@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -106,6 +107,12 @@ func (h *holders) start() (gen uint64, started bool) {
 // still to come). It does nothing unless the holders are those of the start that
 // returned gen (not dropped, nor started again, meanwhile).
 func (h *holders) fill(gen uint64, rev int64, all []Allocation) {
+	h.fillSome(gen, all)
+	h.seededAt(gen, rev)
+}
+
+// fillSome is fill with a part of the listing, seeded at the end by seededAt.
+func (h *holders) fillSome(gen uint64, all []Allocation) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.gen != gen || h.touched == nil {
@@ -117,7 +124,18 @@ func (h *holders) fill(gen uint64, rev int64, all []Allocation) {
 			h.set(k, HolderHash(all[i].Owner.UID))
 		}
 	}
+}
+
+// seededAt ends the seeding that started with gen, by a listing at rev, and reports
+// whether the holders are still those of that start.
+func (h *holders) seededAt(gen uint64, rev int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.gen != gen || h.touched == nil {
+		return false
+	}
 	h.touched, h.seeded = nil, rev
+	return true
 }
 
 // drop stops keeping the holders: the watch lost events (a compaction), the ranges
@@ -297,16 +315,65 @@ func (a *Allocator) holdersLoop(ctx context.Context) {
 			continue
 		}
 		begin := time.Now()
-		rev, all, err := a.seedHolders(ctx, gen)
+		rev, n, err := a.streamHolders(ctx, gen)
 		if err != nil {
 			if ctx.Err() == nil {
 				a.log.Warn("holders not seeded; trying again", "err", err, "in", a.holdersWait)
 			}
 			continue
 		}
-		a.log.Info("holders seeded", "allocations", len(all), "revision", rev,
+		a.log.Info("holders seeded", "allocations", n, "revision", rev,
 			"took", time.Since(begin).Round(time.Millisecond))
 	}
+}
+
+// streamHolders seeds the holders (started with gen) as seedHolders does, a chunk of
+// the listing at a time: nothing of it but the holders stays in memory (a listing of
+// 1M allocations would take hundreds of MB at once). It returns the listing's
+// revision and how many allocations it held.
+func (a *Allocator) streamHolders(ctx context.Context, gen uint64) (int64, int, error) {
+	var err error
+	for range listTries {
+		var rev int64
+		var n int
+		if rev, n, err = a.streamHoldersAt(ctx, gen); err == nil {
+			if !a.hold.seededAt(gen, rev) {
+				return 0, 0, errors.New("holders dropped while they were listed")
+			}
+			return rev, n, nil
+		}
+		if !errors.Is(err, rpctypes.ErrCompacted) {
+			break
+		}
+		// Read again at a new revision: the parts filled from the compacted one hold
+		// for the items the watch has not changed since the start, and the others'
+		// events come before the new revision is reached (check waits for it).
+	}
+	a.hold.dropSeeding(gen)
+	return 0, 0, err
+}
+
+// streamHoldersAt is listAt, filling the holders with each chunk instead of
+// returning the allocations.
+func (a *Allocator) streamHoldersAt(ctx context.Context, gen uint64) (int64, int, error) {
+	var d listDecoder
+	var chunk []Allocation
+	var rev int64
+	n := 0
+	for _, prefix := range []string{a.ipPrefix, a.portPrefix} {
+		r, err := a.scan(ctx, prefix, rev, func(kvs []*mvccpb.KeyValue) {
+			chunk = a.decodeAll(chunk[:0], kvs, &d)
+			a.hold.fillSome(gen, chunk)
+			n += len(chunk)
+		})
+		if err != nil {
+			return 0, 0, fmt.Errorf("list allocations: %w", rpctypes.Error(err))
+		}
+		if rev == 0 {
+			rev = r
+		}
+	}
+	return rev, n, nil
 }
 
 // seedHolders lists every allocation and seeds the holders (started) with them.

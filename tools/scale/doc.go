@@ -11,15 +11,19 @@
 //
 //  1. Allocate's rate: -clients goroutines over 4 connections for -rate-duration, one
 //     ClusterIP for a new owner per call, ok calls only (then released, so that the
-//     point stays the point); at -profile-at, a CPU and a heap profile of allocd;
+//     point stays the point); at -profile-at, a CPU and a heap profile of allocd; with
+//     -settle, after that long without writes since the fill;
 //  2. allocd's RSS (the embedded etcd included) and the data directory's size;
 //  3. repair passes over the point's Services (pushed as a snapshot; RunRepair): the
-//     first of the term (it lists every allocation), and the best of the next two;
-//  4. kill -9 of allocd; etcd alone on the data directory (`scale etcd`): its start
+//     first of the term, and the best of the next two (allocd keeps the holders from
+//     its start, so the first lists every allocation only if the holders were not
+//     seeded yet);
+//  4. kill -9 of allocd, and its start again on its embedded etcd: kill to health
+//     SERVING;
+//  5. kill -9 of allocd; etcd alone on the data directory (`scale etcd`): its start
 //     to ready, and its RSS once ready; with it running, an allocd on --etcd-servers
 //     (a replica joining, on an external etcd): start to SERVING, and kill -9 of it:
-//     kill to SERVING again;
-//  5. allocd with its embedded etcd again: kill -9 to health SERVING.
+//     kill to SERVING again; then allocd on its embedded etcd again, for the next fill.
 //
 // Between points it fills the store with -clients goroutines allocating one ClusterIP
 // each for a new owner. `make scale` runs it.

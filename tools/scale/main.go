@@ -25,6 +25,7 @@ type options struct {
 	logLevel     string
 	abFull       string
 	abRounds     int
+	settle       time.Duration
 }
 
 func main() {
@@ -54,6 +55,8 @@ func main() {
 	flag.StringVar(&o.abFull, "ab-full", "", "instead of the points: Allocate on an empty store and on "+
 		"the store in this work directory (an earlier -dir, kept), alternating")
 	flag.IntVar(&o.abRounds, "ab-rounds", 3, "rounds of -ab-full")
+	flag.DurationVar(&o.settle, "settle", 0, "wait this long after each fill before the rate run: the "+
+		"compactions the fill's writes started end first (0: the rate run follows the fill at once)")
 	flag.Parse()
 	if o.abFull != "" {
 		if err := abRun(context.Background(), o, o.abFull); err != nil {

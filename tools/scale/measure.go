@@ -129,6 +129,9 @@ type row struct {
 func (s *stack) measure(ctx context.Context, f *filler, n int) (row, error) {
 	r := row{n: n}
 	var err error
+	if n > 0 && s.o.settle > 0 {
+		time.Sleep(s.o.settle)
+	}
 	if r.rate, r.cpu, err = s.rateRun(ctx, f, n); err != nil {
 		return r, err
 	}

@@ -107,9 +107,17 @@ func (h *holders) start() (gen uint64, started bool) {
 // still to come). It does nothing unless the holders are those of the start that
 // returned gen (not dropped, nor started again, meanwhile).
 func (h *holders) fill(gen uint64, rev int64, all []Allocation) {
-	h.fillSome(gen, all)
+	for len(all) > 0 { // the lock a part at a time: the watch waits for it
+		n := min(len(all), fillPart)
+		h.fillSome(gen, all[:n])
+		all = all[n:]
+	}
 	h.seededAt(gen, rev)
 }
+
+// fillPart is how many allocations fill takes under one hold of the lock (a few
+// milliseconds; 1M took 0.7 s, past the watch's stall warning).
+const fillPart = 1 << 14
 
 // fillSome is fill with a part of the listing, seeded at the end by seededAt.
 func (h *holders) fillSome(gen uint64, all []Allocation) {
@@ -297,31 +305,37 @@ func (a *Allocator) ListExcept(ctx context.Context, claims []Claim, held []bool)
 // replica that keeps them (Config.KeepHolders) seeds them again.
 const holdersDelay = 5 * time.Second
 
+// holdersMaxWait bounds the wait between seedings that fail (it doubles each time).
+const holdersMaxWait = time.Minute
+
 // holdersLoop seeds the holders holdersWait after Run starts and checks every
-// holdersWait after that: holders dropped since (a compaction of the watch, a
-// ServiceCIDR change, a seeding that failed) are seeded again, until ctx ends. A
+// holdersWait after that: holders dropped since (a compaction of the watch, a change
+// of the ranges, a seeding that failed) are seeded again, until ctx ends; after a
+// seeding that failed it waits twice as long each time, up to holdersMaxWait. A
 // ListExcept that comes first seeds them itself, as without KeepHolders.
 func (a *Allocator) holdersLoop(ctx context.Context) {
-	t := time.NewTicker(a.holdersWait)
-	defer t.Stop()
+	wait := a.holdersWait
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-time.After(wait):
 		}
 		gen, ok := a.hold.start()
 		if !ok {
+			wait = a.holdersWait
 			continue
 		}
 		begin := time.Now()
 		rev, n, err := a.streamHolders(ctx, gen)
 		if err != nil {
+			wait = min(2*wait, holdersMaxWait)
 			if ctx.Err() == nil {
-				a.log.Warn("holders not seeded; trying again", "err", err, "in", a.holdersWait)
+				a.log.Warn("holders not seeded; trying again", "err", err, "in", wait)
 			}
 			continue
 		}
+		wait = a.holdersWait
 		a.log.Info("holders seeded", "allocations", n, "revision", rev,
 			"took", time.Since(begin).Round(time.Millisecond))
 	}

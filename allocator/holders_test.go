@@ -8,8 +8,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
@@ -297,11 +300,7 @@ func TestKeepHolders(t *testing.T) {
 	cfg := testConfig("10.0.0.0/24")
 	cfg.KeepHolders = true
 	a := startWith(t, e.Client, cfg, func(a *Allocator) { a.holdersWait = 20 * time.Millisecond })
-	seeded := func() bool {
-		a.hold.mu.Lock()
-		defer a.hold.mu.Unlock()
-		return a.hold.seeded != 0 && a.Sync(ctx) == nil
-	}
+	seeded := func() bool { _, s := holdersState(a); return s != 0 && a.Sync(ctx) == nil }
 	etcdtest.WaitFor(t, 10*time.Second, "the holders to be seeded", seeded)
 	if n := checkListExcept(t, a, uids); n != 1 {
 		t.Errorf("first ListExcept of a replica keeping the holders read %d; want only the unclaimed "+
@@ -318,4 +317,103 @@ func TestKeepHolders(t *testing.T) {
 	if n := checkListExcept(t, a, uids); n != 1 {
 		t.Errorf("ListExcept after the holders were dropped and seeded again read %d; want 1", n)
 	}
+}
+
+// slowKeysKV delays, while armed, the keys-only reads at a revision: listItems, which
+// cidrChanged runs to fill the bitmap of a new range (between its drop of the holders
+// and its store of the new table).
+type slowKeysKV struct {
+	clientv3.KV
+	armed atomic.Bool
+	delay time.Duration
+}
+
+func (k *slowKeysKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	if op := clientv3.OpGet(key, opts...); k.armed.Load() && op.IsKeysOnly() && op.Rev() != 0 {
+		time.Sleep(k.delay)
+	}
+	return k.KV.Get(ctx, key, opts...)
+}
+
+// holdersState returns the holders' generation and the revision they were seeded at.
+func holdersState(a *Allocator) (gen uint64, seeded int64) {
+	a.hold.mu.Lock()
+	defer a.hold.mu.Unlock()
+	return a.hold.gen, a.hold.seeded
+}
+
+// TestHoldersRangeAdded: an allocation that predates its range (a stray key, a restore)
+// and that no Service claims. A ServiceCIDR holding it is created; a background
+// seeding that followed the drop in cidrChanged listed while the old table was still
+// installed (cidrChanged drops, fills the new range's bitmap, then stores the table),
+// so the holders never got the item, and no later ListExcept read it: the leak was
+// invisible to every pass until the holders were dropped again. (Found by a review;
+// apply drops them again once the table is stored.)
+func TestHoldersRangeAdded(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprint("keep=", keep), func(t *testing.T) {
+			e := etcdtest.New(t)
+			ctx := etcdtest.Context(t)
+			v := `{"namespace":"ns","name":"stray","uid":"uid-stray","time":"2024-01-01T00:00:00Z"}`
+			if _, err := e.Client.Put(ctx, "/allocd/clusterips/10.1.0.5", v); err != nil {
+				t.Fatal(err)
+			}
+			cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cli.Close() })
+			slow := &slowKeysKV{KV: cli.KV, delay: time.Second}
+			cli.KV = slow
+			cfg := testConfig("10.0.0.0/24")
+			cfg.KeepHolders = keep
+			a := startWith(t, cli, cfg, func(a *Allocator) { a.holdersWait = 10 * time.Millisecond })
+			uids := map[Item]string{} // no Service claims anything but what checkListExcept needs
+			if !keep {
+				checkListExcept(t, a, uids) // seeds, as the first pass would
+			}
+			etcdtest.WaitFor(t, 10*time.Second, "seeded", func() bool { _, s := holdersState(a); return s != 0 })
+			gen0, _ := holdersState(a)
+			slow.armed.Store(true)
+			if _, err := a.CreateServiceCIDR(ctx, "extra", []string{"10.1.0.0/24"}); err != nil {
+				t.Fatal(err)
+			}
+			slow.armed.Store(false)
+			if err := a.Sync(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !keep {
+				checkListExcept(t, a, uids) // the first pass after the drop lists and seeds
+			}
+			etcdtest.WaitFor(t, 10*time.Second, "seeded again", func() bool {
+				g, s := holdersState(a)
+				return g != gen0 && s != 0 && a.Sync(ctx) == nil
+			})
+			checkListExcept(t, a, uids) // must read 10.1.0.5: listed, claimed by nobody
+		})
+	}
+}
+
+// TestHoldersNonCanonicalKey: List took nodeports/030000 as port 30000, so a seeding
+// recorded its owner for 30000; the watch leaves the key out of the holders (not in
+// its own form), so its delete never reached them: the claim stayed held although
+// nothing was allocated under 30000. List now leaves such keys out too.
+func TestHoldersNonCanonicalKey(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	v := `{"namespace":"ns","name":"b","uid":"uid-b","time":"2024-01-01T00:00:00Z"}`
+	if _, err := e.Client.Put(ctx, "/allocd/nodeports/030000", v); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig("10.0.0.0/24")
+	cfg.KeepHolders = true
+	a := startWith(t, e.Client, cfg, func(a *Allocator) { a.holdersWait = 10 * time.Millisecond })
+	etcdtest.WaitFor(t, 10*time.Second, "seeded", func() bool { _, s := holdersState(a); return s != 0 })
+	if _, err := e.Client.Delete(ctx, "/allocd/nodeports/030000"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkListExcept(t, a, map[Item]string{Port(30000): "uid-b"})
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -251,11 +252,14 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 	}
 	var hc []holderChange // for the holders, when kept
 	keep := a.hold.kept()
+	ranges := false // the batch changed the ranges
 	for _, ev := range evs {
 		if bytes.HasPrefix(ev.Kv.Key, []byte(a.cidrPrefix)) {
-			if err := a.cidrChanged(ctx, ev); err != nil {
+			changed, err := a.cidrChanged(ctx, ev)
+			if err != nil {
 				return err
 			}
+			ranges = ranges || changed
 			continue
 		}
 		it, ok := a.parseKey(ev.Kv.Key)
@@ -289,14 +293,21 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 		}
 	}
 	a.hold.apply(hc)
+	if ranges {
+		// Again, now that the new table is there and the batch's changes (some taken
+		// under the old one) are in: a seeding that started since cidrChanged dropped
+		// them listed under the old table, and an item outside its ranges, in a new
+		// one now, would be in no pass's reads.
+		a.hold.drop()
+	}
 	a.advance(evs[len(evs)-1].Kv.ModRevision)
 	return nil
 }
 
-// cidrChanged installs the table with ev's ServiceCIDR change. The bitmaps of new
-// prefixes are filled from the item keys at ev's revision; the events after it
-// apply on top.
-func (a *Allocator) cidrChanged(ctx context.Context, ev *clientv3.Event) error {
+// cidrChanged installs the table with ev's ServiceCIDR change, and reports whether its
+// ranges (the set of prefixes) changed. The bitmaps of new prefixes are filled from
+// the item keys at ev's revision; the events after it apply on top.
+func (a *Allocator) cidrChanged(ctx context.Context, ev *clientv3.Event) (bool, error) {
 	old := a.tab.Load()
 	name := strings.TrimPrefix(string(ev.Kv.Key), a.cidrPrefix)
 	cidrs := make([]ServiceCIDR, 0, len(old.cidrs)+1)
@@ -309,7 +320,7 @@ func (a *Allocator) cidrChanged(ctx context.Context, ev *clientv3.Event) error {
 		c, err := decodeCIDR(ev.Kv.Value, ev.Kv.CreateRevision, ev.Kv.ModRevision)
 		if err != nil {
 			a.log.Warn("undecodable ServiceCIDR; ignored", "key", string(ev.Kv.Key), "err", err)
-			return nil
+			return false, nil
 		}
 		cidrs = append(cidrs, c)
 		a.log.Info("ServiceCIDR seen", "name", name, "cidrs", prefixes(c.CIDRs), "state", c.State.String(),
@@ -319,8 +330,12 @@ func (a *Allocator) cidrChanged(ctx context.Context, ev *clientv3.Event) error {
 	}
 	t, fresh := a.buildTable(cidrs)
 	// An item outside every range, left out of the holders' listing, may be in a new
-	// one: they are listed again when next asked.
-	a.hold.drop()
+	// one, and one of a range removed is in no range now: the holders are listed again.
+	// (A change of state alone, to terminating say, leaves every item where it was.)
+	changed := !maps.EqualFunc(old.byPrefix, t.byPrefix, func(*rng, *rng) bool { return true })
+	if changed {
+		a.hold.drop()
+	}
 	if len(fresh) > 0 {
 		used := make(map[*rng]*bitset.BitSet, len(fresh))
 		for _, r := range fresh {
@@ -334,12 +349,12 @@ func (a *Allocator) cidrChanged(ctx context.Context, ev *clientv3.Event) error {
 			})
 		})
 		if err != nil {
-			return fmt.Errorf("fill the ranges of ServiceCIDR %s: %w", name, err)
+			return false, fmt.Errorf("fill the ranges of ServiceCIDR %s: %w", name, err)
 		}
 		for _, r := range fresh {
 			r.Replace(used[r])
 		}
 	}
 	a.tab.Store(t)
-	return nil
+	return changed, nil
 }

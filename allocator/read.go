@@ -109,6 +109,7 @@ func (a *Allocator) listAt(ctx context.Context, all []Allocation) (int64, []Allo
 type listDecoder struct {
 	keys, strs []byte
 	items      []listItem
+	canon      []byte // an item's key in its own form
 }
 
 type listItem struct {
@@ -171,11 +172,19 @@ func (a *Allocator) decodeAll(all []Allocation, kvs []*mvccpb.KeyValue, d *listD
 				a.log.Warn("allocation outside the configured ranges", "key", a.ipPrefix+k)
 				continue
 			}
+			if d.canon = addr.AppendTo(d.canon[:0]); string(d.canon) != k {
+				a.log.Warn("allocation under a key not in its own form; ignored", "key", a.ipPrefix+k)
+				continue
+			}
 			it = IP(addr)
 		} else {
 			p, err := strconv.Atoi(k)
 			if err != nil {
 				a.log.Warn("allocation outside the configured ranges", "key", a.portPrefix+k)
+				continue
+			}
+			if d.canon = strconv.AppendInt(d.canon[:0], int64(p), 10); string(d.canon) != k {
+				a.log.Warn("allocation under a key not in its own form; ignored", "key", a.portPrefix+k)
 				continue
 			}
 			it = Port(p)

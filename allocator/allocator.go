@@ -53,8 +53,11 @@ type Allocator struct {
 	// (both the watch goroutine's alone).
 	cpCh      chan *indexSnapshot
 	cpChanges int
-	cpLast    time.Time
-	cpRev     int64 // of the last snapshot handed over
+	// cpCarry holds the changes of snapshots the writer left for a younger head; the
+	// watch adds them back to cpChanges.
+	cpCarry atomic.Int64
+	cpLast  time.Time
+	cpRev   int64 // of the last snapshot handed over
 	// cpEvery, cpMaxAge and cpMinGap are checkpointEvery, checkpointMaxAge and
 	// checkpointMinGap (smaller in tests); loadedFrom says how New loaded the index
 	// ("checkpoint" or "list").

@@ -165,6 +165,13 @@ func (a *Allocator) writeCheckpoint(ctx context.Context, snap *indexSnapshot) (b
 		young := func(d time.Duration) bool { return time.Since(old.Time) < d && old.Time.Before(time.Now()) }
 		if json.Unmarshal(resp.Kvs[0].Value, &old) == nil &&
 			(old.Rev >= snap.rev || young(a.cpMinGap) || snap.changes == 0 && young(checkpointIdle)) {
+			if old.Rev < snap.rev {
+				// Left for a head younger than the gap, at an older revision: its changes
+				// count again, and the watch hands a newer one after the gap (a burst of
+				// releases otherwise left the head before it until checkpointMaxAge, and
+				// a restart then replayed the whole burst).
+				a.cpCarry.Add(int64(snap.changes))
+			}
 			return false, nil
 		}
 		headCmp = clientv3.Compare(clientv3.ModRevision(a.cpHeadKey), "=", resp.Kvs[0].ModRevision)
@@ -372,10 +379,14 @@ func (a *Allocator) maybeCheckpoint() {
 	if a.cpCh == nil {
 		return
 	}
+	a.cpChanges += int(a.cpCarry.Swap(0))
 	age := time.Since(a.cpLast)
 	idle := age >= checkpointIdle && a.progress.Rev() > a.cpRev // keep its revision young
 	if a.cpChanges < a.cpEvery && (a.cpChanges == 0 || age < a.cpMaxAge) && !idle {
 		return
+	}
+	if age < a.cpMinGap {
+		return // the last one may have been left for a younger head: not again so soon
 	}
 	snap := a.snapshotIndex()
 	snap.changes = a.cpChanges

@@ -61,7 +61,10 @@ const (
 type indexSnapshot struct {
 	rev     int64
 	changes int
-	ranges  []snapRange
+	// prev is the revision of this replica's snapshot before it: its changes are
+	// those after prev.
+	prev   int64
+	ranges []snapRange
 }
 
 type snapRange struct {
@@ -165,11 +168,14 @@ func (a *Allocator) writeCheckpoint(ctx context.Context, snap *indexSnapshot) (b
 		young := func(d time.Duration) bool { return time.Since(old.Time) < d && old.Time.Before(time.Now()) }
 		if json.Unmarshal(resp.Kvs[0].Value, &old) == nil &&
 			(old.Rev >= snap.rev || young(a.cpMinGap) || snap.changes == 0 && young(checkpointIdle)) {
-			if old.Rev < snap.rev {
-				// Left for a head younger than the gap, at an older revision: its changes
-				// count again, and the watch hands a newer one after the gap (a burst of
-				// releases otherwise left the head before it until checkpointMaxAge, and
-				// a restart then replayed the whole burst).
+			if old.Rev <= snap.prev || snap.prev == 0 && old.Rev < snap.rev {
+				// Left for a head younger than the gap that has none of its changes (this
+				// replica's own last one, typically): they count again, and the watch hands
+				// a newer one after the gap (a burst of releases otherwise left the head
+				// before it until checkpointMaxAge, and a restart replayed the whole burst).
+				// A head another replica wrote since holds them: nothing to carry, or
+				// every replica would write one checkpoint each. (A replica's first
+				// snapshot carries unless the head is as new.)
 				a.cpCarry.Add(int64(snap.changes))
 			}
 			return false, nil
@@ -389,7 +395,7 @@ func (a *Allocator) maybeCheckpoint() {
 		return // the last one may have been left for a younger head: not again so soon
 	}
 	snap := a.snapshotIndex()
-	snap.changes = a.cpChanges
+	snap.changes, snap.prev = a.cpChanges, a.cpRev
 	select {
 	case a.cpCh <- snap:
 		a.cpChanges, a.cpLast, a.cpRev = 0, time.Now(), snap.rev

@@ -242,7 +242,7 @@ func TestCheckpointAfterBurst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runWith(t, a, func(a *Allocator) { a.cpEvery, a.cpMinGap, a.cpMaxAge = 5, 2 * time.Second, time.Hour })
+	runWith(t, a, func(a *Allocator) { a.cpEvery, a.cpMinGap, a.cpMaxAge = 5, 2*time.Second, time.Hour })
 	burst := func(name string, n int) int64 {
 		t.Helper()
 		for i := range n {

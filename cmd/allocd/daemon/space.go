@@ -37,20 +37,14 @@ const (
 // compactions before the compactor compacts sooner than --etcd-compaction-interval
 // (all but the last 2 s or so of history: compactor.Member): 16 MiB (some 25,000
 // Allocate and Release cycles: seconds at full speed, hours at a Kubernetes cluster's
-// pace), at most an eighth of the quota; historyFraction raises it as the store grows.
-// Defragmentation waits for twice that much free space.
+// pace), at most an eighth of the quota. Defragmentation waits for twice that much
+// free space.
 func historyBudget(quota int64) int64 {
 	if quota == 0 {
 		quota = DefaultQuotaBackendBytes
 	}
 	return min(16<<20, quota/8)
 }
-
-// historyFraction raises the history budget to a quarter of what the last compaction
-// left, within half the room left under the quota (compactor.MemberConfig.HistoryFraction):
-// 1M allocations leave about 450 MB, a budget of about 110 MB; each compaction walks
-// every key of etcd's index (about 3 s of CPU at 1M), once every 16 MiB before.
-const historyFraction = 0.25
 
 // validateEtcdSpace checks --etcd-compaction-interval and --quota-backend-bytes.
 func (c *Config) validateEtcdSpace() []error {
@@ -128,8 +122,7 @@ func (d *Daemon) startSpace(ctx, runCtx context.Context) error {
 	// Tests that poll faster keep two polls of history too (2 s at the default 1 s).
 	m, err := compactor.NewMember(mt,
 		compactor.MemberConfig{Endpoint: "http://" + d.cfg.EmbeddedEtcdClientAddress,
-			HistoryBytes: budget, HistoryFraction: historyFraction, DefragFreeBytes: 2 * budget, Compactor: c,
-			Poll:         d.cfg.etcdSpacePoll,
+			HistoryBytes: budget, DefragFreeBytes: 2 * budget, Compactor: c, Poll: d.cfg.etcdSpacePoll,
 			HistoryFloor: 2 * d.cfg.etcdSpacePoll, Logger: d.log, Registerer: d.registry})
 	if err != nil {
 		return err

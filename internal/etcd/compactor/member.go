@@ -56,13 +56,6 @@ type MemberConfig struct {
 	// than this since the lowest size seen after the last hurry, the Compactor is
 	// hurried. 0: never.
 	HistoryBytes int64
-	// HistoryFraction raises the budget to this fraction of that lowest size (what the
-	// last compaction left: about the live keys), bounded by half the room left under
-	// the member's quota; 0: HistoryBytes alone. A compaction walks every key of etcd's
-	// index: with a budget that grows with the keys, its cost per byte written stays
-	// flat as the store grows, where a fixed one compacts a large store every few
-	// seconds of writes (1M allocations: ~3 s of CPU a compaction, one every 16 MiB).
-	HistoryFraction float64
 	// DefragFreeBytes is the least free space (file size - size in use) worth a
 	// defragmentation, which also needs at least half of the file free, and at most
 	// DefragMaxInUseBytes in use. Must be > 0.
@@ -118,9 +111,6 @@ func NewMember(cli Maintainer, cfg MemberConfig) (*Member, error) {
 	}
 	if cfg.HistoryBytes < 0 {
 		return nil, fmt.Errorf("compactor: history budget %d: want >= 0", cfg.HistoryBytes)
-	}
-	if cfg.HistoryFraction < 0 || cfg.HistoryFraction > 1 {
-		return nil, fmt.Errorf("compactor: history fraction %v: want 0 to 1", cfg.HistoryFraction)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -223,25 +213,15 @@ func (m *Member) hurry(st *clientv3.StatusResponse) {
 		m.low = st.DbSizeInUse
 	}
 	grown, nospace := st.DbSizeInUse-m.low, slices.Contains(Alarms(st), "NOSPACE")
-	budget := m.budget(st)
-	if (grown <= budget && !nospace) || target <= m.hurried {
+	if (grown <= m.cfg.HistoryBytes && !nospace) || target <= m.hurried {
 		return
 	}
 	m.log.Debug("etcd history over its budget, or etcd out of space: compacting now",
-		"in_use", st.DbSizeInUse, "grown", grown, "budget", budget, "nospace", nospace,
+		"in_use", st.DbSizeInUse, "grown", grown, "budget", m.cfg.HistoryBytes, "nospace", nospace,
 		"revision", target)
 	m.cfg.Compactor.Hurry(target)
 	m.hurried = target
 	m.low = 0 // measured anew from the next read, after the compaction
-}
-
-// budget is the history budget at st (see MemberConfig.HistoryFraction).
-func (m *Member) budget(st *clientv3.StatusResponse) int64 {
-	b := int64(m.cfg.HistoryFraction * float64(m.low))
-	if st.DbSizeQuota > 0 {
-		b = min(b, (st.DbSizeQuota-max(st.DbSize, st.DbSizeInUse))/2)
-	}
-	return max(m.cfg.HistoryBytes, b)
 }
 
 // observe records etcd's revision rev read at now, and returns the newest revision

@@ -92,22 +92,11 @@ type testMember struct {
 
 func newMember(t *testing.T, e *etcdtest.Server, c *Compactor, history, free int64) *testMember {
 	t.Helper()
-	return newMemberWith(t, e, c, history, free, nil)
-}
-
-// newMemberWith is newMember, with its configuration changed by with (unless nil).
-func newMemberWith(t *testing.T, e *etcdtest.Server, c *Compactor, history, free int64,
-	with func(*MemberConfig)) *testMember {
-	t.Helper()
 	tm := &testMember{t: t, clock: clockwork.NewFakeClock(), p: newPolled(e.Client)}
-	cfg := MemberConfig{Endpoint: e.Endpoint, HistoryBytes: history, DefragFreeBytes: free,
+	m, err := NewMember(tm.p, MemberConfig{Endpoint: e.Endpoint, HistoryBytes: history, DefragFreeBytes: free,
 		// HistoryFloor: ten polls, as 2 s is two of a second.
 		Compactor: c, Poll: 20 * time.Millisecond, HistoryFloor: 200 * time.Millisecond,
-		Logger: quiet, Registerer: prometheus.NewRegistry(), Clock: tm.clock}
-	if with != nil {
-		with(&cfg)
-	}
-	m, err := NewMember(tm.p, cfg)
+		Logger: quiet, Registerer: prometheus.NewRegistry(), Clock: tm.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,47 +184,6 @@ func TestMemberKeepsHistoryWithinBudget(t *testing.T) {
 	}
 	if n := counter(t, c.m.steps.WithLabelValues("compacted")); n < 3 {
 		t.Errorf("%.0f compactions; want the Member to have hurried several", n)
-	}
-}
-
-// TestMemberBudgetGrowsWithStore: with a HistoryFraction, the budget is that fraction
-// of the size in use the last compaction left (the live keys), not the fixed
-// HistoryBytes: 2 MiB of history over 8 MiB of live keys stays within half of them,
-// 6 MiB does not. (A compaction walks every key: a large store compacted every few MiB
-// spends its CPU on it.)
-func TestMemberBudgetGrowsWithStore(t *testing.T) {
-	e := newEtcd(t)
-	c := newCompactor(t, e.Client, time.Hour)
-	m := newMemberWith(t, e, c, 256*kib, 64<<20, func(cfg *MemberConfig) { cfg.HistoryFraction = 0.5 })
-	ctx := etcdtest.Context(t)
-	m.run(ctx)
-	v := strings.Repeat("x", 256*kib)
-	for i := range 32 {
-		if _, err := e.Client.Put(ctx, "live-"+strconv.Itoa(i), v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for range 12 { // the size in use measured; the history floor passed
-		m.pollOnce()
-	}
-	hurried := func() bool {
-		select {
-		case <-c.hurry:
-			return true
-		default:
-			return false
-		}
-	}
-	poll := func() { m.pollOnce() }
-	overwrite(t, e.Client, 8, 256*kib, poll)
-	if hurried() {
-		size, inUse := dbSize(t, e)
-		t.Errorf("hurried after 2 MiB of history over 8 MiB of live keys (file %d, in use %d); want a "+
-			"budget of half of them", size, inUse)
-	}
-	overwrite(t, e.Client, 16, 256*kib, poll)
-	if !hurried() {
-		t.Error("not hurried after 6 MiB of history over 8 MiB of live keys; want the budget of 4 MiB passed")
 	}
 }
 
@@ -475,28 +423,5 @@ func TestMemberCompactsOutOfSpace(t *testing.T) {
 	})
 	if got := gaugeValue(t, c.m.compacted); got < float64(end) {
 		t.Errorf("allocd_etcd_compacted_revision = %v; want at least %d", got, end)
-	}
-}
-
-// TestMemberBudgetWithinQuota: the budget a HistoryFraction makes stays within half the
-// room left under the quota, and never below HistoryBytes.
-func TestMemberBudgetWithinQuota(t *testing.T) {
-	const mib = 1 << 20
-	m := &Member{cfg: MemberConfig{HistoryBytes: mib, HistoryFraction: 0.25}, low: 100 * mib}
-	for _, c := range []struct {
-		size, inUse, quota, want int64
-	}{
-		{150 * mib, 150 * mib, 0, 25 * mib},            // no quota known: a quarter of 100 MiB
-		{150 * mib, 150 * mib, 1024 * mib, 25 * mib},   // room enough
-		{190 * mib, 150 * mib, 200 * mib, 5 * mib},     // half of the file's 10 MiB of room
-		{150 * mib, 195 * mib, 200 * mib, 5 * mib / 2}, // the room by what is in use
-		{150 * mib, 199 * mib, 200 * mib, mib},         // half a MiB: HistoryBytes at least
-		{210 * mib, 150 * mib, 200 * mib, mib},         // past the quota
-	} {
-		st := &clientv3.StatusResponse{DbSize: c.size, DbSizeInUse: c.inUse, DbSizeQuota: c.quota}
-		if got := m.budget(st); got != c.want {
-			t.Errorf("budget(size %d MiB, in use %d MiB, quota %d MiB) = %d; want %d", c.size/mib, c.inUse/mib,
-				c.quota/mib, got, c.want)
-		}
 	}
 }

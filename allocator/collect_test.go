@@ -122,7 +122,8 @@ func collectFor(t *testing.T, a *Allocator) {
 	begin := time.Now()
 	err := a.collectTombstones(ctx)
 	if d := time.Since(begin); d > 2*time.Second || err != nil {
-		t.Fatalf("collectTombstones = %v after %v; want done in well under 2 s", err, d.Round(time.Millisecond))
+		t.Fatalf("collectTombstones = %v after %v; want done in well under 2 s", err,
+			d.Round(time.Millisecond))
 	}
 }
 

@@ -328,7 +328,8 @@ type slowKeysKV struct {
 	delay time.Duration
 }
 
-func (k *slowKeysKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+func (k *slowKeysKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (
+	*clientv3.GetResponse, error) {
 	if op := clientv3.OpGet(key, opts...); k.armed.Load() && op.IsKeysOnly() && op.Rev() != 0 {
 		time.Sleep(k.delay)
 	}
@@ -358,7 +359,8 @@ func TestHoldersRangeAdded(t *testing.T) {
 			if _, err := e.Client.Put(ctx, "/allocd/clusterips/10.1.0.5", v); err != nil {
 				t.Fatal(err)
 			}
-			cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
+			cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint},
+				DialTimeout: 5 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -372,7 +374,10 @@ func TestHoldersRangeAdded(t *testing.T) {
 			if !keep {
 				checkListExcept(t, a, uids) // seeds, as the first pass would
 			}
-			etcdtest.WaitFor(t, 10*time.Second, "seeded", func() bool { _, s := holdersState(a); return s != 0 })
+			etcdtest.WaitFor(t, 10*time.Second, "seeded", func() bool {
+				_, s := holdersState(a)
+				return s != 0
+			})
 			gen0, _ := holdersState(a)
 			slow.armed.Store(true)
 			if _, err := a.CreateServiceCIDR(ctx, "extra", []string{"10.1.0.0/24"}); err != nil {

@@ -44,9 +44,9 @@ func writer(t *testing.T, e *etcdtest.Server, cfg Config) (stop func()) {
 	if _, err := w.Allocate(ctx, Request{Owner: owner(fmt.Sprint("w", time.Now().UnixNano()))}); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// Until Run's watch runs, Sync gives up at once.
+	etcdtest.WaitFor(t, 10*time.Second, "the index to reach the Allocate",
+		func() bool { return w.Sync(ctx) == nil })
 	at := w.progress.Rev()
 	etcdtest.WaitFor(t, 10*time.Second, "a checkpoint", func() bool {
 		r, err := w.checkpointRevision(ctx)
@@ -250,9 +250,9 @@ func TestCheckpointAfterBurst(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := a.Sync(ctx); err != nil {
-			t.Fatal(err)
-		}
+		// Until Run's watch runs, Sync gives up at once.
+		etcdtest.WaitFor(t, 10*time.Second, "the index to reach the burst",
+			func() bool { return a.Sync(ctx) == nil })
 		return a.progress.Rev()
 	}
 	checkpointed := func(what string, at int64) {

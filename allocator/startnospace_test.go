@@ -110,9 +110,9 @@ func TestStartRetryAfterCheckpointLoad(t *testing.T) {
 	if _, err := got.Allocate(ctx, Request{Owner: owner("z")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := got.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// Until Run's watch runs, Sync gives up at once (a CI run under load was that quick).
+	etcdtest.WaitFor(t, 10*time.Second, "the index to reach the Allocate",
+		func() bool { return got.Sync(ctx) == nil })
 	at := got.progress.Rev()
 	etcdtest.WaitFor(t, 10*time.Second, "a checkpoint", func() bool {
 		r, err := got.checkpointRevision(ctx)

@@ -266,3 +266,25 @@ func TestCheckpointAfterBurst(t *testing.T) {
 	// At once, inside the gap: the first snapshot after it is left for the young head.
 	checkpointed("a checkpoint of the second burst", burst("second", 12))
 }
+
+// TestSyncWaitsAfterStarting: after Starting, a Sync that comes before Run's watch has
+// started waits for it, instead of failing at once with ErrNotRunning (a daemon serves
+// before Run's goroutine runs: a call at start failed with Unavailable).
+func TestSyncWaitsAfterStarting(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	a, err := New(ctx, e.Client, testConfig("10.0.0.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Starting()
+	if _, err := a.Allocate(ctx, Request{Owner: owner("early")}); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{})
+	time.AfterFunc(200*time.Millisecond, func() { runWith(t, a, nil); close(started) })
+	if err := a.Sync(ctx); err != nil {
+		t.Errorf("Sync before Run's watch started = %v; want it to wait for the watch", err)
+	}
+	<-started
+}

@@ -177,6 +177,11 @@ func (a *Allocator) Sync(ctx context.Context) error {
 	return fmt.Errorf("allocation index: %w: %w", err, ErrNotRunning)
 }
 
+// Starting marks the index's watch as running before Run's goroutine starts it, so
+// that a call that comes meanwhile waits for the watch (Sync) instead of failing at once
+// with ErrNotRunning: a server calls it before it serves, then runs Run.
+func (a *Allocator) Starting() { a.progress.SetRunning(true) }
+
 // watchLoop applies the item keys' changes to the index from the revision it
 // reflects on, re-listing after a compaction. Progress notifications (which Sync
 // asks for) move the index past writes outside the watched keys. It returns when ctx

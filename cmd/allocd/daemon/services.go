@@ -74,6 +74,9 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Calls that come before Run's watch starts wait for it (a call at start failed
+	// with Unavailable, "allocator is not running").
+	alloc.Starting()
 	d.swapIn(alloc, leases, el, rep, ec)
 
 	// The lease manager runs under its own context, cancelled first at shutdown: its

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 
 	"github.com/allocd/allocd/internal/etcd/embedded"
@@ -23,14 +24,8 @@ import (
 // over gRPC (RangeStream) and through the in-process client (pages).
 func BenchmarkList(b *testing.B) {
 	const n = 100_000
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	e, err := embedded.Start(ctx, embedded.Config{Name: "bench", Dir: b.TempDir(), UnsafeNoFsync: true,
-		ClientURL: "http://" + etcdtest.FreeAddr(b), PeerURL: "http://" + etcdtest.FreeAddr(b)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Close()
+	ctx := context.Background()
+	e := benchEtcd(b, true)
 	grpcCli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Config().ListenClientUrls[0].String()},
 		DialTimeout: 5 * time.Second})
 	if err != nil {
@@ -93,12 +88,7 @@ func BenchmarkList(b *testing.B) {
 func BenchmarkAllocate(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	e, err := embedded.Start(ctx, embedded.Config{Name: "bench", Dir: b.TempDir(),
-		ClientURL: "http://" + etcdtest.FreeAddr(b), PeerURL: "http://" + etcdtest.FreeAddr(b)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Close()
+	e := benchEtcd(b, false)
 	cli := v3client.New(e.Server)
 	defer cli.Close()
 	cfg := testConfig("10.0.0.0/8")
@@ -131,6 +121,20 @@ func BenchmarkAllocate(b *testing.B) {
 	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 }
 
+// benchEtcd starts an embedded etcd (fsync off with noFsync) until the benchmark ends.
+func benchEtcd(b *testing.B, noFsync bool) *embed.Etcd {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	e, err := embedded.Start(ctx, embedded.Config{Name: "bench", Dir: b.TempDir(), UnsafeNoFsync: noFsync,
+		ClientURL: "http://" + etcdtest.FreeAddr(b), PeerURL: "http://" + etcdtest.FreeAddr(b)})
+	if err != nil {
+		cancel()
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { e.Close(); cancel() })
+	return e
+}
+
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
@@ -145,15 +149,8 @@ func cpuTime() time.Duration {
 // the collection took (the epoch loop runs one a second) and the time per tombstone.
 func BenchmarkCollectTombstones(b *testing.B) {
 	const n = 20_000
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	e, err := embedded.Start(ctx, embedded.Config{Name: "bench", Dir: b.TempDir(), UnsafeNoFsync: true,
-		ClientURL: "http://" + etcdtest.FreeAddr(b), PeerURL: "http://" + etcdtest.FreeAddr(b)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Close()
-	cli := v3client.New(e.Server)
+	ctx := context.Background()
+	cli := v3client.New(benchEtcd(b, true).Server)
 	defer cli.Close()
 	a, err := New(ctx, cli, testConfig("10.0.0.0/16"))
 	if err != nil {

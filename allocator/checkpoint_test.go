@@ -238,10 +238,7 @@ func TestCheckpointEqualsList(t *testing.T) {
 func TestCheckpointAfterBurst(t *testing.T) {
 	e := etcdtest.New(t)
 	ctx := etcdtest.Context(t)
-	a, err := New(ctx, e.Client, testConfig("10.0.0.0/24"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := idle(t, e.Client)
 	runWith(t, a, func(a *Allocator) { a.cpEvery, a.cpMinGap, a.cpMaxAge = 5, 2*time.Second, time.Hour })
 	burst := func(name string, n int) int64 {
 		t.Helper()
@@ -273,10 +270,7 @@ func TestCheckpointAfterBurst(t *testing.T) {
 func TestSyncWaitsAfterStarting(t *testing.T) {
 	e := etcdtest.New(t)
 	ctx := etcdtest.Context(t)
-	a, err := New(ctx, e.Client, testConfig("10.0.0.0/24"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := idle(t, e.Client)
 	a.Starting()
 	if _, err := a.Allocate(ctx, Request{Owner: owner("early")}); err != nil {
 		t.Fatal(err)

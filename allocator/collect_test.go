@@ -47,15 +47,37 @@ func waiting(t *testing.T, cli *clientv3.Client, a *Allocator) (index, records i
 	return r1.Count, r2.Count
 }
 
+// idle makes an Allocator of 10.0.0.0/24 on cli, not running: nothing but the test
+// moves its epoch or collects.
+func idle(t *testing.T, cli *clientv3.Client) *Allocator {
+	t.Helper()
+	a, err := New(etcdtest.Context(t), cli, testConfig("10.0.0.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// epochAnew deletes the epoch key, as a release does while etcd is out of space, and
+// makes it anew, as a's epoch loop would.
+func epochAnew(t *testing.T, cli *clientv3.Client, a *Allocator) {
+	t.Helper()
+	ctx := etcdtest.Context(t)
+	if _, err := cli.Delete(ctx, a.epochKey); err != nil {
+		t.Fatal(err)
+	}
+	a.epochRead(nil)
+	if err := a.ensureEpoch(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCollectMassRelease: the tombstones of a mass release (more than one round used to
 // collect: 16 batches of 32) all go in the first round that may collect them, within
 // its budget.
 func TestCollectMassRelease(t *testing.T) {
 	e := etcdtest.New(t)
-	a, err := New(etcdtest.Context(t), e.Client, testConfig("10.0.0.0/24"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := idle(t, e.Client)
 	a.collectBudget = time.Minute // a round's budget is TestCollectBudget's
 	_, before := waiting(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "mass", 1500)
@@ -72,20 +94,7 @@ func TestCollectMassRelease(t *testing.T) {
 func TestCollectUnderEarlierEpochKey(t *testing.T) {
 	e := etcdtest.New(t)
 	ctx := etcdtest.Context(t)
-	a, err := New(ctx, e.Client, testConfig("10.0.0.0/24"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	anew := func() {
-		t.Helper()
-		if _, err := e.Client.Delete(ctx, a.epochKey); err != nil {
-			t.Fatal(err)
-		}
-		a.epochRead(nil)
-		if err := a.ensureEpoch(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	a := idle(t, e.Client)
 	_, before := waiting(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "first", 40)
 	if err := a.collectTombstones(ctx); err != nil {
@@ -94,7 +103,7 @@ func TestCollectUnderEarlierEpochKey(t *testing.T) {
 	if index, _ := waiting(t, e.Client, a); index != 40 {
 		t.Fatalf("index keys after a collection under their own epoch key = %d; want 40 (fenced)", index)
 	}
-	anew()
+	epochAnew(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "second", 40)
 	if err := a.collectTombstones(ctx); err != nil {
 		t.Fatal(err)
@@ -103,7 +112,7 @@ func TestCollectUnderEarlierEpochKey(t *testing.T) {
 		t.Fatalf("after the epoch key was made anew and a collection: %d index keys, %d tombstones; "+
 			"want the second 40 (the first written under the earlier key)", index, records-before)
 	}
-	anew()
+	epochAnew(t, e.Client, a)
 	if err := a.collectTombstones(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -150,10 +159,7 @@ func TestCollectForeignKeys(t *testing.T) {
 	if _, err := e.Client.Put(ctx, garbage, ""); err != nil { // before New makes the epoch key
 		t.Fatal(err)
 	}
-	a, err := New(ctx, e.Client, testConfig("10.0.0.0/24"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := idle(t, e.Client)
 	a.collectBudget = time.Minute
 	if a.tombPrefix+"garbage" != garbage {
 		t.Fatalf("tombstones' prefix %s", a.tombPrefix)
@@ -187,19 +193,10 @@ func TestCollectForeignKeys(t *testing.T) {
 func TestCollectIndexKeyWrittenAgain(t *testing.T) {
 	e := etcdtest.New(t)
 	ctx := etcdtest.Context(t)
-	a, err := New(ctx, e.Client, testConfig("10.0.0.0/24"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := idle(t, e.Client)
 	_, before := waiting(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "o", 1) // under key c1, version 1
-	if _, err := e.Client.Delete(ctx, a.epochKey); err != nil {
-		t.Fatal(err)
-	}
-	a.epochRead(nil)
-	if err := a.ensureEpoch(ctx); err != nil { // key c2, version 1
-		t.Fatal(err)
-	}
+	epochAnew(t, e.Client, a)               // key c2, version 1
 	c := a.fenceNow().create
 	resp, err := e.Client.Get(ctx, a.tombPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 		clientv3.WithMaxModRev(c-1))
@@ -224,27 +221,17 @@ func TestCollectIndexKeyWrittenAgain(t *testing.T) {
 // 256 KiB limit, 4000 keys (340 KiB of them).
 func TestCollectEarlierKeyOverReceiveLimit(t *testing.T) {
 	e := etcdtest.New(t)
-	ctx := etcdtest.Context(t)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second,
 		MaxCallRecvMsgSize: 256 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	a, err := New(ctx, cli, testConfig("10.0.0.0/24"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := idle(t, cli)
 	a.collectBudget = time.Minute
 	_, before := waiting(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "00000000-0000-0000-0000-0000000", 4000)
-	if _, err := e.Client.Delete(ctx, a.epochKey); err != nil {
-		t.Fatal(err)
-	}
-	a.epochRead(nil)
-	if err := a.ensureEpoch(ctx); err != nil {
-		t.Fatal(err)
-	}
+	epochAnew(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "later", 10) // under the new key
 	moveEpoch(t, a)
 	collectFor(t, a)
@@ -256,11 +243,7 @@ func TestCollectEarlierKeyOverReceiveLimit(t *testing.T) {
 // TestCollectBudget: a round stops at its budget and leaves the rest to the next.
 func TestCollectBudget(t *testing.T) {
 	e := etcdtest.New(t)
-	ctx := etcdtest.Context(t)
-	a, err := New(ctx, e.Client, testConfig("10.0.0.0/24"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := idle(t, e.Client)
 	writeTombstones(t, e.Client, a, "o", 200)
 	moveEpoch(t, a)
 	a.collectBudget = 0

@@ -344,48 +344,23 @@ func (a *Allocator) holdersLoop(ctx context.Context) {
 // streamHolders seeds the holders (started with gen) as seedHolders does, a chunk of
 // the listing at a time: nothing of it but the holders stays in memory (a listing of
 // 1M allocations would take hundreds of MB at once). It returns the listing's
-// revision and how many allocations it held.
+// revision and how many allocations it held. Parts filled from a try whose revision
+// was compacted hold for the items the watch has not changed since the start; the
+// others' events come before the last try's revision is reached (check waits for it).
 func (a *Allocator) streamHolders(ctx context.Context, gen uint64) (int64, int, error) {
-	var err error
-	for range listTries {
-		var rev int64
-		var n int
-		if rev, n, err = a.streamHoldersAt(ctx, gen); err == nil {
-			if !a.hold.seededAt(gen, rev) {
-				return 0, 0, errors.New("holders dropped while they were listed")
-			}
-			return rev, n, nil
-		}
-		if !errors.Is(err, rpctypes.ErrCompacted) {
-			break
-		}
-		// Read again at a new revision: the parts filled from the compacted one hold
-		// for the items the watch has not changed since the start, and the others'
-		// events come before the new revision is reached (check waits for it).
-	}
-	a.hold.dropSeeding(gen)
-	return 0, 0, err
-}
-
-// streamHoldersAt is listAt, filling the holders with each chunk instead of
-// returning the allocations.
-func (a *Allocator) streamHoldersAt(ctx context.Context, gen uint64) (int64, int, error) {
-	var d listDecoder
 	var chunk []Allocation
-	var rev int64
 	n := 0
-	for _, prefix := range []string{a.ipPrefix, a.portPrefix} {
-		r, err := a.scan(ctx, prefix, rev, func(kvs []*mvccpb.KeyValue) {
-			chunk = a.decodeAll(chunk[:0], kvs, &d)
-			a.hold.fillSome(gen, chunk)
-			n += len(chunk)
-		})
-		if err != nil {
-			return 0, 0, fmt.Errorf("list allocations: %w", rpctypes.Error(err))
-		}
-		if rev == 0 {
-			rev = r
-		}
+	rev, err := a.listing(ctx, func() { n = 0 }, func(kvs []*mvccpb.KeyValue, d *listDecoder) {
+		chunk = a.decodeAll(chunk[:0], kvs, d)
+		a.hold.fillSome(gen, chunk)
+		n += len(chunk)
+	})
+	if err != nil {
+		a.hold.dropSeeding(gen)
+		return 0, 0, err
+	}
+	if !a.hold.seededAt(gen, rev) {
+		return 0, 0, errors.New("holders dropped while they were listed")
 	}
 	return rev, n, nil
 }

@@ -293,16 +293,17 @@ func (a *Allocator) apply(ctx context.Context, evs []*clientv3.Event) error {
 		})
 		// The holders take what List takes: an item of a range, under its own key (not
 		// 030000 for 30000, nor an address with a zone).
-		if keep && in > 0 && a.key(it) == string(ev.Kv.Key) {
+		if keep && in > 0 && a.ownKey(it, ev.Kv.Key) {
 			hc = append(hc, holderChange{it: it, put: put, uid: itemUID(ev.Kv.Value, put)})
 		}
 	}
 	a.hold.apply(hc)
 	if ranges {
-		// Again, now that the new table is there and the batch's changes (some taken
-		// under the old one) are in: a seeding that started since cidrChanged dropped
-		// them listed under the old table, and an item outside its ranges, in a new
-		// one now, would be in no pass's reads.
+		// An item outside every range, left out of the holders' listing, may be in a
+		// new one, and one of a range removed is in no range now: the holders are listed
+		// again. Dropped here, once the new table is stored and the batch's changes
+		// (some taken under the old one) are in: a seeding that began while cidrChanged
+		// filled the new range's bitmap listed under the old table.
 		a.hold.drop()
 	}
 	a.advance(evs[len(evs)-1].Kv.ModRevision)
@@ -334,13 +335,8 @@ func (a *Allocator) cidrChanged(ctx context.Context, ev *clientv3.Event) (bool, 
 		a.log.Info("ServiceCIDR removed", "name", name, "revision", ev.Kv.ModRevision)
 	}
 	t, fresh := a.buildTable(cidrs)
-	// An item outside every range, left out of the holders' listing, may be in a new
-	// one, and one of a range removed is in no range now: the holders are listed again.
-	// (A change of state alone, to terminating say, leaves every item where it was.)
+	// A change of state alone (to terminating, say) leaves every item where it was.
 	changed := !maps.EqualFunc(old.byPrefix, t.byPrefix, func(*rng, *rng) bool { return true })
-	if changed {
-		a.hold.drop()
-	}
 	if len(fresh) > 0 {
 		used := make(map[*rng]*bitset.BitSet, len(fresh))
 		for _, r := range fresh {

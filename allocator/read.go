@@ -67,40 +67,54 @@ func (a *Allocator) List(ctx context.Context) (int64, []Allocation, error) {
 		n += used
 	}
 	all := make([]Allocation, 0, n+n/64+64) // the index's count, and some room
-	var err error
-	for range listTries {
-		var rev int64
-		if rev, all, err = a.listAt(ctx, all[:0]); !errors.Is(err, rpctypes.ErrCompacted) {
-			return rev, all, err
-		}
-		// The revision of the first read was compacted before the last: the caller
-		// wants one consistent view, not that revision. Read again, at a new one.
+	rev, err := a.listing(ctx, func() { all = all[:0] },
+		func(kvs []*mvccpb.KeyValue, d *listDecoder) { all = a.decodeAll(all, kvs, d) })
+	if err != nil {
+		return 0, nil, err
 	}
-	return 0, nil, err
+	return rev, all, nil
 }
 
 // listTries bounds List's reads again from a new revision after a compaction.
 const listTries = 3
 
-// listAt appends every allocation to all, read at one revision, and returns it.
-func (a *Allocator) listAt(ctx context.Context, all []Allocation) (int64, []Allocation, error) {
+// listing reads every item key at one revision, a chunk at a time to each (with one
+// decoder for the whole listing), and returns that revision. When the revision is
+// compacted before the last chunk, it reads again at a new one (begin runs before each
+// try): the caller wants one consistent view, not that revision.
+func (a *Allocator) listing(ctx context.Context, begin func(),
+	each func(kvs []*mvccpb.KeyValue, d *listDecoder)) (int64, error) {
+	var err error
+	for range listTries {
+		begin()
+		var rev int64
+		if rev, err = a.listAt(ctx, each); !errors.Is(err, rpctypes.ErrCompacted) {
+			return rev, err
+		}
+	}
+	return 0, err
+}
+
+// listAt is one try of listing.
+func (a *Allocator) listAt(ctx context.Context, each func(kvs []*mvccpb.KeyValue, d *listDecoder)) (
+	int64, error) {
 	var d listDecoder
 	var rev int64
 	for _, prefix := range []string{a.ipPrefix, a.portPrefix} {
-		r, err := a.scan(ctx, prefix, rev, func(kvs []*mvccpb.KeyValue) { all = a.decodeAll(all, kvs, &d) })
+		r, err := a.scan(ctx, prefix, rev, func(kvs []*mvccpb.KeyValue) { each(kvs, &d) })
 		if a.afterPageRead != nil {
 			a.afterPageRead()
 		}
 		if err != nil {
 			// RangeStream's errors come as gRPC statuses: as the etcd client's, so that
-			// List sees a compaction.
-			return 0, nil, fmt.Errorf("list allocations: %w", rpctypes.Error(err))
+			// listing sees a compaction.
+			return 0, fmt.Errorf("list allocations: %w", rpctypes.Error(err))
 		}
 		if rev == 0 {
 			rev = r
 		}
 	}
-	return rev, all, nil
+	return rev, nil
 }
 
 // listDecoder decodes the item key-values of List a chunk at a time: the keys of a
@@ -109,7 +123,6 @@ func (a *Allocator) listAt(ctx context.Context, all []Allocation) (int64, []Allo
 type listDecoder struct {
 	keys, strs []byte
 	items      []listItem
-	canon      []byte // an item's key in its own form
 }
 
 type listItem struct {
@@ -119,6 +132,9 @@ type listItem struct {
 	at                time.Time
 	createRev, modRev int64
 }
+
+// notOwnForm is the line of an item key not in its own form (ownForm).
+const notOwnForm = "allocation under a key not in its own form; ignored"
 
 // decodeAll appends the allocations of kvs to all.
 func (a *Allocator) decodeAll(all []Allocation, kvs []*mvccpb.KeyValue, d *listDecoder) []Allocation {
@@ -172,22 +188,20 @@ func (a *Allocator) decodeAll(all []Allocation, kvs []*mvccpb.KeyValue, d *listD
 				a.log.Warn("allocation outside the configured ranges", "key", a.ipPrefix+k)
 				continue
 			}
-			if d.canon = addr.AppendTo(d.canon[:0]); string(d.canon) != k {
-				a.log.Warn("allocation under a key not in its own form; ignored", "key", a.ipPrefix+k)
+			if it = IP(addr); !ownForm(it, k) {
+				a.log.Warn(notOwnForm, "key", a.ipPrefix+k)
 				continue
 			}
-			it = IP(addr)
 		} else {
 			p, err := strconv.Atoi(k)
 			if err != nil {
 				a.log.Warn("allocation outside the configured ranges", "key", a.portPrefix+k)
 				continue
 			}
-			if d.canon = strconv.AppendInt(d.canon[:0], int64(p), 10); string(d.canon) != k {
-				a.log.Warn("allocation under a key not in its own form; ignored", "key", a.portPrefix+k)
+			if it = Port(p); !ownForm(it, k) {
+				a.log.Warn(notOwnForm, "key", a.portPrefix+k)
 				continue
 			}
-			it = Port(p)
 		}
 		r, _, err := a.locate(it)
 		if err != nil {

@@ -79,6 +79,26 @@ func (s *store) key(it Item) string {
 
 func (s *store) ownerKey(uid string) string { return s.ownerPrefix + uid }
 
+// ownForm reports whether text, an item key without its prefix, is it written in its
+// own form: parseKey takes 030000 for port 30000, and other spellings of an IPv6
+// address, which are no allocation to List and the holders.
+func ownForm(it Item, text string) bool {
+	var buf [64]byte
+	if it.Kind == KindClusterIP {
+		return string(it.Addr.AppendTo(buf[:0])) == text
+	}
+	return string(strconv.AppendInt(buf[:0], int64(it.Port), 10)) == text
+}
+
+// ownKey is ownForm of key, it's item key.
+func (s *store) ownKey(it Item, key []byte) bool {
+	prefix := s.portPrefix
+	if it.Kind == KindClusterIP {
+		prefix = s.ipPrefix
+	}
+	return len(key) > len(prefix) && ownForm(it, string(key[len(prefix):]))
+}
+
 // parseKey maps an item key back to its item.
 func (s *store) parseKey(k []byte) (Item, bool) {
 	ks := string(k)

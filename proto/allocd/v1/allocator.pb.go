@@ -1238,6 +1238,143 @@ func (x *ForceReleaseResponse) GetRevision() int64 {
 	return 0
 }
 
+// TransferRequest moves allocations from one owner to another.
+type TransferRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// from holds the items now; uid is required.
+	From *Owner `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	// to receives them; uid is required and differs from from's.
+	To *Owner `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	// cluster_ips to move; empty together with node_ports means all of from's.
+	ClusterIps []string `protobuf:"bytes,3,rep,name=cluster_ips,json=clusterIps,proto3" json:"cluster_ips,omitempty"`
+	// node_ports to move.
+	NodePorts     []int32 `protobuf:"varint,4,rep,packed,name=node_ports,json=nodePorts,proto3" json:"node_ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferRequest) Reset() {
+	*x = TransferRequest{}
+	mi := &file_allocd_v1_allocator_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferRequest) ProtoMessage() {}
+
+func (x *TransferRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_allocator_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferRequest.ProtoReflect.Descriptor instead.
+func (*TransferRequest) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *TransferRequest) GetFrom() *Owner {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+func (x *TransferRequest) GetTo() *Owner {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+func (x *TransferRequest) GetClusterIps() []string {
+	if x != nil {
+		return x.ClusterIps
+	}
+	return nil
+}
+
+func (x *TransferRequest) GetNodePorts() []int32 {
+	if x != nil {
+		return x.NodePorts
+	}
+	return nil
+}
+
+// TransferResponse is what moved.
+type TransferResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// transferred_cluster_ips were from's and are now to's.
+	TransferredClusterIps []string `protobuf:"bytes,1,rep,name=transferred_cluster_ips,json=transferredClusterIps,proto3" json:"transferred_cluster_ips,omitempty"`
+	// transferred_node_ports were from's and are now to's.
+	TransferredNodePorts []int32 `protobuf:"varint,2,rep,packed,name=transferred_node_ports,json=transferredNodePorts,proto3" json:"transferred_node_ports,omitempty"`
+	// revision is the etcd revision of the transfer (0 when nothing had to be written).
+	Revision      int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferResponse) Reset() {
+	*x = TransferResponse{}
+	mi := &file_allocd_v1_allocator_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferResponse) ProtoMessage() {}
+
+func (x *TransferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allocd_v1_allocator_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferResponse.ProtoReflect.Descriptor instead.
+func (*TransferResponse) Descriptor() ([]byte, []int) {
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *TransferResponse) GetTransferredClusterIps() []string {
+	if x != nil {
+		return x.TransferredClusterIps
+	}
+	return nil
+}
+
+func (x *TransferResponse) GetTransferredNodePorts() []int32 {
+	if x != nil {
+		return x.TransferredNodePorts
+	}
+	return nil
+}
+
+func (x *TransferResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 // GetAllocationRequest names one ClusterIP or one NodePort.
 type GetAllocationRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1254,7 +1391,7 @@ type GetAllocationRequest struct {
 
 func (x *GetAllocationRequest) Reset() {
 	*x = GetAllocationRequest{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[16]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1403,7 @@ func (x *GetAllocationRequest) String() string {
 func (*GetAllocationRequest) ProtoMessage() {}
 
 func (x *GetAllocationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[16]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1416,7 @@ func (x *GetAllocationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAllocationRequest.ProtoReflect.Descriptor instead.
 func (*GetAllocationRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{16}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetAllocationRequest) GetTarget() isGetAllocationRequest_Target {
@@ -1336,7 +1473,7 @@ type GetAllocationResponse struct {
 
 func (x *GetAllocationResponse) Reset() {
 	*x = GetAllocationResponse{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[17]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1348,7 +1485,7 @@ func (x *GetAllocationResponse) String() string {
 func (*GetAllocationResponse) ProtoMessage() {}
 
 func (x *GetAllocationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[17]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1361,7 +1498,7 @@ func (x *GetAllocationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAllocationResponse.ProtoReflect.Descriptor instead.
 func (*GetAllocationResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{17}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetAllocationResponse) GetAllocation() *Allocation {
@@ -1396,7 +1533,7 @@ type Allocation struct {
 
 func (x *Allocation) Reset() {
 	*x = Allocation{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[18]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +1545,7 @@ func (x *Allocation) String() string {
 func (*Allocation) ProtoMessage() {}
 
 func (x *Allocation) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[18]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +1558,7 @@ func (x *Allocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Allocation.ProtoReflect.Descriptor instead.
 func (*Allocation) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{18}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Allocation) GetRange() string {
@@ -1490,14 +1627,18 @@ type ListAllocationsRequest struct {
 	// page_size is the most allocations returned (default 500, at most 5000).
 	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// page_token continues a listing from next_page_token.
-	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PageToken string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// owner_uid_prefix keeps only the allocations of owners whose uid starts with it
+	// (at least one character; not with owner_uid). allocd-bridge lists the provisional
+	// owners of its admission webhook ("admission/") with it.
+	OwnerUidPrefix string `protobuf:"bytes,5,opt,name=owner_uid_prefix,json=ownerUidPrefix,proto3" json:"owner_uid_prefix,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ListAllocationsRequest) Reset() {
 	*x = ListAllocationsRequest{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[19]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +1650,7 @@ func (x *ListAllocationsRequest) String() string {
 func (*ListAllocationsRequest) ProtoMessage() {}
 
 func (x *ListAllocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[19]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +1663,7 @@ func (x *ListAllocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAllocationsRequest.ProtoReflect.Descriptor instead.
 func (*ListAllocationsRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{19}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListAllocationsRequest) GetRange() string {
@@ -1553,6 +1694,13 @@ func (x *ListAllocationsRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListAllocationsRequest) GetOwnerUidPrefix() string {
+	if x != nil {
+		return x.OwnerUidPrefix
+	}
+	return ""
+}
+
 // ListAllocationsResponse is one page.
 type ListAllocationsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1568,7 +1716,7 @@ type ListAllocationsResponse struct {
 
 func (x *ListAllocationsResponse) Reset() {
 	*x = ListAllocationsResponse{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[20]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1580,7 +1728,7 @@ func (x *ListAllocationsResponse) String() string {
 func (*ListAllocationsResponse) ProtoMessage() {}
 
 func (x *ListAllocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[20]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1593,7 +1741,7 @@ func (x *ListAllocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAllocationsResponse.ProtoReflect.Descriptor instead.
 func (*ListAllocationsResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{20}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListAllocationsResponse) GetAllocations() []*Allocation {
@@ -1626,7 +1774,7 @@ type ListRangesRequest struct {
 
 func (x *ListRangesRequest) Reset() {
 	*x = ListRangesRequest{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[21]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +1786,7 @@ func (x *ListRangesRequest) String() string {
 func (*ListRangesRequest) ProtoMessage() {}
 
 func (x *ListRangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[21]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +1799,7 @@ func (x *ListRangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRangesRequest.ProtoReflect.Descriptor instead.
 func (*ListRangesRequest) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{21}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{23}
 }
 
 // ListRangesResponse lists every configured range.
@@ -1665,7 +1813,7 @@ type ListRangesResponse struct {
 
 func (x *ListRangesResponse) Reset() {
 	*x = ListRangesResponse{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[22]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1677,7 +1825,7 @@ func (x *ListRangesResponse) String() string {
 func (*ListRangesResponse) ProtoMessage() {}
 
 func (x *ListRangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[22]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1690,7 +1838,7 @@ func (x *ListRangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRangesResponse.ProtoReflect.Descriptor instead.
 func (*ListRangesResponse) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{22}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListRangesResponse) GetRanges() []*Range {
@@ -1731,7 +1879,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[23]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +1891,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[23]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +1904,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{23}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Range) GetName() string {
@@ -1855,7 +2003,7 @@ type Band struct {
 
 func (x *Band) Reset() {
 	*x = Band{}
-	mi := &file_allocd_v1_allocator_proto_msgTypes[24]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1867,7 +2015,7 @@ func (x *Band) String() string {
 func (*Band) ProtoMessage() {}
 
 func (x *Band) ProtoReflect() protoreflect.Message {
-	mi := &file_allocd_v1_allocator_proto_msgTypes[24]
+	mi := &file_allocd_v1_allocator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1880,7 +2028,7 @@ func (x *Band) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Band.ProtoReflect.Descriptor instead.
 func (*Band) Descriptor() ([]byte, []int) {
-	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{24}
+	return file_allocd_v1_allocator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Band) GetFirst() string {
@@ -1993,6 +2141,17 @@ const file_allocd_v1_allocator_proto_rawDesc = "" +
 	"\x14ForceReleaseResponse\x120\n" +
 	"\x14released_cluster_ips\x18\x01 \x03(\tR\x12releasedClusterIps\x12.\n" +
 	"\x13released_node_ports\x18\x02 \x03(\x05R\x11releasedNodePorts\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\"\x99\x01\n" +
+	"\x0fTransferRequest\x12$\n" +
+	"\x04from\x18\x01 \x01(\v2\x10.allocd.v1.OwnerR\x04from\x12 \n" +
+	"\x02to\x18\x02 \x01(\v2\x10.allocd.v1.OwnerR\x02to\x12\x1f\n" +
+	"\vcluster_ips\x18\x03 \x03(\tR\n" +
+	"clusterIps\x12\x1d\n" +
+	"\n" +
+	"node_ports\x18\x04 \x03(\x05R\tnodePorts\"\x9c\x01\n" +
+	"\x10TransferResponse\x126\n" +
+	"\x17transferred_cluster_ips\x18\x01 \x03(\tR\x15transferredClusterIps\x124\n" +
+	"\x16transferred_node_ports\x18\x02 \x03(\x05R\x14transferredNodePorts\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x03R\brevision\"`\n" +
 	"\x14GetAllocationRequest\x12\x1f\n" +
 	"\n" +
@@ -2014,13 +2173,14 @@ const file_allocd_v1_allocator_proto_rawDesc = "" +
 	"\x0fcreate_revision\x18\x06 \x01(\x03R\x0ecreateRevision\x12!\n" +
 	"\fmod_revision\x18\a \x01(\x03R\vmodRevision\x12\x1f\n" +
 	"\vstatic_band\x18\b \x01(\bR\n" +
-	"staticBand\"\x87\x01\n" +
+	"staticBand\"\xb1\x01\n" +
 	"\x16ListAllocationsRequest\x12\x14\n" +
 	"\x05range\x18\x01 \x01(\tR\x05range\x12\x1b\n" +
 	"\towner_uid\x18\x02 \x01(\tR\bownerUid\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"\x96\x01\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\x12(\n" +
+	"\x10owner_uid_prefix\x18\x05 \x01(\tR\x0eownerUidPrefix\"\x96\x01\n" +
 	"\x17ListAllocationsResponse\x127\n" +
 	"\vallocations\x18\x01 \x03(\v2\x15.allocd.v1.AllocationR\vallocations\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1a\n" +
@@ -2064,11 +2224,12 @@ const file_allocd_v1_allocator_proto_rawDesc = "" +
 	"\tRangeKind\x12\x1a\n" +
 	"\x16RANGE_KIND_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15RANGE_KIND_CLUSTER_IP\x10\x01\x12\x18\n" +
-	"\x14RANGE_KIND_NODE_PORT\x10\x022\xd7\x06\n" +
+	"\x14RANGE_KIND_NODE_PORT\x10\x022\x9c\a\n" +
 	"\x10AllocatorService\x12C\n" +
 	"\bAllocate\x12\x1a.allocd.v1.AllocateRequest\x1a\x1b.allocd.v1.AllocateResponse\x12@\n" +
 	"\aRelease\x12\x19.allocd.v1.ReleaseRequest\x1a\x1a.allocd.v1.ReleaseResponse\x12O\n" +
-	"\fForceRelease\x12\x1e.allocd.v1.ForceReleaseRequest\x1a\x1f.allocd.v1.ForceReleaseResponse\x12R\n" +
+	"\fForceRelease\x12\x1e.allocd.v1.ForceReleaseRequest\x1a\x1f.allocd.v1.ForceReleaseResponse\x12C\n" +
+	"\bTransfer\x12\x1a.allocd.v1.TransferRequest\x1a\x1b.allocd.v1.TransferResponse\x12R\n" +
 	"\rGetAllocation\x12\x1f.allocd.v1.GetAllocationRequest\x1a .allocd.v1.GetAllocationResponse\x12X\n" +
 	"\x0fListAllocations\x12!.allocd.v1.ListAllocationsRequest\x1a\".allocd.v1.ListAllocationsResponse\x12I\n" +
 	"\n" +
@@ -2091,7 +2252,7 @@ func file_allocd_v1_allocator_proto_rawDescGZIP() []byte {
 }
 
 var file_allocd_v1_allocator_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_allocd_v1_allocator_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_allocd_v1_allocator_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_allocd_v1_allocator_proto_goTypes = []any{
 	(ServiceCIDRState)(0),             // 0: allocd.v1.ServiceCIDRState
 	(IPFamily)(0),                     // 1: allocd.v1.IPFamily
@@ -2113,22 +2274,24 @@ var file_allocd_v1_allocator_proto_goTypes = []any{
 	(*ReleaseResponse)(nil),           // 17: allocd.v1.ReleaseResponse
 	(*ForceReleaseRequest)(nil),       // 18: allocd.v1.ForceReleaseRequest
 	(*ForceReleaseResponse)(nil),      // 19: allocd.v1.ForceReleaseResponse
-	(*GetAllocationRequest)(nil),      // 20: allocd.v1.GetAllocationRequest
-	(*GetAllocationResponse)(nil),     // 21: allocd.v1.GetAllocationResponse
-	(*Allocation)(nil),                // 22: allocd.v1.Allocation
-	(*ListAllocationsRequest)(nil),    // 23: allocd.v1.ListAllocationsRequest
-	(*ListAllocationsResponse)(nil),   // 24: allocd.v1.ListAllocationsResponse
-	(*ListRangesRequest)(nil),         // 25: allocd.v1.ListRangesRequest
-	(*ListRangesResponse)(nil),        // 26: allocd.v1.ListRangesResponse
-	(*Range)(nil),                     // 27: allocd.v1.Range
-	(*Band)(nil),                      // 28: allocd.v1.Band
-	(*timestamppb.Timestamp)(nil),     // 29: google.protobuf.Timestamp
+	(*TransferRequest)(nil),           // 20: allocd.v1.TransferRequest
+	(*TransferResponse)(nil),          // 21: allocd.v1.TransferResponse
+	(*GetAllocationRequest)(nil),      // 22: allocd.v1.GetAllocationRequest
+	(*GetAllocationResponse)(nil),     // 23: allocd.v1.GetAllocationResponse
+	(*Allocation)(nil),                // 24: allocd.v1.Allocation
+	(*ListAllocationsRequest)(nil),    // 25: allocd.v1.ListAllocationsRequest
+	(*ListAllocationsResponse)(nil),   // 26: allocd.v1.ListAllocationsResponse
+	(*ListRangesRequest)(nil),         // 27: allocd.v1.ListRangesRequest
+	(*ListRangesResponse)(nil),        // 28: allocd.v1.ListRangesResponse
+	(*Range)(nil),                     // 29: allocd.v1.Range
+	(*Band)(nil),                      // 30: allocd.v1.Band
+	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
 }
 var file_allocd_v1_allocator_proto_depIdxs = []int32{
 	0,  // 0: allocd.v1.ServiceCIDR.state:type_name -> allocd.v1.ServiceCIDRState
-	29, // 1: allocd.v1.ServiceCIDR.create_time:type_name -> google.protobuf.Timestamp
-	29, // 2: allocd.v1.ServiceCIDR.delete_time:type_name -> google.protobuf.Timestamp
-	22, // 3: allocd.v1.ServiceCIDR.blocking_sample:type_name -> allocd.v1.Allocation
+	31, // 1: allocd.v1.ServiceCIDR.create_time:type_name -> google.protobuf.Timestamp
+	31, // 2: allocd.v1.ServiceCIDR.delete_time:type_name -> google.protobuf.Timestamp
+	24, // 3: allocd.v1.ServiceCIDR.blocking_sample:type_name -> allocd.v1.Allocation
 	4,  // 4: allocd.v1.CreateServiceCIDRResponse.service_cidr:type_name -> allocd.v1.ServiceCIDR
 	4,  // 5: allocd.v1.GetServiceCIDRResponse.service_cidr:type_name -> allocd.v1.ServiceCIDR
 	4,  // 6: allocd.v1.ListServiceCIDRsResponse.service_cidrs:type_name -> allocd.v1.ServiceCIDR
@@ -2138,41 +2301,45 @@ var file_allocd_v1_allocator_proto_depIdxs = []int32{
 	2,  // 10: allocd.v1.AllocateRequest.ip_family_policy:type_name -> allocd.v1.IPFamilyPolicy
 	13, // 11: allocd.v1.ReleaseRequest.owner:type_name -> allocd.v1.Owner
 	13, // 12: allocd.v1.ForceReleaseRequest.owner:type_name -> allocd.v1.Owner
-	22, // 13: allocd.v1.GetAllocationResponse.allocation:type_name -> allocd.v1.Allocation
-	13, // 14: allocd.v1.Allocation.owner:type_name -> allocd.v1.Owner
-	29, // 15: allocd.v1.Allocation.allocate_time:type_name -> google.protobuf.Timestamp
-	22, // 16: allocd.v1.ListAllocationsResponse.allocations:type_name -> allocd.v1.Allocation
-	27, // 17: allocd.v1.ListRangesResponse.ranges:type_name -> allocd.v1.Range
-	3,  // 18: allocd.v1.Range.kind:type_name -> allocd.v1.RangeKind
-	1,  // 19: allocd.v1.Range.family:type_name -> allocd.v1.IPFamily
-	28, // 20: allocd.v1.Range.static_band:type_name -> allocd.v1.Band
-	28, // 21: allocd.v1.Range.dynamic_band:type_name -> allocd.v1.Band
-	0,  // 22: allocd.v1.Range.state:type_name -> allocd.v1.ServiceCIDRState
-	14, // 23: allocd.v1.AllocatorService.Allocate:input_type -> allocd.v1.AllocateRequest
-	16, // 24: allocd.v1.AllocatorService.Release:input_type -> allocd.v1.ReleaseRequest
-	18, // 25: allocd.v1.AllocatorService.ForceRelease:input_type -> allocd.v1.ForceReleaseRequest
-	20, // 26: allocd.v1.AllocatorService.GetAllocation:input_type -> allocd.v1.GetAllocationRequest
-	23, // 27: allocd.v1.AllocatorService.ListAllocations:input_type -> allocd.v1.ListAllocationsRequest
-	25, // 28: allocd.v1.AllocatorService.ListRanges:input_type -> allocd.v1.ListRangesRequest
-	5,  // 29: allocd.v1.AllocatorService.CreateServiceCIDR:input_type -> allocd.v1.CreateServiceCIDRRequest
-	7,  // 30: allocd.v1.AllocatorService.GetServiceCIDR:input_type -> allocd.v1.GetServiceCIDRRequest
-	9,  // 31: allocd.v1.AllocatorService.ListServiceCIDRs:input_type -> allocd.v1.ListServiceCIDRsRequest
-	11, // 32: allocd.v1.AllocatorService.DeleteServiceCIDR:input_type -> allocd.v1.DeleteServiceCIDRRequest
-	15, // 33: allocd.v1.AllocatorService.Allocate:output_type -> allocd.v1.AllocateResponse
-	17, // 34: allocd.v1.AllocatorService.Release:output_type -> allocd.v1.ReleaseResponse
-	19, // 35: allocd.v1.AllocatorService.ForceRelease:output_type -> allocd.v1.ForceReleaseResponse
-	21, // 36: allocd.v1.AllocatorService.GetAllocation:output_type -> allocd.v1.GetAllocationResponse
-	24, // 37: allocd.v1.AllocatorService.ListAllocations:output_type -> allocd.v1.ListAllocationsResponse
-	26, // 38: allocd.v1.AllocatorService.ListRanges:output_type -> allocd.v1.ListRangesResponse
-	6,  // 39: allocd.v1.AllocatorService.CreateServiceCIDR:output_type -> allocd.v1.CreateServiceCIDRResponse
-	8,  // 40: allocd.v1.AllocatorService.GetServiceCIDR:output_type -> allocd.v1.GetServiceCIDRResponse
-	10, // 41: allocd.v1.AllocatorService.ListServiceCIDRs:output_type -> allocd.v1.ListServiceCIDRsResponse
-	12, // 42: allocd.v1.AllocatorService.DeleteServiceCIDR:output_type -> allocd.v1.DeleteServiceCIDRResponse
-	33, // [33:43] is the sub-list for method output_type
-	23, // [23:33] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	13, // 13: allocd.v1.TransferRequest.from:type_name -> allocd.v1.Owner
+	13, // 14: allocd.v1.TransferRequest.to:type_name -> allocd.v1.Owner
+	24, // 15: allocd.v1.GetAllocationResponse.allocation:type_name -> allocd.v1.Allocation
+	13, // 16: allocd.v1.Allocation.owner:type_name -> allocd.v1.Owner
+	31, // 17: allocd.v1.Allocation.allocate_time:type_name -> google.protobuf.Timestamp
+	24, // 18: allocd.v1.ListAllocationsResponse.allocations:type_name -> allocd.v1.Allocation
+	29, // 19: allocd.v1.ListRangesResponse.ranges:type_name -> allocd.v1.Range
+	3,  // 20: allocd.v1.Range.kind:type_name -> allocd.v1.RangeKind
+	1,  // 21: allocd.v1.Range.family:type_name -> allocd.v1.IPFamily
+	30, // 22: allocd.v1.Range.static_band:type_name -> allocd.v1.Band
+	30, // 23: allocd.v1.Range.dynamic_band:type_name -> allocd.v1.Band
+	0,  // 24: allocd.v1.Range.state:type_name -> allocd.v1.ServiceCIDRState
+	14, // 25: allocd.v1.AllocatorService.Allocate:input_type -> allocd.v1.AllocateRequest
+	16, // 26: allocd.v1.AllocatorService.Release:input_type -> allocd.v1.ReleaseRequest
+	18, // 27: allocd.v1.AllocatorService.ForceRelease:input_type -> allocd.v1.ForceReleaseRequest
+	20, // 28: allocd.v1.AllocatorService.Transfer:input_type -> allocd.v1.TransferRequest
+	22, // 29: allocd.v1.AllocatorService.GetAllocation:input_type -> allocd.v1.GetAllocationRequest
+	25, // 30: allocd.v1.AllocatorService.ListAllocations:input_type -> allocd.v1.ListAllocationsRequest
+	27, // 31: allocd.v1.AllocatorService.ListRanges:input_type -> allocd.v1.ListRangesRequest
+	5,  // 32: allocd.v1.AllocatorService.CreateServiceCIDR:input_type -> allocd.v1.CreateServiceCIDRRequest
+	7,  // 33: allocd.v1.AllocatorService.GetServiceCIDR:input_type -> allocd.v1.GetServiceCIDRRequest
+	9,  // 34: allocd.v1.AllocatorService.ListServiceCIDRs:input_type -> allocd.v1.ListServiceCIDRsRequest
+	11, // 35: allocd.v1.AllocatorService.DeleteServiceCIDR:input_type -> allocd.v1.DeleteServiceCIDRRequest
+	15, // 36: allocd.v1.AllocatorService.Allocate:output_type -> allocd.v1.AllocateResponse
+	17, // 37: allocd.v1.AllocatorService.Release:output_type -> allocd.v1.ReleaseResponse
+	19, // 38: allocd.v1.AllocatorService.ForceRelease:output_type -> allocd.v1.ForceReleaseResponse
+	21, // 39: allocd.v1.AllocatorService.Transfer:output_type -> allocd.v1.TransferResponse
+	23, // 40: allocd.v1.AllocatorService.GetAllocation:output_type -> allocd.v1.GetAllocationResponse
+	26, // 41: allocd.v1.AllocatorService.ListAllocations:output_type -> allocd.v1.ListAllocationsResponse
+	28, // 42: allocd.v1.AllocatorService.ListRanges:output_type -> allocd.v1.ListRangesResponse
+	6,  // 43: allocd.v1.AllocatorService.CreateServiceCIDR:output_type -> allocd.v1.CreateServiceCIDRResponse
+	8,  // 44: allocd.v1.AllocatorService.GetServiceCIDR:output_type -> allocd.v1.GetServiceCIDRResponse
+	10, // 45: allocd.v1.AllocatorService.ListServiceCIDRs:output_type -> allocd.v1.ListServiceCIDRsResponse
+	12, // 46: allocd.v1.AllocatorService.DeleteServiceCIDR:output_type -> allocd.v1.DeleteServiceCIDRResponse
+	36, // [36:47] is the sub-list for method output_type
+	25, // [25:36] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_allocd_v1_allocator_proto_init() }
@@ -2180,7 +2347,7 @@ func file_allocd_v1_allocator_proto_init() {
 	if File_allocd_v1_allocator_proto != nil {
 		return
 	}
-	file_allocd_v1_allocator_proto_msgTypes[16].OneofWrappers = []any{
+	file_allocd_v1_allocator_proto_msgTypes[18].OneofWrappers = []any{
 		(*GetAllocationRequest_ClusterIp)(nil),
 		(*GetAllocationRequest_NodePort)(nil),
 	}
@@ -2190,7 +2357,7 @@ func file_allocd_v1_allocator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allocd_v1_allocator_proto_rawDesc), len(file_allocd_v1_allocator_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ const (
 	AllocatorService_Allocate_FullMethodName          = "/allocd.v1.AllocatorService/Allocate"
 	AllocatorService_Release_FullMethodName           = "/allocd.v1.AllocatorService/Release"
 	AllocatorService_ForceRelease_FullMethodName      = "/allocd.v1.AllocatorService/ForceRelease"
+	AllocatorService_Transfer_FullMethodName          = "/allocd.v1.AllocatorService/Transfer"
 	AllocatorService_GetAllocation_FullMethodName     = "/allocd.v1.AllocatorService/GetAllocation"
 	AllocatorService_ListAllocations_FullMethodName   = "/allocd.v1.AllocatorService/ListAllocations"
 	AllocatorService_ListRanges_FullMethodName        = "/allocd.v1.AllocatorService/ListRanges"
@@ -64,6 +65,18 @@ type AllocatorServiceClient interface {
 	// both lists empty, it frees all of that owner's allocations. Releasing what is
 	// already free is not an error.
 	ForceRelease(ctx context.Context, in *ForceReleaseRequest, opts ...grpc.CallOption) (*ForceReleaseResponse, error)
+	// Transfer moves cluster_ips and node_ports from one owner to another in one etcd
+	// transaction: each item's key and both owners' records change together, so that
+	// there is no moment at which an item is free or held by two owners. With both lists
+	// empty, everything `from` holds moves. An item `to` holds already is left as it is,
+	// so a retry after a transfer committed moves nothing and succeeds. An item named
+	// that `from` does not hold (free, or another owner's) is FAILED_PRECONDITION
+	// (ErrorInfo names the holder) and nothing moves. Its use: an admission webhook
+	// allocates under a provisional owner before the Service has a UID, and the item is
+	// bound to the Service's UID once the Service is stored.
+	// Errors: INVALID_ARGUMENT (malformed owner or item, from = to), FAILED_PRECONDITION,
+	// ABORTED (contention outlasted the retries), UNAVAILABLE.
+	Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error)
 	// GetAllocation tells who holds one ClusterIP or NodePort, since when and at which
 	// etcd revision. NOT_FOUND when it is free.
 	GetAllocation(ctx context.Context, in *GetAllocationRequest, opts ...grpc.CallOption) (*GetAllocationResponse, error)
@@ -128,6 +141,16 @@ func (c *allocatorServiceClient) ForceRelease(ctx context.Context, in *ForceRele
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ForceReleaseResponse)
 	err := c.cc.Invoke(ctx, AllocatorService_ForceRelease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *allocatorServiceClient) Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TransferResponse)
+	err := c.cc.Invoke(ctx, AllocatorService_Transfer_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -237,6 +260,18 @@ type AllocatorServiceServer interface {
 	// both lists empty, it frees all of that owner's allocations. Releasing what is
 	// already free is not an error.
 	ForceRelease(context.Context, *ForceReleaseRequest) (*ForceReleaseResponse, error)
+	// Transfer moves cluster_ips and node_ports from one owner to another in one etcd
+	// transaction: each item's key and both owners' records change together, so that
+	// there is no moment at which an item is free or held by two owners. With both lists
+	// empty, everything `from` holds moves. An item `to` holds already is left as it is,
+	// so a retry after a transfer committed moves nothing and succeeds. An item named
+	// that `from` does not hold (free, or another owner's) is FAILED_PRECONDITION
+	// (ErrorInfo names the holder) and nothing moves. Its use: an admission webhook
+	// allocates under a provisional owner before the Service has a UID, and the item is
+	// bound to the Service's UID once the Service is stored.
+	// Errors: INVALID_ARGUMENT (malformed owner or item, from = to), FAILED_PRECONDITION,
+	// ABORTED (contention outlasted the retries), UNAVAILABLE.
+	Transfer(context.Context, *TransferRequest) (*TransferResponse, error)
 	// GetAllocation tells who holds one ClusterIP or NodePort, since when and at which
 	// etcd revision. NOT_FOUND when it is free.
 	GetAllocation(context.Context, *GetAllocationRequest) (*GetAllocationResponse, error)
@@ -285,6 +320,9 @@ func (UnimplementedAllocatorServiceServer) Release(context.Context, *ReleaseRequ
 }
 func (UnimplementedAllocatorServiceServer) ForceRelease(context.Context, *ForceReleaseRequest) (*ForceReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ForceRelease not implemented")
+}
+func (UnimplementedAllocatorServiceServer) Transfer(context.Context, *TransferRequest) (*TransferResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Transfer not implemented")
 }
 func (UnimplementedAllocatorServiceServer) GetAllocation(context.Context, *GetAllocationRequest) (*GetAllocationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetAllocation not implemented")
@@ -378,6 +416,24 @@ func _AllocatorService_ForceRelease_Handler(srv interface{}, ctx context.Context
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AllocatorServiceServer).ForceRelease(ctx, req.(*ForceReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AllocatorService_Transfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TransferRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AllocatorServiceServer).Transfer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AllocatorService_Transfer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AllocatorServiceServer).Transfer(ctx, req.(*TransferRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -526,6 +582,10 @@ var AllocatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ForceRelease",
 			Handler:    _AllocatorService_ForceRelease_Handler,
+		},
+		{
+			MethodName: "Transfer",
+			Handler:    _AllocatorService_Transfer_Handler,
 		},
 		{
 			MethodName: "GetAllocation",

@@ -12,8 +12,9 @@ import (
 )
 
 // The server answers a PushServiceSnapshot forwarded to a replica that is no longer the
-// repair leader with FAILED_PRECONDITION reason NOT_REPAIR_LEADER (server/repair.go
-// forwardTarget, passed through by forwardErr): a failed precondition, not a stale snapshot.
+// repair leader with FAILED_PRECONDITION reason NOT_REPAIR_LEADER (the server's
+// Forwarder.target refuses to forward it again; leaderStatus in server/errors.go maps
+// the *leader.NotLeaderError): a failed precondition, not a stale snapshot.
 func TestNotLeaderIsNotStale(t *testing.T) {
 	st, _ := status.New(codes.FailedPrecondition, "not the repair leader").WithDetails(
 		&errdetails.ErrorInfo{Reason: "NOT_REPAIR_LEADER", Domain: "allocd.io",

@@ -66,7 +66,7 @@ func goFiles(t *testing.T, fn func(rel, path string)) {
 }
 
 // TestDocGo: every package has a doc.go whose comment says what it owns ("Package x
-// ...", "Command x ..."), as STYLE.md asks.
+// ...", "Command x ..."), as docs/contributors/development.md says.
 func TestDocGo(t *testing.T) {
 	dirs := map[string]bool{}
 	goFiles(t, func(rel, _ string) {
@@ -98,7 +98,7 @@ func TestDocGo(t *testing.T) {
 
 // TestDocComments: every exported name of a non-main package (top-level, and the
 // methods of exported types) has a comment with a sentence that starts with its name
-// (STYLE.md). A group comment counts for a lone spec only.
+// (docs/contributors/development.md). A group comment counts for a lone spec only.
 func TestDocComments(t *testing.T) {
 	fset := token.NewFileSet()
 	goFiles(t, func(rel, path string) {

@@ -19,7 +19,7 @@ import (
 // regOp is an operation on one item's register.
 type regOp struct {
 	kind   string // acq, held, mayAcq, rel, mayRel, force, mayForce, read
-	owner  string // the requester (acq, notMine, held, mayAcq, rel, mayRel) or the holder read
+	owner  string // the requester (acq, held, mayAcq, rel, mayRel) or the holder read
 	holder string // held: the holder allocd named, "" when it named none
 }
 

@@ -79,18 +79,20 @@ type namespaces struct {
 func (n *namespaces) register(fs *pflag.FlagSet) {
 	fs.StringVarP(&n.namespace, "namespace", "n", "", "only this namespace (default: every namespace)")
 	fs.BoolVarP(&n.all, "all-namespaces", "A", false,
-		"every namespace, as without -n (kubectl's flag); not with -n")
+		"every namespace, as without -n (kubectl's flag); -n is then ignored, as kubectl ignores it")
 }
 
-// check refuses -A with -n and, when conflict is set, -A with what names one
-// namespace's objects (conflict says why).
+// check makes -A win over -n, as kubectl does (its help: "Namespace in current context
+// is ignored even if specified with --namespace"), and, when conflict is set, refuses
+// -A with what names one namespace's objects (conflict says why).
 func (n *namespaces) check(cmd *cobra.Command, conflict string) error {
-	switch {
-	case n.all && cmd.Flags().Changed("namespace"):
-		return usage(cmd, errors.New("-A/--all-namespaces and -n/--namespace: give one, not both"))
-	case n.all && conflict != "":
+	if !n.all {
+		return nil
+	}
+	if conflict != "" {
 		return usage(cmd, errors.New(conflict))
 	}
+	n.namespace = ""
 	return nil
 }
 

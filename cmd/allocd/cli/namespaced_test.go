@@ -10,8 +10,9 @@ import (
 )
 
 // TestAllNamespaces: -A/--all-namespaces, kubectl's, lists and watches the Endpoints
-// and EndpointSlices of every namespace, as no -n does; with -n, a name or --service
-// it is a usage error (exit 2), as a name with -A is in kubectl.
+// and EndpointSlices of every namespace, as no -n does; -n beside it is ignored, as
+// kubectl ignores it; with a name or --service it is a usage error (exit 2), as a name
+// with -A is in kubectl.
 func TestAllNamespaces(t *testing.T) {
 	a := start(t)
 	twoNamespaces(t, a)
@@ -25,10 +26,13 @@ func TestAllNamespaces(t *testing.T) {
 		a.run("get", resource, "--all-namespaces", "-o", "wide")
 	}
 	a.run("get", "endpoints", "-n", "shop")
-	a.run("get", "endpoints", "-A", "-n", "shop")
+	for _, resource := range []string{"endpoints", "endpointslices"} {
+		if got, want := a.run("get", resource, "-A", "-n", "shop"), a.run("get", resource, "-A"); got != want {
+			t.Errorf("get %s -A -n shop printed\n%s\nwant -n ignored, as get %s -A:\n%s", resource, got, resource, want)
+		}
+	}
 	a.run("get", "endpoints", "shop/web", "-A")
 	a.run("get", "endpointslices", "-A", "--service", "web")
-	a.run("watch", "endpointslices", "-A", "-n", "shop")
 
 	out, stop := watch(t, "-A")
 	got := []string{next(t, out, "the start"), next(t, out, "the header"), next(t, out, "the first")}

@@ -27,8 +27,10 @@ func TestAllNamespaces(t *testing.T) {
 	}
 	a.run("get", "endpoints", "-n", "shop")
 	for _, resource := range []string{"endpoints", "endpointslices"} {
-		if got, want := a.run("get", resource, "-A", "-n", "shop"), a.run("get", resource, "-A"); got != want {
-			t.Errorf("get %s -A -n shop printed\n%s\nwant -n ignored, as get %s -A:\n%s", resource, got, resource, want)
+		got, want := a.run("get", resource, "-A", "-n", "shop"), a.run("get", resource, "-A")
+		if got != want {
+			t.Errorf("get %s -A -n shop printed\n%s\nwant -n ignored, as get %s -A:\n%s",
+				resource, got, resource, want)
 		}
 	}
 	a.run("get", "endpoints", "shop/web", "-A")

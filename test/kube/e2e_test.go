@@ -138,6 +138,7 @@ func (p *pair) testEndpoints(t *testing.T) {
 		for _, s := range []svcSpec{
 			{name: "web", app: "web", labels: map[string]string{"tier": "front"}},
 			{name: "head", app: "web", headless: true},
+			{name: "bare", app: "web", headless: true, noPorts: true},
 			{name: "dual", app: "dual", dualStack: true},
 			{name: "np", app: "np", nodePort: true},
 			{name: "big", app: "big"},
@@ -161,7 +162,8 @@ func (p *pair) testEndpoints(t *testing.T) {
 		}
 		return parallel(ctx, len(pods), func(ctx context.Context, i int) error { return createPod(ctx, cs, pods[i]) })
 	})
-	want := map[string][2]int{"web": {8, 2}, "head": {8, 2}, "dual": {4, 0}, "np": {3, 0}, "big": {0, 0}}
+	want := map[string][2]int{"web": {8, 2}, "head": {8, 2}, "bare": {8, 2}, "dual": {4, 0}, "np": {3, 0},
+		"big": {0, 0}}
 	t.Run("initial sync", func(t *testing.T) { p.converge(t, want, 0, convergeLimit) })
 
 	flip := metav1.NewTime(readyTime.Add(time.Hour))
@@ -175,7 +177,7 @@ func (p *pair) testEndpoints(t *testing.T) {
 	p.both(t, func(ctx context.Context, cs kubernetes.Interface) error {
 		return setReady(ctx, cs, "web-1", false, flip)
 	})
-	want["web"], want["head"] = [2]int{7, 3}, [2]int{7, 3}
+	want["web"], want["head"], want["bare"] = [2]int{7, 3}, [2]int{7, 3}, [2]int{7, 3}
 	t.Run("readiness flip", func(t *testing.T) { p.converge(t, want, 0, convergeLimit) })
 
 	for _, n := range []int{150, 1100} {
@@ -195,7 +197,7 @@ func (p *pair) testEndpoints(t *testing.T) {
 		}
 		return deletePod(ctx, cs, "web-0", true)
 	})
-	want["web"], want["head"] = [2]int{6, 2}, [2]int{6, 2}
+	want["web"], want["head"], want["bare"] = [2]int{6, 2}, [2]int{6, 2}, [2]int{6, 2}
 	// Terminating Pods leave the Endpoints but stay in the slices (terminating: true).
 	t.Run("terminating pods", func(t *testing.T) { p.converge(t, want, 2, convergeLimit) })
 
@@ -219,7 +221,7 @@ func (p *pair) converge(t *testing.T, want map[string][2]int, terminating int, l
 	t.Helper()
 	waitSameEndpoints(t, p.ref.Admin, p.alc.Admin, want, limit)
 	sw := maps.Clone(want)
-	for _, n := range []string{"web", "head"} {
+	for _, n := range []string{"web", "head", "bare"} {
 		if c, ok := sw[n]; ok {
 			sw[n] = [2]int{c[0], c[1] + terminating}
 		}

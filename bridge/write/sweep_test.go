@@ -15,6 +15,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
 var web = map[string]string{"app": "web"}
@@ -165,7 +167,8 @@ func TestRelistAfterResetDeletesNothing(t *testing.T) {
 	eventuallyListed(t, fed, "ns/web")
 	empty := startAllocd(t)
 	var k *switchKind
-	b := startWriter(t, fed, func(kube *fake.Clientset, f informers.SharedInformerFactory, m *Metrics) Kind {
+	b := startWriter(t, fed, func(kube *fake.Clientset, f informers.SharedInformerFactory,
+		m *Metrics) Kind[*allocdv1.ServiceEndpoints] {
 		k = &switchKind{Kind: NewEndpoints(fed, kube, f, m, false), next: NewEndpoints(empty, kube, f, m, false),
 			switched: make(chan struct{})}
 		return k
@@ -187,12 +190,12 @@ func TestRelistAfterResetDeletesNothing(t *testing.T) {
 // switchKind is a Kind that lists and watches its next Kind's allocd once switched is
 // closed, ending the watch then (an allocd replaced by a reset one).
 type switchKind struct {
-	Kind
-	next     Kind
+	Kind[*allocdv1.ServiceEndpoints]
+	next     Kind[*allocdv1.ServiceEndpoints]
 	switched chan struct{}
 }
 
-func (k *switchKind) current() Kind {
+func (k *switchKind) current() Kind[*allocdv1.ServiceEndpoints] {
 	select {
 	case <-k.switched:
 		return k.next
@@ -201,11 +204,12 @@ func (k *switchKind) current() Kind {
 	}
 }
 
-func (k *switchKind) List(ctx context.Context) (map[string]any, int64, error) {
+func (k *switchKind) List(ctx context.Context) (map[string]*allocdv1.ServiceEndpoints, int64, error) {
 	return k.current().List(ctx)
 }
 
-func (k *switchKind) Watch(ctx context.Context, rev int64, fn func(string, any, int64)) error {
+func (k *switchKind) Watch(ctx context.Context, rev int64,
+	fn func(string, *allocdv1.ServiceEndpoints, int64)) error {
 	cur := k.current()
 	if cur == k.next {
 		return cur.Watch(ctx, rev, fn)
@@ -236,7 +240,8 @@ func TestSweepSlicesCreatesFirst(t *testing.T) {
 	eventuallyListedSlices(t, c, "ns/web")
 	var failing atomic.Bool
 	failing.Store(true)
-	b := startWriter(t, c, func(kube *fake.Clientset, f informers.SharedInformerFactory, m *Metrics) Kind {
+	b := startWriter(t, c, func(kube *fake.Clientset, f informers.SharedInformerFactory,
+		m *Metrics) Kind[*allocdv1.EndpointSlice] {
 		kube.PrependReactor("create", "endpointslices", func(k8stesting.Action) (bool, runtime.Object, error) {
 			if failing.Load() {
 				return true, nil, errors.New("injected: the API server refuses the create")

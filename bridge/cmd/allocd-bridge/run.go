@@ -33,7 +33,7 @@ type bridge struct {
 	reg     *prometheus.Registry
 	factory informers.SharedInformerFactory
 	src     *feed.Source
-	writers []*write.Writer
+	writers []writer
 	adopter *adopt.Controller
 	ad      *adopt.Adopter
 }
@@ -75,6 +75,12 @@ func run(ctx context.Context, o *options) error {
 	err = g.Wait()
 	b.log.Info("allocd-bridge stopped")
 	return err
+}
+
+// writer is what the bridge runs of a write.Writer, of either kind.
+type writer interface {
+	Run(ctx context.Context) error
+	Synced() bool
 }
 
 func ignoreCanceled(err error) error {

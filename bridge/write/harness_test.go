@@ -97,6 +97,7 @@ type bridgeWriter struct {
 	kube *fake.Clientset
 	w    interface {
 		Synced() bool
+		Ready() bool
 		Len() int
 	}
 	reg *prometheus.Registry
@@ -106,8 +107,15 @@ type bridgeWriter struct {
 type newKindFunc[A Object] func(*fake.Clientset, informers.SharedInformerFactory, *Metrics) Kind[A]
 
 // startWriter starts a Writer of the kind newKind makes over allocd c and a fake cluster
-// holding objs.
+// holding objs, sweeping every 50 ms.
 func startWriter[A Object](t *testing.T, c *client.Client, newKind newKindFunc[A],
+	objs ...runtime.Object) *bridgeWriter {
+	t.Helper()
+	return startWriterEvery(t, c, 50*time.Millisecond, newKind, objs...)
+}
+
+// startWriterEvery is startWriter with a SweepInterval of sweep.
+func startWriterEvery[A Object](t *testing.T, c *client.Client, sweep time.Duration, newKind newKindFunc[A],
 	objs ...runtime.Object) *bridgeWriter {
 	t.Helper()
 	kube := fake.NewClientset(objs...)
@@ -115,7 +123,7 @@ func startWriter[A Object](t *testing.T, c *client.Client, newKind newKindFunc[A
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	w := New(slog.New(slog.NewTextHandler(io.Discard, nil)), newKind(kube, f, m), 2, m)
-	w.SweepInterval = 50 * time.Millisecond
+	w.SweepInterval = sweep
 	if err := w.Register(); err != nil {
 		t.Fatalf("Register = %v", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -85,6 +86,36 @@ func TestSweepHeldWhenAllocdLooksReset(t *testing.T) {
 	})
 	if _, ok := b.endpoints(t, "ns", "web"); !ok {
 		t.Errorf("Endpoints ns/web deleted; want kept")
+	}
+}
+
+// TestLeftoversDeletedAtStart: a bridge starts while allocd has not yet computed the
+// Endpoints of the cluster's Services (the feed has just given them): its first sweep
+// is held, and the Endpoints of a Service gone before it started are deleted as soon
+// as allocd has caught up, long before the next periodic sweep (an hour here), as
+// kube-controller-manager deletes them at its start; the writer is not ready until
+// they are.
+func TestLeftoversDeletedAtStart(t *testing.T) {
+	c := startAllocd(t)
+	b := startWriterEvery(t, c, time.Hour, endpointsKind(c),
+		service("ns", "web", web),
+		managedEndpoints("ns", "web", "10.0.0.9"),  // kube-controller-manager's, before
+		managedEndpoints("ns", "gone", "10.0.0.2")) // its Service is gone
+	eventually(t, "the first sweep held", func() bool {
+		return b.counter(t, "allocd_bridge_sweeps_total", map[string]string{"result": "held"}) >= 1
+	})
+	if b.w.Ready() {
+		t.Errorf("Ready() = true while the first sweep is held; want false")
+	}
+	feedAllocd(t, c, 10, []*corev1.Service{service("ns", "web", web)},
+		[]*corev1.Pod{readyPod("ns", "p1", "10.0.0.1", web)})
+	eventually(t, "ns/gone deleted once allocd caught up", func() bool {
+		_, ok := b.endpoints(t, "ns", "gone")
+		return !ok
+	})
+	eventually(t, "the writer ready", b.w.Ready)
+	if ep, ok := b.endpoints(t, "ns", "web"); !ok || ep.Subsets[0].Addresses[0].IP != "10.0.0.1" {
+		t.Errorf("Endpoints ns/web = %+v, %v; want allocd's (10.0.0.1)", ep, ok)
 	}
 }
 

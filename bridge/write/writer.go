@@ -69,9 +69,12 @@ type Kind[A Object] interface {
 // sweeps: what allocd deleted while no bridge ran (the cluster's objects with the
 // managed-by label the bridge writes that allocd's listing lacks, see Kind.Leftovers)
 // is deleted too, unless allocd looks reset (a ResetError: the sweep is held off, logged
-// and counted). It sweeps again every SweepInterval: a held sweep goes through once
-// allocd has caught up, and what kube-controller-manager's controllers left behind
-// when they were turned off (their old slices) goes.
+// and counted). A held sweep is tried again soon (after a quarter of a second, doubling
+// up to SweepInterval): at start, allocd has not yet computed the objects of what the
+// bridge's feed just gave it, and the leftovers of before go as soon as it has, as
+// kube-controller-manager deletes them at its start. It sweeps again every
+// SweepInterval: what kube-controller-manager's controllers left behind when they were
+// turned off (their old slices) goes.
 type Writer[A Object] struct {
 	kind    Kind[A]
 	log     *slog.Logger
@@ -82,10 +85,14 @@ type Writer[A Object] struct {
 	// SweepInterval is how often the writer sweeps after its first listing; set it
 	// before Run.
 	SweepInterval time.Duration
+	heldRetry     time.Duration // the first wait after a held sweep
+	sweepNow      chan struct{} // a listing asks the sweeper for a sweep
 
-	mu      sync.Mutex
-	desired map[string]A // nil value: allocd deleted it
-	synced  bool         // the first listing was queued
+	mu       sync.Mutex
+	desired  map[string]A    // nil value: allocd deleted it
+	synced   bool            // the first listing was queued
+	swept    bool            // a sweep went through
+	leftover map[string]bool // what the first sweep that went through deletes, not yet written
 }
 
 // New returns a Writer of k with workers workers.
@@ -99,7 +106,10 @@ func New[A Object](log *slog.Logger, k Kind[A], workers int, m *Metrics) *Writer
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: k.Name()}),
 		desired:       map[string]A{},
+		leftover:      map[string]bool{},
 		SweepInterval: time.Minute,
+		heldRetry:     250 * time.Millisecond,
+		sweepNow:      make(chan struct{}, 1),
 	}
 }
 
@@ -173,6 +183,15 @@ func (w *Writer[A]) Synced() bool {
 	return w.synced
 }
 
+// Ready reports whether the writer has done what a controller does at its start:
+// listed allocd's objects, swept once (not held off: allocd does not look reset), and
+// written the deletions of that sweep, the leftovers of before.
+func (w *Writer[A]) Ready() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.synced && w.swept && len(w.leftover) == 0
+}
+
 // Run waits for the informer's cache, then writes until ctx ends and returns nil.
 // Follow errors are logged and followed by a new listing, with backoff.
 func (w *Writer[A]) Run(ctx context.Context) error {
@@ -235,7 +254,10 @@ func (w *Writer[A]) follow(ctx context.Context) error {
 	w.synced = true
 	w.mu.Unlock()
 	w.log.Info("listed allocd's objects", "count", len(objs), "revision", rev)
-	w.sweepOnce()
+	select {
+	case w.sweepNow <- struct{}{}:
+	default: // one is asked for already
+	}
 	err = w.kind.Watch(ctx, rev, func(key string, obj A, _ int64) {
 		w.mu.Lock()
 		w.desired[key] = obj
@@ -248,27 +270,47 @@ func (w *Writer[A]) follow(ctx context.Context) error {
 	return err
 }
 
-// sweeper sweeps every SweepInterval until ctx ends.
+// sweeper sweeps after each listing and every SweepInterval until ctx ends; after a
+// held sweep sooner, heldRetry doubling up to SweepInterval.
 func (w *Writer[A]) sweeper(ctx context.Context) {
-	t := time.NewTicker(w.SweepInterval)
+	t := time.NewTimer(w.SweepInterval)
 	defer t.Stop()
+	retry := min(w.heldRetry, w.SweepInterval)
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-w.sweepNow:
 		case <-t.C:
-			w.sweepOnce()
 		}
+		err := w.sweepOnce()
+		if err == nil {
+			retry = min(w.heldRetry, w.SweepInterval)
+			t.Reset(w.SweepInterval)
+			continue
+		}
+		w.mu.Lock()
+		swept := w.swept
+		w.mu.Unlock()
+		log := w.log.Warn
+		if !swept {
+			// At start: allocd has not yet computed what the bridge's feed gave it.
+			log = w.log.Info
+		}
+		log("sweep of what allocd deleted held off; trying again", "error", err, "retry", retry)
+		t.Reset(retry)
+		retry = min(2*retry, w.SweepInterval)
 	}
 }
 
 // sweepOnce, once allocd was listed, queues the deletion of every leftover of allocd's
-// state as it now stands (its listing and the events since), unless allocd looks reset.
-func (w *Writer[A]) sweepOnce() {
+// state as it now stands (its listing and the events since); a *ResetError, and
+// nothing queued, when allocd looks reset.
+func (w *Writer[A]) sweepOnce() error {
 	w.mu.Lock()
 	if !w.synced {
 		w.mu.Unlock()
-		return
+		return nil
 	}
 	listed := make(map[string]A, len(w.desired))
 	var none A
@@ -281,18 +323,19 @@ func (w *Writer[A]) sweepOnce() {
 	stale, err := w.kind.Leftovers(listed)
 	if err != nil {
 		w.m.swept(w.kind.Name(), "held")
-		w.log.Warn("sweep of what allocd deleted held off; trying again later", "error", err,
-			"retry", w.SweepInterval)
-		return
+		return err
 	}
 	w.mu.Lock()
 	for _, key := range stale {
 		if _, known := w.desired[key]; !known { // allocd has not made it meanwhile
-			var none A
 			w.desired[key] = none
 			w.queue.Add(key)
+			if !w.swept {
+				w.leftover[key] = true
+			}
 		}
 	}
+	w.swept = true
 	w.mu.Unlock()
 	w.m.swept(w.kind.Name(), "done")
 	if len(stale) > 0 {
@@ -300,6 +343,7 @@ func (w *Writer[A]) sweepOnce() {
 			"or left by kube-controller-manager)", "count", len(stale),
 			"keys", stale[:min(len(stale), 10)])
 	}
+	return nil
 }
 
 // next syncs one key; false when the queue is shut down.
@@ -314,6 +358,7 @@ func (w *Writer[A]) next(ctx context.Context) bool {
 	w.mu.Unlock()
 	if !known {
 		w.queue.Forget(key)
+		w.written(key)
 		return true
 	}
 	start := time.Now()
@@ -326,12 +371,21 @@ func (w *Writer[A]) next(ctx context.Context) bool {
 		if obj == none {
 			w.forgetDeleted(key)
 		}
+		w.written(key)
 	case ctx.Err() != nil:
 	default:
 		w.log.Info("sync failed; retrying", "key", key, "error", err, "retries", w.queue.NumRequeues(key))
 		w.queue.AddRateLimited(key)
 	}
 	return true
+}
+
+// written notes that key is as allocd wants it: no longer a leftover the writer's
+// readiness waits for.
+func (w *Writer[A]) written(key string) {
+	w.mu.Lock()
+	delete(w.leftover, key)
+	w.mu.Unlock()
 }
 
 // forgetDeleted drops a key whose deletion is written, unless allocd has a new object

@@ -258,7 +258,8 @@ func (w *Writer[A]) follow(ctx context.Context) error {
 	case w.sweepNow <- struct{}{}:
 	default: // one is asked for already
 	}
-	err = w.kind.Watch(ctx, rev, func(key string, obj A, _ int64) {
+	err = w.kind.Watch(ctx, rev, func(key string, obj A, rev int64) {
+		w.log.Debug("allocd changed", "key", key, "revision", rev)
 		w.mu.Lock()
 		w.desired[key] = obj
 		w.mu.Unlock()
@@ -363,7 +364,9 @@ func (w *Writer[A]) next(ctx context.Context) bool {
 	}
 	start := time.Now()
 	err := w.kind.Sync(ctx, key, obj)
-	w.m.observeSync(w.kind.Name(), time.Since(start), err)
+	took := time.Since(start)
+	w.m.observeSync(w.kind.Name(), took, err)
+	w.log.Debug("synced", "key", key, "took", took, "error", err)
 	switch {
 	case err == nil:
 		w.queue.Forget(key)

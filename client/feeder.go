@@ -64,7 +64,9 @@ func WithPushed(f func(events int, revision int64, took time.Duration)) FeederOp
 	return func(fd *Feeder) { fd.onPushed = f }
 }
 
-// WithFlushInterval sets how long events wait to share a push (default 5 ms).
+// WithFlushInterval sets how long events wait to share a push after the first of them
+// comes (default 0: pushed at once; the events that come while a push is in flight
+// share the next one).
 func WithFlushInterval(d time.Duration) FeederOption { return func(fd *Feeder) { fd.flush = d } }
 
 // WithHeartbeat sets how often an idle Feeder asks the leader whether it needs
@@ -82,7 +84,7 @@ func WithMaxQueue(n int) FeederOption { return func(fd *Feeder) { fd.maxQueue = 
 
 // NewFeeder returns a Feeder pushing to c, taking snapshots from l.
 func NewFeeder(c *Client, l Lister, opts ...FeederOption) *Feeder {
-	f := &Feeder{c: c, l: l, flush: 5 * time.Millisecond, heartbeat: time.Second, maxQueue: 100000,
+	f := &Feeder{c: c, l: l, heartbeat: time.Second, maxQueue: 100000,
 		timeout:  30 * time.Second,
 		maxBatch: 1000, onError: func(error) {}, onPushed: func(int, int64, time.Duration) {}, resnap: true,
 		wake: make(chan struct{}, 1)}

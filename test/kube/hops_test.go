@@ -71,24 +71,27 @@ func readLog(path string, since time.Time) ([]logLine, error) {
 
 // hops is one run's flips on allocd's side, hop by hop, from the bridge's debug log:
 // the flip's commit in the API (the revision clock) → the bridge's informer hands the
-// Pod to the feed (fed) → the push of its batch starts (flush) → allocd took the push
-// (push) → the bridge's watch of allocd shows the changed slice (allocd: allocd's
-// controller and commit, and its watch) → the bridge's write of it starts (queue) →
-// the write answered (write) → the slice seen on the test's watch of the API (watch).
+// Pod to the feed (fed) → the push of its batch starts (flush) → the bridge's watch of
+// allocd shows the changed slice (allocd: the push, allocd's controller and commit,
+// and its watch; push is the push's own call, which allocd may answer after its
+// commit) → the bridge's write of it starts (queue) → the slice is committed in the
+// API's etcd (the revision clock: request) → the write answered (answer) → the slice
+// seen on the test's watch of the API (watch).
 type hops struct {
-	n                                                  int // flips
-	fed, flush, push, allocd, queue, write, watch, all []time.Duration
+	n                                                            int // flips
+	fed, flush, allocd, push, queue, request, answer, watch, all []time.Duration
 }
 
-// hopNames are the hops in order, with what each measures.
-var hopNames = []string{"commit→fed", "fed→push (flush)", "push", "pushed→allocd's slice at the bridge",
-	"→write starts (queue)", "write", "written→API watch", "commit→API watch"}
+// hopNames are the hops in order.
+var hopNames = []string{"commit→fed", "fed→push (flush)", "push→allocd's slice at the bridge",
+	"(push call)", "→write starts (queue)", "write→etcd (request)", "etcd→answer", "answer→API watch",
+	"commit→API watch"}
 
 func (h *hops) of() [][]time.Duration {
-	return [][]time.Duration{h.fed, h.flush, h.push, h.allocd, h.queue, h.write, h.watch, h.all}
+	return [][]time.Duration{h.fed, h.flush, h.allocd, h.push, h.queue, h.request, h.answer, h.watch, h.all}
 }
 
-// line is the hops' p50 / p99 (ms), and how many flips each holds.
+// line is the hops' p50 / p99, and how many flips each holds.
 func (h *hops) line() string {
 	var b strings.Builder
 	b.WriteString("allocd's side hop by hop (bridge log), p50 / p99:")
@@ -106,60 +109,57 @@ func bridgeHops(recs []*flipRec, lines []logLine, rc *revClock) *hops {
 		if r.err != nil || r.allocdSliceKey == "" {
 			continue
 		}
-		commit, ok := rc.when(r.ackRV)
-		if !ok {
+		commit, ok1 := rc.when(r.ackRV)
+		written, ok2 := rc.when(r.sliceRV)
+		t, ok3 := flipHops(r, lines)
+		if !ok1 || !ok2 || !ok3 {
 			continue
 		}
-		t, ok := flipHops(r, lines)
-		if !ok {
-			continue
-		}
-		h.fed = append(h.fed, t[0].Sub(commit))
-		for i := 1; i < len(t); i++ {
-			d := t[i].Sub(t[i-1])
-			switch i {
-			case 1:
-				h.flush = append(h.flush, d)
-			case 2:
-				h.push = append(h.push, d)
-			case 3:
-				h.allocd = append(h.allocd, d)
-			case 4:
-				h.queue = append(h.queue, d)
-			case 5:
-				h.write = append(h.write, d)
-			}
-		}
+		h.fed = append(h.fed, t.fed.Sub(commit))
+		h.flush = append(h.flush, t.pushStart.Sub(t.fed))
+		h.allocd = append(h.allocd, t.changed.Sub(t.pushStart))
+		h.push = append(h.push, t.pushed.Sub(t.pushStart))
+		h.queue = append(h.queue, t.writeStart.Sub(t.changed))
+		h.request = append(h.request, written.Sub(t.writeStart))
+		h.answer = append(h.answer, t.written.Sub(written))
 		if !r.slice.IsZero() {
-			h.watch = append(h.watch, r.slice.Sub(t[len(t)-1]))
+			h.watch = append(h.watch, r.slice.Sub(t.written))
 			h.all = append(h.all, r.slice.Sub(commit))
 		}
 	}
 	return h
 }
 
+// flipTimes are the steps of one flip in the bridge's log.
+type flipTimes struct {
+	fed, pushStart, pushed, changed, writeStart, written time.Time
+}
+
 // flipHops finds r's steps in the bridge's log: fed (the Pod at the flip's
 // resourceVersion), the push that carried it (started, taken), the writer's event of
 // the slice allocd committed, its sync (started, done). ok is false when a step is
 // missing.
-func flipHops(r *flipRec, lines []logLine) (t [6]time.Time, ok bool) {
+func flipHops(r *flipRec, lines []logLine) (t flipTimes, ok bool) {
 	ackRV, _ := strconv.ParseInt(r.ackRV, 10, 64)
-	step := 0
+	allocdRev := strconv.FormatInt(r.allocdSliceRev, 10)
 	for _, l := range lines {
 		a := l.attrs
 		switch {
-		case step == 0 && l.msg == "fed" && a["object"] == testNS+"/"+r.pod && a["revision"] == r.ackRV:
-			t[0], step = l.at, 1
-		case step == 1 && l.msg == "pushed events" && atLeast(a["revision"], ackRV):
+		case t.fed.IsZero():
+			if l.msg == "fed" && a["object"] == testNS+"/"+r.pod && a["revision"] == r.ackRV {
+				t.fed = l.at
+			}
+		case t.pushed.IsZero() && l.msg == "pushed events" && atLeast(a["revision"], ackRV):
 			took, _ := time.ParseDuration(a["took"])
-			t[1], t[2], step = l.at.Add(-took), l.at, 2
-		case step == 2 && l.msg == "allocd changed" && a["kind"] == "endpointslices" &&
-			a["key"] == r.allocdSliceKey && a["revision"] == strconv.FormatInt(r.allocdSliceRev, 10):
-			t[3], step = l.at, 3
-		case step == 3 && l.msg == "synced" && a["kind"] == "endpointslices" && a["key"] == r.allocdSliceKey:
+			t.pushStart, t.pushed = l.at.Add(-took), l.at
+		case t.changed.IsZero() && l.msg == "allocd changed" && a["kind"] == "endpointslices" &&
+			a["key"] == r.allocdSliceKey && a["revision"] == allocdRev:
+			t.changed = l.at
+		case !t.changed.IsZero() && l.msg == "synced" && a["kind"] == "endpointslices" &&
+			a["key"] == r.allocdSliceKey:
 			took, _ := time.ParseDuration(a["took"])
-			t[4], t[5] = l.at.Add(-took), l.at
-			return t, true
+			t.writeStart, t.written = l.at.Add(-took), l.at
+			return t, !t.pushed.IsZero()
 		}
 	}
 	return t, false

@@ -394,8 +394,11 @@ func (r flipResult) line() string {
 // (default 3), over 25 Services of 4 Pods. The bridge logs at debug level, so that
 // allocd's side is also timed hop by hop (hops). The figures are logged, not judged
 // (on a shared machine they move run by run); the test fails when a flip is not seen
-// in the slices of its side.
+// in the slices of its side. It runs with KUBE_E2E_NUMBERS=1 (make kube-numbers).
 func TestFlips(t *testing.T) {
+	if os.Getenv("KUBE_E2E_NUMBERS") == "" {
+		t.Skip("KUBE_E2E_NUMBERS is not set (make kube-numbers)")
+	}
 	cfg := numbersConfig{services: 25, podsPer: 4, runs: envInt("KUBE_E2E_RUNS", 3)}
 	p := newPairWith(t, "--log-level=debug")
 	p.both(t, func(ctx context.Context, cs kubernetes.Interface) error {

@@ -401,14 +401,7 @@ func TestFlips(t *testing.T) {
 	}
 	cfg := numbersConfig{services: 25, podsPer: 4, runs: envInt("KUBE_E2E_RUNS", 3)}
 	p := newPairWith(t, "--log-level=debug")
-	p.both(t, func(ctx context.Context, cs kubernetes.Interface) error {
-		for i := range 3 {
-			if err := createNode(ctx, cs, fmt.Sprintf("node-%d", i), fmt.Sprintf("zone-%d", i)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	p.createNodes(t)
 	sides := p.sides()
 	p.createPods(t, cfg)
 	p.eachCluster(t, func(ctx context.Context, c *cluster) error {

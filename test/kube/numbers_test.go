@@ -52,14 +52,7 @@ func TestNumbers(t *testing.T) {
 		runs:     envInt("KUBE_E2E_RUNS", 3),
 	}
 	p := newPair(t)
-	p.both(t, func(ctx context.Context, cs kubernetes.Interface) error {
-		for i := range 3 {
-			if err := createNode(ctx, cs, fmt.Sprintf("node-%d", i), fmt.Sprintf("zone-%d", i)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	p.createNodes(t)
 	sides := p.sides()
 	p.createPods(t, cfg)
 	var syncs [2][]time.Duration
@@ -198,6 +191,18 @@ func order(r int, sync bool) []int {
 		return []int{0, 1}
 	}
 	return []int{1, 0}
+}
+
+// createNodes creates three Ready Nodes in both clusters, node-i in zone-i.
+func (p *pair) createNodes(t *testing.T) {
+	p.both(t, func(ctx context.Context, cs kubernetes.Interface) error {
+		for i := range 3 {
+			if err := createNode(ctx, cs, fmt.Sprintf("node-%d", i), fmt.Sprintf("zone-%d", i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // createPods creates every Pod, ready, in both clusters, before any Service.

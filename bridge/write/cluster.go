@@ -74,8 +74,9 @@ type clusterKind[A Object, C ClusterObject] struct {
 func newClusterKind[A Object, C ClusterObject](name string, inf, svcs cache.SharedIndexInformer,
 	res schema.GroupResource, api func(string) clusterAPI[C], object func(A) C, r rules[C],
 	m *Metrics) *clusterKind[A, C] {
-	return &clusterKind[A, C]{name: name, object: object, inf: inf, store: listers.New[C](inf.GetIndexer(), res),
-		svcs: svcs, svc: corelisters.NewServiceLister(svcs.GetIndexer()), api: api, rules: r, m: m,
+	return &clusterKind[A, C]{name: name, object: object, inf: inf,
+		store: listers.New[C](inf.GetIndexer(), res), svcs: svcs,
+		svc: corelisters.NewServiceLister(svcs.GetIndexer()), api: api, rules: r, m: m,
 		last: newLastWritten[C]()}
 }
 

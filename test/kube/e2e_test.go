@@ -167,8 +167,8 @@ func (p *pair) testEndpoints(t *testing.T) {
 				ready: true})
 		}
 		for i := range 3 { // of the headless Service without ports
-			pods = append(pods, podSpec{name: fmt.Sprintf("db-%d", i), app: "db", node: fmt.Sprintf("node-%d", i),
-				ip4: podIP4(300 + i), ready: i < 2})
+			pods = append(pods, podSpec{name: fmt.Sprintf("db-%d", i), app: "db",
+				node: fmt.Sprintf("node-%d", i), ip4: podIP4(300 + i), ready: i < 2})
 		}
 		return parallel(ctx, len(pods), func(ctx context.Context, i int) error { return createPod(ctx, cs, pods[i]) })
 	})

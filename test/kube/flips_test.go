@@ -164,8 +164,8 @@ func (tr *flipTracker) onAllocdSlice(sl *allocdv1.EndpointSlice, at time.Time) {
 		}
 		r := tr.byIP[e.GetAddresses()[0]]
 		first := r != nil && r.allocdSlice.IsZero()
-		tr.seenAllocd(e.GetAddresses()[0], sl.GetLabels()[discoveryv1.LabelServiceName], e.GetConditions().GetReady(),
-			func(r *flipRec) *time.Time { return &r.allocdSlice }, at)
+		tr.seenAllocd(e.GetAddresses()[0], sl.GetLabels()[discoveryv1.LabelServiceName],
+			e.GetConditions().GetReady(), func(r *flipRec) *time.Time { return &r.allocdSlice }, at)
 		if first && !r.allocdSlice.IsZero() {
 			r.allocdSliceKey, r.allocdSliceRev = sl.GetNamespace()+"/"+sl.GetName(), sl.GetRevision()
 		}

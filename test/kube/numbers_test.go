@@ -462,7 +462,8 @@ func (p *pair) flipRuns(t *testing.T, cfg numbersConfig, sides []*side, rate int
 	}
 	for i, s := range sides {
 		if line := hopsSummary(res[i]); line != "" {
-			t.Logf("%d flips/s, %s, hop by hop, median [min, max] of %d runs:%s", rate, s.name, cfg.runs, line)
+			t.Logf("%d flips/s, %s, hop by hop, median [min, max] of %d runs:%s", rate, s.name, cfg.runs,
+				line)
 		}
 	}
 	return res

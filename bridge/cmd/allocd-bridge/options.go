@@ -89,7 +89,15 @@ func (o *options) logger() *slog.Logger {
 	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
 		lvl = slog.LevelInfo
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	// Times to the microsecond, as klog writes them: the debug lines time each step of
+	// a change through the bridge.
+	micro := func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey && a.Value.Kind() == slog.KindTime {
+			a.Value = slog.StringValue(a.Value.Time().Format("2006-01-02T15:04:05.000000Z07:00"))
+		}
+		return a
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl, ReplaceAttr: micro}))
 }
 
 // kubeClient is a client of the API server named name (its user agent is

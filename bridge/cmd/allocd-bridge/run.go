@@ -33,7 +33,7 @@ type bridge struct {
 	reg     *prometheus.Registry
 	factory informers.SharedInformerFactory
 	src     *feed.Source
-	writers []*write.Writer
+	writers []writer
 	adopter *adopt.Controller
 	ad      *adopt.Adopter
 }
@@ -75,6 +75,12 @@ func run(ctx context.Context, o *options) error {
 	err = g.Wait()
 	b.log.Info("allocd-bridge stopped")
 	return err
+}
+
+// writer is what the bridge runs of a write.Writer, of either kind.
+type writer interface {
+	Run(ctx context.Context) error
+	Ready() bool
 }
 
 func ignoreCanceled(err error) error {
@@ -146,20 +152,20 @@ func (b *bridge) listCIDRs(ctx context.Context) ([]networkingv1.ServiceCIDR, err
 }
 
 // health serves /healthz (the process runs), /readyz (informers synced, allocd's
-// objects listed, adoption run over every Service once), /metrics, and with profiling
-// /debug/pprof/.
+// objects listed, the first sweep through and its deletions written, adoption run over
+// every Service once), /metrics, and with profiling /debug/pprof/.
 func (b *bridge) health(addr string, profiling bool) (*http.Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		ready := b.src.HasSynced()
 		for _, wr := range b.writers {
-			ready = ready && wr.Synced()
+			ready = ready && wr.Ready()
 		}
 		ready = ready && (b.adopter == nil || b.adopter.Ran())
 		if !ready {
-			http.Error(w, "not ready: informers syncing, allocd not listed or adoption not run yet",
-				http.StatusServiceUnavailable)
+			http.Error(w, "not ready: informers syncing, allocd not listed, leftovers not yet swept (allocd "+
+				"behind the feed, or looking reset) or adoption not run yet", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")

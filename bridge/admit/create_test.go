@@ -99,7 +99,7 @@ var createCases = []createCase{
 // ports the case wants, and allocd holds exactly those under the admission's
 // provisional owner, each once.
 func TestCreate(t *testing.T) {
-	f := newFixture(t, "", nil)
+	f := newFixture(t, setup{})
 	fs, _ := f.cluster.Families()
 	var seen []string
 	for _, tc := range createCases {

@@ -48,7 +48,7 @@ func leaveCases() []leaveCase {
 // before it allocates (for kube-apiserver to refuse in its own words), goes through
 // with no patch and nothing allocated in allocd.
 func TestLeftAlone(t *testing.T) {
-	f := newFixture(t, "", nil)
+	f := newFixture(t, setup{})
 	for _, tc := range leaveCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			f.t = t
@@ -67,7 +67,7 @@ func TestLeftAlone(t *testing.T) {
 // the cluster lacks are kube-apiserver's refusals (initIPFamilyFields, before any
 // allocation): let through, nothing allocated; PreferDualStack gets one address.
 func TestLeftAloneSingleStack(t *testing.T) {
-	f := newFixture(t, testCIDR4, []string{testCIDR4})
+	f := newFixture(t, setup{ranges: testCIDR4, cidrs: []string{testCIDR4}})
 	for _, s := range []spec{{policy: both}, {families: fams{v6}},
 		{ips: []string{"fd00:10:96::8"}}} {
 		r := f.admit(s.object(), nil, false)
@@ -143,7 +143,7 @@ func denyCases() []denyCase {
 // refused with kube-apiserver's own code and words, and the admission holds nothing
 // afterwards (what it had allocated is released at once).
 func TestDenied(t *testing.T) {
-	f := newFixture(t, "", nil)
+	f := newFixture(t, setup{})
 	for i, tc := range denyCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			f.t = t
@@ -166,7 +166,7 @@ func TestDenied(t *testing.T) {
 
 // TestFull: a range with nothing left is kube-apiserver's internal error.
 func TestFull(t *testing.T) {
-	f := newFixture(t, "10.96.0.0/29", []string{"10.96.0.0/29"})
+	f := newFixture(t, setup{ranges: "10.96.0.0/29", cidrs: []string{"10.96.0.0/29"}})
 	for _, ip := range []string{"10.96.0.2", "10.96.0.3", "10.96.0.4", "10.96.0.5", "10.96.0.6"} {
 		f.take("filler-"+ip, []string{ip}, nil)
 	}

@@ -43,17 +43,30 @@ type fixture struct {
 	uids    int
 }
 
-// newFixture starts allocd with ranges (testCIDR4,testCIDR6 when empty) and a cluster
-// whose default ServiceCIDR has cidrs (both test CIDRs when nil), holding objs.
-func newFixture(t *testing.T, ranges string, cidrs []string, objs ...runtime.Object) *fixture {
+// setup says how to start a fixture: allocd's ClusterIP ranges (testCIDR4,testCIDR6
+// when empty) and node port range (allocd's default when empty), the CIDRs of the
+// cluster's default ServiceCIDR (both test CIDRs when nil).
+type setup struct {
+	ranges, nodePorts string
+	cidrs             []string
+}
+
+// newFixture starts allocd and a cluster as s says, the cluster holding objs.
+func newFixture(t *testing.T, s setup, objs ...runtime.Object) *fixture {
 	t.Helper()
-	if ranges == "" {
-		ranges = testCIDR4 + "," + testCIDR6
+	if s.ranges == "" {
+		s.ranges = testCIDR4 + "," + testCIDR6
 	}
+	cidrs := s.cidrs
 	if cidrs == nil {
 		cidrs = []string{testCIDR4, testCIDR6}
 	}
-	d := daemon.StartForTest(t, func(c *daemon.Config) { c.ServiceClusterIPRange = ranges })
+	d := daemon.StartForTest(t, func(c *daemon.Config) {
+		c.ServiceClusterIPRange = s.ranges
+		if s.nodePorts != "" {
+			c.ServiceNodePortRange = s.nodePorts
+		}
+	})
 	c, err := client.New(d.GRPCAddr())
 	if err != nil {
 		t.Fatalf("client.New(%q) = %v", d.GRPCAddr(), err)
@@ -67,7 +80,7 @@ func newFixture(t *testing.T, ranges string, cidrs []string, objs ...runtime.Obj
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if f.w, err = New(log, allocdClient{c}, f.cluster, f.reg); err != nil {
+	if f.w, err = New(log, c, f.cluster, f.reg); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -75,15 +88,6 @@ func newFixture(t *testing.T, ranges string, cidrs []string, objs ...runtime.Obj
 	t.Cleanup(func() { cancel(); factory.Shutdown() })
 	waitFor(t, "the informers synced", f.cluster.Synced)
 	return f
-}
-
-// allocdClient is allocd's client as the webhook uses it.
-type allocdClient struct{ *client.Client }
-
-// Transfer calls allocd's Transfer.
-func (c allocdClient) Transfer(ctx context.Context, req *allocdv1.TransferRequest) (
-	*allocdv1.TransferResponse, error) {
-	return allocdv1.NewAllocatorServiceClient(c.Conn()).Transfer(ctx, req)
 }
 
 // review is one admission: the request, the answer, and the object with the patch

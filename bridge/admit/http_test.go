@@ -66,7 +66,7 @@ func createRequest(t *testing.T, uid string, s spec) *admissionv1.AdmissionReque
 // TestServeHTTP: an AdmissionReview in, the AdmissionReview out with the request's uid
 // and a JSON Patch, counted by operation and result.
 func TestServeHTTP(t *testing.T) {
-	f := newFixture(t, "", nil)
+	f := newFixture(t, setup{})
 	req := createRequest(t, "1", spec{name: "web"})
 	code, out, _, _ := post(t, f.w, req, "5s")
 	if code != http.StatusOK || out.Response == nil || out.Response.UID != req.UID || !out.Response.Allowed ||
@@ -99,9 +99,9 @@ func TestAllocdUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	f := newFixture(t, "", nil)
+	f := newFixture(t, setup{})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	w, err := New(log, allocdClient{c}, f.cluster, prometheus.NewRegistry())
+	w, err := New(log, c, f.cluster, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

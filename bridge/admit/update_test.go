@@ -70,7 +70,7 @@ func updateCases() []updateCase {
 // TestUpdate: an update allocates only what its change newly needs, under its
 // provisional owner, and the patched object is one kube-apiserver accepts.
 func TestUpdate(t *testing.T) {
-	f := newFixture(t, "", nil)
+	f := newFixture(t, setup{})
 	fs, _ := f.cluster.Families()
 	for _, tc := range updateCases() {
 		t.Run(tc.name, func(t *testing.T) {
@@ -110,7 +110,7 @@ func TestUpdate(t *testing.T) {
 // TestUpdateNothingNew: updates that need nothing new (or give something up) go
 // through unchanged: nothing is allocated, and nothing released at admission.
 func TestUpdateNothingNew(t *testing.T) {
-	f := newFixture(t, "", nil)
+	f := newFixture(t, setup{})
 	np := stored(spec{name: "np", typ: nodePortType, ips: []string{"10.96.0.23"},
 		families: fams{v4}, ports: svcPorts{tcp(80, 30202)}}.object(), "u5")
 	f.take(string(np.UID), []string{"10.96.0.23"}, []int32{30202})
@@ -150,7 +150,7 @@ func TestUpdateNothingNew(t *testing.T) {
 // for the same Service and kept, nothing allocated again; only what the change added
 // (a port) is.
 func TestReinvocation(t *testing.T) {
-	f := newFixture(t, "", nil)
+	f := newFixture(t, setup{})
 	first := f.admit(spec{name: "web", typ: nodePortType}.object(), nil, false)
 	if first.err != nil || first.result != ResultPatched {
 		t.Fatalf("Admit = %+v, %v; want a patch", first.resp, first.err)

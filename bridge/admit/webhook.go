@@ -53,6 +53,14 @@ func New(log *slog.Logger, a Allocd, cluster *Cluster, reg prometheus.Registerer
 	return &Webhook{log: log, allocd: a, cluster: cluster, m: m, maxTime: DefaultMaxTime}, nil
 }
 
+// SetMaxTime sets how long an admission may take when kube-apiserver's request names
+// no timeout (DefaultMaxTime unless set), and caps the time it names.
+func (w *Webhook) SetMaxTime(d time.Duration) {
+	if d > 0 {
+		w.maxTime = d
+	}
+}
+
 // Ready reports whether the webhook can decide: the cluster's informers synced, the
 // cluster's families known, and allocd answering its health checks (WatchAllocd).
 func (w *Webhook) Ready() error {

@@ -163,15 +163,10 @@ func (w *Webhook) observe(operation, result string, start time.Time) {
 	w.m.duration.WithLabelValues(operation).Observe(time.Since(start).Seconds())
 }
 
-// fail answers code with a Status whose message says why; kube-apiserver shows it in
-// its error under failurePolicy Fail.
+// fail answers code with a Status whose message says why (an error of allocd's begins
+// with "allocd: "); kube-apiserver shows it in its error under failurePolicy Fail.
 func (w *Webhook) fail(rw http.ResponseWriter, operation string, start time.Time, code int, err error) {
-	msg := err.Error()
-	if errors.Is(err, ErrAllocd) || errors.Is(err, ErrDisagree) {
-		msg = "allocd-bridge webhook: allocd could not allocate: " + msg
-	} else {
-		msg = "allocd-bridge webhook: " + msg
-	}
+	msg := "allocd-bridge webhook: " + err.Error()
 	writeJSON(rw, code, &metav1.Status{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Status"},
 		Status: metav1.StatusFailure, Code: int32(code), Message: msg})
 	w.observe(operation, ResultError, start)

@@ -92,6 +92,7 @@ func TestWebhook(t *testing.T) {
 	t.Run("dry-run", func(t *testing.T) { webhookDryRun(t, d) })
 	t.Run("refused-after-admission", func(t *testing.T) { webhookQuota(t, d) })
 	t.Run("acceptance", func(t *testing.T) { webhookAcceptance(t, d) })
+	t.Run("allocd-down", func(t *testing.T) { webhookAllocdDown(t, d) })
 	bridge := "http://" + d.allocd.bridgeHealth + "/metrics"
 	if n := metricSum(bridge, "allocd_bridge_pending_bound_total"); n == 0 {
 		t.Errorf("allocd_bridge_pending_bound_total = 0; want the bound items counted")
@@ -337,4 +338,53 @@ func webhookAcceptance(t *testing.T, d *deciding) {
 			strings.Contains(string(out), string(got.UID))
 	})
 	t.Logf("$ allocd describe allocation %s\n%s", got.Spec.ClusterIP, out)
+}
+
+// webhookAllocdDown: with allocd stopped, failurePolicy Fail refuses a create with a
+// message that names allocd; Ignore lets kube-apiserver allocate by itself, and once
+// allocd is back the bridge adopts what kube-apiserver chose.
+func webhookAllocdDown(t *testing.T, d *deciding) {
+	ctx := context.Background()
+	svcs := d.c.Admin.CoreV1().Services(testNS)
+	allocd := d.allocd.Replicas[0]
+	allocd.Stop()
+	_, err := svcs.Create(ctx, svcSpec{name: "down-fail", app: "web"}.object(), metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "allocd") {
+		t.Errorf("create under Fail with allocd stopped: %v; want refused with a message naming allocd", err)
+	}
+	t.Logf("failurePolicy Fail, allocd stopped: %v", err)
+
+	regs := d.c.Admin.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	reg, err := regs.Get(ctx, d.webhook.Config.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ignore := admissionregistrationv1.Ignore
+	reg.Webhooks[0].FailurePolicy = &ignore
+	if _, err := regs.Update(ctx, reg, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got *corev1.Service
+	etcdtest.WaitFor(t, time.Minute, "a create let through under Ignore", func() bool {
+		svc := svcSpec{name: "down-ignore", app: "web"}.object()
+		got, err = svcs.Create(ctx, svc, metav1.CreateOptions{})
+		return err == nil
+	})
+	allocd.Start()
+	ip := got.Spec.ClusterIP
+	etcdtest.WaitFor(t, convergeLimit, "kube-apiserver's own address adopted after", func() bool {
+		al := allocation(d, ip)
+		return al != nil && al.GetOwner().GetUid() == string(got.UID)
+	})
+	if al := allocation(d, ip); al.GetModRevision() != al.GetCreateRevision() {
+		t.Errorf("%s: %+v; want adopted (allocated under the Service's UID), not the webhook's", ip, al)
+	}
+	reg, err = regs.Get(ctx, d.webhook.Config.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Webhooks[0].FailurePolicy = d.webhook.Config.Webhooks[0].FailurePolicy
+	if _, err := regs.Update(ctx, reg, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -77,7 +77,8 @@ func (a *admission) run(ctx context.Context) error {
 			return nil
 		}
 		if err := a.allocate(ctx, ips, ports); err != nil {
-			if again, err := a.refused(ctx, err); !again {
+			again, err := a.refused(ctx, err)
+			if err != nil || !again {
 				return err
 			}
 			continue

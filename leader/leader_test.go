@@ -27,7 +27,13 @@ type replica struct {
 
 func start(t *testing.T, e *etcdtest.Server, id string) *replica {
 	t.Helper()
-	el, err := leader.New(e.Client, leader.Config{Prefix: prefix, Identity: id, SessionTTL: time.Second})
+	return startWith(t, e.Client, id, time.Second)
+}
+
+// startWith starts a replica on cli with an election lease of ttl.
+func startWith(t *testing.T, cli *clientv3.Client, id string, ttl time.Duration) *replica {
+	t.Helper()
+	el, err := leader.New(cli, leader.Config{Prefix: prefix, Identity: id, SessionTTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}

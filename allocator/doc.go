@@ -34,9 +34,9 @@
 //	<prefix>/nodeports/<port>       the same; <ip> is the canonical form (netip.Addr.String)
 //	<prefix>/owners/<uid>           {"namespace","name","uid","clusterIPs":[..],"nodePorts":[..],
 //	                                 "last":{"hash","clusterIPs","nodePorts"}}; after a full
-//	                                release a tombstone (no items) for 10 to 20 s (fence.go)
+//	                                release a tombstone (no items) for 10 to 20 s (epoch.go)
 //	<prefix>/epoch                  rewritten every second by one replica: its version is
-//	                                the epoch every write transaction compares (fence.go)
+//	                                the epoch every write transaction compares (epoch.go)
 //	<prefix>/tombstones/<u>/<uid>   the tombstones to collect once the epoch is past u + 10
 //	<prefix>/checkpoints/head, data/<rev>/<n>
 //	                                the index's used bitsets at a revision (checkpoint.go)
@@ -114,5 +114,5 @@
 // ReleaseIf's "released" (with if_mod_revision), "transferred" (with to_namespace,
 // to_name, to_uid, cluster_ips, node_ports). Replays and no-ops write nothing and
 // log nothing; a full release of an owner that holds nothing writes a tombstone anew
-// (fence.go) and logs nothing.
+// (epoch.go) and logs nothing.
 package allocator

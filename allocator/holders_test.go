@@ -212,7 +212,7 @@ func TestListExceptAfterCompaction(t *testing.T) {
 	a.hold.mu.Lock()
 	a.hold.set(items[2].Key(), HolderHash("stale")) // what a lost event would leave
 	a.hold.mu.Unlock()
-	if err := a.reload(ctx); err != nil { // what the watch does after a compaction
+	if err := a.idx.reload(ctx); err != nil { // what the watch does after a compaction
 		t.Fatal(err)
 	}
 	if a.hold.kept() {
@@ -310,7 +310,7 @@ func TestKeepHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	uids[IP(netip.MustParseAddr("10.0.0.250"))] = "late"
-	if err := a.reload(ctx); err != nil { // what the watch does after a compaction
+	if err := a.idx.reload(ctx); err != nil { // what the watch does after a compaction
 		t.Fatal(err)
 	}
 	etcdtest.WaitFor(t, 10*time.Second, "the holders to be seeded again", seeded)

@@ -282,3 +282,42 @@ func TestSyncWaitsAfterStarting(t *testing.T) {
 	}
 	<-started
 }
+
+// TestCheckpointerMaybe: the watch's snapshot is taken once enough items changed, or
+// some changed longer than maxAge ago, not within minGap of the last, and handed to the
+// writer only when it is free (else the changes wait for the next tick); changes a
+// write left for a younger head count again.
+func TestCheckpointerMaybe(t *testing.T) {
+	c := newCheckpointer(nil, nil, nil)
+	c.every, c.maxAge, c.minGap = 3, time.Hour, 0
+	taken := 0
+	take := func() *indexSnapshot { taken++; return &indexSnapshot{rev: int64(10 * taken)} }
+	c.count()
+	c.count()
+	if c.maybe(10, take); taken != 0 {
+		t.Fatalf("2 changes of 3: a snapshot was taken")
+	}
+	c.count()
+	c.maybe(10, take)
+	snap := <-c.ch
+	if taken != 1 || snap.changes != 3 || snap.prev != 0 || c.changes != 0 || c.rev != snap.rev {
+		t.Fatalf("3 changes of 3: taken %d, handed %+v, %d changes left; want one with 3 changes", taken,
+			snap, c.changes)
+	}
+	c.ch <- &indexSnapshot{} // the writer busy
+	c.carry.Add(3)           // a write left for a younger head
+	if c.maybe(20, take); taken != 2 || c.changes != 3 {
+		t.Fatalf("writer busy: taken %d, %d changes; want the snapshot taken, its 3 changes kept", taken,
+			c.changes)
+	}
+	<-c.ch
+	c.minGap = time.Hour
+	if c.maybe(20, take); taken != 2 {
+		t.Errorf("within minGap of the last: a snapshot was taken")
+	}
+	c.minGap, c.maxAge = 0, 0
+	c.changes = 1
+	if c.maybe(20, take); taken != 3 {
+		t.Errorf("one change older than maxAge: no snapshot taken")
+	}
+}

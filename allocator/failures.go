@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -27,10 +28,11 @@ var backgroundSteps = []string{stepWatchProgress, stepIndexWait, stepListFallbac
 // warning, the first of a run of failures of its step and then at most once every
 // failureLogEvery, so that a step that fails at every tick (four times a second while
 // etcd is away) neither goes unseen nor floods the log. ok ends a step's run; the line
-// after a run says how many failed.
+// after a run says how many failed. A nil *failures records nothing.
 type failures struct {
 	log     *slog.Logger
 	counter *prometheus.CounterVec // nil: not counted
+	clock   clockwork.Clock        // of the log's pace
 	mu      sync.Mutex
 	runs    map[string]*failureRun // the failing steps
 }
@@ -45,11 +47,15 @@ type failureRun struct {
 const failureLogEvery = time.Minute
 
 func newFailures(log *slog.Logger, counter *prometheus.CounterVec) *failures {
-	return &failures{log: log, counter: counter, runs: map[string]*failureRun{}}
+	return &failures{log: log, counter: counter, clock: clockwork.NewRealClock(),
+		runs: map[string]*failureRun{}}
 }
 
 // fail records a failure of step: msg and err, logged as failures says.
 func (f *failures) fail(step, msg string, err error, attrs ...any) {
+	if f == nil {
+		return
+	}
 	if f.counter != nil {
 		f.counter.WithLabelValues(step).Inc()
 	}
@@ -60,9 +66,9 @@ func (f *failures) fail(step, msg string, err error, attrs ...any) {
 		f.runs[step] = r
 	}
 	r.n++
-	n, log := r.n, r.n == 1 || time.Since(r.logged) >= failureLogEvery
+	n, log := r.n, r.n == 1 || f.clock.Since(r.logged) >= failureLogEvery
 	if log {
-		r.logged = time.Now()
+		r.logged = f.clock.Now()
 	}
 	f.mu.Unlock()
 	if log {
@@ -72,6 +78,9 @@ func (f *failures) fail(step, msg string, err error, attrs ...any) {
 
 // ok ends step's run of failures, if any, and says so at info.
 func (f *failures) ok(step string) {
+	if f == nil {
+		return
+	}
 	f.mu.Lock()
 	r := f.runs[step]
 	delete(f.runs, step)

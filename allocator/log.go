@@ -110,6 +110,8 @@ func (a *Allocator) logAllocated(ctx context.Context, o *op, rev int64) {
 	line = append(line, slog.Int64("revision", rev))
 	r := slog.NewRecord(time.Now(), slog.LevelInfo, "allocated", pc)
 	r.AddAttrs(line...)
+	// A handler's error is dropped, as slog.Logger's own output methods drop it: there
+	// is nowhere else to log it.
 	_ = a.log.Handler().Handle(ctx, r)
 }
 

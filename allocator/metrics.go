@@ -62,24 +62,25 @@ func newMetrics(ranges func() []RangeInfo, reg prometheus.Registerer) *metrics {
 		"canceled", "other"} {
 		m.errs.WithLabelValues(reason)
 	}
-	m.epochFails = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "allocd_allocator_epoch_failures_total",
-		Help: "Failed steps of the epoch's loop (recreate the epoch key, count the waiting tombstones, " +
+	m.epochFails = stepCounter("allocd_allocator_epoch_failures_total",
+		"Failed steps of the epoch's loop (recreate the epoch key, count the waiting tombstones, "+
 			"move the epoch on, collect tombstones), by step: while they fail, tombstones pile up.",
-	}, []string{"step"})
-	for _, step := range epochSteps {
-		m.epochFails.WithLabelValues(step)
-	}
-	m.bgFails = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "allocd_allocator_background_failures_total",
-		Help: "Failed background steps of the allocator (its index's watch and waits, checkpoints, the " +
-			"removal of drained ServiceCIDRs, the holders), by step.",
-	}, []string{"step"})
-	for _, step := range backgroundSteps {
-		m.bgFails.WithLabelValues(step)
-	}
+		epochSteps)
+	m.bgFails = stepCounter("allocd_allocator_background_failures_total",
+		"Failed background steps of the allocator (its index's watch and waits, checkpoints, the "+
+			"removal of drained ServiceCIDRs, the holders), by step.", backgroundSteps)
 	reg.MustRegister(m.errs, m.duration, m.batchReq, m.txns, allocs, m.epochFails, m.bgFails, m)
 	return m
+}
+
+// stepCounter is a counter of failures by step, each step's at 0 from the start (so
+// that an alert on its increase sees the first one).
+func stepCounter(name, help string, steps []string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"step"})
+	for _, step := range steps {
+		c.WithLabelValues(step)
+	}
+	return c
 }
 
 // Describe implements prometheus.Collector for the per-range gauges.

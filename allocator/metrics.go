@@ -19,6 +19,9 @@ type metrics struct {
 	allocs   *prometheus.CounterVec
 	// epochFails and bgFails count what a background step failed to do (failures).
 	epochFails, bgFails *prometheus.CounterVec
+	// register registers the metrics on the registerer newMetrics was given: once the
+	// parts that ranges reads exist, so that no scrape comes before them.
+	register func()
 
 	allocatedDesc, availableDesc *prometheus.Desc
 }
@@ -69,7 +72,9 @@ func newMetrics(ranges func() []RangeInfo, reg prometheus.Registerer) *metrics {
 	m.bgFails = stepCounter("allocd_allocator_background_failures_total",
 		"Failed background steps of the allocator (its index's watch and waits, checkpoints, the "+
 			"removal of drained ServiceCIDRs, the holders), by step.", backgroundSteps)
-	reg.MustRegister(m.errs, m.duration, m.batchReq, m.txns, allocs, m.epochFails, m.bgFails, m)
+	m.register = func() {
+		reg.MustRegister(m.errs, m.duration, m.batchReq, m.txns, allocs, m.epochFails, m.bgFails, m)
+	}
 	return m
 }
 

@@ -68,6 +68,9 @@ func newAllocator(cli *clientv3.Client, cfg Config) *Allocator {
 		conc = DefaultCommitConcurrency
 	}
 	a.committer = newCommitter(conc, a.commit)
+	if a.m != nil {
+		a.m.register()
+	}
 	return a
 }
 

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -41,7 +40,7 @@ func (a *Allocator) Release(ctx context.Context, o Owner, items []Item, force bo
 			fmt.Sprintf("%d items; at most %d per request", len(items), MaxItems))
 	}
 	for i, it := range items {
-		if _, _, err := a.locate(it); err != nil {
+		if _, _, err := a.idx.locate(it); err != nil {
 			return nil, 0, err
 		}
 		if slices.Contains(items[:i], it) {
@@ -61,9 +60,9 @@ func (a *Allocator) Release(ctx context.Context, o Owner, items []Item, force bo
 	return nil, 0, fmt.Errorf("release for %s: %w", o.UID, ErrConflict)
 }
 
-// released is what one attempt of Release wrote: the items freed, the other owners
+// releaseResult is what one attempt of Release wrote: the items freed, the other owners
 // that held some of them, the revision (0: nothing written).
-type released struct {
+type releaseResult struct {
 	released []Item
 	holders  []string
 	rev      int64
@@ -76,49 +75,49 @@ type released struct {
 type releaseTxn struct {
 	cmps   []clientv3.Cmp
 	writes []clientv3.Op
-	res    released
+	res    releaseResult
 	// byHolder lists the released items of each holder (the owner's own record loses
 	// every item named, held or already free).
 	byHolder map[string][]Item
-	// epoch fences the transaction once it makes a tombstone (fence.go); tombs are the
-	// keys of the records it makes tombstones.
-	epoch  fence
-	fenced bool
-	tombs  []string
+	// epoch is compared by the transaction once it makes a tombstone (withEpoch,
+	// epoch.go); tombs are the keys of the records it makes tombstones.
+	epoch     epoch
+	withEpoch bool
+	tombs     []string
 }
 
 // addTombstone adds the writes that make uid's record (rec, as read) a tombstone, and
-// the fence they need.
+// the epoch compares they need.
 func (a *Allocator) addTombstone(t *releaseTxn, uid string, rec *ownerRecord) {
-	t.writes = append(t.writes, a.tombstone(uid, rec, t.epoch)...)
+	t.writes = append(t.writes, a.epochs.tombstone(uid, rec, t.epoch)...)
 	t.tombs = append(t.tombs, a.ownerKey(uid))
-	if !t.fenced {
-		t.cmps, t.fenced = append(t.cmps, a.fenceCmps(t.epoch)...), true
+	if !t.withEpoch {
+		t.cmps, t.withEpoch = append(t.cmps, a.epochs.cmps(t.epoch)...), true
 	}
 }
 
 // releaseOnce makes one attempt of Release: it reports what it released, whether it
 // is done (false: a compare failed, read again) and an error.
 func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item,
-	force bool, first *int64) (released, bool, error) {
+	force bool, first *int64) (releaseResult, bool, error) {
 	var mine recordState
 	if o.UID != "" {
 		recs, err := a.readRecords(ctx, []string{o.UID}, 0)
 		if err != nil {
-			return released{}, false, call.Unapplied(err) // every earlier attempt's compares failed
+			return releaseResult{}, false, call.Unapplied(err) // every earlier attempt's compares failed
 		}
 		mine = recs[o.UID]
 		if *first < 0 {
 			*first = mine.rev
 		}
 	}
-	t := &releaseTxn{byHolder: map[string][]Item{}, epoch: a.fenceNow()}
+	t := &releaseTxn{byHolder: map[string][]Item{}, epoch: a.epochs.now()}
 	if len(items) == 0 {
 		if mine.rec == nil || mine.rec.items() == 0 {
 			if mine.rec != nil && mine.rev > *first {
 				// A tombstone written since this call's first read (another release of
 				// the owner): every transaction built before the call fails on it.
-				return released{}, true, nil
+				return releaseResult{}, true, nil
 			}
 			// Nothing held: the record is made a tombstone anew all the same, so that a
 			// transaction of the owner built before (expecting the record as found)
@@ -132,13 +131,13 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item,
 		items = mine.rec.itemList()
 	}
 	if err := a.releaseItems(ctx, t, o, items, force); err != nil {
-		return released{}, true, err
+		return releaseResult{}, true, err
 	}
 	if err := a.releaseRecords(ctx, t, o, mine, items); err != nil {
-		return released{}, false, err
+		return releaseResult{}, false, err
 	}
 	if len(t.writes) == 0 {
-		return released{}, true, nil
+		return releaseResult{}, true, nil
 	}
 	return a.commitRelease(ctx, o, t)
 }
@@ -153,20 +152,20 @@ func orOwner(rec *ownerRecord, o Owner) *ownerRecord {
 
 // commitRelease commits the transaction t of a Release attempt of o: what it
 // released, whether it is done (false: a compare failed, read again) and an error.
-func (a *Allocator) commitRelease(ctx context.Context, o Owner, t *releaseTxn) (released, bool, error) {
+func (a *Allocator) commitRelease(ctx context.Context, o Owner, t *releaseTxn) (releaseResult, bool, error) {
 	if len(t.cmps) > maxTxnOps || len(t.writes) > maxTxnOps {
-		return released{}, true, badrequest.New("cluster_ips",
+		return releaseResult{}, true, badrequest.New("cluster_ips",
 			"too many items and owners for one transaction")
 	}
 	resp, err := a.commitWrites(t, func(writes []clientv3.Op) (*clientv3.TxnResponse, error) {
 		return a.releaseTxn(ctx, t.cmps, writes)
 	})
 	if err != nil {
-		return released{}, false, fmt.Errorf("release: %w", err)
+		return releaseResult{}, false, fmt.Errorf("release: %w", err)
 	}
 	if !resp.Succeeded {
-		a.epochRead(firstKV(resp.Responses[0].GetResponseRange().Kvs)) // the next attempt's fence
-		return released{}, false, nil
+		a.epochs.seenKV(firstKV(resp.Responses[0].GetResponseRange().Kvs)) // the next attempt's epoch
+		return releaseResult{}, false, nil
 	}
 	a.hints.del(o.UID)
 	a.hints.del(t.res.holders...)
@@ -181,7 +180,7 @@ func (a *Allocator) commitWrites(t *releaseTxn,
 	txn func(writes []clientv3.Op) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
 	resp, err := txn(t.writes)
 	if isNoSpace(err) && len(t.tombs) > 0 {
-		if w, ok := a.noSpaceWrites(t); ok {
+		if w, ok := a.epochs.noSpaceWrites(t.writes, t.tombs); ok {
 			resp, err = txn(w)
 		}
 	}
@@ -198,14 +197,6 @@ func (a *Allocator) releaseTxn(ctx context.Context, cmps []clientv3.Cmp,
 		return err
 	})
 	return resp, err
-}
-
-// firstKV is the first of kvs, nil when there is none.
-func firstKV(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
-	if len(kvs) == 0 {
-		return nil
-	}
-	return kvs[0]
 }
 
 // isNoSpace reports whether err is etcd's NOSPACE refusal.
@@ -312,7 +303,7 @@ func (a *Allocator) Reassign(ctx context.Context, al Allocation, to Owner) (Allo
 			return Allocation{}, err
 		case rev != 0:
 			a.logConditional(ctx, al, &to, rev)
-			r, _ := a.rangeOf(al.Item)
+			r, _ := a.idx.rangeOf(al.Item)
 			return Allocation{Item: al.Item, Range: r, Owner: to, AllocateTime: ra.now,
 				CreateRevision: al.CreateRevision, ModRevision: rev}, nil
 		case done:
@@ -349,7 +340,7 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 	if err != nil {
 		return 0, false, err
 	}
-	t := &releaseTxn{epoch: a.fenceNow()}
+	t := &releaseTxn{epoch: a.epochs.now()}
 	t.cmps = append(t.cmps, modifiedAt(key, al.ModRevision))
 	if ra != nil {
 		t.writes = append(t.writes, clientv3.OpPut(key, string(appendItemValue(nil, ra.to, ra.now))))
@@ -380,7 +371,7 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 		a.hints.del(uids...)
 		return resp.Header.Revision, true, nil
 	}
-	a.epochRead(firstKV(resp.Responses[1].GetResponseRange().Kvs)) // the next attempt's fence
+	a.epochs.seenKV(firstKV(resp.Responses[1].GetResponseRange().Kvs)) // the next attempt's epoch
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 || kvs[0].ModRevision != al.ModRevision {
 		return 0, true, nil
@@ -392,8 +383,8 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 // lose leave it and, for to's record, the items of gain join it (under to's namespace
 // and name), with the compare that guards the write; nothing when the record stays as
 // it was. A record left empty becomes a tombstone, as after a full release: its writes
-// and fence go into t. ReleaseIf and Reassign move one item, Transfer those of an
-// owner. A record of to that would hold more than MaxItems is an *InvalidError.
+// and epoch compares go into t. ReleaseIf and Reassign move one item, Transfer those
+// of an owner. A record of to that would hold more than MaxItems is an *InvalidError.
 func (a *Allocator) movedRecord(t *releaseTxn, uid string, st recordState, lose, gain []Item,
 	to *Owner) error {
 	var next *ownerRecord

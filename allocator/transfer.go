@@ -22,8 +22,8 @@ import (
 // retry of a transfer that committed moves nothing and succeeds. An item named that
 // from does not hold (free, or another owner's) fails the whole call with a
 // *NotOwnerError, and nothing moves. A record of from left holding nothing becomes a
-// tombstone, as after a full release (fence.go): an Allocate of from built before the
-// transfer fails its compare and never lands after it; the transaction is fenced by the
+// tombstone, as after a full release (epoch.go): an Allocate of from built before the
+// transfer fails its compare and never lands after it; the transaction compares the
 // epoch in any case. The index keeps the items' bits (nothing is freed or taken); the
 // moved items' AllocateTime becomes the transfer's. Errors: *InvalidError (an owner's
 // UID, from = to, too many items, to would hold more than MaxItems), ErrNoRange,
@@ -64,7 +64,7 @@ func (a *Allocator) checkTransfer(from, to Owner, items []Item) error {
 		return err
 	}
 	for i, it := range items {
-		if _, _, err := a.locate(it); err != nil {
+		if _, _, err := a.idx.locate(it); err != nil {
 			return err
 		}
 		if slices.Contains(items[:i], it) {
@@ -82,9 +82,9 @@ func itemField(it Item) string {
 	return "cluster_ips"
 }
 
-// transferred is what one attempt of Transfer wrote: the items moved and the revision
+// transferResult is what one attempt of Transfer wrote: the items moved and the revision
 // (0: nothing written), and from as its record names it (for the log line).
-type transferred struct {
+type transferResult struct {
 	moved []Item
 	rev   int64
 	from  Owner
@@ -92,14 +92,14 @@ type transferred struct {
 
 // transferOnce makes one attempt of Transfer: what it moved, whether it is done (false:
 // a compare failed, read again) and an error.
-func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []Item) (transferred, bool,
+func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []Item) (transferResult, bool,
 	error) {
 	recs, err := a.readRecords(ctx, []string{from.UID, to.UID}, 0)
 	if err != nil {
-		return transferred{}, false, call.Unapplied(err) // every earlier attempt's compares failed
+		return transferResult{}, false, call.Unapplied(err) // every earlier attempt's compares failed
 	}
 	mine := recs[from.UID]
-	res := transferred{from: from}
+	res := transferResult{from: from}
 	if mine.rec != nil && from.Namespace == "" && from.Name == "" {
 		res.from.Namespace, res.from.Name = mine.rec.Namespace, mine.rec.Name
 	}
@@ -110,7 +110,7 @@ func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []It
 		}
 		items = mine.rec.itemList()
 	}
-	t := &releaseTxn{epoch: a.fenceNow()}
+	t := &releaseTxn{epoch: a.epochs.now()}
 	moved, lose, err := a.transferItems(ctx, t, res.from, to, items, all)
 	if err != nil || len(lose) == 0 {
 		return res, true, err
@@ -123,8 +123,8 @@ func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []It
 			return res, true, err
 		}
 	}
-	if !t.fenced {
-		t.cmps, t.fenced = append(t.cmps, a.fenceCmps(t.epoch)...), true
+	if !t.withEpoch {
+		t.cmps, t.withEpoch = append(t.cmps, a.epochs.cmps(t.epoch)...), true
 	}
 	resp, err := a.commitWrites(t, func(writes []clientv3.Op) (*clientv3.TxnResponse, error) {
 		return a.releaseTxn(ctx, t.cmps, writes)
@@ -133,7 +133,7 @@ func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []It
 		return res, false, fmt.Errorf("transfer: %w", err)
 	}
 	if !resp.Succeeded {
-		a.epochRead(firstKV(resp.Responses[0].GetResponseRange().Kvs)) // the next attempt's fence
+		a.epochs.seenKV(firstKV(resp.Responses[0].GetResponseRange().Kvs)) // the next attempt's epoch
 		return res, false, nil
 	}
 	a.hints.del(from.UID, to.UID)

@@ -143,7 +143,7 @@ func TestTransfer(t *testing.T) {
 			if err := a.Sync(ctx); err != nil {
 				t.Fatal(err)
 			}
-			free := a.Free(a.portRange.name)
+			free := a.Free(a.idx.portRange.name)
 			began := time.Now()
 			moved, rev, err := a.Transfer(ctx, from, to, tc.named)
 			if !errors.Is(err, tc.err) || !slices.Equal(moved, tc.moved) ||
@@ -188,7 +188,7 @@ func TestTransfer(t *testing.T) {
 			if err := a.Sync(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if got := a.Free(a.portRange.name); got != free {
+			if got := a.Free(a.idx.portRange.name); got != free {
 				t.Errorf("free node ports after the transfer = %d; want %d (nothing freed or taken)", got,
 					free)
 			}

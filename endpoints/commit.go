@@ -74,6 +74,16 @@ func (w *write) bytes() int {
 // sync of thousands of Services costs tens of fsyncs, not thousands, while each write
 // keeps its own compares: a batch whose compares fail is split and retried, never
 // applied in part.
+//
+// The allocator has a group committer too (allocator/committer.go, batch.go): both
+// queue writes, pack them under etcd's limits and keep a few transactions in flight,
+// but what a transaction is differs. Here one leader writes objects its syncs computed,
+// fenced by the election key; a write whose keys changed goes back to its sync whole
+// (errConflict: the views learn the new state from the Else's reads), the others are
+// committed again without it, and a write larger than a transaction is split in order.
+// There every replica commits at once, each request is a plan that a failed compare
+// changes (an address picked again, an owner's earlier result replayed), read back
+// outside the transaction. A shared committer would share the queue alone.
 type committer struct {
 	t       *term
 	in      chan *write

@@ -307,7 +307,7 @@ func (c *checker) definite(final map[string]string) []violation {
 // to it, may have taken effect after the release began: none ended after it began with
 // an outcome other than a definite failure. An Allocate or Transfer whose outcome was
 // unknown and that ended before the release began must not land after it (allocd's owner
-// tombstones and epoch fence). It also returns how many owners' full releases it checked.
+// tombstones and the epoch). It also returns how many owners' full releases it checked.
 func (c *checker) afterFullRelease(final map[string]string) ([]violation, int) {
 	held := map[string][]string{}
 	for it, owner := range final {

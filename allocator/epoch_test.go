@@ -39,7 +39,7 @@ func checkTombstone(t *testing.T, cli *clientv3.Client, a *Allocator, uid string
 func passEpochs(t *testing.T, a *Allocator) {
 	t.Helper()
 	moveEpoch(t, a)
-	if err := a.collectTombstones(etcdtest.Context(t)); err != nil {
+	if err := a.epochs.collect(etcdtest.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -52,7 +52,7 @@ func passEpochs(t *testing.T, a *Allocator) {
 // acknowledged full release. (Before the tombstones, the owner record's absence and
 // the free item satisfied its compares, and the allocation came back.) An owner that
 // allocates again after a genuine release still can. In the second case the tombstone
-// is collected before the held transaction lands: the epoch fence fails it.
+// is collected before the held transaction lands: its epoch compare fails it.
 //
 // Two more cases release an owner that has no record, or only a tombstone, when the
 // release reads it: the held transaction (the caller's only attempt, not retried)
@@ -247,23 +247,23 @@ func newProxy(t *testing.T, target string) (proxy.Server, string) {
 
 // TestEpochSeenKeepsPairs: the epoch's version and CreateRevision are recorded
 // together: a late event of the key before it was made anew never lends its version
-// to the new key (the fence would be looser than the key allows).
+// to the new key (the epoch compare would be looser than the key allows).
 func TestEpochSeenKeepsPairs(t *testing.T) {
-	a := &Allocator{}
-	a.epochSeen(59, 100)
-	a.epochSeen(1, 500)  // the key made anew
-	a.epochSeen(60, 100) // a late event of the old key
-	if f := a.fenceNow(); f != (fence{version: 1, create: 500}) {
-		t.Errorf("after a late event of the old key: fence %+v; want {1 500}", f)
+	e := &epochs{}
+	e.seen(59, 100)
+	e.seen(1, 500)  // the key made anew
+	e.seen(60, 100) // a late event of the old key
+	if ep := e.now(); ep != (epoch{version: 1, create: 500}) {
+		t.Errorf("after a late event of the old key: epoch %+v; want {1 500}", ep)
 	}
-	a.epochSeen(3, 500)
-	a.epochSeen(2, 500)
-	if f := a.fenceNow(); f != (fence{version: 3, create: 500}) {
-		t.Errorf("a version went back: fence %+v; want {3 500}", f)
+	e.seen(3, 500)
+	e.seen(2, 500)
+	if ep := e.now(); ep != (epoch{version: 3, create: 500}) {
+		t.Errorf("a version went back: epoch %+v; want {3 500}", ep)
 	}
-	a.epochSeen(0, 0) // deleted
-	if f := a.fenceNow(); f != (fence{}) {
-		t.Errorf("after the key's delete: fence %+v; want its absence", f)
+	e.seen(0, 0) // deleted
+	if ep := e.now(); ep != (epoch{}) {
+		t.Errorf("after the key's delete: epoch %+v; want its absence", ep)
 	}
 }
 

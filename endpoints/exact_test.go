@@ -84,7 +84,7 @@ func randomSlice(r *rand.Rand) *EndpointSlice {
 		s.Endpoints = append(s.Endpoints, e)
 	}
 	for range r.IntN(3) {
-		p := SlicePort{Name: str(8), Port: int32(r.IntN(70000)), Protocol: "TCP"}
+		p := Port{Name: str(8), Port: int32(r.IntN(70000)), Protocol: "TCP"}
 		if r.IntN(2) == 0 {
 			ap := str(3)
 			p.AppProtocol = &ap

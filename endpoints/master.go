@@ -151,7 +151,7 @@ func (t *term) masterSliceOp(ep *Endpoints) (writeOp, bool) {
 			s.AddressType = AddressTypeIPv6
 		}
 		for _, p := range sub.Ports {
-			s.Ports = append(s.Ports, SlicePort{Name: p.Name, Port: p.Port, Protocol: p.Protocol})
+			s.Ports = append(s.Ports, Port{Name: p.Name, Port: p.Port, Protocol: p.Protocol})
 		}
 	}
 	cur := t.masterSlice()
@@ -166,7 +166,7 @@ func (t *term) masterSliceOp(ep *Endpoints) (writeOp, bool) {
 // sameMasterSlice reports whether two slices of default/kubernetes say the same.
 func sameMasterSlice(a, b *EndpointSlice) bool {
 	return a.AddressType == b.AddressType && maps.Equal(a.Labels, b.Labels) &&
-		slices.EqualFunc(a.Ports, b.Ports, func(x, y SlicePort) bool {
+		slices.EqualFunc(a.Ports, b.Ports, func(x, y Port) bool {
 			return x.Name == y.Name && x.Port == y.Port && x.Protocol == y.Protocol && x.AppProtocol == nil &&
 				y.AppProtocol == nil
 		}) &&

@@ -82,7 +82,7 @@ func appendSliceEndpoint(b []byte, e *SliceEndpoint) []byte {
 	return b
 }
 
-func appendSlicePort(b []byte, p SlicePort) []byte {
+func appendSlicePort(b []byte, p Port) []byte {
 	b = appendPresentString(b, 1, p.Name)
 	b = protowire.AppendTag(b, 2, protowire.VarintType)
 	b = protowire.AppendVarint(b, uint64(int64(p.Port)))
@@ -133,7 +133,7 @@ func decodeSlice(b []byte, service string, modRev, createRev int64) (*EndpointSl
 			s.Endpoints = append(s.Endpoints, e)
 			return err
 		case 8:
-			p, err := decodeSlicePort(v)
+			p, err := decodePort(v)
 			s.Ports = append(s.Ports, p)
 			return err
 		}
@@ -219,23 +219,4 @@ func decodeHints(b []byte) (*Hints, error) {
 		return err
 	})
 	return h, err
-}
-
-func decodeSlicePort(b []byte) (SlicePort, error) {
-	var p SlicePort
-	err := fields(b, portSchema, func(num protowire.Number, v []byte, n uint64) error {
-		switch num {
-		case 1:
-			p.Name = string(v)
-		case 2:
-			p.Port = int32(n)
-		case 3:
-			p.Protocol = string(v)
-		case 4:
-			s := string(v)
-			p.AppProtocol = &s
-		}
-		return nil
-	})
-	return p, err
 }

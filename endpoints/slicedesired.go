@@ -40,15 +40,15 @@ func sliceAddressTypes(svc *Service) []string {
 // slicePorts resolves svc's ports on pod, in the order allocd writes them: a named
 // target port the Pod lacks is left out, so Pods resolving different ports land in
 // different groups.
-func slicePorts(svc *Service, pod *Pod) []SlicePort {
-	out := make([]SlicePort, 0, len(svc.Ports))
+func slicePorts(svc *Service, pod *Pod) []Port {
+	out := make([]Port, 0, len(svc.Ports))
 	for i := range svc.Ports {
 		sp := &svc.Ports[i]
 		n, ok := findPort(pod, sp)
 		if !ok {
 			continue
 		}
-		out = append(out, SlicePort{Name: sp.Name, Port: n, Protocol: sp.Protocol, AppProtocol: sp.AppProtocol})
+		out = append(out, Port{Name: sp.Name, Port: n, Protocol: sp.Protocol, AppProtocol: sp.AppProtocol})
 	}
 	sortSlicePorts(out)
 	return out
@@ -56,7 +56,7 @@ func slicePorts(svc *Service, pod *Pod) []SlicePort {
 
 // portsKey identifies a group of slices by its ports, sorted (nil and empty alike, as
 // upstream since v1.36).
-func portsKey(ps []SlicePort) string {
+func portsKey(ps []Port) string {
 	var b strings.Builder
 	for _, p := range ps {
 		b.WriteString(p.Name)
@@ -139,7 +139,7 @@ func refEqual(a, b *ObjectRef) bool { return (a == nil) == (b == nil) && (a == n
 
 // desiredGroup is the endpoints one port group of one address type wants.
 type desiredGroup struct {
-	ports     []SlicePort
+	ports     []Port
 	endpoints []SliceEndpoint // sorted by key
 	keys      []string        // endpointKey of each
 }

@@ -253,7 +253,7 @@ func reservedSliceLabel(k string) bool {
 }
 
 // newSlice is a slice to create for r's Service (newEndpointSlice): no name yet.
-func (r *sliceReconcile) newSlice(addrType string, ports []SlicePort) *EndpointSlice {
+func (r *sliceReconcile) newSlice(addrType string, ports []Port) *EndpointSlice {
 	labels, _ := r.sliceLabels(nil)
 	return &EndpointSlice{Namespace: r.svc.Namespace, Service: r.svc.Name, Labels: labels,
 		AddressType: addrType, ServiceUID: r.svc.UID, Ports: ports}

@@ -61,7 +61,7 @@ type EndpointSlice struct {
 	// "" for a slice without one (default/kubernetes').
 	ServiceUID string
 	Endpoints  []SliceEndpoint
-	Ports      []SlicePort
+	Ports      []Port
 	// Revision and CreateRevision are the slice's ModRevision and CreateRevision in
 	// etcd (0 for a slice not read from etcd).
 	Revision, CreateRevision int64
@@ -115,15 +115,6 @@ type Hints struct {
 // read it).
 func (e *SliceEndpoint) isReady() bool { return e.Ready != nil && *e.Ready }
 
-// SlicePort is one port of a slice.
-type SlicePort struct {
-	Name     string
-	Port     int32
-	Protocol string
-	// AppProtocol is nil when unset.
-	AppProtocol *string
-}
-
 // The values the condition pointers point at: never written through.
 var (
 	trueValue  = true
@@ -140,7 +131,7 @@ func boolPtr(b bool) *bool {
 
 // sortSlicePorts sorts ports by name, protocol and number: the order allocd writes.
 // (Kubernetes sorts them by a hash of each; consumers take them as a set.)
-func sortSlicePorts(ps []SlicePort) {
+func sortSlicePorts(ps []Port) {
 	sort.Slice(ps, func(i, j int) bool {
 		a, b := ps[i], ps[j]
 		if a.Name != b.Name {

@@ -201,7 +201,7 @@ type ObjectRef struct {
 	Kind, Namespace, Name, UID string
 }
 
-// Port is one port of a subset.
+// Port is one port of a subset, or of a slice.
 type Port struct {
 	Name     string
 	Port     int32

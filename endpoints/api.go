@@ -2,6 +2,8 @@ package endpoints
 
 import (
 	"time"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // EventType is what happened to an object of a feed.
@@ -19,9 +21,9 @@ const (
 type Event struct {
 	Type     EventType
 	Revision int64
-	Service  *Service
-	Pod      *Pod
-	Node     *Node
+	Service  *kube.Service
+	Pod      *kube.Pod
+	Node     *kube.Node
 }
 
 // kind is the kind of the event's object.
@@ -59,7 +61,7 @@ const (
 // of Endpoints when the stored form can be sent as it is.
 type WatchEvent struct {
 	Type      WatchType
-	Endpoints *Endpoints
+	Endpoints *kube.Endpoints
 	Stored    *Stored
 	Revision  int64
 }
@@ -82,7 +84,12 @@ const (
 	DefaultBatchPeriod = time.Duration(0)
 	// DefaultMasterResync is kube-apiserver's endpoint reconcile interval.
 	DefaultMasterResync = 10 * time.Second
-	// DefaultPageSize and MaxPageSize of List.
+	// DefaultMaxEndpointsPerSlice is --max-endpoints-per-slice's default.
+	DefaultMaxEndpointsPerSlice = 100
+	// MaxMaxEndpointsPerSlice is the most --max-endpoints-per-slice takes.
+	MaxMaxEndpointsPerSlice = 1000
+	// DefaultPageSize is the page size of List and ListSlices when none is asked for.
 	DefaultPageSize = 500
-	MaxPageSize     = 5000
+	// MaxPageSize is the largest page of List and ListSlices.
+	MaxPageSize = 5000
 )

@@ -6,6 +6,8 @@ import (
 	"slices"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // The stored form of an Endpoints object is the protobuf encoding of the API's
@@ -27,7 +29,7 @@ import (
 //	EndpointPort: 1 name, 2 port, 3 protocol, 4 app_protocol (optional)
 
 // encode is the stored form of e.
-func encode(e *Endpoints) ([]byte, error) {
+func encode(e *kube.Endpoints) ([]byte, error) {
 	b := make([]byte, 0, 256)
 	b = appendString(b, 1, e.Namespace)
 	b = appendString(b, 2, e.Name)
@@ -45,7 +47,7 @@ func encode(e *Endpoints) ([]byte, error) {
 	return b, nil
 }
 
-func appendSubset(b []byte, s Subset) []byte {
+func appendSubset(b []byte, s kube.Subset) []byte {
 	for _, a := range s.Addresses {
 		b = appendMessage(b, 1, func(b []byte) []byte { return appendAddress(b, a) })
 	}
@@ -58,7 +60,7 @@ func appendSubset(b []byte, s Subset) []byte {
 	return b
 }
 
-func appendAddress(b []byte, a Address) []byte {
+func appendAddress(b []byte, a kube.Address) []byte {
 	b = appendString(b, 1, a.IP)
 	b = appendString(b, 2, a.Hostname)
 	b = appendString(b, 3, a.NodeName)
@@ -73,7 +75,7 @@ func appendAddress(b []byte, a Address) []byte {
 	return b
 }
 
-func appendPort(b []byte, p Port) []byte {
+func appendPort(b []byte, p kube.Port) []byte {
 	b = appendString(b, 1, p.Name)
 	if p.Port != 0 {
 		b = protowire.AppendTag(b, 2, protowire.VarintType)
@@ -142,8 +144,8 @@ func appendMap(b []byte, num protowire.Number, m map[string]string) []byte {
 var errMalformed = errors.New("malformed protobuf")
 
 // decode reads a stored object and stamps it with its etcd revisions.
-func decode(b []byte, modRev, createRev int64) (*Endpoints, error) {
-	e := &Endpoints{Revision: modRev, CreateRevision: createRev}
+func decode(b []byte, modRev, createRev int64) (*kube.Endpoints, error) {
+	e := &kube.Endpoints{Revision: modRev, CreateRevision: createRev}
 	err := fields(b, endpointsSchema, func(num protowire.Number, v []byte, n uint64) error {
 		switch num {
 		case 1:
@@ -173,8 +175,8 @@ func decode(b []byte, modRev, createRev int64) (*Endpoints, error) {
 	return e, nil
 }
 
-func decodeSubset(b []byte) (Subset, error) {
-	var s Subset
+func decodeSubset(b []byte) (kube.Subset, error) {
+	var s kube.Subset
 	err := fields(b, subsetSchema, func(num protowire.Number, v []byte, _ uint64) error {
 		switch num {
 		case 1, 2:
@@ -195,8 +197,8 @@ func decodeSubset(b []byte) (Subset, error) {
 	return s, err
 }
 
-func decodeAddress(b []byte) (Address, error) {
-	var a Address
+func decodeAddress(b []byte) (kube.Address, error) {
+	var a kube.Address
 	err := fields(b, stringsSchema, func(num protowire.Number, v []byte, _ uint64) error {
 		switch num {
 		case 1:
@@ -215,8 +217,8 @@ func decodeAddress(b []byte) (Address, error) {
 	return a, err
 }
 
-func decodePort(b []byte) (Port, error) {
-	var p Port
+func decodePort(b []byte) (kube.Port, error) {
+	var p kube.Port
 	err := fields(b, portSchema, func(num protowire.Number, v []byte, n uint64) error {
 		switch num {
 		case 1:

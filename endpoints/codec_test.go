@@ -10,15 +10,16 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
 // apiForm is the allocd.v1.ServiceEndpoints message of e as the server builds it: the
 // stored form must be its deterministic protobuf encoding (without the revisions).
-func apiForm(e *Endpoints) *allocdv1.ServiceEndpoints {
+func apiForm(e *kube.Endpoints) *allocdv1.ServiceEndpoints {
 	p := &allocdv1.ServiceEndpoints{Namespace: e.Namespace, Name: e.Name, Labels: e.Labels, Annotations: e.Annotations,
 		ServiceUid: e.ServiceUID, ManagedBy: e.ManagedBy, AddressCount: int64(e.AddressCount)}
-	addrs := func(as []Address) []*allocdv1.EndpointAddress {
+	addrs := func(as []kube.Address) []*allocdv1.EndpointAddress {
 		var out []*allocdv1.EndpointAddress
 		for _, a := range as {
 			pa := &allocdv1.EndpointAddress{Ip: a.IP, Hostname: a.Hostname, NodeName: a.NodeName}
@@ -41,7 +42,7 @@ func apiForm(e *Endpoints) *allocdv1.ServiceEndpoints {
 
 // randomEndpoints builds an object with every field used some of the time, long values
 // included (lengths past one varint byte).
-func randomEndpoints(r *rand.Rand) *Endpoints {
+func randomEndpoints(r *rand.Rand) *kube.Endpoints {
 	str := func(max int) string {
 		b := make([]byte, r.IntN(max))
 		for i := range b {
@@ -49,7 +50,7 @@ func randomEndpoints(r *rand.Rand) *Endpoints {
 		}
 		return string(b)
 	}
-	e := &Endpoints{Namespace: str(20), Name: str(300), ServiceUID: str(40), ManagedBy: str(20), AddressCount: r.IntN(3000)}
+	e := &kube.Endpoints{Namespace: str(20), Name: str(300), ServiceUID: str(40), ManagedBy: str(20), AddressCount: r.IntN(3000)}
 	if r.IntN(2) == 0 {
 		e.Labels = map[string]string{}
 		for range r.IntN(5) {
@@ -60,11 +61,11 @@ func randomEndpoints(r *rand.Rand) *Endpoints {
 		e.Annotations = map[string]string{"": "", str(10): str(10)}
 	}
 	for range r.IntN(3) {
-		var s Subset
+		var s kube.Subset
 		for range r.IntN(150) {
-			a := Address{IP: "10.0." + strconv.Itoa(r.IntN(256)) + "." + strconv.Itoa(r.IntN(256)), Hostname: str(5), NodeName: str(10)}
+			a := kube.Address{IP: "10.0." + strconv.Itoa(r.IntN(256)) + "." + strconv.Itoa(r.IntN(256)), Hostname: str(5), NodeName: str(10)}
 			if r.IntN(2) == 0 {
-				a.TargetRef = &ObjectRef{Kind: "Pod", Namespace: str(5), Name: str(10), UID: str(36)}
+				a.TargetRef = &kube.ObjectRef{Kind: "Pod", Namespace: str(5), Name: str(10), UID: str(36)}
 			}
 			if r.IntN(3) == 0 {
 				s.NotReadyAddresses = append(s.NotReadyAddresses, a)
@@ -73,7 +74,7 @@ func randomEndpoints(r *rand.Rand) *Endpoints {
 			}
 		}
 		for range r.IntN(4) {
-			p := Port{Name: str(8), Port: int32(r.IntN(70000)), Protocol: "TCP"}
+			p := kube.Port{Name: str(8), Port: int32(r.IntN(70000)), Protocol: "TCP"}
 			if r.IntN(2) == 0 {
 				ap := str(3)
 				p.AppProtocol = &ap
@@ -114,7 +115,7 @@ func TestCodecMatchesProto(t *testing.T) {
 }
 
 // normalizeEmpty makes empty maps nil: the encoding does not tell them apart.
-func normalizeEmpty(e *Endpoints) *Endpoints {
+func normalizeEmpty(e *kube.Endpoints) *kube.Endpoints {
 	cp := *e
 	if len(cp.Labels) == 0 {
 		cp.Labels = nil

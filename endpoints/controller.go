@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/leader"
 )
 
@@ -85,8 +86,8 @@ type Controller struct {
 	slicePrefix string
 
 	mu     sync.Mutex
-	term   *term      // the current term, nil when not leading
-	master *Endpoints // default/kubernetes from the master leases, nil when none yet
+	term   *term           // the current term, nil when not leading
+	master *kube.Endpoints // default/kubernetes from the master leases, nil when none yet
 }
 
 // New returns a Controller. Call Lead for every term of leadership.
@@ -196,7 +197,7 @@ func (c *Controller) Lead(ctx context.Context, f leader.Fence) error {
 // ApplyServiceSnapshot replaces the Services of the term's inputs. Every Service is
 // synced again, and every stored object (so that the Endpoints of a Service that is
 // gone are deleted).
-func (c *Controller) ApplyServiceSnapshot(ctx context.Context, rev int64, svcs []*Service) error {
+func (c *Controller) ApplyServiceSnapshot(ctx context.Context, rev int64, svcs []*kube.Service) error {
 	t, err := c.currentTerm()
 	if err != nil {
 		return err
@@ -205,7 +206,7 @@ func (c *Controller) ApplyServiceSnapshot(ctx context.Context, rev int64, svcs [
 }
 
 // ApplyPodSnapshot replaces the Pods of the term's inputs, and syncs every Service.
-func (c *Controller) ApplyPodSnapshot(ctx context.Context, rev int64, pods []*Pod) error {
+func (c *Controller) ApplyPodSnapshot(ctx context.Context, rev int64, pods []*kube.Pod) error {
 	t, err := c.currentTerm()
 	if err != nil {
 		return err
@@ -215,7 +216,7 @@ func (c *Controller) ApplyPodSnapshot(ctx context.Context, rev int64, pods []*Po
 
 // ApplyNodeSnapshot replaces the Nodes of the term's inputs (the EndpointSlice
 // controller's zones and topology hints), and syncs every Service's slices.
-func (c *Controller) ApplyNodeSnapshot(ctx context.Context, rev int64, nodes []*Node) error {
+func (c *Controller) ApplyNodeSnapshot(ctx context.Context, rev int64, nodes []*kube.Node) error {
 	t, err := c.currentTerm()
 	if err != nil {
 		return err
@@ -239,8 +240,8 @@ func (c *Controller) ApplyEvents(ctx context.Context, evs []Event) (EventsResult
 // SetMasterEndpoints sets the Endpoints of default/kubernetes that the master leases
 // produce; the leader stores them (and keeps them stored) under the same prefix as the
 // others. e carries addresses and ports; its name, labels and bookkeeping are set here.
-func (c *Controller) SetMasterEndpoints(e *Endpoints) {
-	e.ManagedBy = ManagedByMasterLease
+func (c *Controller) SetMasterEndpoints(e *kube.Endpoints) {
+	e.ManagedBy = kube.ManagedByMasterLease
 	c.mu.Lock()
 	c.master = e
 	t := c.term
@@ -253,7 +254,7 @@ func (c *Controller) SetMasterEndpoints(e *Endpoints) {
 	}
 }
 
-func (c *Controller) masterEndpoints() *Endpoints {
+func (c *Controller) masterEndpoints() *kube.Endpoints {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.master

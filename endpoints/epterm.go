@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/internal/etcd/watch"
 )
 
@@ -43,8 +44,8 @@ func (t *term) syncEndpoints(ctx context.Context, key string) (*write, func(int6
 	}
 	t.mu.RLock()
 	svc := t.in.services[key]
-	var pods []*Pod
-	if svc != nil && svc.Type != TypeExternalName && svc.Selector != nil {
+	var pods []*kube.Pod
+	if svc != nil && svc.Type != kube.TypeExternalName && svc.Selector != nil {
 		pods = t.in.selectPods(svc.Namespace, svc.Selector)
 	}
 	t.mu.RUnlock()
@@ -53,7 +54,7 @@ func (t *term) syncEndpoints(ctx context.Context, key string) (*write, func(int6
 	case svc == nil:
 		t.epTracker.Forget(key)
 		return t.deleteOwned(key, cur)
-	case svc.Type == TypeExternalName:
+	case svc.Type == kube.TypeExternalName:
 		// Deliberate deviation: Kubernetes leaves what it wrote before the Service
 		// became ExternalName; allocd deletes the object it wrote.
 		return t.deleteOwned(key, cur)
@@ -72,7 +73,7 @@ func (t *term) syncEndpoints(ctx context.Context, key string) (*write, func(int6
 // objects of others (hand-made ones, the master leases', leader-election records) are
 // left alone.
 func (t *term) deleteOwned(key string, cur storedObj) (*write, func(int64, time.Time), error) {
-	if cur.ep == nil || cur.ep.ManagedBy != ManagedByController || cur.ep.Annotations[AnnotationLeader] != "" {
+	if cur.ep == nil || cur.ep.ManagedBy != kube.ManagedByController || cur.ep.Annotations[kube.AnnotationLeader] != "" {
 		return nil, nil, nil
 	}
 	return t.endpointsWrite(key, cur, nil)
@@ -80,7 +81,7 @@ func (t *term) deleteOwned(key string, cur storedObj) (*write, func(int64, time.
 
 // endpointsWrite is the write of desired (nil: the delete) at key over cur, and what
 // records it once committed: metrics and one log line.
-func (t *term) endpointsWrite(key string, cur storedObj, desired *Endpoints) (*write, func(int64, time.Time), error) {
+func (t *term) endpointsWrite(key string, cur storedObj, desired *kube.Endpoints) (*write, func(int64, time.Time), error) {
 	op, err := t.endpointsOp(key, cur, desired)
 	if err != nil {
 		return nil, nil, err
@@ -90,7 +91,7 @@ func (t *term) endpointsWrite(key string, cur storedObj, desired *Endpoints) (*w
 }
 
 // endpointsOp is the op that puts desired (nil: deletes) at key over cur.
-func (t *term) endpointsOp(key string, cur storedObj, desired *Endpoints) (writeOp, error) {
+func (t *term) endpointsOp(key string, cur storedObj, desired *kube.Endpoints) (writeOp, error) {
 	op := writeOp{key: t.c.etcdKey(key), modRev: cur.modRev(), view: endpointsView{t}}
 	if cur.ep != nil {
 		op.createRev = cur.ep.CreateRevision
@@ -106,7 +107,7 @@ func (t *term) endpointsOp(key string, cur storedObj, desired *Endpoints) (write
 }
 
 // wroteEndpoints records a committed write: metrics and one log line.
-func (t *term) wroteEndpoints(key string, cur, ep *Endpoints, rev int64, since time.Time) {
+func (t *term) wroteEndpoints(key string, cur, ep *kube.Endpoints, rev int64, since time.Time) {
 	kind := "update"
 	switch {
 	case ep == nil:
@@ -144,7 +145,7 @@ func (v endpointsView) committed(op *writeOp, rev int64) {
 		v.t.see(key, nil, rev)
 		return
 	}
-	cp := *op.obj.(*Endpoints)
+	cp := *op.obj.(*kube.Endpoints)
 	cp.Revision, cp.CreateRevision = rev, rev
 	if op.createRev != 0 {
 		cp.CreateRevision = op.createRev
@@ -169,7 +170,7 @@ func (v endpointsView) refresh(etcdKey string, kv *mvccpb.KeyValue, rev int64) {
 }
 
 // see records the state of key at rev, unless the term already saw a newer one.
-func (t *term) see(key string, ep *Endpoints, rev int64) {
+func (t *term) see(key string, ep *kube.Endpoints, rev int64) {
 	t.storedMu.Lock()
 	defer t.storedMu.Unlock()
 	if cur, ok := t.stored[key]; ok && cur.rev >= rev {
@@ -205,7 +206,7 @@ func (t *term) listAndWatch(ctx context.Context) error {
 		return fmt.Errorf("list endpoints: %w", err)
 	}
 	rev := resp.Header.Revision
-	listed := make(map[string]*Endpoints, len(resp.Kvs))
+	listed := make(map[string]*kube.Endpoints, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		key := t.c.objectKey(kv.Key)
 		if key == "" {
@@ -241,7 +242,7 @@ func (t *term) listAndWatch(ctx context.Context) error {
 }
 
 // mergeListed folds a listing at rev into t.stored and returns the keys that are gone.
-func (t *term) mergeListed(listed map[string]*Endpoints, rev int64) []string {
+func (t *term) mergeListed(listed map[string]*kube.Endpoints, rev int64) []string {
 	t.storedMu.Lock()
 	defer t.storedMu.Unlock()
 	for key, e := range listed {
@@ -283,7 +284,7 @@ func (t *term) applyStoredEvent(ev *clientv3.Event) {
 	if ok && cur.rev >= rev {
 		return // the term's own write, learnt when it committed: no need to decode it again
 	}
-	var e *Endpoints
+	var e *kube.Endpoints
 	if ev.Type == mvccpb.PUT {
 		var err error
 		if e, err = decode(ev.Kv.Value, ev.Kv.ModRevision, ev.Kv.CreateRevision); err != nil {

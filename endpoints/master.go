@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/leader"
 )
 
@@ -94,14 +95,14 @@ func (t *term) syncMaster(ctx context.Context) error {
 // masterEndpointsObject returns the Endpoints of default/kubernetes the leases make
 // (nil: none to store, there being no address and nothing stored) and whether they
 // differ from the stored object.
-func (t *term) masterEndpointsObject(m *Endpoints) (*Endpoints, bool) {
+func (t *term) masterEndpointsObject(m *kube.Endpoints) (*kube.Endpoints, bool) {
 	cur := t.storedObj(masterKey)
-	desired := &Endpoints{
+	desired := &kube.Endpoints{
 		Namespace: "default",
 		Name:      "kubernetes",
 		Labels:    map[string]string{labelSkipMirror: "true"},
 		Subsets:   Repack(m.Subsets),
-		ManagedBy: ManagedByMasterLease,
+		ManagedBy: kube.ManagedByMasterLease,
 	}
 	ready, notReady := CountAddresses(desired.Subsets)
 	desired.AddressCount = ready + notReady
@@ -110,7 +111,7 @@ func (t *term) masterEndpointsObject(m *Endpoints) (*Endpoints, bool) {
 	}
 	if cur.ep != nil {
 		desired.Annotations = cur.ep.Annotations
-		if cur.ep.ManagedBy == ManagedByMasterLease && maps.Equal(cur.ep.Labels, desired.Labels) &&
+		if cur.ep.ManagedBy == kube.ManagedByMasterLease && maps.Equal(cur.ep.Labels, desired.Labels) &&
 			subsetsEqual(cur.ep.Subsets, desired.Subsets) {
 			return desired, false
 		}
@@ -122,7 +123,7 @@ func (t *term) masterEndpointsObject(m *Endpoints) (*Endpoints, bool) {
 const masterSliceName = "kubernetes"
 
 // masterSlice returns the stored slice of default/kubernetes, nil when none.
-func (t *term) masterSlice() *EndpointSlice {
+func (t *term) masterSlice() *kube.EndpointSlice {
 	t.slicesMu.Lock()
 	defer t.slicesMu.Unlock()
 	return t.storedSlices[masterKey][masterSliceName].s
@@ -133,30 +134,30 @@ func (t *term) masterSlice() *EndpointSlice {
 // the label kubernetes.io/service-name alone, no owner, address type IPv4 unless
 // every address is IPv6, the ports of the subset, one endpoint per address with only
 // the ready condition set. ok is false when the stored slice already says so.
-func (t *term) masterSliceOp(ep *Endpoints) (writeOp, bool) {
-	s := &EndpointSlice{Namespace: "default", Name: masterSliceName, Service: "kubernetes",
-		Labels: map[string]string{LabelServiceName: "kubernetes"}, AddressType: AddressTypeIPv4}
+func (t *term) masterSliceOp(ep *kube.Endpoints) (writeOp, bool) {
+	s := &kube.EndpointSlice{Namespace: "default", Name: masterSliceName, Service: "kubernetes",
+		Labels: map[string]string{kube.LabelServiceName: "kubernetes"}, AddressType: kube.AddressTypeIPv4}
 	if ep != nil && len(ep.Subsets) > 0 {
 		sub := ep.Subsets[0]
 		v6 := len(sub.Addresses)+len(sub.NotReadyAddresses) > 0
-		for _, list := range [][]Address{sub.Addresses, sub.NotReadyAddresses} {
+		for _, list := range [][]kube.Address{sub.Addresses, sub.NotReadyAddresses} {
 			for _, a := range list {
-				v6 = v6 && isIPv6(a.IP)
-				s.Endpoints = append(s.Endpoints, SliceEndpoint{Addresses: []string{a.IP},
-					Ready:    boolPtr(len(list) == len(sub.Addresses) && &list[0] == &sub.Addresses[0]),
+				v6 = v6 && kube.IsIPv6(a.IP)
+				s.Endpoints = append(s.Endpoints, kube.SliceEndpoint{Addresses: []string{a.IP},
+					Ready:    kube.Bool(len(list) == len(sub.Addresses) && &list[0] == &sub.Addresses[0]),
 					Hostname: a.Hostname, NodeName: a.NodeName, TargetRef: a.TargetRef})
 			}
 		}
 		if v6 {
-			s.AddressType = AddressTypeIPv6
+			s.AddressType = kube.AddressTypeIPv6
 		}
 		for _, p := range sub.Ports {
-			s.Ports = append(s.Ports, Port{Name: p.Name, Port: p.Port, Protocol: p.Protocol})
+			s.Ports = append(s.Ports, kube.Port{Name: p.Name, Port: p.Port, Protocol: p.Protocol})
 		}
 	}
 	cur := t.masterSlice()
 	if cur == nil {
-		cur = &EndpointSlice{Namespace: "default", Service: "kubernetes", Name: masterSliceName}
+		cur = &kube.EndpointSlice{Namespace: "default", Service: "kubernetes", Name: masterSliceName}
 	} else if sameMasterSlice(cur, s) {
 		return writeOp{}, false
 	}
@@ -164,13 +165,13 @@ func (t *term) masterSliceOp(ep *Endpoints) (writeOp, bool) {
 }
 
 // sameMasterSlice reports whether two slices of default/kubernetes say the same.
-func sameMasterSlice(a, b *EndpointSlice) bool {
+func sameMasterSlice(a, b *kube.EndpointSlice) bool {
 	return a.AddressType == b.AddressType && maps.Equal(a.Labels, b.Labels) &&
-		slices.EqualFunc(a.Ports, b.Ports, func(x, y Port) bool {
+		slices.EqualFunc(a.Ports, b.Ports, func(x, y kube.Port) bool {
 			return x.Name == y.Name && x.Port == y.Port && x.Protocol == y.Protocol && x.AppProtocol == nil &&
 				y.AppProtocol == nil
 		}) &&
-		slices.EqualFunc(a.Endpoints, b.Endpoints, func(x, y SliceEndpoint) bool {
+		slices.EqualFunc(a.Endpoints, b.Endpoints, func(x, y kube.SliceEndpoint) bool {
 			return slices.Equal(x.Addresses, y.Addresses) && boolPtrEqual(x.Ready, y.Ready) &&
 				x.Hostname == y.Hostname && x.NodeName == y.NodeName && refEqual(x.TargetRef, y.TargetRef) &&
 				x.Serving == nil && y.Serving == nil && x.Terminating == nil && y.Terminating == nil &&

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // metrics are the controller's metrics; the zero value (no Registerer) records nothing.
@@ -142,7 +144,7 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 		for _, s := range t.stored {
 			if s.ep != nil {
 				n++
-				if s.ep.Annotations[AnnotationOverCapacity] != "" {
+				if s.ep.Annotations[kube.AnnotationOverCapacity] != "" {
 					trunc++
 				}
 			}

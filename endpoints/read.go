@@ -11,6 +11,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // The reads of the stored Endpoints objects and EndpointSlices, served by every
@@ -29,7 +31,7 @@ type store[T any] struct {
 
 // Get returns the stored Endpoints of namespace/name (a linearizable read), or
 // ErrNotFound.
-func (c *Controller) Get(ctx context.Context, namespace, name string) (*Endpoints, error) {
+func (c *Controller) Get(ctx context.Context, namespace, name string) (*kube.Endpoints, error) {
 	if err := validName(namespace, name); err != nil {
 		return nil, err
 	}
@@ -57,9 +59,9 @@ func validName(namespace, name string) error {
 }
 
 // endpointsStore reads the stored Endpoints objects.
-func (c *Controller) endpointsStore() store[*Endpoints] {
-	return store[*Endpoints]{cli: c.cli, prefix: c.prefix, what: "endpoints", depth: 1,
-		decode: func(kv *mvccpb.KeyValue) (*Endpoints, error) {
+func (c *Controller) endpointsStore() store[*kube.Endpoints] {
+	return store[*kube.Endpoints]{cli: c.cli, prefix: c.prefix, what: "endpoints", depth: 1,
+		decode: func(kv *mvccpb.KeyValue) (*kube.Endpoints, error) {
 			return decode(kv.Value, kv.ModRevision, kv.CreateRevision)
 		}}
 }
@@ -70,7 +72,7 @@ func (c *Controller) endpointsStore() store[*Endpoints] {
 // one consistent state; a page whose revision was compacted meanwhile is a
 // *CompactedError. next is "" on the last page.
 func (c *Controller) List(ctx context.Context, namespace string, pageSize int,
-	pageToken string) (eps []*Endpoints, next string, rev int64, err error) {
+	pageToken string) (eps []*kube.Endpoints, next string, rev int64, err error) {
 	if err := validScope("namespace", namespace); err != nil {
 		return nil, "", 0, err
 	}
@@ -89,7 +91,7 @@ func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64
 		return err
 	}
 	return c.endpointsStore().watch(ctx, namespace, startRev,
-		func(t WatchType, e *Endpoints, rev int64) error {
+		func(t WatchType, e *kube.Endpoints, rev int64) error {
 			return send(WatchEvent{Type: t, Endpoints: e, Revision: rev})
 		})
 }

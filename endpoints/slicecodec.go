@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // The stored form of an EndpointSlice is the protobuf encoding of the API's
@@ -23,7 +25,7 @@ import (
 //	EndpointSlicePort: 1 name, 2 port, 3 protocol, 4 app_protocol
 
 // encodeSlice is the stored form of s.
-func encodeSlice(s *EndpointSlice) []byte {
+func encodeSlice(s *kube.EndpointSlice) []byte {
 	b := make([]byte, 0, 64+len(s.Endpoints)*96)
 	b = appendString(b, 1, s.Namespace)
 	b = appendString(b, 2, s.Name)
@@ -41,7 +43,7 @@ func encodeSlice(s *EndpointSlice) []byte {
 	return b
 }
 
-func appendSliceEndpoint(b []byte, e *SliceEndpoint) []byte {
+func appendSliceEndpoint(b []byte, e *kube.SliceEndpoint) []byte {
 	for _, a := range e.Addresses {
 		b = protowire.AppendTag(b, 1, protowire.BytesType)
 		b = protowire.AppendString(b, a)
@@ -82,7 +84,7 @@ func appendSliceEndpoint(b []byte, e *SliceEndpoint) []byte {
 	return b
 }
 
-func appendSlicePort(b []byte, p Port) []byte {
+func appendSlicePort(b []byte, p kube.Port) []byte {
 	b = appendPresentString(b, 1, p.Name)
 	b = protowire.AppendTag(b, 2, protowire.VarintType)
 	b = protowire.AppendVarint(b, uint64(int64(p.Port)))
@@ -112,8 +114,8 @@ var (
 
 // decodeSlice reads a stored slice of the Service service and stamps it with its etcd
 // revisions.
-func decodeSlice(b []byte, service string, modRev, createRev int64) (*EndpointSlice, error) {
-	s := &EndpointSlice{Service: service, Revision: modRev, CreateRevision: createRev}
+func decodeSlice(b []byte, service string, modRev, createRev int64) (*kube.EndpointSlice, error) {
+	s := &kube.EndpointSlice{Service: service, Revision: modRev, CreateRevision: createRev}
 	err := fields(b, sliceSchema, func(num protowire.Number, v []byte, _ uint64) error {
 		switch num {
 		case 1:
@@ -145,15 +147,15 @@ func decodeSlice(b []byte, service string, modRev, createRev int64) (*EndpointSl
 	return s, nil
 }
 
-func decodeSliceEndpoint(b []byte) (SliceEndpoint, error) {
-	var e SliceEndpoint
+func decodeSliceEndpoint(b []byte) (kube.SliceEndpoint, error) {
+	var e kube.SliceEndpoint
 	err := fields(b, sliceEndpointSchema, func(num protowire.Number, v []byte, _ uint64) error {
 		switch num {
 		case 1:
 			e.Addresses = append(e.Addresses, string(v))
 		case 2:
 			return fields(v, conditionsSchema, func(num protowire.Number, _ []byte, n uint64) error {
-				c := boolPtr(protowire.DecodeBool(n))
+				c := kube.Bool(protowire.DecodeBool(n))
 				switch num {
 				case 1:
 					e.Ready = c
@@ -185,8 +187,8 @@ func decodeSliceEndpoint(b []byte) (SliceEndpoint, error) {
 }
 
 // decodeRef decodes an ObjectReference.
-func decodeRef(b []byte) (*ObjectRef, error) {
-	r := &ObjectRef{}
+func decodeRef(b []byte) (*kube.ObjectRef, error) {
+	r := &kube.ObjectRef{}
 	err := fields(b, stringsSchema, func(num protowire.Number, v []byte, _ uint64) error {
 		switch num {
 		case 1:
@@ -203,8 +205,8 @@ func decodeRef(b []byte) (*ObjectRef, error) {
 	return r, err
 }
 
-func decodeHints(b []byte) (*Hints, error) {
-	h := &Hints{}
+func decodeHints(b []byte) (*kube.Hints, error) {
+	h := &kube.Hints{}
 	err := fields(b, hintsSchema, func(num protowire.Number, v []byte, _ uint64) error {
 		var name string
 		err := fields(v, nameSchema, func(_ protowire.Number, v []byte, _ uint64) error {

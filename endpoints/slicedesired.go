@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // This file holds what the EndpointSlice controller wants of one Service: per address
@@ -13,26 +15,26 @@ import (
 
 // sliceAddressTypes returns the address types of svc's slices: one per ipFamily; else
 // the family of its cluster IP; else (headless without families) both. IPv4 first.
-func sliceAddressTypes(svc *Service) []string {
+func sliceAddressTypes(svc *kube.Service) []string {
 	var v4, v6 bool
 	for _, f := range svc.IPFamilies {
-		v4 = v4 || f == FamilyIPv4
-		v6 = v6 || f == FamilyIPv6
+		v4 = v4 || f == kube.FamilyIPv4
+		v6 = v6 || f == kube.FamilyIPv6
 	}
 	switch {
 	case v4 || v6:
-	case !isHeadless(svc):
-		v6 = isIPv6(svc.ClusterIP())
+	case !svc.Headless():
+		v6 = kube.IsIPv6(svc.ClusterIP())
 		v4 = !v6
 	default:
 		v4, v6 = true, true
 	}
 	var out []string
 	if v4 {
-		out = append(out, AddressTypeIPv4)
+		out = append(out, kube.AddressTypeIPv4)
 	}
 	if v6 {
-		out = append(out, AddressTypeIPv6)
+		out = append(out, kube.AddressTypeIPv6)
 	}
 	return out
 }
@@ -40,15 +42,15 @@ func sliceAddressTypes(svc *Service) []string {
 // slicePorts resolves svc's ports on pod, in the order allocd writes them: a named
 // target port the Pod lacks is left out, so Pods resolving different ports land in
 // different groups.
-func slicePorts(svc *Service, pod *Pod) []Port {
-	out := make([]Port, 0, len(svc.Ports))
+func slicePorts(svc *kube.Service, pod *kube.Pod) []kube.Port {
+	out := make([]kube.Port, 0, len(svc.Ports))
 	for i := range svc.Ports {
 		sp := &svc.Ports[i]
 		n, ok := findPort(pod, sp)
 		if !ok {
 			continue
 		}
-		out = append(out, Port{Name: sp.Name, Port: n, Protocol: sp.Protocol, AppProtocol: sp.AppProtocol})
+		out = append(out, kube.Port{Name: sp.Name, Port: n, Protocol: sp.Protocol, AppProtocol: sp.AppProtocol})
 	}
 	sortSlicePorts(out)
 	return out
@@ -56,7 +58,7 @@ func slicePorts(svc *Service, pod *Pod) []Port {
 
 // portsKey identifies a group of slices by its ports, sorted (nil and empty alike, as
 // upstream since v1.36).
-func portsKey(ps []Port) string {
+func portsKey(ps []kube.Port) string {
 	var b strings.Builder
 	for _, p := range ps {
 		b.WriteString(p.Name)
@@ -77,17 +79,17 @@ func portsKey(ps []Port) string {
 // the Pod's IPs of that family, the three conditions, the Pod as target, its node and
 // the node's zone (node nil: unknown), and the hostname when the Pod names the Service
 // as its subdomain.
-func sliceEndpoint(svc *Service, pod *Pod, node *Node, addrType string) SliceEndpoint {
+func sliceEndpoint(svc *kube.Service, pod *kube.Pod, node *kube.Node, addrType string) kube.SliceEndpoint {
 	serving, terminating := pod.Ready, pod.Deleting
-	e := SliceEndpoint{
-		Ready:       boolPtr(svc.PublishNotReadyAddresses || (serving && !terminating)),
-		Serving:     boolPtr(serving),
-		Terminating: boolPtr(terminating),
+	e := kube.SliceEndpoint{
+		Ready:       kube.Bool(svc.PublishNotReadyAddresses || (serving && !terminating)),
+		Serving:     kube.Bool(serving),
+		Terminating: kube.Bool(terminating),
 		NodeName:    pod.NodeName,
-		TargetRef:   &ObjectRef{Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
+		TargetRef:   &kube.ObjectRef{Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
 	}
 	for _, ip := range pod.PodIPs {
-		if isIPv6(ip) == (addrType == AddressTypeIPv6) {
+		if kube.IsIPv6(ip) == (addrType == kube.AddressTypeIPv6) {
 			e.Addresses = append(e.Addresses, ip)
 		}
 	}
@@ -103,7 +105,7 @@ func sliceEndpoint(svc *Service, pod *Pod, node *Node, addrType string) SliceEnd
 // endpointKey is an endpoint's identity (the library's hashEndpoint): its sorted
 // addresses, hostname, and target's namespace and name; not its uid, conditions, node
 // or zone, which change in place.
-func endpointKey(e *SliceEndpoint) string {
+func endpointKey(e *kube.SliceEndpoint) string {
 	addrs := e.Addresses
 	if !slices.IsSorted(addrs) {
 		addrs = slices.Sorted(slices.Values(addrs))
@@ -127,7 +129,7 @@ func endpointKey(e *SliceEndpoint) string {
 // equalBeyondKey reports whether two endpoints of one identity are the same in what
 // else the controller writes (EndpointsEqualBeyondHash): node, zone, conditions and
 // target. Hints are not compared.
-func equalBeyondKey(a, b *SliceEndpoint) bool {
+func equalBeyondKey(a, b *kube.SliceEndpoint) bool {
 	return a.NodeName == b.NodeName && a.Zone == b.Zone &&
 		boolPtrEqual(a.Ready, b.Ready) && boolPtrEqual(a.Serving, b.Serving) &&
 		boolPtrEqual(a.Terminating, b.Terminating) && refEqual(a.TargetRef, b.TargetRef)
@@ -135,24 +137,24 @@ func equalBeyondKey(a, b *SliceEndpoint) bool {
 
 func boolPtrEqual(a, b *bool) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
 
-func refEqual(a, b *ObjectRef) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
+func refEqual(a, b *kube.ObjectRef) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
 
 // desiredGroup is the endpoints one port group of one address type wants.
 type desiredGroup struct {
-	ports     []Port
-	endpoints []SliceEndpoint // sorted by key
-	keys      []string        // endpointKey of each
+	ports     []kube.Port
+	endpoints []kube.SliceEndpoint // sorted by key
+	keys      []string             // endpointKey of each
 }
 
 // nodeLookup finds a Node by name (nil, false when the feed has none of that name).
-type nodeLookup func(name string) (*Node, bool)
+type nodeLookup func(name string) (*kube.Node, bool)
 
 // desiredEndpoints groups the endpoints of pods (the Service's selected Pods) for one
 // address type by port key. A Pod whose Node is unknown is left out unless the
 // Service publishes not-ready addresses (then it has no zone); skipped counts those
 // left out (the sync reports them and tries again, as upstream does). A Pod without an
 // address of the type still makes its port group exist.
-func desiredEndpoints(svc *Service, pods []*Pod, nodes nodeLookup, addrType string) (groups map[string]*desiredGroup, skipped []string) {
+func desiredEndpoints(svc *kube.Service, pods []*kube.Pod, nodes nodeLookup, addrType string) (groups map[string]*desiredGroup, skipped []string) {
 	groups = map[string]*desiredGroup{}
 	for _, pod := range pods {
 		if !shouldPodBeInEndpoints(pod, true) {
@@ -164,7 +166,7 @@ func desiredEndpoints(svc *Service, pods []*Pod, nodes nodeLookup, addrType stri
 		if g == nil {
 			g = &desiredGroup{ports: ports}
 			if len(groups) == 0 {
-				g.endpoints = make([]SliceEndpoint, 0, len(pods)) // most Services: one group
+				g.endpoints = make([]kube.SliceEndpoint, 0, len(pods)) // most Services: one group
 			}
 			groups[key] = g
 		}

@@ -4,6 +4,8 @@ import (
 	"maps"
 	"math"
 	"slices"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // This file sets the hints of endpoints: topology-aware hints for a Service annotated
@@ -19,9 +21,9 @@ const overloadThreshold = 0.2
 // deprecated topology-aware-hints annotation when present, else topology-mode, "Auto"
 // or "auto".
 func hintsEnabled(annotations map[string]string) bool {
-	v, ok := annotations[AnnotationTopologyAwareHints]
+	v, ok := annotations[kube.AnnotationTopologyAwareHints]
 	if !ok {
-		v = annotations[AnnotationTopologyMode]
+		v = annotations[kube.AnnotationTopologyMode]
 	}
 	return v == "Auto" || v == "auto"
 }
@@ -29,14 +31,14 @@ func hintsEnabled(annotations map[string]string) bool {
 // validTrafficDistribution reports whether td is a trafficDistribution the controller
 // acts on (every value of v1.37: PreferSameZone and PreferSameNode are GA since v1.35).
 func validTrafficDistribution(td string) bool {
-	return td == TrafficPreferClose || td == TrafficPreferSameZone || td == TrafficPreferSameNode
+	return td == kube.TrafficPreferClose || td == kube.TrafficPreferSameZone || td == kube.TrafficPreferSameNode
 }
 
 // hints sets or clears the hints of the slices of one address type, as the reconciler
 // does after placing endpoints: Auto hints when the annotation asks for them, else
 // trafficDistribution's, else none (unchanged slices that carry hints are then
 // updated to lose them).
-func (r *sliceReconcile) hints(addrType string, creates, updates, unchanged []*EndpointSlice) ([]*EndpointSlice, []*EndpointSlice) {
+func (r *sliceReconcile) hints(addrType string, creates, updates, unchanged []*kube.EndpointSlice) ([]*kube.EndpointSlice, []*kube.EndpointSlice) {
 	auto := hintsEnabled(r.svc.Annotations)
 	td := validTrafficDistribution(r.svc.TrafficDistribution) && !auto
 	si := &sliceInfo{toCreate: creates, toUpdate: updates, unchanged: unchanged}
@@ -48,10 +50,10 @@ func (r *sliceReconcile) hints(addrType string, creates, updates, unchanged []*E
 		si.removeHints()
 		return si.toCreate, si.toUpdate
 	}
-	sameNode := r.svc.TrafficDistribution == TrafficPreferSameNode
+	sameNode := r.svc.TrafficDistribution == kube.TrafficPreferSameNode
 	for _, s := range si.unchanged {
 		if closeHintsNeedUpdate(s, sameNode) {
-			si.toUpdate = append(si.toUpdate, s.clone())
+			si.toUpdate = append(si.toUpdate, cloneSlice(s))
 		}
 	}
 	for _, s := range append(slices.Clip(si.toCreate), si.toUpdate...) {
@@ -63,7 +65,7 @@ func (r *sliceReconcile) hints(addrType string, creates, updates, unchanged []*E
 // sliceInfo is the library's topologycache.SliceInfo: the slices of one address type
 // of one sync.
 type sliceInfo struct {
-	toCreate, toUpdate, unchanged []*EndpointSlice
+	toCreate, toUpdate, unchanged []*kube.EndpointSlice
 }
 
 // removeHints clears the hints of the slices written, and moves the unchanged slices
@@ -76,12 +78,12 @@ func (si *sliceInfo) removeHints() {
 	}
 	j := 0
 	for _, s := range si.unchanged {
-		if !slices.ContainsFunc(s.Endpoints, func(e SliceEndpoint) bool { return e.Hints != nil }) {
+		if !slices.ContainsFunc(s.Endpoints, func(e kube.SliceEndpoint) bool { return e.Hints != nil }) {
 			si.unchanged[j] = s
 			j++
 			continue
 		}
-		cp := s.clone()
+		cp := cloneSlice(s)
 		for i := range cp.Endpoints {
 			cp.Endpoints[i].Hints = nil
 		}
@@ -128,7 +130,7 @@ func allocations(ratios map[string]float64, n int) (map[string]allocation, bool)
 // given, or a ready endpoint has no zone.
 func (si *sliceInfo) addTopologyHints(ratios map[string]float64) {
 	total := 0
-	for _, group := range [][]*EndpointSlice{si.toCreate, si.toUpdate, si.unchanged} {
+	for _, group := range [][]*kube.EndpointSlice{si.toCreate, si.toUpdate, si.unchanged} {
 		for _, s := range group {
 			total += readyEndpoints(s)
 		}
@@ -143,7 +145,7 @@ func (si *sliceInfo) addTopologyHints(ratios map[string]float64) {
 	for _, s := range writable {
 		for i := range s.Endpoints {
 			e := &s.Endpoints[i]
-			if !e.isReady() {
+			if !endpointReady(e) {
 				continue // as upstream: a not-ready endpoint keeps what it has
 			}
 			if e.Zone == "" {
@@ -151,7 +153,7 @@ func (si *sliceInfo) addTopologyHints(ratios map[string]float64) {
 				return
 			}
 			allocated[e.Zone]++
-			e.Hints = &Hints{ForZones: []string{e.Zone}}
+			e.Hints = &kube.Hints{ForZones: []string{e.Zone}}
 		}
 	}
 	giving, receiving := givingAndReceivingZones(allocs, allocated)
@@ -172,7 +174,7 @@ func (si *sliceInfo) allocatedHintsByZone(allocs map[string]allocation) map[stri
 	for _, s := range si.unchanged {
 		byZone := hintsByZone(s, allocated, allocs)
 		if byZone == nil {
-			si.toUpdate = append(si.toUpdate, s.clone())
+			si.toUpdate = append(si.toUpdate, cloneSlice(s))
 			continue
 		}
 		si.unchanged[j] = s
@@ -187,11 +189,11 @@ func (si *sliceInfo) allocatedHintsByZone(allocs map[string]allocation) map[stri
 
 // hintsByZone counts the zone hints of the ready endpoints of s, nil when they cannot
 // stay (getHintsByZone).
-func hintsByZone(s *EndpointSlice, allocated map[string]int, allocs map[string]allocation) map[string]int {
+func hintsByZone(s *kube.EndpointSlice, allocated map[string]int, allocs map[string]allocation) map[string]int {
 	out := map[string]int{}
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		if !e.isReady() {
+		if !endpointReady(e) {
 			continue
 		}
 		if e.Hints == nil || len(e.Hints.ForZones) == 0 {
@@ -253,12 +255,12 @@ func most(zones map[string]float64) (string, float64) {
 
 // redistributeHints moves the hints of ready endpoints of giving zones to receiving
 // zones (in zone name order) and returns the change of each zone's count.
-func redistributeHints(writable []*EndpointSlice, giving, receiving map[string]int) map[string]int {
+func redistributeHints(writable []*kube.EndpointSlice, giving, receiving map[string]int) map[string]int {
 	diff := map[string]int{}
 	for _, s := range writable {
 		for i := range s.Endpoints {
 			e := &s.Endpoints[i]
-			if !e.isReady() {
+			if !endpointReady(e) {
 				continue
 			}
 			if len(giving) == 0 || len(receiving) == 0 {
@@ -268,7 +270,7 @@ func redistributeHints(writable []*EndpointSlice, giving, receiving map[string]i
 				continue
 			}
 			for _, rz := range slices.Sorted(maps.Keys(receiving)) {
-				e.Hints = &Hints{ForZones: []string{rz}}
+				e.Hints = &kube.Hints{ForZones: []string{rz}}
 				take(giving, e.Zone)
 				take(receiving, rz)
 				diff[rz]++
@@ -289,10 +291,10 @@ func take(m map[string]int, k string) {
 	m[k]--
 }
 
-func readyEndpoints(s *EndpointSlice) int {
+func readyEndpoints(s *kube.EndpointSlice) int {
 	n := 0
 	for i := range s.Endpoints {
-		if s.Endpoints[i].isReady() {
+		if endpointReady(&s.Endpoints[i]) {
 			n++
 		}
 	}
@@ -302,10 +304,10 @@ func readyEndpoints(s *EndpointSlice) int {
 // closeHintsNeedUpdate reports whether a ready endpoint of s lacks the hints of
 // PreferClose / PreferSameZone (its zone) or PreferSameNode (also its node), or has
 // hints it should not.
-func closeHintsNeedUpdate(s *EndpointSlice, sameNode bool) bool {
+func closeHintsNeedUpdate(s *kube.EndpointSlice, sameNode bool) bool {
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		if !e.isReady() {
+		if !endpointReady(e) {
 			continue
 		}
 		var zones, nodes []string
@@ -332,13 +334,13 @@ func closeHintsNeedUpdate(s *EndpointSlice, sameNode bool) bool {
 
 // setCloseHints gives every ready endpoint of s its zone (and, for PreferSameNode, its
 // node) as hint; none when it has neither. Not-ready endpoints keep theirs.
-func setCloseHints(s *EndpointSlice, sameNode bool) {
+func setCloseHints(s *kube.EndpointSlice, sameNode bool) {
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		if !e.isReady() {
+		if !endpointReady(e) {
 			continue
 		}
-		var h Hints
+		var h kube.Hints
 		if e.Zone != "" {
 			h.ForZones = []string{e.Zone}
 		}

@@ -10,12 +10,13 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
 
 // realisticPods are n ready Pods with Kubernetes-like names, uids and node names.
-func realisticPods(ns string, n, nodes int) []*Pod {
-	var out []*Pod
+func realisticPods(ns string, n, nodes int) []*kube.Pod {
+	var out []*kube.Pod
 	for i := range n {
 		p := testPod(ns, i, true, 1)
 		p.Name = fmt.Sprintf("checkout-frontend-7d9f8b6c5d-%05d", i)
@@ -27,7 +28,7 @@ func realisticPods(ns string, n, nodes int) []*Pod {
 	return out
 }
 
-func realisticNodes(n int) []*Node {
+func realisticNodes(n int) []*kube.Node {
 	out := testNodes(n, 3)
 	return out
 }
@@ -53,7 +54,7 @@ func TestLargeServiceNeverWritten(t *testing.T) {
 	for _, p := range pods {
 		p.Labels = map[string]string{"foo": "bar"}
 	}
-	h.sliceSnapshots(1, []*Service{svc}, realisticNodes(50), pods)
+	h.sliceSnapshots(1, []*kube.Service{svc}, realisticNodes(50), pods)
 	n := 0
 	etcdtest.Eventually(15*time.Second, func() bool {
 		n = len(h.slices("production", "checkout-frontend"))
@@ -84,8 +85,8 @@ func TestTwoBigServicesBatched(t *testing.T) {
 		t.Skip("two Services of 6,000 Pods: seconds")
 	}
 	h := newSliceHarness(t, Config{Logger: slog.New(slog.NewTextHandler(&tw{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	var svcs []*Service
-	var pods []*Pod
+	var svcs []*kube.Service
+	var pods []*kube.Pod
 	for _, name := range []string{"alpha", "beta"} {
 		svc := sliceService("production")
 		svc.Name, svc.UID = name, "uid-"+name
@@ -115,13 +116,13 @@ func TestCommitLargeIntermediate(t *testing.T) {
 	h := newSliceHarness(t, Config{MaxEndpointsPerSlice: 1, MaxTxnOps: 4})
 	svc := sliceService("ns")
 	pods := slicePods("ns", 9, 1)
-	h.sliceSnapshots(1, []*Service{svc}, testNodes(1, 1), pods)
+	h.sliceSnapshots(1, []*kube.Service{svc}, testNodes(1, 1), pods)
 	h.settle()
 	start := h.rev()
 	// The Pods resolve another port now (the Service's target port changes): every
 	// endpoint moves to a slice of another port group, in one sync.
 	svc2 := *svc
-	svc2.Ports = []ServicePort{{Port: 80, TargetPort: TargetPort{Number: 9090}, Protocol: ProtocolTCP}}
+	svc2.Ports = []kube.ServicePort{{Port: 80, TargetPort: kube.TargetPort{Number: 9090}, Protocol: kube.ProtocolTCP}}
 	h.events(Event{Type: Upsert, Revision: 2, Service: &svc2})
 	h.settle()
 	checkEveryRevision(t, h, start)
@@ -132,7 +133,7 @@ func TestCommitLargeIntermediate(t *testing.T) {
 func checkEveryRevision(t *testing.T, h *harness, start int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	state := map[string]*EndpointSlice{}
+	state := map[string]*kube.EndpointSlice{}
 	for _, s := range h.slices("ns", "foo") { // not used for state: state starts from start
 		_ = s
 	}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // sliceMetrics are the EndpointSlice controller's metrics, one for one those of
@@ -63,7 +65,7 @@ func newSliceMetrics() *sliceMetrics {
 	for _, op := range []string{"create", "update", "delete"} {
 		m.changes.WithLabelValues(op)
 	}
-	for _, td := range []string{TrafficPreferClose, TrafficPreferSameZone, TrafficPreferSameNode} {
+	for _, td := range []string{kube.TrafficPreferClose, kube.TrafficPreferSameZone, kube.TrafficPreferSameNode} {
 		m.byTraffic.WithLabelValues(td)
 	}
 	m.changedPerSync.WithLabelValues("Disabled", "")
@@ -88,7 +90,7 @@ func (m *metrics) slicesSynced(_ time.Duration, err error) {
 }
 
 // sliceSync records what a sync of svc's slices planned.
-func (m *metrics) sliceSync(key string, svc *Service, plan *slicePlan, perSlice int) {
+func (m *metrics) sliceSync(key string, svc *kube.Service, plan *slicePlan, perSlice int) {
 	s := m.slice
 	if s == nil {
 		return

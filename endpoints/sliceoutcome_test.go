@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
 
@@ -87,7 +88,7 @@ func TestUnknownOutcomeDuplicates(t *testing.T) {
 	h.lead()
 	svc := sliceService("ns")
 	pods := slicePods("ns", 150, 1)
-	h.sliceSnapshots(1, []*Service{svc}, testNodes(1, 1), pods[:50])
+	h.sliceSnapshots(1, []*kube.Service{svc}, testNodes(1, 1), pods[:50])
 	h.settle()
 	t.Logf("before: %v", sizes(h.slices("ns", "foo")))
 

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // This file places a Service's endpoints into slices: the library's Reconcile,
@@ -20,11 +22,11 @@ import (
 
 // sliceReconcile is what one sync of a Service knows.
 type sliceReconcile struct {
-	svc *Service
+	svc *kube.Service
 	// existing are the stored slices of the Service's key that the controller
 	// manages, sorted by name; taken are the names of every slice stored under the
 	// key (managed or not: a new slice takes none of them).
-	existing []*EndpointSlice
+	existing []*kube.EndpointSlice
 	taken    map[string]bool
 	// desired maps an address type to its port groups.
 	desired map[string]map[string]*desiredGroup
@@ -37,7 +39,7 @@ type sliceReconcile struct {
 
 // slicePlan is what a sync writes.
 type slicePlan struct {
-	creates, updates, deletes []*EndpointSlice
+	creates, updates, deletes []*kube.EndpointSlice
 	added, removed            int
 	// efficiency has, per address type and port key, the endpoints desired and the
 	// slices there will be (the metrics).
@@ -54,8 +56,8 @@ func (p *slicePlan) writes() int { return len(p.creates) + len(p.updates) + len(
 func (r *sliceReconcile) reconcile() *slicePlan {
 	plan := &slicePlan{efficiency: map[string]efficiency{}}
 	types := sliceAddressTypes(r.svc)
-	byType := map[string][]*EndpointSlice{}
-	var dropped []*EndpointSlice
+	byType := map[string][]*kube.EndpointSlice{}
+	var dropped []*kube.EndpointSlice
 	for _, s := range r.existing {
 		if !slices.Contains(types, s.AddressType) {
 			dropped = append(dropped, s) // a family the Service no longer has
@@ -78,9 +80,9 @@ func (r *sliceReconcile) reconcile() *slicePlan {
 }
 
 // reconcileType plans the slices of one address type.
-func (r *sliceReconcile) reconcileType(plan *slicePlan, addrType string, existing []*EndpointSlice) {
-	var creates, updates, deletes []*EndpointSlice
-	byPorts := map[string][]*EndpointSlice{}
+func (r *sliceReconcile) reconcileType(plan *slicePlan, addrType string, existing []*kube.EndpointSlice) {
+	var creates, updates, deletes []*kube.EndpointSlice
+	byPorts := map[string][]*kube.EndpointSlice{}
 	for _, s := range existing {
 		if s.ServiceUID != r.svc.UID {
 			deletes = append(deletes, s) // left by an earlier Service of the same name
@@ -124,15 +126,15 @@ func (r *sliceReconcile) reconcileType(plan *slicePlan, addrType string, existin
 }
 
 // reconcileGroup plans the slices of one port group (reconcileByPortMapping).
-func (r *sliceReconcile) reconcileGroup(existing []*EndpointSlice, g *desiredGroup,
-	addrType string) (creates, updates, deletes []*EndpointSlice, added, removed int) {
+func (r *sliceReconcile) reconcileGroup(existing []*kube.EndpointSlice, g *desiredGroup,
+	addrType string) (creates, updates, deletes []*kube.EndpointSlice, added, removed int) {
 	want := make(map[string]int, len(g.keys)) // key -> index in g, while not placed
 	for i, k := range g.keys {
 		want[k] = i
 	}
-	var unchanged []*EndpointSlice
+	var unchanged []*kube.EndpointSlice
 	for _, s := range existing {
-		kept := make([]SliceEndpoint, 0, len(s.Endpoints))
+		kept := make([]kube.SliceEndpoint, 0, len(s.Endpoints))
 		changed := false
 		for i := range s.Endpoints {
 			k := endpointKey(&s.Endpoints[i])
@@ -152,11 +154,11 @@ func (r *sliceReconcile) reconcileGroup(existing []*EndpointSlice, g *desiredGro
 				deletes = append(deletes, s)
 				continue
 			}
-			cp := s.clone()
+			cp := cloneSlice(s)
 			cp.Endpoints, cp.Labels = kept, labels
 			updates = append(updates, cp)
 		case labelsChanged:
-			cp := s.clone()
+			cp := cloneSlice(s)
 			cp.Labels = labels
 			updates = append(updates, cp)
 		default:
@@ -164,7 +166,7 @@ func (r *sliceReconcile) reconcileGroup(existing []*EndpointSlice, g *desiredGro
 		}
 	}
 	// What is left to place, in key order.
-	rest := make([]SliceEndpoint, 0, len(want))
+	rest := make([]kube.SliceEndpoint, 0, len(want))
 	for i, k := range g.keys {
 		if _, ok := want[k]; ok {
 			rest = append(rest, g.endpoints[i])
@@ -172,7 +174,7 @@ func (r *sliceReconcile) reconcileGroup(existing []*EndpointSlice, g *desiredGro
 	}
 	added = len(rest)
 	// Fill the slices being written already, fullest first.
-	slices.SortStableFunc(updates, func(a, b *EndpointSlice) int { return cmp.Compare(len(b.Endpoints), len(a.Endpoints)) })
+	slices.SortStableFunc(updates, func(a, b *kube.EndpointSlice) int { return cmp.Compare(len(b.Endpoints), len(a.Endpoints)) })
 	for _, s := range updates {
 		n := min(r.max-len(s.Endpoints), len(rest))
 		if n > 0 {
@@ -181,10 +183,10 @@ func (r *sliceReconcile) reconcileGroup(existing []*EndpointSlice, g *desiredGro
 		}
 	}
 	for len(rest) > 0 {
-		var fill *EndpointSlice
+		var fill *kube.EndpointSlice
 		if len(rest) < r.max && len(unchanged) > 0 {
 			if i := sliceToFill(unchanged, len(rest), r.max); i >= 0 {
-				fill = unchanged[i].clone()
+				fill = cloneSlice(unchanged[i])
 				unchanged = slices.Delete(unchanged, i, i+1)
 				updates = append(updates, fill)
 			}
@@ -203,7 +205,7 @@ func (r *sliceReconcile) reconcileGroup(existing []*EndpointSlice, g *desiredGro
 // sliceToFill returns the index of the unchanged slice that n more endpoints leave
 // closest to full without going over max (the first of those in name order), -1 when
 // none fits (getSliceToFill).
-func sliceToFill(unchanged []*EndpointSlice, n, max int) int {
+func sliceToFill(unchanged []*kube.EndpointSlice, n, max int) int {
 	best, bestDiff := -1, max
 	for i, s := range unchanged {
 		if d := max - (n + len(s.Endpoints)); d >= 0 && d < bestDiff {
@@ -219,7 +221,7 @@ func sliceToFill(unchanged []*EndpointSlice, n, max int) int {
 // sliceLabels returns the labels a slice of r's Service carries (setEndpointSliceLabels)
 // and whether its labels other than the reserved ones differ from the Service's: only
 // that makes a write (a wrong headless label alone does not, as upstream).
-func (r *sliceReconcile) sliceLabels(s *EndpointSlice) (map[string]string, bool) {
+func (r *sliceReconcile) sliceLabels(s *kube.EndpointSlice) (map[string]string, bool) {
 	labels := make(map[string]string, len(r.svc.Labels)+3)
 	for k, v := range r.svc.Labels {
 		if !reservedSliceLabel(k) {
@@ -240,35 +242,35 @@ func (r *sliceReconcile) sliceLabels(s *EndpointSlice) (map[string]string, bool)
 		}
 		changed = changed || n != len(labels)
 	}
-	if isHeadless(r.svc) {
-		labels[LabelHeadless] = ""
+	if r.svc.Headless() {
+		labels[kube.LabelHeadless] = ""
 	}
-	labels[LabelServiceName] = r.svc.Name
-	labels[LabelSliceManagedBy] = SliceControllerName
+	labels[kube.LabelServiceName] = r.svc.Name
+	labels[kube.LabelSliceManagedBy] = kube.SliceControllerName
 	return labels, changed
 }
 
 func reservedSliceLabel(k string) bool {
-	return k == LabelServiceName || k == LabelSliceManagedBy || k == LabelHeadless
+	return k == kube.LabelServiceName || k == kube.LabelSliceManagedBy || k == kube.LabelHeadless
 }
 
 // newSlice is a slice to create for r's Service (newEndpointSlice): no name yet.
-func (r *sliceReconcile) newSlice(addrType string, ports []Port) *EndpointSlice {
+func (r *sliceReconcile) newSlice(addrType string, ports []kube.Port) *kube.EndpointSlice {
 	labels, _ := r.sliceLabels(nil)
-	return &EndpointSlice{Namespace: r.svc.Namespace, Service: r.svc.Name, Labels: labels,
+	return &kube.EndpointSlice{Namespace: r.svc.Namespace, Service: r.svc.Name, Labels: labels,
 		AddressType: addrType, ServiceUID: r.svc.UID, Ports: ports}
 }
 
 // isPlaceholderOf reports whether s is the placeholder ph would be: the same
 // namespace, labels, owner and address type, no ports and no endpoints (the library's
 // placeholderSliceCompare).
-func isPlaceholderOf(s, ph *EndpointSlice) bool {
+func isPlaceholderOf(s, ph *kube.EndpointSlice) bool {
 	return s.Namespace == ph.Namespace && maps.Equal(s.Labels, ph.Labels) && s.ServiceUID == ph.ServiceUID &&
 		s.AddressType == ph.AddressType && len(s.Ports) == 0 && len(s.Endpoints) == 0
 }
 
 // unchangedSlices are the existing slices neither updated nor deleted.
-func unchangedSlices(existing, updates, deletes []*EndpointSlice) []*EndpointSlice {
+func unchangedSlices(existing, updates, deletes []*kube.EndpointSlice) []*kube.EndpointSlice {
 	changed := map[string]bool{}
 	for _, s := range updates {
 		changed[s.Name] = true
@@ -276,7 +278,7 @@ func unchangedSlices(existing, updates, deletes []*EndpointSlice) []*EndpointSli
 	for _, s := range deletes {
 		changed[s.Name] = true
 	}
-	var out []*EndpointSlice
+	var out []*kube.EndpointSlice
 	for _, s := range existing {
 		if !changed[s.Name] {
 			out = append(out, s)
@@ -291,8 +293,8 @@ func unchangedSlices(existing, updates, deletes []*EndpointSlice) []*EndpointSli
 // the slice to delete that holds most of its endpoints, so that an endpoint stays in
 // the slice of its name when its ports change (a write too large for one transaction
 // then never shows it twice or nowhere between its parts).
-func recycle(svc *Service, creates, updates, deletes []*EndpointSlice) ([]*EndpointSlice, []*EndpointSlice, []*EndpointSlice) {
-	var kept []*EndpointSlice
+func recycle(svc *kube.Service, creates, updates, deletes []*kube.EndpointSlice) ([]*kube.EndpointSlice, []*kube.EndpointSlice, []*kube.EndpointSlice) {
+	var kept []*kube.EndpointSlice
 	for _, c := range creates {
 		i := bestRecycled(svc, c, deletes)
 		if i < 0 {
@@ -311,7 +313,7 @@ func recycle(svc *Service, creates, updates, deletes []*EndpointSlice) ([]*Endpo
 // bestRecycled returns the index of the slice of deletes that c may take the name of
 // (the same address type, owned by svc) and that holds most of c's endpoints (the first
 // among equals); -1 when none may.
-func bestRecycled(svc *Service, c *EndpointSlice, deletes []*EndpointSlice) int {
+func bestRecycled(svc *kube.Service, c *kube.EndpointSlice, deletes []*kube.EndpointSlice) int {
 	want := make(map[string]bool, len(c.Endpoints))
 	for i := range c.Endpoints {
 		want[endpointKey(&c.Endpoints[i])] = true
@@ -363,7 +365,7 @@ func (r *sliceReconcile) name(plan *slicePlan) {
 const nameAlphabet = "bcdfghjklmnpqrstvwxz2456789"
 
 // sliceName is the n-th candidate name of a slice of svc.
-func sliceName(svc *Service, n int) string {
+func sliceName(svc *kube.Service, n int) string {
 	h := fnv.New64a()
 	h.Write([]byte(svc.UID))
 	h.Write([]byte{0})
@@ -379,13 +381,13 @@ func sliceName(svc *Service, n int) string {
 
 // stamp sets the trigger-time annotation of a slice to write (removes it when the
 // trigger time is unknown), keeping its other annotations (addTriggerTimeAnnotation).
-func (r *sliceReconcile) stamp(s *EndpointSlice) {
+func (r *sliceReconcile) stamp(s *kube.EndpointSlice) {
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
 	if r.trigger.IsZero() {
-		delete(s.Annotations, AnnotationTriggerTime)
+		delete(s.Annotations, kube.AnnotationTriggerTime)
 		return
 	}
-	s.Annotations[AnnotationTriggerTime] = r.trigger.UTC().Format(time.RFC3339Nano)
+	s.Annotations[kube.AnnotationTriggerTime] = r.trigger.UTC().Format(time.RFC3339Nano)
 }

@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/internal/etcd/watch"
 )
 
@@ -22,7 +23,7 @@ import (
 // storedSlice is what etcd holds for a slice key as this term last saw it, as
 // storedObj for Endpoints.
 type storedSlice struct {
-	s   *EndpointSlice
+	s   *kube.EndpointSlice
 	rev int64
 }
 
@@ -57,7 +58,7 @@ func (t *term) syncSlices(ctx context.Context, key string) (*write, func(int64, 
 		t.sliceTracker.Forget(key)
 		t.c.metrics.sliceServiceGone(key)
 		return t.deleteSlices(key, existing)
-	case svc.Type == TypeExternalName:
+	case svc.Type == kube.TypeExternalName:
 		// As for Endpoints, a deliberate deviation: Kubernetes leaves the slices it
 		// wrote before the Service became ExternalName; allocd deletes them.
 		t.c.metrics.sliceServiceGone(key)
@@ -81,12 +82,12 @@ func (t *term) syncSlices(ctx context.Context, key string) (*write, func(int64, 
 }
 
 // sliceInputs reads what the sync of key needs from the inputs, under the read lock.
-func (t *term) sliceInputs(key string) (r *sliceReconcile, pods []*Pod, skipped []string) {
+func (t *term) sliceInputs(key string) (r *sliceReconcile, pods []*kube.Pod, skipped []string) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	svc := t.in.services[key]
 	r = &sliceReconcile{svc: svc, max: t.c.cfg.MaxEndpointsPerSlice, topology: t.in.topology}
-	if svc == nil || svc.Type == TypeExternalName || svc.Selector == nil {
+	if svc == nil || svc.Type == kube.TypeExternalName || svc.Selector == nil {
 		return r, nil, nil
 	}
 	pods = t.in.selectPods(svc.Namespace, svc.Selector)
@@ -102,7 +103,7 @@ func (t *term) sliceInputs(key string) (r *sliceReconcile, pods []*Pod, skipped 
 }
 
 // deleteSlices is the write that deletes the slices of key the controller manages.
-func (t *term) deleteSlices(key string, existing []*EndpointSlice) (*write, func(int64, time.Time), error) {
+func (t *term) deleteSlices(key string, existing []*kube.EndpointSlice) (*write, func(int64, time.Time), error) {
 	if len(existing) == 0 {
 		return nil, nil, nil
 	}
@@ -134,7 +135,7 @@ func (t *term) slicesWrite(key string, plan *slicePlan) (*write, func(int64, tim
 
 // sliceOp is the op that puts s (nil: deletes cur) over cur, which etcd holds at
 // cur.Revision (0: a slice to create).
-func (t *term) sliceOp(cur, s *EndpointSlice) writeOp {
+func (t *term) sliceOp(cur, s *kube.EndpointSlice) writeOp {
 	op := writeOp{key: t.c.sliceKey(cur.Namespace, cur.Service, cur.Name), modRev: cur.Revision,
 		createRev: cur.CreateRevision, view: slicesView{t}}
 	if s != nil {
@@ -174,12 +175,12 @@ func (t *term) sliceNames(key string) map[string]bool {
 
 // managedSlices returns the stored slices of key that the controller manages, sorted by
 // name.
-func (t *term) managedSlices(key string) []*EndpointSlice {
+func (t *term) managedSlices(key string) []*kube.EndpointSlice {
 	t.slicesMu.Lock()
 	defer t.slicesMu.Unlock()
-	var out []*EndpointSlice
+	var out []*kube.EndpointSlice
 	for _, name := range slices.Sorted(maps.Keys(t.storedSlices[key])) {
-		if s := t.storedSlices[key][name].s; s != nil && s.managed() {
+		if s := t.storedSlices[key][name].s; s != nil && managed(s) {
 			out = append(out, s)
 		}
 	}
@@ -204,7 +205,7 @@ func (t *term) storedSliceKeys() []string {
 
 // seeSlice records the state of a slice at rev, unless the term already saw a newer
 // one; it reports whether it did.
-func (t *term) seeSlice(svcKey, name string, s *EndpointSlice, rev int64) bool {
+func (t *term) seeSlice(svcKey, name string, s *kube.EndpointSlice, rev int64) bool {
 	t.slicesMu.Lock()
 	defer t.slicesMu.Unlock()
 	byName := t.storedSlices[svcKey]
@@ -236,7 +237,7 @@ func (v slicesView) committed(op *writeOp, rev int64) {
 		v.t.seeSlice(svcKey, name, nil, rev)
 		return
 	}
-	cp := *op.obj.(*EndpointSlice)
+	cp := *op.obj.(*kube.EndpointSlice)
 	cp.Revision, cp.CreateRevision = rev, rev
 	if op.createRev != 0 {
 		cp.CreateRevision = op.createRev
@@ -260,7 +261,7 @@ func (v slicesView) refresh(key string, kv *mvccpb.KeyValue, rev int64) {
 
 // readSlice decodes the slice of kv; one that does not decode is logged and kept as a
 // slice of that name that nobody manages, so that its name stays taken.
-func (c *Controller) readSlice(kv *mvccpb.KeyValue) *EndpointSlice {
+func (c *Controller) readSlice(kv *mvccpb.KeyValue) *kube.EndpointSlice {
 	s, err := c.decodeStoredSlice(kv)
 	if err == nil {
 		return s
@@ -268,7 +269,7 @@ func (c *Controller) readSlice(kv *mvccpb.KeyValue) *EndpointSlice {
 	c.log.Warn("stored endpoint slice unreadable; its name is kept out of use", "key", string(kv.Key), "error", err)
 	svcKey, name, _ := c.sliceKeyParts(kv.Key)
 	ns, svc, _ := strings.Cut(svcKey, "/")
-	return &EndpointSlice{Namespace: ns, Service: svc, Name: name, Revision: kv.ModRevision, CreateRevision: kv.CreateRevision}
+	return &kube.EndpointSlice{Namespace: ns, Service: svc, Name: name, Revision: kv.ModRevision, CreateRevision: kv.CreateRevision}
 }
 
 // slicesOf is the prefix of the keys of the slices of the Service of svcKey.
@@ -297,7 +298,7 @@ func (t *term) reloadSlices(prefix string, kvs []*mvccpb.KeyValue, rev int64) {
 }
 
 // decodeStoredSlice decodes the slice a key holds.
-func (c *Controller) decodeStoredSlice(kv *mvccpb.KeyValue) (*EndpointSlice, error) {
+func (c *Controller) decodeStoredSlice(kv *mvccpb.KeyValue) (*kube.EndpointSlice, error) {
 	svcKey, _, ok := c.sliceKeyParts(kv.Key)
 	if !ok {
 		return nil, fmt.Errorf("%s is not the key of an endpoint slice", kv.Key)
@@ -321,7 +322,7 @@ func (t *term) listAndWatchSlices(ctx context.Context) error {
 		return fmt.Errorf("list endpoint slices: %w", err)
 	}
 	rev := resp.Header.Revision
-	listed := map[string]map[string]*EndpointSlice{}
+	listed := map[string]map[string]*kube.EndpointSlice{}
 	for _, kv := range resp.Kvs {
 		svcKey, name, ok := t.c.sliceKeyParts(kv.Key)
 		if !ok {
@@ -329,7 +330,7 @@ func (t *term) listAndWatchSlices(ctx context.Context) error {
 		}
 		s := t.c.readSlice(kv)
 		if listed[svcKey] == nil {
-			listed[svcKey] = map[string]*EndpointSlice{}
+			listed[svcKey] = map[string]*kube.EndpointSlice{}
 		}
 		listed[svcKey][name] = s
 	}
@@ -357,7 +358,7 @@ func (t *term) listAndWatchSlices(ctx context.Context) error {
 
 // mergeListedSlices folds a listing at rev into the view and returns the keys of the
 // Services that lost a slice.
-func (t *term) mergeListedSlices(listed map[string]map[string]*EndpointSlice, rev int64) []string {
+func (t *term) mergeListedSlices(listed map[string]map[string]*kube.EndpointSlice, rev int64) []string {
 	for svcKey, byName := range listed {
 		for name, s := range byName {
 			t.seeSlice(svcKey, name, s, s.Revision)
@@ -387,7 +388,7 @@ func (t *term) applyStoredSliceEvent(ev *clientv3.Event) {
 	if t.sawSlice(svcKey, name, ev.Kv.ModRevision) {
 		return // the term's own write, learnt when it committed: no need to decode it again
 	}
-	var s *EndpointSlice
+	var s *kube.EndpointSlice
 	if ev.Type == mvccpb.PUT {
 		s = t.c.readSlice(ev.Kv)
 	}
@@ -399,8 +400,8 @@ func (t *term) applyStoredSliceEvent(ev *clientv3.Event) {
 }
 
 // slicesStore reads the stored slices.
-func (c *Controller) slicesStore() store[*EndpointSlice] {
-	return store[*EndpointSlice]{cli: c.cli, prefix: c.slicePrefix, what: "endpoint slices", depth: 2,
+func (c *Controller) slicesStore() store[*kube.EndpointSlice] {
+	return store[*kube.EndpointSlice]{cli: c.cli, prefix: c.slicePrefix, what: "endpoint slices", depth: 2,
 		decode: c.decodeStoredSlice}
 }
 
@@ -408,7 +409,7 @@ func (c *Controller) slicesStore() store[*EndpointSlice] {
 // of every namespace (namespace ""), of one namespace, or of one Service (service with
 // its namespace), sorted by namespace, Service and name, after pageToken, as List does
 // for Endpoints.
-func (c *Controller) ListSlices(ctx context.Context, namespace, service string, pageSize int, pageToken string) ([]*EndpointSlice, string, int64, error) {
+func (c *Controller) ListSlices(ctx context.Context, namespace, service string, pageSize int, pageToken string) ([]*kube.EndpointSlice, string, int64, error) {
 	scope, err := sliceScope(namespace, service)
 	if err != nil {
 		return nil, "", 0, err
@@ -442,7 +443,7 @@ func sliceScope(namespace, service string) (string, error) {
 // of Slice when the stored form can be sent as it is.
 type SliceWatchEvent struct {
 	Type     WatchType
-	Slice    *EndpointSlice
+	Slice    *kube.EndpointSlice
 	Stored   *Stored
 	Revision int64
 }
@@ -453,7 +454,7 @@ func (c *Controller) WatchSlices(ctx context.Context, namespace string, startRev
 	if err := validScope("namespace", namespace); err != nil {
 		return err
 	}
-	return c.slicesStore().watch(ctx, namespace, startRev, func(t WatchType, s *EndpointSlice, rev int64) error {
+	return c.slicesStore().watch(ctx, namespace, startRev, func(t WatchType, s *kube.EndpointSlice, rev int64) error {
 		return send(SliceWatchEvent{Type: t, Slice: s, Revision: rev})
 	})
 }

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/leader"
 )
 
@@ -54,7 +55,7 @@ type term struct {
 // absent) and the revision of that sight (the object's ModRevision, or of its delete),
 // so that an older watch event never overwrites a newer state learnt from a write.
 type storedObj struct {
-	ep  *Endpoints
+	ep  *kube.Endpoints
 	rev int64
 }
 

@@ -8,19 +8,20 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/endpoints/kube"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
 // The conversions from the feeds' wire form validate as they go, adding one violation
 // per bad field to inv (with its path under field), and default what the API server
-// defaults (a endpoints.Service's type ClusterIP, a port's protocol TCP and target port = port,
-// a endpoints.Pod's phase Pending), since the controller's rules rely on those defaults. Field
-// paths are built only for a violation, so a valid 100k-endpoints.Pod snapshot costs none.
+// defaults (a kube.Service's type ClusterIP, a port's protocol TCP and target port = port,
+// a kube.Pod's phase Pending), since the controller's rules rely on those defaults. Field
+// paths are built only for a violation, so a valid 100k-kube.Pod snapshot costs none.
 
-// ServiceFromProto converts and validates a endpoints.Service of the feed. A endpoints.Service with a
+// ServiceFromProto converts and validates a kube.Service of the feed. A kube.Service with a
 // selector of no labels has none, as the API server stores it.
-func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidError) *endpoints.Service {
-	s := &endpoints.Service{
+func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidError) *kube.Service {
+	s := &kube.Service{
 		Namespace:                p.GetNamespace(),
 		Name:                     p.GetName(),
 		UID:                      p.GetUid(),
@@ -36,7 +37,7 @@ func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidE
 	feedLabelKeys(field+".labels", s.Labels, inv)
 	feedLabelKeys(field+".annotations", s.Annotations, inv)
 	switch s.TrafficDistribution {
-	case "", endpoints.TrafficPreferClose, endpoints.TrafficPreferSameZone, endpoints.TrafficPreferSameNode:
+	case "", kube.TrafficPreferClose, kube.TrafficPreferSameZone, kube.TrafficPreferSameNode:
 	default:
 		inv.Add(field+".traffic_distribution", strconv.Quote(s.TrafficDistribution)+
 			" is not PreferClose, PreferSameZone, PreferSameNode or empty")
@@ -47,8 +48,8 @@ func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidE
 	}
 	switch s.Type {
 	case "":
-		s.Type = endpoints.TypeClusterIP
-	case endpoints.TypeClusterIP, endpoints.TypeNodePort, endpoints.TypeLoadBalancer, endpoints.TypeExternalName:
+		s.Type = kube.TypeClusterIP
+	case kube.TypeClusterIP, kube.TypeNodePort, kube.TypeLoadBalancer, kube.TypeExternalName:
 	default:
 		inv.Add(field+".type", strconv.Quote(s.Type)+" is not ClusterIP, NodePort, LoadBalancer or ExternalName")
 	}
@@ -57,7 +58,7 @@ func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidE
 	// Kubernetes would: not headless, and not IPv6.
 	feedFamilies(field, s.IPFamilies, inv)
 	if n := len(p.GetPorts()); n > 0 {
-		s.Ports = make([]endpoints.ServicePort, n)
+		s.Ports = make([]kube.ServicePort, n)
 		for i, pp := range p.GetPorts() {
 			s.Ports[i] = feedServicePort(pp, field+".ports["+strconv.Itoa(i)+"]", inv)
 		}
@@ -68,8 +69,8 @@ func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidE
 	return s
 }
 
-func feedServicePort(pp *allocdv1.ServicePortSpec, f string, inv *endpoints.InvalidError) endpoints.ServicePort {
-	sp := endpoints.ServicePort{
+func feedServicePort(pp *allocdv1.ServicePortSpec, f string, inv *endpoints.InvalidError) kube.ServicePort {
+	sp := kube.ServicePort{
 		Name:        pp.GetName(),
 		Port:        pp.GetPort(),
 		Protocol:    feedProtocol(pp.GetProtocol(), f+".protocol", inv),
@@ -100,9 +101,9 @@ func feedIsStr(tp *allocdv1.TargetPort) bool {
 	return ok
 }
 
-// PodFromProto converts and validates a endpoints.Pod of the feed.
-func podFromProto(p *allocdv1.Pod, field string, inv *endpoints.InvalidError) *endpoints.Pod {
-	pod := &endpoints.Pod{
+// PodFromProto converts and validates a kube.Pod of the feed.
+func podFromProto(p *allocdv1.Pod, field string, inv *endpoints.InvalidError) *kube.Pod {
+	pod := &kube.Pod{
 		Namespace:       p.GetNamespace(),
 		Name:            p.GetName(),
 		UID:             p.GetUid(),
@@ -119,15 +120,15 @@ func podFromProto(p *allocdv1.Pod, field string, inv *endpoints.InvalidError) *e
 	feedLabelKeys(field+".labels", pod.Labels, inv)
 	switch pod.Phase {
 	case "":
-		pod.Phase = endpoints.PhasePending
-	case endpoints.PhasePending, endpoints.PhaseRunning, endpoints.PhaseSucceeded, endpoints.PhaseFailed, endpoints.PhaseUnknown:
+		pod.Phase = kube.PhasePending
+	case kube.PhasePending, kube.PhaseRunning, kube.PhaseSucceeded, kube.PhaseFailed, kube.PhaseUnknown:
 	default:
 		inv.Add(field+".phase", strconv.Quote(pod.Phase)+" is not Pending, Running, Succeeded, Failed or Unknown")
 	}
 	if ips := p.GetPodIps(); len(ips) > 0 {
 		pod.PodIPs = make([]string, len(ips))
 		for i, ip := range ips {
-			c, ok := endpoints.CanonicalIP(ip)
+			c, ok := kube.CanonicalIP(ip)
 			if !ok {
 				inv.Add(field+".pod_ips["+strconv.Itoa(i)+"]", strconv.Quote(ip)+" is not an IP address")
 			}
@@ -142,16 +143,16 @@ func podFromProto(p *allocdv1.Pod, field string, inv *endpoints.InvalidError) *e
 	return pod
 }
 
-func feedContainers(cs []*allocdv1.Container, f string, init bool, inv *endpoints.InvalidError) []endpoints.Container {
+func feedContainers(cs []*allocdv1.Container, f string, init bool, inv *endpoints.InvalidError) []kube.Container {
 	if len(cs) == 0 {
 		return nil
 	}
-	out := make([]endpoints.Container, len(cs))
+	out := make([]kube.Container, len(cs))
 	for i, c := range cs {
-		ct := endpoints.Container{Name: c.GetName(), RestartPolicy: c.GetRestartPolicy()}
+		ct := kube.Container{Name: c.GetName(), RestartPolicy: c.GetRestartPolicy()}
 		switch ct.RestartPolicy {
 		case "":
-		case endpoints.RestartPolicyAlways:
+		case kube.RestartPolicyAlways:
 			if !init {
 				inv.Add(f+"["+strconv.Itoa(i)+"].restart_policy", "only init containers have a restart policy")
 			}
@@ -159,10 +160,10 @@ func feedContainers(cs []*allocdv1.Container, f string, init bool, inv *endpoint
 			inv.Add(f+"["+strconv.Itoa(i)+"].restart_policy", strconv.Quote(ct.RestartPolicy)+" is not \"\" or \"Always\"")
 		}
 		if n := len(c.GetPorts()); n > 0 {
-			ct.Ports = make([]endpoints.ContainerPort, n)
+			ct.Ports = make([]kube.ContainerPort, n)
 			for j, cp := range c.GetPorts() {
 				pf := f + "[" + strconv.Itoa(i) + "].ports[" + strconv.Itoa(j) + "]"
-				ct.Ports[j] = endpoints.ContainerPort{Name: cp.GetName(), ContainerPort: cp.GetContainerPort(),
+				ct.Ports[j] = kube.ContainerPort{Name: cp.GetName(), ContainerPort: cp.GetContainerPort(),
 					Protocol: feedProtocol(cp.GetProtocol(), pf+".protocol", inv)}
 				feedPortNumber(cp.GetContainerPort(), pf+".container_port", inv)
 			}
@@ -200,7 +201,7 @@ func feedFamilies(field string, fs []string, inv *endpoints.InvalidError) {
 	}
 	for i, f := range fs {
 		switch {
-		case f != endpoints.FamilyIPv4 && f != endpoints.FamilyIPv6:
+		case f != kube.FamilyIPv4 && f != kube.FamilyIPv6:
 			inv.Add(field+".ip_families["+strconv.Itoa(i)+"]", strconv.Quote(f)+" is not IPv4 or IPv6")
 		case i == 1 && fs[0] == f:
 			inv.Add(field+".ip_families[1]", "the same family twice")
@@ -212,8 +213,8 @@ func feedFamilies(field string, fs []string, inv *endpoints.InvalidError) {
 func feedProtocol(p, field string, inv *endpoints.InvalidError) string {
 	switch p {
 	case "":
-		return endpoints.ProtocolTCP
-	case endpoints.ProtocolTCP, endpoints.ProtocolUDP, endpoints.ProtocolSCTP:
+		return kube.ProtocolTCP
+	case kube.ProtocolTCP, kube.ProtocolUDP, kube.ProtocolSCTP:
 		return p
 	}
 	inv.Add(field, strconv.Quote(p)+" is not TCP, UDP or SCTP")
@@ -256,21 +257,21 @@ func eventsFromProto(req *allocdv1.PushEventsRequest) ([]endpoints.Event, error)
 		switch o := pe.GetObject().(type) {
 		case *allocdv1.Event_Service:
 			if ev.Type == endpoints.Delete {
-				ev.Service = &endpoints.Service{Namespace: o.Service.GetNamespace(), Name: o.Service.GetName(), UID: o.Service.GetUid()}
+				ev.Service = &kube.Service{Namespace: o.Service.GetNamespace(), Name: o.Service.GetName(), UID: o.Service.GetUid()}
 				feedMeta(f+".service", ev.Service.Namespace, ev.Service.Name, "", false, inv)
 			} else {
 				ev.Service = serviceFromProto(o.Service, f+".service", inv)
 			}
 		case *allocdv1.Event_Pod:
 			if ev.Type == endpoints.Delete {
-				ev.Pod = &endpoints.Pod{Namespace: o.Pod.GetNamespace(), Name: o.Pod.GetName(), UID: o.Pod.GetUid()}
+				ev.Pod = &kube.Pod{Namespace: o.Pod.GetNamespace(), Name: o.Pod.GetName(), UID: o.Pod.GetUid()}
 				feedMeta(f+".pod", ev.Pod.Namespace, ev.Pod.Name, "", false, inv)
 			} else {
 				ev.Pod = podFromProto(o.Pod, f+".pod", inv)
 			}
 		case *allocdv1.Event_Node:
 			if ev.Type == endpoints.Delete {
-				ev.Node = &endpoints.Node{Name: o.Node.GetName()}
+				ev.Node = &kube.Node{Name: o.Node.GetName()}
 				feedNodeName(f+".node.name", ev.Node.Name, inv)
 			} else {
 				ev.Node = nodeFromProto(o.Node, f+".node", inv)
@@ -295,7 +296,7 @@ func feedTimeOrZero(t time.Time) time.Time {
 }
 
 // ToProto converts e to its wire (and stored) form.
-func endpointsToProto(e *endpoints.Endpoints) *allocdv1.ServiceEndpoints {
+func endpointsToProto(e *kube.Endpoints) *allocdv1.ServiceEndpoints {
 	p := &allocdv1.ServiceEndpoints{
 		Namespace:      e.Namespace,
 		Name:           e.Name,
@@ -326,7 +327,7 @@ func endpointsToProto(e *endpoints.Endpoints) *allocdv1.ServiceEndpoints {
 	return p
 }
 
-func addressesToProto(as []endpoints.Address) []*allocdv1.EndpointAddress {
+func addressesToProto(as []kube.Address) []*allocdv1.EndpointAddress {
 	if len(as) == 0 {
 		return nil
 	}
@@ -342,8 +343,8 @@ func addressesToProto(as []endpoints.Address) []*allocdv1.EndpointAddress {
 }
 
 // FromProto converts the wire (and stored) form.
-func endpointsFromProto(p *allocdv1.ServiceEndpoints) *endpoints.Endpoints {
-	e := &endpoints.Endpoints{
+func endpointsFromProto(p *allocdv1.ServiceEndpoints) *kube.Endpoints {
+	e := &kube.Endpoints{
 		Namespace:      p.GetNamespace(),
 		Name:           p.GetName(),
 		Labels:         p.GetLabels(),
@@ -355,16 +356,16 @@ func endpointsFromProto(p *allocdv1.ServiceEndpoints) *endpoints.Endpoints {
 		AddressCount:   int(p.GetAddressCount()),
 	}
 	if n := len(p.GetSubsets()); n > 0 {
-		e.Subsets = make([]endpoints.Subset, n)
+		e.Subsets = make([]kube.Subset, n)
 		for i, ps := range p.GetSubsets() {
-			s := endpoints.Subset{
+			s := kube.Subset{
 				Addresses:         addressesFromProto(ps.GetAddresses()),
 				NotReadyAddresses: addressesFromProto(ps.GetNotReadyAddresses()),
 			}
 			if m := len(ps.GetPorts()); m > 0 {
-				s.Ports = make([]endpoints.Port, m)
+				s.Ports = make([]kube.Port, m)
 				for j, pt := range ps.GetPorts() {
-					s.Ports[j] = endpoints.Port{Name: pt.GetName(), Port: pt.GetPort(), Protocol: pt.GetProtocol(), AppProtocol: pt.AppProtocol}
+					s.Ports[j] = kube.Port{Name: pt.GetName(), Port: pt.GetPort(), Protocol: pt.GetProtocol(), AppProtocol: pt.AppProtocol}
 				}
 			}
 			e.Subsets[i] = s
@@ -373,15 +374,15 @@ func endpointsFromProto(p *allocdv1.ServiceEndpoints) *endpoints.Endpoints {
 	return e
 }
 
-func addressesFromProto(ps []*allocdv1.EndpointAddress) []endpoints.Address {
+func addressesFromProto(ps []*allocdv1.EndpointAddress) []kube.Address {
 	if len(ps) == 0 {
 		return nil
 	}
-	out := make([]endpoints.Address, len(ps))
+	out := make([]kube.Address, len(ps))
 	for i, pa := range ps {
-		a := endpoints.Address{IP: pa.GetIp(), Hostname: pa.GetHostname(), NodeName: pa.GetNodeName()}
+		a := kube.Address{IP: pa.GetIp(), Hostname: pa.GetHostname(), NodeName: pa.GetNodeName()}
 		if r := pa.GetTargetRef(); r != nil {
-			a.TargetRef = &endpoints.ObjectRef{Kind: r.GetKind(), Namespace: r.GetNamespace(), Name: r.GetName(), UID: r.GetUid()}
+			a.TargetRef = &kube.ObjectRef{Kind: r.GetKind(), Namespace: r.GetNamespace(), Name: r.GetName(), UID: r.GetUid()}
 		}
 		out[i] = a
 	}
@@ -389,8 +390,8 @@ func addressesFromProto(ps []*allocdv1.EndpointAddress) []endpoints.Address {
 }
 
 // nodeFromProto converts and validates a Node of the feed.
-func nodeFromProto(p *allocdv1.Node, field string, inv *endpoints.InvalidError) *endpoints.Node {
-	n := &endpoints.Node{
+func nodeFromProto(p *allocdv1.Node, field string, inv *endpoints.InvalidError) *kube.Node {
+	n := &kube.Node{
 		Name:                 p.GetName(),
 		ResourceVersion:      p.GetResourceVersion(),
 		Labels:               p.GetLabels(),
@@ -413,7 +414,7 @@ func feedNodeName(field, name string, inv *endpoints.InvalidError) {
 }
 
 // sliceToProto is the API form of a stored slice.
-func sliceToProto(s *endpoints.EndpointSlice) *allocdv1.EndpointSlice {
+func sliceToProto(s *kube.EndpointSlice) *allocdv1.EndpointSlice {
 	p := &allocdv1.EndpointSlice{
 		Namespace:      s.Namespace,
 		Name:           s.Name,
@@ -436,7 +437,7 @@ func sliceToProto(s *endpoints.EndpointSlice) *allocdv1.EndpointSlice {
 	return p
 }
 
-func sliceEndpointToProto(e *endpoints.SliceEndpoint) *allocdv1.SliceEndpoint {
+func sliceEndpointToProto(e *kube.SliceEndpoint) *allocdv1.SliceEndpoint {
 	p := &allocdv1.SliceEndpoint{
 		Addresses:  e.Addresses,
 		Conditions: &allocdv1.EndpointConditions{Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating},

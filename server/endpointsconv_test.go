@@ -6,10 +6,11 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/endpoints/kube"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
-// FuzzPodFromProto: any endpoints.Pod the wire can carry is refused with field violations or
+// FuzzPodFromProto: any kube.Pod the wire can carry is refused with field violations or
 // accepted with canonical IPs and a known phase; never a panic.
 func FuzzPodFromProto(f *testing.F) {
 	for _, p := range []*allocdv1.Pod{
@@ -38,24 +39,24 @@ func FuzzPodFromProto(f *testing.F) {
 			return
 		}
 		if pod.Namespace == "" || pod.Name == "" || pod.UID == "" {
-			t.Fatalf("accepted a endpoints.Pod without namespace, name or uid: %+v", pod)
+			t.Fatalf("accepted a kube.Pod without namespace, name or uid: %+v", pod)
 		}
 		switch pod.Phase {
-		case endpoints.PhasePending, endpoints.PhaseRunning, endpoints.PhaseSucceeded, endpoints.PhaseFailed, endpoints.PhaseUnknown:
+		case kube.PhasePending, kube.PhaseRunning, kube.PhaseSucceeded, kube.PhaseFailed, kube.PhaseUnknown:
 		default:
 			t.Fatalf("accepted phase %q", pod.Phase)
 		}
 		for _, ip := range pod.PodIPs {
-			if c, ok := endpoints.CanonicalIP(ip); !ok || c != ip {
+			if c, ok := kube.CanonicalIP(ip); !ok || c != ip {
 				t.Fatalf("accepted IP %q is not canonical (%q, %v)", ip, c, ok)
 			}
 		}
-		// What the controller does with an accepted endpoints.Pod must not panic either.
-		svc := &endpoints.Service{Namespace: pod.Namespace, Name: "foo", UID: "svc-uid", Type: endpoints.TypeClusterIP,
-			Ports: []endpoints.ServicePort{{Port: 80, Protocol: endpoints.ProtocolTCP}}}
+		// What the controller does with an accepted kube.Pod must not panic either.
+		svc := &kube.Service{Namespace: pod.Namespace, Name: "foo", UID: "svc-uid", Type: kube.TypeClusterIP,
+			Ports: []kube.ServicePort{{Port: 80, Protocol: kube.ProtocolTCP}}}
 		svc.Selector = map[string]string{}
-		svc.Ports[0].TargetPort = endpoints.TargetPort{Name: "http"}
-		endpoints.Repack(endpoints.ComputeSubsets(svc, []*endpoints.Pod{pod}))
+		svc.Ports[0].TargetPort = kube.TargetPort{Name: "http"}
+		endpoints.Repack(endpoints.ComputeSubsets(svc, []*kube.Pod{pod}))
 	})
 }
 

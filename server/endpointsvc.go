@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/endpoints/kube"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"github.com/allocd/allocd/repair"
 )
@@ -69,7 +70,7 @@ func (s *EndpointsService) PushPodSnapshot(stream grpc.ClientStreamingServer[all
 
 // podSnapshot converts and validates a Pod snapshot: a positive revision, well-formed
 // Pods, no two of one namespace and name.
-func podSnapshot(rev int64, chunks []*allocdv1.PushPodSnapshotRequest) ([]*endpoints.Pod, error) {
+func podSnapshot(rev int64, chunks []*allocdv1.PushPodSnapshotRequest) ([]*kube.Pod, error) {
 	inv := &endpoints.InvalidError{}
 	if rev <= 0 {
 		inv.Add("snapshot.revision", "must be positive (the revision of the Pod store the list was taken at)")
@@ -78,7 +79,7 @@ func podSnapshot(rev int64, chunks []*allocdv1.PushPodSnapshotRequest) ([]*endpo
 	for _, ch := range chunks {
 		n += len(ch.GetSnapshot().GetPods())
 	}
-	pods := make([]*endpoints.Pod, 0, n)
+	pods := make([]*kube.Pod, 0, n)
 	seen := make(map[string]int, n)
 	for _, ch := range chunks {
 		for _, p := range ch.GetSnapshot().GetPods() {
@@ -128,12 +129,12 @@ func (s *EndpointsService) PushNodeSnapshot(stream grpc.ClientStreamingServer[al
 
 // nodeSnapshot converts and validates a Node snapshot: a positive revision,
 // well-formed Nodes, no two of one name.
-func nodeSnapshot(rev int64, chunks []*allocdv1.PushNodeSnapshotRequest) ([]*endpoints.Node, error) {
+func nodeSnapshot(rev int64, chunks []*allocdv1.PushNodeSnapshotRequest) ([]*kube.Node, error) {
 	inv := &endpoints.InvalidError{}
 	if rev <= 0 {
 		inv.Add("snapshot.revision", "must be positive (the revision of the Node store the list was taken at)")
 	}
-	var nodes []*endpoints.Node
+	var nodes []*kube.Node
 	seen := map[string]int{}
 	for _, ch := range chunks {
 		for _, p := range ch.GetSnapshot().GetNodes() {
@@ -155,9 +156,9 @@ func nodeSnapshot(rev int64, chunks []*allocdv1.PushNodeSnapshotRequest) ([]*end
 
 // endpointsServices converts the Services of a snapshot's chunks for the Endpoints
 // controller, refusing a malformed one or two of one namespace and name.
-func endpointsServices(chunks []*allocdv1.PushServiceSnapshotRequest) ([]*endpoints.Service, error) {
+func endpointsServices(chunks []*allocdv1.PushServiceSnapshotRequest) ([]*kube.Service, error) {
 	inv := &endpoints.InvalidError{}
-	var out []*endpoints.Service
+	var out []*kube.Service
 	seen := map[string]int{}
 	i := 0
 	for _, ch := range chunks {

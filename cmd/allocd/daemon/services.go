@@ -12,6 +12,7 @@ import (
 
 	"github.com/allocd/allocd/allocator"
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/leader"
 	"github.com/allocd/allocd/masterlease"
 	"github.com/allocd/allocd/repair"
@@ -220,18 +221,18 @@ func masterToEndpoints(ctx context.Context, m *masterlease.Manager, ec *endpoint
 
 // masterEndpoints is the one subset of the kubernetes Service's Endpoints: the lease
 // addresses on the configured ports.
-func masterEndpoints(e masterlease.Endpoints) *endpoints.Endpoints {
-	out := &endpoints.Endpoints{Namespace: "default", Name: "kubernetes"}
+func masterEndpoints(e masterlease.Endpoints) *kube.Endpoints {
+	out := &kube.Endpoints{Namespace: "default", Name: "kubernetes"}
 	if len(e.Addresses) == 0 {
 		return out
 	}
-	sub := endpoints.Subset{}
+	sub := kube.Subset{}
 	for _, a := range e.Addresses {
-		sub.Addresses = append(sub.Addresses, endpoints.Address{IP: a.String()})
+		sub.Addresses = append(sub.Addresses, kube.Address{IP: a.String()})
 	}
 	for _, p := range e.Ports {
-		sub.Ports = append(sub.Ports, endpoints.Port{Name: p.Name, Port: int32(p.Port), Protocol: p.Protocol})
+		sub.Ports = append(sub.Ports, kube.Port{Name: p.Name, Port: int32(p.Port), Protocol: p.Protocol})
 	}
-	out.Subsets = []endpoints.Subset{sub}
+	out.Subsets = []kube.Subset{sub}
 	return out
 }

@@ -27,6 +27,7 @@ var floors = []floor{
 	{1, "plumbing", []string{"internal/etcd", "internal/badrequest", "internal/loopback", "tlsfiles",
 		"allocator/bitmap"}},
 	{1, "API types", []string{"proto"}},
+	{1, "Kubernetes types", []string{"endpoints/kube"}},
 	{2, "domain", []string{"allocator", "masterlease"}},
 	{3, "leadership", []string{"leader"}},
 	{4, "controllers", []string{"repair", "endpoints"}},

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/allocd/allocd/endpoints/endpointslice"
 	"github.com/allocd/allocd/endpoints/kube"
 )
 
@@ -31,7 +32,7 @@ type inputs struct {
 	// podsOnNode indexes the Pods by spec.nodeName.
 	podsOnNode map[string]map[podRef]struct{}
 	// topology is the zones' shares of the Nodes' CPU for topology hints; nil when
-	// the Nodes say too little (see computeTopology).
+	// the Nodes say too little (see endpointslice.CPURatiosByZone).
 	topology map[string]float64
 }
 
@@ -406,20 +407,20 @@ func (in *inputs) setNodes(rev int64, nodes []*kube.Node) {
 	for _, n := range nodes {
 		in.nodes[n.Name] = n
 	}
-	in.topology = computeTopology(in.nodes)
+	in.topology = endpointslice.CPURatiosByZone(in.nodes)
 	in.nodeRev, in.haveNodes = rev, true
 }
 
 // putNode stores n, replacing the Node of the same name.
 func (in *inputs) putNode(n *kube.Node) {
 	in.nodes[n.Name] = n
-	in.topology = computeTopology(in.nodes)
+	in.topology = endpointslice.CPURatiosByZone(in.nodes)
 }
 
 // deleteNode removes a Node.
 func (in *inputs) deleteNode(name string) {
 	delete(in.nodes, name)
-	in.topology = computeTopology(in.nodes)
+	in.topology = endpointslice.CPURatiosByZone(in.nodes)
 }
 
 // node returns the Node of that name; ok is false when there is none (a Pod without a
@@ -441,40 +442,10 @@ func (in *inputs) servicesOfNode(dst map[string]struct{}, node string) {
 // servicesWithHints adds to dst the keys of the Services that ask for topology hints.
 func (in *inputs) servicesWithHints(dst map[string]struct{}) {
 	for key, s := range in.services {
-		if s.Selector != nil && hintsEnabled(s.Annotations) {
+		if s.Selector != nil && endpointslice.HintsEnabled(s.Annotations) {
 			dst[key] = struct{}{}
 		}
 	}
-}
-
-// computeTopology returns each zone's share of the allocatable CPU of the Nodes that
-// are ready and not of the control plane (SetNodes), nil when such a Node lacks a zone
-// or CPU, or fewer than two zones have any.
-func computeTopology(nodes map[string]*kube.Node) map[string]float64 {
-	byZone := map[string]int64{}
-	var total int64
-	for _, n := range nodes {
-		if _, cp := n.Labels[kube.LabelControlPlane]; cp {
-			continue
-		}
-		if _, m := n.Labels[kube.LabelMaster]; m || !n.Ready {
-			continue
-		}
-		zone := n.Zone()
-		if zone == "" || n.AllocatableCPUMillis <= 0 {
-			return nil
-		}
-		byZone[zone] += n.AllocatableCPUMillis
-		total += n.AllocatableCPUMillis
-	}
-	if total == 0 || len(byZone) < 2 {
-		return nil
-	}
-	out := make(map[string]float64, len(byZone))
-	for z, cpu := range byZone {
-		out[z] = float64(cpu) / float64(total)
-	}
-	return out
 }
 
 // topologyEqual reports whether two topologies are the same.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"reflect"
 	"slices"
 	"time"
 
@@ -164,17 +165,25 @@ func (t *term) masterSliceOp(ep *kube.Endpoints) (writeOp, bool) {
 	return t.sliceOp(cur, s), true
 }
 
-// sameMasterSlice reports whether two slices of default/kubernetes say the same.
+// sameMasterSlice reports whether two slices of default/kubernetes say the same, of
+// what masterSliceOp sets (no appProtocol, no condition but Ready, no hints).
 func sameMasterSlice(a, b *kube.EndpointSlice) bool {
 	return a.AddressType == b.AddressType && maps.Equal(a.Labels, b.Labels) &&
-		slices.EqualFunc(a.Ports, b.Ports, func(x, y kube.Port) bool {
-			return x.Name == y.Name && x.Port == y.Port && x.Protocol == y.Protocol && x.AppProtocol == nil &&
-				y.AppProtocol == nil
-		}) &&
-		slices.EqualFunc(a.Endpoints, b.Endpoints, func(x, y kube.SliceEndpoint) bool {
-			return slices.Equal(x.Addresses, y.Addresses) && boolPtrEqual(x.Ready, y.Ready) &&
-				x.Hostname == y.Hostname && x.NodeName == y.NodeName && refEqual(x.TargetRef, y.TargetRef) &&
-				x.Serving == nil && y.Serving == nil && x.Terminating == nil && y.Terminating == nil &&
-				x.Hints == nil && y.Hints == nil && x.Zone == y.Zone
-		})
+		slices.EqualFunc(a.Ports, b.Ports, sameMasterPort) &&
+		slices.EqualFunc(a.Endpoints, b.Endpoints, sameMasterEndpoint)
+}
+
+func sameMasterPort(x, y kube.Port) bool {
+	return x.Name == y.Name && x.Port == y.Port && x.Protocol == y.Protocol &&
+		x.AppProtocol == nil && y.AppProtocol == nil
+}
+
+// sameMasterEndpoint compares two endpoints of default/kubernetes' slice, their Ready
+// condition and target by what they point at.
+func sameMasterEndpoint(x, y kube.SliceEndpoint) bool {
+	return slices.Equal(x.Addresses, y.Addresses) && reflect.DeepEqual(x.Ready, y.Ready) &&
+		x.Hostname == y.Hostname && x.NodeName == y.NodeName && x.Zone == y.Zone &&
+		reflect.DeepEqual(x.TargetRef, y.TargetRef) &&
+		x.Serving == nil && y.Serving == nil && x.Terminating == nil && y.Terminating == nil &&
+		x.Hints == nil && y.Hints == nil
 }

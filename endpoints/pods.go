@@ -4,6 +4,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/allocd/allocd/endpoints/endpointslice"
 	"github.com/allocd/allocd/endpoints/kube"
 )
 
@@ -18,21 +19,6 @@ func selects(selector, labels map[string]string) bool {
 		if got, ok := labels[k]; !ok || got != v {
 			return false
 		}
-	}
-	return true
-}
-
-// shouldPodBeInEndpoints reports whether p contributes an address at all: never when
-// it is terminal (Failed or Succeeded, whatever publishNotReadyAddresses says, v1.25+),
-// has no IP, or is terminating and terminating Pods are not included.
-func shouldPodBeInEndpoints(p *kube.Pod, includeTerminating bool) bool {
-	switch {
-	case p.Phase == kube.PhaseFailed || p.Phase == kube.PhaseSucceeded:
-		return false
-	case len(p.PodIPs) == 0:
-		return false
-	case p.Deleting && !includeTerminating:
-		return false
 	}
 	return true
 }
@@ -60,7 +46,7 @@ func podAddress(svc *kube.Service, p *kube.Pod) (kube.Address, bool) {
 		}
 		a := kube.Address{IP: ip, NodeName: p.NodeName,
 			TargetRef: &kube.ObjectRef{Kind: "Pod", Namespace: p.Namespace, Name: p.Name, UID: p.UID}}
-		if p.Hostname != "" && p.Subdomain == svc.Name && p.Namespace == svc.Namespace {
+		if endpointslice.ShouldSetHostname(p, svc) {
 			a.Hostname = p.Hostname
 		}
 		return a, true

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allocd/allocd/endpoints/endpointslice"
 	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
@@ -342,7 +343,7 @@ func TestReconcileTrafficDistribution(t *testing.T) {
 		}
 	}
 	check("PreferClose", func(e *kube.SliceEndpoint) *kube.Hints {
-		if !endpointReady(e) {
+		if !endpointslice.EndpointReady(e) {
 			return nil
 		}
 		return &kube.Hints{ForZones: []string{e.Zone}}
@@ -352,7 +353,7 @@ func TestReconcileTrafficDistribution(t *testing.T) {
 	h.events(Event{Type: Upsert, Revision: 2, Service: &sameNode})
 	h.settle()
 	check("PreferSameNode", func(e *kube.SliceEndpoint) *kube.Hints {
-		if !endpointReady(e) {
+		if !endpointslice.EndpointReady(e) {
 			return nil
 		}
 		return &kube.Hints{ForZones: []string{e.Zone}, ForNodes: []string{e.NodeName}}

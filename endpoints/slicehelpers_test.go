@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/allocd/allocd/endpoints/endpointslice"
 	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
@@ -146,15 +147,30 @@ func sliceService(ns string) *kube.Service {
 }
 
 // ownSlice is a slice the controller would have written for svc, with the endpoints of
-// pods (IPv4, on Nodes of zone-a), its port 80 -> 8080 resolved.
+// pods (IPv4, on Nodes of zone-a), its numbered target ports (80 -> 8080) resolved.
 func ownSlice(svc *kube.Service, name string, pods []*kube.Pod) *kube.EndpointSlice {
-	r := &sliceReconcile{svc: svc}
-	labels, _ := r.sliceLabels(nil)
+	labels := map[string]string{}
+	for k, v := range svc.Labels {
+		if k != kube.LabelHeadless && k != kube.LabelServiceName && k != kube.LabelSliceManagedBy {
+			labels[k] = v
+		}
+	}
+	if svc.Headless() {
+		labels[kube.LabelHeadless] = ""
+	}
+	labels[kube.LabelServiceName] = svc.Name
+	labels[kube.LabelSliceManagedBy] = kube.SliceControllerName
 	s := &kube.EndpointSlice{Namespace: svc.Namespace, Service: svc.Name, Name: name, Labels: labels,
-		AddressType: kube.AddressTypeIPv4, ServiceUID: svc.UID, Ports: slicePorts(svc, &kube.Pod{})}
+		AddressType: kube.AddressTypeIPv4, ServiceUID: svc.UID}
+	for _, sp := range svc.Ports {
+		if sp.TargetPort.Name == "" {
+			s.Ports = append(s.Ports, kube.Port{Name: sp.Name, Port: sp.TargetPort.Number,
+				Protocol: sp.Protocol, AppProtocol: sp.AppProtocol})
+		}
+	}
 	for _, p := range pods {
 		node := &kube.Node{Name: p.NodeName, Labels: map[string]string{kube.LabelZone: "zone-a"}}
-		s.Endpoints = append(s.Endpoints, sliceEndpoint(svc, p, node, kube.AddressTypeIPv4))
+		s.Endpoints = append(s.Endpoints, endpointslice.Endpoint(svc, p, node, kube.AddressTypeIPv4))
 	}
 	return s
 }

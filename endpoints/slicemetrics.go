@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/allocd/allocd/endpoints/endpointslice"
 	"github.com/allocd/allocd/endpoints/kube"
 )
 
@@ -90,27 +91,27 @@ func (m *metrics) slicesSynced(_ time.Duration, err error) {
 }
 
 // sliceSync records what a sync of svc's slices planned.
-func (m *metrics) sliceSync(key string, svc *kube.Service, plan *slicePlan, perSlice int) {
+func (m *metrics) sliceSync(key string, svc *kube.Service, plan *endpointslice.Plan, perSlice int) {
 	s := m.slice
 	if s == nil {
 		return
 	}
-	s.added.WithLabelValues().Observe(float64(plan.added))
-	s.removed.WithLabelValues().Observe(float64(plan.removed))
+	s.added.WithLabelValues().Observe(float64(plan.Added))
+	s.removed.WithLabelValues().Observe(float64(plan.Removed))
 	topology, traffic := "Disabled", ""
 	switch {
-	case hintsEnabled(svc.Annotations):
+	case endpointslice.HintsEnabled(svc.Annotations):
 		topology = "Auto"
-	case validTrafficDistribution(svc.TrafficDistribution):
+	case endpointslice.ValidTrafficDistribution(svc.TrafficDistribution):
 		traffic = svc.TrafficDistribution
 	}
-	s.changedPerSync.WithLabelValues(topology, traffic).Observe(float64(plan.writes()))
+	s.changedPerSync.WithLabelValues(topology, traffic).Observe(float64(plan.Writes()))
 	e := serviceEfficiency{traffic: traffic}
-	for _, g := range plan.efficiency {
-		e.endpoints += g.endpoints
-		e.slices += g.slices
-		if g.endpoints > 0 {
-			e.desiredSlices += (g.endpoints + perSlice - 1) / perSlice
+	for _, g := range plan.Efficiency {
+		e.endpoints += g.Endpoints
+		e.slices += g.Slices
+		if g.Endpoints > 0 {
+			e.desiredSlices += (g.Endpoints + perSlice - 1) / perSlice
 		}
 	}
 	e.desiredSlices = max(e.desiredSlices, 1)

@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/allocd/allocd/endpoints/endpointslice"
 	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/internal/etcd/watch"
 )
@@ -51,9 +52,9 @@ func (t *term) syncSlices(ctx context.Context, key string) (*write, func(int64, 
 	if err := t.reloadUnsure(ctx, t.c.slicesOf(key)); err != nil {
 		return nil, nil, err
 	}
-	r, pods, skipped := t.sliceInputs(key)
+	r, pods := t.sliceInputs(key)
 	existing := t.managedSlices(key)
-	switch svc := r.svc; {
+	switch svc := r.Service; {
 	case svc == nil:
 		t.sliceTracker.Forget(key)
 		t.c.metrics.sliceServiceGone(key)
@@ -66,40 +67,35 @@ func (t *term) syncSlices(ctx context.Context, key string) (*write, func(int64, 
 	case svc.Selector == nil:
 		return nil, nil, nil // slices of a Service without selector are not the controller's
 	}
-	r.existing, r.taken = existing, t.sliceNames(key)
-	r.trigger = t.sliceTracker.Compute(r.svc, pods)
-	plan := r.reconcile()
-	t.c.metrics.sliceSync(key, r.svc, plan, r.max)
+	r.Existing, r.Taken = existing, t.sliceNames(key)
+	r.TriggerTime = t.sliceTracker.Compute(r.Service, pods)
+	plan := r.Reconcile()
+	t.c.metrics.sliceSync(key, r.Service, plan, r.MaxEndpointsPerSlice)
 	var err error
-	if len(skipped) > 0 {
+	if skipped := r.Desired.Skipped; len(skipped) > 0 {
 		err = fmt.Errorf("pods %s of %s left out: their Node is not known", strings.Join(skipped, ", "), key)
 	}
-	if plan.writes() == 0 {
+	if plan.Writes() == 0 {
 		return nil, nil, err
 	}
 	w, after := t.slicesWrite(key, plan)
 	return w, after, err
 }
 
-// sliceInputs reads what the sync of key needs from the inputs, under the read lock.
-func (t *term) sliceInputs(key string) (r *sliceReconcile, pods []*kube.Pod, skipped []string) {
+// sliceInputs reads what the sync of key needs from the inputs, under the read lock:
+// the Service, what its Pods make of its slices, and the Pods (for the trigger time).
+func (t *term) sliceInputs(key string) (*endpointslice.Reconciler, []*kube.Pod) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	svc := t.in.services[key]
-	r = &sliceReconcile{svc: svc, max: t.c.cfg.MaxEndpointsPerSlice, topology: t.in.topology}
+	r := &endpointslice.Reconciler{Service: svc, MaxEndpointsPerSlice: t.c.cfg.MaxEndpointsPerSlice,
+		Topology: t.in.topology}
 	if svc == nil || svc.Type == kube.TypeExternalName || svc.Selector == nil {
-		return r, nil, nil
+		return r, nil
 	}
-	pods = t.in.selectPods(svc.Namespace, svc.Selector)
-	r.desired = map[string]map[string]*desiredGroup{}
-	for _, at := range sliceAddressTypes(svc) {
-		groups, sk := desiredEndpoints(svc, pods, t.in.node, at)
-		r.desired[at] = groups
-		if len(sk) > len(skipped) {
-			skipped = sk // the same Pods for every address type
-		}
-	}
-	return r, pods, skipped
+	pods := t.in.selectPods(svc.Namespace, svc.Selector)
+	r.Desired = endpointslice.Desire(svc, pods, t.in.node)
+	return r, pods
 }
 
 // deleteSlices is the write that deletes the slices of key the controller manages.
@@ -107,28 +103,28 @@ func (t *term) deleteSlices(key string, existing []*kube.EndpointSlice) (*write,
 	if len(existing) == 0 {
 		return nil, nil, nil
 	}
-	w, after := t.slicesWrite(key, &slicePlan{deletes: existing})
+	w, after := t.slicesWrite(key, &endpointslice.Plan{Deletes: existing})
 	return w, after, nil
 }
 
 // slicesWrite is the write of a plan, in one transaction while it fits in one; and
 // what records it once committed. Its ops are in the order a larger write commits in
 // (see write): creates, updates, deletes.
-func (t *term) slicesWrite(key string, plan *slicePlan) (*write, func(int64, time.Time)) {
-	w := &write{ops: make([]writeOp, 0, plan.writes())}
-	for _, s := range append(slices.Clip(plan.creates), plan.updates...) {
+func (t *term) slicesWrite(key string, plan *endpointslice.Plan) (*write, func(int64, time.Time)) {
+	w := &write{ops: make([]writeOp, 0, plan.Writes())}
+	for _, s := range append(slices.Clip(plan.Creates), plan.Updates...) {
 		w.ops = append(w.ops, t.sliceOp(s, s))
 	}
-	for _, s := range plan.deletes {
+	for _, s := range plan.Deletes {
 		w.ops = append(w.ops, t.sliceOp(s, nil))
 	}
 	after := func(rev int64, since time.Time) {
-		t.c.metrics.slicesWrote(len(plan.creates), len(plan.updates), len(plan.deletes))
+		t.c.metrics.slicesWrote(len(plan.Creates), len(plan.Updates), len(plan.Deletes))
 		if !since.IsZero() {
 			t.c.metrics.sliceEventToCommit(time.Since(since))
 		}
-		t.c.log.Info("endpointslices written", "service", key, "created", len(plan.creates),
-			"updated", len(plan.updates), "deleted", len(plan.deletes), "revision", rev)
+		t.c.log.Info("endpointslices written", "service", key, "created", len(plan.Creates),
+			"updated", len(plan.Updates), "deleted", len(plan.Deletes), "revision", rev)
 	}
 	return w, after
 }
@@ -226,6 +222,11 @@ func (t *term) sawSlice(svcKey, name string, rev int64) bool {
 	defer t.slicesMu.Unlock()
 	cur, ok := t.storedSlices[svcKey][name]
 	return ok && cur.rev >= rev
+}
+
+// managed reports whether the EndpointSlice controller manages s.
+func managed(s *kube.EndpointSlice) bool {
+	return s.Labels[kube.LabelSliceManagedBy] == kube.SliceControllerName
 }
 
 // slicesView is the term's view of the stored slices, for the committer.

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/allocd/allocd/endpoints/endpointslice"
 	"github.com/allocd/allocd/endpoints/kube"
 )
 
@@ -24,7 +25,7 @@ func ComputeSubsets(svc *kube.Service, pods []*kube.Pod) []kube.Subset {
 func repackedSubsets(svc *kube.Service, pods []*kube.Pod) []kube.Subset {
 	var subsets []kube.Subset
 	for _, p := range pods {
-		if !shouldPodBeInEndpoints(p, svc.PublishNotReadyAddresses) {
+		if !endpointslice.ShouldPodBeInEndpoints(p, svc.PublishNotReadyAddresses) {
 			continue
 		}
 		a, ok := podAddress(svc, p)
@@ -40,7 +41,7 @@ func repackedSubsets(svc *kube.Service, pods []*kube.Pod) []kube.Subset {
 		}
 		for i := range svc.Ports {
 			sp := &svc.Ports[i]
-			n, ok := findPort(p, sp)
+			n, ok := endpointslice.FindPort(p, sp)
 			if !ok {
 				continue
 			}
@@ -66,7 +67,7 @@ func onePortSubsets(svc *kube.Service, pods []*kube.Pod) (out []kube.Subset, ok 
 	entries := make([]readyAddress, 0, len(pods))
 	var port kube.Port
 	for _, p := range pods {
-		if !shouldPodBeInEndpoints(p, svc.PublishNotReadyAddresses) {
+		if !endpointslice.ShouldPodBeInEndpoints(p, svc.PublishNotReadyAddresses) {
 			continue
 		}
 		a, found := podAddress(svc, p)
@@ -75,7 +76,7 @@ func onePortSubsets(svc *kube.Service, pods []*kube.Pod) (out []kube.Subset, ok 
 		}
 		if len(svc.Ports) == 1 {
 			sp := &svc.Ports[0]
-			n, found := findPort(p, sp)
+			n, found := endpointslice.FindPort(p, sp)
 			switch {
 			case !found:
 				continue

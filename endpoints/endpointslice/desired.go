@@ -1,4 +1,4 @@
-package endpoints
+package endpointslice
 
 import (
 	"slices"
@@ -10,12 +10,12 @@ import (
 )
 
 // This file holds what the EndpointSlice controller wants of one Service: per address
-// type, the endpoints of its Pods grouped by the ports they resolve (the library's
-// podToEndpoint, getEndpointPorts and getAddressTypesForService; reference a.4, a.5).
+// type, the endpoints of its Pods grouped by the ports they resolve (k8s.io/endpointslice's
+// podToEndpoint, getEndpointPorts and getAddressTypesForService in utils.go).
 
-// sliceAddressTypes returns the address types of svc's slices: one per ipFamily; else
+// addressTypes returns the address types of svc's slices: one per ipFamily; else
 // the family of its cluster IP; else (headless without families) both. IPv4 first.
-func sliceAddressTypes(svc *kube.Service) []string {
+func addressTypes(svc *kube.Service) []string {
 	var v4, v6 bool
 	for _, f := range svc.IPFamilies {
 		v4 = v4 || f == kube.FamilyIPv4
@@ -39,20 +39,21 @@ func sliceAddressTypes(svc *kube.Service) []string {
 	return out
 }
 
-// slicePorts resolves svc's ports on pod, in the order allocd writes them: a named
+// endpointPorts resolves svc's ports on pod, in the order allocd writes them: a named
 // target port the Pod lacks is left out, so Pods resolving different ports land in
 // different groups.
-func slicePorts(svc *kube.Service, pod *kube.Pod) []kube.Port {
+func endpointPorts(svc *kube.Service, pod *kube.Pod) []kube.Port {
 	out := make([]kube.Port, 0, len(svc.Ports))
 	for i := range svc.Ports {
 		sp := &svc.Ports[i]
-		n, ok := findPort(pod, sp)
+		n, ok := FindPort(pod, sp)
 		if !ok {
 			continue
 		}
-		out = append(out, kube.Port{Name: sp.Name, Port: n, Protocol: sp.Protocol, AppProtocol: sp.AppProtocol})
+		out = append(out, kube.Port{Name: sp.Name, Port: n, Protocol: sp.Protocol,
+			AppProtocol: sp.AppProtocol})
 	}
-	sortSlicePorts(out)
+	sortPorts(out)
 	return out
 }
 
@@ -75,11 +76,11 @@ func portsKey(ps []kube.Port) string {
 	return b.String()
 }
 
-// sliceEndpoint is the endpoint of pod in a slice of addrType for svc (podToEndpoint):
+// Endpoint is the endpoint of pod in a slice of addrType for svc (podToEndpoint):
 // the Pod's IPs of that family, the three conditions, the Pod as target, its node and
 // the node's zone (node nil: unknown), and the hostname when the Pod names the Service
 // as its subdomain.
-func sliceEndpoint(svc *kube.Service, pod *kube.Pod, node *kube.Node, addrType string) kube.SliceEndpoint {
+func Endpoint(svc *kube.Service, pod *kube.Pod, node *kube.Node, addrType string) kube.SliceEndpoint {
 	serving, terminating := pod.Ready, pod.Deleting
 	e := kube.SliceEndpoint{
 		Ready:       kube.Bool(svc.PublishNotReadyAddresses || (serving && !terminating)),
@@ -96,7 +97,7 @@ func sliceEndpoint(svc *kube.Service, pod *kube.Pod, node *kube.Node, addrType s
 	if node != nil {
 		e.Zone = node.Zone()
 	}
-	if pod.Hostname != "" && pod.Subdomain == svc.Name && pod.Namespace == svc.Namespace {
+	if ShouldSetHostname(pod, svc) {
 		e.Hostname = pod.Hostname
 	}
 	return e
@@ -139,32 +140,56 @@ func boolPtrEqual(a, b *bool) bool { return (a == nil) == (b == nil) && (a == ni
 
 func refEqual(a, b *kube.ObjectRef) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
 
-// desiredGroup is the endpoints one port group of one address type wants.
-type desiredGroup struct {
+// group is the endpoints one port group of one address type wants.
+type group struct {
 	ports     []kube.Port
 	endpoints []kube.SliceEndpoint // sorted by key
 	keys      []string             // endpointKey of each
 }
 
-// nodeLookup finds a Node by name (nil, false when the feed has none of that name).
-type nodeLookup func(name string) (*kube.Node, bool)
+// NodeLookup finds a Node by name (nil, false when the feed has none of that name).
+type NodeLookup func(name string) (*kube.Node, bool)
+
+// Desired is what a Service's Pods make of its slices: for each address type of the
+// Service, the endpoints grouped by the ports they resolve.
+type Desired struct {
+	groups map[string]map[string]*group // address type -> ports key -> group
+	// Skipped names the Pods left out because their Node is not known (the same Pods
+	// for every address type): the sync reports them and tries again, as upstream does.
+	Skipped []string
+}
+
+// Desire computes what pods (the Pods svc selects) make of svc's slices; nodes finds
+// their Nodes (an endpoint's zone).
+func Desire(svc *kube.Service, pods []*kube.Pod, nodes NodeLookup) *Desired {
+	d := &Desired{groups: map[string]map[string]*group{}}
+	for _, at := range addressTypes(svc) {
+		groups, skipped := desiredEndpoints(svc, pods, nodes, at)
+		d.groups[at] = groups
+		if len(skipped) > len(d.Skipped) {
+			d.Skipped = skipped
+		}
+	}
+	return d
+}
 
 // desiredEndpoints groups the endpoints of pods (the Service's selected Pods) for one
 // address type by port key. A Pod whose Node is unknown is left out unless the
 // Service publishes not-ready addresses (then it has no zone); skipped counts those
 // left out (the sync reports them and tries again, as upstream does). A Pod without an
 // address of the type still makes its port group exist.
-func desiredEndpoints(svc *kube.Service, pods []*kube.Pod, nodes nodeLookup, addrType string) (groups map[string]*desiredGroup, skipped []string) {
-	groups = map[string]*desiredGroup{}
+func desiredEndpoints(svc *kube.Service, pods []*kube.Pod, nodes NodeLookup,
+	addrType string) (groups map[string]*group, skipped []string) {
+	groups = map[string]*group{}
 	for _, pod := range pods {
-		if !shouldPodBeInEndpoints(pod, true) {
+		if !ShouldPodBeInEndpoints(pod, true) {
 			continue
 		}
-		ports := slicePorts(svc, pod)
+		ports := endpointPorts(svc, pod)
 		key := portsKey(ports)
 		g := groups[key]
 		if g == nil {
-			g = &desiredGroup{ports: ports}
+			g = &group{ports: ports}
 			if len(groups) == 0 {
 				g.endpoints = make([]kube.SliceEndpoint, 0, len(pods)) // most Services: one group
 			}
@@ -178,7 +203,7 @@ func desiredEndpoints(svc *kube.Service, pods []*kube.Pod, nodes nodeLookup, add
 			}
 			node = nil
 		}
-		e := sliceEndpoint(svc, pod, node, addrType)
+		e := Endpoint(svc, pod, node, addrType)
 		if len(e.Addresses) > 0 {
 			g.endpoints = append(g.endpoints, e)
 		}
@@ -195,7 +220,7 @@ func desiredEndpoints(svc *kube.Service, pods []*kube.Pod, nodes nodeLookup, add
 
 // sortEndpoints sorts a group's endpoints by key, in place, dropping a second endpoint
 // of one identity (two Pods cannot share a namespace and name).
-func sortEndpoints(g *desiredGroup) {
+func sortEndpoints(g *group) {
 	sort.Sort((*byKey)(g))
 	n := 0
 	for i := range g.keys {
@@ -209,11 +234,26 @@ func sortEndpoints(g *desiredGroup) {
 }
 
 // byKey sorts a group's endpoints and keys together, by key.
-type byKey desiredGroup
+type byKey group
 
 func (g *byKey) Len() int           { return len(g.keys) }
 func (g *byKey) Less(i, j int) bool { return g.keys[i] < g.keys[j] }
 func (g *byKey) Swap(i, j int) {
 	g.keys[i], g.keys[j] = g.keys[j], g.keys[i]
 	g.endpoints[i], g.endpoints[j] = g.endpoints[j], g.endpoints[i]
+}
+
+// sortPorts sorts ports by name, protocol and number: the order allocd writes.
+// (Kubernetes sorts them by a hash of each; consumers take them as a set.)
+func sortPorts(ps []kube.Port) {
+	sort.Slice(ps, func(i, j int) bool {
+		a, b := ps[i], ps[j]
+		if a.Name != b.Name {
+			return a.Name < b.Name
+		}
+		if a.Protocol != b.Protocol {
+			return a.Protocol < b.Protocol
+		}
+		return a.Port < b.Port
+	})
 }

@@ -1,4 +1,4 @@
-package endpoints
+package endpointslice
 
 import (
 	"cmp"
@@ -11,54 +11,61 @@ import (
 	"github.com/allocd/allocd/endpoints/kube"
 )
 
-// This file places a Service's endpoints into slices: the library's Reconcile,
-// reconcileByAddressType, reconcileByPortMapping and finalize (reference a.6, a.7), with
-// every choice made deterministic (the library picks from maps). Existing endpoints
-// stay in their slices, so an endpoint never moves; a slice is written only when its
-// endpoints or its labels change; new endpoints fill the slices already being written,
-// fullest first, then the unchanged slice that fits them best, then new slices; a slice
-// to create takes the name of a slice to delete ("recycling"), so nothing is deleted and
-// created again.
+// This file places a Service's endpoints into slices: k8s.io/endpointslice's
+// Reconciler.Reconcile, reconcileByAddressType, reconcileByPortMapping and finalize
+// (reconciler.go), with every choice made deterministic (upstream picks from maps).
+// Existing endpoints stay in their slices, so an endpoint never moves; a slice is
+// written only when its endpoints or its labels change; new endpoints fill the slices
+// already being written, fullest first, then the unchanged slice that fits them best,
+// then new slices; a slice to create takes the name of a slice to delete
+// ("recycling"), so nothing is deleted and created again.
 
-// sliceReconcile is what one sync of a Service knows.
-type sliceReconcile struct {
-	svc *kube.Service
-	// existing are the stored slices of the Service's key that the controller
-	// manages, sorted by name; taken are the names of every slice stored under the
-	// key (managed or not: a new slice takes none of them).
-	existing []*kube.EndpointSlice
-	taken    map[string]bool
-	// desired maps an address type to its port groups.
-	desired map[string]map[string]*desiredGroup
-	max     int
-	trigger time.Time
-	// topology is the zones' CPU ratios for topology hints (nil: not enough Node
-	// information).
-	topology map[string]float64
+// Reconciler is what one sync of a Service's slices knows; Reconcile plans the writes
+// that make the stored slices what it wants. It does no I/O and changes none of its
+// inputs.
+type Reconciler struct {
+	Service *kube.Service
+	// Desired is what the Service's Pods make of its slices (Desire).
+	Desired *Desired
+	// Existing are the stored slices of the Service that the controller manages,
+	// sorted by name; Taken are the names of every slice stored under the Service
+	// (managed or not: a new slice takes none of them).
+	Existing []*kube.EndpointSlice
+	Taken    map[string]bool
+	// MaxEndpointsPerSlice is the most endpoints a slice holds.
+	MaxEndpointsPerSlice int
+	// TriggerTime is the last-change-trigger-time of the slices written (zero: none).
+	TriggerTime time.Time
+	// Topology is the zones' shares of the Nodes' CPU for topology hints
+	// (CPURatiosByZone; nil: not enough Node information).
+	Topology map[string]float64
 }
 
-// slicePlan is what a sync writes.
-type slicePlan struct {
-	creates, updates, deletes []*kube.EndpointSlice
-	added, removed            int
-	// efficiency has, per address type and port key, the endpoints desired and the
+// Plan is what a sync writes: the slices to create, to update (each conditioned on its
+// stored revision) and to delete, in the order a write larger than one transaction
+// commits them.
+type Plan struct {
+	Creates, Updates, Deletes []*kube.EndpointSlice
+	// Added and Removed count the endpoints placed in a slice and taken out of one.
+	Added, Removed int
+	// Efficiency has, per address type and port key, the endpoints desired and the
 	// slices there will be (the metrics).
-	efficiency map[string]efficiency
+	Efficiency map[string]Efficiency
 }
 
-// efficiency of one group of slices.
-type efficiency struct{ endpoints, slices int }
+// Efficiency of one group of slices: its endpoints, and the slices that hold them.
+type Efficiency struct{ Endpoints, Slices int }
 
-// writes counts the slices the plan writes.
-func (p *slicePlan) writes() int { return len(p.creates) + len(p.updates) + len(p.deletes) }
+// Writes counts the slices the plan writes.
+func (p *Plan) Writes() int { return len(p.Creates) + len(p.Updates) + len(p.Deletes) }
 
-// reconcile returns the plan that makes the stored slices what r wants.
-func (r *sliceReconcile) reconcile() *slicePlan {
-	plan := &slicePlan{efficiency: map[string]efficiency{}}
-	types := sliceAddressTypes(r.svc)
+// Reconcile returns the plan that makes the stored slices what r wants.
+func (r *Reconciler) Reconcile() *Plan {
+	plan := &Plan{Efficiency: map[string]Efficiency{}}
+	types := addressTypes(r.Service)
 	byType := map[string][]*kube.EndpointSlice{}
 	var dropped []*kube.EndpointSlice
-	for _, s := range r.existing {
+	for _, s := range r.Existing {
 		if !slices.Contains(types, s.AddressType) {
 			dropped = append(dropped, s) // a family the Service no longer has
 			continue
@@ -68,38 +75,38 @@ func (r *sliceReconcile) reconcile() *slicePlan {
 	for _, t := range types {
 		r.reconcileType(plan, t, byType[t])
 	}
-	plan.deletes = append(plan.deletes, dropped...)
+	plan.Deletes = append(plan.Deletes, dropped...)
 	r.name(plan)
-	for _, s := range plan.creates {
+	for _, s := range plan.Creates {
 		r.stamp(s)
 	}
-	for _, s := range plan.updates {
+	for _, s := range plan.Updates {
 		r.stamp(s)
 	}
 	return plan
 }
 
 // reconcileType plans the slices of one address type.
-func (r *sliceReconcile) reconcileType(plan *slicePlan, addrType string, existing []*kube.EndpointSlice) {
+func (r *Reconciler) reconcileType(plan *Plan, addrType string, existing []*kube.EndpointSlice) {
 	var creates, updates, deletes []*kube.EndpointSlice
 	byPorts := map[string][]*kube.EndpointSlice{}
 	for _, s := range existing {
-		if s.ServiceUID != r.svc.UID {
+		if s.ServiceUID != r.Service.UID {
 			deletes = append(deletes, s) // left by an earlier Service of the same name
 			continue
 		}
 		k := portsKey(s.Ports)
 		byPorts[k] = append(byPorts[k], s)
 	}
-	groups := r.desired[addrType]
+	groups := r.Desired.groups[addrType]
 	for _, key := range slices.Sorted(maps.Keys(groups)) {
 		g := groups[key]
 		c, u, d, added, removed := r.reconcileGroup(byPorts[key], g, addrType)
 		creates, updates, deletes = append(creates, c...), append(updates, u...), append(deletes, d...)
-		plan.added += added
-		plan.removed += removed
-		plan.efficiency[addrType+"\x00"+key] = efficiency{endpoints: len(g.endpoints),
-			slices: len(byPorts[key]) + len(c) - len(d)}
+		plan.Added += added
+		plan.Removed += removed
+		plan.Efficiency[addrType+"\x00"+key] = Efficiency{Endpoints: len(g.endpoints),
+			Slices: len(byPorts[key]) + len(c) - len(d)}
 	}
 	for _, key := range slices.Sorted(maps.Keys(byPorts)) {
 		if _, ok := groups[key]; !ok {
@@ -115,18 +122,18 @@ func (r *sliceReconcile) reconcileType(plan *slicePlan, addrType string, existin
 		} else {
 			creates = append(creates, ph)
 		}
-		plan.efficiency[addrType+"\x00"] = efficiency{slices: 1}
+		plan.Efficiency[addrType+"\x00"] = Efficiency{Slices: 1}
 	}
 	unchanged := unchangedSlices(existing, updates, deletes)
 	creates, updates = r.hints(addrType, creates, updates, unchanged)
-	creates, updates, deletes = recycle(r.svc, creates, updates, deletes)
-	plan.creates = append(plan.creates, creates...)
-	plan.updates = append(plan.updates, updates...)
-	plan.deletes = append(plan.deletes, deletes...)
+	creates, updates, deletes = recycle(r.Service, creates, updates, deletes)
+	plan.Creates = append(plan.Creates, creates...)
+	plan.Updates = append(plan.Updates, updates...)
+	plan.Deletes = append(plan.Deletes, deletes...)
 }
 
 // reconcileGroup plans the slices of one port group (reconcileByPortMapping).
-func (r *sliceReconcile) reconcileGroup(existing []*kube.EndpointSlice, g *desiredGroup,
+func (r *Reconciler) reconcileGroup(existing []*kube.EndpointSlice, g *group,
 	addrType string) (creates, updates, deletes []*kube.EndpointSlice, added, removed int) {
 	want := make(map[string]int, len(g.keys)) // key -> index in g, while not placed
 	for i, k := range g.keys {
@@ -154,11 +161,11 @@ func (r *sliceReconcile) reconcileGroup(existing []*kube.EndpointSlice, g *desir
 				deletes = append(deletes, s)
 				continue
 			}
-			cp := cloneSlice(s)
+			cp := clone(s)
 			cp.Endpoints, cp.Labels = kept, labels
 			updates = append(updates, cp)
 		case labelsChanged:
-			cp := cloneSlice(s)
+			cp := clone(s)
 			cp.Labels = labels
 			updates = append(updates, cp)
 		default:
@@ -174,9 +181,11 @@ func (r *sliceReconcile) reconcileGroup(existing []*kube.EndpointSlice, g *desir
 	}
 	added = len(rest)
 	// Fill the slices being written already, fullest first.
-	slices.SortStableFunc(updates, func(a, b *kube.EndpointSlice) int { return cmp.Compare(len(b.Endpoints), len(a.Endpoints)) })
+	slices.SortStableFunc(updates, func(a, b *kube.EndpointSlice) int {
+		return cmp.Compare(len(b.Endpoints), len(a.Endpoints))
+	})
 	for _, s := range updates {
-		n := min(r.max-len(s.Endpoints), len(rest))
+		n := min(r.MaxEndpointsPerSlice-len(s.Endpoints), len(rest))
 		if n > 0 {
 			s.Endpoints = append(s.Endpoints, rest[:n]...)
 			rest = rest[n:]
@@ -184,9 +193,9 @@ func (r *sliceReconcile) reconcileGroup(existing []*kube.EndpointSlice, g *desir
 	}
 	for len(rest) > 0 {
 		var fill *kube.EndpointSlice
-		if len(rest) < r.max && len(unchanged) > 0 {
-			if i := sliceToFill(unchanged, len(rest), r.max); i >= 0 {
-				fill = cloneSlice(unchanged[i])
+		if len(rest) < r.MaxEndpointsPerSlice && len(unchanged) > 0 {
+			if i := sliceToFill(unchanged, len(rest), r.MaxEndpointsPerSlice); i >= 0 {
+				fill = clone(unchanged[i])
 				unchanged = slices.Delete(unchanged, i, i+1)
 				updates = append(updates, fill)
 			}
@@ -195,7 +204,7 @@ func (r *sliceReconcile) reconcileGroup(existing []*kube.EndpointSlice, g *desir
 			fill = r.newSlice(addrType, g.ports)
 			creates = append(creates, fill)
 		}
-		n := min(r.max-len(fill.Endpoints), len(rest))
+		n := min(r.MaxEndpointsPerSlice-len(fill.Endpoints), len(rest))
 		fill.Endpoints = append(fill.Endpoints, rest[:n]...)
 		rest = rest[n:]
 	}
@@ -221,9 +230,9 @@ func sliceToFill(unchanged []*kube.EndpointSlice, n, max int) int {
 // sliceLabels returns the labels a slice of r's Service carries (setEndpointSliceLabels)
 // and whether its labels other than the reserved ones differ from the Service's: only
 // that makes a write (a wrong headless label alone does not, as upstream).
-func (r *sliceReconcile) sliceLabels(s *kube.EndpointSlice) (map[string]string, bool) {
-	labels := make(map[string]string, len(r.svc.Labels)+3)
-	for k, v := range r.svc.Labels {
+func (r *Reconciler) sliceLabels(s *kube.EndpointSlice) (map[string]string, bool) {
+	labels := make(map[string]string, len(r.Service.Labels)+3)
+	for k, v := range r.Service.Labels {
 		if !reservedSliceLabel(k) {
 			labels[k] = v
 		}
@@ -242,10 +251,10 @@ func (r *sliceReconcile) sliceLabels(s *kube.EndpointSlice) (map[string]string, 
 		}
 		changed = changed || n != len(labels)
 	}
-	if r.svc.Headless() {
+	if r.Service.Headless() {
 		labels[kube.LabelHeadless] = ""
 	}
-	labels[kube.LabelServiceName] = r.svc.Name
+	labels[kube.LabelServiceName] = r.Service.Name
 	labels[kube.LabelSliceManagedBy] = kube.SliceControllerName
 	return labels, changed
 }
@@ -255,10 +264,10 @@ func reservedSliceLabel(k string) bool {
 }
 
 // newSlice is a slice to create for r's Service (newEndpointSlice): no name yet.
-func (r *sliceReconcile) newSlice(addrType string, ports []kube.Port) *kube.EndpointSlice {
+func (r *Reconciler) newSlice(addrType string, ports []kube.Port) *kube.EndpointSlice {
 	labels, _ := r.sliceLabels(nil)
-	return &kube.EndpointSlice{Namespace: r.svc.Namespace, Service: r.svc.Name, Labels: labels,
-		AddressType: addrType, ServiceUID: r.svc.UID, Ports: ports}
+	return &kube.EndpointSlice{Namespace: r.Service.Namespace, Service: r.Service.Name, Labels: labels,
+		AddressType: addrType, ServiceUID: r.Service.UID, Ports: ports}
 }
 
 // isPlaceholderOf reports whether s is the placeholder ph would be: the same
@@ -293,7 +302,8 @@ func unchangedSlices(existing, updates, deletes []*kube.EndpointSlice) []*kube.E
 // the slice to delete that holds most of its endpoints, so that an endpoint stays in
 // the slice of its name when its ports change (a write too large for one transaction
 // then never shows it twice or nowhere between its parts).
-func recycle(svc *kube.Service, creates, updates, deletes []*kube.EndpointSlice) ([]*kube.EndpointSlice, []*kube.EndpointSlice, []*kube.EndpointSlice) {
+func recycle(svc *kube.Service,
+	creates, updates, deletes []*kube.EndpointSlice) (toCreate, toUpdate, toDelete []*kube.EndpointSlice) {
 	var kept []*kube.EndpointSlice
 	for _, c := range creates {
 		i := bestRecycled(svc, c, deletes)
@@ -336,22 +346,20 @@ func bestRecycled(svc *kube.Service, c *kube.EndpointSlice, deletes []*kube.Endp
 	return best
 }
 
-// name gives every slice to create a name: the Service's name, a dash and five
-// characters of the alphabet Kubernetes' generateName uses, derived from the Service's
-// uid and a counter, so that a sync names its slices the same every time, and unique
-// among the Service's slices.
-func (r *sliceReconcile) name(plan *slicePlan) {
-	taken := maps.Clone(r.taken)
+// name gives every slice to create a name, the first candidate (Name) not taken among
+// the Service's slices.
+func (r *Reconciler) name(plan *Plan) {
+	taken := maps.Clone(r.Taken)
 	if taken == nil {
 		taken = map[string]bool{}
 	}
-	for _, s := range r.existing {
+	for _, s := range r.Existing {
 		taken[s.Name] = true
 	}
 	n := 0
-	for _, s := range plan.creates {
+	for _, s := range plan.Creates {
 		for {
-			name := sliceName(r.svc, n)
+			name := Name(r.Service, n)
 			n++
 			if !taken[name] {
 				s.Name, taken[name] = name, true
@@ -364,8 +372,10 @@ func (r *sliceReconcile) name(plan *slicePlan) {
 // nameAlphabet is the alphabet of generateName's suffixes (no vowels, no 0, 1, 3).
 const nameAlphabet = "bcdfghjklmnpqrstvwxz2456789"
 
-// sliceName is the n-th candidate name of a slice of svc.
-func sliceName(svc *kube.Service, n int) string {
+// Name is the n-th candidate name of a slice of svc: the Service's name, a dash and
+// five characters of the alphabet Kubernetes' generateName uses, derived from the
+// Service's uid and n, so that a sync names its slices the same every time.
+func Name(svc *kube.Service, n int) string {
 	h := fnv.New64a()
 	h.Write([]byte(svc.UID))
 	h.Write([]byte{0})
@@ -381,13 +391,22 @@ func sliceName(svc *kube.Service, n int) string {
 
 // stamp sets the trigger-time annotation of a slice to write (removes it when the
 // trigger time is unknown), keeping its other annotations (addTriggerTimeAnnotation).
-func (r *sliceReconcile) stamp(s *kube.EndpointSlice) {
+func (r *Reconciler) stamp(s *kube.EndpointSlice) {
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
-	if r.trigger.IsZero() {
+	if r.TriggerTime.IsZero() {
 		delete(s.Annotations, kube.AnnotationTriggerTime)
 		return
 	}
-	s.Annotations[kube.AnnotationTriggerTime] = r.trigger.UTC().Format(time.RFC3339Nano)
+	s.Annotations[kube.AnnotationTriggerTime] = r.TriggerTime.UTC().Format(time.RFC3339Nano)
+}
+
+// clone copies s with its own endpoints, labels and annotations, to be changed.
+func clone(s *kube.EndpointSlice) *kube.EndpointSlice {
+	cp := *s
+	cp.Endpoints = append([]kube.SliceEndpoint(nil), s.Endpoints...)
+	cp.Labels = maps.Clone(s.Labels)
+	cp.Annotations = maps.Clone(s.Annotations)
+	return &cp
 }

@@ -1,0 +1,89 @@
+package endpointslice
+
+import (
+	"slices"
+
+	"github.com/allocd/allocd/endpoints/kube"
+)
+
+// This file chooses the hints of the slices a sync writes, as upstream's reconciler
+// does after placing endpoints (reconcileByAddressType in reconciler.go): topology-aware
+// hints for a Service annotated service.kubernetes.io/topology-mode: Auto (topology.go,
+// upstream's topologycache/), else the hints of spec.trafficDistribution
+// (trafficdist.go, upstream's trafficdist/), else none. Kubernetes iterates maps where
+// a choice is made (which zone receives an endpoint); allocd walks zones in name order,
+// so the same inputs give the same hints.
+
+// HintsEnabled reports whether a Service's annotations ask for topology hints: the
+// deprecated topology-aware-hints annotation when present, else topology-mode, "Auto"
+// or "auto".
+func HintsEnabled(annotations map[string]string) bool {
+	v, ok := annotations[kube.AnnotationTopologyAwareHints]
+	if !ok {
+		v = annotations[kube.AnnotationTopologyMode]
+	}
+	return v == "Auto" || v == "auto"
+}
+
+// hints sets or clears the hints of the slices of one address type, as the reconciler
+// does after placing endpoints: Auto hints when the annotation asks for them, else
+// trafficDistribution's, else none (unchanged slices that carry hints are then
+// updated to lose them).
+func (r *Reconciler) hints(addrType string,
+	creates, updates, unchanged []*kube.EndpointSlice) ([]*kube.EndpointSlice, []*kube.EndpointSlice) {
+	auto := HintsEnabled(r.Service.Annotations)
+	td := ValidTrafficDistribution(r.Service.TrafficDistribution) && !auto
+	si := &sliceInfo{toCreate: creates, toUpdate: updates, unchanged: unchanged}
+	switch {
+	case auto:
+		si.addTopologyHints(r.Topology)
+		return si.toCreate, si.toUpdate
+	case !td:
+		si.removeHints()
+		return si.toCreate, si.toUpdate
+	}
+	sameNode := r.Service.TrafficDistribution == kube.TrafficPreferSameNode
+	for _, s := range si.unchanged {
+		if closeHintsNeedUpdate(s, sameNode) {
+			si.toUpdate = append(si.toUpdate, clone(s))
+		}
+	}
+	for _, s := range append(slices.Clip(si.toCreate), si.toUpdate...) {
+		setCloseHints(s, sameNode)
+	}
+	return si.toCreate, si.toUpdate
+}
+
+// sliceInfo is the library's topologycache.SliceInfo: the slices of one address type
+// of one sync.
+type sliceInfo struct {
+	toCreate, toUpdate, unchanged []*kube.EndpointSlice
+}
+
+// removeHints clears the hints of the slices written, and moves the unchanged slices
+// that have hints to the updates, without them (RemoveHintsFromSlices).
+func (si *sliceInfo) removeHints() {
+	for _, s := range append(slices.Clip(si.toCreate), si.toUpdate...) {
+		for i := range s.Endpoints {
+			s.Endpoints[i].Hints = nil
+		}
+	}
+	j := 0
+	for _, s := range si.unchanged {
+		if !slices.ContainsFunc(s.Endpoints, func(e kube.SliceEndpoint) bool { return e.Hints != nil }) {
+			si.unchanged[j] = s
+			j++
+			continue
+		}
+		cp := clone(s)
+		for i := range cp.Endpoints {
+			cp.Endpoints[i].Hints = nil
+		}
+		si.toUpdate = append(si.toUpdate, cp)
+	}
+	si.unchanged = si.unchanged[:j]
+}
+
+// EndpointReady is the endpoint's Ready condition (unset is false, as consumers of hints
+// read it).
+func EndpointReady(e *kube.SliceEndpoint) bool { return e.Ready != nil && *e.Ready }

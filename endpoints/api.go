@@ -66,6 +66,16 @@ type WatchEvent struct {
 	Revision  int64
 }
 
+// SliceWatchEvent is one change of a stored slice. For Deleted, Slice is the last
+// state and Revision the revision of the delete. From WatchSlicesStored, Stored instead
+// of Slice when the stored form can be sent as it is.
+type SliceWatchEvent struct {
+	Type     WatchType
+	Slice    *kube.EndpointSlice
+	Stored   *Stored
+	Revision int64
+}
+
 // Stored is an object in its stored form, the encoding of the API's message without
 // its revisions (ServiceEndpoints, EndpointSlice: see codec.go), with its revisions.
 // WatchStored and WatchSlicesStored send one when what a watcher parses from it, with

@@ -262,12 +262,3 @@ func (c *Controller) masterEndpoints() *kube.Endpoints {
 
 // etcdKey is where the Endpoints of "ns/name" are stored.
 func (c *Controller) etcdKey(key string) string { return c.prefix + key }
-
-// objectKey is the "ns/name" of a stored key, "" when k is not one.
-func (c *Controller) objectKey(k []byte) string {
-	s := strings.TrimPrefix(string(k), c.prefix)
-	if len(s) == len(k) || strings.Count(s, "/") != 1 {
-		return ""
-	}
-	return s
-}

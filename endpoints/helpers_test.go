@@ -125,7 +125,7 @@ func (h *harness) settle() {
 		h.t.Fatalf("no term: %v", err)
 	}
 	etcdtest.WaitFor(h.t, 10*time.Second, "controller idle", func() bool {
-		for _, c := range []chan struct{}{t.listed, t.slicesListed} {
+		for _, c := range []chan struct{}{t.storedEndpoints.listed, t.storedSlices.listed} {
 			select {
 			case <-c:
 			default:

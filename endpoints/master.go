@@ -24,7 +24,7 @@ const labelSkipMirror = "endpointslice.kubernetes.io/skip-mirror"
 // object where none is stored: an empty set is written only over a non-empty one (the
 // last API server shut down cleanly, kubernetes #115804).
 func (t *term) keepMaster(ctx context.Context) error {
-	for _, listed := range []chan struct{}{t.listed, t.slicesListed} {
+	for _, listed := range []chan struct{}{t.storedEndpoints.listed, t.storedSlices.listed} {
 		select {
 		case <-ctx.Done():
 			return nil
@@ -67,15 +67,16 @@ func (t *term) syncMaster(ctx context.Context) error {
 	if m == nil {
 		return nil
 	}
-	for _, prefix := range []string{t.c.etcdKey(masterKey), t.c.slicesOf(masterKey)} {
-		if err := t.reloadUnsure(ctx, prefix); err != nil {
-			return err
-		}
+	if err := t.storedEndpoints.reloadUnsure(ctx, masterKey); err != nil {
+		return err
+	}
+	if err := t.storedSlices.reloadUnsure(ctx, masterKey); err != nil {
+		return err
 	}
 	w := &write{}
 	desired, changed := t.masterEndpointsObject(m)
 	if changed {
-		op, err := t.endpointsOp(masterKey, t.storedObj(masterKey), desired)
+		op, err := t.endpointsOp(masterKey, t.storedEndpoints.get(masterKey, ""), desired)
 		if err != nil {
 			return err
 		}
@@ -97,7 +98,7 @@ func (t *term) syncMaster(ctx context.Context) error {
 // (nil: none to store, there being no address and nothing stored) and whether they
 // differ from the stored object.
 func (t *term) masterEndpointsObject(m *kube.Endpoints) (*kube.Endpoints, bool) {
-	cur := t.storedObj(masterKey)
+	cur := t.storedEndpoints.get(masterKey, "")
 	desired := &kube.Endpoints{
 		Namespace: "default",
 		Name:      "kubernetes",
@@ -107,13 +108,13 @@ func (t *term) masterEndpointsObject(m *kube.Endpoints) (*kube.Endpoints, bool) 
 	}
 	ready, notReady := CountAddresses(desired.Subsets)
 	desired.AddressCount = ready + notReady
-	if cur.ep == nil && desired.AddressCount == 0 {
+	if cur.obj == nil && desired.AddressCount == 0 {
 		return nil, false
 	}
-	if cur.ep != nil {
-		desired.Annotations = cur.ep.Annotations
-		if cur.ep.ManagedBy == kube.ManagedByMasterLease && maps.Equal(cur.ep.Labels, desired.Labels) &&
-			subsetsEqual(cur.ep.Subsets, desired.Subsets) {
+	if cur.obj != nil {
+		desired.Annotations = cur.obj.Annotations
+		if cur.obj.ManagedBy == kube.ManagedByMasterLease && maps.Equal(cur.obj.Labels, desired.Labels) &&
+			subsetsEqual(cur.obj.Subsets, desired.Subsets) {
 			return desired, false
 		}
 	}
@@ -125,9 +126,7 @@ const masterSliceName = "kubernetes"
 
 // masterSlice returns the stored slice of default/kubernetes, nil when none.
 func (t *term) masterSlice() *kube.EndpointSlice {
-	t.slicesMu.Lock()
-	defer t.slicesMu.Unlock()
-	return t.storedSlices[masterKey][masterSliceName].s
+	return t.storedSlices.get(masterKey, masterSliceName).obj
 }
 
 // masterSliceOp is the op that makes default/kubernetes' slice follow its Endpoints

@@ -140,16 +140,12 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 	t := col.c.term
 	col.c.mu.Unlock()
 	if t != nil {
-		t.storedMu.Lock()
-		for _, s := range t.stored {
-			if s.ep != nil {
-				n++
-				if s.ep.Annotations[kube.AnnotationOverCapacity] != "" {
-					trunc++
-				}
+		t.storedEndpoints.each(func(e *kube.Endpoints) {
+			n++
+			if e.Annotations[kube.AnnotationOverCapacity] != "" {
+				trunc++
 			}
-		}
-		t.storedMu.Unlock()
+		})
 	}
 	ch <- prometheus.MustNewConstMetric(col.objects, prometheus.GaugeValue, float64(n))
 	ch <- prometheus.MustNewConstMetric(col.truncated, prometheus.GaugeValue, float64(trunc))

@@ -16,8 +16,10 @@ import (
 )
 
 // The reads of the stored Endpoints objects and EndpointSlices, served by every
-// replica from etcd: Get, List (paged, every page read at the revision of the first)
-// and Watch (resumable from a revision). One implementation, store, serves both kinds.
+// replica from etcd: Get, List and ListSlices (paged, every page read at the revision
+// of the first), Watch and WatchSlices (resumable from a revision), and WatchStored and
+// WatchSlicesStored for the server, which sends a stored object on as it is stored when
+// it can. One implementation, store, serves both kinds.
 
 // store reads one kind of stored object under prefix.
 type store[T any] struct {
@@ -27,6 +29,32 @@ type store[T any] struct {
 	// depth is the number of '/' in a key under prefix ("ns/name": 1; "ns/svc/name": 2).
 	depth  int
 	decode func(kv *mvccpb.KeyValue) (T, error)
+	// exact reports whether a stored value goes to a watcher as it is stored (exact.go).
+	exact func(b []byte) bool
+}
+
+// endpointsStore reads the stored Endpoints objects.
+func (c *Controller) endpointsStore() store[*kube.Endpoints] {
+	return store[*kube.Endpoints]{cli: c.cli, prefix: c.prefix, what: "endpoints", depth: 1,
+		decode: func(kv *mvccpb.KeyValue) (*kube.Endpoints, error) {
+			return decode(kv.Value, kv.ModRevision, kv.CreateRevision)
+		},
+		exact: exactEndpoints}
+}
+
+// slicesStore reads the stored slices; a slice's Service is the one of its key.
+func (c *Controller) slicesStore() store[*kube.EndpointSlice] {
+	s := store[*kube.EndpointSlice]{cli: c.cli, prefix: c.slicePrefix, what: "endpoint slices", depth: 2,
+		exact: exactSlice}
+	s.decode = func(kv *mvccpb.KeyValue) (*kube.EndpointSlice, error) {
+		svcKey, _, ok := s.split(kv.Key)
+		if !ok {
+			return nil, fmt.Errorf("%s is not the key of an endpoint slice", kv.Key)
+		}
+		_, svc, _ := strings.Cut(svcKey, "/")
+		return decodeSlice(kv.Value, svc, kv.ModRevision, kv.CreateRevision)
+	}
+	return s
 }
 
 // Get returns the stored Endpoints of namespace/name (a linearizable read), or
@@ -46,26 +74,6 @@ func (c *Controller) Get(ctx context.Context, namespace, name string) (*kube.End
 	return decode(kv.Value, kv.ModRevision, kv.CreateRevision)
 }
 
-// validName refuses names that would escape their place in the key space.
-func validName(namespace, name string) error {
-	inv := &InvalidError{}
-	if namespace == "" || strings.Contains(namespace, "/") {
-		inv.Add("namespace", "must be a non-empty name without '/'")
-	}
-	if name == "" || strings.Contains(name, "/") {
-		inv.Add("name", "must be a non-empty name without '/'")
-	}
-	return inv.OrNil()
-}
-
-// endpointsStore reads the stored Endpoints objects.
-func (c *Controller) endpointsStore() store[*kube.Endpoints] {
-	return store[*kube.Endpoints]{cli: c.cli, prefix: c.prefix, what: "endpoints", depth: 1,
-		decode: func(kv *mvccpb.KeyValue) (*kube.Endpoints, error) {
-			return decode(kv.Value, kv.ModRevision, kv.CreateRevision)
-		}}
-}
-
 // List returns up to pageSize objects (0: DefaultPageSize; capped at MaxPageSize) of
 // namespace ("" for all), sorted by namespace and name, after pageToken. Every page of
 // one listing is read at the revision of the first (returned), so that a listing is
@@ -77,6 +85,19 @@ func (c *Controller) List(ctx context.Context, namespace string, pageSize int,
 		return nil, "", 0, err
 	}
 	return c.endpointsStore().list(ctx, namespace, pageSize, pageToken)
+}
+
+// ListSlices returns up to pageSize slices (0: DefaultPageSize; capped at MaxPageSize)
+// of every namespace (namespace ""), of one namespace, or of one Service (service with
+// its namespace), sorted by namespace, Service and name, after pageToken, as List does
+// for Endpoints.
+func (c *Controller) ListSlices(ctx context.Context, namespace, service string, pageSize int,
+	pageToken string) (sl []*kube.EndpointSlice, next string, rev int64, err error) {
+	scope, err := sliceScope(namespace, service)
+	if err != nil {
+		return nil, "", 0, err
+	}
+	return c.slicesStore().list(ctx, scope, pageSize, pageToken)
 }
 
 // Watch sends the changes of the stored objects of namespace ("" for all) to send: with
@@ -96,6 +117,19 @@ func (c *Controller) Watch(ctx context.Context, namespace string, startRev int64
 		})
 }
 
+// WatchSlices sends the changes of the stored slices of namespace ("" for all) to
+// send, as Watch does for Endpoints.
+func (c *Controller) WatchSlices(ctx context.Context, namespace string, startRev int64,
+	send func(SliceWatchEvent) error) error {
+	if err := validScope("namespace", namespace); err != nil {
+		return err
+	}
+	return c.slicesStore().watch(ctx, namespace, startRev,
+		func(t WatchType, s *kube.EndpointSlice, rev int64) error {
+			return send(SliceWatchEvent{Type: t, Slice: s, Revision: rev})
+		})
+}
+
 // WatchStored is Watch for a caller that sends the objects on in the API's form: an
 // event carries the object's stored form (Stored, Endpoints nil) when that is exact,
 // else the decoded object as Watch sends it.
@@ -104,21 +138,35 @@ func (c *Controller) WatchStored(ctx context.Context, namespace string, startRev
 	if err := validScope("namespace", namespace); err != nil {
 		return err
 	}
-	return c.endpointsStore().watchKVs(ctx, namespace, startRev, func(t WatchType, kv *mvccpb.KeyValue,
-		rev int64) error {
-		if exactEndpoints(kv.Value) {
-			return send(WatchEvent{Type: t, Stored: storedOf(kv), Revision: rev})
-		}
-		e, err := decode(kv.Value, kv.ModRevision, kv.CreateRevision)
-		if err != nil {
-			return err
-		}
-		return send(WatchEvent{Type: t, Endpoints: e, Revision: rev})
-	})
+	return c.endpointsStore().watchStored(ctx, namespace, startRev,
+		func(t WatchType, st *Stored, e *kube.Endpoints, rev int64) error {
+			return send(WatchEvent{Type: t, Endpoints: e, Stored: st, Revision: rev})
+		})
 }
 
-func storedOf(kv *mvccpb.KeyValue) *Stored {
-	return &Stored{Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision}
+// WatchSlicesStored is WatchSlices for a caller that sends the slices on in the API's
+// form, as WatchStored is for Endpoints.
+func (c *Controller) WatchSlicesStored(ctx context.Context, namespace string, startRev int64,
+	send func(SliceWatchEvent) error) error {
+	if err := validScope("namespace", namespace); err != nil {
+		return err
+	}
+	return c.slicesStore().watchStored(ctx, namespace, startRev,
+		func(t WatchType, st *Stored, s *kube.EndpointSlice, rev int64) error {
+			return send(SliceWatchEvent{Type: t, Slice: s, Stored: st, Revision: rev})
+		})
+}
+
+// validName refuses names that would escape their place in the key space.
+func validName(namespace, name string) error {
+	inv := &InvalidError{}
+	if namespace == "" || strings.Contains(namespace, "/") {
+		inv.Add("namespace", "must be a non-empty name without '/'")
+	}
+	if name == "" || strings.Contains(name, "/") {
+		inv.Add("name", "must be a non-empty name without '/'")
+	}
+	return inv.OrNil()
 }
 
 // validScope refuses a namespace (or name) that would escape its place in the key
@@ -128,6 +176,27 @@ func validScope(field, s string) error {
 		return &InvalidError{Violations: []violation{{Field: field, Description: "must not contain '/'"}}}
 	}
 	return nil
+}
+
+// sliceScope is the part of the key space a listing of slices covers.
+func sliceScope(namespace, service string) (string, error) {
+	inv := &InvalidError{}
+	if strings.Contains(namespace, "/") {
+		inv.Add("namespace", "must not contain '/'")
+	}
+	switch {
+	case strings.Contains(service, "/"):
+		inv.Add("service_name", "must not contain '/'")
+	case service != "" && namespace == "":
+		inv.Add("namespace", "required with service_name")
+	}
+	if err := inv.OrNil(); err != nil {
+		return "", err
+	}
+	if service != "" {
+		return namespace + "/" + service, nil
+	}
+	return namespace, nil
 }
 
 // list returns a page of the objects under scope ("" for all, "ns", or "ns/svc").
@@ -209,6 +278,21 @@ func (s store[T]) relKey(k []byte) string {
 	return r
 }
 
+// split returns the key of the Service of a stored key and the object's name among
+// that Service's ("" for an Endpoints object: a Service has one); ok is false for a key
+// that is not one of the kind's.
+func (s store[T]) split(k []byte) (svcKey, name string, ok bool) {
+	r := s.relKey(k)
+	switch {
+	case r == "":
+		return "", "", false
+	case s.depth == 1:
+		return r, "", true
+	}
+	i := strings.LastIndexByte(r, '/')
+	return r[:i], r[i+1:], true
+}
+
 // token is a List page token: the revision of the listing, the scope it lists, and the
 // last key of the previous page.
 type token struct {
@@ -263,6 +347,27 @@ func (s store[T]) watch(ctx context.Context, scope string, startRev int64,
 		}
 		return send(t, o, rev)
 	})
+}
+
+// watchStored is watch for a caller that sends the objects on in the API's form: an
+// event carries the stored form when exact says it is exact, else the decoded object.
+func (s store[T]) watchStored(ctx context.Context, scope string, startRev int64,
+	send func(t WatchType, st *Stored, o T, rev int64) error) error {
+	return s.watchKVs(ctx, scope, startRev, func(t WatchType, kv *mvccpb.KeyValue, rev int64) error {
+		var zero T
+		if s.exact(kv.Value) {
+			return send(t, storedOf(kv), zero, rev)
+		}
+		o, err := s.decode(kv)
+		if err != nil {
+			return err
+		}
+		return send(t, nil, o, rev)
+	})
+}
+
+func storedOf(kv *mvccpb.KeyValue) *Stored {
+	return &Stored{Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision}
 }
 
 // watchKVs is watch of the stored key-values, not decoded: for Deleted, the last one.

@@ -143,7 +143,7 @@ func checkEveryRevision(t *testing.T, h *harness, start int64) {
 		t.Fatal(err)
 	}
 	for _, kv := range resp.Kvs {
-		s, err := h.c.decodeStoredSlice(kv)
+		s, err := h.c.slicesStore().decode(kv)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,7 +185,7 @@ func checkEveryRevision(t *testing.T, h *harness, start int64) {
 			if ev.Type == clientv3.EventTypeDelete {
 				delete(state, string(ev.Kv.Key))
 			} else {
-				s, _ := h.c.decodeStoredSlice(ev.Kv)
+				s, _ := h.c.slicesStore().decode(ev.Kv)
 				state[string(ev.Kv.Key)] = s
 			}
 		}

@@ -17,6 +17,8 @@ import (
 // written and read here with protowire, field by field, so that the controller does not
 // depend on the API's generated types (the server converts those) and spends no
 // reflection on the hot path; TestCodecMatchesProto holds it to the generated code.
+// This file also holds what the stored forms of both kinds share: the wire helpers,
+// maps, object references and ports' decoding; slicecodec.go holds a slice's own.
 //
 // Field numbers, as in proto/allocd/v1/endpoints.proto and lease.proto:
 //
@@ -64,17 +66,11 @@ func appendAddress(b []byte, a kube.Address) []byte {
 	b = appendString(b, 1, a.IP)
 	b = appendString(b, 2, a.Hostname)
 	b = appendString(b, 3, a.NodeName)
-	if r := a.TargetRef; r != nil {
-		b = appendMessage(b, 4, func(b []byte) []byte {
-			b = appendString(b, 1, r.Kind)
-			b = appendString(b, 2, r.Namespace)
-			b = appendString(b, 3, r.Name)
-			return appendString(b, 4, r.UID)
-		})
-	}
-	return b
+	return appendRef(b, 4, a.TargetRef)
 }
 
+// appendPort appends an EndpointPort. Its fields are proto3 scalars, left out when
+// empty; a slice's port is another message (appendSlicePort).
 func appendPort(b []byte, p kube.Port) []byte {
 	b = appendString(b, 1, p.Name)
 	if p.Port != 0 {
@@ -96,6 +92,26 @@ func appendString(b []byte, num protowire.Number, s string) []byte {
 	}
 	b = protowire.AppendTag(b, num, protowire.BytesType)
 	return protowire.AppendString(b, s)
+}
+
+// appendPresentString appends an optional string field that is set, even when empty.
+func appendPresentString(b []byte, num protowire.Number, s string) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendString(b, s)
+}
+
+// appendRef appends an ObjectReference field, nothing when r is nil: an address's
+// target, or a slice endpoint's.
+func appendRef(b []byte, num protowire.Number, r *kube.ObjectRef) []byte {
+	if r == nil {
+		return b
+	}
+	return appendMessage(b, num, func(b []byte) []byte {
+		b = appendString(b, 1, r.Kind)
+		b = appendString(b, 2, r.Namespace)
+		b = appendString(b, 3, r.Name)
+		return appendString(b, 4, r.UID)
+	})
 }
 
 // appendMessage appends an embedded message that body writes: its length is not known
@@ -217,6 +233,7 @@ func decodeAddress(b []byte) (kube.Address, error) {
 	return a, err
 }
 
+// decodePort decodes an EndpointPort or an EndpointSlicePort (the same fields).
 func decodePort(b []byte) (kube.Port, error) {
 	var p kube.Port
 	err := fields(b, portSchema, func(num protowire.Number, v []byte, n uint64) error {
@@ -234,6 +251,25 @@ func decodePort(b []byte) (kube.Port, error) {
 		return nil
 	})
 	return p, err
+}
+
+// decodeRef decodes an ObjectReference.
+func decodeRef(b []byte) (*kube.ObjectRef, error) {
+	r := &kube.ObjectRef{}
+	err := fields(b, stringsSchema, func(num protowire.Number, v []byte, _ uint64) error {
+		switch num {
+		case 1:
+			r.Kind = string(v)
+		case 2:
+			r.Namespace = string(v)
+		case 3:
+			r.Name = string(v)
+		case 4:
+			r.UID = string(v)
+		}
+		return nil
+	})
+	return r, err
 }
 
 // mapEntry decodes one entry of a map<string, string> field into *m.

@@ -17,7 +17,8 @@ import (
 // Field numbers, as in proto/allocd/v1/endpoints.proto:
 //
 //	EndpointSlice: 1 namespace, 2 name, 3 labels, 4 annotations, 5 address_type,
-//	  6 service_uid, 7 endpoints, 8 ports, 9 revision, 10 create_revision (not stored)
+//	  6 service_uid, 7 endpoints, 8 ports, 9 revision and 10 create_revision (not
+//	  stored)
 //	SliceEndpoint: 1 addresses, 2 conditions, 3 hostname, 4 node_name, 5 zone,
 //	  6 target_ref, 7 hints
 //	EndpointConditions: 1 ready, 2 serving, 3 terminating
@@ -62,14 +63,7 @@ func appendSliceEndpoint(b []byte, e *kube.SliceEndpoint) []byte {
 	b = appendString(b, 3, e.Hostname)
 	b = appendString(b, 4, e.NodeName)
 	b = appendString(b, 5, e.Zone)
-	if r := e.TargetRef; r != nil {
-		b = appendMessage(b, 6, func(b []byte) []byte {
-			b = appendString(b, 1, r.Kind)
-			b = appendString(b, 2, r.Namespace)
-			b = appendString(b, 3, r.Name)
-			return appendString(b, 4, r.UID)
-		})
-	}
+	b = appendRef(b, 6, e.TargetRef)
 	if h := e.Hints; h != nil {
 		b = appendMessage(b, 7, func(b []byte) []byte {
 			for _, z := range h.ForZones {
@@ -84,6 +78,9 @@ func appendSliceEndpoint(b []byte, e *kube.SliceEndpoint) []byte {
 	return b
 }
 
+// appendSlicePort appends an EndpointSlicePort: the same fields as an EndpointPort
+// (appendPort, decodePort), but optional ones, present even when empty, as the API's
+// conversion sends them, so that the stored form can go to a watcher as it is.
 func appendSlicePort(b []byte, p kube.Port) []byte {
 	b = appendPresentString(b, 1, p.Name)
 	b = protowire.AppendTag(b, 2, protowire.VarintType)
@@ -93,12 +90,6 @@ func appendSlicePort(b []byte, p kube.Port) []byte {
 		b = appendPresentString(b, 4, *p.AppProtocol)
 	}
 	return b
-}
-
-// appendPresentString appends an optional string field that is set, even when empty.
-func appendPresentString(b []byte, num protowire.Number, s string) []byte {
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendString(b, s)
 }
 
 // The stored slice messages' schemas.
@@ -184,25 +175,6 @@ func decodeSliceEndpoint(b []byte) (kube.SliceEndpoint, error) {
 		return nil
 	})
 	return e, err
-}
-
-// decodeRef decodes an ObjectReference.
-func decodeRef(b []byte) (*kube.ObjectRef, error) {
-	r := &kube.ObjectRef{}
-	err := fields(b, stringsSchema, func(num protowire.Number, v []byte, _ uint64) error {
-		switch num {
-		case 1:
-			r.Kind = string(v)
-		case 2:
-			r.Namespace = string(v)
-		case 3:
-			r.Name = string(v)
-		case 4:
-			r.UID = string(v)
-		}
-		return nil
-	})
-	return r, err
 }
 
 func decodeHints(b []byte) (*kube.Hints, error) {

@@ -30,8 +30,8 @@ import (
 //	ObjectReference: 1 kind, 2 namespace, 3 name, 4 uid
 //	EndpointPort: 1 name, 2 port, 3 protocol, 4 app_protocol (optional)
 
-// encode is the stored form of e.
-func encode(e *kube.Endpoints) ([]byte, error) {
+// encodeEndpoints is the stored form of e.
+func encodeEndpoints(e *kube.Endpoints) []byte {
 	b := make([]byte, 0, 256)
 	b = appendString(b, 1, e.Namespace)
 	b = appendString(b, 2, e.Name)
@@ -46,7 +46,7 @@ func encode(e *kube.Endpoints) ([]byte, error) {
 		b = protowire.AppendTag(b, 9, protowire.VarintType)
 		b = protowire.AppendVarint(b, uint64(int64(e.AddressCount)))
 	}
-	return b, nil
+	return b
 }
 
 func appendSubset(b []byte, s kube.Subset) []byte {
@@ -159,8 +159,8 @@ func appendMap(b []byte, num protowire.Number, m map[string]string) []byte {
 // errMalformed is the cause of every stored value that does not decode.
 var errMalformed = errors.New("malformed protobuf")
 
-// decode reads a stored object and stamps it with its etcd revisions.
-func decode(b []byte, modRev, createRev int64) (*kube.Endpoints, error) {
+// decodeEndpoints reads a stored object and stamps it with its etcd revisions.
+func decodeEndpoints(b []byte, modRev, createRev int64) (*kube.Endpoints, error) {
 	e := &kube.Endpoints{Revision: modRev, CreateRevision: createRev}
 	err := fields(b, endpointsSchema, func(num protowire.Number, v []byte, n uint64) error {
 		switch num {

@@ -128,7 +128,7 @@ func New(cli *clientv3.Client, cfg Config) (*Controller, error) {
 		prefix:      strings.TrimSuffix(cfg.Prefix, "/") + "/endpoints/",
 		slicePrefix: strings.TrimSuffix(cfg.Prefix, "/") + "/endpointslices/",
 	}
-	m, err := newMetrics(cfg.Registerer, c)
+	m, err := newMetrics(cfg.Registerer, c.storedCounts)
 	if err != nil {
 		return nil, fmt.Errorf("endpoints metrics: %w", err)
 	}
@@ -260,5 +260,28 @@ func (c *Controller) masterEndpoints() *kube.Endpoints {
 	return c.master
 }
 
+// masterKey is the Service whose Endpoints the master leases produce
+// (SetMasterEndpoints): the term keeps them stored (master.go), the Endpoints
+// controller leaves them alone.
+const masterKey = "default/kubernetes"
+
 // etcdKey is where the Endpoints of "ns/name" are stored.
 func (c *Controller) etcdKey(key string) string { return c.prefix + key }
+
+// storedCounts counts the stored Endpoints objects and the truncated ones, as the
+// running term sees them (none when this replica does not lead).
+func (c *Controller) storedCounts() (objects, truncated int) {
+	c.mu.Lock()
+	t := c.term
+	c.mu.Unlock()
+	if t == nil {
+		return 0, 0
+	}
+	t.storedEndpoints.each(func(e *kube.Endpoints) {
+		objects++
+		if e.Annotations[kube.AnnotationOverCapacity] != "" {
+			truncated++
+		}
+	})
+	return objects, truncated
+}

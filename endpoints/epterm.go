@@ -78,28 +78,21 @@ func (t *term) deleteOwned(key string, cur sight[*kube.Endpoints]) (*write, func
 // endpointsWrite is the write of desired (nil: the delete) at key over cur, and what
 // records it once committed: metrics and one log line.
 func (t *term) endpointsWrite(key string, cur sight[*kube.Endpoints], desired *kube.Endpoints) (*write, func(int64, time.Time), error) {
-	op, err := t.endpointsOp(key, cur, desired)
-	if err != nil {
-		return nil, nil, err
-	}
+	op := t.endpointsOp(key, cur, desired)
 	after := func(rev int64, since time.Time) { t.wroteEndpoints(key, cur.obj, desired, rev, since) }
 	return &write{ops: []writeOp{op}}, after, nil
 }
 
 // endpointsOp is the op that puts desired (nil: deletes) at key over cur.
-func (t *term) endpointsOp(key string, cur sight[*kube.Endpoints], desired *kube.Endpoints) (writeOp, error) {
+func (t *term) endpointsOp(key string, cur sight[*kube.Endpoints], desired *kube.Endpoints) writeOp {
 	op := writeOp{key: t.c.etcdKey(key), view: t.storedEndpoints}
 	if cur.obj != nil {
 		op.modRev, op.createRev = cur.obj.Revision, cur.obj.CreateRevision
 	}
 	if desired != nil {
-		val, err := encode(desired)
-		if err != nil {
-			return writeOp{}, err
-		}
-		op.val, op.obj = val, desired
+		op.val, op.obj = encodeEndpoints(desired), desired
 	}
-	return op, nil
+	return op
 }
 
 // wroteEndpoints records a committed write: metrics and one log line.
@@ -139,6 +132,6 @@ func (t *term) newEndpointsView() *view[*kube.Endpoints] {
 		cp.Revision, cp.CreateRevision = modRev, createRev
 		return &cp
 	}
-	v.requeue = func(key string) { t.requeue(t.eps, key) }
+	v.changed = func(key string) { t.requeue(t.eps, key) }
 	return v
 }

@@ -86,10 +86,7 @@ func (h *harness) stop() error {
 // store writes ep as it is into etcd (an object the controller did not write now).
 func (h *harness) store(ep *kube.Endpoints) {
 	h.t.Helper()
-	b, err := encode(ep)
-	if err != nil {
-		h.t.Fatal(err)
-	}
+	b := encodeEndpoints(ep)
 	if _, err := h.cli.Put(etcdtest.Context(h.t), testPrefix+"/endpoints/"+ep.Key(), string(b)); err != nil {
 		h.t.Fatal(err)
 	}
@@ -194,7 +191,7 @@ func (h *harness) get(ns, name string) *kube.Endpoints {
 	if len(resp.Kvs) == 0 {
 		return nil
 	}
-	e, err := decode(resp.Kvs[0].Value, resp.Kvs[0].ModRevision, resp.Kvs[0].CreateRevision)
+	e, err := decodeEndpoints(resp.Kvs[0].Value, resp.Kvs[0].ModRevision, resp.Kvs[0].CreateRevision)
 	if err != nil {
 		h.t.Fatal(err)
 	}

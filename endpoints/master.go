@@ -12,9 +12,6 @@ import (
 	"github.com/allocd/allocd/leader"
 )
 
-// masterKey is the Service whose Endpoints the master leases produce.
-const masterKey = "default/kubernetes"
-
 // labelSkipMirror is the label kube-apiserver's lease reconciler puts on the Endpoints
 // of default/kubernetes, so that the EndpointSlice mirroring controller leaves them be.
 const labelSkipMirror = "endpointslice.kubernetes.io/skip-mirror"
@@ -76,11 +73,7 @@ func (t *term) syncMaster(ctx context.Context) error {
 	w := &write{}
 	desired, changed := t.masterEndpointsObject(m)
 	if changed {
-		op, err := t.endpointsOp(masterKey, t.storedEndpoints.get(masterKey, ""), desired)
-		if err != nil {
-			return err
-		}
-		w.ops = append(w.ops, op)
+		w.ops = append(w.ops, t.endpointsOp(masterKey, t.storedEndpoints.get(masterKey, ""), desired))
 	}
 	if desired != nil || t.masterSlice() != nil {
 		if op, ok := t.masterSliceOp(desired); ok {

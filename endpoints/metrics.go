@@ -4,8 +4,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // metrics are the controller's metrics; the zero value (no Registerer) records nothing.
@@ -23,7 +21,9 @@ type metrics struct {
 	slice *sliceMetrics
 }
 
-func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
+// newMetrics registers the metrics on reg; stored counts the stored Endpoints objects and
+// the truncated ones when the metrics are scraped.
+func newMetrics(reg prometheus.Registerer, stored func() (objects, truncated int)) (*metrics, error) {
 	m := &metrics{}
 	if reg == nil {
 		return m, nil
@@ -63,7 +63,7 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 		"Endpoints objects stored in etcd, as the leader sees them (0 on other replicas).", nil, nil)
 	truncated := prometheus.NewDesc("allocd_endpoints_truncated_objects",
 		"Stored Endpoints objects truncated to 1000 addresses (over-capacity annotation set).", nil, nil)
-	col := collector{c: c, objects: objects, truncated: truncated}
+	col := collector{stored: stored, objects: objects, truncated: truncated}
 	m.slice = newSliceMetrics()
 	for _, x := range append([]prometheus.Collector{m.writes, m.syncs, m.duration, m.latency, m.feed,
 		m.leader, m.snapRev, col},
@@ -123,9 +123,9 @@ func (m *metrics) eventToCommit(d time.Duration) {
 	}
 }
 
-// collector reads the object counts from the running term when scraped.
+// collector reads the object counts when scraped.
 type collector struct {
-	c                  *Controller
+	stored             func() (objects, truncated int)
 	objects, truncated *prometheus.Desc
 }
 
@@ -135,18 +135,7 @@ func (col collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (col collector) Collect(ch chan<- prometheus.Metric) {
-	var n, trunc int
-	col.c.mu.Lock()
-	t := col.c.term
-	col.c.mu.Unlock()
-	if t != nil {
-		t.storedEndpoints.each(func(e *kube.Endpoints) {
-			n++
-			if e.Annotations[kube.AnnotationOverCapacity] != "" {
-				trunc++
-			}
-		})
-	}
+	n, trunc := col.stored()
 	ch <- prometheus.MustNewConstMetric(col.objects, prometheus.GaugeValue, float64(n))
 	ch <- prometheus.MustNewConstMetric(col.truncated, prometheus.GaugeValue, float64(trunc))
 }

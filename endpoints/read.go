@@ -37,7 +37,7 @@ type store[T any] struct {
 func (c *Controller) endpointsStore() store[*kube.Endpoints] {
 	return store[*kube.Endpoints]{cli: c.cli, prefix: c.prefix, what: "endpoints", depth: 1,
 		decode: func(kv *mvccpb.KeyValue) (*kube.Endpoints, error) {
-			return decode(kv.Value, kv.ModRevision, kv.CreateRevision)
+			return decodeEndpoints(kv.Value, kv.ModRevision, kv.CreateRevision)
 		},
 		exact: exactEndpoints}
 }
@@ -71,7 +71,7 @@ func (c *Controller) Get(ctx context.Context, namespace, name string) (*kube.End
 		return nil, fmt.Errorf("%w: %s/%s", ErrNotFound, namespace, name)
 	}
 	kv := resp.Kvs[0]
-	return decode(kv.Value, kv.ModRevision, kv.CreateRevision)
+	return decodeEndpoints(kv.Value, kv.ModRevision, kv.CreateRevision)
 }
 
 // List returns up to pageSize objects (0: DefaultPageSize; capped at MaxPageSize) of

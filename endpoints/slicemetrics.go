@@ -78,26 +78,25 @@ func (m *sliceMetrics) collectors() []prometheus.Collector {
 		m.changedPerSync, m.syncs, m.byTraffic, m.latency}
 }
 
-// slicesSynced counts a sync's result.
-func (m *metrics) slicesSynced(_ time.Duration, err error) {
-	if m.slice == nil {
+// synced counts a sync's result.
+func (m *sliceMetrics) synced(_ time.Duration, err error) {
+	if m == nil {
 		return
 	}
 	result := "success"
 	if err != nil {
 		result = "error"
 	}
-	m.slice.syncs.WithLabelValues(result).Inc()
+	m.syncs.WithLabelValues(result).Inc()
 }
 
-// sliceSync records what a sync of svc's slices planned.
-func (m *metrics) sliceSync(key string, svc *kube.Service, plan *endpointslice.Plan, perSlice int) {
-	s := m.slice
-	if s == nil {
+// sync records what a sync of svc's slices planned.
+func (m *sliceMetrics) sync(key string, svc *kube.Service, plan *endpointslice.Plan, perSlice int) {
+	if m == nil {
 		return
 	}
-	s.added.WithLabelValues().Observe(float64(plan.Added))
-	s.removed.WithLabelValues().Observe(float64(plan.Removed))
+	m.added.WithLabelValues().Observe(float64(plan.Added))
+	m.removed.WithLabelValues().Observe(float64(plan.Removed))
 	topology, traffic := "Disabled", ""
 	switch {
 	case endpointslice.HintsEnabled(svc.Annotations):
@@ -105,7 +104,7 @@ func (m *metrics) sliceSync(key string, svc *kube.Service, plan *endpointslice.P
 	case endpointslice.ValidTrafficDistribution(svc.TrafficDistribution):
 		traffic = svc.TrafficDistribution
 	}
-	s.changedPerSync.WithLabelValues(topology, traffic).Observe(float64(plan.Writes()))
+	m.changedPerSync.WithLabelValues(topology, traffic).Observe(float64(plan.Writes()))
 	e := serviceEfficiency{traffic: traffic}
 	for _, g := range plan.Efficiency {
 		e.endpoints += g.Endpoints
@@ -115,13 +114,13 @@ func (m *metrics) sliceSync(key string, svc *kube.Service, plan *endpointslice.P
 		}
 	}
 	e.desiredSlices = max(e.desiredSlices, 1)
-	s.set(key, &e)
+	m.set(key, &e)
 }
 
-// sliceServiceGone forgets a Service that is gone (or has no slices any more).
-func (m *metrics) sliceServiceGone(key string) {
-	if m.slice != nil {
-		m.slice.set(key, nil)
+// serviceGone forgets a Service that is gone (or has no slices any more).
+func (m *sliceMetrics) serviceGone(key string) {
+	if m != nil {
+		m.set(key, nil)
 	}
 }
 
@@ -152,18 +151,19 @@ func (m *sliceMetrics) set(key string, e *serviceEfficiency) {
 	m.desiredSlices.Set(float64(m.total.desiredSlices))
 }
 
-// slicesWrote counts the slices a committed write created, updated and deleted.
-func (m *metrics) slicesWrote(creates, updates, deletes int) {
-	if m.slice == nil {
+// wrote counts the slices a committed write created, updated and deleted.
+func (m *sliceMetrics) wrote(creates, updates, deletes int) {
+	if m == nil {
 		return
 	}
-	m.slice.changes.WithLabelValues("create").Add(float64(creates))
-	m.slice.changes.WithLabelValues("update").Add(float64(updates))
-	m.slice.changes.WithLabelValues("delete").Add(float64(deletes))
+	m.changes.WithLabelValues("create").Add(float64(creates))
+	m.changes.WithLabelValues("update").Add(float64(updates))
+	m.changes.WithLabelValues("delete").Add(float64(deletes))
 }
 
-func (m *metrics) sliceEventToCommit(d time.Duration) {
-	if m.slice != nil {
-		m.slice.latency.Observe(d.Seconds())
+// eventToCommit observes the latency from an event to the commit of its write.
+func (m *sliceMetrics) eventToCommit(d time.Duration) {
+	if m != nil {
+		m.latency.Observe(d.Seconds())
 	}
 }

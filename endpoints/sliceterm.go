@@ -29,7 +29,7 @@ func (t *term) newSlicesHalf() *half {
 		listed:  t.storedSlices.listed,
 		startc:  make(chan struct{}),
 		sync:    t.syncSlices,
-		synced:  t.c.metrics.slicesSynced,
+		synced:  t.c.metrics.slice.synced,
 		sweep:   t.storedSlices.keys,
 	}
 }
@@ -47,12 +47,12 @@ func (t *term) syncSlices(ctx context.Context, key string) (*write, func(int64, 
 	switch svc := r.Service; {
 	case svc == nil:
 		t.sliceTracker.Forget(key)
-		t.c.metrics.sliceServiceGone(key)
+		t.c.metrics.slice.serviceGone(key)
 		return t.deleteSlices(key, existing)
 	case svc.Type == kube.TypeExternalName:
 		// As for Endpoints, a deliberate deviation: Kubernetes leaves the slices it
 		// wrote before the Service became ExternalName; allocd deletes them.
-		t.c.metrics.sliceServiceGone(key)
+		t.c.metrics.slice.serviceGone(key)
 		return t.deleteSlices(key, existing)
 	case svc.Selector == nil:
 		return nil, nil, nil // slices of a Service without selector are not the controller's
@@ -60,7 +60,7 @@ func (t *term) syncSlices(ctx context.Context, key string) (*write, func(int64, 
 	r.Existing, r.Taken = existing, t.sliceNames(key)
 	r.TriggerTime = t.sliceTracker.Compute(r.Service, pods)
 	plan := r.Reconcile()
-	t.c.metrics.sliceSync(key, r.Service, plan, r.MaxEndpointsPerSlice)
+	t.c.metrics.slice.sync(key, r.Service, plan, r.MaxEndpointsPerSlice)
 	var err error
 	if skipped := r.Desired.Skipped; len(skipped) > 0 {
 		err = fmt.Errorf("pods %s of %s left out: their Node is not known", strings.Join(skipped, ", "), key)
@@ -109,9 +109,9 @@ func (t *term) slicesWrite(key string, plan *endpointslice.Plan) (*write, func(i
 		w.ops = append(w.ops, t.sliceOp(s, nil))
 	}
 	after := func(rev int64, since time.Time) {
-		t.c.metrics.slicesWrote(len(plan.Creates), len(plan.Updates), len(plan.Deletes))
+		t.c.metrics.slice.wrote(len(plan.Creates), len(plan.Updates), len(plan.Deletes))
 		if !since.IsZero() {
-			t.c.metrics.sliceEventToCommit(time.Since(since))
+			t.c.metrics.slice.eventToCommit(time.Since(since))
 		}
 		t.c.log.Info("endpointslices written", "service", key, "created", len(plan.Creates),
 			"updated", len(plan.Updates), "deleted", len(plan.Deletes), "revision", rev)
@@ -181,7 +181,7 @@ func (t *term) newSlicesView() *view[*kube.EndpointSlice] {
 		cp.Revision, cp.CreateRevision = modRev, createRev
 		return &cp
 	}
-	v.requeueEdits = true
-	v.requeue = func(key string) { t.requeue(t.slices, key) }
+	v.foreignPuts = true
+	v.changed = func(key string) { t.requeue(t.slices, key) }
 	return v
 }

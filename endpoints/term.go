@@ -12,11 +12,9 @@ import (
 	"github.com/allocd/allocd/leader"
 )
 
-// errConflict: a stored object changed since it was read; the sync runs again on the
-// fresh state, at once maxConflictsInARow times, then with backoff (a key someone
-// else keeps changing must not keep a worker busy).
-var errConflict = errors.New("endpoints: stored object changed under the write")
-
+// maxConflictsInARow is how many times in a row a sync that met errConflict runs again
+// at once on the fresh state; after that it backs off (a key someone else keeps
+// changing must not keep a worker busy).
 const maxConflictsInARow = 3
 
 // term is one term of leadership: the inputs of the feeds, the two controllers (the
@@ -84,7 +82,7 @@ func newTerm(c *Controller, f leader.Fence, cancel context.CancelCauseFunc) *ter
 	if !c.cfg.DisableEndpointSlices {
 		t.slices = t.newSlicesHalf()
 	}
-	t.committer = newCommitter(t)
+	t.committer = newCommitter(c.cli, f, c.cfg.MaxTxnOps)
 	return t
 }
 

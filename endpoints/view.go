@@ -30,8 +30,8 @@ import (
 //     write whose outcome is unknown (unknown), read again before the Service's next
 //     sync (reloadUnsure).
 //
-// A Service whose objects someone else deleted (or, with requeueEdits, changed) is
-// queued again (requeue): its sync puts them right. The view's own store[T] says where
+// A Service whose objects someone else deleted (or, with foreignPuts, wrote) is told
+// to changed, which queues it again: its sync puts them right. The view's own store[T] says where
 // the kind lives and how it decodes; what else differs between the kinds is in the
 // functions a view is built with (newEndpointsView, newSlicesView). T is a pointer
 // type; its zero value (nil) is "no object".
@@ -43,10 +43,11 @@ type view[T comparable] struct {
 	unreadable func(kv *mvccpb.KeyValue, err error) (obj T, ok bool)
 	// stamp is a copy of obj with the etcd revisions of its write.
 	stamp func(obj T, modRev, createRev int64) T
-	// requeueEdits: someone else's put requeues the Service too, not only a delete.
-	requeueEdits bool
-	// requeue queues a Service whose stored objects changed under the term.
-	requeue func(svcKey string)
+	// foreignPuts: someone else's put is a change to put right too, not only a delete.
+	foreignPuts bool
+	// changed is told the key of a Service whose stored objects changed under the
+	// term.
+	changed func(svcKey string)
 
 	mu     sync.Mutex
 	seen   map[string]map[string]sight[T] // by Service key, then object name
@@ -64,7 +65,7 @@ type sight[T any] struct {
 
 func newView[T comparable](s store[T], log *slog.Logger) *view[T] {
 	return &view[T]{store: s, log: log, seen: map[string]map[string]sight[T]{}, unsure: map[string]bool{},
-		listed: make(chan struct{}), requeue: func(string) {}}
+		listed: make(chan struct{}), changed: func(string) {}}
 }
 
 // span is what holds the stored objects of a Service: its one key (no options), or the
@@ -163,18 +164,18 @@ func (v *view[T]) each(fn func(T)) {
 	}
 }
 
-// committed records op, which committed at rev (storedView).
-func (v *view[T]) committed(op *writeOp, rev int64) {
-	svcKey, name, _ := v.split([]byte(op.key))
-	var obj T
-	if op.obj != nil {
-		createRev := rev
-		if op.createRev != 0 {
-			createRev = op.createRev
+// committed records a write of obj (nil: a delete) at key, which committed at rev
+// over an object created at createRev (0: none) (storedView).
+func (v *view[T]) committed(key string, obj any, createRev, rev int64) {
+	svcKey, name, _ := v.split([]byte(key))
+	var o T
+	if obj != nil {
+		if createRev == 0 {
+			createRev = rev
 		}
-		obj = v.stamp(op.obj.(T), rev, createRev)
+		o = v.stamp(obj.(T), rev, createRev)
 	}
-	v.see(svcKey, name, obj, rev)
+	v.see(svcKey, name, o, rev)
 }
 
 // refresh records what etcd holds for key after a failed commit: kv, or nothing at rev
@@ -271,7 +272,7 @@ func (v *view[T]) listAndWatch(ctx context.Context) error {
 	select {
 	case <-v.listed:
 		for _, k := range gone {
-			v.requeue(k)
+			v.changed(k)
 		}
 	default:
 		close(v.listed)
@@ -315,7 +316,7 @@ func (v *view[T]) mergeListed(listed map[string]map[string]sight[T], rev int64) 
 }
 
 // applyEvent folds one etcd event into the view; a state the term did not write (a
-// delete, or with requeueEdits any change, by someone else, or a write of unknown
+// delete, or with foreignPuts any change, by someone else, or a write of unknown
 // outcome seen at last) queues the Service, whose sync puts it right.
 func (v *view[T]) applyEvent(ev *clientv3.Event) {
 	svcKey, name, ok := v.split(ev.Kv.Key)
@@ -332,7 +333,7 @@ func (v *view[T]) applyEvent(ev *clientv3.Event) {
 			return
 		}
 	}
-	if v.see(svcKey, name, obj, rev) && (ev.Type == mvccpb.DELETE || v.requeueEdits) {
-		v.requeue(svcKey)
+	if v.see(svcKey, name, obj, rev) && (ev.Type == mvccpb.DELETE || v.foreignPuts) {
+		v.changed(svcKey)
 	}
 }

@@ -61,16 +61,19 @@ type Config struct {
 	Clock clockwork.Clock
 }
 
-// Controller is kube-controller-manager's endpoint controller over etcd. For every
-// Service with a selector it keeps the Endpoints object Kubernetes would write (see
-// the package doc for the rules and allocd's deliberate deviations).
+// Controller is kube-controller-manager's endpoint and endpointslice controllers over
+// etcd. For every Service with a selector it keeps the Endpoints object and the
+// EndpointSlices Kubernetes would write (see the package doc for the rules and
+// allocd's deliberate deviations); either controller may be off (Config).
 //
 // Only the leader writes: Lead runs one term of leadership, fenced by the election key
 // (every write compares its CreateRevision), and the feeds (ApplyServiceSnapshot,
-// ApplyPodSnapshot, ApplyEvents) are taken only during a term. A term writes nothing
-// before it has a snapshot of both kinds; then it syncs every Service and every stored
-// object (the start-up sweep), and after that the keys the events touch. Reads (Get,
-// List, Watch) go to etcd and work on every replica.
+// ApplyPodSnapshot, ApplyNodeSnapshot, ApplyEvents) are taken only during a term. Each
+// controller of a term writes nothing before it has the snapshots it reads (Services
+// and Pods; the EndpointSlice controller Nodes too); then it syncs every Service and
+// every stored object (the start-up sweep), and after that the keys the events touch.
+// Reads (Get, List, Watch, ListSlices, WatchSlices) go to etcd and work on every
+// replica.
 //
 // The feeds keep the Services, Pods and Nodes they are given, and Pods of one template
 // share their labels and containers with each other: a caller must not change an
@@ -227,8 +230,9 @@ func (c *Controller) ApplyNodeSnapshot(ctx context.Context, rev int64, nodes []*
 // ApplyEvents applies events in order on top of the snapshots of the term. An event of
 // a kind with no snapshot in this term refuses the whole batch (*SnapshotRequiredError)
 // before anything is applied. An event not newer than the revision applied for its
-// kind is ignored. No event at all is a heartbeat: *SnapshotRequiredError while the
-// term lacks a snapshot of either kind, so that a feeder learns of a new term.
+// kind is ignored. No event at all is a heartbeat: *SnapshotRequiredError while a
+// controller of the term that is on lacks a snapshot of a feed it reads, so that a
+// feeder learns of a new term.
 func (c *Controller) ApplyEvents(ctx context.Context, evs []Event) (EventsResult, error) {
 	t, err := c.currentTerm()
 	if err != nil {

@@ -13,8 +13,8 @@ import (
 	"github.com/allocd/allocd/leader"
 )
 
-// syncCase is one case of kube-controller-manager's endpoints_controller_test.go, as
-// the reference lists them: objects stored before the term, the snapshots, and what
+// syncCase is one case of kube-controller-manager's endpoints_controller_test.go
+// (pkg/controller/endpoint): objects stored before the term, the snapshots, and what
 // etcd holds after the controller settled. writes counts etcd writes (revisions):
 // "0 requests" upstream is 0 writes here.
 type syncCase struct {

@@ -10,9 +10,9 @@ import (
 	"github.com/allocd/allocd/endpoints/kube"
 )
 
-// The pure rules, case by case from upstream's endpoints_controller_test.go and
-// pkg/api/v1/endpoints/util_test.go (shared/reference/endpoints.md, section c). The
-// cases that need a stored object and writes run against etcd in controller_test.go.
+// The pure rules, case by case from kube-controller-manager's
+// pkg/controller/endpoint/endpoints_controller_test.go and pkg/api/v1/endpoints/util_test.go.
+// The cases that need a stored object and writes run against etcd in controller_test.go.
 
 // TestPodToEndpointAddressForService is upstream's test of the same name: the address
 // family chosen for a Pod, and the address's fields.
@@ -108,8 +108,10 @@ func TestSyncServiceAddresses(t *testing.T) {
 	}
 }
 
-// TestPodContribution: the rules of one Pod's contribution not covered above (rules
-// 12, 13, 25-34 of the reference).
+// TestPodContribution: the rules of one Pod's contribution not covered above: a Pod
+// without IPs; the hostname and subdomain; a Service without ports, headless or not;
+// target ports by number and by name (containers before sidecars, the protocol
+// matching), a name no container has, and the port fields copied from the Service's.
 func TestPodContribution(t *testing.T) {
 	app := "h2c"
 	cases := []struct {

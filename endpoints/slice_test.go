@@ -14,7 +14,7 @@ import (
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
 
-// The cases of k8s.io/endpointslice's reconciler_test.go (reference (c)), run through
+// The cases of k8s.io/endpointslice's reconciler_test.go, run through
 // the controller on a real etcd: existing slices stored before the term, snapshots
 // pushed, the slices read back. "writes" are what the sync did to the stored slices,
 // by name: created, updated (new revision), deleted.

@@ -12,13 +12,17 @@ import (
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
-// The conversions from the feeds' wire form validate as they go, adding one violation
-// per bad field to inv (with its path under field), and default what the API server
-// defaults (a kube.Service's type ClusterIP, a port's protocol TCP and target port = port,
-// a kube.Pod's phase Pending), since the controller's rules rely on those defaults. Field
-// paths are built only for a violation, so a valid 100k-kube.Pod snapshot costs none.
+// This file converts between the API's messages and package endpoints' objects (the
+// types of package endpoints/kube). The conversions from the feeds' wire form
+// (serviceFromProto, podFromProto, nodeFromProto, eventsFromProto) validate as they go,
+// adding one violation per bad field to inv (with its path under field), and default
+// what the API server defaults (a Service's type ClusterIP, a port's protocol TCP and
+// target port = port, a Pod's phase Pending), since the controller's rules rely on
+// those defaults. Field paths are built only for a violation, so a valid snapshot of
+// 100,000 Pods costs none. The conversions to the wire form (endpointsToProto,
+// sliceToProto) serve the reads.
 
-// ServiceFromProto converts and validates a kube.Service of the feed. A kube.Service with a
+// serviceFromProto converts and validates a Service of the feed. A Service with a
 // selector of no labels has none, as the API server stores it.
 func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidError) *kube.Service {
 	s := &kube.Service{
@@ -69,6 +73,8 @@ func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidE
 	return s
 }
 
+// feedServicePort converts and validates a port of a Service, its target port
+// defaulted to its port.
 func feedServicePort(pp *allocdv1.ServicePortSpec, f string, inv *endpoints.InvalidError) kube.ServicePort {
 	sp := kube.ServicePort{
 		Name:        pp.GetName(),
@@ -96,12 +102,13 @@ func feedServicePort(pp *allocdv1.ServicePortSpec, f string, inv *endpoints.Inva
 	return sp
 }
 
+// feedIsStr reports whether a target port is a name (even an empty one).
 func feedIsStr(tp *allocdv1.TargetPort) bool {
 	_, ok := tp.GetValue().(*allocdv1.TargetPort_StrValue)
 	return ok
 }
 
-// PodFromProto converts and validates a kube.Pod of the feed.
+// podFromProto converts and validates a Pod of the feed; its IPs are made canonical.
 func podFromProto(p *allocdv1.Pod, field string, inv *endpoints.InvalidError) *kube.Pod {
 	pod := &kube.Pod{
 		Namespace:       p.GetNamespace(),
@@ -143,6 +150,8 @@ func podFromProto(p *allocdv1.Pod, field string, inv *endpoints.InvalidError) *k
 	return pod
 }
 
+// feedContainers converts and validates the containers of a Pod, or its init
+// containers (init), which alone may have a restart policy (Always: a sidecar).
 func feedContainers(cs []*allocdv1.Container, f string, init bool, inv *endpoints.InvalidError) []kube.Container {
 	if len(cs) == 0 {
 		return nil
@@ -173,8 +182,8 @@ func feedContainers(cs []*allocdv1.Container, f string, init bool, inv *endpoint
 	return out
 }
 
-// meta checks the identity of an object: a namespace and a name that can be part of a
-// key, and a uid when needed.
+// feedMeta checks the identity of an object: a namespace and a name that can be part
+// of a key, and a uid when needed.
 func feedMeta(field, ns, name, uid string, needUID bool, inv *endpoints.InvalidError) {
 	if ns == "" || strings.Contains(ns, "/") {
 		inv.Add(field+".namespace", "must be a non-empty name without '/'")
@@ -187,6 +196,7 @@ func feedMeta(field, ns, name, uid string, needUID bool, inv *endpoints.InvalidE
 	}
 }
 
+// feedLabelKeys refuses an empty label (or annotation) key.
 func feedLabelKeys(field string, labels map[string]string, inv *endpoints.InvalidError) {
 	for k := range labels {
 		if k == "" {
@@ -195,6 +205,7 @@ func feedLabelKeys(field string, labels map[string]string, inv *endpoints.Invali
 	}
 }
 
+// feedFamilies checks a Service's IP families: IPv4 or IPv6, at most one of each.
 func feedFamilies(field string, fs []string, inv *endpoints.InvalidError) {
 	if len(fs) > 2 {
 		inv.Add(field+".ip_families", "at most two families (one per family)")
@@ -209,7 +220,7 @@ func feedFamilies(field string, fs []string, inv *endpoints.InvalidError) {
 	}
 }
 
-// protocol defaults "" to TCP and refuses anything but TCP, UDP and SCTP.
+// feedProtocol defaults "" to TCP and refuses anything but TCP, UDP and SCTP.
 func feedProtocol(p, field string, inv *endpoints.InvalidError) string {
 	switch p {
 	case "":
@@ -221,13 +232,14 @@ func feedProtocol(p, field string, inv *endpoints.InvalidError) string {
 	return p
 }
 
+// feedPortNumber refuses a port number outside 1-65535.
 func feedPortNumber(n int32, field string, inv *endpoints.InvalidError) {
 	if n < 1 || n > 65535 {
 		inv.Add(field, strconv.Itoa(int(n))+" is not a port number 1-65535")
 	}
 }
 
-// EventsFromProto converts and validates the events of one PushEvents message. An
+// eventsFromProto converts and validates the events of one PushEvents message. An
 // event takes the message's revision unless it has its own, which must not be above
 // the message's. A delete needs only the namespace and name of its object.
 func eventsFromProto(req *allocdv1.PushEventsRequest) ([]endpoints.Event, error) {
@@ -287,7 +299,7 @@ func eventsFromProto(req *allocdv1.PushEventsRequest) ([]endpoints.Event, error)
 	return evs, nil
 }
 
-// timeOrZero is t, or zero for the zero Unix time a careless feed may send.
+// feedTimeOrZero is t, or zero for the zero Unix time a careless feed may send.
 func feedTimeOrZero(t time.Time) time.Time {
 	if t.Unix() == 0 {
 		return time.Time{}
@@ -295,7 +307,7 @@ func feedTimeOrZero(t time.Time) time.Time {
 	return t
 }
 
-// ToProto converts e to its wire (and stored) form.
+// endpointsToProto converts e to its wire form (the stored form plus the revisions).
 func endpointsToProto(e *kube.Endpoints) *allocdv1.ServiceEndpoints {
 	p := &allocdv1.ServiceEndpoints{
 		Namespace:      e.Namespace,
@@ -327,6 +339,7 @@ func endpointsToProto(e *kube.Endpoints) *allocdv1.ServiceEndpoints {
 	return p
 }
 
+// addressesToProto converts the addresses of a subset.
 func addressesToProto(as []kube.Address) []*allocdv1.EndpointAddress {
 	if len(as) == 0 {
 		return nil
@@ -338,53 +351,6 @@ func addressesToProto(as []kube.Address) []*allocdv1.EndpointAddress {
 			pa.TargetRef = &allocdv1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Uid: r.UID}
 		}
 		out[i] = pa
-	}
-	return out
-}
-
-// FromProto converts the wire (and stored) form.
-func endpointsFromProto(p *allocdv1.ServiceEndpoints) *kube.Endpoints {
-	e := &kube.Endpoints{
-		Namespace:      p.GetNamespace(),
-		Name:           p.GetName(),
-		Labels:         p.GetLabels(),
-		Annotations:    p.GetAnnotations(),
-		Revision:       p.GetRevision(),
-		CreateRevision: p.GetCreateRevision(),
-		ServiceUID:     p.GetServiceUid(),
-		ManagedBy:      p.GetManagedBy(),
-		AddressCount:   int(p.GetAddressCount()),
-	}
-	if n := len(p.GetSubsets()); n > 0 {
-		e.Subsets = make([]kube.Subset, n)
-		for i, ps := range p.GetSubsets() {
-			s := kube.Subset{
-				Addresses:         addressesFromProto(ps.GetAddresses()),
-				NotReadyAddresses: addressesFromProto(ps.GetNotReadyAddresses()),
-			}
-			if m := len(ps.GetPorts()); m > 0 {
-				s.Ports = make([]kube.Port, m)
-				for j, pt := range ps.GetPorts() {
-					s.Ports[j] = kube.Port{Name: pt.GetName(), Port: pt.GetPort(), Protocol: pt.GetProtocol(), AppProtocol: pt.AppProtocol}
-				}
-			}
-			e.Subsets[i] = s
-		}
-	}
-	return e
-}
-
-func addressesFromProto(ps []*allocdv1.EndpointAddress) []kube.Address {
-	if len(ps) == 0 {
-		return nil
-	}
-	out := make([]kube.Address, len(ps))
-	for i, pa := range ps {
-		a := kube.Address{IP: pa.GetIp(), Hostname: pa.GetHostname(), NodeName: pa.GetNodeName()}
-		if r := pa.GetTargetRef(); r != nil {
-			a.TargetRef = &kube.ObjectRef{Kind: r.GetKind(), Namespace: r.GetNamespace(), Name: r.GetName(), UID: r.GetUid()}
-		}
-		out[i] = a
 	}
 	return out
 }
@@ -437,6 +403,8 @@ func sliceToProto(s *kube.EndpointSlice) *allocdv1.EndpointSlice {
 	return p
 }
 
+// sliceEndpointToProto is the API form of one endpoint of a slice: its conditions
+// always, its optional strings when not empty.
 func sliceEndpointToProto(e *kube.SliceEndpoint) *allocdv1.SliceEndpoint {
 	p := &allocdv1.SliceEndpoint{
 		Addresses:  e.Addresses,

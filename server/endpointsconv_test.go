@@ -10,7 +10,7 @@ import (
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
-// FuzzPodFromProto: any kube.Pod the wire can carry is refused with field violations or
+// FuzzPodFromProto: any Pod the wire can carry is refused with field violations or
 // accepted with canonical IPs and a known phase; never a panic.
 func FuzzPodFromProto(f *testing.F) {
 	for _, p := range []*allocdv1.Pod{
@@ -51,7 +51,7 @@ func FuzzPodFromProto(f *testing.F) {
 				t.Fatalf("accepted IP %q is not canonical (%q, %v)", ip, c, ok)
 			}
 		}
-		// What the controller does with an accepted kube.Pod must not panic either.
+		// What the controller does with an accepted Pod must not panic either.
 		svc := &kube.Service{Namespace: pod.Namespace, Name: "foo", UID: "svc-uid", Type: kube.TypeClusterIP,
 			Ports: []kube.ServicePort{{Port: 80, Protocol: kube.ProtocolTCP}}}
 		svc.Selector = map[string]string{}

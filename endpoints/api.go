@@ -11,7 +11,9 @@ type EventType int
 
 // The types of events.
 const (
+	// Upsert is an object created or changed.
 	Upsert EventType = iota + 1
+	// Delete is an object deleted.
 	Delete
 )
 
@@ -51,8 +53,11 @@ type WatchType int
 
 // The types of watch events.
 const (
+	// Added is an object stored anew (or, at the start of a watch, stored already).
 	Added WatchType = iota + 1
+	// Modified is a stored object changed.
 	Modified
+	// Deleted is a stored object deleted.
 	Deleted
 )
 

@@ -44,7 +44,8 @@ func scale(nsCount, svcPerNS, podsPerSvc int) ([]*kube.Service, []*kube.Pod) {
 					PodIPs:          []string{fmt.Sprintf("10.%d.%d.%d", 1+ip/62500, ip/250%250, ip%250+1)},
 					Phase:           kube.PhaseRunning, Ready: true,
 					Containers: []kube.Container{{Name: "app",
-						Ports: []kube.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: kube.ProtocolTCP}}}},
+						Ports: []kube.ContainerPort{{Name: "http", ContainerPort: 8080,
+							Protocol: kube.ProtocolTCP}}}},
 				})
 			}
 		}

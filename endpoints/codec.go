@@ -304,8 +304,9 @@ const (
 var (
 	endpointsSchema = schema{-1, bytesField, bytesField, bytesField, bytesField, bytesField,
 		varintField, bytesField, bytesField, varintField, varintField}
-	subsetSchema  = schema{-1, bytesField, bytesField, bytesField}
-	stringsSchema = schema{-1, bytesField, bytesField, bytesField, bytesField} // address, reference, map entry
+	subsetSchema = schema{-1, bytesField, bytesField, bytesField}
+	// stringsSchema decodes an address, a reference and a map entry.
+	stringsSchema = schema{-1, bytesField, bytesField, bytesField, bytesField}
 	portSchema    = schema{-1, bytesField, varintField, bytesField, bytesField}
 )
 

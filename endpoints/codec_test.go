@@ -17,23 +17,27 @@ import (
 // apiForm is the allocd.v1.ServiceEndpoints message of e as the server builds it: the
 // stored form must be its deterministic protobuf encoding (without the revisions).
 func apiForm(e *kube.Endpoints) *allocdv1.ServiceEndpoints {
-	p := &allocdv1.ServiceEndpoints{Namespace: e.Namespace, Name: e.Name, Labels: e.Labels, Annotations: e.Annotations,
-		ServiceUid: e.ServiceUID, ManagedBy: e.ManagedBy, AddressCount: int64(e.AddressCount)}
+	p := &allocdv1.ServiceEndpoints{Namespace: e.Namespace, Name: e.Name, Labels: e.Labels,
+		Annotations: e.Annotations, ServiceUid: e.ServiceUID, ManagedBy: e.ManagedBy,
+		AddressCount: int64(e.AddressCount)}
 	addrs := func(as []kube.Address) []*allocdv1.EndpointAddress {
 		var out []*allocdv1.EndpointAddress
 		for _, a := range as {
 			pa := &allocdv1.EndpointAddress{Ip: a.IP, Hostname: a.Hostname, NodeName: a.NodeName}
 			if r := a.TargetRef; r != nil {
-				pa.TargetRef = &allocdv1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Uid: r.UID}
+				pa.TargetRef = &allocdv1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name,
+					Uid: r.UID}
 			}
 			out = append(out, pa)
 		}
 		return out
 	}
 	for _, s := range e.Subsets {
-		ps := &allocdv1.ServiceEndpointSubset{Addresses: addrs(s.Addresses), NotReadyAddresses: addrs(s.NotReadyAddresses)}
+		ps := &allocdv1.ServiceEndpointSubset{Addresses: addrs(s.Addresses),
+			NotReadyAddresses: addrs(s.NotReadyAddresses)}
 		for _, pt := range s.Ports {
-			ps.Ports = append(ps.Ports, &allocdv1.EndpointPort{Name: pt.Name, Port: pt.Port, Protocol: pt.Protocol, AppProtocol: pt.AppProtocol})
+			ps.Ports = append(ps.Ports, &allocdv1.EndpointPort{Name: pt.Name, Port: pt.Port,
+				Protocol: pt.Protocol, AppProtocol: pt.AppProtocol})
 		}
 		p.Subsets = append(p.Subsets, ps)
 	}
@@ -50,7 +54,8 @@ func randomEndpoints(r *rand.Rand) *kube.Endpoints {
 		}
 		return string(b)
 	}
-	e := &kube.Endpoints{Namespace: str(20), Name: str(300), ServiceUID: str(40), ManagedBy: str(20), AddressCount: r.IntN(3000)}
+	e := &kube.Endpoints{Namespace: str(20), Name: str(300), ServiceUID: str(40), ManagedBy: str(20),
+		AddressCount: r.IntN(3000)}
 	if r.IntN(2) == 0 {
 		e.Labels = map[string]string{}
 		for range r.IntN(5) {
@@ -63,7 +68,8 @@ func randomEndpoints(r *rand.Rand) *kube.Endpoints {
 	for range r.IntN(3) {
 		var s kube.Subset
 		for range r.IntN(150) {
-			a := kube.Address{IP: "10.0." + strconv.Itoa(r.IntN(256)) + "." + strconv.Itoa(r.IntN(256)), Hostname: str(5), NodeName: str(10)}
+			a := kube.Address{IP: "10.0." + strconv.Itoa(r.IntN(256)) + "." + strconv.Itoa(r.IntN(256)),
+				Hostname: str(5), NodeName: str(10)}
 			if r.IntN(2) == 0 {
 				a.TargetRef = &kube.ObjectRef{Kind: "Pod", Namespace: str(5), Name: str(10), UID: str(36)}
 			}
@@ -98,7 +104,8 @@ func TestCodecMatchesProto(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got, want) {
-			t.Fatalf("object %d: encodeEndpoints() differs from the deterministic protobuf encoding (%d vs %d bytes)", i, len(got), len(want))
+			t.Fatalf("object %d: encodeEndpoints() differs from the deterministic protobuf encoding "+
+				"(%d vs %d bytes)", i, len(got), len(want))
 		}
 		back, err := decodeEndpoints(want, 7, 3)
 		if err != nil {

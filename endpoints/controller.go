@@ -98,12 +98,14 @@ func New(cli *clientv3.Client, cfg Config) (*Controller, error) {
 	if cli == nil {
 		return nil, errors.New("endpoints: nil etcd client")
 	}
-	if cfg.Workers < 0 || cfg.BatchPeriod < 0 || cfg.MasterResync < 0 || cfg.SliceWorkers < 0 || cfg.SliceBatchPeriod < 0 {
+	if cfg.Workers < 0 || cfg.BatchPeriod < 0 || cfg.MasterResync < 0 || cfg.SliceWorkers < 0 ||
+		cfg.SliceBatchPeriod < 0 {
 		return nil, fmt.Errorf("endpoints: negative workers %d/%d, batch period %v/%v or master resync %v",
 			cfg.Workers, cfg.SliceWorkers, cfg.BatchPeriod, cfg.SliceBatchPeriod, cfg.MasterResync)
 	}
 	if cfg.MaxEndpointsPerSlice < 0 || cfg.MaxEndpointsPerSlice > MaxMaxEndpointsPerSlice {
-		return nil, fmt.Errorf("endpoints: max endpoints per slice %d: want 1 to %d", cfg.MaxEndpointsPerSlice, MaxMaxEndpointsPerSlice)
+		return nil, fmt.Errorf("endpoints: max endpoints per slice %d: want 1 to %d",
+			cfg.MaxEndpointsPerSlice, MaxMaxEndpointsPerSlice)
 	}
 	if cfg.MaxTxnOps != 0 && cfg.MaxTxnOps < 2 {
 		return nil, fmt.Errorf("endpoints: max txn ops %d: want at least 2", cfg.MaxTxnOps)
@@ -176,7 +178,8 @@ func (c *Controller) Lead(ctx context.Context, f leader.Fence) error {
 	master := c.master
 	c.mu.Unlock()
 	c.metrics.setLeader(true)
-	c.log.InfoContext(ctx, "endpoints controller leading; waiting for Service and Pod snapshots", "fence_key", f.Key, "fence_rev", f.Rev)
+	c.log.InfoContext(ctx, "endpoints controller leading; waiting for Service and Pod snapshots",
+		"fence_key", f.Key, "fence_rev", f.Rev)
 	defer func() {
 		c.mu.Lock()
 		c.term = nil

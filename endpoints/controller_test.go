@@ -90,8 +90,9 @@ func TestSyncEndpoints(t *testing.T) {
 		svcs:   []*kube.Service{sctp},
 		pods:   []*kube.Pod{testPod("default", 0, true, 1)},
 		writes: 1,
-		want: map[string]*kube.Endpoints{"default/foo": ours(sctp, kube.Subset{Addresses: []kube.Address{pod0},
-			Ports: []kube.Port{{Port: 8080, Protocol: kube.ProtocolSCTP}}})},
+		want: map[string]*kube.Endpoints{"default/foo": ours(sctp,
+			kube.Subset{Addresses: []kube.Address{pod0},
+				Ports: []kube.Port{{Port: 8080, Protocol: kube.ProtocolSCTP}}})},
 	}, {
 		name:     "HeadlessServiceLabel",
 		existing: []*kube.Endpoints{ours(svc)},
@@ -110,26 +111,30 @@ func TestSyncEndpoints(t *testing.T) {
 		},
 		pods:   []*kube.Pod{testPod("default", 0, true, 1)},
 		writes: 0,
-		want:   map[string]*kube.Endpoints{"default/a": nil, "default/b": nil, "default/c": nil, "default/d": nil},
+		want: map[string]*kube.Endpoints{"default/a": nil, "default/b": nil, "default/c": nil,
+			"default/d": nil},
 	}, {
 		name:   "EmptySelectorSelectsAllMixed",
 		svcs:   []*kube.Service{emptySelector},
 		pods:   []*kube.Pod{testPod("default", 0, true, 1), testPod("default", 1, false, 1)},
 		writes: 1,
-		want: map[string]*kube.Endpoints{"default/foo": ours(emptySelector, kube.Subset{Addresses: []kube.Address{pod0},
-			NotReadyAddresses: []kube.Address{pod1}, Ports: []kube.Port{tcp(8080)}})},
+		want: map[string]*kube.Endpoints{"default/foo": ours(emptySelector,
+			kube.Subset{Addresses: []kube.Address{pod0},
+				NotReadyAddresses: []kube.Address{pod1}, Ports: []kube.Port{tcp(8080)}})},
 	}, {
-		name:     "ItemsPreexistingIdentical",
-		existing: []*kube.Endpoints{ours(svc, kube.Subset{Addresses: []kube.Address{pod0}, Ports: []kube.Port{tcp(8080)}})},
-		svcs:     []*kube.Service{svc},
-		pods:     []*kube.Pod{testPod("default", 0, true, 1)},
-		writes:   0,
+		name: "ItemsPreexistingIdentical",
+		existing: []*kube.Endpoints{ours(svc, kube.Subset{Addresses: []kube.Address{pod0},
+			Ports: []kube.Port{tcp(8080)}})},
+		svcs:   []*kube.Service{svc},
+		pods:   []*kube.Pod{testPod("default", 0, true, 1)},
+		writes: 0,
 		want: map[string]*kube.Endpoints{"default/foo": ours(svc,
 			kube.Subset{Addresses: []kube.Address{pod0}, Ports: []kube.Port{tcp(8080)}})},
 	}, {
 		name: "ItemsWithLabels",
 		svcs: []*kube.Service{withLabels},
-		pods: []*kube.Pod{testPod("other", 0, true, 2), testPod("other", 1, true, 2), testPod("other", 2, true, 2),
+		pods: []*kube.Pod{testPod("other", 0, true, 2), testPod("other", 1, true, 2),
+			testPod("other", 2, true, 2),
 			testPod("blah", 0, true, 2), testPod("blah", 1, true, 2), testPod("blah", 2, true, 2),
 			testPod("blah", 3, true, 2), testPod("blah", 4, true, 2)},
 		writes: 1,
@@ -171,10 +176,11 @@ func TestSyncEndpoints(t *testing.T) {
 		writes:   1,
 		want:     map[string]*kube.Endpoints{"default/foo": ours(svc)},
 	}, {
-		name:     "ServiceNotFound",
-		existing: []*kube.Endpoints{ours(svc, kube.Subset{Addresses: []kube.Address{pod0}, Ports: []kube.Port{tcp(8080)}})},
-		writes:   1,
-		want:     map[string]*kube.Endpoints{"default/foo": nil},
+		name: "ServiceNotFound",
+		existing: []*kube.Endpoints{ours(svc, kube.Subset{Addresses: []kube.Address{pod0},
+			Ports: []kube.Port{tcp(8080)}})},
+		writes: 1,
+		want:   map[string]*kube.Endpoints{"default/foo": nil},
 	}, {
 		// allocd's deviation (#76164): an object no allocd controller wrote is not swept.
 		name:     "LeftoverHandMadeKept",
@@ -300,7 +306,8 @@ func TestPodEvents(t *testing.T) {
 	}
 	got := h.get("default", "foo")
 	want := ours(a,
-		kube.Subset{NotReadyAddresses: []kube.Address{addr("1.2.3.4", "default", "pod0")}, Ports: []kube.Port{tcp(8080)}})
+		kube.Subset{NotReadyAddresses: []kube.Address{addr("1.2.3.4", "default", "pod0")},
+			Ports: []kube.Port{tcp(8080)}})
 	assertStored(t, "default/foo", got, want)
 	if r := h.get("default", "other").Revision; r != bRev {
 		t.Errorf("Endpoints of a Service not selecting the Pod rewritten: revision %d -> %d", bRev, r)
@@ -490,7 +497,8 @@ func TestPodBatching(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := clockwork.NewFakeClock()
 			h := newHarness(t, Config{BatchPeriod: tc.period, Clock: clock})
-			h.snapshots(1, []*kube.Service{testService("default")}, []*kube.Pod{testPod("default", 0, true, 1)})
+			h.snapshots(1, []*kube.Service{testService("default")},
+				[]*kube.Pod{testPod("default", 0, true, 1)})
 			h.settle()
 			before := h.rev()
 			for i := range 3 {
@@ -536,8 +544,8 @@ func TestMasterEndpoints(t *testing.T) {
 		t.Fatalf("stored %+v", e)
 	}
 	// A selectorless kubernetes Service in the feed leaves it alone.
-	h.snapshots(1, []*kube.Service{{Namespace: "default", Name: "kubernetes", UID: "k", Type: kube.TypeClusterIP,
-		ClusterIPs: []string{"10.0.0.1"}}}, nil)
+	h.snapshots(1, []*kube.Service{{Namespace: "default", Name: "kubernetes", UID: "k",
+		Type: kube.TypeClusterIP, ClusterIPs: []string{"10.0.0.1"}}}, nil)
 	h.settle()
 	if got := h.get("default", "kubernetes"); got.Revision != e.Revision {
 		t.Fatalf("the feed rewrote the master leases' Endpoints")
@@ -573,8 +581,9 @@ func TestHeartbeat(t *testing.T) {
 func TestMasterResync(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	h := newHarness(t, Config{MasterResync: time.Minute, Clock: clock})
-	h.c.SetMasterEndpoints(&kube.Endpoints{Subsets: []kube.Subset{{Addresses: []kube.Address{{IP: "10.0.0.1"}},
-		Ports: []kube.Port{{Name: "https", Port: 6443, Protocol: kube.ProtocolTCP}}}}})
+	h.c.SetMasterEndpoints(&kube.Endpoints{Subsets: []kube.Subset{{
+		Addresses: []kube.Address{{IP: "10.0.0.1"}},
+		Ports:     []kube.Port{{Name: "https", Port: 6443, Protocol: kube.ProtocolTCP}}}}})
 	waitStored(t, h, "default", "kubernetes")
 	edited := h.get("default", "kubernetes")
 	edited.Subsets[0].Addresses[0].IP = "10.9.9.9"

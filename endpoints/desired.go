@@ -56,7 +56,8 @@ func truncate(subsets []kube.Subset, max int) (out []kube.Subset, truncated bool
 // labels with the managed-by label and, for a headless Service, the headless label;
 // the stored annotations with the trigger time set or removed and the over-capacity
 // annotation set or removed; the subsets truncated to MaxAddresses.
-func Desired(svc *kube.Service, subsets []kube.Subset, current *kube.Endpoints, trigger time.Time) *kube.Endpoints {
+func Desired(svc *kube.Service, subsets []kube.Subset, current *kube.Endpoints,
+	trigger time.Time) *kube.Endpoints {
 	e := &kube.Endpoints{
 		Namespace:  svc.Namespace,
 		Name:       svc.Name,

@@ -69,7 +69,8 @@ func (t *term) syncEndpoints(ctx context.Context, key string) (*write, func(int6
 // objects of others (hand-made ones, the master leases', leader-election records) are
 // left alone.
 func (t *term) deleteOwned(key string, cur sight[*kube.Endpoints]) (*write, func(int64, time.Time), error) {
-	if cur.obj == nil || cur.obj.ManagedBy != kube.ManagedByController || cur.obj.Annotations[kube.AnnotationLeader] != "" {
+	if cur.obj == nil || cur.obj.ManagedBy != kube.ManagedByController ||
+		cur.obj.Annotations[kube.AnnotationLeader] != "" {
 		return nil, nil, nil
 	}
 	return t.endpointsWrite(key, cur, nil)
@@ -77,7 +78,8 @@ func (t *term) deleteOwned(key string, cur sight[*kube.Endpoints]) (*write, func
 
 // endpointsWrite is the write of desired (nil: the delete) at key over cur, and what
 // records it once committed: metrics and one log line.
-func (t *term) endpointsWrite(key string, cur sight[*kube.Endpoints], desired *kube.Endpoints) (*write, func(int64, time.Time), error) {
+func (t *term) endpointsWrite(key string, cur sight[*kube.Endpoints],
+	desired *kube.Endpoints) (*write, func(int64, time.Time), error) {
 	op := t.endpointsOp(key, cur, desired)
 	after := func(rev int64, since time.Time) { t.wroteEndpoints(key, cur.obj, desired, rev, since) }
 	return &write{ops: []writeOp{op}}, after, nil

@@ -136,9 +136,11 @@ func TestExactEndpoints(t *testing.T) {
 			t.Fatalf("object %d: exactEndpoints(encodeEndpoints(e)) = false; want true", i)
 		}
 	}
-	bad := encodeEndpoints(&kube.Endpoints{Namespace: "ns", Name: "n", Labels: map[string]string{"k": "\xff"}})
-	badRef := encodeEndpoints(&kube.Endpoints{Namespace: "ns", Name: "n", Subsets: []kube.Subset{{Addresses: []kube.Address{
-		{IP: "10.0.0.1", TargetRef: &kube.ObjectRef{Name: "p\xfe"}}}}}})
+	bad := encodeEndpoints(&kube.Endpoints{Namespace: "ns", Name: "n",
+		Labels: map[string]string{"k": "\xff"}})
+	badRef := encodeEndpoints(&kube.Endpoints{Namespace: "ns", Name: "n",
+		Subsets: []kube.Subset{{Addresses: []kube.Address{
+			{IP: "10.0.0.1", TargetRef: &kube.ObjectRef{Name: "p\xfe"}}}}}})
 	for name, b := range map[string][]byte{"label not UTF-8": bad, "reference not UTF-8": badRef,
 		"truncated": {0x0a, 0x05, 'a'}, "wrong wire type": {0x08, 0x01}} {
 		if exactEndpoints(b) {

@@ -27,7 +27,8 @@ func subsetsFrom(data []byte) []kube.Subset {
 			a.IP = netip.AddrFrom16([16]byte{0xfd, 15: ab % 8}).String()
 		}
 		if uid := (ab >> 3) % 3; uid > 0 {
-			a.TargetRef = &kube.ObjectRef{Kind: "Pod", Namespace: "ns", Name: "p", UID: string(rune('a' + uid))}
+			a.TargetRef = &kube.ObjectRef{Kind: "Pod", Namespace: "ns", Name: "p",
+				UID: string(rune('a' + uid))}
 		}
 		if flags&1 == 0 {
 			subs[si].Addresses = append(subs[si].Addresses, a)

@@ -229,7 +229,8 @@ func testService(ns string) *kube.Service {
 		UID:       "svc-uid-" + ns,
 		Type:      kube.TypeClusterIP,
 		Selector:  map[string]string{"foo": "bar"},
-		Ports:     []kube.ServicePort{{Port: 80, TargetPort: kube.TargetPort{Number: 8080}, Protocol: kube.ProtocolTCP}},
+		Ports: []kube.ServicePort{{Port: 80, TargetPort: kube.TargetPort{Number: 8080},
+			Protocol: kube.ProtocolTCP}},
 	}
 }
 
@@ -256,5 +257,6 @@ func tcp(port int32) kube.Port { return kube.Port{Port: port, Protocol: kube.Pro
 // handMade is an Endpoints object with 6.7.8.9:1000 that nobody in allocd wrote.
 func handMade(ns, name string) *kube.Endpoints {
 	return &kube.Endpoints{Namespace: ns, Name: name,
-		Subsets: []kube.Subset{{Addresses: []kube.Address{{IP: "6.7.8.9", NodeName: "n1"}}, Ports: []kube.Port{tcp(1000)}}}}
+		Subsets: []kube.Subset{{Addresses: []kube.Address{{IP: "6.7.8.9", NodeName: "n1"}},
+			Ports: []kube.Port{tcp(1000)}}}}
 }

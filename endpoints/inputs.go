@@ -289,7 +289,8 @@ func (in *inputs) sameLabels(p *kube.Pod) *kube.Pod {
 
 // canonicalPhase is the constant of a phase, so that stored Pods share it.
 func canonicalPhase(s string) string {
-	for _, c := range []string{kube.PhaseRunning, kube.PhasePending, kube.PhaseSucceeded, kube.PhaseFailed, kube.PhaseUnknown} {
+	for _, c := range []string{kube.PhaseRunning, kube.PhasePending, kube.PhaseSucceeded, kube.PhaseFailed,
+		kube.PhaseUnknown} {
 		if s == c {
 			return c
 		}

@@ -67,8 +67,8 @@ func TestServicesSelecting(t *testing.T) {
 func TestPutPodShares(t *testing.T) {
 	mk := func(name string, labels map[string]string, port int32) *kube.Pod {
 		return &kube.Pod{Namespace: "ns", Name: name, Labels: labels, Phase: "Running",
-			Containers: []kube.Container{{Name: "c", Ports: []kube.ContainerPort{{Name: "http", ContainerPort: port,
-				Protocol: "TCP"}}}}}
+			Containers: []kube.Container{{Name: "c",
+				Ports: []kube.ContainerPort{{Name: "http", ContainerPort: port, Protocol: "TCP"}}}}}
 	}
 	in := newInputs()
 	a := mk("a", map[string]string{"app": "x"}, 80)

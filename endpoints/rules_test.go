@@ -45,8 +45,8 @@ func TestPodToEndpointAddressForService(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			svc := &kube.Service{Namespace: "ns", Name: "foo", ClusterIPs: []string{tc.clusterIP},
 				IPFamilies: tc.families}
-			p := &kube.Pod{Namespace: "ns", Name: "pod1", UID: "uid-1", ResourceVersion: "7", NodeName: "node-1",
-				PodIPs: tc.podIPs}
+			p := &kube.Pod{Namespace: "ns", Name: "pod1", UID: "uid-1", ResourceVersion: "7",
+				NodeName: "node-1", PodIPs: tc.podIPs}
 			a, ok := podAddress(svc, p)
 			if tc.wantIP == "" {
 				if ok {
@@ -130,7 +130,8 @@ func TestPodContribution(t *testing.T) {
 	}, {
 		name: "hostname with another subdomain",
 		pod:  func(p *kube.Pod) { p.Hostname, p.Subdomain = "h", "bar" },
-		want: []kube.Subset{{Addresses: []kube.Address{addr("1.2.3.4", "default", "pod0")}, Ports: []kube.Port{tcp(8080)}}},
+		want: []kube.Subset{{Addresses: []kube.Address{addr("1.2.3.4", "default", "pod0")},
+			Ports: []kube.Port{tcp(8080)}}},
 	}, {
 		name: "headless without ports",
 		svc:  func(s *kube.Service) { s.ClusterIPs, s.Ports = []string{"None"}, nil },
@@ -144,14 +145,17 @@ func TestPodContribution(t *testing.T) {
 		// RepackSubsets as upstream drops it, leaving the address without ports.
 		name: "target port number unchecked",
 		svc:  func(s *kube.Service) { s.Ports[0].TargetPort = kube.TargetPort{Number: 9999} },
-		want: []kube.Subset{{Addresses: []kube.Address{addr("1.2.3.4", "default", "pod0")}, Ports: []kube.Port{tcp(9999)}}},
+		want: []kube.Subset{{Addresses: []kube.Address{addr("1.2.3.4", "default", "pod0")},
+			Ports: []kube.Port{tcp(9999)}}},
 	}, {
 		name: "target port 0",
 		svc:  func(s *kube.Service) { s.Ports[0].TargetPort = kube.TargetPort{Number: 0} },
 		want: []kube.Subset{{Addresses: []kube.Address{addr("1.2.3.4", "default", "pod0")}}},
 	}, {
 		name: "named target port",
-		svc:  func(s *kube.Service) { s.Ports[0].TargetPort = kube.TargetPort{Name: "port1"}; s.Ports[0].Name = "web" },
+		svc: func(s *kube.Service) {
+			s.Ports[0].TargetPort, s.Ports[0].Name = kube.TargetPort{Name: "port1"}, "web"
+		},
 		want: []kube.Subset{{Addresses: []kube.Address{addr("1.2.3.4", "default", "pod0")},
 			Ports: []kube.Port{{Name: "web", Port: 8081, Protocol: kube.ProtocolTCP}}}},
 	}, {
@@ -166,19 +170,24 @@ func TestPodContribution(t *testing.T) {
 		pod: func(p *kube.Pod) {
 			p.InitContainers = []kube.Container{
 				{Name: "init",
-					Ports: []kube.ContainerPort{{Name: "side", ContainerPort: 1, Protocol: kube.ProtocolTCP}}},
+					Ports: []kube.ContainerPort{{Name: "side", ContainerPort: 1,
+						Protocol: kube.ProtocolTCP}}},
 				{Name: "sidecar", RestartPolicy: kube.RestartPolicyAlways,
-					Ports: []kube.ContainerPort{{Name: "side", ContainerPort: 9000, Protocol: kube.ProtocolTCP}}},
+					Ports: []kube.ContainerPort{{Name: "side", ContainerPort: 9000,
+						Protocol: kube.ProtocolTCP}}},
 			}
 		},
-		want: []kube.Subset{{Addresses: []kube.Address{addr("1.2.3.4", "default", "pod0")}, Ports: []kube.Port{tcp(9000)}}},
+		want: []kube.Subset{{Addresses: []kube.Address{addr("1.2.3.4", "default", "pod0")},
+			Ports: []kube.Port{tcp(9000)}}},
 	}, {
 		name: "one of two ports unresolved: the pod stays under the other",
 		svc: func(s *kube.Service) {
 			s.Ports = append(s.Ports,
-				kube.ServicePort{Name: "b", Port: 81, TargetPort: kube.TargetPort{Name: "nope"}, Protocol: kube.ProtocolTCP})
+				kube.ServicePort{Name: "b", Port: 81, TargetPort: kube.TargetPort{Name: "nope"},
+					Protocol: kube.ProtocolTCP})
 		},
-		want: []kube.Subset{{Addresses: []kube.Address{addr("1.2.3.4", "default", "pod0")}, Ports: []kube.Port{tcp(8080)}}},
+		want: []kube.Subset{{Addresses: []kube.Address{addr("1.2.3.4", "default", "pod0")},
+			Ports: []kube.Port{tcp(8080)}}},
 	}, {
 		// TestEndpointPortFromServicePort.
 		name: "appProtocol copied",
@@ -188,7 +197,8 @@ func TestPodContribution(t *testing.T) {
 	}, {
 		name: "dual-stack Service: its primary family only",
 		svc: func(s *kube.Service) {
-			s.ClusterIPs, s.IPFamilies = []string{"fd00::1", "10.0.0.1"}, []string{kube.FamilyIPv6, kube.FamilyIPv4}
+			s.ClusterIPs, s.IPFamilies = []string{"fd00::1", "10.0.0.1"},
+				[]string{kube.FamilyIPv6, kube.FamilyIPv4}
 		},
 		pod: func(p *kube.Pod) { p.PodIPs = []string{"1.2.3.4", "fd00::4"} },
 		want: []kube.Subset{{Addresses: []kube.Address{{IP: "fd00::4",
@@ -252,8 +262,10 @@ func TestRepack(t *testing.T) {
 			[]kube.Subset{{Addresses: []kube.Address{a("1.2.3.4", "")}, Ports: []kube.Port{p("", 111)}}},
 			[]kube.Subset{{Addresses: []kube.Address{a("1.2.3.4", "")}, Ports: []kube.Port{p("", 111)}}}},
 		{"one subset, one not ready",
-			[]kube.Subset{{NotReadyAddresses: []kube.Address{a("1.2.3.4", "")}, Ports: []kube.Port{p("", 111)}}},
-			[]kube.Subset{{NotReadyAddresses: []kube.Address{a("1.2.3.4", "")}, Ports: []kube.Port{p("", 111)}}}},
+			[]kube.Subset{{NotReadyAddresses: []kube.Address{a("1.2.3.4", "")},
+				Ports: []kube.Port{p("", 111)}}},
+			[]kube.Subset{{NotReadyAddresses: []kube.Address{a("1.2.3.4", "")},
+				Ports: []kube.Port{p("", 111)}}}},
 		{"one subset, duplicate address and port collapse",
 			[]kube.Subset{{Addresses: []kube.Address{a("1.2.3.4", "u1"), a("1.2.3.4", "u1")},
 				Ports: []kube.Port{p("", 111), p("", 111)}}},
@@ -267,12 +279,14 @@ func TestRepack(t *testing.T) {
 			[]kube.Subset{
 				{Addresses: []kube.Address{a("1.2.3.4", "")}, Ports: []kube.Port{p("", 111)}},
 				{NotReadyAddresses: []kube.Address{a("1.2.3.4", "")}, Ports: []kube.Port{p("", 111)}}},
-			[]kube.Subset{{NotReadyAddresses: []kube.Address{a("1.2.3.4", "")}, Ports: []kube.Port{p("", 111)}}}},
+			[]kube.Subset{{NotReadyAddresses: []kube.Address{a("1.2.3.4", "")},
+				Ports: []kube.Port{p("", 111)}}}},
 		{"two ports, same address set: one subset",
 			[]kube.Subset{
 				{Addresses: []kube.Address{a("1.2.3.4", "")}, Ports: []kube.Port{p("p", 111)}},
 				{Addresses: []kube.Address{a("1.2.3.4", "")}, Ports: []kube.Port{p("q", 222)}}},
-			[]kube.Subset{{Addresses: []kube.Address{a("1.2.3.4", "")}, Ports: []kube.Port{p("p", 111), p("q", 222)}}}},
+			[]kube.Subset{{Addresses: []kube.Address{a("1.2.3.4", "")},
+				Ports: []kube.Port{p("p", 111), p("q", 222)}}}},
 		{"two ports, different address sets: two subsets",
 			[]kube.Subset{
 				{Addresses: []kube.Address{a("1.2.3.4", "")}, Ports: []kube.Port{p("p", 111)}},
@@ -286,7 +300,8 @@ func TestRepack(t *testing.T) {
 			[]kube.Subset{{Addresses: []kube.Address{a("1.2.3.4", ""), a("10.0.0.10", ""), a("10.0.0.9", "")},
 				Ports: []kube.Port{p("", 111)}}}},
 		{"no target first among equal IPs",
-			[]kube.Subset{{Addresses: []kube.Address{a("1.2.3.4", "u1"), a("1.2.3.4", "")}, Ports: []kube.Port{p("", 111)}}},
+			[]kube.Subset{{Addresses: []kube.Address{a("1.2.3.4", "u1"), a("1.2.3.4", "")},
+				Ports: []kube.Port{p("", 111)}}},
 			[]kube.Subset{{Addresses: []kube.Address{a("1.2.3.4", ""), a("1.2.3.4", "u1")},
 				Ports: []kube.Port{p("", 111)}}}},
 		{"the first copy of an address wins",
@@ -295,7 +310,8 @@ func TestRepack(t *testing.T) {
 					Ports: []kube.Port{p("p", 111)}},
 				{Addresses: []kube.Address{{IP: "1.2.3.4", Hostname: "second", TargetRef: ref("u1")}},
 					Ports: []kube.Port{p("q", 222)}}},
-			[]kube.Subset{{Addresses: []kube.Address{{IP: "1.2.3.4", Hostname: "first", TargetRef: ref("u1")}},
+			[]kube.Subset{{Addresses: []kube.Address{{IP: "1.2.3.4", Hostname: "first",
+				TargetRef: ref("u1")}},
 				Ports: []kube.Port{p("p", 111), p("q", 222)}}}},
 		{"addresses without ports",
 			[]kube.Subset{{Addresses: []kube.Address{a("1.2.3.5", ""), a("1.2.3.4", "")}}},
@@ -505,14 +521,18 @@ func TestEndpointSubsetsEqualIgnoreResourceVersion(t *testing.T) {
 	}{
 		{"same", func(s []kube.Subset) []kube.Subset { return s }, true},
 		{"subset removed", func([]kube.Subset) []kube.Subset { return nil }, false},
-		{"ready IP changed", func(s []kube.Subset) []kube.Subset { s[0].Addresses[0].IP = "1.2.3.6"; return s }, false},
+		{"ready IP changed",
+			func(s []kube.Subset) []kube.Subset { s[0].Addresses[0].IP = "1.2.3.6"; return s }, false},
 		{"not-ready IP changed",
-			func(s []kube.Subset) []kube.Subset { s[0].NotReadyAddresses[0].IP = "1.2.3.6"; return s }, false},
+			func(s []kube.Subset) []kube.Subset { s[0].NotReadyAddresses[0].IP = "1.2.3.6"; return s },
+			false},
 		{"port changed", func(s []kube.Subset) []kube.Subset { s[0].Ports[0].Port = 8081; return s }, false},
-		{"node name changed", func(s []kube.Subset) []kube.Subset { s[0].Addresses[0].NodeName = "n2"; return s },
+		{"node name changed",
+			func(s []kube.Subset) []kube.Subset { s[0].Addresses[0].NodeName = "n2"; return s },
 			false},
 		{"target uid changed",
-			func(s []kube.Subset) []kube.Subset { s[0].Addresses[0].TargetRef.UID = "other"; return s }, false},
+			func(s []kube.Subset) []kube.Subset { s[0].Addresses[0].TargetRef.UID = "other"; return s },
+			false},
 		{"nil and empty", func([]kube.Subset) []kube.Subset { return []kube.Subset{} }, false},
 	}
 	for _, tc := range cases {

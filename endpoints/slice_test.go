@@ -57,17 +57,23 @@ func TestReconcileCases(t *testing.T) {
 		// ...SomePreexisting: 62 and 61 stored and desired, 250 Pods: 127 new ones
 		// fill a new slice and 27 go to the 62: 89/61/100, one create and one update.
 		{name: "some preexisting", svc: svc, pods: slicePods("ns", 250, 1),
-			existing: func(s *kube.Service, p []*kube.Pod) []*kube.EndpointSlice { return chunk(s, p, names, 62, 61) },
-			sizes:    []int{61, 89, 100}, created: 1, updated: 1},
+			existing: func(s *kube.Service, p []*kube.Pod) []*kube.EndpointSlice {
+				return chunk(s, p, names, 62, 61)
+			},
+			sizes: []int{61, 89, 100}, created: 1, updated: 1},
 		// ...SomePreexistingWorseAllocation: 74 and 74 stored, 300 Pods: 74/74/100/52.
 		{name: "some preexisting worse allocation", svc: svc, pods: slicePods("ns", 300, 1),
-			existing: func(s *kube.Service, p []*kube.Pod) []*kube.EndpointSlice { return chunk(s, p, names, 74, 74) },
-			sizes:    []int{52, 74, 74, 100}, created: 2},
+			existing: func(s *kube.Service, p []*kube.Pod) []*kube.EndpointSlice {
+				return chunk(s, p, names, 74, 74)
+			},
+			sizes: []int{52, 74, 74, 100}, created: 2},
 		// ...UpdatePacking: 80 and 5 stored, 15 new Pods go to the fuller one (the
 		// unchanged slice they fit best): 95/5.
 		{name: "update packing", svc: svc, pods: slicePods("ns", 100, 1),
-			existing: func(s *kube.Service, p []*kube.Pod) []*kube.EndpointSlice { return chunk(s, p, names, 80, 5) },
-			sizes:    []int{5, 95}, updated: 1},
+			existing: func(s *kube.Service, p []*kube.Pod) []*kube.EndpointSlice {
+				return chunk(s, p, names, 80, 5)
+			},
+			sizes: []int{5, 95}, updated: 1},
 		// TestReconcile1EndpointSlice: a stored placeholder and no Pods: nothing written.
 		{name: "placeholder kept", svc: svc,
 			existing: func(s *kube.Service, _ []*kube.Pod) []*kube.EndpointSlice {
@@ -94,9 +100,12 @@ func TestReconcileCases(t *testing.T) {
 				return sl
 			}, sizes: []int{100, 100, 100}, updated: 3, deleted: 7},
 		// TestReconcileMaxEndpointsPerSlice: 250 Pods under max 50, 80, 150, 250.
-		{name: "max 50", svc: svc, pods: slicePods("ns", 250, 1), max: 50, sizes: []int{50, 50, 50, 50, 50}, created: 5},
-		{name: "max 80", svc: svc, pods: slicePods("ns", 250, 1), max: 80, sizes: []int{10, 80, 80, 80}, created: 4},
-		{name: "max 150", svc: svc, pods: slicePods("ns", 250, 1), max: 150, sizes: []int{100, 150}, created: 2},
+		{name: "max 50", svc: svc, pods: slicePods("ns", 250, 1), max: 50, sizes: []int{50, 50, 50, 50, 50},
+			created: 5},
+		{name: "max 80", svc: svc, pods: slicePods("ns", 250, 1), max: 80, sizes: []int{10, 80, 80, 80},
+			created: 4},
+		{name: "max 150", svc: svc, pods: slicePods("ns", 250, 1), max: 150, sizes: []int{100, 150},
+			created: 2},
 		{name: "max 250", svc: svc, pods: slicePods("ns", 250, 1), max: 250, sizes: []int{250}, created: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -114,7 +123,8 @@ func TestReconcileCases(t *testing.T) {
 			}
 			c, u, d := changes(before, after)
 			if c != tc.created || u != tc.updated || d != tc.deleted {
-				t.Errorf("writes: %d created, %d updated, %d deleted; want %d, %d, %d", c, u, d, tc.created, tc.updated, tc.deleted)
+				t.Errorf("writes: %d created, %d updated, %d deleted; want %d, %d, %d", c, u, d, tc.created,
+					tc.updated, tc.deleted)
 			}
 			var want []string
 			for _, p := range tc.pods {
@@ -140,7 +150,8 @@ func cmpOr(a, b int) int {
 // at most max endpoints, a name that starts with the Service's and a dash.
 func checkSlices(t *testing.T, svc *kube.Service, sl []*kube.EndpointSlice, max int) {
 	t.Helper()
-	wantLabels := map[string]string{kube.LabelServiceName: svc.Name, kube.LabelSliceManagedBy: kube.SliceControllerName}
+	wantLabels := map[string]string{kube.LabelServiceName: svc.Name,
+		kube.LabelSliceManagedBy: kube.SliceControllerName}
 	for k, v := range svc.Labels {
 		wantLabels[k] = v
 	}
@@ -164,7 +175,8 @@ func TestReconcileNamedPorts(t *testing.T) {
 	var pods []*kube.Pod
 	for i := range 300 {
 		p := slicePod("ns", i, true, 0, 1)
-		p.Containers = []kube.Container{{Name: "c", Ports: []kube.ContainerPort{{Name: "http", ContainerPort: int32(8080 + i%5), Protocol: kube.ProtocolTCP}}}}
+		p.Containers = []kube.Container{{Name: "c", Ports: []kube.ContainerPort{{Name: "http",
+			ContainerPort: int32(8080 + i%5), Protocol: kube.ProtocolTCP}}}}
 		pods = append(pods, p)
 	}
 	h := newSliceHarness(t, Config{})
@@ -209,7 +221,9 @@ func TestReconcileDualStackAndConditions(t *testing.T) {
 	h := newSliceHarness(t, Config{})
 	h.sliceSnapshots(1, []*kube.Service{svc}, testNodes(2, 2), pods)
 	// Not h.settle: the Service is retried (with backoff) while a Pod's Node is unknown.
-	etcdtest.WaitFor(t, 5*time.Second, "the slices", func() bool { return len(endpointNames(h.slices("ns", "foo"))) == 8 })
+	etcdtest.WaitFor(t, 5*time.Second, "the slices", func() bool {
+		return len(endpointNames(h.slices("ns", "foo"))) == 8
+	})
 	sl := h.slices("ns", "foo")
 	byType := map[string][]*kube.EndpointSlice{}
 	for _, s := range sl {
@@ -236,7 +250,8 @@ func TestReconcileDualStackAndConditions(t *testing.T) {
 			}
 			wantZone := "zone-" + string(rune('a'+int(name[3]-'0')%2))
 			if e.Zone != wantZone || e.NodeName == "" {
-				t.Errorf("%s %s zone %q node %q; want %s and its node", at, name, e.Zone, e.NodeName, wantZone)
+				t.Errorf("%s %s zone %q node %q; want %s and its node", at, name, e.Zone, e.NodeName,
+					wantZone)
 			}
 			if (e.Hostname == "h0") != (name == "pod0") {
 				t.Errorf("%s %s hostname %q", at, name, e.Hostname)
@@ -278,7 +293,8 @@ func TestReconcileLabels(t *testing.T) {
 		t.Fatalf("%d slices; want 3", len(before))
 	}
 	reserved := *svc
-	reserved.Labels = map[string]string{"app": "foo", kube.LabelServiceName: "evil", kube.LabelSliceManagedBy: "evil"}
+	reserved.Labels = map[string]string{"app": "foo", kube.LabelServiceName: "evil",
+		kube.LabelSliceManagedBy: "evil"}
 	h.events(Event{Type: Upsert, Revision: 2, Service: &reserved})
 	h.settle()
 	if c, u, d := changes(before, h.slices("ns", "foo")); c+u+d != 0 {
@@ -308,7 +324,8 @@ func TestReconcileHeadlessNoPorts(t *testing.T) {
 	h.sliceSnapshots(1, []*kube.Service{svc}, testNodes(1, 1), slicePods("ns", 3, 1))
 	h.settle()
 	sl := h.slices("ns", "foo")
-	if len(sl) != 1 || len(sl[0].Ports) != 0 || len(sl[0].Endpoints) != 3 || sl[0].Labels[kube.LabelHeadless] != "" {
+	if len(sl) != 1 || len(sl[0].Ports) != 0 || len(sl[0].Endpoints) != 3 ||
+		sl[0].Labels[kube.LabelHeadless] != "" {
 		t.Fatalf("slices %v; want one headless slice of 3 endpoints and no ports", sl)
 	}
 	rev := h.rev()
@@ -336,7 +353,9 @@ func TestReconcileTrafficDistribution(t *testing.T) {
 			for i := range s.Endpoints {
 				e := &s.Endpoints[i]
 				w := want(e)
-				if (e.Hints == nil) != (w == nil) || w != nil && (!slices.Equal(e.Hints.ForZones, w.ForZones) || !slices.Equal(e.Hints.ForNodes, w.ForNodes)) {
+				if (e.Hints == nil) != (w == nil) || w != nil &&
+					(!slices.Equal(e.Hints.ForZones, w.ForZones) ||
+						!slices.Equal(e.Hints.ForNodes, w.ForNodes)) {
 					t.Errorf("%s: %s hints %+v; want %+v", stage, e.TargetRef.Name, e.Hints, w)
 				}
 			}
@@ -387,7 +406,8 @@ func TestReconcileTopology(t *testing.T) {
 		t.Errorf("hints per zone %v; want 4 each", perZone)
 	}
 	// One zone's Nodes lose their zone label: not enough information, hints removed.
-	h.events(Event{Type: Upsert, Revision: 2, Node: &kube.Node{Name: "node-2", ResourceVersion: "2", Ready: true, AllocatableCPUMillis: 4000}})
+	h.events(Event{Type: Upsert, Revision: 2, Node: &kube.Node{Name: "node-2", ResourceVersion: "2",
+		Ready: true, AllocatableCPUMillis: 4000}})
 	etcdtest.WaitFor(t, 5*time.Second, "hints removed", func() bool {
 		for _, s := range h.slices("ns", "foo") {
 			for _, e := range s.Endpoints {
@@ -443,7 +463,8 @@ func TestSliceServiceDeleted(t *testing.T) {
 	h.sliceSnapshots(1, []*kube.Service{svc, other}, testNodes(1, 1), slicePods("ns", 30, 1))
 	h.settle()
 	if len(h.slices("ns", "foo")) != 3 || len(h.slices("ns", "bar")) != 3 {
-		t.Fatalf("slices of foo and bar: %d, %d; want 3 each", len(h.slices("ns", "foo")), len(h.slices("ns", "bar")))
+		t.Fatalf("slices of foo and bar: %d, %d; want 3 each", len(h.slices("ns", "foo")),
+			len(h.slices("ns", "bar")))
 	}
 	rev := h.rev()
 	h.events(Event{Type: Delete, Revision: 2, Service: &kube.Service{Namespace: "ns", Name: "foo"}})
@@ -496,7 +517,8 @@ func TestSliceAcceptance(t *testing.T) {
 	for i := range 250 {
 		p := slicePod("ns", i, true, 0, 4)
 		p.PodIPs = append(p.PodIPs, fmt.Sprintf("fd00::%x", i+1))
-		p.Containers = []kube.Container{{Name: "c", Ports: []kube.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: kube.ProtocolTCP}}}}
+		p.Containers = []kube.Container{{Name: "c", Ports: []kube.ContainerPort{{Name: "http",
+			ContainerPort: 8080, Protocol: kube.ProtocolTCP}}}}
 		p.Deleting = i%25 == 0
 		p.Ready = !(i%50 == 0) // half of the terminating ones still ready
 		pods = append(pods, p)
@@ -549,9 +571,11 @@ func TestSliceAcceptance(t *testing.T) {
 		}
 	}
 	// Dual-stack: the Pod is an endpoint of an IPv4 and of an IPv6 slice.
-	if len(got) != 2 || got[0].Type != Modified || got[1].Type != Modified || got[0].Slice.AddressType == got[1].Slice.AddressType ||
+	if len(got) != 2 || got[0].Type != Modified || got[1].Type != Modified ||
+		got[0].Slice.AddressType == got[1].Slice.AddressType ||
 		got[0].Revision != got[1].Revision {
-		t.Errorf("watch after one readiness flip: %d events; want two MODIFIED (its IPv4 and IPv6 slices) of one revision", len(got))
+		t.Errorf("watch after one readiness flip: %d events; "+
+			"want two MODIFIED (its IPv4 and IPv6 slices) of one revision", len(got))
 	}
 	noDuplicates(t, h.slices("ns", "foo"))
 }

@@ -36,7 +36,8 @@ func newSliceHarness(t *testing.T, cfg Config, existing ...*kube.EndpointSlice) 
 // storeSlice writes s as it is into etcd.
 func (h *harness) storeSlice(s *kube.EndpointSlice) {
 	h.t.Helper()
-	if _, err := h.cli.Put(etcdtest.Context(h.t), h.c0().sliceKey(s.Namespace, s.Service, s.Name), string(encodeSlice(s))); err != nil {
+	if _, err := h.cli.Put(etcdtest.Context(h.t), h.c0().sliceKey(s.Namespace, s.Service, s.Name),
+		string(encodeSlice(s))); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -115,7 +116,8 @@ func testNodes(n, zones int) []*kube.Node {
 	var out []*kube.Node
 	for i := range n {
 		out = append(out, &kube.Node{Name: "node-" + strconv.Itoa(i), ResourceVersion: "1",
-			Labels: map[string]string{kube.LabelZone: "zone-" + string(rune('a'+i%zones))}, Ready: true, AllocatableCPUMillis: 4000})
+			Labels: map[string]string{kube.LabelZone: "zone-" + string(rune('a'+i%zones))}, Ready: true,
+			AllocatableCPUMillis: 4000})
 	}
 	return out
 }
@@ -192,7 +194,8 @@ func labelsOf(t *testing.T, sl []*kube.EndpointSlice) map[string]string {
 	t.Helper()
 	for _, s := range sl[1:] {
 		if !maps.Equal(s.Labels, sl[0].Labels) {
-			t.Errorf("slices %s and %s have different labels: %v, %v", sl[0].Name, s.Name, sl[0].Labels, s.Labels)
+			t.Errorf("slices %s and %s have different labels: %v, %v", sl[0].Name, s.Name, sl[0].Labels,
+				s.Labels)
 		}
 	}
 	return sl[0].Labels

@@ -65,7 +65,8 @@ func TestSliceSize(t *testing.T) {
 	svc.ClusterIPs, svc.IPFamilies = []string{"fd00::10"}, []string{kube.FamilyIPv6}
 	pods, nodes := longestPods(svc, MaxMaxEndpointsPerSlice)
 	s := &kube.EndpointSlice{Namespace: svc.Namespace, Service: svc.Name, Name: fmt.Sprintf("%0253d", 0),
-		Labels:      map[string]string{kube.LabelServiceName: svc.Name, kube.LabelSliceManagedBy: kube.SliceControllerName},
+		Labels: map[string]string{kube.LabelServiceName: svc.Name,
+			kube.LabelSliceManagedBy: kube.SliceControllerName},
 		Annotations: map[string]string{kube.AnnotationTriggerTime: time.Now().Format(time.RFC3339Nano)},
 		AddressType: kube.AddressTypeIPv6, ServiceUID: svc.UID,
 		Ports: []kube.Port{{Name: fmt.Sprintf("%015d", 0), Port: 8080, Protocol: kube.ProtocolTCP}}}
@@ -135,7 +136,8 @@ func TestTwoBigServicesBatched(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two Services of 6,000 Pods: seconds")
 	}
-	h := newSliceHarness(t, Config{Logger: slog.New(slog.NewTextHandler(&tw{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	h := newSliceHarness(t, Config{Logger: slog.New(slog.NewTextHandler(&tw{t},
+		&slog.HandlerOptions{Level: slog.LevelWarn}))})
 	var svcs []*kube.Service
 	var pods []*kube.Pod
 	for _, name := range []string{"alpha", "beta"} {
@@ -262,7 +264,8 @@ func checkEveryRevision(t *testing.T, h *harness, start int64, n int) int {
 		}
 	}
 	if !reached {
-		t.Fatalf("the watch ended before revision %d (%v): the revisions after it went unchecked", end, ctx.Err())
+		t.Fatalf("the watch ended before revision %d (%v): the revisions after it went unchecked", end,
+			ctx.Err())
 	}
 	if bad > 0 {
 		t.Errorf("%d revisions with a Pod in no slice or in two", bad)

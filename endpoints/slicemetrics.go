@@ -46,18 +46,26 @@ func newSliceMetrics() *sliceMetrics {
 	m.slices = prometheus.NewGauge(prometheus.GaugeOpts{Name: sub + "num_endpoint_slices",
 		Help: "EndpointSlices the controller keeps."})
 	m.desiredSlices = prometheus.NewGauge(prometheus.GaugeOpts{Name: sub + "desired_endpoint_slices",
-		Help: "EndpointSlices that would be needed with perfect packing: per group ceil(endpoints/max), at least one per Service."})
+		Help: "EndpointSlices that would be needed with perfect packing: " +
+			"per group ceil(endpoints/max), at least one per Service."})
 	m.changes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: sub + "changes_total",
-		Help: "EndpointSlices written by the controller, by operation: create, update, delete."}, []string{"operation"})
-	m.changedPerSync = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: sub + "endpointslices_changed_per_sync",
-		Help:    "EndpointSlices written by one sync, by topology (Auto or Disabled) and traffic_distribution.",
+		Help: "EndpointSlices written by the controller, by operation: create, update, delete."},
+		[]string{"operation"})
+	m.changedPerSync = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: sub + "endpointslices_changed_per_sync",
+		Help: "EndpointSlices written by one sync, by topology (Auto or Disabled) and " +
+			"traffic_distribution.",
 		Buckets: prometheus.DefBuckets}, []string{"topology", "traffic_distribution"})
 	m.syncs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: sub + "syncs_total",
-		Help: "Syncs of one Service's slices by result: success or error (retried with backoff)."}, []string{"result"})
-	m.byTraffic = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: sub + "services_count_by_traffic_distribution",
-		Help: "Services whose slices follow a trafficDistribution, by its value."}, []string{"traffic_distribution"})
+		Help: "Syncs of one Service's slices by result: success or error (retried with backoff)."},
+		[]string{"result"})
+	m.byTraffic = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: sub + "services_count_by_traffic_distribution",
+		Help: "Services whose slices follow a trafficDistribution, by its value."},
+		[]string{"traffic_distribution"})
 	m.latency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: sub + "event_to_commit_seconds",
-		Help:    "From the acknowledgement of the earliest event behind a slice write to the write's commit in etcd.",
+		Help: "From the acknowledgement of the earliest event behind a slice write to the write's " +
+			"commit in etcd.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
 	// Zero-valued series, so that /metrics shows them before the first sync.
 	for _, r := range []string{"success", "error"} {
@@ -66,7 +74,8 @@ func newSliceMetrics() *sliceMetrics {
 	for _, op := range []string{"create", "update", "delete"} {
 		m.changes.WithLabelValues(op)
 	}
-	for _, td := range []string{kube.TrafficPreferClose, kube.TrafficPreferSameZone, kube.TrafficPreferSameNode} {
+	for _, td := range []string{kube.TrafficPreferClose, kube.TrafficPreferSameZone,
+		kube.TrafficPreferSameNode} {
 		m.byTraffic.WithLabelValues(td)
 	}
 	m.changedPerSync.WithLabelValues("Disabled", "")

@@ -24,7 +24,8 @@ func TestUnmanagedNameCollision(t *testing.T) {
 	tm, _ := h.c.currentTerm()
 	t.Logf("idle after 2 s: %v; slices: %d", tm.idle(), len(h.slices("ns", "foo")))
 	for _, s := range h.slices("ns", "foo") {
-		t.Logf("  %s managed-by=%s endpoints=%d", s.Name, s.Labels[kube.LabelSliceManagedBy], len(s.Endpoints))
+		t.Logf("  %s managed-by=%s endpoints=%d", s.Name, s.Labels[kube.LabelSliceManagedBy],
+			len(s.Endpoints))
 	}
 	if !tm.idle() {
 		t.Errorf("controller never idle: the conflicting create loops")

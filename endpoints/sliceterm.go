@@ -89,7 +89,8 @@ func (t *term) sliceInputs(key string) (*endpointslice.Reconciler, []*kube.Pod) 
 }
 
 // deleteSlices is the write that deletes the slices of key the controller manages.
-func (t *term) deleteSlices(key string, existing []*kube.EndpointSlice) (*write, func(int64, time.Time), error) {
+func (t *term) deleteSlices(key string,
+	existing []*kube.EndpointSlice) (*write, func(int64, time.Time), error) {
 	if len(existing) == 0 {
 		return nil, nil, nil
 	}

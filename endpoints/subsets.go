@@ -333,7 +333,9 @@ func subsetsEqual(a, b []kube.Subset) bool {
 	return slices.EqualFunc(a, b, func(x, y kube.Subset) bool {
 		return slices.EqualFunc(x.Addresses, y.Addresses, addressEqual) &&
 			slices.EqualFunc(x.NotReadyAddresses, y.NotReadyAddresses, addressEqual) &&
-			slices.EqualFunc(x.Ports, y.Ports, func(p, q kube.Port) bool { return keyOfPort(p) == keyOfPort(q) })
+			slices.EqualFunc(x.Ports, y.Ports, func(p, q kube.Port) bool {
+				return keyOfPort(p) == keyOfPort(q)
+			})
 	})
 }
 

@@ -59,8 +59,8 @@ func randomSubsetsCase(r *rand.Rand) (*kube.Service, []*kube.Pod) {
 	pods := make([]*kube.Pod, r.IntN(12))
 	for j := range pods {
 		p := &kube.Pod{Namespace: "ns", Name: "p" + strconv.Itoa(j), UID: "uid" + strconv.Itoa(r.IntN(4)),
-			PodIPs: []string{"10.0.0." + strconv.Itoa(r.IntN(5))}, Phase: kube.PhaseRunning, Ready: r.IntN(3) > 0,
-			NodeName: "n" + strconv.Itoa(r.IntN(2))}
+			PodIPs: []string{"10.0.0." + strconv.Itoa(r.IntN(5))}, Phase: kube.PhaseRunning,
+			Ready: r.IntN(3) > 0, NodeName: "n" + strconv.Itoa(r.IntN(2))}
 		switch r.IntN(10) {
 		case 0:
 			p.Phase = kube.PhaseSucceeded

@@ -257,7 +257,8 @@ type eventKeys struct {
 }
 
 func newEventKeys() *eventKeys {
-	return &eventKeys{soon: map[string]struct{}{}, later: map[string]struct{}{}, slices: map[string]struct{}{}}
+	return &eventKeys{soon: map[string]struct{}{}, later: map[string]struct{}{},
+		slices: map[string]struct{}{}}
 }
 
 func (k *eventKeys) queue(t *term, now time.Time) {

@@ -55,7 +55,8 @@ func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidE
 		s.Type = kube.TypeClusterIP
 	case kube.TypeClusterIP, kube.TypeNodePort, kube.TypeLoadBalancer, kube.TypeExternalName:
 	default:
-		inv.Add(field+".type", strconv.Quote(s.Type)+" is not ClusterIP, NodePort, LoadBalancer or ExternalName")
+		inv.Add(field+".type", strconv.Quote(s.Type)+
+			" is not ClusterIP, NodePort, LoadBalancer or ExternalName")
 	}
 	// cluster_ips are not checked here: a malformed one is a finding of repair
 	// (ClusterIPNotValid), which shares this feed. The controller reads it as
@@ -130,7 +131,8 @@ func podFromProto(p *allocdv1.Pod, field string, inv *endpoints.InvalidError) *k
 		pod.Phase = kube.PhasePending
 	case kube.PhasePending, kube.PhaseRunning, kube.PhaseSucceeded, kube.PhaseFailed, kube.PhaseUnknown:
 	default:
-		inv.Add(field+".phase", strconv.Quote(pod.Phase)+" is not Pending, Running, Succeeded, Failed or Unknown")
+		inv.Add(field+".phase", strconv.Quote(pod.Phase)+
+			" is not Pending, Running, Succeeded, Failed or Unknown")
 	}
 	if ips := p.GetPodIps(); len(ips) > 0 {
 		pod.PodIPs = make([]string, len(ips))
@@ -152,7 +154,8 @@ func podFromProto(p *allocdv1.Pod, field string, inv *endpoints.InvalidError) *k
 
 // feedContainers converts and validates the containers of a Pod, or its init
 // containers (init), which alone may have a restart policy (Always: a sidecar).
-func feedContainers(cs []*allocdv1.Container, f string, init bool, inv *endpoints.InvalidError) []kube.Container {
+func feedContainers(cs []*allocdv1.Container, f string, init bool,
+	inv *endpoints.InvalidError) []kube.Container {
 	if len(cs) == 0 {
 		return nil
 	}
@@ -163,10 +166,12 @@ func feedContainers(cs []*allocdv1.Container, f string, init bool, inv *endpoint
 		case "":
 		case kube.RestartPolicyAlways:
 			if !init {
-				inv.Add(f+"["+strconv.Itoa(i)+"].restart_policy", "only init containers have a restart policy")
+				inv.Add(f+"["+strconv.Itoa(i)+"].restart_policy",
+					"only init containers have a restart policy")
 			}
 		default:
-			inv.Add(f+"["+strconv.Itoa(i)+"].restart_policy", strconv.Quote(ct.RestartPolicy)+" is not \"\" or \"Always\"")
+			inv.Add(f+"["+strconv.Itoa(i)+"].restart_policy",
+				strconv.Quote(ct.RestartPolicy)+" is not \"\" or \"Always\"")
 		}
 		if n := len(c.GetPorts()); n > 0 {
 			ct.Ports = make([]kube.ContainerPort, n)
@@ -256,7 +261,8 @@ func eventsFromProto(req *allocdv1.PushEventsRequest) ([]endpoints.Event, error)
 		case ev.Revision == 0:
 			ev.Revision = rev
 		case ev.Revision < 0 || ev.Revision > rev:
-			inv.Add(f+".revision", "must be 0 (the message's) or positive and not above the message's revision")
+			inv.Add(f+".revision",
+				"must be 0 (the message's) or positive and not above the message's revision")
 		}
 		switch pe.GetType() {
 		case allocdv1.EventType_EVENT_TYPE_UPSERT:
@@ -269,14 +275,16 @@ func eventsFromProto(req *allocdv1.PushEventsRequest) ([]endpoints.Event, error)
 		switch o := pe.GetObject().(type) {
 		case *allocdv1.Event_Service:
 			if ev.Type == endpoints.Delete {
-				ev.Service = &kube.Service{Namespace: o.Service.GetNamespace(), Name: o.Service.GetName(), UID: o.Service.GetUid()}
+				ev.Service = &kube.Service{Namespace: o.Service.GetNamespace(), Name: o.Service.GetName(),
+					UID: o.Service.GetUid()}
 				feedMeta(f+".service", ev.Service.Namespace, ev.Service.Name, "", false, inv)
 			} else {
 				ev.Service = serviceFromProto(o.Service, f+".service", inv)
 			}
 		case *allocdv1.Event_Pod:
 			if ev.Type == endpoints.Delete {
-				ev.Pod = &kube.Pod{Namespace: o.Pod.GetNamespace(), Name: o.Pod.GetName(), UID: o.Pod.GetUid()}
+				ev.Pod = &kube.Pod{Namespace: o.Pod.GetNamespace(), Name: o.Pod.GetName(),
+					UID: o.Pod.GetUid()}
 				feedMeta(f+".pod", ev.Pod.Namespace, ev.Pod.Name, "", false, inv)
 			} else {
 				ev.Pod = podFromProto(o.Pod, f+".pod", inv)
@@ -330,7 +338,8 @@ func endpointsToProto(e *kube.Endpoints) *allocdv1.ServiceEndpoints {
 			if len(s.Ports) > 0 {
 				ps.Ports = make([]*allocdv1.EndpointPort, len(s.Ports))
 				for j, pt := range s.Ports {
-					ps.Ports[j] = &allocdv1.EndpointPort{Name: pt.Name, Port: pt.Port, Protocol: pt.Protocol, AppProtocol: pt.AppProtocol}
+					ps.Ports[j] = &allocdv1.EndpointPort{Name: pt.Name, Port: pt.Port, Protocol: pt.Protocol,
+						AppProtocol: pt.AppProtocol}
 				}
 			}
 			p.Subsets[i] = ps
@@ -348,7 +357,7 @@ func addressesToProto(as []kube.Address) []*allocdv1.EndpointAddress {
 	for i, a := range as {
 		pa := &allocdv1.EndpointAddress{Ip: a.IP, Hostname: a.Hostname, NodeName: a.NodeName}
 		if r := a.TargetRef; r != nil {
-			pa.TargetRef = &allocdv1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Uid: r.UID}
+			pa.TargetRef = refToProto(r)
 		}
 		out[i] = pa
 	}
@@ -406,15 +415,16 @@ func sliceToProto(s *kube.EndpointSlice) *allocdv1.EndpointSlice {
 // sliceEndpointToProto is the API form of one endpoint of a slice: its conditions
 // always, its optional strings when not empty.
 func sliceEndpointToProto(e *kube.SliceEndpoint) *allocdv1.SliceEndpoint {
+	cond := &allocdv1.EndpointConditions{Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating}
 	p := &allocdv1.SliceEndpoint{
 		Addresses:  e.Addresses,
-		Conditions: &allocdv1.EndpointConditions{Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating},
+		Conditions: cond,
 		Hostname:   optional(e.Hostname),
 		NodeName:   optional(e.NodeName),
 		Zone:       optional(e.Zone),
 	}
 	if r := e.TargetRef; r != nil {
-		p.TargetRef = &allocdv1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Uid: r.UID}
+		p.TargetRef = refToProto(r)
 	}
 	if h := e.Hints; h != nil {
 		p.Hints = &allocdv1.EndpointHints{}
@@ -426,6 +436,11 @@ func sliceEndpointToProto(e *kube.SliceEndpoint) *allocdv1.SliceEndpoint {
 		}
 	}
 	return p
+}
+
+// refToProto is the API form of an object reference.
+func refToProto(r *kube.ObjectRef) *allocdv1.ObjectReference {
+	return &allocdv1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Uid: r.UID}
 }
 
 // optional is s as an optional string field: absent when empty.

@@ -14,8 +14,10 @@ import (
 // accepted with canonical IPs and a known phase; never a panic.
 func FuzzPodFromProto(f *testing.F) {
 	for _, p := range []*allocdv1.Pod{
-		{Namespace: "ns", Name: "p", Uid: "u", PodIps: []string{"10.0.0.1", "fd00::1"}, Phase: "Running", Ready: true,
-			Containers: []*allocdv1.Container{{Name: "c", Ports: []*allocdv1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}},
+		{Namespace: "ns", Name: "p", Uid: "u", PodIps: []string{"10.0.0.1", "fd00::1"}, Phase: "Running",
+			Ready: true,
+			Containers: []*allocdv1.Container{{Name: "c",
+				Ports: []*allocdv1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}},
 		{Namespace: "ns", Name: "p", Uid: "u", PodIps: []string{"010.000.000.001"}, Phase: "Pending"},
 		{Namespace: "", Name: "p", PodIps: []string{"not-an-ip"}, Phase: "Runing"},
 	} {
@@ -66,8 +68,11 @@ func FuzzPodFromProto(f *testing.F) {
 func FuzzEventsFromProto(f *testing.F) {
 	for _, m := range []*allocdv1.PushEventsRequest{
 		{Revision: 3, Events: []*allocdv1.Event{
-			{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Object: &allocdv1.Event_Pod{Pod: &allocdv1.Pod{Namespace: "ns", Name: "p", Uid: "u", PodIps: []string{"10.0.0.1"}}}},
-			{Type: allocdv1.EventType_EVENT_TYPE_DELETE, Revision: 2, Object: &allocdv1.Event_Service{Service: &allocdv1.Service{Namespace: "ns", Name: "s"}}},
+			{Type: allocdv1.EventType_EVENT_TYPE_UPSERT,
+				Object: &allocdv1.Event_Pod{Pod: &allocdv1.Pod{Namespace: "ns", Name: "p", Uid: "u",
+					PodIps: []string{"10.0.0.1"}}}},
+			{Type: allocdv1.EventType_EVENT_TYPE_DELETE, Revision: 2,
+				Object: &allocdv1.Event_Service{Service: &allocdv1.Service{Namespace: "ns", Name: "s"}}},
 		}},
 		{Revision: 0, Events: []*allocdv1.Event{{Type: allocdv1.EventType_EVENT_TYPE_UNSPECIFIED}}},
 		{Revision: 5, Events: []*allocdv1.Event{{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Revision: 9,

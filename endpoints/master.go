@@ -51,6 +51,7 @@ func (t *term) keepMaster(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		default:
+			t.c.metrics.masterWriteFailed()
 			t.c.log.Warn("storing the kubernetes endpoints failed; retrying", "error", err)
 			retry.Reset(time.Second)
 		}

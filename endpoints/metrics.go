@@ -17,6 +17,10 @@ type metrics struct {
 	feed     *prometheus.CounterVec
 	leader   prometheus.Gauge
 	snapRev  *prometheus.GaugeVec
+	// unreadable, restarts and masterErrors count what a term survives without a
+	// sync's result to show it (each is logged at warning too).
+	unreadable, restarts *prometheus.CounterVec
+	masterErrors         prometheus.Counter
 	// slice are the EndpointSlice controller's.
 	slice *sliceMetrics
 }
@@ -59,6 +63,21 @@ func newMetrics(reg prometheus.Registerer, stored func() (objects, truncated int
 		Name: "allocd_endpoints_snapshot_revision",
 		Help: "Source revision of the last snapshot applied in this term, by kind (Service, Pod, Node).",
 	}, []string{"kind"})
+	m.unreadable = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allocd_endpoints_unreadable_objects_total",
+		Help: "Stored objects that did not decode when the leader read them, by kind (Endpoints: " +
+			"left out and written again; EndpointSlice: kept as a slice nobody manages).",
+	}, []string{"kind"})
+	m.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allocd_endpoints_watch_restarts_total",
+		Help: "The leader's list-and-watch sessions of the stored objects that ended with an error " +
+			"(each followed by a listing again), by kind.",
+	}, []string{"kind"})
+	m.masterErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allocd_endpoints_master_write_errors_total",
+		Help: "Failed writes of the Endpoints and EndpointSlice of default/kubernetes " +
+			"(retried after a second).",
+	})
 	objects := prometheus.NewDesc("allocd_endpoints_objects",
 		"Endpoints objects stored in etcd, as the leader sees them (0 on other replicas).", nil, nil)
 	truncated := prometheus.NewDesc("allocd_endpoints_truncated_objects",
@@ -66,7 +85,7 @@ func newMetrics(reg prometheus.Registerer, stored func() (objects, truncated int
 	col := collector{stored: stored, objects: objects, truncated: truncated}
 	m.slice = newSliceMetrics()
 	for _, x := range append([]prometheus.Collector{m.writes, m.syncs, m.duration, m.latency, m.feed,
-		m.leader, m.snapRev, col},
+		m.leader, m.snapRev, m.unreadable, m.restarts, m.masterErrors, col},
 		m.slice.collectors()...) {
 		if err := reg.Register(x); err != nil {
 			return nil, err
@@ -120,6 +139,25 @@ func (m *metrics) wrote(kind string) {
 func (m *metrics) eventToCommit(d time.Duration) {
 	if m.latency != nil {
 		m.latency.Observe(d.Seconds())
+	}
+}
+
+// viewMetrics count what a view of one kind of stored object survives (nil: none).
+type viewMetrics struct{ unreadable, restarts prometheus.Counter }
+
+// view returns the counters of the view of kind (their series exist from then on).
+func (m *metrics) view(kind string) viewMetrics {
+	if m.unreadable == nil {
+		return viewMetrics{}
+	}
+	return viewMetrics{unreadable: m.unreadable.WithLabelValues(kind),
+		restarts: m.restarts.WithLabelValues(kind)}
+}
+
+// masterWriteFailed counts a failed write of default/kubernetes' objects.
+func (m *metrics) masterWriteFailed() {
+	if m.masterErrors != nil {
+		m.masterErrors.Inc()
 	}
 }
 

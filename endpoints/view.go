@@ -48,6 +48,8 @@ type view[T comparable] struct {
 	// changed is told the key of a Service whose stored objects changed under the
 	// term.
 	changed func(svcKey string)
+	// metrics counts the stored values that do not decode and the watches that fail.
+	metrics viewMetrics
 
 	mu     sync.Mutex
 	seen   map[string]map[string]sight[T] // by Service key, then object name
@@ -81,6 +83,9 @@ func (v *view[T]) span(svcKey string) (string, []clientv3.OpOption) {
 func (v *view[T]) read(kv *mvccpb.KeyValue) (T, bool) {
 	o, err := v.decode(kv)
 	if err != nil {
+		if v.metrics.unreadable != nil {
+			v.metrics.unreadable.Inc()
+		}
 		return v.unreadable(kv, err)
 	}
 	return o, true
@@ -239,9 +244,15 @@ func (v *view[T]) reloadUnsure(ctx context.Context, svcKey string) error {
 }
 
 // run lists the stored objects, then watches them, until ctx ends; after a broken
-// watch it lists again.
+// watch (logged at warning by watch.Loop, and counted) it lists again.
 func (v *view[T]) run(ctx context.Context) error {
-	watch.Loop(ctx, v.log, v.what+" watch", 5*time.Second, v.listAndWatch)
+	watch.Loop(ctx, v.log, v.what+" watch", 5*time.Second, func(ctx context.Context) error {
+		err := v.listAndWatch(ctx)
+		if ctx.Err() == nil && v.metrics.restarts != nil {
+			v.metrics.restarts.Inc()
+		}
+		return err
+	})
 	return nil
 }
 

@@ -135,6 +135,6 @@ func (t *term) newEndpointsView() *view[*kube.Endpoints] {
 		return &cp
 	}
 	v.changed = func(key string) { t.requeue(t.eps, key) }
-	v.metrics = t.c.metrics.view("Endpoints")
+	v.metrics = t.c.metrics.viewCounters("Endpoints")
 	return v
 }

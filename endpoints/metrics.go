@@ -145,8 +145,8 @@ func (m *metrics) eventToCommit(d time.Duration) {
 // viewMetrics count what a view of one kind of stored object survives (nil: none).
 type viewMetrics struct{ unreadable, restarts prometheus.Counter }
 
-// view returns the counters of the view of kind (their series exist from then on).
-func (m *metrics) view(kind string) viewMetrics {
+// viewCounters returns the counters of the view of kind (their series exist from then on).
+func (m *metrics) viewCounters(kind string) viewMetrics {
 	if m.unreadable == nil {
 		return viewMetrics{}
 	}

@@ -184,6 +184,6 @@ func (t *term) newSlicesView() *view[*kube.EndpointSlice] {
 	}
 	v.foreignPuts = true
 	v.changed = func(key string) { t.requeue(t.slices, key) }
-	v.metrics = t.c.metrics.view("EndpointSlice")
+	v.metrics = t.c.metrics.viewCounters("EndpointSlice")
 	return v
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -52,9 +51,9 @@ type view[T comparable] struct {
 	metrics viewMetrics
 
 	mu     sync.Mutex
-	seen   map[string]map[string]sight[T] // by Service key, then object name
-	unsure map[string]bool                // Service keys with a write of unknown outcome
-	listed chan struct{}                  // closed once the first listing is merged
+	seen   map[string]sights[T] // by Service key
+	unsure map[string]bool      // Service keys with a write of unknown outcome
+	listed chan struct{}        // closed once the first listing is merged
 }
 
 // sight is what etcd held for a key at rev: obj (nil when nothing), and the revision
@@ -65,8 +64,46 @@ type sight[T any] struct {
 	rev int64
 }
 
+// sights are what a view saw of the objects of one Service, by name. The object named
+// "" (an Endpoints object: a Service has one) is kept apart from the map, so that a kind
+// of one object per Service costs no map per Service (10,000 Services: 10,000 maps).
+type sights[T any] struct {
+	unnamed    sight[T]
+	hasUnnamed bool
+	named      map[string]sight[T]
+}
+
+func (s *sights[T]) get(name string) (sight[T], bool) {
+	if name == "" {
+		return s.unnamed, s.hasUnnamed
+	}
+	st, ok := s.named[name]
+	return st, ok
+}
+
+func (s *sights[T]) set(name string, st sight[T]) {
+	if name == "" {
+		s.unnamed, s.hasUnnamed = st, true
+		return
+	}
+	if s.named == nil {
+		s.named = map[string]sight[T]{}
+	}
+	s.named[name] = st
+}
+
+// all calls fn with every name and what was seen of it, in no order.
+func (s *sights[T]) all(fn func(name string, st sight[T])) {
+	if s.hasUnnamed {
+		fn("", s.unnamed)
+	}
+	for name, st := range s.named {
+		fn(name, st)
+	}
+}
+
 func newView[T comparable](s store[T], log *slog.Logger) *view[T] {
-	return &view[T]{store: s, log: log, seen: map[string]map[string]sight[T]{}, unsure: map[string]bool{},
+	return &view[T]{store: s, log: log, seen: map[string]sights[T]{}, unsure: map[string]bool{},
 		listed: make(chan struct{}), changed: func(string) {}}
 }
 
@@ -96,15 +133,12 @@ func (v *view[T]) read(kv *mvccpb.KeyValue) (T, bool) {
 func (v *view[T]) see(svcKey, name string, obj T, rev int64) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	byName := v.seen[svcKey]
-	if cur, ok := byName[name]; ok && cur.rev >= rev {
+	s := v.seen[svcKey]
+	if cur, ok := s.get(name); ok && cur.rev >= rev {
 		return false
 	}
-	if byName == nil {
-		byName = map[string]sight[T]{}
-		v.seen[svcKey] = byName
-	}
-	byName[name] = sight[T]{obj: obj, rev: rev}
+	s.set(name, sight[T]{obj: obj, rev: rev})
+	v.seen[svcKey] = s
 	return true
 }
 
@@ -112,7 +146,8 @@ func (v *view[T]) see(svcKey, name string, obj T, rev int64) bool {
 func (v *view[T]) saw(svcKey, name string, rev int64) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	cur, ok := v.seen[svcKey][name]
+	s := v.seen[svcKey]
+	cur, ok := s.get(name)
 	return ok && cur.rev >= rev
 }
 
@@ -120,7 +155,9 @@ func (v *view[T]) saw(svcKey, name string, rev int64) bool {
 func (v *view[T]) get(svcKey, name string) sight[T] {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.seen[svcKey][name]
+	s := v.seen[svcKey]
+	st, _ := s.get(name)
+	return st
 }
 
 // objects returns the stored objects of a Service, sorted by name.
@@ -128,12 +165,18 @@ func (v *view[T]) objects(svcKey string) []T {
 	var zero T
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	byName := v.seen[svcKey]
-	var out []T
-	for _, name := range slices.Sorted(maps.Keys(byName)) {
-		if o := byName[name].obj; o != zero {
-			out = append(out, o)
+	s := v.seen[svcKey]
+	var names []string
+	s.all(func(name string, st sight[T]) {
+		if st.obj != zero {
+			names = append(names, name)
 		}
+	})
+	slices.Sort(names)
+	out := make([]T, 0, len(names))
+	for _, name := range names {
+		st, _ := s.get(name)
+		out = append(out, st.obj)
 	}
 	return out
 }
@@ -144,12 +187,11 @@ func (v *view[T]) keys() []string {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	var out []string
-	for svcKey, byName := range v.seen {
-		for _, s := range byName {
-			if s.obj != zero {
-				out = append(out, svcKey)
-				break
-			}
+	for svcKey, s := range v.seen {
+		present := false
+		s.all(func(_ string, st sight[T]) { present = present || st.obj != zero })
+		if present {
+			out = append(out, svcKey)
 		}
 	}
 	return out
@@ -160,12 +202,12 @@ func (v *view[T]) each(fn func(T)) {
 	var zero T
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for _, byName := range v.seen {
-		for _, s := range byName {
-			if s.obj != zero {
-				fn(s.obj)
+	for _, s := range v.seen {
+		s.all(func(_ string, st sight[T]) {
+			if st.obj != zero {
+				fn(st.obj)
 			}
-		}
+		})
 	}
 }
 
@@ -234,11 +276,13 @@ func (v *view[T]) reloadUnsure(ctx context.Context, svcKey string) error {
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for name, cur := range v.seen[svcKey] {
+	s := v.seen[svcKey]
+	s.all(func(name string, cur sight[T]) {
 		if !found[name] && cur.rev <= rev {
-			v.seen[svcKey][name] = sight[T]{rev: rev}
+			s.set(name, sight[T]{rev: rev})
 		}
-	}
+	})
+	v.seen[svcKey] = s
 	delete(v.unsure, svcKey)
 	return nil
 }
@@ -315,13 +359,14 @@ func (v *view[T]) mergeListed(listed map[string]map[string]sight[T], rev int64) 
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	var gone []string
-	for svcKey, byName := range v.seen {
-		for name, cur := range byName {
+	for svcKey, s := range v.seen {
+		s.all(func(name string, cur sight[T]) {
 			if _, ok := listed[svcKey][name]; !ok && cur.obj != zero && cur.rev <= rev {
-				byName[name] = sight[T]{rev: rev}
+				s.set(name, sight[T]{rev: rev})
 				gone = append(gone, svcKey)
 			}
-		}
+		})
+		v.seen[svcKey] = s
 	}
 	return gone
 }

@@ -30,10 +30,10 @@ import (
 //     sync (reloadUnsure).
 //
 // A Service whose objects someone else deleted (or, with foreignPuts, wrote) is told
-// to changed, which queues it again: its sync puts them right. The view's own store[T] says where
-// the kind lives and how it decodes; what else differs between the kinds is in the
-// functions a view is built with (newEndpointsView, newSlicesView). T is a pointer
-// type; its zero value (nil) is "no object".
+// to changed, which queues it again: its sync puts them right. The view's store[T] says
+// where the kind lives and how it decodes; what else differs between the kinds is in
+// the functions a view is built with (newEndpointsView, newSlicesView). T is a pointer
+// type; its zero value (nil) is "no object". It is safe for concurrent use.
 type view[T comparable] struct {
 	store[T]
 	log *slog.Logger

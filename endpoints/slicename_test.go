@@ -16,7 +16,7 @@ func TestUnmanagedNameCollision(t *testing.T) {
 		t.Skip("watches the controller for 2 s")
 	}
 	svc := sliceService("ns")
-	foreign := ownSlice(svc, endpointslice.Name(svc, 0), nil)
+	foreign := ownSlice(svc, endpointslice.SliceName(svc, 0), nil)
 	foreign.Labels[kube.LabelSliceManagedBy] = "someone-else"
 	h := newSliceHarness(t, Config{}, foreign)
 	h.sliceSnapshots(1, []*kube.Service{svc}, testNodes(1, 1), slicePods("ns", 3, 1))

@@ -1,18 +1,21 @@
 package endpointslice
 
 import (
+	"maps"
 	"slices"
 
 	"github.com/allocd/allocd/endpoints/kube"
 )
 
-// This file chooses the hints of the slices a sync writes, as upstream's reconciler
-// does after placing endpoints (reconcileByAddressType in reconciler.go): topology-aware
-// hints for a Service annotated service.kubernetes.io/topology-mode: Auto (topology.go,
-// upstream's topologycache/), else the hints of spec.trafficDistribution
-// (trafficdist.go, upstream's trafficdist/), else none. Kubernetes iterates maps where
-// a choice is made (which zone receives an endpoint); allocd walks zones in name order,
-// so the same inputs give the same hints.
+// This file holds what the hints share: the slices of one address type being written
+// (sliceInfo), the removal of hints, an endpoint's readiness, and whether a Service
+// asks for topology hints. Reconciler.hints (reconcile.go) chooses, as upstream's
+// reconcileByAddressType does after placing endpoints: topology-aware hints for a
+// Service annotated service.kubernetes.io/topology-mode: Auto (topology.go, upstream's
+// topologycache/), else the hints of spec.trafficDistribution (trafficdist.go, upstream's
+// trafficdist/), else none. Kubernetes iterates maps where a choice is made (which zone
+// receives an endpoint); allocd walks zones in name order, so the same inputs give the
+// same hints.
 
 // HintsEnabled reports whether a Service's annotations ask for topology hints: the
 // deprecated topology-aware-hints annotation when present, else topology-mode, "Auto"
@@ -23,35 +26,6 @@ func HintsEnabled(annotations map[string]string) bool {
 		v = annotations[kube.AnnotationTopologyMode]
 	}
 	return v == "Auto" || v == "auto"
-}
-
-// hints sets or clears the hints of the slices of one address type, as the reconciler
-// does after placing endpoints: Auto hints when the annotation asks for them, else
-// trafficDistribution's, else none (unchanged slices that carry hints are then
-// updated to lose them).
-func (r *Reconciler) hints(addrType string,
-	creates, updates, unchanged []*kube.EndpointSlice) ([]*kube.EndpointSlice, []*kube.EndpointSlice) {
-	auto := HintsEnabled(r.Service.Annotations)
-	td := ValidTrafficDistribution(r.Service.TrafficDistribution) && !auto
-	si := &sliceInfo{toCreate: creates, toUpdate: updates, unchanged: unchanged}
-	switch {
-	case auto:
-		si.addTopologyHints(r.Topology)
-		return si.toCreate, si.toUpdate
-	case !td:
-		si.removeHints()
-		return si.toCreate, si.toUpdate
-	}
-	sameNode := r.Service.TrafficDistribution == kube.TrafficPreferSameNode
-	for _, s := range si.unchanged {
-		if closeHintsNeedUpdate(s, sameNode) {
-			si.toUpdate = append(si.toUpdate, clone(s))
-		}
-	}
-	for _, s := range append(slices.Clip(si.toCreate), si.toUpdate...) {
-		setCloseHints(s, sameNode)
-	}
-	return si.toCreate, si.toUpdate
 }
 
 // sliceInfo is the library's topologycache.SliceInfo: the slices of one address type
@@ -87,3 +61,12 @@ func (si *sliceInfo) removeHints() {
 // EndpointReady is the endpoint's Ready condition (unset is false, as consumers of hints
 // read it).
 func EndpointReady(e *kube.SliceEndpoint) bool { return e.Ready != nil && *e.Ready }
+
+// clone copies s with its own endpoints, labels and annotations, to be changed.
+func clone(s *kube.EndpointSlice) *kube.EndpointSlice {
+	cp := *s
+	cp.Endpoints = append([]kube.SliceEndpoint(nil), s.Endpoints...)
+	cp.Labels = maps.Clone(s.Labels)
+	cp.Annotations = maps.Clone(s.Annotations)
+	return &cp
+}

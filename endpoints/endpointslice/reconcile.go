@@ -132,6 +132,35 @@ func (r *Reconciler) reconcileType(plan *Plan, addrType string, existing []*kube
 	plan.Deletes = append(plan.Deletes, deletes...)
 }
 
+// hints sets or clears the hints of the slices of one address type, as the reconciler
+// does after placing endpoints: Auto hints when the annotation asks for them, else
+// trafficDistribution's, else none (unchanged slices that carry hints are then
+// updated to lose them).
+func (r *Reconciler) hints(addrType string,
+	creates, updates, unchanged []*kube.EndpointSlice) ([]*kube.EndpointSlice, []*kube.EndpointSlice) {
+	auto := HintsEnabled(r.Service.Annotations)
+	td := ValidTrafficDistribution(r.Service.TrafficDistribution) && !auto
+	si := &sliceInfo{toCreate: creates, toUpdate: updates, unchanged: unchanged}
+	switch {
+	case auto:
+		si.addTopologyHints(r.Topology)
+		return si.toCreate, si.toUpdate
+	case !td:
+		si.removeHints()
+		return si.toCreate, si.toUpdate
+	}
+	sameNode := r.Service.TrafficDistribution == kube.TrafficPreferSameNode
+	for _, s := range si.unchanged {
+		if closeHintsNeedUpdate(s, sameNode) {
+			si.toUpdate = append(si.toUpdate, clone(s))
+		}
+	}
+	for _, s := range append(slices.Clip(si.toCreate), si.toUpdate...) {
+		setCloseHints(s, sameNode)
+	}
+	return si.toCreate, si.toUpdate
+}
+
 // reconcileGroup plans the slices of one port group (reconcileByPortMapping).
 func (r *Reconciler) reconcileGroup(existing []*kube.EndpointSlice, g *group,
 	addrType string) (creates, updates, deletes []*kube.EndpointSlice, added, removed int) {
@@ -346,7 +375,7 @@ func bestRecycled(svc *kube.Service, c *kube.EndpointSlice, deletes []*kube.Endp
 	return best
 }
 
-// name gives every slice to create a name, the first candidate (Name) not taken among
+// name gives every slice to create a name, the first candidate (SliceName) not taken among
 // the Service's slices.
 func (r *Reconciler) name(plan *Plan) {
 	taken := maps.Clone(r.Taken)
@@ -359,7 +388,7 @@ func (r *Reconciler) name(plan *Plan) {
 	n := 0
 	for _, s := range plan.Creates {
 		for {
-			name := Name(r.Service, n)
+			name := SliceName(r.Service, n)
 			n++
 			if !taken[name] {
 				s.Name, taken[name] = name, true
@@ -372,10 +401,10 @@ func (r *Reconciler) name(plan *Plan) {
 // nameAlphabet is the alphabet of generateName's suffixes (no vowels, no 0, 1, 3).
 const nameAlphabet = "bcdfghjklmnpqrstvwxz2456789"
 
-// Name is the n-th candidate name of a slice of svc: the Service's name, a dash and
+// SliceName is the n-th candidate name of a slice of svc: the Service's name, a dash and
 // five characters of the alphabet Kubernetes' generateName uses, derived from the
 // Service's uid and n, so that a sync names its slices the same every time.
-func Name(svc *kube.Service, n int) string {
+func SliceName(svc *kube.Service, n int) string {
 	h := fnv.New64a()
 	h.Write([]byte(svc.UID))
 	h.Write([]byte{0})
@@ -400,13 +429,4 @@ func (r *Reconciler) stamp(s *kube.EndpointSlice) {
 		return
 	}
 	s.Annotations[kube.AnnotationTriggerTime] = r.TriggerTime.UTC().Format(time.RFC3339Nano)
-}
-
-// clone copies s with its own endpoints, labels and annotations, to be changed.
-func clone(s *kube.EndpointSlice) *kube.EndpointSlice {
-	cp := *s
-	cp.Endpoints = append([]kube.SliceEndpoint(nil), s.Endpoints...)
-	cp.Labels = maps.Clone(s.Labels)
-	cp.Annotations = maps.Clone(s.Annotations)
-	return &cp
 }

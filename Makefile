@@ -179,9 +179,10 @@ kube-e2e: kube-bins
 
 # kube-numbers: the figures of bridge/README.md, side by side on this machine (TestNumbers:
 # initial sync of KUBE_E2E_SERVICES Services x KUBE_E2E_PODS_PER_SERVICE Pods, readiness
-# flips at 10 and 200/s).
+# flips at 10 and 200/s; TestFlips: 50 flips at KUBE_E2E_FLIP_RATES, default 5/s, hop by
+# hop).
 kube-numbers:
-	$(MAKE) kube-e2e KUBE_E2E_FLAGS="-run TestNumbers" KUBE_E2E_NUMBERS=1
+	$(MAKE) kube-e2e KUBE_E2E_FLAGS="-run 'TestNumbers|TestFlips'" KUBE_E2E_NUMBERS=1
 
 clean:
 	rm -rf bin .bin allocd-data cluster-data

@@ -82,7 +82,8 @@ func TestElection(t *testing.T) {
 	for _, r := range []*replica{a, b} {
 		id, self, err := r.el.Leader(ctx)
 		if err != nil || id != "10.0.0.1:8080" || self != (r == a) {
-			t.Errorf("%s Leader() = %q, %v, %v; want 10.0.0.1:8080, %v, nil", r.el.Identity(), id, self, err, r == a)
+			t.Errorf("%s Leader() = %q, %v, %v; want 10.0.0.1:8080, %v, nil", r.el.Identity(), id, self, err,
+				r == a)
 		}
 	}
 	if b.el.IsLeader() || len(b.fences()) != 0 {
@@ -116,7 +117,8 @@ func TestElection(t *testing.T) {
 // did not, Held must agree.
 func fenceHolds(t *testing.T, cli *clientv3.Client, f leader.Fence) bool {
 	t.Helper()
-	resp, err := cli.Txn(etcdtest.Context(t)).If(f.Cmp()).Then(clientv3.OpPut("/fenced", f.String())).Else(f.Get()).Commit()
+	resp, err := cli.Txn(etcdtest.Context(t)).If(f.Cmp()).Then(clientv3.OpPut("/fenced", f.String())).
+		Else(f.Get()).Commit()
 	if err != nil {
 		t.Fatal(err)
 	}

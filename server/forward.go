@@ -93,7 +93,8 @@ func (f *Forwarder) conn(leader string) (*grpc.ClientConn, error) {
 	}
 	cc, err := grpc.NewClient(leader,
 		grpc.WithTransportCredentials(f.creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvMsgSize), grpc.MaxCallSendMsgSize(MaxRecvMsgSize)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvMsgSize),
+			grpc.MaxCallSendMsgSize(MaxRecvMsgSize)))
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +107,8 @@ func (f *Forwarder) conn(leader string) (*grpc.ClientConn, error) {
 
 // route tells where a call of controller goes: self when this replica leads (the
 // caller serves it), else a connection to the leader and its identity.
-func (f *Forwarder) route(ctx context.Context, controller string) (cc *grpc.ClientConn, leaderID string, self bool, err error) {
+func (f *Forwarder) route(ctx context.Context, controller string) (cc *grpc.ClientConn, leaderID string,
+	self bool, err error) {
 	id, self, err := f.lead.Leader(ctx)
 	if err != nil {
 		return nil, "", false, Status(err)
@@ -174,7 +176,8 @@ func forwardUnary[Req, Resp any](ctx context.Context, f *Forwarder, controller, 
 }
 
 // streamOpener opens a client stream of the method a forwarded stream replays on.
-type streamOpener[Req, Resp any] func(grpc.ClientConnInterface, context.Context) (grpc.ClientStreamingClient[Req, Resp], error)
+type streamOpener[Req, Resp any] func(grpc.ClientConnInterface,
+	context.Context) (grpc.ClientStreamingClient[Req, Resp], error)
 
 // toLeader forwards msgs to the leader on a client stream that open opens, with the
 // metadata kv, unless this replica leads: forwarded is false then, and the caller
@@ -193,9 +196,12 @@ func toLeader[Req, Resp any](ctx context.Context, f *Forwarder, controller strin
 }
 
 // unaryVia adapts method m of the generated client that newClient makes to
-// forwardUnary: unaryVia(allocdv1.NewRepairServiceClient, allocdv1.RepairServiceClient.RunRepair).
+// forwardUnary:
+//
+//	unaryVia(allocdv1.NewRepairServiceClient, allocdv1.RepairServiceClient.RunRepair)
 func unaryVia[C, Req, Resp any](newClient func(grpc.ClientConnInterface) C,
-	m func(C, context.Context, *Req, ...grpc.CallOption) (*Resp, error)) func(grpc.ClientConnInterface, context.Context, *Req) (*Resp, error) {
+	m func(C, context.Context, *Req, ...grpc.CallOption) (*Resp, error),
+) func(grpc.ClientConnInterface, context.Context, *Req) (*Resp, error) {
 	return func(cc grpc.ClientConnInterface, ctx context.Context, req *Req) (*Resp, error) {
 		return m(newClient(cc), ctx, req)
 	}
@@ -204,8 +210,10 @@ func unaryVia[C, Req, Resp any](newClient func(grpc.ClientConnInterface) C,
 // streamVia adapts client-stream method m of the generated client that newClient makes
 // to toLeader.
 func streamVia[C, Req, Resp any](newClient func(grpc.ClientConnInterface) C,
-	m func(C, context.Context, ...grpc.CallOption) (grpc.ClientStreamingClient[Req, Resp], error)) streamOpener[Req, Resp] {
-	return func(cc grpc.ClientConnInterface, ctx context.Context) (grpc.ClientStreamingClient[Req, Resp], error) {
+	m func(C, context.Context, ...grpc.CallOption) (grpc.ClientStreamingClient[Req, Resp], error),
+) streamOpener[Req, Resp] {
+	return func(cc grpc.ClientConnInterface,
+		ctx context.Context) (grpc.ClientStreamingClient[Req, Resp], error) {
 		return m(newClient(cc), ctx)
 	}
 }
@@ -278,8 +286,9 @@ func receiveChunks[Req any, Resp any](stream grpc.ClientStreamingServer[Req, Res
 				}
 			}
 		case r != want:
-			return nil, 0, Status(Invalid("snapshot.revision", fmt.Sprintf("chunk %d has revision %d but the first chunk had %d: "+
-				"every chunk of one stream carries the same revision", len(chunks), r, want)))
+			return nil, 0, Status(Invalid("snapshot.revision", fmt.Sprintf(
+				"chunk %d has revision %d but the first chunk had %d: "+
+					"every chunk of one stream carries the same revision", len(chunks), r, want)))
 		}
 		chunks = append(chunks, req)
 	}
@@ -289,7 +298,8 @@ func receiveChunks[Req any, Resp any](stream grpc.ClientStreamingServer[Req, Res
 	return chunks, want, nil
 }
 
-// parseInt64 reads one positive integer of metadata key, 0 when absent or bad.
+// parseInt64 reads the one positive integer of a metadata key's values md, 0 when it is
+// absent, repeated or bad.
 func parseInt64(md []string) int64 {
 	if len(md) != 1 {
 		return 0

@@ -33,9 +33,10 @@ type bridge struct {
 	reg     *prometheus.Registry
 	factory informers.SharedInformerFactory
 	src     *feed.Source
-	writers []*write.Writer
+	writers []writer
 	adopter *adopt.Controller
 	ad      *adopt.Adopter
+	sweeper *adopt.Sweeper
 }
 
 func run(ctx context.Context, o *options) error {
@@ -69,12 +70,19 @@ func run(ctx context.Context, o *options) error {
 			return nil
 		})
 		g.Go(func() error { return b.adopter.Run(gctx, b.factory.Core().V1().Services().Informer().HasSynced) })
+		g.Go(func() error { return b.sweeper.Run(gctx, b.adopter.Ran) })
 	}
 	b.log.Info("allocd-bridge started", "allocd", o.allocd, "adopt", o.adopt,
 		"manage_kubernetes_service", o.kubernetesSvc)
 	err = g.Wait()
 	b.log.Info("allocd-bridge stopped")
 	return err
+}
+
+// writer is what the bridge runs of a write.Writer, of either kind.
+type writer interface {
+	Run(ctx context.Context) error
+	Ready() bool
 }
 
 func ignoreCanceled(err error) error {
@@ -104,6 +112,8 @@ func newBridge(o *options) (*bridge, error) {
 			return nil, err
 		}
 		fopts = append(fopts, feed.WithServiceHandler(b.adopter.ServiceChanged))
+		b.sweeper = adopt.NewSweeper(b.ad, b.kube, b.log, adopt.SweeperConfig{Grace: o.pendingGrace,
+			Interval: o.pendingSweep})
 	}
 	feedErrors := func(err error) { b.log.Info("feeding allocd failed; retrying", "error", err) }
 	b.src, err = feed.New(b.log, b.kube, b.factory, b.c, []client.FeederOption{client.WithFeedErrors(feedErrors)}, fopts...)
@@ -146,20 +156,20 @@ func (b *bridge) listCIDRs(ctx context.Context) ([]networkingv1.ServiceCIDR, err
 }
 
 // health serves /healthz (the process runs), /readyz (informers synced, allocd's
-// objects listed, adoption run over every Service once), /metrics, and with profiling
-// /debug/pprof/.
+// objects listed, the first sweep through and its deletions written, adoption run over
+// every Service once), /metrics, and with profiling /debug/pprof/.
 func (b *bridge) health(addr string, profiling bool) (*http.Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		ready := b.src.HasSynced()
 		for _, wr := range b.writers {
-			ready = ready && wr.Synced()
+			ready = ready && wr.Ready()
 		}
 		ready = ready && (b.adopter == nil || b.adopter.Ran())
 		if !ready {
-			http.Error(w, "not ready: informers syncing, allocd not listed or adoption not run yet",
-				http.StatusServiceUnavailable)
+			http.Error(w, "not ready: informers syncing, allocd not listed, leftovers not yet swept (allocd "+
+				"behind the feed, or looking reset) or adoption not run yet", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")

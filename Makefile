@@ -173,6 +173,7 @@ $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager: test/kube/k8s/go
 	cd test/kube/k8s && $(GO) build -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
 kube-e2e: kube-bins
 	$(GO) build -o $(KUBE_BIN)/allocd ./cmd/allocd
+	$(GO) build -o $(KUBE_BIN)/mkcerts ./tools/mkcerts
 	cd bridge && $(GO) build -o $(KUBE_BIN)/allocd-bridge ./cmd/allocd-bridge
 	cd test/kube && KUBE_E2E_BIN=$(KUBE_BIN) KUBE_E2E_LOGS=$(BIN)/kube-e2e-logs KUBE_E2E_NUMBERS=$(KUBE_E2E_NUMBERS) \
 		$(GO) test -count=1 -timeout 60m -v $(KUBE_E2E_FLAGS) ./...

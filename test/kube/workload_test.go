@@ -220,6 +220,13 @@ func refusalReason(err error) string {
 // next index when its create is answered, and times every create.
 func runCreates(ctx context.Context, cs kubernetes.Interface, n, clients int,
 	obj func(i int) *corev1.Service) *createRun {
+	return runCreatesNotify(ctx, cs, n, clients, obj, nil)
+}
+
+// runCreatesNotify is runCreates that calls answered (when not nil) after each answer,
+// success or refusal.
+func runCreatesNotify(ctx context.Context, cs kubernetes.Interface, n, clients int,
+	obj func(i int) *corev1.Service, answered func()) *createRun {
 	r := &createRun{n: n, created: make([]*corev1.Service, n)}
 	var next atomic.Int64
 	var mu sync.Mutex
@@ -238,12 +245,15 @@ func runCreates(ctx context.Context, cs kubernetes.Interface, n, clients int,
 				d := time.Since(t0)
 				if err != nil {
 					r.refused.add(err)
-					continue
+				} else {
+					mu.Lock()
+					r.lat = append(r.lat, d)
+					r.created[i] = got
+					mu.Unlock()
 				}
-				mu.Lock()
-				r.lat = append(r.lat, d)
-				r.created[i] = got
-				mu.Unlock()
+				if answered != nil {
+					answered()
+				}
 			}
 		})
 	}

@@ -51,7 +51,11 @@
 // request that finds its range full reads the owner record before failing); a
 // different request of an existing owner allocates more. One request names at most
 // MaxItems items, so that its keys and its record fit in etcd's 128 operations per
-// transaction.
+// transaction. Items move between owners (Reassign, one item; Transfer, what an owner
+// holds) in one transaction that rewrites each item key, compared at the revision read,
+// with both owners' records: an item is never free nor held twice on the way. ListPage
+// lists the owners of a UID prefix from their records (an admission webhook's
+// provisional owners, "admission/...").
 //
 // # Index
 //
@@ -107,7 +111,8 @@
 // name, uid, ranges, cluster_ips, node_ports, revision), "assigned" (with range),
 // "released" (with force, and the holder_uids of other owners a forced release took
 // items from), "reassigned" (with to_namespace, to_name, to_uid, if_mod_revision) and
-// ReleaseIf's "released" (with if_mod_revision). Replays and no-ops write nothing and
+// ReleaseIf's "released" (with if_mod_revision), "transferred" (with to_namespace,
+// to_name, to_uid, cluster_ips, node_ports). Replays and no-ops write nothing and
 // log nothing; a full release of an owner that holds nothing writes a tombstone anew
 // (fence.go) and logs nothing.
 package allocator

@@ -57,12 +57,16 @@ func passEpochs(t *testing.T, a *Allocator) {
 // Two more cases release an owner that has no record, or only a tombstone, when the
 // release reads it: the held transaction (the caller's only attempt, not retried)
 // expects just that, so the release must still change the record (a tombstone anew).
+// In the last two, what the retry got is transferred to another owner instead of
+// released: the record emptied by the transfer is a tombstone too.
 func TestNoAllocationComesBack(t *testing.T) {
 	for _, c := range []raceCase{
 		{name: "tombstone", retry: true},
 		{name: "tombstone collected", retry: true, collect: true},
 		{name: "no record when released"},
 		{name: "only a tombstone when released", tombFirst: true},
+		{name: "transferred", retry: true, transfer: true},
+		{name: "transferred, tombstone collected", retry: true, collect: true, transfer: true},
 	} {
 		t.Run(c.name, func(t *testing.T) { raceRelease(t, c) })
 	}
@@ -70,11 +74,12 @@ func TestNoAllocationComesBack(t *testing.T) {
 
 // raceCase is one case of TestNoAllocationComesBack: whether the caller retries
 // (else the release finds what the held transaction expects), whether the tombstone
-// is collected before the held transaction lands, and whether the owner allocated and
-// released everything once before (a tombstone when the held transaction is built).
+// is collected before the held transaction lands, whether the owner allocated and
+// released everything once before (a tombstone when the held transaction is built),
+// and whether everything is transferred to another owner rather than released.
 type raceCase struct {
-	name                      string
-	retry, collect, tombFirst bool
+	name                                string
+	retry, collect, tombFirst, transfer bool
 }
 
 func raceRelease(t *testing.T, c raceCase) {
@@ -148,7 +153,13 @@ func raceRelease(t *testing.T, c raceCase) {
 			t.Fatalf("retry = %v", err)
 		}
 	}
-	if _, _, err := other.Release(ctx, o, nil, false); err != nil {
+	to := owner("svc-to")
+	if c.transfer {
+		if moved, _, err := other.Transfer(ctx, o, to, nil); err != nil || len(moved) != len(res.ClusterIPs) {
+			px.UnpauseTx()
+			t.Fatalf("Transfer(all of %s) = %v, %v; want %v moved", o.UID, moved, err, res.ClusterIPs)
+		}
+	} else if _, _, err := other.Release(ctx, o, nil, false); err != nil {
 		px.UnpauseTx()
 		t.Fatalf("Release(all of %s) = %v", o.UID, err)
 	}
@@ -171,6 +182,11 @@ func raceRelease(t *testing.T, c raceCase) {
 	}
 	if !c.collect {
 		checkTombstone(t, e.Client, other, o.UID)
+	}
+	if c.transfer {
+		if got := heldBy(t, e.Client, other, to.UID); len(got) != len(res.ClusterIPs) {
+			t.Errorf("after the transfer, etcd holds %v for %s; want %v", got, to.UID, res.ClusterIPs)
+		}
 	}
 
 	// A genuine new allocation of the owner, through either replica, follows the

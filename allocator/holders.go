@@ -384,15 +384,17 @@ func (a *Allocator) readItems(ctx context.Context, items []Item) (int64, []Alloc
 	for range listTries {
 		var rev int64
 		var all []Allocation
-		if rev, all, err = a.readItemsAt(ctx, items); !errors.Is(err, rpctypes.ErrCompacted) {
+		if rev, all, err = a.readItemsAt(ctx, items, 0); !errors.Is(err, rpctypes.ErrCompacted) {
 			return rev, all, err
 		}
 	}
 	return 0, nil, err
 }
 
-func (a *Allocator) readItemsAt(ctx context.Context, items []Item) (int64, []Allocation, error) {
-	var rev int64
+// readItemsAt is one try of readItems, at rev (0: at the first transaction's), which
+// it returns: the allocations of items, in their order, leaving out the free ones and
+// those outside every range.
+func (a *Allocator) readItemsAt(ctx context.Context, items []Item, rev int64) (int64, []Allocation, error) {
 	all := make([]Allocation, 0, len(items))
 	ops := make([]clientv3.Op, 0, maxTxnOps)
 	for len(items) > 0 || rev == 0 {

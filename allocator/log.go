@@ -184,3 +184,15 @@ func (a *Allocator) logConditional(ctx context.Context, al Allocation, to *Owner
 	attrs = append(attrs, slog.Int64("revision", rev), slog.Int64("if_mod_revision", al.ModRevision))
 	a.log.LogAttrs(ctx, slog.LevelInfo, msg, attrs...)
 }
+
+// logTransferred logs a committed Transfer of moved from from to to.
+func (a *Allocator) logTransferred(ctx context.Context, from, to Owner, moved []Item, rev int64) {
+	if !a.log.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	attrs := ownerAttrs(make([]slog.Attr, 0, 9), "", from)
+	attrs = ownerAttrs(attrs, "to_", to)
+	attrs = itemAttrs(attrs, moved)
+	attrs = append(attrs, slog.Int64("revision", rev))
+	a.log.LogAttrs(ctx, slog.LevelInfo, "transferred", attrs...)
+}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -222,6 +224,9 @@ type ListOptions struct {
 	Range string
 	// OwnerUID keeps the allocations of that owner only (one page, at most MaxItems).
 	OwnerUID string
+	// OwnerUIDPrefix keeps the allocations of the owners whose UID starts with it, read
+	// from their records (not with OwnerUID; "" lists every owner's).
+	OwnerUIDPrefix string
 	// PageSize is the most allocations returned; 0 means 500, at most 5000.
 	PageSize int
 	// PageToken continues from the NextPageToken of the previous page.
@@ -237,7 +242,8 @@ type Page struct {
 
 // ListPage lists allocations a page at a time; every page of one listing is read at
 // the first page's revision. A token whose revision was compacted away, or that does
-// not parse, is an *InvalidError.
+// not parse, is an *InvalidError. With OwnerUIDPrefix, the owners are listed in the
+// order of their UIDs, each with its allocations in the order of its record.
 func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) {
 	size := lo.PageSize
 	switch {
@@ -268,10 +274,18 @@ func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) 
 		_, ok := r.offset(al.Item)
 		return ok
 	}
+	if lo.OwnerUIDPrefix != "" {
+		if err := checkUIDPrefix(lo); err != nil {
+			return Page{}, err
+		}
+		return a.listPaged(lo.PageToken, func() (Page, error) {
+			return a.listOwners(ctx, lo.OwnerUIDPrefix, size, lo.PageToken, keep)
+		})
+	}
 	if lo.OwnerUID != "" {
 		return a.listOwner(ctx, lo.OwnerUID, keep)
 	}
-	rev, after, err := a.parseToken(lo.PageToken)
+	rev, after, err := a.parseToken(lo.PageToken, a.ipPrefix, a.portPrefix)
 	if err != nil {
 		return Page{}, err
 	}
@@ -281,20 +295,48 @@ func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) 
 	} else if r != nil {
 		prefixes = prefixes[1:]
 	}
+	return a.listPaged(lo.PageToken, func() (Page, error) {
+		return a.fillPage(ctx, pageList{a: a, size: size, rev: rev, keep: keep}, prefixes, after)
+	})
+}
+
+// listPaged returns the page fill reads. A first page (no token) whose revision was
+// compacted while it was read is read again at a new one; a token's that was is an
+// *InvalidError.
+func (a *Allocator) listPaged(token string, fill func() (Page, error)) (Page, error) {
 	for try := 1; ; try++ {
-		page, err := a.fillPage(ctx, pageList{a: a, size: size, rev: rev, keep: keep}, prefixes, after)
+		page, err := fill()
 		switch {
 		case !errors.Is(err, rpctypes.ErrCompacted):
 			return page, err
-		case lo.PageToken != "":
+		case token != "":
 			return Page{}, badrequest.New("page_token",
 				"expired: its revision was compacted; list again from the start")
 		case try == listTries:
 			return Page{}, fmt.Errorf("list allocations: %w", err)
 		}
-		// A first page whose revision was compacted while it was read: read it again
-		// at a new one (the caller sent no token to blame).
 	}
+}
+
+// checkUIDPrefix refuses an OwnerUIDPrefix that no owner's UID can start with (blank,
+// or with a character CheckUID refuses), or that comes with OwnerUID.
+func checkUIDPrefix(lo ListOptions) error {
+	p := lo.OwnerUIDPrefix
+	if lo.OwnerUID != "" {
+		return badrequest.New("owner_uid_prefix", "not with owner_uid: give one of the two")
+	}
+	if strings.TrimSpace(p) == "" {
+		return badrequest.New("owner_uid_prefix", "blank; give at least one character of the uids")
+	}
+	if !utf8.ValidString(p) {
+		return badrequest.New("owner_uid_prefix", "not valid UTF-8")
+	}
+	for _, c := range p {
+		if !unicode.IsPrint(c) || unicode.IsSpace(c) {
+			return badrequest.New("owner_uid_prefix", fmt.Sprintf("contains %q, which no owner uid has", c))
+		}
+	}
+	return nil
 }
 
 // fillPage fills pl's page from prefixes, after the key after.
@@ -463,4 +505,108 @@ func (a *Allocator) Ranges() []RangeInfo {
 		out = append(out, ri)
 	}
 	return out
+}
+
+// ownerChunk bounds the owner records that one read of listOwners takes.
+const ownerChunk = 512
+
+// listOwners is ListPage of the owners whose UID starts with prefix: their records in
+// key order from the token's place, read a chunk at a time, then the allocations each
+// record lists, read at the same revision (an item listed whose key is another owner's
+// is left out: it is listed under that owner). A token names the owner to go on from
+// and how many of its allocations the pages before took ("<owner key>\x00<n>").
+func (a *Allocator) listOwners(ctx context.Context, prefix string, size int, tok string,
+	keep func(Allocation) bool) (Page, error) {
+	under := a.ownerKey(prefix)
+	rev, after, err := a.parseToken(tok, under)
+	if err != nil {
+		return Page{}, err
+	}
+	key, skip := under, 0
+	if after != "" {
+		last, n, ok := strings.Cut(after, "\x00")
+		if skip, err = strconv.Atoi(n); !ok || err != nil || skip < 0 {
+			return Page{}, badrequest.New("page_token", "not a token of this listing")
+		}
+		key = last
+	}
+	end := clientv3.GetPrefixRangeEnd(under)
+	var page Page
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end),
+			clientv3.WithLimit(int64(min(ownerChunk, size-len(page.Allocations)+1)))}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		resp, err := a.cli.Get(ctx, key, opts...)
+		if a.afterPageRead != nil {
+			a.afterPageRead()
+		}
+		if err != nil {
+			return Page{}, fmt.Errorf("list owners under %q: %w", prefix, err)
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		held, err := a.ownersHold(ctx, resp.Kvs, rev, keep)
+		if err != nil {
+			return Page{}, err
+		}
+		for i, kv := range resp.Kvs {
+			for n := skip; n < len(held[i]); n++ {
+				if len(page.Allocations) == size {
+					return Page{Allocations: page.Allocations, Revision: rev,
+						NextPageToken: makeToken(rev, string(kv.Key)+"\x00"+strconv.Itoa(n))}, nil
+				}
+				page.Allocations = append(page.Allocations, held[i][n])
+			}
+			skip = 0
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			page.Revision = rev
+			return page, nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// ownersHold reads, at rev, the allocations that the owner records kvs list: for each
+// record, those that its owner holds and keep keeps, in the record's order.
+func (a *Allocator) ownersHold(ctx context.Context, kvs []*mvccpb.KeyValue, rev int64,
+	keep func(Allocation) bool) ([][]Allocation, error) {
+	recs := make([]*ownerRecord, len(kvs))
+	var items []Item
+	for i, kv := range kvs {
+		rec, err := decodeOwnerRecord(kv.Value)
+		if err != nil {
+			a.log.Warn("undecodable owner record", "key", string(kv.Key), "err", err)
+			continue
+		}
+		recs[i] = rec
+		items = append(items, rec.itemList()...)
+	}
+	if len(items) == 0 {
+		return make([][]Allocation, len(kvs)), nil
+	}
+	_, all, err := a.readItemsAt(ctx, items, rev)
+	if err != nil {
+		return nil, err
+	}
+	byItem := make(map[ItemKey]Allocation, len(all))
+	for _, al := range all {
+		byItem[al.Item.Key()] = al
+	}
+	out := make([][]Allocation, len(kvs))
+	for i, kv := range kvs {
+		if recs[i] == nil {
+			continue
+		}
+		uid := strings.TrimPrefix(string(kv.Key), a.ownerPrefix)
+		for _, it := range recs[i].itemList() {
+			if al, ok := byItem[it.Key()]; ok && al.Owner.UID == uid && keep(al) {
+				out[i] = append(out[i], al)
+			}
+		}
+	}
+	return out, nil
 }

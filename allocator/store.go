@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -230,6 +231,24 @@ func (s *store) readRecords(ctx context.Context, uids []string, rev int64) (map[
 	return out, nil
 }
 
+// readItemKeys reads the keys of items at one revision: the key-value of each, in
+// order, nil for an item that is free.
+func (s *store) readItemKeys(ctx context.Context, items []Item) ([]*mvccpb.KeyValue, error) {
+	gets := make([]clientv3.Op, len(items))
+	for i, it := range items {
+		gets[i] = clientv3.OpGet(s.key(it))
+	}
+	resp, err := s.cli.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("read allocations: %w", err)
+	}
+	out := make([]*mvccpb.KeyValue, len(items))
+	for i, r := range resp.Responses {
+		out[i] = firstKV(r.GetResponseRange().Kvs)
+	}
+	return out, nil
+}
+
 // listPageSize is the page size of List on servers without RangeStream: big, since
 // etcd walks the rest of the range for every page to count it.
 const listPageSize = 50_000
@@ -313,7 +332,10 @@ func makeToken(rev int64, lastKey string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(rev, 10) + "\x00" + lastKey))
 }
 
-func (s *store) parseToken(tok string) (int64, string, error) {
+// parseToken returns the revision and the last key of a token that makeToken made,
+// refusing one whose key is under none of the prefixes under (a token of another
+// listing).
+func (s *store) parseToken(tok string, under ...string) (int64, string, error) {
 	if tok == "" {
 		return 0, "", nil
 	}
@@ -327,8 +349,9 @@ func (s *store) parseToken(tok string) (int64, string, error) {
 		return 0, "", bad
 	}
 	rev, err := strconv.ParseInt(revs, 10, 64)
-	if err != nil || rev <= 0 ||
-		(!strings.HasPrefix(key, s.ipPrefix) && !strings.HasPrefix(key, s.portPrefix)) {
+	if err != nil || rev <= 0 || !slices.ContainsFunc(under, func(p string) bool {
+		return strings.HasPrefix(key, p)
+	}) {
 		return 0, "", bad
 	}
 	return rev, key, nil

@@ -30,10 +30,12 @@ func kubeCerts(ns string) []kubeCert {
 		{name: "allocd", leaf: devpki.Leaf{CommonName: "allocd",
 			DNS: []string{svc("allocd"), "*." + svc("allocd-peers"), "localhost"}, IPs: local,
 			URIs: []string{devpki.ReplicaIdentity}, Server: true, Client: true}},
+		// The bridge and its webhook are one program, allocd-bridge, with one identity:
+		// the example policy grants it Transfer (binding what the webhook allocated).
 		{name: "bridge", leaf: devpki.Leaf{CommonName: "allocd-bridge",
-			URIs: []string{devpki.ShimIdentity + "bridge"}, Client: true}},
-		{name: "webhook", leaf: devpki.Leaf{CommonName: "allocd-webhook",
-			URIs: []string{devpki.ShimIdentity + "webhook"}, Client: true}},
+			URIs: []string{devpki.ShimIdentity + "allocd-bridge"}, Client: true}},
+		{name: "webhook", leaf: devpki.Leaf{CommonName: "allocd-bridge webhook",
+			URIs: []string{devpki.ShimIdentity + "allocd-bridge"}, Client: true}},
 		{name: "webhook-serving", leaf: devpki.Leaf{CommonName: svc("allocd-webhook"),
 			DNS: []string{svc("allocd-webhook")}, Server: true}},
 		{name: "operator", leaf: devpki.Leaf{CommonName: "operator",

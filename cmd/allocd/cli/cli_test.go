@@ -99,6 +99,32 @@ func TestAllocations(t *testing.T) {
 	a.golden("allocations")
 }
 
+// TestTransfer binds what a provisional owner allocated to a Service's UID, as
+// allocd-bridge does: the provisional owners listed by their UID prefix, the refusals of
+// what the provisional owner does not hold (nothing moves), a transfer of one item, the
+// same again (nothing to move), the rest, and command lines that cannot run.
+func TestTransfer(t *testing.T) {
+	a := start(t, func(c *daemon.Config) { c.ServiceClusterIPRange = "10.0.0.0/24" })
+	a.allocate("default", "web", "admission/7f3a", []string{"10.0.0.20"}, 30020, 30021)
+	a.allocate("default", "db", "uid-db", []string{"10.0.0.30"}, 30030)
+	a.run("get", "allocations", "--owner-uid-prefix", "admission/")
+	to := []string{"transfer", "--from-uid", "admission/7f3a", "--to-owner", "default/web",
+		"--to-uid", "uid-web"}
+	a.run(append(to, "30020", "30030")...)
+	a.run(append(to, "30022")...)
+	a.run(append(to, "30020")...)
+	a.run(append(to, "30020")...)
+	a.run(append(to, "-o", "json")...)
+	a.run(to...)
+	a.run("get", "allocations", "--owner-uid-prefix", "admission/")
+	a.run("get", "allocations", "--uid", "uid-web")
+	a.run("transfer", "--from-uid", "uid-web", "--to-owner", "default/web", "--to-uid", "uid-web")
+	a.run("transfer", "--from-uid", "uid-web", "--to-owner", "web", "--to-uid", "uid-x")
+	a.run("transfer", "--from-uid", "uid-web", "--to-owner", "default/web")
+	a.run("get", "allocations", "--uid", "uid-web", "--owner-uid-prefix", "admission/")
+	a.golden("transfer")
+}
+
 // TestErrors: a full range, a bad CIDR, a name taken, each as one line and as the
 // status in JSON; and command lines that cannot run (exit 2).
 func TestErrors(t *testing.T) {

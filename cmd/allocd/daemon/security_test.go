@@ -117,6 +117,8 @@ func replicaLeaf(addrs ...string) devpki.Leaf {
 var (
 	shimLeaf = devpki.Leaf{CommonName: "shim", URIs: []string{devpki.ShimIdentity + "apiserver-1"},
 		Client: true}
+	bridgeLeaf = devpki.Leaf{CommonName: "allocd-bridge",
+		URIs: []string{devpki.ShimIdentity + "allocd-bridge"}, Client: true}
 	otherShim = devpki.Leaf{CommonName: "shim2", URIs: []string{devpki.ShimIdentity + "apiserver-2"},
 		Client: true}
 	operatorLeaf = devpki.Leaf{CommonName: "operator", URIs: []string{devpki.OperatorIdentity + "alice"},
@@ -231,6 +233,12 @@ var mutations = []struct {
 	{"ForceRelease", func(ctx context.Context, conn *grpc.ClientConn) error {
 		_, err := allocdv1.NewAllocatorServiceClient(conn).ForceRelease(ctx,
 			&allocdv1.ForceReleaseRequest{Owner: &allocdv1.Owner{Uid: "uid-web"}})
+		return err
+	}},
+	{"Transfer", func(ctx context.Context, conn *grpc.ClientConn) error {
+		_, err := allocdv1.NewAllocatorServiceClient(conn).Transfer(ctx, &allocdv1.TransferRequest{
+			From: &allocdv1.Owner{Uid: "uid-web"}, To: &allocdv1.Owner{Namespace: "default", Name: "x",
+				Uid: "uid-x"}})
 		return err
 	}},
 	{"CreateServiceCIDR", func(ctx context.Context, conn *grpc.ClientConn) error {
@@ -383,6 +391,17 @@ func TestAuthorizationRoles(t *testing.T) {
 		&allocdv1.ForceReleaseRequest{NodePorts: []int32{port}})
 	if err != nil || !slices.Equal(rel.GetReleasedNodePorts(), []int32{port}) {
 		t.Errorf("admin ForceRelease(%d) = %v, %v; want it released", port, rel, err)
+	}
+	// Transfers move anyone's items: refused to a shim, granted to the bridge.
+	transfer := &allocdv1.TransferRequest{From: &allocdv1.Owner{Uid: "uid-web"},
+		To: &allocdv1.Owner{Namespace: "default", Name: "web", Uid: "uid-web-2"}}
+	if _, err := alloc.Transfer(ctx, transfer); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("shim Transfer = %v; want PERMISSION_DENIED", err)
+	}
+	bridge := allocdv1.NewAllocatorServiceClient(p.dial(d.GRPCAddr(), &bridgeLeaf))
+	moved, err := bridge.Transfer(ctx, transfer)
+	if err != nil || len(moved.GetTransferredClusterIps()) != 1 {
+		t.Errorf("bridge Transfer = %v, %v; want web's ClusterIP moved", moved, err)
 	}
 	if _, err := alloc.Release(ctx,
 		&allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Uid: "uid-web"}}); err != nil {

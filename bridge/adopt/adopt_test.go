@@ -63,7 +63,8 @@ func TestAdoptEachOnItsOwn(t *testing.T) {
 	s := nodePortService("web", "10.200.0.5")
 	res, err := a.Service(context.Background(), s)
 	if err != nil {
-		t.Fatalf("Service(ClusterIP outside the ranges) = %v; want the NodePort adopted, the ClusterIP failed", err)
+		t.Fatalf("Service(ClusterIP outside the ranges) = %v; want the NodePort adopted, "+
+			"the ClusterIP failed", err)
 	}
 	if !slices.Equal(res.Adopted, []string{"30080"}) || len(res.Failed) != 1 ||
 		res.Failed[0].Resource != "10.200.0.5" {

@@ -47,8 +47,9 @@ func NewController(a *Adopter, log *slog.Logger, store cache.Store, workers int)
 		})}
 }
 
-// Register registers the Controller's metrics on reg: the failed ServiceCIDR syncs, and
-// the conflicts and failures standing.
+// Register registers the Controller's metrics on reg: the failed ServiceCIDR syncs, the
+// conflicts and failures standing, and the admission webhook's allocations bound to
+// their Service and freed (by the Controller and the Sweeper of its Adopter).
 func (c *Controller) Register(reg prometheus.Registerer) error {
 	conflicts := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "allocd_bridge_adoption_conflicts",
@@ -58,7 +59,7 @@ func (c *Controller) Register(reg prometheus.Registerer) error {
 		Name: "allocd_bridge_adoption_failures",
 		Help: "Addresses and ports the cluster's Services hold that could not be adopted (retried).",
 	}, func() float64 { return float64(len(c.a.Failures())) })
-	for _, m := range []prometheus.Collector{c.cidrErr, conflicts, failures} {
+	for _, m := range []prometheus.Collector{c.cidrErr, conflicts, failures, c.a.bound, c.a.freed} {
 		if err := reg.Register(m); err != nil {
 			return err
 		}
@@ -231,8 +232,9 @@ func (c *Controller) sync(ctx context.Context, k string) error {
 	c.mu.Lock()
 	c.uids[k] = string(s.UID)
 	c.mu.Unlock()
-	if len(res.Adopted)+len(res.Released) > 0 {
-		c.log.Info("allocations adopted", "service", k, "uid", s.UID, "adopted", res.Adopted, "released", res.Released)
+	if len(res.Adopted)+len(res.Released)+len(res.Bound) > 0 {
+		c.log.Info("allocations adopted", "service", k, "uid", s.UID, "adopted", res.Adopted,
+			"bound", res.Bound, "released", res.Released)
 	}
 	if len(res.Conflicts)+len(res.Failed) > 0 {
 		return errConflicts

@@ -36,6 +36,7 @@ type bridge struct {
 	writers []*write.Writer
 	adopter *adopt.Controller
 	ad      *adopt.Adopter
+	sweeper *adopt.Sweeper
 }
 
 func run(ctx context.Context, o *options) error {
@@ -69,6 +70,7 @@ func run(ctx context.Context, o *options) error {
 			return nil
 		})
 		g.Go(func() error { return b.adopter.Run(gctx, b.factory.Core().V1().Services().Informer().HasSynced) })
+		g.Go(func() error { return b.sweeper.Run(gctx, b.adopter.Ran) })
 	}
 	b.log.Info("allocd-bridge started", "allocd", o.allocd, "adopt", o.adopt,
 		"manage_kubernetes_service", o.kubernetesSvc)
@@ -104,6 +106,8 @@ func newBridge(o *options) (*bridge, error) {
 			return nil, err
 		}
 		fopts = append(fopts, feed.WithServiceHandler(b.adopter.ServiceChanged))
+		b.sweeper = adopt.NewSweeper(b.ad, b.kube, b.log, adopt.SweeperConfig{Grace: o.pendingGrace,
+			Interval: o.pendingSweep})
 	}
 	feedErrors := func(err error) { b.log.Info("feeding allocd failed; retrying", "error", err) }
 	b.src, err = feed.New(b.log, b.kube, b.factory, b.c, []client.FeederOption{client.WithFeedErrors(feedErrors)}, fopts...)

@@ -41,7 +41,7 @@ func clusterHolds(ctx context.Context, cs kubernetes.Interface) (clusterState, e
 			return nil, err
 		}
 		for i := range list.Items {
-			for _, item := range serviceItems(&list.Items[i]) {
+			for _, item := range heldItems(&list.Items[i]) {
 				s := &list.Items[i]
 				out[item] = append(out[item], svcRef{s.Namespace, s.Name, string(s.UID)})
 			}
@@ -53,9 +53,9 @@ func clusterHolds(ctx context.Context, cs kubernetes.Interface) (clusterState, e
 	}
 }
 
-// serviceItems are the ClusterIPs, NodePorts and healthCheckNodePort of s, each once
+// heldItems are the ClusterIPs, NodePorts and healthCheckNodePort of s, each once
 // (ports of one number share a NodePort).
-func serviceItems(s *corev1.Service) []string {
+func heldItems(s *corev1.Service) []string {
 	var out []string
 	add := func(item string) {
 		if !slices.Contains(out, item) {

@@ -29,11 +29,15 @@ import (
 //   - etcd's members name every URL of allocd's --etcd-servers and of their own
 //     --initial-cluster, for allocd's --etcd-cafile and for one another;
 //   - allocd's etcd client certificate verifies against etcd's --trusted-ca-file, and
-//     no client certificate of allocd's does: etcd authorizes nothing by itself.
+//     no client certificate of allocd's does: etcd authorizes nothing by itself;
+//   - the webhook's serving certificate names its Service, for the CA bundle (allocd's
+//     CA, which signs it).
 func TestDeployCertificates(t *testing.T) {
 	set := mkcertsKube(t, "kube-system")
+	ms := readManifests(t)
+	ws := workloads(t, ms)
 	var allocds, clients, etcds []podContainer
-	for _, w := range workloads(t, readManifests(t)) {
+	for _, w := range ws {
 		for _, c := range w.pod.Spec.Containers {
 			pc := podContainer{w: w, c: c}
 			switch program(c) {
@@ -61,6 +65,15 @@ func TestDeployCertificates(t *testing.T) {
 		for _, e := range etcds {
 			checkEtcdClient(t, set, a, e, clients)
 		}
+	}
+	targets, err := webhookTargets(ms, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, wt := range targets {
+		// mkcerts signs the webhook's serving certificate with allocd's CA, the caBundle.
+		verify(t, wt.pc.String()+" serving webhook "+wt.webhook, set.flagFile(t, wt.pc, "tls-cert-file"),
+			set["allocd-tls"]["ca.crt"], wt.host, x509.ExtKeyUsageServerAuth)
 	}
 	for _, e := range etcds {
 		peer, peerCA := set.flagFile(t, e, "peer-cert-file"), set.flagFile(t, e, "peer-trusted-ca-file")

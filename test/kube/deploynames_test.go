@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 )
@@ -20,7 +21,9 @@ import (
 //     selector picks the Pods of the program, and whose port is one the program's
 //     container declares;
 //   - <pod>.<service>.<namespace>.svc: a Pod of a StatefulSet whose serviceName is that
-//     headless Service (the only way such a name exists).
+//     headless Service (the only way such a name exists);
+//   - an admission webhook's service: a Service of the manifests with that port, whose
+//     target port a container of the Pods it selects declares.
 //
 // The names are those of allocd's --advertise-address and --etcd-servers, the
 // clients' --allocd-address, and etcd's own advertised URLs and --initial-cluster.
@@ -82,6 +85,9 @@ func TestDeployNames(t *testing.T) {
 	}
 	if len(dials) == 0 {
 		t.Fatal("no address dialled in the manifests")
+	}
+	if _, err := webhookTargets(ms, ws); err != nil {
+		t.Error(err)
 	}
 	for _, d := range dials {
 		if err := resolves(d.address, byProgram[d.to], services); err != nil {
@@ -155,4 +161,108 @@ func listens(c corev1.Container, port int) bool {
 		}
 	}
 	return false
+}
+
+// webhookTarget is the container that serves an admission webhook of the manifests,
+// and the name kube-apiserver verifies its certificate for.
+type webhookTarget struct {
+	webhook string
+	host    string
+	pc      podContainer
+}
+
+// webhookTargets resolves the service of every webhook of the manifests'
+// Mutating- and ValidatingWebhookConfigurations to the container serving it.
+func webhookTargets(ms []deployObject, ws []workload) ([]webhookTarget, error) {
+	services := map[string]corev1.Service{}
+	for _, m := range ms {
+		if m.obj.GetKind() == "Service" {
+			var s corev1.Service
+			b, _ := json.Marshal(m.obj.Object)
+			if err := json.Unmarshal(b, &s); err != nil {
+				return nil, fmt.Errorf("%s: %w", m, err)
+			}
+			services[s.Namespace+"/"+s.Name] = s
+		}
+	}
+	var out []webhookTarget
+	for _, m := range ms {
+		k := m.obj.GetKind()
+		if k != "MutatingWebhookConfiguration" && k != "ValidatingWebhookConfiguration" {
+			continue
+		}
+		var cfg admissionv1.MutatingWebhookConfiguration // the fields read are the same in both
+		b, _ := json.Marshal(m.obj.Object)
+		if err := json.Unmarshal(b, &cfg); err != nil {
+			return nil, fmt.Errorf("%s: %w", m, err)
+		}
+		for _, wh := range cfg.Webhooks {
+			ref := wh.ClientConfig.Service
+			if ref == nil {
+				continue
+			}
+			target, err := serviceTarget(services, ws, ref.Namespace, ref.Name, ptrOr(ref.Port, 443))
+			if err != nil {
+				return nil, fmt.Errorf("%s webhook %s: %w", m, wh.Name, err)
+			}
+			out = append(out, webhookTarget{webhook: wh.Name, host: ref.Name + "." + ref.Namespace + ".svc",
+				pc: target})
+		}
+	}
+	return out, nil
+}
+
+func ptrOr(p *int32, def int32) int32 {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// serviceTarget is the container behind port of Service ns/name: of a Pod the Service
+// selects, declaring the port's targetPort (by name or number).
+func serviceTarget(services map[string]corev1.Service, ws []workload, ns, name string,
+	port int32) (podContainer, error) {
+	svc, ok := services[ns+"/"+name]
+	if !ok {
+		return podContainer{}, fmt.Errorf("no Service %s/%s in the manifests", ns, name)
+	}
+	var sp *corev1.ServicePort
+	for i := range svc.Spec.Ports {
+		if svc.Spec.Ports[i].Port == port {
+			sp = &svc.Spec.Ports[i]
+		}
+	}
+	if sp == nil {
+		return podContainer{}, fmt.Errorf("Service %s/%s has no port %d", ns, name, port)
+	}
+	for _, w := range ws {
+		if w.m.obj.GetNamespace() != ns || len(svc.Spec.Selector) == 0 ||
+			!labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(w.pod.Labels)) {
+			continue
+		}
+		for _, c := range w.pod.Spec.Containers {
+			for _, cp := range c.Ports {
+				if targets(sp, cp) {
+					return podContainer{w: w, c: c}, nil
+				}
+			}
+		}
+	}
+	return podContainer{}, fmt.Errorf("Service %s/%s port %d: no container of the Pods it selects declares "+
+		"its target port %s", ns, name, port, sp.TargetPort.String())
+}
+
+// targets reports whether Service port sp reaches container port cp: its targetPort
+// names cp, or is cp's number, or is unset and sp's own number is cp's.
+func targets(sp *corev1.ServicePort, cp corev1.ContainerPort) bool {
+	tp := sp.TargetPort
+	switch {
+	case tp.StrVal != "":
+		return tp.StrVal == cp.Name
+	case tp.IntValue() == 0:
+		return sp.Port == cp.ContainerPort
+	default:
+		return tp.IntValue() == int(cp.ContainerPort)
+	}
 }

@@ -50,14 +50,16 @@ func kubeCerts(ns string) []kubeCert {
 }
 
 // kubeSecrets are the Secrets of deploy/kube: their names, and for each the files of
-// the set behind ca.crt (none: "") and tls.crt, tls.key.
+// the set behind ca.crt (none: "") and tls.crt, tls.key. allocd-webhook-tls is the
+// webhook's serving certificate, signed by allocd's CA: ca.crt is the caBundle of its
+// MutatingWebhookConfiguration.
 var kubeSecrets = []struct{ name, ca, cert string }{
 	{"allocd-etcd-tls", "etcd-ca", "etcd"},
 	{"allocd-etcd-client", "etcd-ca", "etcd-client"},
 	{"allocd-tls", "ca", "allocd"},
 	{"allocd-bridge-tls", "ca", "bridge"},
-	{"allocd-webhook-tls", "ca", "webhook"},
-	{"allocd-webhook-serving", "", "webhook-serving"},
+	{"allocd-webhook-client", "ca", "webhook"},
+	{"allocd-webhook-tls", "", "webhook-serving"},
 }
 
 // writeKube writes the set for namespace ns into dir, and to out the kubectl commands

@@ -151,13 +151,15 @@ func (s *createSide) fill(t *testing.T, level int) {
 
 // numbersRow is one measured run.
 type numbersRow struct {
-	level   int
-	side    string
-	run     *createRun
-	webhook quantiles // the webhook's own histogram
-	viewed  quantiles // kube-apiserver's histogram of the webhook's admission
-	cpu     string
-	load    string
+	level    int
+	side     string
+	run      *createRun
+	webhook  quantiles // the webhook's own histogram
+	viewed   quantiles // kube-apiserver's histogram of the webhook's admission
+	allocate quantiles // allocd's Allocate, its gRPC handling time
+	calls    string    // allocd's calls by method during the run
+	cpu      string
+	load     string
 }
 
 // measure runs creates creates on the side at level existing Services, then deletes
@@ -181,6 +183,9 @@ func (s *createSide) measure(t *testing.T, level, r, creates int) numbersRow {
 		const viewed = "apiserver_admission_webhook_admission_duration_seconds"
 		row.viewed = histQuantiles(apiBefore, apiAfter, viewed, `name="`+s.webhook+`"`, `operation="CREATE"`)
 		row.webhook = histQuantiles(hookBefore, hookAfter, "allocd_webhook_request_duration_seconds")
+		row.allocate = histQuantiles(hookBefore, hookAfter, "grpc_server_handling_seconds",
+			`grpc_method="Allocate"`)
+		row.calls = callsLine(hookBefore, hookAfter)
 	}
 	var names []string
 	for i, c := range run.created {
@@ -263,8 +268,9 @@ func saveTop(t *testing.T, name string, b []byte, err error) {
 // line is the row's one-line summary for the log.
 func (r numbersRow) line() string {
 	return fmt.Sprintf("%d existing, %s: %.1f creates/s, p50 %v, p99 %v, refused %s; webhook %s, "+
-		"as kube-apiserver saw it %s; %s", r.level, r.side, r.run.rate(), ms(pct(r.run.lat, .5)),
-		ms(pct(r.run.lat, .99)), &r.run.refused, r.webhook, r.viewed, r.cpu)
+		"as kube-apiserver saw it %s; allocd's Allocate %s; allocd's calls: %s; %s", r.level, r.side,
+		r.run.rate(), ms(pct(r.run.lat, .5)), ms(pct(r.run.lat, .99)), &r.run.refused, r.webhook, r.viewed,
+		r.allocate, r.calls, r.cpu)
 }
 
 // numbersTable is the markdown table of the rows, with the ratio of creates/s with the
@@ -272,12 +278,13 @@ func (r numbersRow) line() string {
 func numbersTable(rows []numbersRow, sides []*createSide) string {
 	var b strings.Builder
 	b.WriteString("| existing Services | side | creates/s | p50 | p99 | webhook p50 / p99 (its histogram) " +
-		"| webhook p50 / p99 (kube-apiserver's histogram) | refused | load |\n" +
-		"|---|---|---|---|---|---|---|---|---|\n")
+		"| webhook p50 / p99 (kube-apiserver's histogram) | allocd's Allocate p50 / p99 | refused " +
+		"| load |\n" +
+		"|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %d | %s | %.1f | %v | %v | %s | %s | %d | %s |\n", r.level, r.side, r.run.rate(),
-			ms(pct(r.run.lat, .5)), ms(pct(r.run.lat, .99)), r.webhook, r.viewed, r.run.refused.total(),
-			r.load)
+		fmt.Fprintf(&b, "| %d | %s | %.1f | %v | %v | %s | %s | %s | %d | %s |\n", r.level, r.side,
+			r.run.rate(), ms(pct(r.run.lat, .5)), ms(pct(r.run.lat, .99)), r.webhook, r.viewed, r.allocate,
+			r.run.refused.total(), r.load)
 	}
 	if len(sides) < 2 {
 		return b.String()
@@ -316,3 +323,26 @@ func median(v []float64) float64 {
 
 // ms is d rounded to the millisecond.
 func ms(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+
+// callsLine is allocd's calls between two scrapes, by method (grpc_server_handled_total
+// summed over codes), or "none".
+func callsLine(before, after map[string]float64) string {
+	calls := map[string]float64{}
+	for k, v := range metricsDelta(before, after, "grpc_server_handled_total{") {
+		_, m, ok := strings.Cut(k, `grpc_method="`)
+		if !ok || v == 0 {
+			continue
+		}
+		m, _, _ = strings.Cut(m, `"`)
+		calls[m] += v
+	}
+	if len(calls) == 0 {
+		return "none"
+	}
+	var out []string
+	for m, n := range calls {
+		out = append(out, fmt.Sprintf("%s %d", m, int(n)))
+	}
+	slices.Sort(out)
+	return strings.Join(out, ", ")
+}

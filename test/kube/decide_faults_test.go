@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -94,7 +95,8 @@ func watchProvisional(ctx context.Context, c *client.Client) *provisionalWatch {
 					if item == "" {
 						item = fmt.Sprint(a.GetNodePort())
 					}
-					key := a.GetOwner().GetUid() + " " + item
+					o := a.GetOwner()
+					key := o.GetNamespace() + "/" + o.GetName() + " " + o.GetUid() + " " + item
 					if _, ok := w.first[key]; !ok {
 						w.first[key] = a.GetAllocateTime().AsTime()
 					}
@@ -111,13 +113,16 @@ func watchProvisional(ctx context.Context, c *client.Client) *provisionalWatch {
 	return w
 }
 
-// held is how long each item was held by a provisional owner, longest first, from its
-// allocation to the last time it was seen; keys are "owner item".
-func (w *provisionalWatch) held() []time.Duration {
+// held is how long each item of a provisional owner named one of names (namespace/name)
+// was held by it, longest first: from its allocation to the last time it was seen. It
+// waits for the watch to stop.
+func (w *provisionalWatch) held(names map[string]bool) []time.Duration {
 	<-w.done
 	var out []time.Duration
 	for k, f := range w.first {
-		out = append(out, w.last[k].Sub(f))
+		if name, _, _ := strings.Cut(k, " "); names[name] {
+			out = append(out, w.last[k].Sub(f))
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i] > out[j] })
 	return out

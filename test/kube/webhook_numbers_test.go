@@ -159,7 +159,10 @@ type numbersRow struct {
 	allocate quantiles // allocd's Allocate, its gRPC handling time
 	calls    string    // allocd's calls by method during the run
 	cpu      string
-	load     string
+	// apiCPU and sideCPU are kube-apiserver's CPU time per stored create, and that of
+	// every process of the side (the test's embedded etcd aside).
+	apiCPU, sideCPU time.Duration
+	load            string
 }
 
 // measure runs creates creates on the side at level existing Services, then deletes
@@ -170,12 +173,19 @@ func (s *createSide) measure(t *testing.T, level, r, creates int) numbersRow {
 	name := func(i int) string { return fmt.Sprintf("b-%d-%d-%d", level, r, i) }
 	apiBefore, hookBefore := s.apiserverMetrics(t), s.scrape()
 	u := startUsage(s.procs...)
+	cpu0 := procsCPU(s.procs)
 	side := strings.ReplaceAll(s.name, " ", "-")
 	prof := s.startProfiles(ctx, t, fmt.Sprintf("numbers-%d-%d-%s", level, r, side))
 	run := runCreates(ctx, s.c.Admin, creates, 16, func(i int) *corev1.Service {
 		return plainService(benchNS, name(i))
 	})
-	row := numbersRow{level: level, side: s.name, run: run, cpu: u.String(), load: loadavg()}
+	row := numbersRow{level: level, side: s.name, run: run, cpu: u.String(), load: loadavg(), calls: "none"}
+	if cpu := procsCPU(s.procs); len(run.lat) > 0 {
+		row.apiCPU = (cpu[0] - cpu0[0]) / time.Duration(len(run.lat))
+		for i := range cpu {
+			row.sideCPU += (cpu[i] - cpu0[i]) / time.Duration(len(run.lat))
+		}
+	}
 	cancel()
 	prof()
 	apiAfter, hookAfter := s.apiserverMetrics(t), s.scrape()
@@ -278,13 +288,13 @@ func (r numbersRow) line() string {
 func numbersTable(rows []numbersRow, sides []*createSide) string {
 	var b strings.Builder
 	b.WriteString("| existing Services | side | creates/s | p50 | p99 | webhook p50 / p99 (its histogram) " +
-		"| webhook p50 / p99 (kube-apiserver's histogram) | allocd's Allocate p50 / p99 | refused " +
-		"| load |\n" +
-		"|---|---|---|---|---|---|---|---|---|---|\n")
+		"| webhook p50 / p99 (kube-apiserver's histogram) | allocd's Allocate p50 / p99 " +
+		"| CPU per create: kube-apiserver / the side | refused | load |\n" +
+		"|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %d | %s | %.1f | %v | %v | %s | %s | %s | %d | %s |\n", r.level, r.side,
-			r.run.rate(), ms(pct(r.run.lat, .5)), ms(pct(r.run.lat, .99)), r.webhook, r.viewed, r.allocate,
-			r.run.refused.total(), r.load)
+		fmt.Fprintf(&b, "| %d | %s | %.1f | %v | %v | %s | %s | %s | %.1f / %.1f ms | %d | %s |\n",
+			r.level, r.side, r.run.rate(), ms(pct(r.run.lat, .5)), ms(pct(r.run.lat, .99)), r.webhook,
+			r.viewed, r.allocate, msf(r.apiCPU), msf(r.sideCPU), r.run.refused.total(), r.load)
 	}
 	if len(sides) < 2 {
 		return b.String()
@@ -345,4 +355,16 @@ func callsLine(before, after map[string]float64) string {
 	}
 	slices.Sort(out)
 	return strings.Join(out, ", ")
+}
+
+// msf is d in milliseconds.
+func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// procsCPU is the CPU time each process has used so far.
+func procsCPU(procs []*proc) []time.Duration {
+	out := make([]time.Duration, len(procs))
+	for i, p := range procs {
+		out[i] = p.cpuTime()
+	}
+	return out
 }

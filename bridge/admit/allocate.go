@@ -46,6 +46,8 @@ var (
 	ErrAllocd = errors.New("allocd")
 	// ErrDisagree is allocd handing out, round after round, items the cluster uses.
 	ErrDisagree = errors.New("allocd keeps handing out addresses or ports the cluster uses")
+	// ErrNotSynced is a request that came before the informers of the cluster synced.
+	ErrNotSynced = errors.New("the informers of Services, IPAddresses and ServiceCIDRs have not synced yet")
 	// ErrNoFamilies is the cluster's IP families not known yet (no default ServiceCIDR).
 	ErrNoFamilies = errors.New("the cluster's IP families are not known: no ServiceCIDR \"kubernetes\" seen")
 )
@@ -75,7 +77,8 @@ func (a *admission) run(ctx context.Context) error {
 			return nil
 		}
 		if err := a.allocate(ctx, ips, ports); err != nil {
-			if again, err := a.refused(ctx, err); !again {
+			again, err := a.refused(ctx, err)
+			if err != nil || !again {
 				return err
 			}
 			continue

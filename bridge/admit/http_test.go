@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -18,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/allocd/allocd/client"
 	"github.com/allocd/allocd/cmd/allocd/daemon"
@@ -126,4 +129,26 @@ func TestAllocdUnreachable(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestNotSynced: before its informers synced the webhook cannot check allocd's answers
+// against the cluster: it serves no admission (an error: the failure policy decides)
+// and is not ready.
+func TestNotSynced(t *testing.T) {
+	factory := informers.NewSharedInformerFactory(fake.NewClientset(), 0)
+	cluster, err := NewCluster(factory) // never started
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(slog.New(slog.NewTextHandler(io.Discard, nil)), nil, cluster, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := createRequest(t, "3", spec{name: "web"})
+	if _, _, err := w.Admit(t.Context(), req); !errors.Is(err, ErrNotSynced) {
+		t.Errorf("Admit() before the informers synced = %v; want ErrNotSynced", err)
+	}
+	if err := w.Ready(); !errors.Is(err, ErrNotSynced) {
+		t.Errorf("Ready() = %v; want ErrNotSynced", err)
+	}
 }

@@ -65,7 +65,7 @@ func (w *Webhook) SetMaxTime(d time.Duration) {
 // cluster's families known, and allocd answering its health checks (WatchAllocd).
 func (w *Webhook) Ready() error {
 	if !w.cluster.Synced() {
-		return errors.New("informers of Services, IPAddresses and ServiceCIDRs not synced")
+		return ErrNotSynced
 	}
 	if _, ok := w.cluster.Families(); !ok {
 		return ErrNoFamilies
@@ -204,6 +204,11 @@ func (w *Webhook) Admit(ctx context.Context, req *admissionv1.AdmissionRequest) 
 	if svc.Namespace == metav1.NamespaceDefault && svc.Name == "kubernetes" ||
 		svc.Spec.Type == corev1.ServiceTypeExternalName || headless(&svc) {
 		return allow, ResultAllowed, nil
+	}
+	if !w.cluster.Synced() {
+		// Without the cluster's IPAddresses and node ports, allocd's answers cannot be
+		// checked against what kube-apiserver allocated by itself.
+		return nil, "", ErrNotSynced
 	}
 	fs, ok := w.cluster.Families()
 	if !ok {

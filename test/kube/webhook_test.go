@@ -88,6 +88,7 @@ func TestWebhook(t *testing.T) {
 	})
 	mustCreateNamespace(t, d.c.Admin, testNS)
 	t.Run("creates", func(t *testing.T) { webhookCreates(t, d) })
+	t.Run("updates", func(t *testing.T) { webhookUpdates(t, d) })
 	t.Run("refused", func(t *testing.T) { webhookRefused(t, d) })
 	t.Run("dry-run", func(t *testing.T) { webhookDryRun(t, d) })
 	t.Run("refused-after-admission", func(t *testing.T) { webhookQuota(t, d) })
@@ -387,4 +388,80 @@ func webhookAllocdDown(t *testing.T, d *deciding) {
 	if _, err := regs.Update(ctx, reg, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// webhookUpdates: updates through kube-apiserver get what their change newly needs from
+// allocd (bound to the Service like a create's), and what a change gives up is
+// released by the bridge once stored.
+func webhookUpdates(t *testing.T, d *deciding) {
+	ctx := context.Background()
+	svcs := d.c.Admin.CoreV1().Services(testNS)
+	create := func(name string, mutate func(*corev1.Service)) *corev1.Service {
+		s := svcSpec{name: name, app: "web"}.object()
+		if mutate != nil {
+			mutate(s)
+		}
+		got, err := svcs.Create(ctx, s, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+		return got
+	}
+	update := func(s *corev1.Service, mutate func(*corev1.Service)) *corev1.Service {
+		mutate(s)
+		got, err := svcs.Update(ctx, s, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatalf("update %s: %v", s.Name, err)
+		}
+		return got
+	}
+	require := corev1.IPFamilyPolicyRequireDualStack
+	np := func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }
+	var updated []*corev1.Service
+	updated = append(updated,
+		update(create("to-nodeport", nil), np),
+		update(create("to-dual", nil), func(s *corev1.Service) { s.Spec.IPFamilyPolicy = &require }),
+		update(create("more-ports", np), func(s *corev1.Service) {
+			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "extra", Port: 8080,
+				Protocol: corev1.ProtocolTCP})
+		}),
+		update(create("to-local", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeLoadBalancer }),
+			func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			}),
+		update(create("from-external", func(s *corev1.Service) {
+			s.Spec.Type, s.Spec.ExternalName = corev1.ServiceTypeExternalName, "example.com"
+			s.Spec.Ports = nil
+		}), func(s *corev1.Service) {
+			s.Spec.Type, s.Spec.ExternalName = corev1.ServiceTypeClusterIP, ""
+			s.Spec.Ports = svcSpec{}.object().Spec.Ports
+		}),
+	)
+	gone := create("to-clusterip", np)
+	given := serviceItems(gone)[1:]
+	updated = append(updated, update(gone, func(s *corev1.Service) {
+		s.Spec.Type, s.Spec.ExternalTrafficPolicy = corev1.ServiceTypeClusterIP, ""
+		for i := range s.Spec.Ports {
+			s.Spec.Ports[i].NodePort = 0
+		}
+	}))
+	etcdtest.WaitFor(t, convergeLimit, "the updated Services' items bound, the given-up freed", func() bool {
+		for _, s := range updated {
+			for _, it := range serviceItems(s) {
+				if al := allocation(d, it); al == nil || al.GetOwner().GetUid() != string(s.UID) {
+					return false
+				}
+			}
+		}
+		return allocation(d, given[0]) == nil && allocation(d, given[1]) == nil
+	})
+	for _, s := range updated {
+		t.Logf("%s: %s %v", s.Name, s.Spec.Type, serviceItems(s))
+		for _, it := range serviceItems(s) {
+			if al := allocation(d, it); al.GetModRevision() <= al.GetCreateRevision() {
+				t.Errorf("%s of %s: %+v; want allocated by the webhook, then bound", it, s.Name, al)
+			}
+		}
+	}
+	checkNothingPending(t, d)
 }

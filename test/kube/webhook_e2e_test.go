@@ -14,6 +14,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
@@ -238,9 +239,11 @@ const (
 //     leave their provisional items held no longer than the grace and a sweep, and not
 //     freed before the grace;
 //   - faults: allocd's leader and a webhook replica killed during 16-client creates;
-//     allocd stopped under failurePolicy Ignore while creates go on, then started
-//     again and creates sent at once: 0 items held twice, 0 creates refused as already
-//     allocated, and allocd agreeing with the cluster exactly afterwards.
+//     allocd and the bridge stopped under failurePolicy Ignore while creates go on
+//     (kube-apiserver allocates), allocd started again and creates sent through it
+//     before the bridge can adopt kube-apiserver's choices: 0 items held twice, 0
+//     creates refused as already allocated, and allocd agreeing with the cluster
+//     exactly afterwards.
 func TestAllocdDecides(t *testing.T) {
 	d := startDeciding(t, decidingConfig{allocdReplicas: 3,
 		bridge: []string{"--pending-grace=" + e2eGrace.String(),
@@ -390,11 +393,10 @@ func firstOr(d []time.Duration) time.Duration {
 }
 
 // decideFaults runs 600 creates from 16 clients while allocd's leader is killed (after
-// 150 answers) and a webhook replica (after 300), both started again after 450; then
-// stops every allocd replica under failurePolicy Ignore while 200 creates go on (kube-
-// apiserver allocates them by itself), starts allocd again and sends 400 creates at
-// once, before the bridge can have adopted everything. Afterwards: no create refused as
-// already allocated, no item held twice, allocd agreeing with the cluster exactly.
+// 150 answers) and a webhook replica (after 300), both started again after 450; then an
+// outage of allocd under failurePolicy Ignore (decideOutage). Afterwards: no create
+// refused as already allocated, no item held twice, allocd agreeing with the cluster
+// exactly.
 func decideFaults(t *testing.T, d *deciding, etcd *clientv3.Client) {
 	ctx := context.Background()
 	leader, err := allocdLeader(ctx, etcd, d.allocd)
@@ -424,23 +426,7 @@ func decideFaults(t *testing.T, d *deciding, etcd *clientv3.Client) {
 	a.wait(t, "after the kills", time.Now(), agreeLimit)
 	a.checkBookkeeping(t, "after the kills")
 
-	setFailurePolicy(t, d, admissionregistrationv1.Ignore)
-	for _, r := range d.allocd.Replicas {
-		r.Stop()
-	}
-	down := runCreates(ctx, d.c.Admin, 200, 16, obj(11000))
-	t.Logf("200 creates with allocd stopped under Ignore: %d stored in %v; refused: %s", len(down.lat),
-		down.wall.Round(time.Millisecond), &down.refused)
-	for _, r := range d.allocd.Replicas {
-		r.Start()
-	}
-	held := d.webhook.clusterHeld()
-	after := runCreates(ctx, d.c.Admin, 400, 16, obj(12000))
-	t.Logf("400 creates as allocd starts again: %d stored in %v; refused: %s; items allocd handed out that "+
-		"the cluster held (taken back and asked again): %.0f", len(after.lat),
-		after.wall.Round(time.Millisecond), &after.refused, d.webhook.clusterHeld()-held)
-	allocated += down.refused.get(refusedAllocated) + after.refused.get(refusedAllocated)
-	setFailurePolicy(t, d, admissionregistrationv1.Fail)
+	allocated += decideOutage(t, d)
 	a.wait(t, "after allocd's outage under Ignore", time.Now(), agreeLimit)
 	a.checkBookkeeping(t, "after allocd's outage")
 	if allocated > 0 {
@@ -452,6 +438,57 @@ func decideFaults(t *testing.T, d *deciding, etcd *clientv3.Client) {
 	}
 	t.Logf("items of the namespace's Services decided by allocd at admission: %d; adopted after "+
 		"kube-apiserver chose them (the outage under Ignore): %d", len(dec), len(adopted))
+}
+
+// decideOutage stops the bridge and every allocd replica under failurePolicy Ignore,
+// creates 150 NodePort Services of two ports (kube-apiserver allocates them by itself),
+// starts allocd again (the bridge still stopped, so that nothing of the outage is
+// adopted) and creates 300 more through the webhook: allocd, knowing nothing of
+// kube-apiserver's choices, hands some of them out, and the webhook must give each to
+// its holder and ask again, never letting a create be refused as already allocated.
+// Then the bridge starts (its first sweep must not free what its first adoption pass
+// binds: the provisional items of the 300 are older than the grace by then), and the
+// registration is Fail again. It returns the creates refused as already allocated.
+func decideOutage(t *testing.T, d *deciding) int {
+	ctx := context.Background()
+	nodePorts := func(base int) func(i int) *corev1.Service {
+		return func(i int) *corev1.Service {
+			s := plainService(e2eNS, fmt.Sprintf("np-%d", base+i))
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "https", Port: 443,
+				Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8443)})
+			return s
+		}
+	}
+	setFailurePolicy(t, d, admissionregistrationv1.Ignore)
+	d.allocd.Bridge.Stop()
+	for _, r := range d.allocd.Replicas {
+		r.Stop()
+	}
+	down := runCreates(ctx, d.c.Admin, 150, 16, nodePorts(0))
+	t.Logf("150 creates with allocd and the bridge stopped under Ignore: %d stored in %v; refused: %s",
+		len(down.lat), down.wall.Round(time.Millisecond), &down.refused)
+	for _, r := range d.allocd.Replicas {
+		r.Start()
+	}
+	for i, h := range d.webhook.Health {
+		waitHTTP(t, d.webhook.Replicas[i], "http://"+h+"/readyz", "", 2*time.Minute)
+	}
+	held := d.webhook.clusterHeld()
+	after := runCreates(ctx, d.c.Admin, 300, 16, nodePorts(1000))
+	took := d.webhook.clusterHeld() - held
+	t.Logf("300 creates through allocd, started again, the bridge still stopped: %d stored in %v; "+
+		"refused: %s; items allocd handed out that kube-apiserver had chosen (given to their holder, "+
+		"asked again): %.0f",
+		len(after.lat), after.wall.Round(time.Millisecond), &after.refused, took)
+	if took == 0 {
+		t.Errorf("allocd handed out none of the %d items kube-apiserver chose in the outage: the webhook's "+
+			"check went untried", 3*len(down.lat))
+	}
+	d.allocd.Bridge.Start()
+	d.allocd.WaitBridgeReady(t)
+	setFailurePolicy(t, d, admissionregistrationv1.Fail)
+	return down.refused.get(refusedAllocated) + after.refused.get(refusedAllocated)
 }
 
 // setFailurePolicy sets the failurePolicy of the webhook's registration.

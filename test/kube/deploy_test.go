@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -124,7 +125,7 @@ func TestDeployPolicy(t *testing.T) {
 		if m.obj.GetKind() != "ConfigMap" {
 			continue
 		}
-		got, ok, _ := unstructuredString(m.obj.Object, "data", "policy.json")
+		got, ok, _ := unstructured.NestedString(m.obj.Object, "data", "policy.json")
 		if !ok {
 			continue
 		}
@@ -136,21 +137,6 @@ func TestDeployPolicy(t *testing.T) {
 	if found == 0 {
 		t.Errorf("no ConfigMap under %s carries policy.json", deployDir)
 	}
-}
-
-func unstructuredString(obj map[string]any, fields ...string) (string, bool, error) {
-	var cur any = obj
-	for _, f := range fields {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return "", false, nil
-		}
-		if cur, ok = m[f]; !ok {
-			return "", false, nil
-		}
-	}
-	s, ok := cur.(string)
-	return s, ok, nil
 }
 
 // TestDeployFlags runs the binaries the manifests' containers name (allocd and
@@ -179,19 +165,7 @@ func TestDeployFlags(t *testing.T) {
 	checked := 0
 	for _, w := range workloads(t, readManifests(t)) {
 		for _, c := range w.pod.Spec.Containers {
-			var lines [][]string
-			if p := program(c); p == "allocd" || p == "allocd-bridge" {
-				line := append([]string{p}, c.Command[min(len(c.Command), 1):]...)
-				lines = append(lines, append(line, c.Args...))
-			}
-			for _, probe := range []*probeRef{{"readiness", c.ReadinessProbe}, {"liveness", c.LivenessProbe},
-				{"startup", c.StartupProbe}} {
-				if probe.p != nil && probe.p.Exec != nil && len(probe.p.Exec.Command) > 0 {
-					cmd := probe.p.Exec.Command
-					lines = append(lines, append([]string{filepath.Base(cmd[0])}, cmd[1:]...))
-				}
-			}
-			for _, line := range lines {
+			for _, line := range commandLines(c) {
 				prog, args := line[0], line[1:]
 				if prog != "allocd" && prog != "allocd-bridge" {
 					continue
@@ -218,9 +192,22 @@ func TestDeployFlags(t *testing.T) {
 	t.Logf("%d flags checked", checked)
 }
 
-type probeRef struct {
-	name string
-	p    *corev1.Probe
+// commandLines are what container c runs that the test checks: its own command line
+// when its image is allocd's or allocd-bridge's, and its exec probes; each the program
+// (its base name), then the arguments.
+func commandLines(c corev1.Container) [][]string {
+	var lines [][]string
+	if p := program(c); p == "allocd" || p == "allocd-bridge" {
+		line := append([]string{p}, c.Command[min(len(c.Command), 1):]...)
+		lines = append(lines, append(line, c.Args...))
+	}
+	for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe, c.StartupProbe} {
+		if p != nil && p.Exec != nil && len(p.Exec.Command) > 0 {
+			cmd := p.Exec.Command
+			lines = append(lines, append([]string{filepath.Base(cmd[0])}, cmd[1:]...))
+		}
+	}
+	return lines
 }
 
 // hasFlag reports whether a --help output lists --name.

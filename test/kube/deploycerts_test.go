@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // TestDeployCertificates checks that the certificates `mkcerts -kube kube-system`
@@ -308,7 +309,7 @@ type authzPolicy struct {
 func manifestPolicy(t *testing.T) authzPolicy {
 	t.Helper()
 	for _, m := range readManifests(t) {
-		if s, ok, _ := unstructuredString(m.obj.Object, "data", "policy.json"); ok {
+		if s, ok, _ := unstructured.NestedString(m.obj.Object, "data", "policy.json"); ok {
 			var p authzPolicy
 			if err := json.Unmarshal([]byte(s), &p); err != nil {
 				t.Fatalf("%s: policy.json: %v", m, err)

@@ -11,6 +11,7 @@ import (
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 )
 
@@ -139,7 +140,7 @@ func resolves(address string, targets []podContainer, services map[string]corev1
 		if tc.w.m.obj.GetKind() != "StatefulSet" || svc.Spec.ClusterIP != corev1.ClusterIPNone {
 			return fmt.Errorf("a Pod's name needs a StatefulSet and a headless Service")
 		}
-		serviceName, _, _ := unstructuredString(tc.w.m.obj.Object, "spec", "serviceName")
+		serviceName, _, _ := unstructured.NestedString(tc.w.m.obj.Object, "spec", "serviceName")
 		if serviceName != svcName {
 			return fmt.Errorf("%s's serviceName is %q, not %q: its Pods have no name under %s", tc.w.m,
 				serviceName, svcName, svcName)

@@ -255,7 +255,7 @@ func (a *admission) refused(ctx context.Context, err error) (again bool, _ error
 			Uid: held.HolderUID}
 		switch {
 		case a.self != nil && holder.Uid == a.self.Uid:
-			return true, a.takeBack(ctx, held.Resource, ip, port)
+			return true, a.takeBack(ctx)
 		case a.ours(holder):
 			return true, a.takeOver(ctx, holder)
 		case a.w.cluster.known(holder.Uid):
@@ -436,20 +436,22 @@ func (a *admission) settle(ips []string, ports []int32, held bool) {
 	}
 }
 
-// takeBack moves an item that the updated Service itself holds in allocd (it gave it up
-// in an earlier update the bridge has not seen yet) to the provisional owner, so that
-// the bridge's release of the earlier state cannot free what this update uses.
-func (a *admission) takeBack(ctx context.Context, item string, ip *ipNeed, port *portNeed) error {
-	req := &allocdv1.TransferRequest{From: a.self, To: a.owner}
-	if ip != nil {
-		req.ClusterIps = []string{item}
-	} else {
-		req.NodePorts = []int32{port.want}
+// takeBack moves to the provisional owner, in one Transfer, every item this update
+// asks for that the updated Service itself holds in allocd (it gave them up in an
+// earlier update the bridge has not seen yet), so that the bridge's release of the
+// earlier state cannot free what this update uses. Freed or moved meanwhile (allocd's
+// NOT_OWNER), they are asked for again.
+func (a *admission) takeBack(ctx context.Context) error {
+	holds, err := a.holdings(ctx, a.self.Uid)
+	if err != nil {
+		return err
 	}
-	if _, err := a.w.allocd.Transfer(ctx, req); err != nil && !errors.Is(err, client.ErrNotOwner) {
-		return fmt.Errorf("%w: transfer %s from %s: %w", ErrAllocd, item, a.self.Uid, err)
+	ips, ports := a.wanted(holds, nil)
+	moved, err := a.transfer(ctx, a.self, ips, ports)
+	if err != nil || !moved {
+		return err
 	}
-	// Moved, or freed meanwhile (ErrNotOwner): asked for again.
+	a.settle(ips, ports, false)
 	return nil
 }
 

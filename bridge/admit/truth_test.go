@@ -151,6 +151,32 @@ func TestTakeBack(t *testing.T) {
 	}
 }
 
+// TestTakeBackMany: an update asks back more node ports than maxRounds that the
+// Service itself still holds in allocd (an earlier update removed the ports; the bridge
+// has not released them yet): all move to the update's provisional owner at once.
+func TestTakeBackMany(t *testing.T) {
+	f := newFixture(t, setup{})
+	old := stored(spec{name: "many", typ: nodePortType, ips: []string{"10.96.0.32"}, families: fams{v4},
+		ports: svcPorts{tcp(80, 30600)}}.object(), "uid-many")
+	svc := old.DeepCopy()
+	var back []int32
+	for i := range int32(10) {
+		back = append(back, 30601+i)
+		svc.Spec.Ports = append(svc.Spec.Ports, tcp(81+i, 30601+i))
+	}
+	f.hold(old, []string{"10.96.0.32"}, append([]int32{30600}, back...))
+	r := f.admit(svc, old, false)
+	if r.err != nil || !r.resp.Allowed {
+		t.Fatalf("Admit(update asking back 10 node ports the Service holds) = %+v, %v; want allowed",
+			r.resp, r.err)
+	}
+	for _, p := range back {
+		if h := f.holder("", p); h != r.owner() {
+			t.Errorf("%d held by %q; want the update's provisional owner %s", p, h, r.owner())
+		}
+	}
+}
+
 // TestTransferNotHeld pins what the webhook relies on: allocd's Transfer of an item
 // the from owner does not hold is ErrNotOwner and moves nothing.
 func TestTransferNotHeld(t *testing.T) {

@@ -419,7 +419,8 @@ func TestAuthorizationRoles(t *testing.T) {
 		&allocdv1.DeleteServiceCIDRRequest{Name: "extra"}); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("shim DeleteServiceCIDR = %v; want PERMISSION_DENIED", err)
 	}
-	if _, err := bridge.DeleteServiceCIDR(ctx, &allocdv1.DeleteServiceCIDRRequest{Name: "extra"}); err != nil {
+	if _, err := bridge.DeleteServiceCIDR(ctx,
+		&allocdv1.DeleteServiceCIDRRequest{Name: "extra"}); err != nil {
 		t.Errorf("bridge DeleteServiceCIDR = %v; want OK", err)
 	}
 

@@ -136,14 +136,9 @@ func (c *Controller) sliceKey(namespace, service, name string) string {
 	return c.slicePrefix + namespace + "/" + service + "/" + name
 }
 
-// sliceNames returns the names of every stored slice of key, managed or not.
-func (t *term) sliceNames(key string) map[string]bool {
-	out := map[string]bool{}
-	for _, s := range t.storedSlices.objects(key) {
-		out[s.Name] = true
-	}
-	return out
-}
+// sliceNames returns the names of every stored slice of key, managed or not, as their
+// etcd keys spell them: a create takes none of them, whatever name a value carries.
+func (t *term) sliceNames(key string) map[string]bool { return t.storedSlices.names(key) }
 
 // managedSlices returns the stored slices of key that the controller manages, sorted by
 // name.

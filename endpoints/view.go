@@ -181,6 +181,22 @@ func (v *view[T]) objects(svcKey string) []T {
 	return out
 }
 
+// names returns the names of the stored objects of a Service, as their keys spell them
+// (a stored value may carry another name, or none).
+func (v *view[T]) names(svcKey string) map[string]bool {
+	var zero T
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	s := v.seen[svcKey]
+	out := map[string]bool{}
+	s.all(func(name string, st sight[T]) {
+		if st.obj != zero {
+			out[name] = true
+		}
+	})
+	return out
+}
+
 // keys returns the keys of the Services that have a stored object.
 func (v *view[T]) keys() []string {
 	var zero T

@@ -39,9 +39,11 @@ func TestUnmanagedNameCollision(t *testing.T) {
 
 // TestStoredNameDiffersFromKey: a slice stored under the key of the first name the
 // controller would pick (SliceName(svc, 0)) whose value carries another name ("", or
-// "hand-made"). A slice's name is its key's: the controller creates no slice there,
-// and the sync of its Service ends (it used to take the value's name, create at the
-// key's, fail the create's compare and try again for ever).
+// "hand-made"). A slice's name is its key's, and the sync of its Service ends: the
+// controller creates no slice at the key of one it does not manage (it used to take
+// the value's name, create at the key's, fail the create's compare and try again for
+// ever), and writes one it manages at its key, under the key's name (it used to
+// write at the key of the value's name, where nothing was: the same loop).
 func TestStoredNameDiffersFromKey(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -54,6 +56,10 @@ func TestStoredNameDiffersFromKey(t *testing.T) {
 		{name: "unmanaged, no name", managedBy: "someone-else", valueName: "", want: map[int]int{0: 0, 1: 3}},
 		{name: "unmanaged, another name", managedBy: "someone-else", valueName: "hand-made",
 			want: map[int]int{0: 0, 1: 3}},
+		{name: "managed, no name", managedBy: kube.SliceControllerName, valueName: "",
+			want: map[int]int{0: 3}},
+		{name: "managed, another name", managedBy: kube.SliceControllerName, valueName: "hand-made",
+			want: map[int]int{0: 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			svc := sliceService("ns")
@@ -92,8 +98,13 @@ func TestStoredNameDiffersFromKey(t *testing.T) {
 			if got := counts(); !maps.Equal(got, want) {
 				t.Errorf("stored slices (key name: endpoints) %v; want %v", got, want)
 			}
-			if s := h.slicesByKey("ns", "foo")[first]; s == nil || s.Name != tc.valueName ||
-				s.Labels[kube.LabelSliceManagedBy] != tc.managedBy || s.Revision != resp.Header.Revision {
+			switch s := h.slicesByKey("ns", "foo")[first]; {
+			case tc.managedBy == kube.SliceControllerName:
+				if s == nil || s.Name != first {
+					t.Errorf("the slice stored at %s is now %+v; want it named %s", first, s, first)
+				}
+			case s == nil || s.Name != tc.valueName || s.Labels[kube.LabelSliceManagedBy] != tc.managedBy ||
+				s.Revision != resp.Header.Revision:
 				t.Errorf("the slice stored at %s is now %+v; want it untouched", first, s)
 			}
 		})

@@ -29,7 +29,7 @@ import (
 //     write whose outcome is unknown (unknown), read again before the Service's next
 //     sync (reloadUnsure).
 //
-// A Service whose objects someone else deleted (or, with foreignPuts, wrote) is told
+// A Service whose objects someone else deleted (or, with foreignPuts, wrote) is passed
 // to changed, which queues it again: its sync puts them right. The view's store[T] says
 // where the kind lives and how it decodes; what else differs between the kinds is in
 // the functions a view is built with (newEndpointsView, newSlicesView). T is a pointer

@@ -197,7 +197,8 @@ func (v *view[T]) names(svcKey string) map[string]bool {
 	return out
 }
 
-// keys returns the keys of the Services that have a stored object.
+// keys returns the keys of the Services that have a stored object, not of those whose
+// objects the view saw deleted (by the term, or by someone else: that queued them).
 func (v *view[T]) keys() []string {
 	var zero T
 	v.mu.Lock()

@@ -85,7 +85,14 @@ func BenchmarkList(b *testing.B) {
 // tools/bench does, without the gRPC server): the allocator's and etcd's share of
 // an Allocate call, its log line included. It reports the process CPU time per
 // allocation.
-func BenchmarkAllocate(b *testing.B) {
+func BenchmarkAllocate(b *testing.B) { benchAllocate(b, false) }
+
+// BenchmarkAllocateKeepingHolders is BenchmarkAllocate with the holders kept (seeded
+// by a ListExcept before it starts), as every replica of the daemon keeps them: the
+// watch records each allocation's holder.
+func BenchmarkAllocateKeepingHolders(b *testing.B) { benchAllocate(b, true) }
+
+func benchAllocate(b *testing.B, keepHolders bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e := benchEtcd(b, false)
@@ -102,6 +109,11 @@ func BenchmarkAllocate(b *testing.B) {
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	defer func() { cancel(); <-done }()
+	if keepHolders {
+		if _, _, err := a.ListExcept(ctx, nil, nil); err != nil || !a.hold.kept() {
+			b.Fatalf("ListExcept = %v; want the holders seeded", err)
+		}
+	}
 	var seq atomic.Int64
 	b.SetParallelism(32) // 64 goroutines on 2 CPUs
 	b.ReportAllocs()

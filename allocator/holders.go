@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"encoding/binary"
 	"hash/maphash"
 	"log/slog"
 	"net/netip"
@@ -56,21 +57,102 @@ type holders struct {
 	fails *failures
 
 	mu sync.Mutex
-	// idx maps every allocated item to its place in hs, which holds the HolderHash of
-	// its owner's UID with the low bit set (0: a free place, listed in free); idx is
-	// nil while the holders are not kept.
-	idx  map[ItemKey]int32
-	hs   []uint64
-	free []int32
+	// idx maps every allocated item to the HolderHash of its owner's UID, its low bit
+	// clear (check marks an item with it while it runs); idx is nil while the holders
+	// are not kept. blocks are the IPv6 blocks of its keys (heldKey).
+	idx    map[heldKey]uint64
+	blocks v6Blocks
 	// touched, while a listing seeds them, holds the items the watch changed since the
 	// seeding started: the holders have their newer state, which the listing must not
 	// overwrite.
-	touched map[ItemKey]struct{}
+	touched map[heldKey]struct{}
 	// seeded is the revision of the listing that seeded them (0 while seeding): they
 	// equal etcd's item keys once the index reflects it.
 	seeded int64
 	// gen counts starts and drops: a seeding fills only the holders it started.
 	gen uint64
+}
+
+// heldKey is a held item as the holders key it: one machine word. With its owner's
+// hash for a value, an item takes two words of a map the collector does not scan
+// (BenchmarkHoldersMemory: 24 bytes an item at 100k, 38 at 1M where the map has just
+// doubled; a map of ItemKeys to places in an array of hashes took 72 and 109). Its top
+// two bits are the item's kind (heldIPv4, heldPort, heldIPv6), the rest
+//
+//	IPv4      the address
+//	NodePort  the port
+//	IPv6      the number of the address's block (its upper 104 bits, numbered by
+//	          v6Blocks as the holders first see them) << blockBits | its lower 24 bits
+//
+// An IPv6 range has at most 2^MaxRangeBits addresses on a prefix boundary: they share
+// one block, and a few ranges make a few blocks (38 bits number more blocks than any
+// table has ranges). The holders hold only items of a range; a claim of an address of
+// a block they do not number is of no item held.
+type heldKey uint64
+
+const (
+	heldIPv4 heldKey = 1 << 62
+	heldPort heldKey = 2 << 62
+	heldIPv6 heldKey = 3 << 62
+	heldKind heldKey = 3 << 62
+
+	blockBits = MaxRangeBits
+	blockMask = 1<<blockBits - 1
+)
+
+// v6Blocks numbers the IPv6 blocks of the holders' keys: byHigh finds a block's
+// number by its upper 104 bits (As16's two words, the lower bits clear), high is the
+// reverse.
+type v6Blocks struct {
+	byHigh map[[2]uint64]uint64
+	high   [][2]uint64
+}
+
+// key returns k's heldKey. An IPv6 address of a block not numbered yet gets a number
+// when add is set; without add it has no key (false), as an item of no kind or a
+// port outside 0-65535: neither is held.
+func (h *holders) key(k ItemKey, add bool) (heldKey, bool) {
+	switch {
+	case Kind(k.kind) == KindNodePort:
+		if k.port < 0 || k.port > 0xffff {
+			return 0, false
+		}
+		return heldPort | heldKey(k.port), true
+	case Kind(k.kind) != KindClusterIP:
+		return 0, false
+	case k.is4:
+		return heldIPv4 | heldKey(binary.BigEndian.Uint32(k.addr[12:])), true
+	}
+	lo := binary.BigEndian.Uint64(k.addr[8:])
+	b := [2]uint64{binary.BigEndian.Uint64(k.addr[:8]), lo &^ blockMask}
+	n, ok := h.blocks.byHigh[b]
+	if !ok {
+		if !add {
+			return 0, false
+		}
+		n = uint64(len(h.blocks.high))
+		h.blocks.byHigh[b] = n
+		h.blocks.high = append(h.blocks.high, b)
+	}
+	return heldIPv6 | heldKey(n<<blockBits|lo&blockMask), true
+}
+
+// itemKey returns the ItemKey of hk, a key of the holders.
+func (h *holders) itemKey(hk heldKey) ItemKey {
+	v := uint64(hk &^ heldKind)
+	switch hk & heldKind {
+	case heldPort:
+		return ItemKey{port: int64(v), kind: uint8(KindNodePort)}
+	case heldIPv4:
+		var a [4]byte
+		binary.BigEndian.PutUint32(a[:], uint32(v))
+		return ItemKey{addr: netip.AddrFrom4(a).As16(), kind: uint8(KindClusterIP), is4: true}
+	}
+	b := h.blocks.high[v>>blockBits]
+	k := ItemKey{kind: uint8(KindClusterIP)}
+	binary.BigEndian.PutUint64(k.addr[:8], b[0])
+	binary.BigEndian.PutUint64(k.addr[8:], b[1]|v&blockMask)
+	return k
 }
 
 // holderSeed seeds HolderHash: the holders live in memory only.
@@ -95,8 +177,8 @@ func (h *holders) start() (gen uint64, started bool) {
 	if h.idx != nil {
 		return 0, false
 	}
-	h.idx, h.hs, h.free = map[ItemKey]int32{}, nil, nil
-	h.touched, h.seeded = map[ItemKey]struct{}{}, 0
+	h.idx, h.blocks = map[heldKey]uint64{}, v6Blocks{byHigh: map[[2]uint64]uint64{}}
+	h.touched, h.seeded = map[heldKey]struct{}{}, 0
 	h.gen++
 	return h.gen, true
 }
@@ -126,9 +208,9 @@ func (h *holders) fillSome(gen uint64, all []Allocation) {
 		return
 	}
 	for i := range all {
-		k := all[i].Item.Key()
-		if _, ok := h.touched[k]; !ok {
-			h.set(k, HolderHash(all[i].Owner.UID))
+		k, ok := h.key(all[i].Item.Key(), true)
+		if _, touched := h.touched[k]; ok && !touched {
+			h.idx[k] = HolderHash(all[i].Owner.UID) &^ 1
 		}
 	}
 }
@@ -166,24 +248,15 @@ func (h *holders) dropSeeding(gen uint64) {
 
 // reset forgets the holders (h.mu held).
 func (h *holders) reset() {
-	h.idx, h.hs, h.free, h.touched, h.seeded = nil, nil, nil, nil, 0
+	h.idx, h.blocks, h.touched, h.seeded = nil, v6Blocks{}, nil, 0
 	h.gen++
 }
 
-// set records that the owner of UID hash holds k.
+// set records that the owner of UID hash holds k (h.mu held, the holders kept).
 func (h *holders) set(k ItemKey, hash uint64) {
-	if i, ok := h.idx[k]; ok {
-		h.hs[i] = hash | 1
-		return
+	if hk, ok := h.key(k, true); ok {
+		h.idx[hk] = hash &^ 1
 	}
-	var i int32
-	if n := len(h.free); n > 0 {
-		i, h.free = h.free[n-1], h.free[:n-1]
-	} else {
-		i = int32(len(h.hs))
-		h.hs = append(h.hs, 0)
-	}
-	h.hs[i], h.idx[k] = hash|1, i
 }
 
 // holderChange is one change of an item key, as the watch applies it.
@@ -201,13 +274,14 @@ func (h *holders) apply(cs []holderChange) {
 		return
 	}
 	for _, c := range cs {
-		k := c.it.Key()
-		switch i, ok := h.idx[k]; {
+		k, ok := h.key(c.it.Key(), true)
+		switch {
+		case !ok:
+			continue
 		case c.put:
-			h.set(k, maphash.Bytes(holderSeed, c.uid))
-		case ok:
+			h.idx[k] = maphash.Bytes(holderSeed, c.uid) &^ 1
+		default:
 			delete(h.idx, k)
-			h.hs[i], h.free = 0, append(h.free, i)
 		}
 		if h.touched != nil {
 			h.touched[k] = struct{}{}
@@ -238,24 +312,31 @@ type Claim struct {
 // check marks held[i] for every claim the holders show held by its Holder, and
 // returns the items to read: those of the claims not held, and every item held that
 // no claim marked. ok is false when the holders are not seeded at a revision the
-// index reflects (progress): then nothing is marked.
+// index reflects (progress): then nothing is marked. The hashes compare without their
+// low bit, which marks the items claimed until check returns.
 func (h *holders) check(progress int64, claims []Claim, held []bool) (read []ItemKey, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.idx == nil || h.seeded == 0 || h.seeded > progress {
 		return nil, false
 	}
-	seen := make([]bool, len(h.hs))
 	for i, c := range claims {
-		if j, ok := h.idx[c.Key]; ok && c.Holder != 0 && h.hs[j] == c.Holder|1 {
-			held[i], seen[j] = true, true
-		} else {
+		k, ok := h.key(c.Key, false)
+		hash, in := h.idx[k]
+		if !ok || !in || c.Holder == 0 || hash&^1 != c.Holder&^1 {
 			read = append(read, c.Key)
+			continue
+		}
+		held[i] = true
+		if hash&1 == 0 {
+			h.idx[k] = hash | 1
 		}
 	}
-	for k, j := range h.idx {
-		if !seen[j] {
-			read = append(read, k)
+	for k, hash := range h.idx {
+		if hash&1 == 0 {
+			read = append(read, h.itemKey(k))
+		} else {
+			h.idx[k] = hash &^ 1 // an existing key: the range goes on as it was
 		}
 	}
 	return read, true

@@ -96,3 +96,15 @@ func BenchmarkHoldersCheck(b *testing.B) {
 		}
 	}
 }
+
+// TestHoldersMemory: the holders of 100k items keep at most 40 bytes an item (a key and
+// a hash of one word each, in a map; 72 bytes with a map of ItemKeys and an array of
+// hashes beside it).
+func TestHoldersMemory(t *testing.T) {
+	const n, most = 100_000, 40
+	if _, alloc := holdersHeap(n); alloc > most {
+		t.Errorf("holders of %d items keep %.1f bytes an item; want at most %d", n, alloc, most)
+	} else {
+		t.Logf("holders of %d items keep %.1f bytes an item", n, alloc)
+	}
+}

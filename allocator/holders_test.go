@@ -483,3 +483,110 @@ func TestHoldersRun(t *testing.T) {
 		t.Errorf("holders could be started again while kept: the loop would seed them again")
 	}
 }
+
+// TestHeldKey: every item the holders may hold has a key of one word of its own, which
+// gives the item's ItemKey back; the items no range holds have none (a claim of one is
+// read), and a claim's IPv6 address of a block the holders do not hold numbers none.
+func TestHeldKey(t *testing.T) {
+	addr := func(s string) Item { return IP(netip.MustParseAddr(s)) }
+	held := []Item{addr("10.0.0.1"), addr("10.0.0.2"), addr("0.0.0.0"), addr("255.255.255.255"),
+		addr("::ffff:10.0.0.1"), addr("fd00::1"), addr("fd00::ff:ffff"), addr("fd00::100:0"),
+		addr("fd00:1::1"), addr("::"), addr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
+		Port(0), Port(1), Port(30000), Port(65535)}
+	h := &holders{}
+	h.start()
+	keys := map[heldKey]Item{}
+	for _, it := range held {
+		k, ok := h.key(it.Key(), true)
+		if !ok {
+			t.Errorf("key(%v) has none; want one", it)
+			continue
+		}
+		if other, dup := keys[k]; dup {
+			t.Errorf("key(%v) = %#x; want not that of %v", it, uint64(k), other)
+		}
+		keys[k] = it
+		if got := h.itemKey(k).Item(); got != it {
+			t.Errorf("itemKey(key(%v)).Item() = %v; want it", it, got)
+		}
+		if again, ok := h.key(it.Key(), false); !ok || again != k {
+			t.Errorf("key(%v) without adding = %#x, %v; want %#x", it, uint64(again), ok, uint64(k))
+		}
+	}
+	if n := len(h.blocks.high); n != 6 {
+		t.Errorf("%d IPv6 blocks numbered; want 6 (::ffff:10.0.0.0, fd00::, fd00::100:0, fd00:1::, ::, "+
+			"ffff:...)", n)
+	}
+	for _, it := range []Item{Port(-1), Port(65536), {Kind: 7, Port: 1}, {}, addr("fd00:2::1")} {
+		if k, ok := h.key(it.Key(), false); ok {
+			t.Errorf("key(%+v) = %#x; want none", it, uint64(k))
+		}
+	}
+}
+
+// TestHoldersCheck: check marks the claims held by their holder and reads the rest
+// (an item held but claimed by another, or with no holder, is named twice: its claim
+// is not held, and no claim marked it), and leaves nothing of its marks behind: a
+// check that follows, with other claims, reads every item its claims do not show held.
+func TestHoldersCheck(t *testing.T) {
+	items := []Item{IP(netip.MustParseAddr("10.0.0.1")), IP(netip.MustParseAddr("fd00::1")),
+		IP(netip.MustParseAddr("fd00::100:1")), Port(30000)}
+	h := &holders{}
+	gen, _ := h.start()
+	var all []Allocation
+	for i, it := range items {
+		all = append(all, Allocation{Item: it, Owner: Owner{UID: fmt.Sprint("uid-", i)}})
+	}
+	h.fill(gen, 5, all)
+	claims := func(uid func(i int) string) []Claim {
+		var cl []Claim
+		for i, it := range items {
+			cl = append(cl, Claim{Key: it.Key(), Holder: HolderHash(uid(i))})
+		}
+		return cl
+	}
+	own := claims(func(i int) string { return fmt.Sprint("uid-", i) })
+	other := claims(func(int) string { return "another" })
+	stray := Claim{Key: IP(netip.MustParseAddr("fd00:9::1")).Key(), Holder: HolderHash("uid-0")}
+	keys := func(its []Item) []ItemKey {
+		var ks []ItemKey
+		for _, it := range its {
+			ks = append(ks, it.Key())
+		}
+		return ks
+	}
+	for _, c := range []struct {
+		name   string
+		claims []Claim
+		read   []ItemKey // in any order
+	}{
+		{"each by its holder", own, nil},
+		{"none", nil, keys(items)},
+		{"each by its holder, again", own, nil},
+		{"each by another", other, append(keys(items), keys(items)...)},
+		{"half by their holder, an item of no block", append(own[:2:2], stray),
+			append(keys(items[2:]), stray.Key)},
+		{"each by its holder, one with no holder", append(own[:3:3], Claim{Key: own[3].Key}),
+			append(keys(items[3:]), keys(items[3:])...)},
+	} {
+		held := make([]bool, len(c.claims))
+		read, ok := h.check(5, c.claims, held)
+		if !ok {
+			t.Fatalf("%s: check not ok", c.name)
+		}
+		order := func(x, y ItemKey) int { return strings.Compare(x.Item().String(), y.Item().String()) }
+		slices.SortFunc(read, order)
+		slices.SortFunc(c.read, order)
+		if !slices.Equal(read, c.read) {
+			t.Errorf("%s: check read %v; want %v", c.name, read, c.read)
+		}
+		for i, cl := range c.claims {
+			if want := !slices.Contains(c.read, cl.Key); held[i] != want {
+				t.Errorf("%s: held[%d] (%v) = %v; want %v", c.name, i, cl.Key.Item(), held[i], want)
+			}
+		}
+	}
+	if n := len(h.blocks.high); n != 2 {
+		t.Errorf("%d IPv6 blocks numbered after the checks; want 2 (a claim numbers none)", n)
+	}
+}

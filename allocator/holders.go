@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/jonboulle/clockwork"
 )
 
 // The holders: who holds every allocated item, as a hash of the owner's UID, kept by
@@ -52,9 +54,10 @@ func (k ItemKey) Item() Item {
 
 // holders is the Allocator's record of who holds every item, and how far it is.
 type holders struct {
-	// log and fails are run's (keeping the holders from the start).
+	// log, fails and clock are run's (keeping the holders from the start).
 	log   *slog.Logger
 	fails *failures
+	clock clockwork.Clock
 
 	mu sync.Mutex
 	// idx maps every allocated item to the HolderHash of its owner's UID, its low bit
@@ -363,14 +366,14 @@ func (h *holders) run(ctx context.Context, every time.Duration,
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(wait):
+		case <-h.clock.After(wait):
 		}
 		gen, ok := h.start()
 		if !ok {
 			wait = every
 			continue
 		}
-		begin := time.Now()
+		begin := h.clock.Now()
 		rev, n, err := seed(ctx, gen)
 		if err != nil {
 			wait = min(2*wait, holdersMaxWait)
@@ -382,6 +385,6 @@ func (h *holders) run(ctx context.Context, every time.Duration,
 		h.fails.ok(stepHoldersSeed)
 		wait = every
 		h.log.Info("holders seeded", "allocations", n, "revision", rev,
-			"took", time.Since(begin).Round(time.Millisecond))
+			"took", h.clock.Since(begin).Round(time.Millisecond))
 	}
 }

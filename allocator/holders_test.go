@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -428,51 +429,91 @@ func TestHoldersNonCanonicalKey(t *testing.T) {
 }
 
 // TestHoldersRun: the keeping loop seeds the holders after its interval, tries again a
-// seeding that failed (recorded: counted, logged at warning once in the run), waiting
-// twice as long each time; once seeded they are kept (the loop's start finds them).
+// seeding that failed (recorded: counted, logged at warning at the first failure of
+// the run and then once a minute), waiting twice as long each time up to
+// holdersMaxWait; once seeded they are kept (the loop's checks find them and seed
+// nothing) until dropped, then seeded at the next check. The waits are exact, on a
+// fake clock.
 func TestHoldersRun(t *testing.T) {
 	h := &recordHandler{}
 	reg := prometheus.NewRegistry()
 	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "test_failures_total"}, []string{"step"})
 	reg.MustRegister(vec)
-	hs := &holders{log: slog.New(h), fails: newFailures(slog.New(h), vec)}
-	ctx, cancel := context.WithCancel(context.Background())
+	clk := clockwork.NewFakeClock()
+	hs := &holders{log: slog.New(h), fails: newFailures(slog.New(h), vec), clock: clk}
+	hs.fails.clock = clk
+	const every, fails = 10 * time.Millisecond, 14
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var calls []time.Time
-	seeded := make(chan struct{})
+	seeds := make(chan time.Time, 1) // when each seeding came, on clk
+	n := 0                           // seedings so far (the loop's goroutine only)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		hs.run(ctx, 10*time.Millisecond, func(_ context.Context, gen uint64) (int64, int, error) {
-			calls = append(calls, time.Now())
-			if len(calls) < 3 {
+		hs.run(ctx, every, func(_ context.Context, gen uint64) (int64, int, error) {
+			seeds <- clk.Now()
+			if n++; n <= fails {
 				hs.dropSeeding(gen)
 				return 0, 0, errors.New("listing failed")
 			}
 			hs.fill(gen, 7, nil)
-			close(seeded)
 			return 7, 0, nil
 		})
 	}()
-	<-seeded
-	etcdtest.WaitFor(t, 5*time.Second, "the seeding's line", func() bool {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return len(h.recs) >= 3
-	})
+	// wait lets the loop wait for d: nothing comes a nanosecond before its end; at its
+	// end, a seeding comes if seed is set, none if not. The loop waits on clk between.
+	wait := func(d time.Duration, seed bool) {
+		t.Helper()
+		if err := clk.BlockUntilContext(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		begin := clk.Now()
+		clk.Advance(d - time.Nanosecond)
+		if err := clk.BlockUntilContext(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case at := <-seeds:
+			t.Fatalf("seeding %v after the wait began; want %v (seeding %d)", at.Sub(begin), d, n)
+		default:
+		}
+		clk.Advance(time.Nanosecond)
+		if err := clk.BlockUntilContext(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-seeds:
+			if !seed {
+				t.Fatalf("seeding after %v of holders kept; want none", d)
+			}
+		default:
+			if seed {
+				t.Fatalf("no seeding after %v; want one (seeding %d)", d, n+1)
+			}
+		}
+	}
+	for i := range fails + 1 { // 14 that fail, then one that seeds
+		wait(min(every<<i, holdersMaxWait), true)
+	}
+	for range 3 {
+		wait(every, false)
+	}
+	hs.drop() // what a compaction of the watch, or a change of the ranges, does
+	wait(every, true)
 	cancel()
 	<-done
-	if len(calls) != 3 || calls[2].Sub(calls[1]) < calls[1].Sub(calls[0]) {
-		t.Errorf("seedings at %v; want 3, the waits growing", calls)
-	}
-	if n := counter(t, reg, "test_failures_total", stepHoldersSeed); n != 2 {
-		t.Errorf("failed seedings counted = %v; want 2", n)
+
+	if c := counter(t, reg, "test_failures_total", stepHoldersSeed); c != fails {
+		t.Errorf("failed seedings counted = %v; want %d", c, fails)
 	}
 	var msgs []string
 	for _, l := range h.take() {
-		msgs = append(msgs, l["msg"])
+		msgs = append(msgs, l["msg"]+" "+l["failures"])
 	}
-	want := []string{"holders not seeded; trying again", "step works again", "holders seeded"}
+	// Failures at 10 ms, then at 81.91 s and 141.91 s: a minute or more since the
+	// line before.
+	want := []string{"holders not seeded; trying again 1", "holders not seeded; trying again 13",
+		"holders not seeded; trying again 14", "step works again 14", "holders seeded ", "holders seeded "}
 	if !slices.Equal(msgs, want) {
 		t.Errorf("logged %q; want %q", msgs, want)
 	}

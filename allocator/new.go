@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
@@ -59,7 +60,7 @@ func newAllocator(cli *clientv3.Client, cfg Config) *Allocator {
 		keepHolders: cfg.KeepHolders, holdersWait: holdersDelay}
 	a.m = newMetrics(a.Ranges, cfg.Registerer)
 	a.bg = newFailures(log, a.m.backgroundCounter())
-	a.hold.log, a.hold.fails = log, a.bg
+	a.hold.log, a.hold.fails, a.hold.clock = log, a.bg, clockwork.NewRealClock()
 	a.epochs = newEpochs(st, log, newFailures(log, a.m.epochCounter()))
 	a.cp = newCheckpointer(st, log, a.bg)
 	a.idx = newIndex(st, log, a.m, a.bg, cfg.NodePortRange, a.epochs, &a.hold, a.cp)

@@ -547,8 +547,8 @@ func TestHeldKey(t *testing.T) {
 			t.Errorf("key(%v) = %#x; want not that of %v", it, uint64(k), other)
 		}
 		keys[k] = it
-		if got := h.itemKey(k).Item(); got != it {
-			t.Errorf("itemKey(key(%v)).Item() = %v; want it", it, got)
+		if got := h.itemKey(k); got != it.Key() || got.Item() != it {
+			t.Errorf("itemKey(key(%v)) = %+v (%v); want %+v", it, got, got.Item(), it.Key())
 		}
 		if again, ok := h.key(it.Key(), false); !ok || again != k {
 			t.Errorf("key(%v) without adding = %#x, %v; want %#x", it, uint64(again), ok, uint64(k))

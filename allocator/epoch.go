@@ -36,6 +36,12 @@ import (
 //     <prefix>/tombstones/<u>/<uid>; the tombstone is deleted only by a transaction
 //     that compares Version(epoch) >= u + epochSlack, when every transaction built
 //     before the release fails its epoch compare.
+//   - While etcd is out of space it refuses the tombstones' puts: a release deletes the
+//     records it would make tombstones, and the epoch key with them (noSpaceWrites),
+//     which fails every transaction built before it on the key's CreateRevision. A write
+//     that gives an owner items (Allocate, Assign, Transfer, Reassign) compares the
+//     epoch always, and never the key's absence, which every later delete brings back:
+//     it begins under a key that exists, made anew first if need be (begin).
 //
 // A call waits at most epochSlack epochs (about 10 s) for its transaction to commit;
 // tombstones live about 10 to 20 s: the keys they cost are the releases of that time.
@@ -137,12 +143,37 @@ func (e *epochs) ensure(ctx context.Context) error {
 // its replica knew them.
 type epoch struct{ version, create int64 }
 
-// now is the epoch of a call that begins now.
+// now is the epoch of a call that begins now: the epoch key's absence (a zero epoch)
+// while it is deleted. Only the writes that free items may begin so (begin).
 func (e *epochs) now() epoch {
 	if cur := e.cur.Load(); cur != nil {
 		return *cur
 	}
 	return epoch{}
+}
+
+// begin is the epoch of a call that begins now and may give items to an owner
+// (Allocate, Assign, Transfer, Reassign): never the key's absence. A transaction that
+// compares the absence would pass again at every later absence (each release while
+// etcd is out of space deletes the key), so one held on its way to etcd from one
+// episode to the next would land after a full release of its owner that the second
+// episode deleted: the owner record, the items and the epoch key all absent, as it
+// expected. While the key is absent, begin makes it anew (what run does within
+// epochInterval/4), and fails while etcd refuses that put: such a call would fail for
+// want of space all the same.
+func (e *epochs) begin(ctx context.Context) (epoch, error) {
+	if ep := e.now(); ep.create != 0 {
+		return ep, nil
+	}
+	if err := e.ensure(ctx); err != nil {
+		return epoch{}, err
+	}
+	if ep := e.now(); ep.create != 0 {
+		return ep, nil
+	}
+	// Deleted again meanwhile (another release while out of space): fails like a call
+	// that outlived its epoch.
+	return epoch{}, fmt.Errorf("epoch key %s deleted: %w", e.epochKey, ErrConflict)
 }
 
 // cmps are the compares of a transaction begun in ep: it commits only while the epoch
@@ -162,9 +193,10 @@ func (e *epochs) outlived(kv *mvccpb.KeyValue, ep epoch) bool {
 }
 
 // seenKV records the epoch key as read (kv nil: absent, deleted by a release while etcd
-// was out of space). While it is absent, calls compare its absence (CreateRevision 0):
-// every transaction built before the delete compares a CreateRevision that is not 0,
-// and fails; run makes the key anew once etcd takes writes.
+// was out of space). While it is absent, releases compare its absence (CreateRevision
+// 0): every transaction built before the delete compares a CreateRevision that is not
+// 0, and fails; run makes the key anew once etcd takes writes, and so does a call that
+// would give items (begin).
 func (e *epochs) seenKV(kv *mvccpb.KeyValue) {
 	if kv == nil {
 		e.gone.Store(true)

@@ -12,6 +12,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
 )
 
 // No allocation comes back: a transaction built before a release never commits after
@@ -61,6 +62,11 @@ const (
 	// the first two rounds that may take them, fsync off; 512 a round when a round took
 	// 16 batches).
 	collectBudget = epochInterval / 2
+	// collectInFlight is how many collecting transactions a round has in flight at
+	// once: one at a time, a round's budget went on round trips while many clients
+	// released at once (a namespace deleted), and the tombstones piled up (scale.md,
+	// "Mass release").
+	collectInFlight = 8
 	// epochOps is how many compares epochs.cmps adds to a transaction.
 	epochOps = 2
 )
@@ -396,22 +402,36 @@ func (e *epochs) collect(ctx context.Context) error {
 	return nil
 }
 
-// collectBatches is collectBatch over keys, tombstoneBatch at a time; it stops at the
-// first batch whose transaction fails its compares, or at until, and reports whether it
-// went through them all.
+// collectBatches is collectBatch over keys, tombstoneBatch at a time and up to
+// collectInFlight batches at once (their keys are disjoint: none fails another's
+// compares); it starts no batch after one failed its compares or an error, or after
+// until, and reports whether it went through them all.
 func (e *epochs) collectBatches(ctx context.Context, keys []*mvccpb.KeyValue, create int64,
 	byVersion bool, until time.Time) (bool, error) {
+	var g errgroup.Group
+	g.SetLimit(collectInFlight)
+	var failed atomic.Bool
+	all := true
 	for len(keys) > 0 {
-		if time.Now().After(until) {
-			return false, nil
+		if failed.Load() || time.Now().After(until) {
+			all = false
+			break
 		}
 		n := min(len(keys), tombstoneBatch)
-		if ok, err := e.collectBatch(ctx, keys[:n], create, byVersion); !ok || err != nil {
-			return false, err
-		}
+		batch := keys[:n]
 		keys = keys[n:]
+		g.Go(func() error {
+			ok, err := e.collectBatch(ctx, batch, create, byVersion)
+			if !ok || err != nil {
+				failed.Store(true)
+			}
+			return err
+		})
 	}
-	return true, nil
+	if err := g.Wait(); err != nil {
+		return false, err
+	}
+	return all && !failed.Load(), nil
 }
 
 // collectBatch deletes the tombstones of a batch of index keys (and the keys, each at

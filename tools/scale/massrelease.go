@@ -30,11 +30,12 @@ type massOptions struct {
 // massReleaseMain is `scale massrelease`: a namespace deleted. It fills allocd (its
 // embedded etcd, fsync on) with -owners owners of one ClusterIP each, then releases
 // them all at once from -clients goroutines while -allocators goroutines keep
-// allocating (one ClusterIP for a new owner per call, released at once), and prints, per 1-s window,
-// the Allocates that succeeded, the owners released so far, the tombstones waiting to
-// be collected, and etcd's database (the file, and the part in use); until the
-// tombstones are collected and the file has shrunk back (allocd's compaction and
-// defragmentation), or -after past the collection.
+// allocating (one ClusterIP for a new owner per call, released at once), and prints,
+// per 1-s window, the Allocates that succeeded, the owners released so far, the
+// records left of the owners filled (tombstones once released), the tombstones' index
+// keys (the cycles' too), and etcd's database (the file, and the part in use); until
+// the released owners' tombstones are collected and the file has shrunk to half its
+// peak (allocd's compaction and defragmentation), or -after past the collection.
 func massReleaseMain(args []string) int {
 	fs := flag.NewFlagSet("scale massrelease", flag.ExitOnError)
 	var o options
@@ -62,7 +63,8 @@ func massReleaseMain(args []string) int {
 type massSample struct {
 	at                 time.Duration // since the release began (negative: before it)
 	allocs, released   int64
-	tombstones         int64
+	tombstones         int64 // index keys: the mass release's and the cycles'
+	records            int64 // owner records of the owners filled (tombstones once released)
 	dbSize, dbSizeUsed int64
 }
 
@@ -146,9 +148,10 @@ func massWatch(ctx context.Context, w io.Writer, m massOptions, f *filler, cli *
 		lastAllocs = a
 		samples = append(samples, sm)
 		peakDB = max(peakDB, sm.dbSize)
-		fmt.Fprintf(w, "t=%6.1fs allocates %5d/s released %6d tombstones %6d db %s (in use %s)\n",
-			sm.at.Seconds(), sm.allocs, sm.released, sm.tombstones, mib(sm.dbSize), mib(sm.dbSizeUsed))
-		if collectedAt == 0 && relTook != 0 && sm.tombstones == 0 {
+		fmt.Fprintf(w, "t=%6.1fs allocates %5d/s released %6d records %6d tombstones %6d db %s (in use %s)\n",
+			sm.at.Seconds(), sm.allocs, sm.released, sm.records, sm.tombstones, mib(sm.dbSize),
+			mib(sm.dbSizeUsed))
+		if collectedAt == 0 && relTook != 0 && sm.records == 0 {
 			collectedAt = sm.at
 		}
 		if collectedAt != 0 && (sm.at-collectedAt > m.after || sm.dbSize < peakDB/2) {
@@ -195,15 +198,24 @@ func releaseCounting(ctx context.Context, f *filler, uids []string, n *atomic.In
 	return nil
 }
 
-// sampleMass reads the tombstones waiting and etcd's database sizes.
+// fillPrefix begins the UIDs of the owners filler.fill makes.
+const fillPrefix = "s-"
+
+// sampleMass reads the tombstones waiting, the records left of the owners filled, and
+// etcd's database sizes.
 func sampleMass(ctx context.Context, cli *clientv3.Client, prefix, endpoint string) (massSample, error) {
 	var sm massSample
-	resp, err := cli.Get(ctx, strings.TrimSuffix(prefix, "/")+"/tombstones/", clientv3.WithPrefix(),
-		clientv3.WithCountOnly())
+	p := strings.TrimSuffix(prefix, "/")
+	resp, err := cli.Get(ctx, p+"/tombstones/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return sm, err
 	}
 	sm.tombstones = resp.Count
+	if resp, err = cli.Get(ctx, p+"/owners/"+fillPrefix, clientv3.WithPrefix(),
+		clientv3.WithCountOnly()); err != nil {
+		return sm, err
+	}
+	sm.records = resp.Count
 	st, err := cli.Status(ctx, "http://"+endpoint)
 	if err != nil {
 		return sm, err

@@ -32,8 +32,9 @@ import (
 //     epoch key <prefix>/epoch is rewritten every epochInterval by one replica (a
 //     compare of its version), and every allocation and release transaction compares
 //     Version(epoch) < e + epochSlack, e being the epoch its replica knew when the call
-//     began, and the epoch's CreateRevision. A release records e + epochSlack (u, above
-//     the epoch's version when it commits) in its index key
+//     began (an Allocate's or Assign's: before it built its first transaction, its
+//     expectations read or planned), and the epoch's CreateRevision. A release records
+//     e + epochSlack (u, above the epoch's version when it commits) in its index key
 //     <prefix>/tombstones/<u>/<uid>; the tombstone is deleted only by a transaction
 //     that compares Version(epoch) >= u + epochSlack, when every transaction built
 //     before the release fails its epoch compare.

@@ -13,7 +13,7 @@ GRPCURL_VERSION := v1.9.4
 
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all run build test test-unit vet fmt-check lint proto proto-check docs docs-check compose-check certs tools bench scale soak cluster fault etcd-matrix clean bridge bridge-test kube-bins kube-e2e kube-numbers kube-webhook-numbers
+.PHONY: all run build test test-unit vet fmt-check lint proto proto-check docs docs-check compose-check certs tools bench scale mass-release soak cluster fault etcd-matrix clean bridge bridge-test kube-bins kube-e2e kube-numbers kube-webhook-numbers
 
 all: build
 
@@ -138,6 +138,13 @@ bench:
 scale:
 	mkdir -p .bin/scale
 	$(GO) run ./tools/scale -profile-dir .bin/scale
+
+# mass-release: a namespace of 100,000 Services deleted: 100,000 owners filled, then released at
+# once by 64 clients while 16 keep allocating (and releasing); per 1-s window, the Allocates,
+# the tombstones waiting and etcd's database (docs/contributors/scale.md, "Mass release").
+# A few minutes on the 2-core build machine; not in `make test`.
+mass-release:
+	$(GO) run ./tools/scale massrelease
 
 # soak: 1,000,000 Allocate+Release cycles against allocd on its embedded etcd (fsync on),
 # the database size every 100,000: with the default --etcd-compaction-interval (5m), then

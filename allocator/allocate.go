@@ -44,7 +44,7 @@ func (a *Allocator) allocate(ctx context.Context, req Request) (Result, error) {
 	if err := checkOwner("owner.uid", req.Owner); err != nil {
 		return Result{}, err
 	}
-	o := &op{owner: req.Owner, ownerKey: a.ownerKey(req.Owner.UID), hash: req.hash(), epoch: a.epochs.now()}
+	o := &op{owner: req.Owner, ownerKey: a.ownerKey(req.Owner.UID), hash: req.hash()}
 	read := false // o.ownerRev and o.record were read from etcd
 	if h, ok := a.hints.get(o.owner.UID); ok && !req.DryRun {
 		if h.rec.Last == nil || h.rec.Last.Hash != o.hash {
@@ -98,6 +98,14 @@ func (a *Allocator) planAndCommit(ctx context.Context, req Request, o *op, read 
 	}
 	if req.DryRun {
 		return a.dryRun(ctx, req.Owner, picks)
+	}
+	if o.epoch.create == 0 {
+		// Before the first transaction is built: its compares are of what was read or
+		// planned by now.
+		if o.epoch, err = a.epochs.begin(ctx); err != nil {
+			releasePicks(picks)
+			return Result{}, call.Unapplied(fmt.Errorf("allocate for %s: %w", req.Owner.UID, err))
+		}
 	}
 	o.picks = picks
 	r := a.committer.submit(ctx, o)
@@ -304,7 +312,7 @@ func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, e
 	if err := checkOwner("owner.uid", o); err != nil {
 		return Allocation{}, err
 	}
-	ep := a.epochs.now()
+	var ep epoch
 	for attempt := 0; ; attempt++ {
 		p, err := a.specificPick(it)
 		if err != nil {
@@ -313,6 +321,12 @@ func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, e
 		if err := a.confirmHeld(ctx, o, []*pick{p}); err != nil {
 			releasePicks([]*pick{p})
 			return Allocation{}, err
+		}
+		if ep.create == 0 {
+			if ep, err = a.epochs.begin(ctx); err != nil {
+				releasePicks([]*pick{p})
+				return Allocation{}, call.Unapplied(fmt.Errorf("assign %s to %s: %w", it, o.UID, err))
+			}
 		}
 		op := &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}, epoch: ep}
 		if h, ok := a.hints.get(o.UID); ok {

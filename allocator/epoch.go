@@ -12,6 +12,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
 )
 
 // No allocation comes back: a transaction built before a release never commits after
@@ -31,11 +32,18 @@ import (
 //     epoch key <prefix>/epoch is rewritten every epochInterval by one replica (a
 //     compare of its version), and every allocation and release transaction compares
 //     Version(epoch) < e + epochSlack, e being the epoch its replica knew when the call
-//     began, and the epoch's CreateRevision. A release records e + epochSlack (u, above
-//     the epoch's version when it commits) in its index key
+//     began (an Allocate's or Assign's: before it built its first transaction, its
+//     expectations read or planned), and the epoch's CreateRevision. A release records
+//     e + epochSlack (u, above the epoch's version when it commits) in its index key
 //     <prefix>/tombstones/<u>/<uid>; the tombstone is deleted only by a transaction
 //     that compares Version(epoch) >= u + epochSlack, when every transaction built
 //     before the release fails its epoch compare.
+//   - While etcd is out of space it refuses the tombstones' puts: a release deletes the
+//     records it would make tombstones, and the epoch key with them (noSpaceWrites),
+//     which fails every transaction built before it on the key's CreateRevision. A write
+//     that gives an owner items (Allocate, Assign, Transfer, Reassign) compares the
+//     epoch always, and never the key's absence, which every later delete brings back:
+//     it begins under a key that exists, made anew first if need be (begin).
 //
 // A call waits at most epochSlack epochs (about 10 s) for its transaction to commit;
 // tombstones live about 10 to 20 s: the keys they cost are the releases of that time.
@@ -55,6 +63,11 @@ const (
 	// the first two rounds that may take them, fsync off; 512 a round when a round took
 	// 16 batches).
 	collectBudget = epochInterval / 2
+	// collectInFlight is how many collecting transactions a round has in flight at
+	// once: one at a time, a round's budget went on round trips while many clients
+	// released at once (a namespace deleted), and the tombstones piled up (scale.md,
+	// "Mass release").
+	collectInFlight = 8
 	// epochOps is how many compares epochs.cmps adds to a transaction.
 	epochOps = 2
 )
@@ -137,12 +150,37 @@ func (e *epochs) ensure(ctx context.Context) error {
 // its replica knew them.
 type epoch struct{ version, create int64 }
 
-// now is the epoch of a call that begins now.
+// now is the epoch of a call that begins now: the epoch key's absence (a zero epoch)
+// while it is deleted. Only the writes that free items may begin so (begin).
 func (e *epochs) now() epoch {
 	if cur := e.cur.Load(); cur != nil {
 		return *cur
 	}
 	return epoch{}
+}
+
+// begin is the epoch of a call that begins now and may give items to an owner
+// (Allocate, Assign, Transfer, Reassign): never the key's absence. A transaction that
+// compares the absence would pass again at every later absence (each release while
+// etcd is out of space deletes the key), so one held on its way to etcd from one
+// episode to the next would land after a full release of its owner that the second
+// episode deleted: the owner record, the items and the epoch key all absent, as it
+// expected. While the key is absent, begin makes it anew (what run does within
+// epochInterval/4), and fails while etcd refuses that put: such a call would fail for
+// want of space all the same.
+func (e *epochs) begin(ctx context.Context) (epoch, error) {
+	if ep := e.now(); ep.create != 0 {
+		return ep, nil
+	}
+	if err := e.ensure(ctx); err != nil {
+		return epoch{}, err
+	}
+	if ep := e.now(); ep.create != 0 {
+		return ep, nil
+	}
+	// Deleted again meanwhile (another release while out of space): fails like a call
+	// that outlived its epoch.
+	return epoch{}, fmt.Errorf("epoch key %s deleted: %w", e.epochKey, ErrConflict)
 }
 
 // cmps are the compares of a transaction begun in ep: it commits only while the epoch
@@ -162,9 +200,10 @@ func (e *epochs) outlived(kv *mvccpb.KeyValue, ep epoch) bool {
 }
 
 // seenKV records the epoch key as read (kv nil: absent, deleted by a release while etcd
-// was out of space). While it is absent, calls compare its absence (CreateRevision 0):
-// every transaction built before the delete compares a CreateRevision that is not 0,
-// and fails; run makes the key anew once etcd takes writes.
+// was out of space). While it is absent, releases compare its absence (CreateRevision
+// 0): every transaction built before the delete compares a CreateRevision that is not
+// 0, and fails; run makes the key anew once etcd takes writes, and so does a call that
+// would give items (begin).
 func (e *epochs) seenKV(kv *mvccpb.KeyValue) {
 	if kv == nil {
 		e.gone.Store(true)
@@ -364,22 +403,36 @@ func (e *epochs) collect(ctx context.Context) error {
 	return nil
 }
 
-// collectBatches is collectBatch over keys, tombstoneBatch at a time; it stops at the
-// first batch whose transaction fails its compares, or at until, and reports whether it
-// went through them all.
+// collectBatches is collectBatch over keys, tombstoneBatch at a time and up to
+// collectInFlight batches at once (their keys are disjoint: none fails another's
+// compares); it starts no batch after one failed its compares or an error, or after
+// until, and reports whether it went through them all.
 func (e *epochs) collectBatches(ctx context.Context, keys []*mvccpb.KeyValue, create int64,
 	byVersion bool, until time.Time) (bool, error) {
+	var g errgroup.Group
+	g.SetLimit(collectInFlight)
+	var failed atomic.Bool
+	all := true
 	for len(keys) > 0 {
-		if time.Now().After(until) {
-			return false, nil
+		if failed.Load() || time.Now().After(until) {
+			all = false
+			break
 		}
 		n := min(len(keys), tombstoneBatch)
-		if ok, err := e.collectBatch(ctx, keys[:n], create, byVersion); !ok || err != nil {
-			return false, err
-		}
+		batch := keys[:n]
 		keys = keys[n:]
+		g.Go(func() error {
+			ok, err := e.collectBatch(ctx, batch, create, byVersion)
+			if !ok || err != nil {
+				failed.Store(true)
+			}
+			return err
+		})
 	}
-	return true, nil
+	if err := g.Wait(); err != nil {
+		return false, err
+	}
+	return all && !failed.Load(), nil
 }
 
 // collectBatch deletes the tombstones of a batch of index keys (and the keys, each at

@@ -341,6 +341,15 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 		return 0, false, err
 	}
 	t := &releaseTxn{epoch: a.epochs.now()}
+	if ra != nil {
+		// ra.to gains the item: the transaction compares the epoch, never its absence,
+		// whether or not it makes a tombstone (epoch.go), or it could land after a
+		// release of ra.to that finds nothing held.
+		if t.epoch, err = a.epochs.begin(ctx); err != nil {
+			return 0, true, call.Unapplied(err)
+		}
+		t.cmps, t.withEpoch = append(t.cmps, a.epochs.cmps(t.epoch)...), true
+	}
 	t.cmps = append(t.cmps, modifiedAt(key, al.ModRevision))
 	if ra != nil {
 		t.writes = append(t.writes, clientv3.OpPut(key, string(appendItemValue(nil, ra.to, ra.now))))

@@ -110,7 +110,11 @@ func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []It
 		}
 		items = mine.rec.itemList()
 	}
-	t := &releaseTxn{epoch: a.epochs.now()}
+	ep, err := a.epochs.begin(ctx) // to gains items: never under the epoch key's absence
+	if err != nil {
+		return res, true, call.Unapplied(err)
+	}
+	t := &releaseTxn{epoch: ep}
 	moved, lose, err := a.transferItems(ctx, t, res.from, to, items, all)
 	if err != nil || len(lose) == 0 {
 		return res, true, err

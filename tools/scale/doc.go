@@ -27,4 +27,9 @@
 //
 // Between points it fills the store with -clients goroutines allocating one ClusterIP
 // each for a new owner. `make scale` runs it.
+//
+// `scale massrelease` (`make mass-release`) measures a namespace deleted instead:
+// -owners owners released at once while other clients keep allocating; per 1-s
+// window, the Allocates that succeeded, the tombstones waiting and etcd's database
+// size, until the tombstones are collected and the database has shrunk back.
 package main

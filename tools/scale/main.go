@@ -35,6 +35,8 @@ func main() {
 			os.Exit(serveMain(os.Args[2:]))
 		case "etcd":
 			os.Exit(etcdMain(os.Args[2:]))
+		case "massrelease":
+			os.Exit(massReleaseMain(os.Args[2:]))
 		}
 	}
 	var o options

@@ -92,7 +92,7 @@ func (f *filler) fill(ctx context.Context, addr string, n int) error {
 					f.seq.Add(-1)
 					return
 				}
-				uid := "s-" + strconv.FormatInt(k, 10)
+				uid := fillPrefix + strconv.FormatInt(k, 10)
 				resp, err := f.allocate(ctx, g, uid)
 				if err != nil {
 					firstErr.CompareAndSwap(nil, err)

@@ -149,9 +149,12 @@ func waitCandidates(t *testing.T, e *etcdtest.Server, n int) {
 	})
 }
 
-// revoke revokes the election lease of r's running term (its key names the lease).
+// revoke revokes the election lease of r's running term (its key names the lease), once
+// that term has started.
 func revoke(t *testing.T, e *etcdtest.Server, r *replica) {
 	t.Helper()
+	// The others may name r before r's own term has started and recorded its fence.
+	etcdtest.WaitFor(t, 10*time.Second, r.el.Identity()+"'s term", func() bool { return len(r.fences()) > 0 })
 	fs := r.fences()
 	id, err := strconv.ParseInt(strings.TrimPrefix(fs[len(fs)-1].Key, prefix+"/"), 16, 64)
 	if err != nil {

@@ -32,7 +32,12 @@ type Result struct {
 // owner's last one returns that one's result (Replayed) while the owner still holds
 // it; another request of an existing owner allocates more. Errors: *InvalidError,
 // ErrNoRange, *NotInRangeError, *AllocatedError (a specific item another owner
-// holds), ErrFull, ErrConflict (contention outlasted the retries), etcd errors.
+// holds), *TerminatingError (a specific address that only terminating ServiceCIDRs
+// hold, and the owner does not), ErrFull, ErrConflict (contention outlasted the
+// retries), ErrNotRunning (queued when Run stopped), ctx's errors (the caller gave up
+// waiting: the write may still commit, and the same request again replays it), etcd
+// errors (among them a transaction of unknown outcome, which the same request again
+// replays if it committed).
 func (a *Allocator) Allocate(ctx context.Context, req Request) (Result, error) {
 	start := time.Now()
 	res, err := a.allocate(ctx, req)
@@ -307,7 +312,8 @@ func (a *Allocator) dryRun(ctx context.Context, o Owner, picks []*pick) (Result,
 
 // Assign gives the specific item it to o, and records it in o's record. It is a
 // no-op when o holds it already, and fails with a *AllocatedError when another owner
-// does.
+// does, with a *TerminatingError when it is an address that only terminating
+// ServiceCIDRs hold and o does not.
 func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, error) {
 	if err := checkOwner("owner.uid", o); err != nil {
 		return Allocation{}, err

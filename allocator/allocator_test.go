@@ -456,8 +456,9 @@ func TestRelease(t *testing.T) {
 	if _, _, err := a.Release(ctx, o, nil, false); err != nil {
 		t.Fatal(err)
 	}
-	if page, _ := a.ListPage(ctx, ListOptions{OwnerUID: o.UID}); len(page.Allocations) != 0 {
-		t.Errorf("owner %s holds %+v after releasing all; want nothing", o.UID, page.Allocations)
+	if page, err := a.ListPage(ctx, ListOptions{OwnerUID: o.UID}); err != nil || len(page.Allocations) != 0 {
+		t.Errorf("ListPage(owner %s) after releasing all = %+v, %v; want nothing", o.UID,
+			page.Allocations, err)
 	}
 	checkTombstone(t, e.Client, a, o.UID)
 	passEpochs(t, a)
@@ -520,7 +521,9 @@ func TestRepairAPI(t *testing.T) {
 	}
 	passEpochs(t, a)
 	for _, uid := range []string{"s1", "s2"} {
-		if resp, _ := e.Client.Get(ctx, a.ownerKey(uid)); len(resp.Kvs) != 0 {
+		if resp, err := e.Client.Get(ctx, a.ownerKey(uid)); err != nil {
+			t.Errorf("read the record of %s: %v", uid, err)
+		} else if len(resp.Kvs) != 0 {
 			t.Errorf("record of %s = %s; want deleted with its last item (a tombstone, then collected)", uid,
 				resp.Kvs[0].Value)
 		}

@@ -35,10 +35,11 @@ const (
 // error of unknown outcome.
 const txnAttempt = 2 * time.Second
 
-// commit runs one transaction for batch: if every new item key is absent, every
-// held one unchanged and every owner record as expected, put them all; else read
-// them all back, settle each op (fail, replay, or fix and retry) and return the ops
-// to retry.
+// commit runs one transaction for batch: if the epoch the oldest op began in is not
+// outlived (epochs.cmps), every new item key is absent, every held one unchanged,
+// every ServiceCIDR drawn from unchanged and every owner record as expected, put them
+// all; else read them all back, settle each op (fail, replay, or fix and retry) and
+// return the ops to retry.
 func (a *Allocator) commit(ctx context.Context, batch []*op) []*op {
 	now := time.Now()
 	live := a.prepare(batch)

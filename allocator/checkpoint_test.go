@@ -150,7 +150,10 @@ func TestCheckpointEqualsList(t *testing.T) {
 	if got.idx.loadedFrom != "checkpoint" {
 		t.Fatalf("New loaded from %q; want checkpoint", got.idx.loadedFrom)
 	}
-	head, _ := got.cp.revision(ctx)
+	head, err := got.cp.revision(ctx)
+	if err != nil {
+		t.Fatalf("checkpoint revision: %v", err)
+	}
 	if head >= got.idx.progress.Rev() {
 		t.Fatalf("checkpoint at %d, index at %d: nothing was replayed", head, got.idx.progress.Rev())
 	}
@@ -211,7 +214,10 @@ func TestCheckpointEqualsList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp, _ := other.cp.revision(ctx)
+	cp, err := other.cp.revision(ctx)
+	if err != nil {
+		t.Fatalf("checkpoint revision: %v", err)
+	}
 	if cp >= resp.Header.Revision {
 		t.Fatalf("checkpoint at %d, etcd at %d: want changes after it", cp, resp.Header.Revision)
 	}

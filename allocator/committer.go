@@ -37,7 +37,8 @@ func deleteTime(ts []time.Time, at time.Time) []time.Time {
 	return ts
 }
 
-// txnTimeout bounds one group-commit transaction.
+// txnTimeout bounds one commit of a batch by the group committer: its transaction
+// (each try of it bounded by txnAttempt) and, after a conflict, the read-back.
 const txnTimeout = 30 * time.Second
 
 func newCommitter(conc int, commit func(ctx context.Context, batch []*op) []*op) *committer {

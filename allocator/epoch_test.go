@@ -165,9 +165,9 @@ func raceRelease(t *testing.T, c raceCase) {
 	}
 	if c.collect {
 		passEpochs(t, other)
-		if resp, _ := e.Client.Get(ctx, other.ownerKey(o.UID)); len(resp.Kvs) != 0 {
+		if resp, err := e.Client.Get(ctx, other.ownerKey(o.UID)); err != nil || len(resp.Kvs) != 0 {
 			px.UnpauseTx()
-			t.Fatalf("tombstone of %s not collected", o.UID)
+			t.Fatalf("tombstone of %s not collected (read: %v)", o.UID, err)
 		}
 	}
 	px.UnpauseTx() // the held transaction reaches etcd, within its 2 s

@@ -29,8 +29,9 @@ var (
 	ErrInvalid = badrequest.ErrInvalid
 	// ErrRangesMismatch is the sentinel of RangesMismatchError.
 	ErrRangesMismatch = errors.New("configured ranges differ from the ranges recorded in etcd")
-	// ErrNotRunning is returned by calls that need the committer while Run is not
-	// running (not started yet, or stopped).
+	// ErrNotRunning is returned by Sync when the index is behind etcd and Run's watch
+	// is not running, and by writes that were queued for the group committer when Run
+	// stopped. (A write while Run is not running commits alone, in its caller.)
 	ErrNotRunning = errors.New("allocator is not running")
 	// ErrNotSynced is returned by Sync when the index stays behind etcd for longer
 	// than a read may wait (the watch is stuck or far behind).

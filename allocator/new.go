@@ -20,11 +20,14 @@ import (
 // The wiring: New builds an Allocator from its parts (newAllocator), records the
 // ranges and loads the index (start); Run runs the parts' loops.
 
-// New validates cfg, records the ranges in etcd (refusing ranges that differ from the
-// recorded ones with a *RangesMismatchError), loads the index (from a checkpoint and
-// the events since, else by listing every allocation: checkpoint.go)
-// and reserves the first address of the primary range (and KubernetesNodePort) for
-// KubernetesOwner. The Allocator serves when New returns; Run keeps it current.
+// New validates cfg, records the ranges in etcd at the first start (refusing a node
+// port range that differs from the recorded one with a *RangesMismatchError; the
+// ClusterIP ranges only seed the kubernetes ServiceCIDR, created unless it exists),
+// loads the index (from a checkpoint and the events since, else by listing every
+// allocation: checkpoint.go) and reserves the first address of the kubernetes
+// ServiceCIDR (and KubernetesNodePort) for KubernetesOwner; an item another owner
+// holds is logged, not refused. The Allocator serves when New returns; Run keeps it
+// current.
 func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Allocator, error) {
 	if err := ValidateConfig(cfg); err != nil {
 		return nil, err
@@ -158,8 +161,8 @@ func (a *Allocator) reserveKubernetes(ctx context.Context) error {
 }
 
 // Run keeps the index current with a watch (re-listing after a compaction), runs the
-// group committer, the checkpoints, the epoch and its tombstone collection, and
-// removes drained ServiceCIDRs, until ctx ends. Allocate calls made while Run is not
+// group committer, the checkpoints, the epoch and its tombstone collection, the holders
+// (with KeepHolders), and removes drained ServiceCIDRs, until ctx ends. Allocate calls made while Run is not
 // running commit one by one instead of in groups.
 func (a *Allocator) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)

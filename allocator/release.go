@@ -19,10 +19,12 @@ import (
 const maxWriteRetries = 16
 
 // Release frees items held by o, or every item o holds when items is empty (and then
-// deletes o's record). Items already free are skipped. An item another owner holds
-// fails the whole call with a *NotOwnerError unless force is set, in which case the
-// holder's record is updated too. It returns what was freed and the revision of the
-// write (0 when nothing had to be written).
+// leaves o's record as a tombstone, collected once no transaction built before the
+// release can commit: epoch.go; deleted at once when etcd is out of space). Items
+// already free are skipped. An item another owner holds fails the whole call with a
+// *NotOwnerError unless force is set, in which case the holder's record is updated
+// too. It returns what was freed and the revision of the write (0 when nothing had to
+// be written).
 func (a *Allocator) Release(ctx context.Context, o Owner, items []Item, force bool) ([]Item, int64, error) {
 	if o.UID == "" && !force {
 		return nil, 0, badrequest.New("owner.uid", "required unless force is set")

@@ -85,7 +85,8 @@ func pushChunks[T, Req, Resp any](ctx context.Context, n int, items []T,
 // applies them in order, ignoring what is not newer than what it applied. It is
 // ErrSnapshotRequired when the leader has no snapshot of an event's kind in its
 // current term (push snapshots, then the events again), ErrInvalid (naming the field)
-// for a malformed event, whose message is not applied. It is retried on UNAVAILABLE:
+// for a malformed event, whose message is not applied (the batches before it are, those
+// after it are not: push them again). It is retried on UNAVAILABLE:
 // replayed events are ignored. With no batch it is a heartbeat, which answers
 // ErrSnapshotRequired while the leader lacks snapshots.
 func (c *Client) PushEvents(ctx context.Context,

@@ -211,7 +211,8 @@ func (c *Controller) ApplyServiceSnapshot(ctx context.Context, rev int64, svcs [
 	return t.applySnapshot(KindService, rev, func(in *inputs) { in.setServices(rev, svcs) })
 }
 
-// ApplyPodSnapshot replaces the Pods of the term's inputs, and syncs every Service.
+// ApplyPodSnapshot replaces the Pods of the term's inputs. Every Service is synced
+// again, and the Service of every stored object (as after ApplyServiceSnapshot).
 func (c *Controller) ApplyPodSnapshot(ctx context.Context, rev int64, pods []*kube.Pod) error {
 	t, err := c.currentTerm()
 	if err != nil {
@@ -221,7 +222,8 @@ func (c *Controller) ApplyPodSnapshot(ctx context.Context, rev int64, pods []*ku
 }
 
 // ApplyNodeSnapshot replaces the Nodes of the term's inputs (the EndpointSlice
-// controller's zones and topology hints), and syncs every Service's slices.
+// controller's zones and topology hints), and syncs every Service's slices, and the
+// Service of every stored slice.
 func (c *Controller) ApplyNodeSnapshot(ctx context.Context, rev int64, nodes []*kube.Node) error {
 	t, err := c.currentTerm()
 	if err != nil {

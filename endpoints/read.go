@@ -40,8 +40,9 @@ func (c *Controller) slicesStore() store[*kube.EndpointSlice] {
 	return s
 }
 
-// Get returns the stored Endpoints of namespace/name (a linearizable read), or
-// ErrNotFound.
+// Get returns the stored Endpoints of namespace/name (a linearizable read), or an error
+// matching ErrNotFound; a namespace or name that is empty or has a '/' is an
+// *InvalidError.
 func (c *Controller) Get(ctx context.Context, namespace, name string) (*kube.Endpoints, error) {
 	if err := validName(namespace, name); err != nil {
 		return nil, err

@@ -130,39 +130,6 @@ func (w *tw) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// Two Services of 6,000 Pods each (60 slices, ~800 KB each) synced at once: each
-// write fits alone, but the committer puts both in one transaction.
-func TestTwoBigServicesBatched(t *testing.T) {
-	if testing.Short() {
-		t.Skip("two Services of 6,000 Pods: seconds")
-	}
-	h := newSliceHarness(t, Config{Logger: slog.New(slog.NewTextHandler(&tw{t},
-		&slog.HandlerOptions{Level: slog.LevelWarn}))})
-	var svcs []*kube.Service
-	var pods []*kube.Pod
-	for _, name := range []string{"alpha", "beta"} {
-		svc := sliceService("production")
-		svc.Name, svc.UID = name, "uid-"+name
-		svc.Selector = map[string]string{"app": name}
-		svcs = append(svcs, svc)
-		for _, p := range realisticPods("production", 6000, 50) {
-			p.Name = name + "-" + p.Name
-			p.Labels = map[string]string{"app": name}
-			pods = append(pods, p)
-		}
-	}
-	h.sliceSnapshots(1, svcs, realisticNodes(50), pods)
-	var a, b int
-	etcdtest.Eventually(20*time.Second, func() bool {
-		a, b = len(h.slices("production", "alpha")), len(h.slices("production", "beta"))
-		return a > 0 && b > 0
-	})
-	t.Logf("slices after: alpha %d, beta %d", a, b)
-	if a == 0 || b == 0 {
-		t.Errorf("slices of two Services of 6,000 Pods: %d and %d; want both written", a, b)
-	}
-}
-
 // TestCommitLargeIntermediate: a sync whose write is larger than one transaction
 // (commitLarge) is seen by a watcher in parts, and no part shows an endpoint in none of
 // the Service's slices, or in two.

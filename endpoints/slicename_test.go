@@ -2,6 +2,7 @@ package endpoints
 
 import (
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,27 +14,40 @@ import (
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
 
-// A slice under the Service's key that the controller does not manage (its managed-by
-// label changed by hand) and that bears the name the controller picks for its next
-// create: every sync conflicts and is retried at once, for ever.
+// TestUnmanagedNameCollision: a slice under the Service's key that the controller does
+// not manage (its managed-by label changed by hand) and that bears the name the
+// controller picks for its next create must not make every sync conflict for ever: the
+// controller goes idle with the foreign slice untouched and the Service's endpoints in
+// one slice of its own, under another name.
 func TestUnmanagedNameCollision(t *testing.T) {
 	if testing.Short() {
-		t.Skip("watches the controller for 2 s")
+		t.Skip("runs a controller until it is idle: seconds")
 	}
 	svc := sliceService("ns")
-	foreign := ownSlice(svc, endpointslice.SliceName(svc, 0), nil)
+	first := endpointslice.SliceName(svc, 0)
+	foreign := ownSlice(svc, first, nil)
 	foreign.Labels[kube.LabelSliceManagedBy] = "someone-else"
 	h := newSliceHarness(t, Config{}, foreign)
-	h.sliceSnapshots(1, []*kube.Service{svc}, testNodes(1, 1), slicePods("ns", 3, 1))
-	time.Sleep(2 * time.Second)
-	tm, _ := h.c.currentTerm()
-	t.Logf("idle after 2 s: %v; slices: %d", tm.idle(), len(h.slices("ns", "foo")))
-	for _, s := range h.slices("ns", "foo") {
-		t.Logf("  %s managed-by=%s endpoints=%d", s.Name, s.Labels[kube.LabelSliceManagedBy],
-			len(s.Endpoints))
+	before := h.slicesByKey("ns", "foo")[first]
+	if before == nil {
+		t.Fatalf("the foreign slice is not stored at %s", first)
 	}
-	if !tm.idle() {
-		t.Errorf("controller never idle: the conflicting create loops")
+	h.sliceSnapshots(1, []*kube.Service{svc}, testNodes(1, 1), slicePods("ns", 3, 1))
+	h.settle() // fails when the sync never ends
+	after := h.slicesByKey("ns", "foo")
+	if s := after[first]; s == nil || s.Revision != before.Revision || s.Name != first ||
+		s.Labels[kube.LabelSliceManagedBy] != "someone-else" || len(s.Endpoints) != 0 {
+		t.Errorf("the foreign slice at %s is now %+v; want it untouched", first, s)
+	}
+	got := map[string]int{}
+	for name, s := range after {
+		if name != first && s.Labels[kube.LabelSliceManagedBy] == kube.SliceControllerName {
+			got[name] = len(s.Endpoints)
+		}
+	}
+	if len(got) != 1 || slices.Collect(maps.Values(got))[0] != 3 {
+		t.Errorf("managed slices (name: endpoints) %v; want one with the 3 endpoints, not named %s",
+			got, first)
 	}
 }
 

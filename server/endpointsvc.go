@@ -184,46 +184,73 @@ func endpointsServices(chunks []*allocdv1.PushServiceSnapshotRequest) ([]*kube.S
 	return out, nil
 }
 
-// PushEvents applies every message of the stream in order (or forwards them all to the
-// leader); a malformed message is refused before anything of it is applied, and ends
-// the stream with the messages before it applied.
+// PushEvents applies every message of the stream in order once the stream closes (or
+// forwards them all to the leader). A malformed message is refused whole
+// (INVALID_ARGUMENT naming it) and ends the stream: the messages before it are applied
+// first, as if the stream had closed there, and those after it are not read. A sender
+// that pushes the whole stream again loses nothing (replayed events are ignored).
 func (s *EndpointsService) PushEvents(stream grpc.ClientStreamingServer[
 	allocdv1.PushEventsRequest, allocdv1.PushEventsResponse]) error {
-	ctx := stream.Context()
-	var msgs []*allocdv1.PushEventsRequest
-	var batches [][]endpoints.Event
+	msgs, batches, invalid, err := recvEvents(stream)
+	if err != nil {
+		return err
+	}
+	if invalid != nil && len(msgs) == 0 {
+		return Status(invalid)
+	}
+	resp, err := s.pushEvents(stream.Context(), msgs, batches)
+	switch {
+	case err != nil:
+		return err
+	case invalid != nil:
+		return Status(invalid)
+	}
+	return stream.SendAndClose(resp)
+}
+
+// recvEvents reads the messages of stream and their events up to its end, or up to the
+// first malformed message, whose error is invalid.
+func recvEvents(stream grpc.ClientStreamingServer[allocdv1.PushEventsRequest,
+	allocdv1.PushEventsResponse]) (msgs []*allocdv1.PushEventsRequest, batches [][]endpoints.Event,
+	invalid, err error) {
 	for {
 		req, err := stream.Recv()
+		if err == io.EOF {
+			return msgs, batches, nil, nil
+		}
 		if err != nil {
-			if err == io.EOF {
-				break
-			}
-			return err
+			return nil, nil, nil, err
 		}
 		evs, err := eventsFromProto(req)
 		if err != nil {
-			return Status(fmt.Errorf("message %d: %w", len(msgs), err))
+			return msgs, batches, fmt.Errorf("message %d: %w", len(msgs), err), nil
 		}
 		msgs = append(msgs, req)
 		batches = append(batches, evs)
 	}
+}
+
+// pushEvents forwards msgs to the leader, or applies their batches when this replica
+// leads; its error is a gRPC status.
+func (s *EndpointsService) pushEvents(ctx context.Context, msgs []*allocdv1.PushEventsRequest,
+	batches [][]endpoints.Event) (*allocdv1.PushEventsResponse, error) {
 	fresp, forwarded, err := toLeader(ctx, s.fw, controllerEndpoints, msgs,
 		streamVia(allocdv1.NewEndpointsServiceClient, allocdv1.EndpointsServiceClient.PushEvents))
 	switch {
 	case err != nil:
-		return err
+		return nil, err
 	case forwarded:
 		// Keep repair's copy current too, for when this replica leads.
 		for _, m := range msgs {
 			s.rep.ApplyServiceEvents(repairEvents(m))
 		}
-		return stream.SendAndClose(fresp)
+		return fresp, nil
 	}
 	resp, err := s.apply(ctx, msgs, batches)
 	if err != nil {
-		return Status(err)
+		return nil, Status(err)
 	}
-	return stream.SendAndClose(resp)
+	return resp, nil
 }
 
 // apply applies the validated batches of events of msgs on the leader.

@@ -62,7 +62,8 @@ type EndpointsServiceClient interface {
 	// of their kind, in the order sent; an event whose revision is not newer than what
 	// is applied for its kind is ignored (a replay is harmless). The reply comes when the
 	// stream closes and every message was applied. A malformed event refuses the whole
-	// message that carries it.
+	// message that carries it (INVALID_ARGUMENT) and ends the stream: the messages before
+	// it are applied, those after it are not.
 	PushEvents(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PushEventsRequest, PushEventsResponse], error)
 	// GetServiceEndpoints returns the Endpoints of one Service. NOT_FOUND when none.
 	GetServiceEndpoints(ctx context.Context, in *GetServiceEndpointsRequest, opts ...grpc.CallOption) (*GetServiceEndpointsResponse, error)
@@ -237,7 +238,8 @@ type EndpointsServiceServer interface {
 	// of their kind, in the order sent; an event whose revision is not newer than what
 	// is applied for its kind is ignored (a replay is harmless). The reply comes when the
 	// stream closes and every message was applied. A malformed event refuses the whole
-	// message that carries it.
+	// message that carries it (INVALID_ARGUMENT) and ends the stream: the messages before
+	// it are applied, those after it are not.
 	PushEvents(grpc.ClientStreamingServer[PushEventsRequest, PushEventsResponse]) error
 	// GetServiceEndpoints returns the Endpoints of one Service. NOT_FOUND when none.
 	GetServiceEndpoints(context.Context, *GetServiceEndpointsRequest) (*GetServiceEndpointsResponse, error)

@@ -175,6 +175,6 @@
 // items from), "reassigned" (with to_namespace, to_name, to_uid, if_mod_revision) and
 // ReleaseIf's "released" (with if_mod_revision), "transferred" (with to_namespace,
 // to_name, to_uid, cluster_ips, node_ports). Replays and no-ops write nothing and
-// log nothing; a full release of an owner that holds nothing writes a tombstone anew
-// (epoch.go) and logs nothing.
+// log nothing; a full release (or transfer of everything) of an owner that holds
+// nothing writes a tombstone anew (epoch.go) and logs nothing.
 package allocator

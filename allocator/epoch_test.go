@@ -57,8 +57,10 @@ func passEpochs(t *testing.T, a *Allocator) {
 // Two more cases release an owner that has no record, or only a tombstone, when the
 // release reads it: the held transaction (the caller's only attempt, not retried)
 // expects just that, so the release must still change the record (a tombstone anew).
-// In the last two, what the retry got is transferred to another owner instead of
-// released: the record emptied by the transfer is a tombstone too.
+// In the last four, everything the owner holds is transferred to another owner instead
+// of released: the record emptied by the transfer is a tombstone too, and a transfer
+// that finds nothing to move (no record, or a tombstone) writes a tombstone anew as a
+// full release does.
 func TestNoAllocationComesBack(t *testing.T) {
 	for _, c := range []raceCase{
 		{name: "tombstone", retry: true},
@@ -67,6 +69,8 @@ func TestNoAllocationComesBack(t *testing.T) {
 		{name: "only a tombstone when released", tombFirst: true},
 		{name: "transferred", retry: true, transfer: true},
 		{name: "transferred, tombstone collected", retry: true, collect: true, transfer: true},
+		{name: "no record when transferred", transfer: true},
+		{name: "only a tombstone when transferred", tombFirst: true, transfer: true},
 	} {
 		t.Run(c.name, func(t *testing.T) { raceRelease(t, c) })
 	}

@@ -24,7 +24,9 @@ import (
 // *NotOwnerError, and nothing moves. A record of from left holding nothing becomes a
 // tombstone, as after a full release (epoch.go): an Allocate of from built before the
 // transfer fails its compare and never lands after it; the transaction compares the
-// epoch in any case. The index keeps the items' bits (nothing is freed or taken); the
+// epoch in any case. A transfer of everything from an owner that holds nothing (no
+// record, or a tombstone) writes a tombstone anew, as a full Release does, and reports
+// nothing moved and revision 0. The index keeps the items' bits (nothing is freed or taken); the
 // moved items' AllocateTime becomes the transfer's. Errors: *InvalidError (an owner's
 // UID, from = to, too many items, to would hold more than MaxItems), ErrNoRange,
 // *NotInRangeError, *NotOwnerError, ErrConflict (contention outlasted the retries),
@@ -33,8 +35,9 @@ func (a *Allocator) Transfer(ctx context.Context, from, to Owner, items []Item) 
 	if err := a.checkTransfer(from, to, items); err != nil {
 		return nil, 0, err
 	}
+	first := int64(-1) // from's record's revision at the first attempt's read
 	for range maxWriteRetries {
-		res, done, err := a.transferOnce(ctx, from, to, items)
+		res, done, err := a.transferOnce(ctx, from, to, items, &first)
 		if err == nil && res.rev != 0 {
 			a.logTransferred(ctx, res.from, to, res.moved, res.rev)
 		}
@@ -91,26 +94,31 @@ type transferResult struct {
 }
 
 // transferOnce makes one attempt of Transfer: what it moved, whether it is done (false:
-// a compare failed, read again) and an error.
-func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []Item) (transferResult, bool,
-	error) {
+// a compare failed, read again) and an error. first is from's record's revision at the
+// first attempt's read (-1 before it).
+func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []Item,
+	first *int64) (transferResult, bool, error) {
 	recs, err := a.readRecords(ctx, []string{from.UID, to.UID}, 0)
 	if err != nil {
 		return transferResult{}, false, call.Unapplied(err) // every earlier attempt's compares failed
 	}
 	mine := recs[from.UID]
+	if *first < 0 {
+		*first = mine.rev
+	}
 	res := transferResult{from: from}
 	if mine.rec != nil && from.Namespace == "" && from.Name == "" {
 		res.from.Namespace, res.from.Name = mine.rec.Namespace, mine.rec.Name
 	}
+	t := &releaseTxn{epoch: a.epochs.now()}
 	all := len(items) == 0
 	if all {
 		if mine.rec == nil || mine.rec.items() == 0 {
-			return res, true, nil // nothing held: nothing to move
+			done, err := a.sealEmpty(ctx, t, from, mine, *first)
+			return res, done, err
 		}
 		items = mine.rec.itemList()
 	}
-	t := &releaseTxn{epoch: a.epochs.now()}
 	moved, lose, err := a.transferItems(ctx, t, res.from, to, items, all)
 	if err != nil || len(lose) == 0 {
 		return res, true, err
@@ -126,19 +134,50 @@ func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []It
 	if !t.withEpoch {
 		t.cmps, t.withEpoch = append(t.cmps, a.epochs.cmps(t.epoch)...), true
 	}
+	rev, err := a.commitTransfer(ctx, t)
+	if err != nil || rev == 0 {
+		return res, false, err
+	}
+	a.hints.del(from.UID, to.UID)
+	res.moved, res.rev = moved, rev
+	return res, true, nil
+}
+
+// sealEmpty is a Transfer of everything from holds when from holds nothing (mine, as
+// read; first, its revision at the call's first read): as a full Release, it makes
+// from's record a tombstone anew (compared at the revision read), so that a
+// transaction of from built before the call (expecting the record as found) fails its
+// compare and never lands after the answer. A tombstone written since the call's first
+// read (another full release or transfer of from) does as much: done, nothing written.
+// It reports whether it is done (false: a compare failed, read again).
+func (a *Allocator) sealEmpty(ctx context.Context, t *releaseTxn, from Owner, mine recordState,
+	first int64) (bool, error) {
+	if mine.rec != nil && mine.rev > first {
+		return true, nil
+	}
+	a.addTombstone(t, from.UID, orOwner(mine.rec, from))
+	t.cmps = append(t.cmps, mine.cmp(a.ownerKey(from.UID)))
+	rev, err := a.commitTransfer(ctx, t)
+	if rev != 0 {
+		a.hints.del(from.UID)
+	}
+	return rev != 0, err
+}
+
+// commitTransfer commits t, the transaction of a Transfer attempt, and returns its
+// revision: 0 when a compare failed (read again).
+func (a *Allocator) commitTransfer(ctx context.Context, t *releaseTxn) (int64, error) {
 	resp, err := a.commitWrites(t, func(writes []clientv3.Op) (*clientv3.TxnResponse, error) {
 		return a.releaseTxn(ctx, t.cmps, writes)
 	})
 	if err != nil {
-		return res, false, fmt.Errorf("transfer: %w", err)
+		return 0, fmt.Errorf("transfer: %w", err)
 	}
 	if !resp.Succeeded {
 		a.epochs.seenKV(firstKV(resp.Responses[0].GetResponseRange().Kvs)) // the next attempt's epoch
-		return res, false, nil
+		return 0, nil
 	}
-	a.hints.del(from.UID, to.UID)
-	res.moved, res.rev = moved, resp.Header.Revision
-	return res, true, nil
+	return resp.Header.Revision, nil
 }
 
 // transferItems reads items at one revision and adds to t, for each one from holds, a

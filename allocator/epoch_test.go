@@ -299,3 +299,107 @@ func TestConcurrentFullReleases(t *testing.T) {
 		checkTombstone(t, e.Client, a, uid)
 	}
 }
+
+// TestStalledReassignAfterCollect: an attempt of Reassign (the last one of a call whose
+// caller gave up) is held in a paused link to etcd while the owner it gives the item
+// to, which had no record when the attempt read it, allocates, releases everything and
+// has its tombstone collected; then the link resumes. The attempt must not commit: its
+// compare of the receiving owner's record (absent) holds again, and only its epoch
+// compare fails it; else the owner would hold the item after its acknowledged full
+// release. (Before, Reassign compared the epoch only when it made a tombstone.)
+func TestStalledReassignAfterCollect(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	cfg := testConfig("10.0.0.0/24")
+	px, via := newProxy(t, e.Endpoint)
+	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{via}, DialTimeout: 5 * time.Second,
+		Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pcli.Close() })
+	hw := &holdWrites{KV: pcli.KV, px: px, held: make(chan struct{})}
+	pcli.KV = hw
+	held := start(t, pcli, cfg)
+	other := start(t, e.NewClient(), cfg)
+	from, to := owner("from"), owner("to")
+	it := Port(30500)
+	give(t, other, from, it, Port(30501))
+	al, err := other.Get(ctx, it)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		rev int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rev, _, err := held.conditional(context.WithValue(ctx, holdKey{}, true), al,
+			&reassign{to: to, now: time.Now()})
+		done <- result{rev, err}
+	}()
+	select {
+	case <-hw.held:
+	case r := <-done:
+		px.UnpauseTx()
+		t.Fatalf("Reassign's attempt ended before its write was held: %+v", r)
+	}
+	give(t, other, to, Port(30502))
+	if _, _, err := other.Release(ctx, to, nil, false); err != nil {
+		px.UnpauseTx()
+		t.Fatalf("Release(all of %s) = %v", to.UID, err)
+	}
+	passEpochs(t, other)
+	if rec := record(t, e.Client, other, to.UID); rec != nil {
+		px.UnpauseTx()
+		t.Fatalf("tombstone of %s not collected: %+v", to.UID, rec)
+	}
+	px.UnpauseTx() // the held transaction reaches etcd
+	r := <-done
+	if r.err != nil || r.rev != 0 {
+		t.Errorf("the held attempt of Reassign(%v to %s) = revision %d, %v; want its compares failed "+
+			"(revision 0)", it, to.UID, r.rev, r.err)
+	}
+	checkHolds(t, e.Client, other, to, nil)
+	checkHolds(t, e.Client, other, from, []Item{it, Port(30501)})
+}
+
+// holdKey marks the context of a call whose write holdWrites holds.
+type holdKey struct{}
+
+// holdWrites is the KV of a client that reaches etcd through px: a transaction with
+// compares (a write) whose context carries holdKey pauses px first (the reads before it
+// went through), closes held, and waits in the paused link until px resumes.
+type holdWrites struct {
+	clientv3.KV
+	px   proxy.Server
+	held chan struct{}
+}
+
+func (h *holdWrites) Txn(ctx context.Context) clientv3.Txn {
+	return &holdTxn{Txn: h.KV.Txn(ctx), h: h, hold: ctx.Value(holdKey{}) != nil}
+}
+
+type holdTxn struct {
+	clientv3.Txn
+	h           *holdWrites
+	hold, write bool
+}
+
+func (t *holdTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
+	t.Txn, t.write = t.Txn.If(cs...), len(cs) > 0
+	return t
+}
+
+func (t *holdTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+
+func (t *holdTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
+func (t *holdTxn) Commit() (*clientv3.TxnResponse, error) {
+	if t.hold && t.write {
+		t.h.px.PauseTx()
+		close(t.h.held)
+	}
+	return t.Txn.Commit()
+}

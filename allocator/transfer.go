@@ -12,21 +12,23 @@ import (
 	"github.com/allocd/allocd/internal/etcd/call"
 )
 
-// Transfer moves items from the owner from to the owner to in one etcd transaction,
-// and returns what moved and the revision written (0 when nothing had to be). Each
-// item's key is rewritten for to, compared at the revision at which it was read held
-// by from, and both owners' records change in the same transaction (each compared at
-// the revision read; to's created, CreateRevision 0, when to has none): there is no
-// moment at which an item is free or held by two owners. With no items named,
-// everything from holds moves. An item that to holds already is skipped, so that a
-// retry of a transfer that committed moves nothing and succeeds. An item named that
-// from does not hold (free, or another owner's) fails the whole call with a
-// *NotOwnerError, and nothing moves. A record of from left holding nothing becomes a
-// tombstone, as after a full release (epoch.go): an Allocate of from built before the
-// transfer fails its compare and never lands after it; the transaction compares the
-// epoch in any case. A transfer of everything from an owner that holds nothing (no
-// record, or a tombstone) writes a tombstone anew, as a full Release does, and reports
-// nothing moved and revision 0. The index keeps the items' bits (nothing is freed or taken); the
+// Transfer moves items from the owner from to the owner to in one etcd transaction, and
+// returns what moved and the revision written (0 when nothing had to be). Each item's
+// key is rewritten for to, compared at the revision at which it was read held by from,
+// and both owners' records change in the same transaction (each compared at the
+// revision read; to's created, CreateRevision 0, when to has none): there is no moment
+// at which an item is free or held by two owners. With no items named, everything from
+// holds moves. An item that to holds already is skipped, so that a retry of a transfer
+// that committed moves nothing and succeeds. An item named that from does not hold
+// (free, or another owner's) fails the whole call with a *NotOwnerError, and nothing
+// moves. A record of from left holding nothing becomes a tombstone, as after a full
+// release (epoch.go): an Allocate of from built before the transfer fails its compare
+// and never lands after it; the transaction compares the epoch in any case. The items
+// and to's record take to's namespace and name; to given by its UID alone (neither a
+// namespace nor a name) keeps those its record has (an owner new to allocd then has
+// none). A transfer of everything from an owner that holds nothing (no record, or a
+// tombstone) writes a tombstone anew, as a full Release does, and reports nothing moved
+// and revision 0. The index keeps the items' bits (nothing is freed or taken); the
 // moved items' AllocateTime becomes the transfer's. Errors: *InvalidError (an owner's
 // UID, from = to, too many items, to would hold more than MaxItems), ErrNoRange,
 // *NotInRangeError, *NotOwnerError, ErrConflict (contention outlasted the retries),
@@ -39,7 +41,7 @@ func (a *Allocator) Transfer(ctx context.Context, from, to Owner, items []Item) 
 	for range maxWriteRetries {
 		res, done, err := a.transferOnce(ctx, from, to, items, &first)
 		if err == nil && res.rev != 0 {
-			a.logTransferred(ctx, res.from, to, res.moved, res.rev)
+			a.logTransferred(ctx, res.from, res.to, res.moved, res.rev)
 		}
 		if err != nil || done {
 			return res.moved, res.rev, err
@@ -86,11 +88,12 @@ func itemField(it Item) string {
 }
 
 // transferResult is what one attempt of Transfer wrote: the items moved and the revision
-// (0: nothing written), and from as its record names it (for the log line).
+// (0: nothing written), and from and to as their records name them when the call gave
+// their UIDs alone (for the log line).
 type transferResult struct {
-	moved []Item
-	rev   int64
-	from  Owner
+	moved    []Item
+	rev      int64
+	from, to Owner
 }
 
 // transferOnce makes one attempt of Transfer: what it moved, whether it is done (false:
@@ -106,10 +109,9 @@ func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []It
 	if *first < 0 {
 		*first = mine.rev
 	}
-	res := transferResult{from: from}
-	if mine.rec != nil && from.Namespace == "" && from.Name == "" {
-		res.from.Namespace, res.from.Name = mine.rec.Namespace, mine.rec.Name
-	}
+	res := transferResult{from: namedAs(from, mine.rec)}
+	to = namedAs(to, recs[to.UID].rec)
+	res.to = to
 	t := &releaseTxn{epoch: a.epochs.now()}
 	all := len(items) == 0
 	if all {
@@ -141,6 +143,15 @@ func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []It
 	a.hints.del(from.UID, to.UID)
 	res.moved, res.rev = moved, rev
 	return res, true, nil
+}
+
+// namedAs is o or, when o names neither a namespace nor a name (an owner given by its
+// UID alone), o under the namespace and name of its record rec (nil: none).
+func namedAs(o Owner, rec *ownerRecord) Owner {
+	if rec != nil && o.Namespace == "" && o.Name == "" {
+		o.Namespace, o.Name = rec.Namespace, rec.Name
+	}
+	return o
 }
 
 // sealEmpty is a Transfer of everything from holds when from holds nothing (mine, as

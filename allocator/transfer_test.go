@@ -97,6 +97,7 @@ func TestTransfer(t *testing.T) {
 		toTombstone   bool   // to allocated and released everything before
 		named         []Item // nil: all of from's
 		self          bool   // to is from
+		toUIDOnly     bool   // to given by its UID alone
 		moved         []Item
 		err           error // errors.Is; nil: no error
 	}{
@@ -110,6 +111,8 @@ func TestTransfer(t *testing.T) {
 			moved: []Item{Port(30025)}},
 		{name: "to is a tombstone", from: []Item{Port(30026)}, toTombstone: true,
 			moved: []Item{Port(30026)}},
+		{name: "to by its uid alone", from: []Item{Port(30037)}, to: []Item{Port(30038)}, toUIDOnly: true,
+			moved: []Item{Port(30037)}},
 		{name: "from holds nothing", named: nil},
 		{name: "third-party holder", from: []Item{Port(30027)}, oth: []Item{Port(30028)},
 			named: []Item{Port(30027), Port(30028)}, err: ErrNotOwner},
@@ -145,7 +148,11 @@ func TestTransfer(t *testing.T) {
 			}
 			free := a.Free(a.idx.portRange.name)
 			began := time.Now()
-			moved, rev, err := a.Transfer(ctx, from, to, tc.named)
+			asked := to
+			if tc.toUIDOnly {
+				asked = Owner{UID: to.UID}
+			}
+			moved, rev, err := a.Transfer(ctx, from, asked, tc.named)
 			if !errors.Is(err, tc.err) || !slices.Equal(moved, tc.moved) ||
 				(rev != 0) != (len(tc.moved) > 0) {
 				t.Fatalf("Transfer(%s, %s, %v) = %v, %d, %v; want %v moved, %v", from.UID, to.UID, tc.named,
@@ -157,6 +164,11 @@ func TestTransfer(t *testing.T) {
 					return slices.Contains(tc.moved, it)
 				})
 				checkHolds(t, e.Client, a, to, wantTo)
+				if rec := record(t, e.Client, a, to.UID); rec != nil &&
+					(rec.Namespace != to.Namespace || rec.Name != to.Name) {
+					t.Errorf("%s's record names %s/%s; want %s/%s", to.UID, rec.Namespace, rec.Name,
+						to.Namespace, to.Name)
+				}
 			}
 			checkHolds(t, e.Client, a, from, wantFrom)
 			checkHolds(t, e.Client, a, oth, tc.oth)
@@ -174,7 +186,7 @@ func TestTransfer(t *testing.T) {
 				return
 			}
 			// A retry of a transfer that committed moves nothing.
-			again, rev, err := a.Transfer(ctx, from, to, tc.named)
+			again, rev, err := a.Transfer(ctx, from, asked, tc.named)
 			if err != nil || len(again) > 0 || rev != 0 {
 				t.Errorf("Transfer again = %v, %d, %v; want nothing moved, revision 0", again, rev, err)
 			}

@@ -1243,7 +1243,10 @@ type TransferRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// from holds the items now; uid is required.
 	From *Owner `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
-	// to receives them; uid is required and differs from from's.
+	// to receives them; uid is required and differs from from's. The items and to's
+	// record take its namespace and name; given by its uid alone (neither a namespace
+	// nor a name), to keeps the namespace and name allocd has for it (none for an owner
+	// new to allocd).
 	To *Owner `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
 	// cluster_ips to move; empty together with node_ports means all of from's.
 	ClusterIps []string `protobuf:"bytes,3,rep,name=cluster_ips,json=clusterIps,proto3" json:"cluster_ips,omitempty"`

@@ -1,11 +1,14 @@
 package allocator
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -386,5 +389,161 @@ func TestListPageOwnerPrefix(t *testing.T) {
 	lo := ListOptions{OwnerUIDPrefix: "admission/", PageSize: 1, PageToken: mine.NextPageToken}
 	if _, err := a.ListPage(ctx, lo); !errors.Is(err, ErrInvalid) {
 		t.Errorf("ListPage(%+v) after a compaction = %v; want ErrInvalid (expired)", lo, err)
+	}
+}
+
+// TestListPageOwnerPrefixReads: what a page of the owner-prefix listing reads. Owner
+// records are read in fixed chunks, so that 300 tombstones between two owners (every
+// binding of the admission webhook leaves one for 10 to 20 s) cost a few reads, not one
+// each, however small the page; item keys are read as the page needs them, so that a
+// page of 100 among owners of 64 items reads about 100 keys, not every key of the
+// owners its chunk holds. (Before, a page of 2 read the records one at a time across
+// the tombstones, 300 reads, and a page of 100 read all 640 item keys.)
+func TestListPageOwnerPrefixReads(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	cli := e.NewClient()
+	ck := &countItemReads{KV: cli.KV}
+	cli.KV = ck
+	a := start(t, cli, testConfig("10.0.0.0/24"))
+	ck.prefixes = []string{a.ipPrefix, a.portPrefix}
+	give(t, a, owner("admission/a"), Port(30001), Port(30002))
+	var tombs []clientv3.Op
+	for i := range 300 {
+		uid := fmt.Sprintf("admission/m%04d", i)
+		tombs = append(tombs, clientv3.OpPut(a.ownerKey(uid),
+			string(appendOwnerRecord(nil, &ownerRecord{Namespace: "ns", Name: "t", UID: uid}))))
+		if len(tombs) == 100 {
+			if _, err := e.Client.Txn(ctx).Then(tombs...).Commit(); err != nil {
+				t.Fatal(err)
+			}
+			tombs = tombs[:0]
+		}
+	}
+	give(t, a, owner("admission/z"), Port(30003))
+	for i := range 10 {
+		var its []Item
+		for j := range MaxItems {
+			its = append(its, Port(31000+MaxItems*i+j))
+		}
+		give(t, a, owner(fmt.Sprint("big/", i)), its...)
+	}
+	for _, tc := range []struct {
+		prefix              string
+		size, pages         int
+		maxChunks, maxItems int // reads of owner records and item keys read, per page
+	}{
+		{prefix: "admission/", size: 2, pages: 2, maxChunks: 5, maxItems: 3},
+		{prefix: "big/", size: 100, pages: 7, maxChunks: 1, maxItems: 101},
+	} {
+		lo := ListOptions{OwnerUIDPrefix: tc.prefix, PageSize: tc.size}
+		chunks := 0
+		a.afterPageRead = func() { chunks++ }
+		for pages := 1; ; pages++ {
+			chunks = 0
+			ck.n.Store(0)
+			page, err := a.ListPage(ctx, lo)
+			if err != nil || pages > tc.pages {
+				t.Fatalf("ListPage(%+v), page %d = %d allocations, %v; want %d pages", lo, pages,
+					len(page.Allocations), err, tc.pages)
+			}
+			if chunks > tc.maxChunks || int(ck.n.Load()) > tc.maxItems {
+				t.Errorf("ListPage(%+v), page %d: %d reads of owner records, %d item keys read; want at "+
+					"most %d and %d", lo, pages, chunks, ck.n.Load(), tc.maxChunks, tc.maxItems)
+			}
+			if lo.PageToken = page.NextPageToken; lo.PageToken == "" {
+				break
+			}
+		}
+		a.afterPageRead = nil
+	}
+}
+
+// countItemReads is the KV of a client that counts the item keys (under prefixes) that
+// transactions without compares (reads) get.
+type countItemReads struct {
+	clientv3.KV
+	prefixes []string
+	n        atomic.Int64
+}
+
+func (c *countItemReads) Txn(ctx context.Context) clientv3.Txn {
+	return &countTxn{Txn: c.KV.Txn(ctx), c: c}
+}
+
+type countTxn struct {
+	clientv3.Txn
+	c     *countItemReads
+	write bool
+	gets  int64
+}
+
+func (t *countTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
+	t.Txn, t.write = t.Txn.If(cs...), len(cs) > 0
+	return t
+}
+
+func (t *countTxn) Then(ops ...clientv3.Op) clientv3.Txn {
+	for _, op := range ops {
+		for _, p := range t.c.prefixes {
+			if op.IsGet() && strings.HasPrefix(string(op.KeyBytes()), p) {
+				t.gets++
+			}
+		}
+	}
+	t.Txn = t.Txn.Then(ops...)
+	return t
+}
+
+func (t *countTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
+func (t *countTxn) Commit() (*clientv3.TxnResponse, error) {
+	if !t.write {
+		t.c.n.Add(t.gets)
+	}
+	return t.Txn.Commit()
+}
+
+// TestListPageOwnerPrefixRangeChange: a listing by owner prefix that changes its range
+// between pages goes on from where the last page ended, in the owner record's order:
+// the token counts positions in the record, not in what the filter kept. (Before, a
+// page of the node port range's [30001] followed by a page without a range listed
+// 30001 again.)
+func TestListPageOwnerPrefixRangeChange(t *testing.T) {
+	e := etcdtest.New(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24"))
+	ctx := etcdtest.Context(t)
+	ip := IP(netip.MustParseAddr("10.0.0.7"))
+	give(t, a, owner("admission/a"), ip, Port(30001), Port(30002)) // the record's order
+	give(t, a, owner("admission/b"), Port(30003))
+	ports, ips := a.idx.portRange.name, "10.0.0.0/24"
+	for _, tc := range []struct {
+		first, then string // the range of the first page (of 1) and of the rest
+		want        []Item
+	}{
+		{first: ports, then: "", want: []Item{Port(30001), Port(30002), Port(30003)}},
+		{first: "", then: ports, want: []Item{ip, Port(30001), Port(30002), Port(30003)}},
+		{first: ports, then: ips, want: []Item{Port(30001)}},
+		{first: ips, then: ports, want: []Item{ip}}, // the first page ended the listing
+	} {
+		lo := ListOptions{OwnerUIDPrefix: "admission/", PageSize: 1, Range: tc.first}
+		var got []Item
+		for pages := 0; ; pages++ {
+			page, err := a.ListPage(ctx, lo)
+			if err != nil || pages > 10 {
+				t.Fatalf("ListPage(%+v) = %+v, %v", lo, page, err)
+			}
+			for _, al := range page.Allocations {
+				got = append(got, al.Item)
+			}
+			if lo.PageToken = page.NextPageToken; lo.PageToken == "" {
+				break
+			}
+			lo.Range, lo.PageSize = tc.then, 5
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("ListPage(prefix admission/, a page of 1 in range %q, then in %q) = %v; want %v",
+				tc.first, tc.then, got, tc.want)
+		}
 	}
 }

@@ -159,9 +159,9 @@ func raceRelease(t *testing.T, c raceCase) {
 	}
 	to := owner("svc-to")
 	if c.transfer {
-		if moved, _, err := other.Transfer(ctx, o, to, nil); err != nil || len(moved) != len(res.ClusterIPs) {
+		if tr, err := other.Transfer(ctx, o, to, nil); err != nil || len(tr.Moved) != len(res.ClusterIPs) {
 			px.UnpauseTx()
-			t.Fatalf("Transfer(all of %s) = %v, %v; want %v moved", o.UID, moved, err, res.ClusterIPs)
+			t.Fatalf("Transfer(all of %s) = %+v, %v; want %v moved", o.UID, tr, err, res.ClusterIPs)
 		}
 	} else if _, _, err := other.Release(ctx, o, nil, false); err != nil {
 		px.UnpauseTx()

@@ -13,41 +13,58 @@ import (
 )
 
 // Transfer moves items from the owner from to the owner to in one etcd transaction, and
-// returns what moved and the revision written (0 when nothing had to be). Each item's
-// key is rewritten for to, compared at the revision at which it was read held by from,
-// and both owners' records change in the same transaction (each compared at the
+// returns what it did: what moved, what to held already, the revision written. Each
+// item's key is rewritten for to, compared at the revision at which it was read held by
+// from, and both owners' records change in the same transaction (each compared at the
 // revision read; to's created, CreateRevision 0, when to has none): there is no moment
 // at which an item is free or held by two owners. With no items named, everything from
-// holds moves. An item that to holds already is skipped, so that a retry of a transfer
-// that committed moves nothing and succeeds. An item named that from does not hold
-// (free, or another owner's) fails the whole call with a *NotOwnerError, and nothing
-// moves. A record of from left holding nothing becomes a tombstone, as after a full
-// release (epoch.go): an Allocate of from built before the transfer fails its compare
-// and never lands after it; the transaction compares the epoch in any case. The items
-// and to's record take to's namespace and name; to given by its UID alone (neither a
-// namespace nor a name) keeps those its record has (an owner new to allocd then has
-// none). A transfer of everything from an owner that holds nothing (no record, or a
-// tombstone) writes a tombstone anew, as a full Release does, and reports nothing moved
-// and revision 0. The index keeps the items' bits (nothing is freed or taken); the
-// moved items' AllocateTime becomes the transfer's. Errors: *InvalidError (an owner's
-// UID, from = to, too many items, to would hold more than MaxItems), ErrNoRange,
+// holds moves. An item that to holds already is skipped (Held), so that a retry of a
+// transfer that committed moves nothing and succeeds. An item named that from does not
+// hold (free, or another owner's) fails the whole call with a *NotOwnerError, and
+// nothing moves. A record of from left holding nothing becomes a tombstone, as after a
+// full release (epoch.go): an Allocate of from built before the transfer fails its
+// compare and never lands after it; the transaction compares the epoch in any case. The
+// items and to's record take to's namespace and name; to given by its UID alone
+// (neither a namespace nor a name) keeps those its record has (an owner new to allocd
+// then has none). A transfer of everything from an owner that holds nothing (no record,
+// or a tombstone) writes a tombstone anew, as a full Release does, and reports nothing
+// moved and revision 0: from held nothing when the call read it (released, or
+// transferred by another call or by an earlier try of this one, which a retry cannot
+// tell apart). The index keeps the items' bits (nothing is freed or taken); the moved
+// items' AllocateTime becomes the transfer's. Errors: *InvalidError (an owner's UID,
+// from = to, too many items, to would hold more than MaxItems), ErrNoRange,
 // *NotInRangeError, *NotOwnerError, ErrConflict (contention outlasted the retries),
 // etcd's.
-func (a *Allocator) Transfer(ctx context.Context, from, to Owner, items []Item) ([]Item, int64, error) {
+func (a *Allocator) Transfer(ctx context.Context, from, to Owner, items []Item) (Transferred, error) {
 	if err := a.checkTransfer(from, to, items); err != nil {
-		return nil, 0, err
+		return Transferred{}, err
 	}
 	first := int64(-1) // from's record's revision at the first attempt's read
 	for range maxWriteRetries {
 		res, done, err := a.transferOnce(ctx, from, to, items, &first)
-		if err == nil && res.rev != 0 {
-			a.logTransferred(ctx, res.from, res.to, res.moved, res.rev)
+		if err == nil && res.Revision != 0 {
+			a.logTransferred(ctx, res.from, res.to, res.Moved, res.Revision)
 		}
-		if err != nil || done {
-			return res.moved, res.rev, err
+		if err != nil {
+			return Transferred{}, err
+		}
+		if done {
+			return res.Transferred, nil
 		}
 	}
-	return nil, 0, fmt.Errorf("transfer from %s to %s: %w", from.UID, to.UID, ErrConflict)
+	return Transferred{}, fmt.Errorf("transfer from %s to %s: %w", from.UID, to.UID, ErrConflict)
+}
+
+// Transferred is what a Transfer did.
+type Transferred struct {
+	// Moved were from's and are to's now.
+	Moved []Item
+	// Held were asked for (named, or listed in from's record when everything was) and
+	// were to's already: left as they were. A retry of a transfer that committed finds
+	// its items here, not in Moved.
+	Held []Item
+	// Revision is the revision of the write (0 when nothing had to be written).
+	Revision int64
 }
 
 // checkTransfer validates a Transfer's request, every bad field at once.
@@ -87,12 +104,10 @@ func itemField(it Item) string {
 	return "cluster_ips"
 }
 
-// transferResult is what one attempt of Transfer wrote: the items moved and the revision
-// (0: nothing written), and from and to as their records name them when the call gave
-// their UIDs alone (for the log line).
+// transferResult is what one attempt of Transfer did, and from and to as their records
+// name them when the call gave their UIDs alone (for the log line).
 type transferResult struct {
-	moved    []Item
-	rev      int64
+	Transferred
 	from, to Owner
 }
 
@@ -121,7 +136,7 @@ func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []It
 		}
 		items = mine.rec.itemList()
 	}
-	moved, lose, err := a.transferItems(ctx, t, res.from, to, items, all)
+	moved, lose, err := a.transferItems(ctx, t, res.from, to, items, all, &res.Held)
 	if err != nil || len(lose) == 0 {
 		return res, true, err
 	}
@@ -141,7 +156,7 @@ func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []It
 		return res, false, err
 	}
 	a.hints.del(from.UID, to.UID)
-	res.moved, res.rev = moved, rev
+	res.Moved, res.Revision = moved, rev
 	return res, true, nil
 }
 
@@ -195,9 +210,9 @@ func (a *Allocator) commitTransfer(ctx context.Context, t *releaseTxn) (int64, e
 // put that gives it to to, compared at the revision read. It returns the items moved,
 // and what from's record loses: the items moved and, when all (the items are those
 // from's record lists), the ones its key does not give to from. An item that to holds
-// is skipped; one named that from does not hold is a *NotOwnerError.
+// is skipped and added to held; one named that from does not hold is a *NotOwnerError.
 func (a *Allocator) transferItems(ctx context.Context, t *releaseTxn, from, to Owner, items []Item,
-	all bool) (moved, lose []Item, err error) {
+	all bool, held *[]Item) (moved, lose []Item, err error) {
 	kvs, err := a.readItemKeys(ctx, items)
 	if err != nil {
 		return nil, nil, call.Unapplied(err)
@@ -214,6 +229,7 @@ func (a *Allocator) transferItems(ctx context.Context, t *releaseTxn, from, to O
 		switch {
 		case kv != nil && holder.UID == to.UID:
 			// to holds it already: a retry of a transfer that committed.
+			*held = append(*held, it)
 			if all {
 				lose = append(lose, it) // a stale entry of from's record
 			}

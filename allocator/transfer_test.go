@@ -101,15 +101,15 @@ func TestTransfer(t *testing.T) {
 		named         []Item // nil: all of from's
 		self          bool   // to is from
 		toUIDOnly     bool   // to given by its UID alone
-		moved         []Item
-		err           error // errors.Is; nil: no error
+		moved, held   []Item // held: named (or listed by from's record) and to's already
+		err           error  // errors.Is; nil: no error
 	}{
 		{name: "all", from: []Item{ip("10.0.0.20"), Port(30020)},
 			moved: []Item{ip("10.0.0.20"), Port(30020)}},
 		{name: "some", from: []Item{ip("10.0.0.21"), Port(30021), Port(30022)}, named: []Item{Port(30022)},
 			moved: []Item{Port(30022)}},
 		{name: "to holds one already", from: []Item{Port(30023)}, to: []Item{Port(30024)},
-			named: []Item{Port(30023), Port(30024)}, moved: []Item{Port(30023)}},
+			named: []Item{Port(30023), Port(30024)}, moved: []Item{Port(30023)}, held: []Item{Port(30024)}},
 		{name: "to has a record", from: []Item{Port(30025)}, to: []Item{ip("10.0.0.25")},
 			moved: []Item{Port(30025)}},
 		{name: "to is a tombstone", from: []Item{Port(30026)}, toTombstone: true,
@@ -155,11 +155,12 @@ func TestTransfer(t *testing.T) {
 			if tc.toUIDOnly {
 				asked = Owner{UID: to.UID}
 			}
-			moved, rev, err := a.Transfer(ctx, from, asked, tc.named)
-			if !errors.Is(err, tc.err) || !slices.Equal(moved, tc.moved) ||
+			tr, err := a.Transfer(ctx, from, asked, tc.named)
+			rev := tr.Revision
+			if !errors.Is(err, tc.err) || !slices.Equal(tr.Moved, tc.moved) || !slices.Equal(tr.Held, tc.held) ||
 				(rev != 0) != (len(tc.moved) > 0) {
-				t.Fatalf("Transfer(%s, %s, %v) = %v, %d, %v; want %v moved, %v", from.UID, to.UID, tc.named,
-					moved, rev, err, tc.moved, tc.err)
+				t.Fatalf("Transfer(%s, %s, %v) = %+v, %v; want %v moved, %v held already, %v", from.UID, to.UID,
+					tc.named, tr, err, tc.moved, tc.held, tc.err)
 			}
 			wantFrom, wantTo := tc.from, slices.Concat(tc.to, tc.moved)
 			if !tc.self {
@@ -188,10 +189,12 @@ func TestTransfer(t *testing.T) {
 			if err != nil {
 				return
 			}
-			// A retry of a transfer that committed moves nothing.
-			again, rev, err := a.Transfer(ctx, from, asked, tc.named)
-			if err != nil || len(again) > 0 || rev != 0 {
-				t.Errorf("Transfer again = %v, %d, %v; want nothing moved, revision 0", again, rev, err)
+			// A retry of a transfer that committed moves nothing: what it names, to holds
+			// already (a retry of everything finds from holding nothing).
+			again, err := a.Transfer(ctx, from, asked, tc.named)
+			if err != nil || len(again.Moved) > 0 || again.Revision != 0 || !slices.Equal(again.Held, tc.named) {
+				t.Errorf("Transfer again = %+v, %v; want nothing moved, %v held already, revision 0", again, err,
+					tc.named)
 			}
 			// to's last Allocate request still replays: the record keeps it.
 			if len(tc.to) > 0 {
@@ -217,7 +220,7 @@ func TestTransferHolders(t *testing.T) {
 	_, a, items, uids := held(t, 4)
 	ctx := etcdtest.Context(t)
 	checkListExcept(t, a, uids) // seeds the holders
-	if _, _, err := a.Transfer(ctx, owner(uids[items[0]]), owner("t0"), nil); err != nil {
+	if _, err := a.Transfer(ctx, owner(uids[items[0]]), owner("t0"), nil); err != nil {
 		t.Fatal(err)
 	}
 	old := map[Item]string{items[0]: uids[items[0]]}
@@ -249,7 +252,11 @@ func TestTransferRaces(t *testing.T) {
 		var moved []Item
 		var errT, errO error
 		var won string // other's win: "released" or other's UID
-		wg.Go(func() { moved, _, errT = a1.Transfer(ctx, from, to, []Item{it}) })
+		wg.Go(func() {
+			var tr Transferred
+			tr, errT = a1.Transfer(ctx, from, to, []Item{it})
+			moved = tr.Moved
+		})
 		wg.Go(func() {
 			if release {
 				var freed []Item
@@ -259,9 +266,9 @@ func TestTransferRaces(t *testing.T) {
 				}
 				return
 			}
-			var got []Item
-			got, _, errO = a2.Transfer(ctx, from, other, []Item{it})
-			if len(got) == 1 {
+			var tr Transferred
+			tr, errO = a2.Transfer(ctx, from, other, []Item{it})
+			if len(tr.Moved) == 1 {
 				won = other.UID
 			}
 		})

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/leader"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"github.com/allocd/allocd/repair"
@@ -76,7 +77,7 @@ func (s *RepairService) PushServiceSnapshot(stream grpc.ClientStreamingServer[
 	}
 	// What the Endpoints controller needs is validated too, before anything is
 	// accepted: a malformed Service refuses the whole snapshot.
-	var svcs []*endpoints.Service
+	var svcs []*kube.Service
 	if s.ec != nil {
 		if svcs, err = endpointsServices(chunks); err != nil {
 			return Status(err)

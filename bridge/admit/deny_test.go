@@ -132,6 +132,18 @@ func denyCases() []denyCase {
 				ports: svcPorts{tcp(80, 30101), tcp(81, 30101)}}.object(), code: 422,
 			message: `Service "web" is invalid: spec.ports[1].nodePort: Invalid value: 30101: ` +
 				`provided port is already allocated`},
+		{name: "requested address taken and one node port asked for twice: the address first",
+			takenIPs: []string{"10.96.0.12"},
+			svc: spec{name: "web", typ: nodePortType, ips: []string{"10.96.0.12"},
+				ports: svcPorts{tcp(80, 30103), tcp(81, 30103)}}.object(), code: 422,
+			message: `Service "web" is invalid: spec.clusterIPs: Invalid value: ["10.96.0.12"]: ` +
+				`failed to allocate IP 10.96.0.12: provided IP is already allocated`},
+		{name: "a taken node port before one asked for twice: the taken one first",
+			takenPorts: []int32{30104},
+			svc: spec{name: "web", typ: nodePortType,
+				ports: svcPorts{tcp(80, 30104), tcp(81, 30105), tcp(82, 30105)}}.object(), code: 422,
+			message: `Service "web" is invalid: spec.ports[0].nodePort: Invalid value: 30104: ` +
+				`provided port is already allocated`},
 		{name: "requested health check node port taken", takenPorts: []int32{30102},
 			svc: spec{name: "web", typ: lbType, local: true, hc: 30102}.object(), code: 500,
 			message: `Internal error occurred: failed to allocate requested HealthCheck NodePort 30102: ` +
@@ -184,5 +196,30 @@ func TestLastAddr(t *testing.T) {
 		if got := lastAddr(netip.MustParsePrefix(in)); got.String() != want {
 			t.Errorf("lastAddr(%s) = %s; want %s", in, got, want)
 		}
+	}
+}
+
+// TestFamiliesFromFlag: kube-apiserver defaults a Service's families from its
+// --service-cluster-ip-range, not from the default ServiceCIDR object. During an
+// upgrade from single to dual stack the object is dual-stack while kube-apiservers not
+// yet restarted are single-stack (and refuse an IPv6 address): told kube-apiserver's
+// flag, the webhook follows it, not the object.
+func TestFamiliesFromFlag(t *testing.T) {
+	f := newFixture(t, setup{}) // the object: dual-stack, IPv4 first
+	fs, ok := FamiliesOf([]string{"10.96.0.0/24"})
+	if !ok {
+		t.Fatal("FamiliesOf(10.96.0.0/24) not ok")
+	}
+	f.cluster.SetFamilies(fs)
+	r := f.admit(spec{name: "web", policy: prefer}.object(), nil, false)
+	if r.err != nil || len(r.patched.Spec.ClusterIPs) != 1 || len(r.patched.Spec.IPFamilies) != 1 ||
+		r.patched.Spec.IPFamilies[0] != v4 {
+		t.Errorf("PreferDualStack with --service-cluster-ip-range single-stack: %v, clusterIPs %v, "+
+			"ipFamilies %v; want one IPv4 address", r.err, r.patched.Spec.ClusterIPs, r.patched.Spec.IPFamilies)
+	}
+	r = f.admit(spec{name: "dual", policy: both}.object(), nil, false)
+	if r.err != nil || len(r.resp.Patch) != 0 {
+		t.Errorf("RequireDualStack with --service-cluster-ip-range single-stack = %+v, %v; want allowed "+
+			"unchanged (kube-apiserver refuses it)", r.resp, r.err)
 	}
 }

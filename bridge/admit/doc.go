@@ -20,16 +20,23 @@
 // IPAddress objects and of Services' node ports): one the cluster uses and allocd has
 // not adopted yet (kube-apiserver allocated it while the webhook was bypassed under
 // failurePolicy Ignore) is moved to the Service that uses it, and the webhook asks
-// again. A request for a taken, foreign or exhausted address or port is refused with
-// kube-apiserver's own words and code; one that kube-apiserver refuses before it
-// allocates (a malformed clusterIPs, RequireDualStack on a single-stack cluster) is let
-// through untouched, for kube-apiserver to refuse. Dry runs, headless and ExternalName
-// Services and default/kubernetes are let through untouched. When allocd cannot
-// answer, the webhook answers HTTP 500 with a message naming allocd, and the
-// webhook's failurePolicy decides.
+// again; an address outside every ServiceCIDR kube-apiserver allocates from (one being
+// deleted, one allocd has and the cluster does not) is never written. What allocd still
+// holds for an earlier admission of the same object (a reinvocation, a retry) moves to
+// the current one; what it holds for a Service of the cluster that no longer uses it
+// (deleted, or changed, and the bridge not caught up) moves over too, after a quorum
+// read of that Service. A request for a taken, foreign or exhausted address or port is
+// refused with kube-apiserver's own words and code; one that kube-apiserver refuses
+// before it allocates (a malformed clusterIPs, RequireDualStack on a single-stack
+// cluster) is let through untouched, for kube-apiserver to refuse. Dry runs, headless
+// and ExternalName Services and default/kubernetes are let through untouched. When
+// allocd cannot answer (or is behind the cluster's ServiceCIDRs), the webhook answers
+// HTTP 500 with a message naming allocd and its last health check, and the webhook's
+// failurePolicy decides; its readiness is its informers' alone, so that it stays
+// behind its Service to give that answer.
 //
 //	factory := informers.NewSharedInformerFactory(kube, 0)
-//	cluster, err := admit.NewCluster(factory)
+//	cluster, err := admit.NewCluster(kube, factory)
 //	if err != nil { ... }
 //	wh, err := admit.New(log, allocdClient, cluster, prometheus.DefaultRegisterer)
 //	if err != nil { ... }

@@ -76,7 +76,7 @@ func newFixture(t *testing.T, s setup, objs ...runtime.Object) *fixture {
 		Spec: networkingv1.ServiceCIDRSpec{CIDRs: cidrs}})
 	f := &fixture{t: t, c: c, kube: fake.NewClientset(objs...), reg: prometheus.NewRegistry()}
 	factory := informers.NewSharedInformerFactory(f.kube, 0)
-	if f.cluster, err = NewCluster(factory); err != nil {
+	if f.cluster, err = NewCluster(f.kube, factory); err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -171,6 +171,17 @@ func (f *fixture) holderOwner(item string) *allocdv1.Owner {
 	return al.GetOwner()
 }
 
+// allocation returns allocd's allocation of a ClusterIP; nil when free.
+func (f *fixture) allocation(ip string) *allocdv1.Allocation {
+	f.t.Helper()
+	al, err := f.c.GetAllocation(context.Background(), &allocdv1.GetAllocationRequest{
+		Target: &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: ip}})
+	if err != nil {
+		return nil
+	}
+	return al
+}
+
 // held returns every allocation of owner uid: ClusterIPs and node ports as strings.
 func (f *fixture) held(uid string) []string {
 	f.t.Helper()
@@ -197,6 +208,26 @@ func (f *fixture) take(uid string, ips []string, ports []int32) {
 		ClusterIps: ips, NodePorts: ports, NoClusterIp: len(ips) == 0})
 	if err != nil {
 		f.t.Fatalf("Allocate(%v %v) for %s = %v", ips, ports, uid, err)
+	}
+}
+
+// hold allocates in allocd what svc, a Service of the cluster, holds: ips (as strings:
+// items as allocd names them; node ports among them are allocated as node ports) and
+// ports, under its UID.
+func (f *fixture) hold(svc *corev1.Service, ips []string, ports []int32) {
+	f.t.Helper()
+	req := &allocdv1.AllocateRequest{Owner: ownerOf(svc)}
+	for _, it := range ips {
+		if p, err := strconv.Atoi(it); err == nil {
+			req.NodePorts = append(req.NodePorts, int32(p))
+		} else {
+			req.ClusterIps = append(req.ClusterIps, it)
+		}
+	}
+	req.NodePorts = append(req.NodePorts, ports...)
+	req.NoClusterIp = len(req.ClusterIps) == 0
+	if _, err := f.c.Allocate(context.Background(), req); err != nil {
+		f.t.Fatalf("Allocate(%v %v) for %s = %v", req.ClusterIps, req.NodePorts, svc.UID, err)
 	}
 }
 

@@ -123,20 +123,53 @@ func TestAllocdUnreachable(t *testing.T) {
 		return err
 	}
 	go func() { defer close(done); w.WatchAllocd(ctx, health, 50*time.Millisecond) }()
-	waitFor(t, "allocd checked", func() bool { return w.allocdErr.Load() != nil })
-	if err := w.Ready(); err == nil || !strings.Contains(err.Error(), "allocd") {
-		t.Errorf("Ready() = %v with allocd down; want an error naming allocd", err)
+	waitFor(t, "allocd checked", func() bool { return w.health.Load() != nil })
+	if err := w.Ready(); err != nil {
+		t.Errorf("Ready() = %v with allocd down; want ready: a replica that left its Service's endpoints "+
+			"would turn kube-apiserver's error under Fail into a connection refused", err)
+	}
+	if up := testutil.ToFloat64(w.m.allocdUp); up != 0 {
+		t.Errorf("allocd_webhook_allocd_reachable = %v with allocd down; want 0", up)
+	}
+	code, _, st, _ = post(t, w, createRequest(t, "3", spec{name: "web3"}), "2s")
+	if want := "allocd's health check failing since"; code != http.StatusInternalServerError ||
+		!strings.Contains(st.Message, want) {
+		t.Errorf("answer %d %+v; want 500 with %q", code, st, want)
 	}
 	cancel()
 	<-done
+}
+
+// TestNoTimeToAllocate: kube-apiserver's timeout parameter is its deadline rounded up to
+// a second; with timeout=1s what is left of it may be next to nothing, so the webhook
+// answers at once (HTTP 500: the failure policy decides) and allocates nothing, rather
+// than allocate after kube-apiserver gave up.
+func TestNoTimeToAllocate(t *testing.T) {
+	f := newFixture(t, setup{})
+	req := createRequest(t, "4", spec{name: "web"})
+	code, _, st, took := post(t, f.w, req, "1s")
+	if code != http.StatusInternalServerError || !strings.Contains(st.Message, "allocd") {
+		t.Errorf("answer %d %+v with timeout=1s; want 500 naming allocd", code, st)
+	}
+	if took > 500*time.Millisecond {
+		t.Errorf("answered after %v with timeout=1s; want at once", took)
+	}
+	if held := f.held(ProvisionalPrefix + string(req.UID)); len(held) != 0 {
+		t.Errorf("allocd holds %v for the admission; want nothing", held)
+	}
+	if code, out, _, _ := post(t, f.w, createRequest(t, "5", spec{name: "web2"}), "2s"); code != http.StatusOK ||
+		!out.Response.Allowed {
+		t.Errorf("answer %d %+v with timeout=2s; want allowed (a second to allocate in)", code, out)
+	}
 }
 
 // TestNotSynced: before its informers synced the webhook cannot check allocd's answers
 // against the cluster: it serves no admission (an error: the failure policy decides)
 // and is not ready.
 func TestNotSynced(t *testing.T) {
-	factory := informers.NewSharedInformerFactory(fake.NewClientset(), 0)
-	cluster, err := NewCluster(factory) // never started
+	kube := fake.NewClientset()
+	factory := informers.NewSharedInformerFactory(kube, 0)
+	cluster, err := NewCluster(kube, factory) // never started
 	if err != nil {
 		t.Fatal(err)
 	}

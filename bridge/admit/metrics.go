@@ -25,6 +25,7 @@ type metrics struct {
 	requests  *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
 	disagreed prometheus.Counter
+	allocdUp  prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -46,8 +47,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Addresses and ports allocd handed out that the cluster uses (not adopted yet), " +
 				"moved to their holder.",
 		}),
+		allocdUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "allocd_webhook_allocd_reachable",
+			Help: "1 when allocd answered the webhook's last health check, 0 when it did not.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.disagreed} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.disagreed, m.allocdUp} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

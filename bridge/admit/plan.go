@@ -23,8 +23,10 @@ type need struct {
 	// fixed are the node ports the object's ports give.
 	fixed map[int32]bool
 	// refusal is kube-apiserver's answer when the object asks for one node port twice
-	// (its allocator refuses the second): nothing is allocated.
-	refusal error
+	// (its allocator refuses the second), at ports[refusalAt]: kube-apiserver gets
+	// that far (the ClusterIPs, the node ports before it) before it refuses.
+	refusal   error
+	refusalAt int
 }
 
 // ipNeed is one ClusterIP to allocate: at spec.clusterIPs[index], of family.
@@ -173,7 +175,7 @@ func (n *need) initNodePorts() {
 	asked := map[int32]bool{}
 	ask := func(pn portNeed) {
 		if pn.want != 0 && asked[pn.want] && n.refusal == nil {
-			n.refusal = n.portRefused(pn, msgPortAllocated)
+			n.refusal, n.refusalAt = n.portRefused(pn, msgPortAllocated), len(n.ports)
 		}
 		asked[pn.want] = true
 		n.ports = append(n.ports, pn)
@@ -233,7 +235,7 @@ func (n *need) updateNodePorts(old *corev1.Service) {
 func (n *need) healthCheck() {
 	p := portNeed{index: -1, hc: true, want: n.svc.Spec.HealthCheckNodePort}
 	if p.want != 0 && n.fixed[p.want] && n.refusal == nil {
-		n.refusal = n.portRefused(p, msgPortAllocated)
+		n.refusal, n.refusalAt = n.portRefused(p, msgPortAllocated), len(n.ports)
 	}
 	n.ports = append(n.ports, p)
 }

@@ -1,6 +1,7 @@
 package admit
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -150,6 +151,32 @@ func TestTakeBack(t *testing.T) {
 	}
 }
 
+// TestTakeBackMany: an update asks back more node ports than maxRounds that the
+// Service itself still holds in allocd (an earlier update removed the ports; the bridge
+// has not released them yet): all move to the update's provisional owner at once.
+func TestTakeBackMany(t *testing.T) {
+	f := newFixture(t, setup{})
+	old := stored(spec{name: "many", typ: nodePortType, ips: []string{"10.96.0.32"}, families: fams{v4},
+		ports: svcPorts{tcp(80, 30600)}}.object(), "uid-many")
+	svc := old.DeepCopy()
+	var back []int32
+	for i := range int32(10) {
+		back = append(back, 30601+i)
+		svc.Spec.Ports = append(svc.Spec.Ports, tcp(81+i, 30601+i))
+	}
+	f.hold(old, []string{"10.96.0.32"}, append([]int32{30600}, back...))
+	r := f.admit(svc, old, false)
+	if r.err != nil || !r.resp.Allowed {
+		t.Fatalf("Admit(update asking back 10 node ports the Service holds) = %+v, %v; want allowed",
+			r.resp, r.err)
+	}
+	for _, p := range back {
+		if h := f.holder("", p); h != r.owner() {
+			t.Errorf("%d held by %q; want the update's provisional owner %s", p, h, r.owner())
+		}
+	}
+}
+
 // TestTransferNotHeld pins what the webhook relies on: allocd's Transfer of an item
 // the from owner does not hold is ErrNotOwner and moves nothing.
 func TestTransferNotHeld(t *testing.T) {
@@ -162,5 +189,61 @@ func TestTransferNotHeld(t *testing.T) {
 	}
 	if h := f.holder("10.96.0.40", 0); h != "uid-x" {
 		t.Errorf("10.96.0.40 held by %q; want uid-x still", h)
+	}
+}
+
+// TestReclaim: allocd still holds, under a Service's UID, what that Service no longer
+// uses (the bridge has not seen the change yet): the Service was deleted and is
+// created again with its pinned address and node ports (kubectl replace --force), or a
+// pinned node port moved to another Service. kube-apiserver accepts those creates; the
+// webhook reads the holder from the API server, finds it gone or no longer using the
+// items, and moves them to the new admission (all of them at once, even more than
+// maxRounds). A holder that still uses its item keeps it, and an owner that is no
+// Service of the cluster (another consumer of allocd's ranges) keeps everything.
+func TestReclaim(t *testing.T) {
+	var pinned svcPorts
+	for i := range int32(10) {
+		pinned = append(pinned, tcp(80+i, 30400+i))
+	}
+	dns := stored(spec{name: "dns", typ: nodePortType, ips: []string{"10.96.0.10"}, families: fams{v4},
+		ports: pinned}.object(), "uid-old")
+	moved := stored(spec{name: "a", typ: nodePortType, ips: []string{"10.96.0.11"}, families: fams{v4},
+		ports: svcPorts{tcp(80, 30501)}}.object(), "uid-a") // gave 30500 up
+	keeps := stored(spec{name: "c", ips: []string{"10.96.0.12"}, families: fams{v4}}.object(), "uid-c")
+	f := newFixture(t, setup{}, dns, moved, keeps)
+	f.hold(dns, items(dns), nil)
+	f.hold(moved, []string{"10.96.0.11"}, []int32{30500, 30501})
+	f.hold(keeps, []string{"10.96.0.12"}, nil)
+	f.take("uid-elsewhere", []string{"10.96.0.13"}, nil)
+	ctx := t.Context()
+	if err := f.kube.CoreV1().Services("ns").Delete(ctx, "dns", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the deletion seen", func() bool { return f.cluster.service("ns", "dns") == nil })
+
+	again := dns.DeepCopy()
+	again.UID = ""
+	r := f.admit(again, nil, false)
+	if r.err != nil || !r.resp.Allowed {
+		t.Fatalf("Admit(ns/dns created again with its pinned items) = %+v, %v; want allowed", r.resp, r.err)
+	}
+	if held, want := sorted(f.held(r.owner())), items(dns); !slices.Equal(held, want) {
+		t.Errorf("the new admission holds %v; want %v, taken from the deleted Service", held, want)
+	}
+	r = f.admit(spec{name: "b", typ: nodePortType, ports: svcPorts{tcp(80, 30500)}}.object(), nil, false)
+	if r.err != nil || !r.resp.Allowed || f.holder("", 30500) != r.owner() {
+		t.Errorf("Admit(node port 30500, which ns/a gave up) = %+v, %v, held by %q; want allowed, held by %s",
+			r.resp, r.err, f.holder("", 30500), r.owner())
+	}
+	if h := f.holder("", 30501); h != "uid-a" {
+		t.Errorf("30501 held by %q; want uid-a, which uses it", h)
+	}
+	const taken = "failed to allocate IP %s: provided IP is already allocated"
+	for _, ip := range []string{"10.96.0.12", "10.96.0.13"} {
+		r = f.admit(spec{name: "d" + ip, ips: []string{ip}}.object(), nil, false)
+		if r.err != nil || r.result != ResultDenied ||
+			!strings.HasSuffix(r.resp.Result.Message, fmt.Sprintf(taken, ip)) {
+			t.Errorf("Admit(%s, held by its user) = %+v, %v; want kube-apiserver's refusal", ip, r.resp, r.err)
+		}
 	}
 }

@@ -146,9 +146,9 @@ func TestUpdateNothingNew(t *testing.T) {
 }
 
 // TestReinvocation: kube-apiserver calls the webhook again (a new request uid) when
-// another webhook changed the object after it: what the first call wrote is found held
-// for the same Service and kept, nothing allocated again; only what the change added
-// (a port) is.
+// another webhook changed the object after it: what the earlier call wrote is found held
+// for the same Service and moved over to the later call's provisional owner (its grace
+// starts again), nothing allocated anew; only what the change added (a port) is.
 func TestReinvocation(t *testing.T) {
 	f := newFixture(t, setup{})
 	first := f.admit(spec{name: "web", typ: nodePortType}.object(), nil, false)
@@ -159,8 +159,11 @@ func TestReinvocation(t *testing.T) {
 	if again.err != nil || !again.resp.Allowed || len(again.resp.Patch) != 0 {
 		t.Errorf("reinvocation with nothing changed = %+v, %v; want allowed unchanged", again.resp, again.err)
 	}
-	if held := f.held(again.owner()); len(held) != 0 {
-		t.Errorf("reinvocation holds %v; want nothing", held)
+	if held, want := f.held(again.owner()), items(first.patched); !slices.Equal(sorted(held), want) {
+		t.Errorf("reinvocation holds %v; want %v, moved over from the first invocation", held, want)
+	}
+	if held := f.held(first.owner()); len(held) != 0 {
+		t.Errorf("first invocation holds %v; want nothing (moved over)", held)
 	}
 	changed := first.patched.DeepCopy()
 	changed.Spec.Ports = append(changed.Spec.Ports, tcp(8080, 0))
@@ -169,11 +172,61 @@ func TestReinvocation(t *testing.T) {
 		t.Fatalf("reinvocation after a port was added = %+v, %v; want the new port's node port",
 			third.resp, third.err)
 	}
-	want := []string{itoa(int(third.patched.Spec.Ports[1].NodePort))}
-	if held := f.held(third.owner()); !slices.Equal(held, want) {
-		t.Errorf("reinvocation holds %v; want only the new port %v", held, want)
+	if held, want := f.held(third.owner()), items(third.patched); !slices.Equal(sorted(held), want) {
+		t.Errorf("reinvocation holds %v; want %v: the earlier items and the new port's", held, want)
 	}
-	if held := f.held(first.owner()); len(held) != 2 {
-		t.Errorf("first invocation holds %v; want its address and node port", held)
+	if held := f.held(again.owner()); len(held) != 0 {
+		t.Errorf("second invocation holds %v; want nothing (moved over)", held)
 	}
+}
+
+// TestReinvocationManyItems: a reinvocation of a Service of many items (a ClusterIP and
+// 11 node ports, more than maxRounds) takes them all over from the earlier invocation
+// at once, rather than one refusal of allocd per item.
+func TestReinvocationManyItems(t *testing.T) {
+	f := newFixture(t, setup{})
+	var ports svcPorts
+	for i := range int32(11) {
+		ports = append(ports, tcp(80+i, 0))
+	}
+	first := f.admit(spec{name: "web", typ: nodePortType, ports: ports}.object(), nil, false)
+	if first.err != nil || first.result != ResultPatched {
+		t.Fatalf("Admit = %+v, %v; want a patch", first.resp, first.err)
+	}
+	again := f.admit(first.patched, nil, false)
+	if again.err != nil || !again.resp.Allowed || len(again.resp.Patch) != 0 {
+		t.Fatalf("reinvocation = %+v, %q, %v; want allowed unchanged", again.resp, again.result, again.err)
+	}
+	if held, want := f.held(again.owner()), items(first.patched); !slices.Equal(sorted(held), want) {
+		t.Errorf("reinvocation holds %v; want %v", held, want)
+	}
+}
+
+// TestRetryRestamps: a create retried after a refusal that came after admission (a
+// quota) names the address the earlier admission of the same name still holds: the
+// address moves to the retry's provisional owner, with a new allocate_time, so that the
+// bridge's sweeper does not free it (the earlier owner's grace) while the retried
+// create can still be stored with it.
+func TestRetryRestamps(t *testing.T) {
+	f := newFixture(t, setup{})
+	first := f.admit(spec{name: "web", ips: []string{"10.96.0.30"}}.object(), nil, false)
+	if first.err != nil || !first.resp.Allowed {
+		t.Fatalf("Admit = %+v, %v; want allowed", first.resp, first.err)
+	}
+	before := f.allocation("10.96.0.30")
+	retry := f.admit(spec{name: "web", ips: []string{"10.96.0.30"}}.object(), nil, false)
+	if retry.err != nil || !retry.resp.Allowed {
+		t.Fatalf("Admit(retry) = %+v, %v; want allowed", retry.resp, retry.err)
+	}
+	after := f.allocation("10.96.0.30")
+	if after.GetOwner().GetUid() != retry.owner() ||
+		!after.GetAllocateTime().AsTime().After(before.GetAllocateTime().AsTime()) {
+		t.Errorf("10.96.0.30 after the retry: %v; want held by %s, allocated after %v", after, retry.owner(),
+			before.GetAllocateTime().AsTime())
+	}
+}
+
+func sorted(s []string) []string {
+	slices.Sort(s)
+	return s
 }

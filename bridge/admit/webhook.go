@@ -30,9 +30,8 @@ type Webhook struct {
 	cluster *Cluster
 	m       *metrics
 	// maxTime bounds an answer when kube-apiserver sends no timeout.
-	maxTime   time.Duration
-	allocdUp  atomic.Bool
-	allocdErr atomic.Pointer[error]
+	maxTime time.Duration
+	health  atomic.Pointer[allocdHealth]
 }
 
 // DefaultMaxTime is how long an admission may take when kube-apiserver's request names
@@ -61,26 +60,27 @@ func (w *Webhook) SetMaxTime(d time.Duration) {
 	}
 }
 
-// Ready reports whether the webhook can decide: the cluster's informers synced, the
-// cluster's families known, and allocd answering its health checks (WatchAllocd).
+// Ready reports whether the webhook can serve: its informers of the cluster synced.
+// allocd's reachability is not part of it: a replica that left its Service's
+// endpoints while allocd is down would make kube-apiserver's error under failurePolicy
+// Fail a connection refused instead of the webhook's answer, which names allocd and
+// its last health check.
 func (w *Webhook) Ready() error {
 	if !w.cluster.Synced() {
 		return ErrNotSynced
 	}
-	if _, ok := w.cluster.Families(); !ok {
-		return ErrNoFamilies
-	}
-	if !w.allocdUp.Load() {
-		if p := w.allocdErr.Load(); p != nil {
-			return fmt.Errorf("allocd: %w", *p)
-		}
-		return errors.New("allocd: not checked yet")
-	}
 	return nil
 }
 
-// WatchAllocd calls health now and every interval until ctx ends, and keeps whether
-// allocd answered for Ready.
+// allocdHealth is what WatchAllocd last saw of allocd.
+type allocdHealth struct {
+	err   error // nil: serving
+	since time.Time
+}
+
+// WatchAllocd calls health now and every interval until ctx ends, and keeps what it
+// answered for the webhook's errors (an admission allocd could not serve names
+// allocd's last health check) and the allocd_webhook_allocd_reachable gauge.
 func (w *Webhook) WatchAllocd(ctx context.Context, health func(context.Context) error,
 	interval time.Duration) {
 	t := time.NewTicker(interval)
@@ -92,11 +92,17 @@ func (w *Webhook) WatchAllocd(ctx context.Context, health func(context.Context) 
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil {
-			w.allocdErr.Store(&err)
+		prev := w.health.Load()
+		if prev == nil || (prev.err == nil) != (err == nil) {
+			w.log.Info("allocd reachability changed", "reachable", err == nil, "error", err)
+			w.health.Store(&allocdHealth{err: err, since: time.Now()})
+		} else if err != nil {
+			w.health.Store(&allocdHealth{err: err, since: prev.since})
 		}
-		if up := err == nil; w.allocdUp.Swap(up) != up {
-			w.log.Info("allocd reachability changed", "reachable", up, "error", err)
+		if err == nil {
+			w.m.allocdUp.Set(1)
+		} else {
+			w.m.allocdUp.Set(0)
 		}
 		select {
 		case <-ctx.Done():
@@ -104,6 +110,19 @@ func (w *Webhook) WatchAllocd(ctx context.Context, health func(context.Context) 
 		case <-t.C:
 		}
 	}
+}
+
+// allocdState says what the last health check of allocd answered, for an error.
+func (w *Webhook) allocdState() string {
+	h := w.health.Load()
+	switch {
+	case h == nil:
+		return "allocd's health not checked yet"
+	case h.err == nil:
+		return "allocd's health check passes"
+	}
+	return fmt.Sprintf("allocd's health check failing since %s: %v", h.since.UTC().Format(time.RFC3339),
+		h.err)
 }
 
 // ServeHTTP answers one AdmissionReview. A request the webhook cannot serve (allocd
@@ -123,12 +142,25 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := review.Request
-	ctx, cancel := context.WithTimeout(r.Context(), w.budget(r))
+	budget, ok := w.budget(r)
+	if !ok {
+		w.log.Warn("admission not served: kube-apiserver's deadline leaves no time to allocate; the "+
+			"webhook's failure policy decides", "operation", req.Operation, "namespace", req.Namespace,
+			"name", req.Name, "uid", req.UID, "timeout", r.URL.Query().Get("timeout"))
+		w.fail(rw, string(req.Operation), start, http.StatusInternalServerError, fmt.Errorf(
+			"%w: not asked: kube-apiserver's deadline (timeout=%s) leaves no time to allocate before it",
+			ErrAllocd, r.URL.Query().Get("timeout")))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), budget)
 	defer cancel()
 	resp, result, err := w.Admit(ctx, req)
 	if err != nil {
 		w.log.Warn("admission not served; the webhook's failure policy decides", "operation", req.Operation,
 			"namespace", req.Namespace, "name", req.Name, "uid", req.UID, "error", err)
+		if errors.Is(err, ErrAllocd) || errors.Is(err, ErrDisagree) || errors.Is(err, ErrBehind) {
+			err = fmt.Errorf("%w (%s)", err, w.allocdState())
+		}
 		w.fail(rw, string(req.Operation), start, http.StatusInternalServerError, err)
 		return
 	}
@@ -139,18 +171,19 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 }
 
 // budget is how long an admission may take: kube-apiserver sends its own deadline as
-// the timeout parameter, rounded up to a second; the webhook answers a second before
-// it (half of it when it is 2 s or less), so that nothing is allocated after
-// kube-apiserver gave up.
-func (w *Webhook) budget(r *http.Request) time.Duration {
+// the timeout parameter, rounded up to a whole second (what is left of it may be up
+// to a second less); the webhook answers a second before it, so that nothing is
+// allocated after kube-apiserver gave up. A timeout of a second or less leaves no such
+// time: ok is false, and the webhook answers at once without asking allocd.
+func (w *Webhook) budget(r *http.Request) (d time.Duration, ok bool) {
 	d, err := time.ParseDuration(r.URL.Query().Get("timeout"))
 	if err != nil || d <= 0 {
-		return w.maxTime
+		return w.maxTime, true
 	}
-	if d > 2*time.Second {
-		return min(d-time.Second, w.maxTime)
+	if d <= time.Second {
+		return 0, false
 	}
-	return min(d/2, w.maxTime)
+	return min(d-time.Second, w.maxTime), true
 }
 
 func (w *Webhook) observe(operation, result string, start time.Time) {

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
+	"github.com/allocd/allocd/bridge/admit"
 	"github.com/allocd/allocd/bridge/feed"
 	"github.com/allocd/allocd/client"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
@@ -405,39 +406,67 @@ func (a *Adopter) record(owner *allocdv1.Owner, conflicts []Conflict, failures [
 	}
 }
 
-// ServiceCIDRs creates in allocd every ServiceCIDR of the cluster that allocd lacks,
-// under the same name. A name allocd has with other CIDRs is reported, not changed.
-func (a *Adopter) ServiceCIDRs(ctx context.Context, cidrs []networkingv1.ServiceCIDR) (created []string,
-	err error) {
+// CIDRSync is what one sync of the cluster's ServiceCIDRs into allocd changed.
+type CIDRSync struct {
+	// Created are the ServiceCIDRs created in allocd, Deleted those deleted
+	// (terminating) in allocd, Failed those whose creation or deletion failed (allocd
+	// unreachable, say: worth trying again).
+	Created, Deleted, Failed []string
+}
+
+// ServiceCIDRs makes allocd's ServiceCIDRs follow the cluster's, cidrs, by name: one
+// kube-apiserver allocates from (admit.ServiceCIDRReady) that allocd lacks is created;
+// one the cluster is deleting that allocd has ready is deleted in allocd (terminating:
+// allocd allocates nothing new from it, as kube-apiserver does not, and removes it once
+// no address lies in it alone); one whose Ready condition is false otherwise is left as
+// it is. A name allocd has with other CIDRs is reported, neither changed nor deleted,
+// and so is one the cluster has ready and allocd terminating (allocd creates it again
+// once it is removed). allocd's ServiceCIDRs that the cluster lacks are left alone:
+// allocd may serve more than the cluster.
+func (a *Adopter) ServiceCIDRs(ctx context.Context, cidrs []networkingv1.ServiceCIDR) (CIDRSync, error) {
 	have, err := a.c.ListServiceCIDRs(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("adopt: list allocd's ServiceCIDRs: %w", err)
+		return CIDRSync{}, fmt.Errorf("adopt: list allocd's ServiceCIDRs: %w", err)
 	}
 	byName := map[string]*allocdv1.ServiceCIDR{}
 	for _, sc := range have {
 		byName[sc.GetName()] = sc
 	}
+	var res CIDRSync
 	var errs []error
-	for _, sc := range cidrs {
-		if sc.DeletionTimestamp != nil {
-			continue
-		}
-		want := canonical(sc.Spec.CIDRs)
-		if cur, ok := byName[sc.Name]; ok {
-			if !slices.Equal(canonical(cur.GetCidrs()), want) {
-				errs = append(errs, fmt.Errorf("adopt: ServiceCIDR %s is %v in the cluster and %v in allocd",
-					sc.Name, sc.Spec.CIDRs, cur.GetCidrs()))
+	for i := range cidrs {
+		sc := &cidrs[i]
+		want, cur := canonical(sc.Spec.CIDRs), byName[sc.Name]
+		switch {
+		case cur != nil && !slices.Equal(canonical(cur.GetCidrs()), want):
+			errs = append(errs, fmt.Errorf("adopt: ServiceCIDR %s is %v in the cluster and %v in allocd",
+				sc.Name, sc.Spec.CIDRs, cur.GetCidrs()))
+		case sc.DeletionTimestamp != nil:
+			if cur == nil || cur.GetState() != allocdv1.ServiceCIDRState_SERVICE_CIDR_STATE_READY {
+				continue
 			}
-			continue
+			_, err := a.c.DeleteServiceCIDR(ctx, sc.Name)
+			if err != nil && !errors.Is(err, client.ErrNotFound) {
+				errs = append(errs, fmt.Errorf("adopt: delete ServiceCIDR %s %v: %w", sc.Name, want, err))
+				res.Failed = append(res.Failed, sc.Name)
+				continue
+			}
+			res.Deleted = append(res.Deleted, sc.Name)
+		case !admit.ServiceCIDRReady(sc):
+		case cur != nil && cur.GetState() != allocdv1.ServiceCIDRState_SERVICE_CIDR_STATE_READY:
+			errs = append(errs, fmt.Errorf("adopt: ServiceCIDR %s is ready in the cluster and terminating "+
+				"in allocd: created again once allocd removed it", sc.Name))
+		case cur == nil:
+			_, err := a.c.CreateServiceCIDR(ctx, sc.Name, want...)
+			if err != nil && !errors.Is(err, client.ErrAlreadyExists) {
+				errs = append(errs, fmt.Errorf("adopt: create ServiceCIDR %s %v: %w", sc.Name, want, err))
+				res.Failed = append(res.Failed, sc.Name)
+				continue
+			}
+			res.Created = append(res.Created, sc.Name)
 		}
-		_, err := a.c.CreateServiceCIDR(ctx, sc.Name, want...)
-		if err != nil && !errors.Is(err, client.ErrAlreadyExists) {
-			errs = append(errs, fmt.Errorf("adopt: create ServiceCIDR %s %v: %w", sc.Name, want, err))
-			continue
-		}
-		created = append(created, sc.Name)
 	}
-	return created, errors.Join(errs...)
+	return res, errors.Join(errs...)
 }
 
 func canonical(cidrs []string) []string {

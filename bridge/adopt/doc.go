@@ -1,9 +1,12 @@
 // Package adopt keeps allocd's allocations in step with a cluster's Services: every
 // ClusterIP and NodePort a Service holds is held in allocd under the Service's UID
-// (adoption), and what a Service gives up is released. It owns the second half of the
-// admission webhook's allocations (package admit): the webhook allocates under a
-// provisional owner (UID "admission/<request uid>") before the Service has a UID, and
-// this package settles them.
+// (adoption), and what a Service gives up is released. allocd's ServiceCIDRs follow the
+// cluster's as they change (Controller.SyncCIDRs, driven by an informer): one the
+// cluster allocates from is created in allocd, one the cluster is deleting is deleted
+// in allocd, so that allocd hands out nothing kube-apiserver refuses. It owns the
+// second half of the admission webhook's allocations (package admit): the webhook
+// allocates under a provisional owner (UID "admission/<request uid>") before the
+// Service has a UID, and this package settles them.
 //
 //   - Binding: adoption finds a Service's item held by a provisional owner of the
 //     Service's namespace and name (or generateName) and moves it to the Service's UID
@@ -24,5 +27,6 @@
 //	ctl := adopt.NewController(a, log, factory.Core().V1().Services().Informer().GetStore(), 5)
 //	sw := adopt.NewSweeper(a, kube, log, adopt.SweeperConfig{})
 //	go ctl.Run(ctx, informer.HasSynced)
+//	go ctl.SyncCIDRs(ctx, listCIDRs, 30*time.Second) // and ctl.ServiceCIDRChanged on its informer
 //	go sw.Run(ctx, ctl.Ran)
 package adopt

@@ -21,11 +21,18 @@ import (
 )
 
 // DefaultPendingGrace is how old a provisional owner's allocation must be before the
-// Sweeper looks at it: kube-apiserver stores a Service within 34 s of the request's
-// start, admission included (requestTimeoutUpperBound of apiserver's create and update
-// handlers), and the rest covers an etcd proposal committed late across a leader
-// change and the clock skew between allocd (which stamps allocate_time) and the bridge.
+// Sweeper looks at it: kube-apiserver gives up on a create or an update within
+// RequestTimeoutUpperBound of the request's start, admission included, and the rest
+// covers an etcd proposal sent before that and committed late across a leader change
+// (while etcd keeps its quorum) and the clock skew between allocd (which stamps
+// allocate_time) and the bridge.
 const DefaultPendingGrace = 2 * time.Minute
+
+// RequestTimeoutUpperBound is kube-apiserver's bound on a create, an update or a patch,
+// from its start to its etcd write (requestTimeoutUpperBound of the handlers in
+// k8s.io/apiserver/pkg/endpoints/handlers: a constant that no flag changes). A grace
+// below it lets the Sweeper free what kube-apiserver may still store a Service with.
+const RequestTimeoutUpperBound = 34 * time.Second
 
 // DefaultPendingSweepInterval is how often the Sweeper lists the provisional owners.
 const DefaultPendingSweepInterval = 10 * time.Second
@@ -65,10 +72,16 @@ type Sweeper struct {
 }
 
 // NewSweeper returns a Sweeper acting in allocd through a's client (and counting in a's
-// metrics) and reading Services from kube.
+// metrics) and reading Services from kube. A Grace below RequestTimeoutUpperBound is
+// taken, with a warning: tests use a short one on purpose.
 func NewSweeper(a *Adopter, kube kubernetes.Interface, log *slog.Logger, cfg SweeperConfig) *Sweeper {
 	if cfg.Grace <= 0 {
 		cfg.Grace = DefaultPendingGrace
+	}
+	if cfg.Grace < RequestTimeoutUpperBound {
+		log.Warn("the grace of the admission webhook's allocations is below kube-apiserver's bound on a "+
+			"create or update: an allocation can be freed while kube-apiserver may still store its Service "+
+			"(only for tests)", "grace", cfg.Grace, "bound", RequestTimeoutUpperBound)
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultPendingSweepInterval

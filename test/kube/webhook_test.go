@@ -2,8 +2,11 @@ package kube
 
 import (
 	"context"
+	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,11 +14,14 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
@@ -93,6 +99,8 @@ func TestWebhook(t *testing.T) {
 	t.Run("dry-run", func(t *testing.T) { webhookDryRun(t, d) })
 	t.Run("refused-after-admission", func(t *testing.T) { webhookQuota(t, d) })
 	t.Run("acceptance", func(t *testing.T) { webhookAcceptance(t, d) })
+	t.Run("skip-label", func(t *testing.T) { webhookSkipLabel(t, d) })
+	t.Run("servicecidrs", func(t *testing.T) { webhookServiceCIDRs(t, d) })
 	t.Run("allocd-down", func(t *testing.T) { webhookAllocdDown(t, d) })
 	bridge := "http://" + d.allocd.bridgeHealth + "/metrics"
 	if n := metricSum(bridge, "allocd_bridge_pending_bound_total"); n == 0 {
@@ -354,6 +362,27 @@ func webhookAllocdDown(t *testing.T, d *deciding) {
 		t.Errorf("create under Fail with allocd stopped: %v; want refused with a message naming allocd", err)
 	}
 	t.Logf("failurePolicy Fail, allocd stopped: %v", err)
+	// The replicas stay ready while allocd is down (behind a Service, they stay in its
+	// endpoints, and kube-apiserver keeps getting their answer, which names allocd).
+	etcdtest.WaitFor(t, 30*time.Second, "the replicas' health checks of allocd failing", func() bool {
+		for _, h := range d.webhook.Health {
+			if v, ok := scrape("http://" + h + "/metrics")["allocd_webhook_allocd_reachable"]; !ok || v != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, h := range d.webhook.Health {
+		resp, err := http.Get("http://" + h + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s/readyz with allocd down: %s; want 200 (readiness is the informers' alone)", h,
+				resp.Status)
+		}
+	}
 
 	regs := d.c.Admin.AdmissionregistrationV1().MutatingWebhookConfigurations()
 	reg, err := regs.Get(ctx, d.webhook.Config.Name, metav1.GetOptions{})
@@ -464,4 +493,128 @@ func webhookUpdates(t *testing.T, d *deciding) {
 		}
 	}
 	checkNothingPending(t, d)
+}
+
+// webhookSkipLabel: the label allocd.io/admission: skip keeps the webhook away only in
+// kube-system (the webhook's own Service, allocd's): a Service of another namespace that
+// carries it is admitted all the same (its address allocated by allocd, then bound),
+// so that nobody bypasses allocd with a label; one of kube-system gets kube-apiserver's
+// own address, adopted by the bridge.
+func webhookSkipLabel(t *testing.T, d *deciding) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		ns       string
+		admitted bool
+	}{{testNS, true}, {metav1.NamespaceSystem, false}} {
+		s := svcSpec{name: "skip-label", app: "web",
+			labels: map[string]string{"allocd.io/admission": "skip"}}.object()
+		s.Namespace = tc.ns
+		got, err := d.c.Admin.CoreV1().Services(tc.ns).Create(ctx, s, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("create %s/skip-label: %v", tc.ns, err)
+		}
+		var al *allocdv1.Allocation
+		etcdtest.WaitFor(t, convergeLimit, tc.ns+"/skip-label's address held by its UID", func() bool {
+			al = allocation(d, got.Spec.ClusterIP)
+			return al != nil && al.GetOwner().GetUid() == string(got.UID)
+		})
+		if admitted := al.GetModRevision() > al.GetCreateRevision(); admitted != tc.admitted {
+			t.Errorf("%s/skip-label (allocd.io/admission: skip): %+v; admitted by the webhook %v, want %v",
+				tc.ns, al, admitted, tc.admitted)
+		}
+	}
+}
+
+// webhookServiceCIDRs: allocd's ServiceCIDRs follow the cluster's within moments (the
+// bridge's informer, not a periodic copy): one created in the cluster is created in
+// allocd; one the cluster deletes is deleted in allocd, whether its deletion is seen
+// in progress (a finalizer holds it, as kube-controller-manager's does while addresses
+// lie in it) or only once it is gone. A Service asking for an address of the one being
+// deleted is refused in kube-apiserver's words.
+func webhookServiceCIDRs(t *testing.T, d *deciding) {
+	ctx := context.Background()
+	cidrs := d.c.Admin.NetworkingV1().ServiceCIDRs()
+	const hold = "allocd.io/e2e-hold"
+	state := func(name string) allocdv1.ServiceCIDRState {
+		sc, err := d.allocd.Client.GetServiceCIDR(ctx, name)
+		if err != nil {
+			return allocdv1.ServiceCIDRState_SERVICE_CIDR_STATE_UNSPECIFIED
+		}
+		return sc.GetState()
+	}
+	for name, cidr := range map[string]string{"held": "10.97.0.0/28", "gone": "10.97.1.0/28"} {
+		sc := &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{cidr}}}
+		if name == "held" {
+			sc.Finalizers = []string{hold}
+		}
+		if _, err := cidrs.Create(ctx, sc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		etcdtest.WaitFor(t, 10*time.Second, "ServiceCIDR "+name+" created in allocd", func() bool {
+			return state(name) == allocdv1.ServiceCIDRState_SERVICE_CIDR_STATE_READY
+		})
+		if err := cidrs.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		etcdtest.WaitFor(t, 10*time.Second, "ServiceCIDR "+name+" deleted in allocd", func() bool {
+			return state(name) != allocdv1.ServiceCIDRState_SERVICE_CIDR_STATE_READY
+		})
+	}
+	s := svcSpec{name: "in-deleted-cidr", app: "web"}.object()
+	s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.97.0.5", []string{"10.97.0.5"}
+	_, err := d.c.Admin.CoreV1().Services(testNS).Create(ctx, s, metav1.CreateOptions{})
+	const want = "failed to allocate IP 10.97.0.5: the provided network does not match the current range"
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), want) {
+		t.Errorf("create with an address of a ServiceCIDR being deleted: %v; want 422 with %q", err, want)
+	}
+	held, err := cidrs.Get(ctx, "held", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held.Finalizers = nil
+	if _, err := cidrs.Update(ctx, held, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	checkNothingPending(t, d)
+}
+
+// TestWebhookManifest checks what no API server checks in the webhook's manifest: with
+// its replicas on different nodes (a required anti-affinity), a rolling update must be
+// able to take an old replica down before it starts a new one, or it stalls on a
+// cluster of as many nodes as replicas.
+func TestWebhookManifest(t *testing.T) {
+	b, err := os.ReadFile(filepath.FromSlash(webhookManifest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dep *appsv1.Deployment
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatalf("%s: %v", webhookManifest, err)
+		}
+		if meta.Kind == "Deployment" {
+			dep = &appsv1.Deployment{}
+			if err := yaml.UnmarshalStrict([]byte(doc), dep); err != nil {
+				t.Fatalf("%s: Deployment: %v", webhookManifest, err)
+			}
+		}
+	}
+	if dep == nil || dep.Spec.Replicas == nil || dep.Spec.Strategy.RollingUpdate == nil {
+		t.Fatalf("%s: want a Deployment with replicas and a rolling update", webhookManifest)
+	}
+	aff := dep.Spec.Template.Spec.Affinity
+	if aff == nil || aff.PodAntiAffinity == nil ||
+		len(aff.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) == 0 {
+		return // a surge replica can share a node
+	}
+	unavailable, err := intstr.GetScaledValueFromIntOrPercent(dep.Spec.Strategy.RollingUpdate.MaxUnavailable,
+		int(*dep.Spec.Replicas), false)
+	if err != nil || unavailable < 1 {
+		t.Errorf("%s: maxUnavailable %v (%d of %d replicas, %v) with a required anti-affinity: a rollout on "+
+			"%d nodes waits forever for a surge replica to be scheduled", webhookManifest,
+			dep.Spec.Strategy.RollingUpdate.MaxUnavailable, unavailable, *dep.Spec.Replicas, err,
+			*dep.Spec.Replicas)
+	}
 }

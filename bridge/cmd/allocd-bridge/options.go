@@ -82,8 +82,9 @@ func (o *options) addRunFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.adopt, "adopt", o.adopt, "allocate in allocd the ClusterIPs and NodePorts the cluster's Services hold")
 	fs.DurationVar(&o.pendingGrace, "pending-grace", o.pendingGrace,
 		"age past which an allocation of the admission webhook that no stored Service holds is "+
-			"freed; longer than kube-apiserver can take from admission to storing a Service (34 s "+
-			"unless its timeouts were raised)")
+			"freed; longer than kube-apiserver can take from admission to storing a Service (34 s, "+
+			"a constant of kube-apiserver, plus a late etcd commit and the clocks' skew); below 34 s "+
+			"it is taken with a warning")
 	fs.DurationVar(&o.pendingSweep, "pending-sweep-interval", o.pendingSweep,
 		"time between sweeps of the admission webhook's allocations (with --adopt)")
 	fs.BoolVar(&o.kubernetesSvc, "manage-kubernetes-service", o.kubernetesSvc,

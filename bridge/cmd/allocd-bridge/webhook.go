@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +28,7 @@ type webhookOptions struct {
 	keyFile          string
 	healthAddress    string
 	maxAdmissionTime time.Duration
+	serviceCIDRs     string
 }
 
 func newWebhookCommand(o *options) *cobra.Command {
@@ -56,6 +58,11 @@ message naming allocd: the failurePolicy decides.`,
 	fs.StringVar(&w.healthAddress, "health-address", w.healthAddress,
 		"host:port serving /healthz, /readyz and /metrics over HTTP; empty: none (they are served on "+
 			"--webhook-address too)")
+	fs.StringVar(&w.serviceCIDRs, "service-cluster-ip-range", w.serviceCIDRs,
+		"kube-apiserver's --service-cluster-ip-range (one CIDR, or two of both families, primary first): "+
+			"the cluster's IP families as kube-apiserver defaults a Service's; empty: those of the "+
+			"ServiceCIDR \"kubernetes\" (kube-apiservers with other flags, as during a single- to "+
+			"dual-stack upgrade, need it set to the flag they all share)")
 	fs.DurationVar(&w.maxAdmissionTime, "max-admission-time", w.maxAdmissionTime,
 		"longest an admission may take when kube-apiserver names no timeout (it does: the webhook answers a "+
 			"second before it)")
@@ -66,6 +73,18 @@ func runWebhook(ctx context.Context, o *options, wo *webhookOptions) error {
 	if wo.certFile == "" || wo.keyFile == "" {
 		return errors.New("--tls-cert-file and --tls-private-key-file are required: kube-apiserver calls " +
 			"webhooks over HTTPS")
+	}
+	var families admit.Families
+	if wo.serviceCIDRs != "" {
+		var ok bool
+		cidrs := strings.Split(wo.serviceCIDRs, ",")
+		for i := range cidrs {
+			cidrs[i] = strings.TrimSpace(cidrs[i])
+		}
+		if families, ok = admit.FamiliesOf(cidrs); !ok {
+			return fmt.Errorf("--service-cluster-ip-range %q: want one CIDR, or two of both IP families",
+				wo.serviceCIDRs)
+		}
 	}
 	log := o.logger()
 	kube, err := o.kubeClient("webhook")
@@ -81,10 +100,11 @@ func runWebhook(ctx context.Context, o *options, wo *webhookOptions) error {
 	reg.MustRegister(collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	factory := informers.NewSharedInformerFactory(kube, 0)
-	cluster, err := admit.NewCluster(factory)
+	cluster, err := admit.NewCluster(kube, factory)
 	if err != nil {
 		return err
 	}
+	cluster.SetFamilies(families)
 	wh, err := admit.New(log, c, cluster, reg)
 	if err != nil {
 		return err

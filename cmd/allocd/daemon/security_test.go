@@ -407,6 +407,22 @@ func TestAuthorizationRoles(t *testing.T) {
 		&allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Uid: "uid-web"}}); err != nil {
 		t.Errorf("shim Release of its own = %v; want OK", err)
 	}
+	// ServiceCIDRs follow the cluster's through the bridge: refused to other shims.
+	cidr := &allocdv1.CreateServiceCIDRRequest{Name: "extra", Cidrs: []string{"10.97.0.0/24"}}
+	if _, err := alloc.CreateServiceCIDR(ctx, cidr); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("shim CreateServiceCIDR = %v; want PERMISSION_DENIED", err)
+	}
+	if _, err := bridge.CreateServiceCIDR(ctx, cidr); err != nil {
+		t.Errorf("bridge CreateServiceCIDR = %v; want OK", err)
+	}
+	if _, err := alloc.DeleteServiceCIDR(ctx,
+		&allocdv1.DeleteServiceCIDRRequest{Name: "extra"}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("shim DeleteServiceCIDR = %v; want PERMISSION_DENIED", err)
+	}
+	if _, err := bridge.DeleteServiceCIDR(ctx,
+		&allocdv1.DeleteServiceCIDRRequest{Name: "extra"}); err != nil {
+		t.Errorf("bridge DeleteServiceCIDR = %v; want OK", err)
+	}
 
 	// Master leases: a shim renews its own but cannot remove another API server's.
 	if _, err := allocdv1.NewLeaseServiceClient(shim).RemoveLease(ctx,

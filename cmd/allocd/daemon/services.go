@@ -14,6 +14,7 @@ import (
 
 	"github.com/allocd/allocd/allocator"
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/leader"
 	"github.com/allocd/allocd/masterlease"
 	"github.com/allocd/allocd/repair"
@@ -209,7 +210,7 @@ const handoffPatience = 10 * time.Second
 // warning, once, and its end at info.
 type masterHandoff struct {
 	m        *masterlease.Manager
-	set      func(*endpoints.Endpoints)
+	set      func(*kube.Endpoints)
 	log      *slog.Logger
 	clock    clockwork.Clock
 	failures prometheus.Counter
@@ -275,18 +276,18 @@ func (h *masterHandoff) run(ctx context.Context) {
 
 // masterEndpoints is the one subset of the kubernetes Service's Endpoints: the lease
 // addresses on the configured ports.
-func masterEndpoints(e masterlease.Endpoints) *endpoints.Endpoints {
-	out := &endpoints.Endpoints{Namespace: "default", Name: "kubernetes"}
+func masterEndpoints(e masterlease.Endpoints) *kube.Endpoints {
+	out := &kube.Endpoints{Namespace: "default", Name: "kubernetes"}
 	if len(e.Addresses) == 0 {
 		return out
 	}
-	sub := endpoints.Subset{}
+	sub := kube.Subset{}
 	for _, a := range e.Addresses {
-		sub.Addresses = append(sub.Addresses, endpoints.Address{IP: a.String()})
+		sub.Addresses = append(sub.Addresses, kube.Address{IP: a.String()})
 	}
 	for _, p := range e.Ports {
-		sub.Ports = append(sub.Ports, endpoints.Port{Name: p.Name, Port: int32(p.Port), Protocol: p.Protocol})
+		sub.Ports = append(sub.Ports, kube.Port{Name: p.Name, Port: int32(p.Port), Protocol: p.Protocol})
 	}
-	out.Subsets = []endpoints.Subset{sub}
+	out.Subsets = []kube.Subset{sub}
 	return out
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 	"github.com/allocd/allocd/masterlease"
 )
@@ -37,7 +37,7 @@ func TestMasterHandoffFailing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.set = func(*endpoints.Endpoints) { t.Error("endpoints handed over from a stopped lease manager") }
+	h.set = func(*kube.Endpoints) { t.Error("endpoints handed over from a stopped lease manager") }
 	clock := clockwork.NewFakeClock()
 	h.clock = clock
 	ctx, cancel := context.WithCancel(etcdtest.Context(t))

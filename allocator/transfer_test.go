@@ -157,10 +157,10 @@ func TestTransfer(t *testing.T) {
 			}
 			tr, err := a.Transfer(ctx, from, asked, tc.named)
 			rev := tr.Revision
-			if !errors.Is(err, tc.err) || !slices.Equal(tr.Moved, tc.moved) || !slices.Equal(tr.Held, tc.held) ||
-				(rev != 0) != (len(tc.moved) > 0) {
-				t.Fatalf("Transfer(%s, %s, %v) = %+v, %v; want %v moved, %v held already, %v", from.UID, to.UID,
-					tc.named, tr, err, tc.moved, tc.held, tc.err)
+			if !errors.Is(err, tc.err) || !slices.Equal(tr.Moved, tc.moved) ||
+				!slices.Equal(tr.Held, tc.held) || (rev != 0) != (len(tc.moved) > 0) {
+				t.Fatalf("Transfer(%s, %s, %v) = %+v, %v; want %v moved, %v held already, %v", from.UID,
+					to.UID, tc.named, tr, err, tc.moved, tc.held, tc.err)
 			}
 			wantFrom, wantTo := tc.from, slices.Concat(tc.to, tc.moved)
 			if !tc.self {
@@ -192,9 +192,10 @@ func TestTransfer(t *testing.T) {
 			// A retry of a transfer that committed moves nothing: what it names, to holds
 			// already (a retry of everything finds from holding nothing).
 			again, err := a.Transfer(ctx, from, asked, tc.named)
-			if err != nil || len(again.Moved) > 0 || again.Revision != 0 || !slices.Equal(again.Held, tc.named) {
-				t.Errorf("Transfer again = %+v, %v; want nothing moved, %v held already, revision 0", again, err,
-					tc.named)
+			if err != nil || len(again.Moved) > 0 || again.Revision != 0 ||
+				!slices.Equal(again.Held, tc.named) {
+				t.Errorf("Transfer again = %+v, %v; want nothing moved, %v held already, revision 0", again,
+					err, tc.named)
 			}
 			// to's last Allocate request still replays: the record keeps it.
 			if len(tc.to) > 0 {

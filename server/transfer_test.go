@@ -110,8 +110,8 @@ func TestAllocatorServiceTransfer(t *testing.T) {
 	if err != nil || len(again.GetTransferredClusterIps())+len(again.GetTransferredNodePorts()) != 0 ||
 		!slices.Equal(again.GetAlreadyHeldClusterIps(), got.ClusterIps) ||
 		!slices.Equal(again.GetAlreadyHeldNodePorts(), got.NodePorts) {
-		t.Errorf("Transfer of %v %v again = %v, %v; want nothing moved, both held already by web", got.ClusterIps,
-			got.NodePorts, again, err)
+		t.Errorf("Transfer of %v %v again = %v, %v; want nothing moved, both held already by web",
+			got.ClusterIps, got.NodePorts, again, err)
 	}
 	web, err := c.ListAllocations(ctx, &allocdv1.ListAllocationsRequest{OwnerUid: "web"})
 	if err != nil || len(web.GetAllocations()) != 2 {

@@ -76,7 +76,8 @@ func transferredLine(req *allocdv1.TransferRequest, resp *allocdv1.TransferRespo
 	switch {
 	case len(got) > 0 && len(held) > 0:
 		return fmt.Sprintf("transferred %s from %s to %s at revision %d; %s held %s already",
-			strings.Join(got, ", "), from, to, resp.GetRevision(), ownerName(req.GetTo()), strings.Join(held, ", "))
+			strings.Join(got, ", "), from, to, resp.GetRevision(), ownerName(req.GetTo()),
+			strings.Join(held, ", "))
 	case len(got) > 0:
 		return fmt.Sprintf("transferred %s from %s to %s at revision %d", strings.Join(got, ", "), from, to,
 			resp.GetRevision())

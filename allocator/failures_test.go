@@ -62,6 +62,33 @@ func TestFailures(t *testing.T) {
 	none.ok("a")
 }
 
+// TestFailuresByObject: a step run on several objects keeps a run of failures per
+// object: a success on B does not end A's run (whose next failure would be logged again,
+// after a "works again" line, at every tick), and A's success ends A's run alone.
+func TestFailuresByObject(t *testing.T) {
+	h := &recordHandler{}
+	f := newFailures(slog.New(h), nil)
+	f.clock = clockwork.NewFakeClock()
+	boom := errors.New("boom")
+	f.failOf(stepDrain, "a", "drain failed", boom)
+	f.okOf(stepDrain, "b")
+	f.failOf(stepDrain, "a", "drain failed", boom)
+	f.failOf(stepDrain, "b", "drain failed", boom)
+	got := h.take()
+	if len(got) != 2 || got[0]["name"] != "a" || got[0]["failures"] != "1" || got[1]["name"] != "b" {
+		t.Fatalf("fail(a), ok(b), fail(a), fail(b) logged %v; want a's first failure and b's", got)
+	}
+	f.okOf(stepDrain, "a")
+	if got := h.take(); len(got) != 1 || got[0]["msg"] != "step works again" || got[0]["name"] != "a" ||
+		got[0]["failures"] != "2" {
+		t.Errorf("ok(a) logged %v; want a's run of 2 ended", got)
+	}
+	f.failOf(stepDrain, "b", "drain failed", boom)
+	if got := h.take(); len(got) != 0 {
+		t.Errorf("b's second failure logged %v; want nothing (its run goes on)", got)
+	}
+}
+
 // TestEpochRoundFailures: a round of the epoch that cannot read etcd fails at its
 // first step, counted in allocd_allocator_epoch_failures_total{step="count"} and logged
 // at warning (it was logged at debug only), and returns the error.

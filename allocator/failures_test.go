@@ -89,6 +89,37 @@ func TestFailuresByObject(t *testing.T) {
 	}
 }
 
+// TestProgressRequestEnded: a progress request that fails because its watch's context
+// ended does not end a run of failures (it said "works again" while etcd stayed away).
+func TestProgressRequestEnded(t *testing.T) {
+	e := etcdtest.New(t)
+	cli := e.NewClient()
+	h := &recordHandler{}
+	cfg := testConfig("10.0.0.0/24")
+	cfg.Logger = slog.New(h)
+	a, err := New(etcdtest.Context(t), cli, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli.Close()
+	h.take()
+	a.idx.requestProgress(context.Background())
+	a.idx.requestProgress(context.Background())
+	if got := h.take(); len(got) != 1 || got[0]["step"] != stepWatchProgress || got[0]["failures"] != "1" {
+		t.Fatalf("two progress requests on a closed client logged %v; want the first failure", got)
+	}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	a.idx.requestProgress(ended)
+	if got := h.take(); len(got) != 0 {
+		t.Errorf("a progress request of an ended watch logged %v; want nothing", got)
+	}
+	a.idx.fails.ok(stepWatchProgress)
+	if got := h.take(); len(got) != 1 || got[0]["failures"] != "2" {
+		t.Errorf("the end of the run logged %v; want a run of 2 failures", got)
+	}
+}
+
 // TestEpochRoundFailures: a round of the epoch that cannot read etcd fails at its
 // first step, counted in allocd_allocator_epoch_failures_total{step="count"} and logged
 // at warning (it was logged at debug only), and returns the error.

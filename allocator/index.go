@@ -270,13 +270,15 @@ func (ix *rangeIndex) watchOnce(ctx context.Context) error {
 
 // requestProgress asks etcd for a progress notification on the watch of wctx; a
 // failure is recorded (a watch that gets none stays behind writes elsewhere, and Sync
-// waits for it in vain).
+// waits for it in vain). A request that fails because wctx ended (the watch is being
+// opened anew, or the allocator stops) is neither: it says nothing of etcd.
 func (ix *rangeIndex) requestProgress(wctx context.Context) {
-	if err := ix.cli.RequestProgress(wctx); err != nil && wctx.Err() == nil {
+	switch err := ix.cli.RequestProgress(wctx); {
+	case err == nil:
+		ix.fails.ok(stepWatchProgress)
+	case wctx.Err() == nil:
 		ix.fails.fail(stepWatchProgress, "allocation watch progress request failed", err)
-		return
 	}
-	ix.fails.ok(stepWatchProgress)
 }
 
 // apply applies a watch response's events in order: an item key sets or clears its

@@ -268,6 +268,9 @@ func (e *epochs) round(ctx context.Context) error {
 	}
 	e.fails.ok(stepCount)
 	if resp.Count == 0 {
+		// Nothing to move on nor collect: runs of failures of those steps are over.
+		e.fails.ok(stepBump)
+		e.fails.ok(stepCollect)
 		return nil
 	}
 	bumped, err := e.bump(ctx)

@@ -120,6 +120,37 @@ func TestProgressRequestEnded(t *testing.T) {
 	}
 }
 
+// TestEpochRoundNothingWaits: a round that finds no tombstone waiting ends the runs of
+// failures of the steps it has nothing to do for (moving the epoch on, collecting):
+// they were left open, and the next failure, maybe hours later, counted on from them.
+func TestEpochRoundNothingWaits(t *testing.T) {
+	e := etcdtest.New(t)
+	h := &recordHandler{}
+	cfg := testConfig("10.0.0.0/24")
+	cfg.Logger = slog.New(h)
+	a, err := New(etcdtest.Context(t), e.Client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	a.epochs.fails.fail(stepBump, "bump failed", boom)
+	a.epochs.fails.fail(stepCollect, "collect failed", boom)
+	h.take()
+	if err := a.epochs.round(etcdtest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	ended := map[string]bool{}
+	for _, l := range h.take() {
+		if l["msg"] == "step works again" {
+			ended[l["step"]] = true
+		}
+	}
+	if !ended[stepBump] || !ended[stepCollect] {
+		t.Errorf("a round with no tombstone waiting ended the runs of %v; want %s and %s", ended, stepBump,
+			stepCollect)
+	}
+}
+
 // TestEpochRoundFailures: a round of the epoch that cannot read etcd fails at its
 // first step, counted in allocd_allocator_epoch_failures_total{step="count"} and logged
 // at warning (it was logged at debug only), and returns the error.

@@ -62,7 +62,9 @@
 // Failures of the background steps (failures, failures.go) are logged at warning (the
 // first of a run, then once a minute) and counted by step
 // (allocd_allocator_background_failures_total): a replica whose watch, checkpoints,
-// drain or holders keep failing is seen. TestFailures is its own.
+// drain or holders keep failing is seen. The end of a session of the index's watch is
+// counted under step watch and logged by watch.Loop, at every end. TestFailures is its
+// own.
 //
 // # Storage
 //

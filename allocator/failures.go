@@ -12,6 +12,7 @@ import (
 // The background steps of the allocator, as allocd_allocator_background_failures_total
 // labels them.
 const (
+	stepWatch         = "watch"          // a session of the index's watch ended (logged by watch.Loop)
 	stepWatchProgress = "watch_progress" // ask etcd for a progress notification of the index's watch
 	stepIndexWait     = "index_wait"     // wait for the index to see a ServiceCIDR written
 	stepListFallback  = "list_fallback"  // ListExcept found the index behind: it listed everything
@@ -20,7 +21,7 @@ const (
 	stepHoldersSeed   = "holders_seed"   // seed the holders from a listing
 )
 
-var backgroundSteps = []string{stepWatchProgress, stepIndexWait, stepListFallback, stepCheckpoint,
+var backgroundSteps = []string{stepWatch, stepWatchProgress, stepIndexWait, stepListFallback, stepCheckpoint,
 	stepDrain, stepHoldersSeed}
 
 // failures logs and counts the failures of the background steps of one kind (the
@@ -93,6 +94,14 @@ func (f *failures) failOf(step, name, msg string, err error, attrs ...any) {
 
 // ok ends step's run of failures, if any, and says so at info.
 func (f *failures) ok(step string) { f.okOf(step, "") }
+
+// count counts a failure of step that its caller logs itself (watch.Loop logs every
+// session of a watch that ends): no run, no line.
+func (f *failures) count(step string) {
+	if f != nil && f.counter != nil {
+		f.counter.WithLabelValues(step).Inc()
+	}
+}
 
 // okOf ends the run of failures of step on the object name, if any, and says so at info.
 func (f *failures) okOf(step, name string) {

@@ -151,6 +151,31 @@ func TestEpochRoundNothingWaits(t *testing.T) {
 	}
 }
 
+// TestWatchSessionCounted: a session of the index's watch that ends while its context
+// lives is counted under step watch (the docs said the watch's failures were counted;
+// only its progress requests were); one that ends with its context is not.
+func TestWatchSessionCounted(t *testing.T) {
+	e := etcdtest.New(t)
+	cli := e.NewClient()
+	reg := prometheus.NewRegistry()
+	cfg := testConfig("10.0.0.0/24")
+	cfg.Registerer = reg
+	a, err := New(etcdtest.Context(t), cli, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli.Close()
+	if err := a.idx.session(context.Background()); err == nil {
+		t.Fatal("a watch session on a closed client = nil; want its error")
+	}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	a.idx.session(ended)
+	if n := counter(t, reg, "allocd_allocator_background_failures_total", stepWatch); n != 1 {
+		t.Errorf("background failures of step watch = %v; want 1", n)
+	}
+}
+
 // TestEpochRoundFailures: a round of the epoch that cannot read etcd fails at its
 // first step, counted in allocd_allocator_epoch_failures_total{step="count"} and logged
 // at warning (it was logged at debug only), and returns the error.

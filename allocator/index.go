@@ -212,8 +212,19 @@ func (ix *rangeIndex) sync(ctx context.Context) error {
 func (ix *rangeIndex) run(ctx context.Context) error {
 	ix.progress.SetRunning(true)
 	defer ix.progress.SetRunning(false)
-	watch.Loop(ctx, ix.log, "allocation watch", 2*time.Second, ix.watchOnce)
+	watch.Loop(ctx, ix.log, "allocation watch", 2*time.Second, ix.session)
 	return nil
+}
+
+// session is one session of the watch for watch.Loop: watchOnce, whose end while its
+// ctx lives (not the allocator stopping, nor a restart of the session) is counted as a
+// failure of step watch; watch.Loop logs it.
+func (ix *rangeIndex) session(ctx context.Context) error {
+	err := ix.watchOnce(ctx)
+	if ctx.Err() == nil {
+		ix.fails.count(stepWatch)
+	}
+	return err
 }
 
 // watchOnce watches from the index's revision + 1 until the watch fails.

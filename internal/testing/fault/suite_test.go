@@ -460,8 +460,9 @@ const transferRacers = 2
 // Release and an Allocate of it: an owner A allocates one of a few hot addresses; then
 // at once, on replicas picked at random, A transfers it to B, A transfers it (or
 // everything it holds) to C, A releases it, and a new owner D asks for it; then B, C and
-// D release everything. A Transfer that wrote the item without comparing the revision it
-// read, or moved it apart from the owner records, would give it to two owners.
+// D release everything. A hot address that another owner holds is force-released first.
+// A Transfer that wrote the item without comparing the revision it read, or moved it
+// apart from the owner records, would give it to two owners.
 func transferRacer(ctx context.Context, h *history, clients []*client.Client, w int,
 	seq, rounds *atomic.Int64) {
 	r := rand.New(rand.NewPCG(uint64(200+w), uint64(time.Now().UnixNano())))
@@ -495,6 +496,14 @@ func transferRacer(ctx context.Context, h *history, clients []*client.Client, w 
 				return nil, resp.GetRevision(), err
 			})
 	}
+	force := func(ip string) {
+		rep, c := pick()
+		req := &allocdv1.ReleaseRequest{ClusterIps: []string{ip}, Force: true}
+		call(rep, op{kind: opForce, items: []string{ip}}, func(ctx context.Context) ([]string, int64, error) {
+			resp, err := c.Release(ctx, req)
+			return nil, resp.GetRevision(), err
+		})
+	}
 	transfer := func(from, to string, items []string) {
 		rep, c := pick()
 		req := &allocdv1.TransferRequest{From: owner(from), To: owner(to), ClusterIps: items}
@@ -505,6 +514,9 @@ func transferRacer(ctx context.Context, h *history, clients []*client.Client, w 
 		ip := netip.AddrFrom4([4]byte{10, 0, 0, byte(100 + r.IntN(6))}).String()
 		a := newOwner()
 		if o := alloc(a, ip); o.outcome != ok {
+			if o.holder != "" {
+				force(ip) // a worker's owner holds it (the /25 fills up): freed, as workers free any
+			}
 			continue
 		}
 		rounds.Add(1)

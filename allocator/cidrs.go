@@ -39,10 +39,11 @@ func (a *Allocator) drain(ctx context.Context) {
 		if c.State != CIDRTerminating || a.indexBlocked(c) {
 			continue
 		}
+		// A run of failures per ServiceCIDR: one removed does not end another's run.
 		if err := a.removeDrained(ctx, c.Name); err != nil && ctx.Err() == nil {
-			a.bg.fail(stepDrain, "removing a drained ServiceCIDR failed; will try again", err, "name", c.Name)
+			a.bg.failOf(stepDrain, c.Name, "removing a drained ServiceCIDR failed; will try again", err)
 		} else if err == nil {
-			a.bg.ok(stepDrain)
+			a.bg.okOf(stepDrain, c.Name)
 		}
 	}
 }

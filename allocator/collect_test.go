@@ -2,13 +2,16 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
@@ -124,18 +127,57 @@ func TestCollectUnderEarlierEpochKey(t *testing.T) {
 	}
 }
 
-// collectFor runs one collection with a deadline of 3 s and fails the test if it takes
-// more than 2 s: a collection that reads the same keys again and again never ends.
-func collectFor(t *testing.T, a *Allocator) {
+// collectFor runs one collection of up to keys index keys on an Allocator of b's client
+// and fails the test when it makes more calls to etcd than such a collection needs: two
+// transactions a batch (the owner records' read, the deletes) and, in each of its two
+// sweeps, a read per tombstoneRead keys and the read that finds none. A collection that
+// reads the same keys again and again never ends: the calls past the bound fail. (A
+// bound on wall time failed under -race on a loaded machine.)
+func collectFor(t *testing.T, a *Allocator, b *rpcBudget, keys int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(etcdtest.Context(t), 3*time.Second)
+	batches := (keys + tombstoneBatch - 1) / tombstoneBatch
+	limit := int64(2*batches + 2*(keys/tombstoneRead+2))
+	b.calls.Store(0)
+	b.limit.Store(limit)
+	defer b.limit.Store(0)
+	ctx, cancel := context.WithTimeout(etcdtest.Context(t), time.Minute)
 	defer cancel()
-	begin := time.Now()
 	err := a.epochs.collect(ctx)
-	if d := time.Since(begin); d > 2*time.Second || err != nil {
-		t.Fatalf("collectTombstones = %v after %v; want done in well under 2 s", err,
-			d.Round(time.Millisecond))
+	if n := b.calls.Load(); n > limit || err != nil {
+		t.Fatalf("collect = %v after %d calls to etcd; want done in at most %d (%d keys)", err, n, limit,
+			keys)
 	}
+}
+
+// rpcBudget counts the unary calls of an etcd client and, once limit is set, fails
+// those past it.
+type rpcBudget struct {
+	calls, limit atomic.Int64
+}
+
+// errOverBudget is the error of a call past an rpcBudget's limit.
+var errOverBudget = errors.New("call to etcd past the test's budget")
+
+func (b *rpcBudget) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if n, limit := b.calls.Add(1), b.limit.Load(); limit > 0 && n > limit {
+		return errOverBudget
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// budgeted is a client of e whose calls b counts; recv > 0 is its receive limit.
+func budgeted(t *testing.T, e *etcdtest.Server, recv int) (*clientv3.Client, *rpcBudget) {
+	t.Helper()
+	b := &rpcBudget{}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second,
+		MaxCallRecvMsgSize: recv,
+		DialOptions:        []grpc.DialOption{grpc.WithChainUnaryInterceptor(b.intercept)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli, b
 }
 
 // moveEpoch moves the epoch on past that of every tombstone written so far.
@@ -161,7 +203,8 @@ func TestCollectForeignKeys(t *testing.T) {
 	if _, err := e.Client.Put(ctx, garbage, ""); err != nil { // before New makes the epoch key
 		t.Fatal(err)
 	}
-	a := idle(t, e.Client)
+	cli, b := budgeted(t, e, 0)
+	a := idle(t, cli)
 	a.epochs.budget = time.Minute
 	if a.tombPrefix+"garbage" != garbage {
 		t.Fatalf("tombstones' prefix %s", a.tombPrefix)
@@ -179,7 +222,7 @@ func TestCollectForeignKeys(t *testing.T) {
 	}
 	writeTombstones(t, e.Client, a, "real", 1)
 	moveEpoch(t, a)
-	collectFor(t, a)
+	collectFor(t, a, b, 1026)
 	if index, records := waiting(t, e.Client, a); index != 0 || records != before {
 		t.Errorf("after a collection: %d keys under the tombstones' prefix, %d tombstones; want none",
 			index, records-before)
@@ -223,12 +266,7 @@ func TestCollectIndexKeyWrittenAgain(t *testing.T) {
 // 256 KiB limit, 4000 keys (340 KiB of them).
 func TestCollectEarlierKeyOverReceiveLimit(t *testing.T) {
 	e := etcdtest.New(t)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second,
-		MaxCallRecvMsgSize: 256 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	cli, b := budgeted(t, e, 256<<10)
 	a := idle(t, cli)
 	a.epochs.budget = time.Minute
 	_, before := waiting(t, e.Client, a)
@@ -236,7 +274,7 @@ func TestCollectEarlierKeyOverReceiveLimit(t *testing.T) {
 	epochAnew(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "later", 10) // under the new key
 	moveEpoch(t, a)
-	collectFor(t, a)
+	collectFor(t, a, b, 4010)
 	if index, records := waiting(t, e.Client, a); index != 0 || records != before {
 		t.Errorf("after a collection: %d index keys, %d tombstones left; want none", index, records-before)
 	}
@@ -245,16 +283,17 @@ func TestCollectEarlierKeyOverReceiveLimit(t *testing.T) {
 // TestCollectBudget: a round stops at its budget and leaves the rest to the next.
 func TestCollectBudget(t *testing.T) {
 	e := etcdtest.New(t)
-	a := idle(t, e.Client)
+	cli, b := budgeted(t, e, 0)
+	a := idle(t, cli)
 	writeTombstones(t, e.Client, a, "o", 200)
 	moveEpoch(t, a)
 	a.epochs.budget = 0
-	collectFor(t, a)
+	collectFor(t, a, b, 200)
 	if index, _ := waiting(t, e.Client, a); index != 200 {
 		t.Errorf("index keys after a round of no budget = %d; want the 200", index)
 	}
 	a.epochs.budget = time.Minute
-	collectFor(t, a)
+	collectFor(t, a, b, 200)
 	if index, _ := waiting(t, e.Client, a); index != 0 {
 		t.Errorf("index keys after a round of a minute = %d; want none", index)
 	}

@@ -62,7 +62,9 @@
 // Failures of the background steps (failures, failures.go) are logged at warning (the
 // first of a run, then once a minute) and counted by step
 // (allocd_allocator_background_failures_total): a replica whose watch, checkpoints,
-// drain or holders keep failing is seen. TestFailures is its own.
+// drain or holders keep failing is seen. The end of a session of the index's watch is
+// counted under step watch and logged by watch.Loop, at every end. TestFailures is its
+// own.
 //
 // # Storage
 //
@@ -175,6 +177,6 @@
 // items from), "reassigned" (with to_namespace, to_name, to_uid, if_mod_revision) and
 // ReleaseIf's "released" (with if_mod_revision), "transferred" (with to_namespace,
 // to_name, to_uid, cluster_ips, node_ports). Replays and no-ops write nothing and
-// log nothing; a full release of an owner that holds nothing writes a tombstone anew
-// (epoch.go) and logs nothing.
+// log nothing; a full release (or transfer of everything) of an owner that holds
+// nothing writes a tombstone anew (epoch.go) and logs nothing.
 package allocator

@@ -24,8 +24,9 @@ import (
 //   - A full release (and repair's, a forced one and a transfer, when it empties a
 //     record) keeps the owner record as a tombstone (no items) instead of deleting it: the
 //     compare of any transaction built before it fails, whether it expected no record or
-//     the one the release replaced. A full release that finds nothing held (no record, or
-//     a tombstone) writes a tombstone anew all the same, for the same reason. An owner
+//     the one the release replaced. A full release (or transfer of everything) that
+//     finds nothing held (no record, or a tombstone) writes a tombstone anew all the
+//     same, for the same reason. An owner
 //     that allocates again (a Service turned ExternalName and back) follows the
 //     tombstone like any record.
 //   - Tombstones are deleted after a bounded time, counted on etcd, not on a clock: the
@@ -306,6 +307,9 @@ func (e *epochs) round(ctx context.Context) error {
 	}
 	e.fails.ok(stepCount)
 	if resp.Count == 0 {
+		// Nothing to move on nor collect: runs of failures of those steps are over.
+		e.fails.ok(stepBump)
+		e.fails.ok(stepCollect)
 		return nil
 	}
 	bumped, err := e.bump(ctx)

@@ -57,8 +57,10 @@ func passEpochs(t *testing.T, a *Allocator) {
 // Two more cases release an owner that has no record, or only a tombstone, when the
 // release reads it: the held transaction (the caller's only attempt, not retried)
 // expects just that, so the release must still change the record (a tombstone anew).
-// In the last two, what the retry got is transferred to another owner instead of
-// released: the record emptied by the transfer is a tombstone too.
+// In the last four, everything the owner holds is transferred to another owner instead
+// of released: the record emptied by the transfer is a tombstone too, and a transfer
+// that finds nothing to move (no record, or a tombstone) writes a tombstone anew as a
+// full release does.
 func TestNoAllocationComesBack(t *testing.T) {
 	for _, c := range []raceCase{
 		{name: "tombstone", retry: true},
@@ -67,6 +69,8 @@ func TestNoAllocationComesBack(t *testing.T) {
 		{name: "only a tombstone when released", tombFirst: true},
 		{name: "transferred", retry: true, transfer: true},
 		{name: "transferred, tombstone collected", retry: true, collect: true, transfer: true},
+		{name: "no record when transferred", transfer: true},
+		{name: "only a tombstone when transferred", tombFirst: true, transfer: true},
 	} {
 		t.Run(c.name, func(t *testing.T) { raceRelease(t, c) })
 	}
@@ -155,9 +159,9 @@ func raceRelease(t *testing.T, c raceCase) {
 	}
 	to := owner("svc-to")
 	if c.transfer {
-		if moved, _, err := other.Transfer(ctx, o, to, nil); err != nil || len(moved) != len(res.ClusterIPs) {
+		if tr, err := other.Transfer(ctx, o, to, nil); err != nil || len(tr.Moved) != len(res.ClusterIPs) {
 			px.UnpauseTx()
-			t.Fatalf("Transfer(all of %s) = %v, %v; want %v moved", o.UID, moved, err, res.ClusterIPs)
+			t.Fatalf("Transfer(all of %s) = %+v, %v; want %v moved", o.UID, tr, err, res.ClusterIPs)
 		}
 	} else if _, _, err := other.Release(ctx, o, nil, false); err != nil {
 		px.UnpauseTx()
@@ -294,4 +298,108 @@ func TestConcurrentFullReleases(t *testing.T) {
 		}
 		checkTombstone(t, e.Client, a, uid)
 	}
+}
+
+// TestStalledReassignAfterCollect: an attempt of Reassign (the last one of a call whose
+// caller gave up) is held in a paused link to etcd while the owner it gives the item
+// to, which had no record when the attempt read it, allocates, releases everything and
+// has its tombstone collected; then the link resumes. The attempt must not commit: its
+// compare of the receiving owner's record (absent) holds again, and only its epoch
+// compare fails it; else the owner would hold the item after its acknowledged full
+// release. (Before, Reassign compared the epoch only when it made a tombstone.)
+func TestStalledReassignAfterCollect(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	cfg := testConfig("10.0.0.0/24")
+	px, via := newProxy(t, e.Endpoint)
+	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{via}, DialTimeout: 5 * time.Second,
+		Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pcli.Close() })
+	hw := &holdWrites{KV: pcli.KV, px: px, held: make(chan struct{})}
+	pcli.KV = hw
+	held := start(t, pcli, cfg)
+	other := start(t, e.NewClient(), cfg)
+	from, to := owner("from"), owner("to")
+	it := Port(30500)
+	give(t, other, from, it, Port(30501))
+	al, err := other.Get(ctx, it)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		rev int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rev, _, err := held.conditional(context.WithValue(ctx, holdKey{}, true), al,
+			&reassign{to: to, now: time.Now()})
+		done <- result{rev, err}
+	}()
+	select {
+	case <-hw.held:
+	case r := <-done:
+		px.UnpauseTx()
+		t.Fatalf("Reassign's attempt ended before its write was held: %+v", r)
+	}
+	give(t, other, to, Port(30502))
+	if _, _, err := other.Release(ctx, to, nil, false); err != nil {
+		px.UnpauseTx()
+		t.Fatalf("Release(all of %s) = %v", to.UID, err)
+	}
+	passEpochs(t, other)
+	if rec := record(t, e.Client, other, to.UID); rec != nil {
+		px.UnpauseTx()
+		t.Fatalf("tombstone of %s not collected: %+v", to.UID, rec)
+	}
+	px.UnpauseTx() // the held transaction reaches etcd
+	r := <-done
+	if r.err != nil || r.rev != 0 {
+		t.Errorf("the held attempt of Reassign(%v to %s) = revision %d, %v; want its compares failed "+
+			"(revision 0)", it, to.UID, r.rev, r.err)
+	}
+	checkHolds(t, e.Client, other, to, nil)
+	checkHolds(t, e.Client, other, from, []Item{it, Port(30501)})
+}
+
+// holdKey marks the context of a call whose write holdWrites holds.
+type holdKey struct{}
+
+// holdWrites is the KV of a client that reaches etcd through px: a transaction with
+// compares (a write) whose context carries holdKey pauses px first (the reads before it
+// went through), closes held, and waits in the paused link until px resumes.
+type holdWrites struct {
+	clientv3.KV
+	px   proxy.Server
+	held chan struct{}
+}
+
+func (h *holdWrites) Txn(ctx context.Context) clientv3.Txn {
+	return &holdTxn{Txn: h.KV.Txn(ctx), h: h, hold: ctx.Value(holdKey{}) != nil}
+}
+
+type holdTxn struct {
+	clientv3.Txn
+	h           *holdWrites
+	hold, write bool
+}
+
+func (t *holdTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
+	t.Txn, t.write = t.Txn.If(cs...), len(cs) > 0
+	return t
+}
+
+func (t *holdTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+
+func (t *holdTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
+func (t *holdTxn) Commit() (*clientv3.TxnResponse, error) {
+	if t.hold && t.write {
+		t.h.px.PauseTx()
+		close(t.h.held)
+	}
+	return t.Txn.Commit()
 }

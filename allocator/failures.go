@@ -12,6 +12,7 @@ import (
 // The background steps of the allocator, as allocd_allocator_background_failures_total
 // labels them.
 const (
+	stepWatch         = "watch"          // a session of the index's watch ended (logged by watch.Loop)
 	stepWatchProgress = "watch_progress" // ask etcd for a progress notification of the index's watch
 	stepIndexWait     = "index_wait"     // wait for the index to see a ServiceCIDR written
 	stepListFallback  = "list_fallback"  // ListExcept found the index behind: it listed everything
@@ -20,7 +21,7 @@ const (
 	stepHoldersSeed   = "holders_seed"   // seed the holders from a listing
 )
 
-var backgroundSteps = []string{stepWatchProgress, stepIndexWait, stepListFallback, stepCheckpoint,
+var backgroundSteps = []string{stepWatch, stepWatchProgress, stepIndexWait, stepListFallback, stepCheckpoint,
 	stepDrain, stepHoldersSeed}
 
 // failures logs and counts the failures of the background steps of one kind (the
@@ -28,14 +29,20 @@ var backgroundSteps = []string{stepWatchProgress, stepIndexWait, stepListFallbac
 // warning, the first of a run of failures of its step and then at most once every
 // failureLogEvery, so that a step that fails at every tick (four times a second while
 // etcd is away) neither goes unseen nor floods the log. ok ends a step's run; the line
-// after a run says how many failed. A nil *failures records nothing.
+// after a run says how many failed. A step run on several objects (the drain, on each
+// terminating ServiceCIDR) has a run per object (failOf, okOf): one object's success
+// does not end another's run. A nil *failures records nothing.
 type failures struct {
 	log     *slog.Logger
 	counter *prometheus.CounterVec // nil: not counted
 	clock   clockwork.Clock        // of the log's pace
 	mu      sync.Mutex
-	runs    map[string]*failureRun // the failing steps
+	runs    map[runKey]*failureRun // the failing steps
 }
+
+// runKey names a run of failures: its step, and the object it failed on ("" for a step
+// run on none).
+type runKey struct{ step, name string }
 
 // failureRun is a step's run of failures: how many, and when it was last logged.
 type failureRun struct {
@@ -48,22 +55,31 @@ const failureLogEvery = time.Minute
 
 func newFailures(log *slog.Logger, counter *prometheus.CounterVec) *failures {
 	return &failures{log: log, counter: counter, clock: clockwork.NewRealClock(),
-		runs: map[string]*failureRun{}}
+		runs: map[runKey]*failureRun{}}
 }
 
 // fail records a failure of step: msg and err, logged as failures says.
 func (f *failures) fail(step, msg string, err error, attrs ...any) {
+	f.failOf(step, "", msg, err, attrs...)
+}
+
+// failOf records a failure of step on the object name (logged with it), in name's run.
+func (f *failures) failOf(step, name, msg string, err error, attrs ...any) {
 	if f == nil {
 		return
 	}
 	if f.counter != nil {
 		f.counter.WithLabelValues(step).Inc()
 	}
+	if name != "" {
+		attrs = append([]any{"name", name}, attrs...)
+	}
+	k := runKey{step, name}
 	f.mu.Lock()
-	r := f.runs[step]
+	r := f.runs[k]
 	if r == nil {
 		r = &failureRun{}
-		f.runs[step] = r
+		f.runs[k] = r
 	}
 	r.n++
 	n, log := r.n, r.n == 1 || f.clock.Since(r.logged) >= failureLogEvery
@@ -77,15 +93,32 @@ func (f *failures) fail(step, msg string, err error, attrs ...any) {
 }
 
 // ok ends step's run of failures, if any, and says so at info.
-func (f *failures) ok(step string) {
+func (f *failures) ok(step string) { f.okOf(step, "") }
+
+// count counts a failure of step that its caller logs itself (watch.Loop logs every
+// session of a watch that ends): no run, no line.
+func (f *failures) count(step string) {
+	if f != nil && f.counter != nil {
+		f.counter.WithLabelValues(step).Inc()
+	}
+}
+
+// okOf ends the run of failures of step on the object name, if any, and says so at info.
+func (f *failures) okOf(step, name string) {
 	if f == nil {
 		return
 	}
+	k := runKey{step, name}
 	f.mu.Lock()
-	r := f.runs[step]
-	delete(f.runs, step)
+	r := f.runs[k]
+	delete(f.runs, k)
 	f.mu.Unlock()
-	if r != nil {
-		f.log.Info("step works again", "step", step, "failures", r.n)
+	if r == nil {
+		return
 	}
+	attrs := []any{"step", step, "failures", r.n}
+	if name != "" {
+		attrs = append(attrs, "name", name)
+	}
+	f.log.Info("step works again", attrs...)
 }

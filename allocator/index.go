@@ -212,8 +212,19 @@ func (ix *rangeIndex) sync(ctx context.Context) error {
 func (ix *rangeIndex) run(ctx context.Context) error {
 	ix.progress.SetRunning(true)
 	defer ix.progress.SetRunning(false)
-	watch.Loop(ctx, ix.log, "allocation watch", 2*time.Second, ix.watchOnce)
+	watch.Loop(ctx, ix.log, "allocation watch", 2*time.Second, ix.session)
 	return nil
+}
+
+// session is one session of the watch for watch.Loop: watchOnce, whose end while its
+// ctx lives (not the allocator stopping, nor a restart of the session) is counted as a
+// failure of step watch; watch.Loop logs it.
+func (ix *rangeIndex) session(ctx context.Context) error {
+	err := ix.watchOnce(ctx)
+	if ctx.Err() == nil {
+		ix.fails.count(stepWatch)
+	}
+	return err
 }
 
 // watchOnce watches from the index's revision + 1 until the watch fails.
@@ -270,13 +281,15 @@ func (ix *rangeIndex) watchOnce(ctx context.Context) error {
 
 // requestProgress asks etcd for a progress notification on the watch of wctx; a
 // failure is recorded (a watch that gets none stays behind writes elsewhere, and Sync
-// waits for it in vain).
+// waits for it in vain). A request that fails because wctx ended (the watch is being
+// opened anew, or the allocator stops) is neither: it says nothing of etcd.
 func (ix *rangeIndex) requestProgress(wctx context.Context) {
-	if err := ix.cli.RequestProgress(wctx); err != nil && wctx.Err() == nil {
+	switch err := ix.cli.RequestProgress(wctx); {
+	case err == nil:
+		ix.fails.ok(stepWatchProgress)
+	case wctx.Err() == nil:
 		ix.fails.fail(stepWatchProgress, "allocation watch progress request failed", err)
-		return
 	}
-	ix.fails.ok(stepWatchProgress)
 }
 
 // apply applies a watch response's events in order: an item key sets or clears its

@@ -261,7 +261,7 @@ func heldWrite(ctx context.Context, t *testing.T, kind string, a *Allocator, o O
 		_, err := a.Assign(cctx, o, IP(netip.MustParseAddr("10.0.0.200")))
 		return err
 	case "transfer":
-		_, _, err := a.Transfer(cctx, owner("from"), o, nil)
+		_, err := a.Transfer(cctx, owner("from"), o, nil)
 		return err
 	}
 	page, err := a.ListPage(ctx, ListOptions{OwnerUID: "from"})

@@ -88,11 +88,11 @@ func (a *Allocator) ListPage(ctx context.Context, lo ListOptions) (Page, error) 
 		}
 	}
 	// An address in overlapping ranges is listed under each of them.
-	keep := func(al Allocation) bool {
+	keep := func(it Item) bool {
 		if r == nil {
 			return true
 		}
-		_, ok := r.offset(al.Item)
+		_, ok := r.offset(it)
 		return ok
 	}
 	if lo.OwnerUIDPrefix != "" {
@@ -181,7 +181,7 @@ type pageList struct {
 	a    *Allocator
 	size int
 	rev  int64
-	keep func(Allocation) bool
+	keep func(Item) bool
 	page Page
 }
 
@@ -219,7 +219,7 @@ func (pl *pageList) prefix(ctx context.Context, prefix, after string, last bool)
 			pl.rev = resp.Header.Revision
 		}
 		for _, kv := range resp.Kvs {
-			if al, ok := pl.a.allocation(kv); ok && pl.keep(al) {
+			if al, ok := pl.a.allocation(kv); ok && pl.keep(al.Item) {
 				pl.page.Allocations = append(pl.page.Allocations, al)
 			}
 		}
@@ -237,7 +237,7 @@ func (pl *pageList) prefix(ctx context.Context, prefix, after string, last bool)
 	}
 }
 
-func (a *Allocator) listOwner(ctx context.Context, uid string, keep func(Allocation) bool) (Page, error) {
+func (a *Allocator) listOwner(ctx context.Context, uid string, keep func(Item) bool) (Page, error) {
 	recs, err := a.readRecords(ctx, []string{uid}, 0)
 	if err != nil {
 		return Page{}, err
@@ -261,7 +261,7 @@ func (a *Allocator) listOwner(ctx context.Context, uid string, keep func(Allocat
 	page := Page{Revision: resp.Header.Revision}
 	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
-			if al, ok := a.allocation(kv); ok && al.Owner.UID == uid && keep(al) {
+			if al, ok := a.allocation(kv); ok && al.Owner.UID == uid && keep(al.Item) {
 				page.Allocations = append(page.Allocations, al)
 			}
 		}
@@ -302,105 +302,178 @@ func (a *Allocator) Ranges() []RangeInfo {
 	return out
 }
 
-// ownerChunk bounds the owner records that one read of listOwners takes.
-const ownerChunk = 512
+// ownerChunk is how many owner records one read of listOwners takes: a fixed number,
+// whatever the page lacks, so that owners that add nothing to it (tombstones, owners
+// with nothing in the range asked for) cost a read per chunk, not one each.
+const ownerChunk = 128
 
 // listOwners is ListPage of the owners whose UID starts with prefix: their records in
-// key order from the token's place, read a chunk at a time, then the allocations each
-// record lists, read at the same revision (an item listed whose key is another owner's
-// is left out: it is listed under that owner). A token names the owner to go on from
-// and how many of its allocations the pages before took ("<owner key>\x00<n>").
+// key order from the token's place, read ownerChunk at a time, and the allocations each
+// record lists (those keep keeps), read at the same revision as the page needs them: a
+// batch of the next ones the page lacks (and one more, to know whether a page follows),
+// again until the page is full or the records end, so that a page reads about as many
+// item keys as it lists. An item listed whose key is another owner's (or free) is left
+// out: it is listed under its holder. A token names the owner and the position, in
+// its record's list of items (whatever the filter), of the next allocation to list
+// ("<owner key>\x00<n>"): a listing that changes its range between pages goes on from
+// the same place.
 func (a *Allocator) listOwners(ctx context.Context, prefix string, size int, tok string,
-	keep func(Allocation) bool) (Page, error) {
+	keep func(Item) bool) (Page, error) {
 	under := a.ownerKey(prefix)
 	rev, after, err := a.parseToken(tok, under)
 	if err != nil {
 		return Page{}, err
 	}
-	key, skip := under, 0
+	c := &ownerCursor{a: a, prefix: prefix, key: under, end: clientv3.GetPrefixRangeEnd(under), rev: rev,
+		more: true, keep: keep}
 	if after != "" {
 		last, n, ok := strings.Cut(after, "\x00")
-		if skip, err = strconv.Atoi(n); !ok || err != nil || skip < 0 {
+		if c.skip, err = strconv.Atoi(n); !ok || err != nil || c.skip < 0 {
 			return Page{}, badrequest.New("page_token", "not a token of this listing")
 		}
-		key = last
+		c.key, c.skipKey = last, last
 	}
-	end := clientv3.GetPrefixRangeEnd(under)
 	var page Page
 	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end),
-			clientv3.WithLimit(int64(min(ownerChunk, size-len(page.Allocations)+1)))}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev))
-		}
-		resp, err := a.cli.Get(ctx, key, opts...)
-		if a.afterPageRead != nil {
-			a.afterPageRead()
-		}
-		if err != nil {
-			return Page{}, fmt.Errorf("list owners under %q: %w", prefix, err)
-		}
-		if rev == 0 {
-			rev = resp.Header.Revision
-		}
-		held, err := a.ownersHold(ctx, resp.Kvs, rev, keep)
+		batch, err := c.take(ctx, size-len(page.Allocations)+1)
 		if err != nil {
 			return Page{}, err
 		}
-		for i, kv := range resp.Kvs {
-			for n := skip; n < len(held[i]); n++ {
-				if len(page.Allocations) == size {
-					return Page{Allocations: page.Allocations, Revision: rev,
-						NextPageToken: makeToken(rev, string(kv.Key)+"\x00"+strconv.Itoa(n))}, nil
-				}
-				page.Allocations = append(page.Allocations, held[i][n])
-			}
-			skip = 0
-		}
-		if !resp.More || len(resp.Kvs) == 0 {
-			page.Revision = rev
+		if len(batch) == 0 {
+			page.Revision = c.rev
 			return page, nil
 		}
-		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		held, err := a.heldAt(ctx, batch, c.rev)
+		if err != nil {
+			return Page{}, err
+		}
+		for i, oi := range batch {
+			if held[i] == nil {
+				continue
+			}
+			if len(page.Allocations) == size {
+				page.NextPageToken = makeToken(c.rev, oi.owner+"\x00"+strconv.Itoa(oi.pos))
+				page.Revision = c.rev
+				return page, nil
+			}
+			page.Allocations = append(page.Allocations, *held[i])
+		}
 	}
 }
 
-// ownersHold reads, at rev, the allocations that the owner records kvs list: for each
-// record, those that its owner holds and keep keeps, in the record's order.
-func (a *Allocator) ownersHold(ctx context.Context, kvs []*mvccpb.KeyValue, rev int64,
-	keep func(Allocation) bool) ([][]Allocation, error) {
-	recs := make([]*ownerRecord, len(kvs))
-	var items []Item
-	for i, kv := range kvs {
-		rec, err := decodeOwnerRecord(kv.Value)
-		if err != nil {
-			a.log.Warn("undecodable owner record", "key", string(kv.Key), "err", err)
+// ownerItem is an item an owner record lists: the record's key, the item's position in
+// the record's list.
+type ownerItem struct {
+	owner string
+	pos   int
+	it    Item
+}
+
+// ownerCursor walks, at one revision, the items that the owner records under a prefix
+// list (those keep keeps), in the records' key order and each record's order, reading
+// the records ownerChunk at a time.
+type ownerCursor struct {
+	a        *Allocator
+	prefix   string // the UID prefix, for errors
+	key, end string // the range of records still to read
+	rev      int64  // 0 until the first read
+	more     bool   // records may follow the chunk
+	keep     func(Item) bool
+	// skipKey's record is listed from position skip on (a token's place).
+	skipKey string
+	skip    int
+	chunk   []*mvccpb.KeyValue
+	items   []Item // chunk[0]'s, from pos on
+	pos     int
+	loaded  bool // items are chunk[0]'s
+}
+
+// take returns the next n items (fewer at the end of the records).
+func (c *ownerCursor) take(ctx context.Context, n int) ([]ownerItem, error) {
+	var out []ownerItem
+	for len(out) < n {
+		if len(c.chunk) == 0 {
+			if !c.more {
+				return out, nil
+			}
+			if err := c.read(ctx); err != nil {
+				return nil, err
+			}
 			continue
 		}
-		recs[i] = rec
-		items = append(items, rec.itemList()...)
+		if !c.loaded {
+			c.load()
+		}
+		if c.pos == len(c.items) {
+			c.chunk, c.loaded = c.chunk[1:], false
+			continue
+		}
+		it := c.items[c.pos]
+		if c.keep(it) {
+			out = append(out, ownerItem{owner: string(c.chunk[0].Key), pos: c.pos, it: it})
+		}
+		c.pos++
 	}
-	if len(items) == 0 {
-		return make([][]Allocation, len(kvs)), nil
+	return out, nil
+}
+
+// load makes the first record of the chunk the current one.
+func (c *ownerCursor) load() {
+	kv := c.chunk[0]
+	c.items, c.pos, c.loaded = nil, 0, true
+	rec, err := decodeOwnerRecord(kv.Value)
+	if err != nil {
+		c.a.log.Warn("undecodable owner record", "key", string(kv.Key), "err", err)
+		return
+	}
+	c.items = rec.itemList()
+	if string(kv.Key) == c.skipKey {
+		c.pos = min(c.skip, len(c.items))
+	}
+}
+
+// read reads the next chunk of records.
+func (c *ownerCursor) read(ctx context.Context) error {
+	opts := []clientv3.OpOption{clientv3.WithRange(c.end), clientv3.WithLimit(ownerChunk)}
+	if c.rev != 0 {
+		opts = append(opts, clientv3.WithRev(c.rev))
+	}
+	resp, err := c.a.cli.Get(ctx, c.key, opts...)
+	if c.a.afterPageRead != nil {
+		c.a.afterPageRead()
+	}
+	if err != nil {
+		return fmt.Errorf("list owners under %q: %w", c.prefix, err)
+	}
+	if c.rev == 0 {
+		c.rev = resp.Header.Revision
+	}
+	c.chunk, c.loaded, c.more = resp.Kvs, false, resp.More && len(resp.Kvs) > 0
+	if len(resp.Kvs) > 0 {
+		c.key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	return nil
+}
+
+// heldAt reads, at rev, the allocations of the items of batch: for each, its
+// allocation when the owner whose record lists it holds it, else nil.
+func (a *Allocator) heldAt(ctx context.Context, batch []ownerItem, rev int64) ([]*Allocation, error) {
+	items := make([]Item, len(batch))
+	for i, oi := range batch {
+		items[i] = oi.it
 	}
 	_, all, err := a.readItemsAt(ctx, items, rev)
 	if err != nil {
 		return nil, err
 	}
-	byItem := make(map[ItemKey]Allocation, len(all))
-	for _, al := range all {
-		byItem[al.Item.Key()] = al
+	byItem := make(map[ItemKey]*Allocation, len(all))
+	for i := range all {
+		byItem[all[i].Item.Key()] = &all[i]
 	}
-	out := make([][]Allocation, len(kvs))
-	for i, kv := range kvs {
-		if recs[i] == nil {
-			continue
-		}
-		uid := strings.TrimPrefix(string(kv.Key), a.ownerPrefix)
-		for _, it := range recs[i].itemList() {
-			if al, ok := byItem[it.Key()]; ok && al.Owner.UID == uid && keep(al) {
-				out[i] = append(out[i], al)
-			}
+	out := make([]*Allocation, len(batch))
+	for i, oi := range batch {
+		if al := byItem[oi.it.Key()]; al != nil && a.ownerKey(al.Owner.UID) == oi.owner {
+			out[i] = al
 		}
 	}
 	return out, nil

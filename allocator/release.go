@@ -323,7 +323,8 @@ type reassign struct {
 // conditional runs one attempt of ReleaseIf (ra == nil) or Reassign: al's key, if
 // still at al.ModRevision, is deleted or given to ra.to, and the records of al's
 // owner (which loses it) and of ra.to (which gains it) follow in the same
-// transaction. It returns the revision written (0: nothing), whether it is done (al
+// transaction, which compares the epoch when it makes a tombstone and whenever it gives
+// the item to ra.to. It returns the revision written (0: nothing), whether it is done (al
 // changed or is gone, or written) and an error.
 func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign) (int64, bool, error) {
 	key := a.key(al.Item)
@@ -370,6 +371,12 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 		if err := a.movedRecord(t, uid, recs[uid], lose, gain, to); err != nil {
 			return 0, true, err
 		}
+	}
+	if ra != nil && !t.withEpoch {
+		// to's record is compared as read, absent maybe: a transaction held in etcd
+		// until to had allocated, released everything and its tombstone was collected
+		// would find it absent again. The epoch fails it, as it fails a stale Allocate.
+		t.cmps, t.withEpoch = append(t.cmps, a.epochs.cmps(t.epoch)...), true
 	}
 	resp, err := a.commitWrites(t, func(writes []clientv3.Op) (*clientv3.TxnResponse, error) {
 		return a.cli.Txn(ctx).If(t.cmps...).Then(writes...).Else(clientv3.OpGet(key),

@@ -12,37 +12,59 @@ import (
 	"github.com/allocd/allocd/internal/etcd/call"
 )
 
-// Transfer moves items from the owner from to the owner to in one etcd transaction,
-// and returns what moved and the revision written (0 when nothing had to be). Each
-// item's key is rewritten for to, compared at the revision at which it was read held
-// by from, and both owners' records change in the same transaction (each compared at
-// the revision read; to's created, CreateRevision 0, when to has none): there is no
-// moment at which an item is free or held by two owners. With no items named,
-// everything from holds moves. An item that to holds already is skipped, so that a
-// retry of a transfer that committed moves nothing and succeeds. An item named that
-// from does not hold (free, or another owner's) fails the whole call with a
-// *NotOwnerError, and nothing moves. A record of from left holding nothing becomes a
-// tombstone, as after a full release (epoch.go): an Allocate of from built before the
-// transfer fails its compare and never lands after it; the transaction compares the
-// epoch in any case. The index keeps the items' bits (nothing is freed or taken); the
-// moved items' AllocateTime becomes the transfer's. Errors: *InvalidError (an owner's
-// UID, from = to, too many items, to would hold more than MaxItems), ErrNoRange,
+// Transfer moves items from the owner from to the owner to in one etcd transaction, and
+// returns what it did: what moved, what to held already, the revision written. Each
+// item's key is rewritten for to, compared at the revision at which it was read held by
+// from, and both owners' records change in the same transaction (each compared at the
+// revision read; to's created, CreateRevision 0, when to has none): there is no moment
+// at which an item is free or held by two owners. With no items named, everything from
+// holds moves. An item that to holds already is skipped (Held), so that a retry of a
+// transfer that committed moves nothing and succeeds. An item named that from does not
+// hold (free, or another owner's) fails the whole call with a *NotOwnerError, and
+// nothing moves. A record of from left holding nothing becomes a tombstone, as after a
+// full release (epoch.go): an Allocate of from built before the transfer fails its
+// compare and never lands after it; the transaction compares the epoch in any case. The
+// items and to's record take to's namespace and name; to given by its UID alone
+// (neither a namespace nor a name) keeps those its record has (an owner new to allocd
+// then has none). A transfer of everything from an owner that holds nothing (no record,
+// or a tombstone) writes a tombstone anew, as a full Release does, and reports nothing
+// moved and revision 0: from held nothing when the call read it (released, or
+// transferred by another call or by an earlier try of this one, which a retry cannot
+// tell apart). The index keeps the items' bits (nothing is freed or taken); the moved
+// items' AllocateTime becomes the transfer's. Errors: *InvalidError (an owner's UID,
+// from = to, too many items, to would hold more than MaxItems), ErrNoRange,
 // *NotInRangeError, *NotOwnerError, ErrConflict (contention outlasted the retries),
 // etcd's.
-func (a *Allocator) Transfer(ctx context.Context, from, to Owner, items []Item) ([]Item, int64, error) {
+func (a *Allocator) Transfer(ctx context.Context, from, to Owner, items []Item) (Transferred, error) {
 	if err := a.checkTransfer(from, to, items); err != nil {
-		return nil, 0, err
+		return Transferred{}, err
 	}
+	first := int64(-1) // from's record's revision at the first attempt's read
 	for range maxWriteRetries {
-		res, done, err := a.transferOnce(ctx, from, to, items)
-		if err == nil && res.rev != 0 {
-			a.logTransferred(ctx, res.from, to, res.moved, res.rev)
+		res, done, err := a.transferOnce(ctx, from, to, items, &first)
+		if err == nil && res.Revision != 0 {
+			a.logTransferred(ctx, res.from, res.to, res.Moved, res.Revision)
 		}
-		if err != nil || done {
-			return res.moved, res.rev, err
+		if err != nil {
+			return Transferred{}, err
+		}
+		if done {
+			return res.Transferred, nil
 		}
 	}
-	return nil, 0, fmt.Errorf("transfer from %s to %s: %w", from.UID, to.UID, ErrConflict)
+	return Transferred{}, fmt.Errorf("transfer from %s to %s: %w", from.UID, to.UID, ErrConflict)
+}
+
+// Transferred is what a Transfer did.
+type Transferred struct {
+	// Moved were from's and are to's now.
+	Moved []Item
+	// Held were asked for (named, or listed in from's record when everything was) and
+	// were to's already: left as they were. A retry of a transfer that committed finds
+	// its items here, not in Moved.
+	Held []Item
+	// Revision is the revision of the write (0 when nothing had to be written).
+	Revision int64
 }
 
 // checkTransfer validates a Transfer's request, every bad field at once.
@@ -82,31 +104,35 @@ func itemField(it Item) string {
 	return "cluster_ips"
 }
 
-// transferResult is what one attempt of Transfer wrote: the items moved and the revision
-// (0: nothing written), and from as its record names it (for the log line).
+// transferResult is what one attempt of Transfer did, and from and to as their records
+// name them when the call gave their UIDs alone (for the log line).
 type transferResult struct {
-	moved []Item
-	rev   int64
-	from  Owner
+	Transferred
+	from, to Owner
 }
 
 // transferOnce makes one attempt of Transfer: what it moved, whether it is done (false:
-// a compare failed, read again) and an error.
-func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []Item) (transferResult, bool,
-	error) {
+// a compare failed, read again) and an error. first is from's record's revision at the
+// first attempt's read (-1 before it).
+func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []Item,
+	first *int64) (transferResult, bool, error) {
 	recs, err := a.readRecords(ctx, []string{from.UID, to.UID}, 0)
 	if err != nil {
 		return transferResult{}, false, call.Unapplied(err) // every earlier attempt's compares failed
 	}
 	mine := recs[from.UID]
-	res := transferResult{from: from}
-	if mine.rec != nil && from.Namespace == "" && from.Name == "" {
-		res.from.Namespace, res.from.Name = mine.rec.Namespace, mine.rec.Name
+	if *first < 0 {
+		*first = mine.rev
 	}
+	res := transferResult{from: namedAs(from, mine.rec)}
+	to = namedAs(to, recs[to.UID].rec)
+	res.to = to
+	t := &releaseTxn{epoch: a.epochs.now()}
 	all := len(items) == 0
 	if all {
 		if mine.rec == nil || mine.rec.items() == 0 {
-			return res, true, nil // nothing held: nothing to move
+			done, err := a.sealEmpty(ctx, t, from, mine, *first)
+			return res, done, err
 		}
 		items = mine.rec.itemList()
 	}
@@ -114,8 +140,8 @@ func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []It
 	if err != nil {
 		return res, true, call.Unapplied(err)
 	}
-	t := &releaseTxn{epoch: ep}
-	moved, lose, err := a.transferItems(ctx, t, res.from, to, items, all)
+	t.epoch = ep
+	moved, lose, err := a.transferItems(ctx, t, res.from, to, items, all, &res.Held)
 	if err != nil || len(lose) == 0 {
 		return res, true, err
 	}
@@ -130,28 +156,68 @@ func (a *Allocator) transferOnce(ctx context.Context, from, to Owner, items []It
 	if !t.withEpoch {
 		t.cmps, t.withEpoch = append(t.cmps, a.epochs.cmps(t.epoch)...), true
 	}
+	rev, err := a.commitTransfer(ctx, t)
+	if err != nil || rev == 0 {
+		return res, false, err
+	}
+	a.hints.del(from.UID, to.UID)
+	res.Moved, res.Revision = moved, rev
+	return res, true, nil
+}
+
+// namedAs is o or, when o names neither a namespace nor a name (an owner given by its
+// UID alone), o under the namespace and name of its record rec (nil: none).
+func namedAs(o Owner, rec *ownerRecord) Owner {
+	if rec != nil && o.Namespace == "" && o.Name == "" {
+		o.Namespace, o.Name = rec.Namespace, rec.Name
+	}
+	return o
+}
+
+// sealEmpty is a Transfer of everything from holds when from holds nothing (mine, as
+// read; first, its revision at the call's first read): as a full Release, it makes
+// from's record a tombstone anew (compared at the revision read), so that a
+// transaction of from built before the call (expecting the record as found) fails its
+// compare and never lands after the answer. A tombstone written since the call's first
+// read (another full release or transfer of from) does as much: done, nothing written.
+// It reports whether it is done (false: a compare failed, read again).
+func (a *Allocator) sealEmpty(ctx context.Context, t *releaseTxn, from Owner, mine recordState,
+	first int64) (bool, error) {
+	if mine.rec != nil && mine.rev > first {
+		return true, nil
+	}
+	a.addTombstone(t, from.UID, orOwner(mine.rec, from))
+	t.cmps = append(t.cmps, mine.cmp(a.ownerKey(from.UID)))
+	rev, err := a.commitTransfer(ctx, t)
+	if rev != 0 {
+		a.hints.del(from.UID)
+	}
+	return rev != 0, err
+}
+
+// commitTransfer commits t, the transaction of a Transfer attempt, and returns its
+// revision: 0 when a compare failed (read again).
+func (a *Allocator) commitTransfer(ctx context.Context, t *releaseTxn) (int64, error) {
 	resp, err := a.commitWrites(t, func(writes []clientv3.Op) (*clientv3.TxnResponse, error) {
 		return a.releaseTxn(ctx, t.cmps, writes)
 	})
 	if err != nil {
-		return res, false, fmt.Errorf("transfer: %w", err)
+		return 0, fmt.Errorf("transfer: %w", err)
 	}
 	if !resp.Succeeded {
 		a.epochs.seenKV(firstKV(resp.Responses[0].GetResponseRange().Kvs)) // the next attempt's epoch
-		return res, false, nil
+		return 0, nil
 	}
-	a.hints.del(from.UID, to.UID)
-	res.moved, res.rev = moved, resp.Header.Revision
-	return res, true, nil
+	return resp.Header.Revision, nil
 }
 
 // transferItems reads items at one revision and adds to t, for each one from holds, a
 // put that gives it to to, compared at the revision read. It returns the items moved,
 // and what from's record loses: the items moved and, when all (the items are those
 // from's record lists), the ones its key does not give to from. An item that to holds
-// is skipped; one named that from does not hold is a *NotOwnerError.
+// is skipped and added to held; one named that from does not hold is a *NotOwnerError.
 func (a *Allocator) transferItems(ctx context.Context, t *releaseTxn, from, to Owner, items []Item,
-	all bool) (moved, lose []Item, err error) {
+	all bool, held *[]Item) (moved, lose []Item, err error) {
 	kvs, err := a.readItemKeys(ctx, items)
 	if err != nil {
 		return nil, nil, call.Unapplied(err)
@@ -168,6 +234,7 @@ func (a *Allocator) transferItems(ctx context.Context, t *releaseTxn, from, to O
 		switch {
 		case kv != nil && holder.UID == to.UID:
 			// to holds it already: a retry of a transfer that committed.
+			*held = append(*held, it)
 			if all {
 				lose = append(lose, it) // a stale entry of from's record
 			}

@@ -1,11 +1,14 @@
 package allocator
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,19 +100,22 @@ func TestTransfer(t *testing.T) {
 		toTombstone   bool   // to allocated and released everything before
 		named         []Item // nil: all of from's
 		self          bool   // to is from
-		moved         []Item
-		err           error // errors.Is; nil: no error
+		toUIDOnly     bool   // to given by its UID alone
+		moved, held   []Item // held: named (or listed by from's record) and to's already
+		err           error  // errors.Is; nil: no error
 	}{
 		{name: "all", from: []Item{ip("10.0.0.20"), Port(30020)},
 			moved: []Item{ip("10.0.0.20"), Port(30020)}},
 		{name: "some", from: []Item{ip("10.0.0.21"), Port(30021), Port(30022)}, named: []Item{Port(30022)},
 			moved: []Item{Port(30022)}},
 		{name: "to holds one already", from: []Item{Port(30023)}, to: []Item{Port(30024)},
-			named: []Item{Port(30023), Port(30024)}, moved: []Item{Port(30023)}},
+			named: []Item{Port(30023), Port(30024)}, moved: []Item{Port(30023)}, held: []Item{Port(30024)}},
 		{name: "to has a record", from: []Item{Port(30025)}, to: []Item{ip("10.0.0.25")},
 			moved: []Item{Port(30025)}},
 		{name: "to is a tombstone", from: []Item{Port(30026)}, toTombstone: true,
 			moved: []Item{Port(30026)}},
+		{name: "to by its uid alone", from: []Item{Port(30037)}, to: []Item{Port(30038)}, toUIDOnly: true,
+			moved: []Item{Port(30037)}},
 		{name: "from holds nothing", named: nil},
 		{name: "third-party holder", from: []Item{Port(30027)}, oth: []Item{Port(30028)},
 			named: []Item{Port(30027), Port(30028)}, err: ErrNotOwner},
@@ -145,11 +151,16 @@ func TestTransfer(t *testing.T) {
 			}
 			free := a.Free(a.idx.portRange.name)
 			began := time.Now()
-			moved, rev, err := a.Transfer(ctx, from, to, tc.named)
-			if !errors.Is(err, tc.err) || !slices.Equal(moved, tc.moved) ||
-				(rev != 0) != (len(tc.moved) > 0) {
-				t.Fatalf("Transfer(%s, %s, %v) = %v, %d, %v; want %v moved, %v", from.UID, to.UID, tc.named,
-					moved, rev, err, tc.moved, tc.err)
+			asked := to
+			if tc.toUIDOnly {
+				asked = Owner{UID: to.UID}
+			}
+			tr, err := a.Transfer(ctx, from, asked, tc.named)
+			rev := tr.Revision
+			if !errors.Is(err, tc.err) || !slices.Equal(tr.Moved, tc.moved) ||
+				!slices.Equal(tr.Held, tc.held) || (rev != 0) != (len(tc.moved) > 0) {
+				t.Fatalf("Transfer(%s, %s, %v) = %+v, %v; want %v moved, %v held already, %v", from.UID,
+					to.UID, tc.named, tr, err, tc.moved, tc.held, tc.err)
 			}
 			wantFrom, wantTo := tc.from, slices.Concat(tc.to, tc.moved)
 			if !tc.self {
@@ -157,6 +168,11 @@ func TestTransfer(t *testing.T) {
 					return slices.Contains(tc.moved, it)
 				})
 				checkHolds(t, e.Client, a, to, wantTo)
+				if rec := record(t, e.Client, a, to.UID); rec != nil &&
+					(rec.Namespace != to.Namespace || rec.Name != to.Name) {
+					t.Errorf("%s's record names %s/%s; want %s/%s", to.UID, rec.Namespace, rec.Name,
+						to.Namespace, to.Name)
+				}
 			}
 			checkHolds(t, e.Client, a, from, wantFrom)
 			checkHolds(t, e.Client, a, oth, tc.oth)
@@ -173,10 +189,13 @@ func TestTransfer(t *testing.T) {
 			if err != nil {
 				return
 			}
-			// A retry of a transfer that committed moves nothing.
-			again, rev, err := a.Transfer(ctx, from, to, tc.named)
-			if err != nil || len(again) > 0 || rev != 0 {
-				t.Errorf("Transfer again = %v, %d, %v; want nothing moved, revision 0", again, rev, err)
+			// A retry of a transfer that committed moves nothing: what it names, to holds
+			// already (a retry of everything finds from holding nothing).
+			again, err := a.Transfer(ctx, from, asked, tc.named)
+			if err != nil || len(again.Moved) > 0 || again.Revision != 0 ||
+				!slices.Equal(again.Held, tc.named) {
+				t.Errorf("Transfer again = %+v, %v; want nothing moved, %v held already, revision 0", again,
+					err, tc.named)
 			}
 			// to's last Allocate request still replays: the record keeps it.
 			if len(tc.to) > 0 {
@@ -202,7 +221,7 @@ func TestTransferHolders(t *testing.T) {
 	_, a, items, uids := held(t, 4)
 	ctx := etcdtest.Context(t)
 	checkListExcept(t, a, uids) // seeds the holders
-	if _, _, err := a.Transfer(ctx, owner(uids[items[0]]), owner("t0"), nil); err != nil {
+	if _, err := a.Transfer(ctx, owner(uids[items[0]]), owner("t0"), nil); err != nil {
 		t.Fatal(err)
 	}
 	old := map[Item]string{items[0]: uids[items[0]]}
@@ -234,7 +253,11 @@ func TestTransferRaces(t *testing.T) {
 		var moved []Item
 		var errT, errO error
 		var won string // other's win: "released" or other's UID
-		wg.Go(func() { moved, _, errT = a1.Transfer(ctx, from, to, []Item{it}) })
+		wg.Go(func() {
+			var tr Transferred
+			tr, errT = a1.Transfer(ctx, from, to, []Item{it})
+			moved = tr.Moved
+		})
 		wg.Go(func() {
 			if release {
 				var freed []Item
@@ -244,9 +267,9 @@ func TestTransferRaces(t *testing.T) {
 				}
 				return
 			}
-			var got []Item
-			got, _, errO = a2.Transfer(ctx, from, other, []Item{it})
-			if len(got) == 1 {
+			var tr Transferred
+			tr, errO = a2.Transfer(ctx, from, other, []Item{it})
+			if len(tr.Moved) == 1 {
 				won = other.UID
 			}
 		})
@@ -374,5 +397,161 @@ func TestListPageOwnerPrefix(t *testing.T) {
 	lo := ListOptions{OwnerUIDPrefix: "admission/", PageSize: 1, PageToken: mine.NextPageToken}
 	if _, err := a.ListPage(ctx, lo); !errors.Is(err, ErrInvalid) {
 		t.Errorf("ListPage(%+v) after a compaction = %v; want ErrInvalid (expired)", lo, err)
+	}
+}
+
+// TestListPageOwnerPrefixReads: what a page of the owner-prefix listing reads. Owner
+// records are read in fixed chunks, so that 300 tombstones between two owners (every
+// binding of the admission webhook leaves one for 10 to 20 s) cost a few reads, not one
+// each, however small the page; item keys are read as the page needs them, so that a
+// page of 100 among owners of 64 items reads about 100 keys, not every key of the
+// owners its chunk holds. (Before, a page of 2 read the records one at a time across
+// the tombstones, 300 reads, and a page of 100 read all 640 item keys.)
+func TestListPageOwnerPrefixReads(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	cli := e.NewClient()
+	ck := &countItemReads{KV: cli.KV}
+	cli.KV = ck
+	a := start(t, cli, testConfig("10.0.0.0/24"))
+	ck.prefixes = []string{a.ipPrefix, a.portPrefix}
+	give(t, a, owner("admission/a"), Port(30001), Port(30002))
+	var tombs []clientv3.Op
+	for i := range 300 {
+		uid := fmt.Sprintf("admission/m%04d", i)
+		tombs = append(tombs, clientv3.OpPut(a.ownerKey(uid),
+			string(appendOwnerRecord(nil, &ownerRecord{Namespace: "ns", Name: "t", UID: uid}))))
+		if len(tombs) == 100 {
+			if _, err := e.Client.Txn(ctx).Then(tombs...).Commit(); err != nil {
+				t.Fatal(err)
+			}
+			tombs = tombs[:0]
+		}
+	}
+	give(t, a, owner("admission/z"), Port(30003))
+	for i := range 10 {
+		var its []Item
+		for j := range MaxItems {
+			its = append(its, Port(31000+MaxItems*i+j))
+		}
+		give(t, a, owner(fmt.Sprint("big/", i)), its...)
+	}
+	for _, tc := range []struct {
+		prefix              string
+		size, pages         int
+		maxChunks, maxItems int // reads of owner records and item keys read, per page
+	}{
+		{prefix: "admission/", size: 2, pages: 2, maxChunks: 5, maxItems: 3},
+		{prefix: "big/", size: 100, pages: 7, maxChunks: 1, maxItems: 101},
+	} {
+		lo := ListOptions{OwnerUIDPrefix: tc.prefix, PageSize: tc.size}
+		chunks := 0
+		a.afterPageRead = func() { chunks++ }
+		for pages := 1; ; pages++ {
+			chunks = 0
+			ck.n.Store(0)
+			page, err := a.ListPage(ctx, lo)
+			if err != nil || pages > tc.pages {
+				t.Fatalf("ListPage(%+v), page %d = %d allocations, %v; want %d pages", lo, pages,
+					len(page.Allocations), err, tc.pages)
+			}
+			if chunks > tc.maxChunks || int(ck.n.Load()) > tc.maxItems {
+				t.Errorf("ListPage(%+v), page %d: %d reads of owner records, %d item keys read; want at "+
+					"most %d and %d", lo, pages, chunks, ck.n.Load(), tc.maxChunks, tc.maxItems)
+			}
+			if lo.PageToken = page.NextPageToken; lo.PageToken == "" {
+				break
+			}
+		}
+		a.afterPageRead = nil
+	}
+}
+
+// countItemReads is the KV of a client that counts the item keys (under prefixes) that
+// transactions without compares (reads) get.
+type countItemReads struct {
+	clientv3.KV
+	prefixes []string
+	n        atomic.Int64
+}
+
+func (c *countItemReads) Txn(ctx context.Context) clientv3.Txn {
+	return &countTxn{Txn: c.KV.Txn(ctx), c: c}
+}
+
+type countTxn struct {
+	clientv3.Txn
+	c     *countItemReads
+	write bool
+	gets  int64
+}
+
+func (t *countTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
+	t.Txn, t.write = t.Txn.If(cs...), len(cs) > 0
+	return t
+}
+
+func (t *countTxn) Then(ops ...clientv3.Op) clientv3.Txn {
+	for _, op := range ops {
+		for _, p := range t.c.prefixes {
+			if op.IsGet() && strings.HasPrefix(string(op.KeyBytes()), p) {
+				t.gets++
+			}
+		}
+	}
+	t.Txn = t.Txn.Then(ops...)
+	return t
+}
+
+func (t *countTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
+func (t *countTxn) Commit() (*clientv3.TxnResponse, error) {
+	if !t.write {
+		t.c.n.Add(t.gets)
+	}
+	return t.Txn.Commit()
+}
+
+// TestListPageOwnerPrefixRangeChange: a listing by owner prefix that changes its range
+// between pages goes on from where the last page ended, in the owner record's order:
+// the token counts positions in the record, not in what the filter kept. (Before, a
+// page of the node port range's [30001] followed by a page without a range listed
+// 30001 again.)
+func TestListPageOwnerPrefixRangeChange(t *testing.T) {
+	e := etcdtest.New(t)
+	a := start(t, e.Client, testConfig("10.0.0.0/24"))
+	ctx := etcdtest.Context(t)
+	ip := IP(netip.MustParseAddr("10.0.0.7"))
+	give(t, a, owner("admission/a"), ip, Port(30001), Port(30002)) // the record's order
+	give(t, a, owner("admission/b"), Port(30003))
+	ports, ips := a.idx.portRange.name, "10.0.0.0/24"
+	for _, tc := range []struct {
+		first, then string // the range of the first page (of 1) and of the rest
+		want        []Item
+	}{
+		{first: ports, then: "", want: []Item{Port(30001), Port(30002), Port(30003)}},
+		{first: "", then: ports, want: []Item{ip, Port(30001), Port(30002), Port(30003)}},
+		{first: ports, then: ips, want: []Item{Port(30001)}},
+		{first: ips, then: ports, want: []Item{ip}}, // the first page ended the listing
+	} {
+		lo := ListOptions{OwnerUIDPrefix: "admission/", PageSize: 1, Range: tc.first}
+		var got []Item
+		for pages := 0; ; pages++ {
+			page, err := a.ListPage(ctx, lo)
+			if err != nil || pages > 10 {
+				t.Fatalf("ListPage(%+v) = %+v, %v", lo, page, err)
+			}
+			for _, al := range page.Allocations {
+				got = append(got, al.Item)
+			}
+			if lo.PageToken = page.NextPageToken; lo.PageToken == "" {
+				break
+			}
+			lo.Range, lo.PageSize = tc.then, 5
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("ListPage(prefix admission/, a page of 1 in range %q, then in %q) = %v; want %v",
+				tc.first, tc.then, got, tc.want)
+		}
 	}
 }

@@ -369,8 +369,12 @@ func TestTransfer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Ports of the static band (30000-30085 of 30000-32767), which the dynamic pick of
+	// the provisional owner's port does not take while the upper band has room: 30090
+	// and 30091 were in the upper band, and once in a few thousand runs the pick was
+	// 30090 (this Allocate failed) or 30091 (not free).
 	if _, err := c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner("db"),
-		NodePorts: []int32{30090}}); err != nil {
+		NodePorts: []int32{30010}}); err != nil {
 		t.Fatal(err)
 	}
 	pending, err := c.ListAllocations(ctx, &allocdv1.ListAllocationsRequest{OwnerUidPrefix: "admission/"})
@@ -382,7 +386,7 @@ func TestTransfer(t *testing.T) {
 		port      int32
 		holderUID string
 		free      string
-	}{{30090, "uid-db", ""}, {30091, "", "true"}} {
+	}{{30010, "uid-db", ""}, {30011, "", "true"}} {
 		_, err := c.Transfer(ctx, &allocdv1.TransferRequest{From: provisional, To: web,
 			NodePorts: append(slices.Clone(got.NodePorts), tc.port)})
 		var e *client.Error

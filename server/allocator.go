@@ -183,20 +183,27 @@ func (s *AllocatorService) Transfer(ctx context.Context,
 	if err := inv.OrNil(); err != nil {
 		return nil, Status(err)
 	}
-	moved, rev, err := s.a.Transfer(ctx, from, to, items)
+	tr, err := s.a.Transfer(ctx, from, to, items)
 	if err != nil {
 		s.log.DebugContext(ctx, "transfer failed", "from", from.UID, "to", to.UID, "err", err)
 		return nil, Status(err)
 	}
-	out := &allocdv1.TransferResponse{Revision: rev}
-	for _, it := range moved {
+	out := &allocdv1.TransferResponse{Revision: tr.Revision}
+	out.TransferredClusterIps, out.TransferredNodePorts = splitItems(tr.Moved)
+	out.AlreadyHeldClusterIps, out.AlreadyHeldNodePorts = splitItems(tr.Held)
+	return out, nil
+}
+
+// splitItems is items as the API lists them: the addresses, the ports.
+func splitItems(items []allocator.Item) (ips []string, ports []int32) {
+	for _, it := range items {
 		if it.Kind == allocator.KindClusterIP {
-			out.TransferredClusterIps = append(out.TransferredClusterIps, it.Addr.String())
+			ips = append(ips, it.Addr.String())
 		} else {
-			out.TransferredNodePorts = append(out.TransferredNodePorts, int32(it.Port))
+			ports = append(ports, int32(it.Port))
 		}
 	}
-	return out, nil
+	return ips, ports
 }
 
 // GetAllocation implements allocdv1.AllocatorServiceServer.

@@ -104,6 +104,15 @@ func TestAllocatorServiceTransfer(t *testing.T) {
 				err, got.ClusterIps, got.NodePorts)
 		}
 	}
+	// The same items named again: web holds them already, and the answer says so.
+	again, err := c.Transfer(ctx, &allocdv1.TransferRequest{From: provisional, To: own("web"),
+		ClusterIps: got.ClusterIps, NodePorts: got.NodePorts})
+	if err != nil || len(again.GetTransferredClusterIps())+len(again.GetTransferredNodePorts()) != 0 ||
+		!slices.Equal(again.GetAlreadyHeldClusterIps(), got.ClusterIps) ||
+		!slices.Equal(again.GetAlreadyHeldNodePorts(), got.NodePorts) {
+		t.Errorf("Transfer of %v %v again = %v, %v; want nothing moved, both held already by web",
+			got.ClusterIps, got.NodePorts, again, err)
+	}
 	web, err := c.ListAllocations(ctx, &allocdv1.ListAllocationsRequest{OwnerUid: "web"})
 	if err != nil || len(web.GetAllocations()) != 2 {
 		t.Errorf("ListAllocations(owner web) after the transfer = %v, %v; want its 2", web, err)

@@ -104,7 +104,8 @@ func TestAllocations(t *testing.T) {
 // TestTransfer binds what a provisional owner allocated to a Service's UID, as
 // allocd-bridge does: the provisional owners listed by their UID prefix, the refusals of
 // what the provisional owner does not hold (nothing moves), a transfer of one item, the
-// same again (nothing to move), the rest, and command lines that cannot run.
+// same again (nothing to move: held already), one more with it, the rest, everything
+// again (the provisional owner holds nothing), and command lines that cannot run.
 func TestTransfer(t *testing.T) {
 	a := start(t, func(c *daemon.Config) { c.ServiceClusterIPRange = "10.0.0.0/24" })
 	a.allocate("default", "web", "admission/7f3a", []string{"10.0.0.20"}, 30020, 30021)
@@ -116,6 +117,7 @@ func TestTransfer(t *testing.T) {
 	a.run(append(to, "30022")...)
 	a.run(append(to, "30020")...)
 	a.run(append(to, "30020")...)
+	a.run(append(to, "10.0.0.20", "30020")...)
 	a.run(append(to, "-o", "json")...)
 	a.run(to...)
 	a.run("get", "allocations", "--owner-uid-prefix", "admission/")

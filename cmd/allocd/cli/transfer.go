@@ -18,8 +18,8 @@ func newTransfer(o *options) *cobra.Command {
 		Long: `Move addresses and ports from the owner of --from-uid to --to-owner (Transfer), in one
 etcd transaction: none is free, nor held by two owners, on the way. Without IP or PORT,
 everything --from-uid holds; an owner left holding nothing is released as by a full
-release. What --to-uid holds already is left as it is, so the same command again moves
-nothing. An IP or PORT that --from-uid does not hold (free, or another owner's) is
+release. What --to-uid holds already is left as it is (and named as such), so the same
+command again moves nothing. An IP or PORT that --from-uid does not hold (free, or another owner's) is
 refused, and nothing moves.
 
 allocd-bridge binds what its admission webhook allocated under a provisional owner (uid
@@ -65,17 +65,26 @@ policy grants Transfer apart from Release: it moves anyone's addresses to anyone
 	return cmd
 }
 
-// transferredLine says what a Transfer moved.
+// transferredLine says what a Transfer did: what moved, what the receiving owner held
+// already; when nothing was named and nothing moved, that --from-uid held nothing, which
+// a transfer (an earlier try of this one, maybe) or a release may have done.
 func transferredLine(req *allocdv1.TransferRequest, resp *allocdv1.TransferResponse) string {
 	got := itemList(resp.GetTransferredClusterIps(), resp.GetTransferredNodePorts())
+	held := itemList(resp.GetAlreadyHeldClusterIps(), resp.GetAlreadyHeldNodePorts())
 	to := fmt.Sprintf("%s (uid %s)", ownerName(req.GetTo()), req.GetTo().GetUid())
 	from := "uid " + req.GetFrom().GetUid()
 	switch {
+	case len(got) > 0 && len(held) > 0:
+		return fmt.Sprintf("transferred %s from %s to %s at revision %d; %s held %s already",
+			strings.Join(got, ", "), from, to, resp.GetRevision(), ownerName(req.GetTo()),
+			strings.Join(held, ", "))
 	case len(got) > 0:
 		return fmt.Sprintf("transferred %s from %s to %s at revision %d", strings.Join(got, ", "), from, to,
 			resp.GetRevision())
-	case len(req.GetClusterIps())+len(req.GetNodePorts()) == 0:
-		return fmt.Sprintf("nothing transferred: %s holds nothing", from)
+	case len(held) > 0:
+		return fmt.Sprintf("nothing transferred: %s holds %s already", to, strings.Join(held, ", "))
 	}
-	return fmt.Sprintf("nothing transferred: %s holds them already", to)
+	return fmt.Sprintf("nothing transferred: %s holds nothing (released, or transferred before, maybe by an "+
+		"earlier try of this command; allocd get allocations --uid %s lists what %s holds)", from,
+		req.GetTo().GetUid(), ownerName(req.GetTo()))
 }

@@ -76,6 +76,9 @@ type op struct {
 	holder  string
 	refused string // a Transfer's NOT_OWNER: the item from does not hold
 	free    bool
+	// rev is the etcd revision an ok call recorded by recordRev answered: of its write (0
+	// for a Release or Transfer that wrote nothing); 0 for a call recorded by record
+	rev int64
 }
 
 // covers reports whether the Transfer o may have moved item: one it moved when ok,
@@ -90,22 +93,36 @@ func (o *op) covers(item string) bool {
 	return false
 }
 
-// history collects operations from many goroutines.
+// history collects operations, and listings taken during the run, from many
+// goroutines.
 type history struct {
-	base time.Time
-	mu   sync.Mutex
-	ops  []op
+	base  time.Time
+	mu    sync.Mutex
+	ops   []op
+	snaps []snapshot
 }
 
 func (h *history) now() time.Duration { return time.Since(h.base) }
 
 // record runs f and records its result; f returns the items it got.
 func (h *history) record(o op, f func() ([]string, error)) op {
+	return h.recordRev(o, func() ([]string, int64, error) {
+		items, err := f()
+		return items, 0, err
+	})
+}
+
+// recordRev is record of a call that answers a revision: f returns the items it got
+// and the revision answered.
+func (h *history) recordRev(o op, f func() ([]string, int64, error)) op {
 	o.asked = o.items
 	o.start = h.now()
-	items, err := f()
+	items, rev, err := f()
 	o.end = h.now()
 	o.outcome = classify(err)
+	if o.outcome == ok {
+		o.rev = rev
+	}
 	var held *client.AlreadyAllocatedError
 	if errors.As(err, &held) {
 		o.holder = held.HolderUID
@@ -158,6 +175,8 @@ func (h *history) check(final map[string]string) []violation {
 	out = append(out, c.transferred(final)...)
 	v, _ := c.afterFullRelease(final)
 	out = append(out, v...)
+	v, _ = c.atomic()
+	out = append(out, v...)
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
 }
@@ -165,7 +184,8 @@ func (h *history) check(final map[string]string) []violation {
 // checker returns a checker of the operations recorded so far.
 func (h *history) checker() *checker {
 	h.mu.Lock()
-	c := &checker{ops: slices.Clone(h.ops), byOwner: map[string][]op{}, forced: map[string][]op{}}
+	c := &checker{ops: slices.Clone(h.ops), snaps: slices.Clone(h.snaps), byOwner: map[string][]op{},
+		forced: map[string][]op{}}
 	h.mu.Unlock()
 	for _, o := range c.ops {
 		if o.kind != opRenew {
@@ -183,12 +203,13 @@ func (h *history) checker() *checker {
 	return c
 }
 
-// checker holds a history's operations for the checks, by owner too (a Transfer under
-// both of its owners), and the forced releases by item (released looks at those alone:
-// over every operation, twoHolders took longer than the suite's 30 minutes on a history
-// of 5 minutes).
+// checker holds a history's operations and listings for the checks, the operations by
+// owner too (a Transfer under both of its owners), and the forced releases by item
+// (released looks at those alone: over every operation, twoHolders took longer than the
+// suite's 30 minutes on a history of 5 minutes).
 type checker struct {
 	ops     []op
+	snaps   []snapshot
 	byOwner map[string][]op
 	forced  map[string][]op
 }
@@ -303,11 +324,12 @@ func (c *checker) definite(final map[string]string) []violation {
 }
 
 // afterFullRelease finds items held at the end by an owner after its last acknowledged
-// full release (a Release naming nothing) when no Allocate of that owner, nor Transfer
-// to it, may have taken effect after the release began: none ended after it began with
-// an outcome other than a definite failure. An Allocate or Transfer whose outcome was
-// unknown and that ended before the release began must not land after it (allocd's owner
-// tombstones and the epoch). It also returns how many owners' full releases it checked.
+// full release (a Release naming nothing, or a Transfer of everything it holds) when no
+// Allocate of that owner, nor Transfer to it, may have taken effect after the release
+// began: none ended after it began with an outcome other than a definite failure. An
+// Allocate or Transfer whose outcome was unknown and that ended before the release began
+// must not land after it (allocd's owner tombstones and the epoch). It also returns how
+// many owners' full releases it checked.
 func (c *checker) afterFullRelease(final map[string]string) ([]violation, int) {
 	held := map[string][]string{}
 	for it, owner := range final {
@@ -319,8 +341,7 @@ func (c *checker) afterFullRelease(final map[string]string) ([]violation, int) {
 		var last *op
 		for i := range os {
 			o := &os[i]
-			if o.kind == opRelease && len(o.items) == 0 && o.outcome == ok &&
-				(last == nil || o.end > last.end) {
+			if o.fullRelease(owner) && (last == nil || o.end > last.end) {
 				last = o
 			}
 		}
@@ -345,6 +366,21 @@ func (c *checker) afterFullRelease(final map[string]string) ([]violation, int) {
 		}
 	}
 	return out, checked
+}
+
+// fullRelease reports whether o is an acknowledged release of everything owner holds: a
+// Release that named nothing, or a Transfer of everything from owner.
+func (o *op) fullRelease(owner string) bool {
+	if o.outcome != ok || o.owner != owner {
+		return false
+	}
+	switch o.kind {
+	case opRelease:
+		return len(o.items) == 0 // a Release's items are those it named
+	case opTransfer:
+		return len(o.asked) == 0 // a Transfer's items are those it moved
+	}
+	return false
 }
 
 // twoHolders finds two owners at once: B's Allocate of an item (or a Transfer of it to

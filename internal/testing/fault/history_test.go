@@ -7,8 +7,9 @@ import (
 )
 
 // TestAfterFullRelease: the check of a full release finds an owner holding an item at
-// the end after its acknowledged full release unless an Allocate of that owner may
-// have landed after the release began (ok or unknown, ending after it began).
+// the end after its acknowledged full release (a Release naming nothing, or a Transfer
+// of everything it holds) unless an Allocate of that owner may have landed after the
+// release began (ok or unknown, ending after it began).
 func TestAfterFullRelease(t *testing.T) {
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 	alloc := func(start, end int, out outcome) op {
@@ -16,29 +17,40 @@ func TestAfterFullRelease(t *testing.T) {
 			items: []string{"10.0.0.5"}}
 	}
 	release := op{kind: opRelease, owner: "a", start: ms(100), end: ms(110), outcome: ok}
+	transfer := func(named ...string) op { // of what a held, 10.0.0.6, to b
+		return op{kind: opTransfer, owner: "a", to: "b", start: ms(100), end: ms(110), outcome: ok,
+			asked: named, items: []string{"10.0.0.6"}}
+	}
+	moved := map[string]string{"10.0.0.5": "a", "10.0.0.6": "b"}
 	for _, tc := range []struct {
-		name  string
-		ops   []op
-		final map[string]string
-		viol  bool
+		name    string
+		ops     []op
+		final   map[string]string
+		viol    bool
+		checked int // owners with an acknowledged full release
 	}{
-		// checked counts the owners with an acknowledged full release: 1 but in the last case.
 		{"held after the release, the unknown Allocate ended before it",
 			[]op{alloc(0, 50, unknown), alloc(60, 70, ok), release},
-			map[string]string{"10.0.0.5": "a"}, true},
+			map[string]string{"10.0.0.5": "a"}, true, 1},
 		{"nothing held after the release", []op{alloc(0, 50, unknown), alloc(60, 70, ok), release},
-			map[string]string{}, false},
+			map[string]string{}, false, 1},
 		{"an Allocate after the release", []op{alloc(60, 70, ok), release, alloc(120, 130, ok)},
-			map[string]string{"10.0.0.5": "a"}, false},
+			map[string]string{"10.0.0.5": "a"}, false, 1},
 		{"an unknown Allocate overlapping the release",
 			[]op{alloc(60, 70, ok), release, alloc(90, 105, unknown)},
-			map[string]string{"10.0.0.5": "a"}, false},
+			map[string]string{"10.0.0.5": "a"}, false, 1},
 		{"a definite failure after the release", []op{alloc(60, 70, ok), release, alloc(120, 130, definite)},
-			map[string]string{"10.0.0.5": "a"}, true},
+			map[string]string{"10.0.0.5": "a"}, true, 1},
 		{"the full release failed",
 			[]op{alloc(60, 70, ok),
 				{kind: opRelease, owner: "a", start: ms(100), end: ms(110), outcome: definite}},
-			map[string]string{"10.0.0.5": "a"}, false},
+			map[string]string{"10.0.0.5": "a"}, false, 0},
+		{"held after a transfer of everything, the unknown Allocate ended before it",
+			[]op{alloc(0, 50, unknown), transfer()}, moved, true, 1},
+		{"an Allocate after a transfer of everything",
+			[]op{transfer(), alloc(120, 130, ok)}, moved, false, 1},
+		{"held after a transfer of one item", []op{alloc(0, 50, unknown), transfer("10.0.0.6")}, moved,
+			false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := &history{base: time.Now(), ops: tc.ops}
@@ -49,12 +61,8 @@ func TestAfterFullRelease(t *testing.T) {
 			if len(viol) > 0 && !strings.Contains(string(viol[0]), "10.0.0.5") {
 				t.Errorf("violation %q does not name the item", viol[0])
 			}
-			want := 1
-			if tc.name == "the full release failed" {
-				want = 0
-			}
-			if checked != want {
-				t.Errorf("checked %d owners' full releases; want %d", checked, want)
+			if checked != tc.checked {
+				t.Errorf("checked %d owners' full releases; want %d", checked, tc.checked)
 			}
 		})
 	}
@@ -113,8 +121,10 @@ func TestTransferChecks(t *testing.T) {
 			"a", false, false},
 		{"all of from's, not this one", []op{alloc("a", 0, 10, ok), released,
 			move("a", "b", nil, []string{}, 20, 30, ok)}, "", false, true},
+		// A Transfer of all of from's is a full release of from: from holding x after it is
+		// what afterFullRelease finds.
 		{"all of from's, not this one while from held it", []op{alloc("a", 0, 10, ok),
-			move("a", "b", nil, []string{}, 20, 30, ok)}, "a", false, false},
+			move("a", "b", nil, []string{}, 20, 30, ok)}, "a", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := &history{base: time.Now().Add(-time.Hour), ops: tc.ops}

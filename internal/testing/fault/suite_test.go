@@ -115,6 +115,19 @@ func TestFaultSuite(t *testing.T) {
 			racer(ctx, h, clients, w, &seq, &races)
 		}()
 	}
+	var transferRaces atomic.Int64
+	for w := range transferRacers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			transferRacer(ctx, h, clients, w, &seq, &transferRaces)
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		lister(ctx, h, clients)
+	}()
 	ls := &leases{renewed: []string{"192.0.2.1", "192.0.2.2"}, abandoned: "192.0.2.9"}
 	wg.Add(1)
 	go func() {
@@ -158,10 +171,16 @@ func TestFaultSuite(t *testing.T) {
 		return true
 	})
 	viol := h.check(final)
-	_, fullReleases := h.checker().afterFullRelease(final)
-	t.Logf("full releases checked (nothing held after an acknowledged full release with no later "+
-		"Allocate): %d owners; named Releases raced against Allocates of the same address: %d rounds",
-		fullReleases, races.Load())
+	viol = append(viol, checkRecords(t, tp)...)
+	c := h.checker()
+	_, fullReleases := c.afterFullRelease(final)
+	_, pairs := c.atomic()
+	t.Logf("full releases checked (nothing held after an acknowledged full release, or a Transfer of "+
+		"everything, with no later Allocate): %d owners; named Releases raced against Allocates of the "+
+		"same address: %d rounds; Transfers raced against each other, a Release and an Allocate of the "+
+		"item: %d rounds", fullReleases, races.Load(), transferRaces.Load())
+	t.Logf("transfer atomicity: %d Transfers acknowledged at a revision, %d owner-prefix listings, "+
+		"%d (Transfer, listing) pairs checked", c.transfersAt(), len(c.snaps), pairs)
 	converged := false
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -296,19 +315,21 @@ func worker(ctx context.Context, h *history, clients []*client.Client, w int, se
 				p, _ := strconv.Atoi(strings.TrimPrefix(it[0], "port/"))
 				req.NodePorts = []int32{int32(p)}
 			}
-			h.record(op{kind: opRelease, owner: hd.uid, replica: rep, items: it[:1]},
-				func() ([]string, error) {
-					_, err := c.Release(cctx, req)
-					return nil, err
+			h.recordRev(op{kind: opRelease, owner: hd.uid, replica: rep, items: it[:1]},
+				func() ([]string, int64, error) {
+					resp, err := c.Release(cctx, req)
+					return nil, resp.GetRevision(), err
 				})
 		case x < 85: // release an owner of this worker, all of it
 			i := r.IntN(len(mine))
 			hd := mine[i]
-			o := h.record(op{kind: opRelease, owner: hd.uid, replica: rep}, func() ([]string, error) {
-				_, err := c.Release(cctx, &allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Namespace: "fault",
-					Name: hd.uid, Uid: hd.uid}})
-				return nil, err
-			})
+			req := &allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Namespace: "fault", Name: hd.uid,
+				Uid: hd.uid}}
+			o := h.recordRev(op{kind: opRelease, owner: hd.uid, replica: rep},
+				func() ([]string, int64, error) {
+					resp, err := c.Release(cctx, req)
+					return nil, resp.GetRevision(), err
+				})
 			if o.outcome == ok {
 				mine = append(mine[:i], mine[i+1:]...)
 			}
@@ -318,10 +339,11 @@ func worker(ctx context.Context, h *history, clients []*client.Client, w int, se
 			})
 		default: // force-release any address
 			ip := netip.AddrFrom4([4]byte{10, 0, 0, byte(2 + r.IntN(125))}).String()
-			h.record(op{kind: opForce, owner: "", replica: rep, items: []string{ip}},
-				func() ([]string, error) {
-					_, err := c.Release(cctx, &allocdv1.ReleaseRequest{ClusterIps: []string{ip}, Force: true})
-					return nil, err
+			h.recordRev(op{kind: opForce, owner: "", replica: rep, items: []string{ip}},
+				func() ([]string, int64, error) {
+					req := &allocdv1.ReleaseRequest{ClusterIps: []string{ip}, Force: true}
+					resp, err := c.Release(cctx, req)
+					return nil, resp.GetRevision(), err
 				})
 		}
 		cancel()
@@ -356,13 +378,8 @@ func transfer(ctx context.Context, h *history, c *client.Client, rep int, r *ran
 		}
 	}
 	for try := 0; try < 1 || try < 2 && r.IntN(3) == 0; try++ {
-		o := h.record(op{kind: opTransfer, owner: from.uid, to: to.uid, replica: rep, items: named},
-			func() ([]string, error) {
-				resp, err := c.Transfer(ctx, req)
-				// Not nil: an acknowledged Transfer that moved nothing moved nothing.
-				return append([]string{}, itemsOf(resp.GetTransferredClusterIps(),
-					resp.GetTransferredNodePorts())...), err
-			})
+		o := h.recordRev(op{kind: opTransfer, owner: from.uid, to: to.uid, replica: rep, items: named},
+			transferCall(ctx, c, req))
 		switch {
 		case o.outcome == ok:
 			to.got = append(to.got, o.items...)
@@ -371,6 +388,17 @@ func transfer(ctx context.Context, h *history, c *client.Client, rep int, r *ran
 		}
 	}
 	return mine
+}
+
+// transferCall is the call of a Transfer for recordRev.
+func transferCall(ctx context.Context, c *client.Client, req *allocdv1.TransferRequest,
+) func() ([]string, int64, error) {
+	return func() ([]string, int64, error) {
+		resp, err := c.Transfer(ctx, req)
+		// Not nil: an acknowledged Transfer that moved nothing moved nothing.
+		moved := itemsOf(resp.GetTransferredClusterIps(), resp.GetTransferredNodePorts())
+		return append([]string{}, moved...), resp.GetRevision(), err
+	}
 }
 
 // racers is how many goroutines run racer.
@@ -397,10 +425,10 @@ func racer(ctx context.Context, h *history, clients []*client.Client, w int, seq
 	release := func(c *client.Client, uid string, items []string) op {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		return h.record(op{kind: opRelease, owner: uid, items: items}, func() ([]string, error) {
+		return h.recordRev(op{kind: opRelease, owner: uid, items: items}, func() ([]string, int64, error) {
 			owner := &allocdv1.Owner{Namespace: "fault", Name: uid, Uid: uid}
-			_, err := c.Release(cctx, &allocdv1.ReleaseRequest{Owner: owner, ClusterIps: items})
-			return nil, err
+			resp, err := c.Release(cctx, &allocdv1.ReleaseRequest{Owner: owner, ClusterIps: items})
+			return nil, resp.GetRevision(), err
 		})
 	}
 	for ctx.Err() == nil {
@@ -423,6 +451,155 @@ func racer(ctx context.Context, h *history, clients []*client.Client, w int, seq
 		})
 		wg.Wait()
 	}
+}
+
+// transferRacers is how many goroutines run transferRacer.
+const transferRacers = 2
+
+// transferRacer races, until ctx ends, Transfers of one item against each other, a
+// Release and an Allocate of it: an owner A allocates one of a few hot addresses; then
+// at once, on replicas picked at random, A transfers it to B, A transfers it (or
+// everything it holds) to C, A releases it, and a new owner D asks for it; then B, C and
+// D release everything. A hot address that another owner holds is force-released first.
+// A Transfer that wrote the item without comparing the revision it read, or moved it
+// apart from the owner records, would give it to two owners.
+func transferRacer(ctx context.Context, h *history, clients []*client.Client, w int,
+	seq, rounds *atomic.Int64) {
+	r := rand.New(rand.NewPCG(uint64(200+w), uint64(time.Now().UnixNano())))
+	prefix := "t" + strconv.Itoa(w) + "-"
+	newOwner := func() string { return prefix + strconv.FormatInt(seq.Add(1), 10) }
+	pick := func() (int, *client.Client) { i := r.IntN(len(clients)); return i, clients[i] }
+	owner := func(uid string) *allocdv1.Owner {
+		return &allocdv1.Owner{Namespace: "fault", Name: uid, Uid: uid}
+	}
+	call := func(rep int, o op, f func(ctx context.Context) ([]string, int64, error)) op {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		o.replica = rep
+		return h.recordRev(o, func() ([]string, int64, error) { return f(cctx) })
+	}
+	alloc := func(uid, ip string) op {
+		rep, c := pick()
+		req := &allocdv1.AllocateRequest{Owner: owner(uid), ClusterIps: []string{ip}}
+		return call(rep, op{kind: opAllocate, owner: uid, items: []string{ip}},
+			func(ctx context.Context) ([]string, int64, error) {
+				resp, err := c.Allocate(ctx, req)
+				return itemsOf(resp.GetClusterIps(), resp.GetNodePorts()), resp.GetRevision(), err
+			})
+	}
+	release := func(uid string, items []string) {
+		rep, c := pick()
+		req := &allocdv1.ReleaseRequest{Owner: owner(uid), ClusterIps: items}
+		call(rep, op{kind: opRelease, owner: uid, items: items},
+			func(ctx context.Context) ([]string, int64, error) {
+				resp, err := c.Release(ctx, req)
+				return nil, resp.GetRevision(), err
+			})
+	}
+	force := func(ip string) {
+		rep, c := pick()
+		req := &allocdv1.ReleaseRequest{ClusterIps: []string{ip}, Force: true}
+		call(rep, op{kind: opForce, items: []string{ip}}, func(ctx context.Context) ([]string, int64, error) {
+			resp, err := c.Release(ctx, req)
+			return nil, resp.GetRevision(), err
+		})
+	}
+	transfer := func(from, to string, items []string) {
+		rep, c := pick()
+		req := &allocdv1.TransferRequest{From: owner(from), To: owner(to), ClusterIps: items}
+		call(rep, op{kind: opTransfer, owner: from, to: to, items: items},
+			func(ctx context.Context) ([]string, int64, error) { return transferCall(ctx, c, req)() })
+	}
+	for ctx.Err() == nil {
+		ip := netip.AddrFrom4([4]byte{10, 0, 0, byte(100 + r.IntN(6))}).String()
+		a := newOwner()
+		if o := alloc(a, ip); o.outcome != ok {
+			if o.holder != "" {
+				force(ip) // a worker's owner holds it (the /25 fills up): freed, as workers free any
+			}
+			continue
+		}
+		rounds.Add(1)
+		b, c, d := newOwner(), newOwner(), newOwner()
+		toC := []string{ip}
+		if r.IntN(2) == 0 {
+			toC = nil // everything a holds
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { transfer(a, b, []string{ip}) })
+		wg.Go(func() { transfer(a, c, toC) })
+		wg.Go(func() { release(a, []string{ip}) })
+		wg.Go(func() { alloc(d, ip) })
+		wg.Wait()
+		for _, uid := range []string{b, c, d} {
+			wg.Go(func() { release(uid, nil) })
+		}
+		wg.Wait()
+	}
+}
+
+// lister lists, until ctx ends, the allocations of the owners of one worker or transfer
+// racer (a UID prefix), every page at one revision, on a replica picked at random,
+// 100 ms after the last listing ended (2 a second in the 3-minute run): the atomicity
+// check holds each listing against the Transfers acknowledged.
+func lister(ctx context.Context, h *history, clients []*client.Client) {
+	r := rand.New(rand.NewPCG(300, uint64(time.Now().UnixNano())))
+	for ctx.Err() == nil {
+		prefix := "w" + strconv.Itoa(r.IntN(24)) + "-"
+		if r.IntN(4) == 0 {
+			prefix = "t" + strconv.Itoa(r.IntN(transferRacers)) + "-"
+		}
+		s := snapshot{prefix: prefix, start: h.now(), held: map[string]string{}}
+		if s.listed(ctx, clients[r.IntN(len(clients))]) {
+			s.end = h.now()
+			h.snap(s)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// listed fills s with the allocations of the owners under s.prefix, and reports whether
+// every page was read (at one revision).
+func (s *snapshot) listed(ctx context.Context, c *client.Client) bool {
+	req := &allocdv1.ListAllocationsRequest{OwnerUidPrefix: s.prefix, PageSize: 5000}
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		resp, err := c.ListAllocations(cctx, req)
+		cancel()
+		if err != nil || s.rev != 0 && resp.GetRevision() != s.rev {
+			return false
+		}
+		s.rev = resp.GetRevision()
+		for _, a := range resp.GetAllocations() {
+			it := a.GetClusterIp()
+			if a.GetNodePort() != 0 {
+				it = "port/" + strconv.Itoa(int(a.GetNodePort()))
+			}
+			s.held[it] = a.GetOwner().GetUid()
+		}
+		if resp.GetNextPageToken() == "" {
+			return true
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+}
+
+// checkRecords reads the owner records and the item keys from etcd at one revision and
+// returns where they disagree.
+func checkRecords(t *testing.T, tp *topology) []violation {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := readOwnerState(ctx, tp.cli, "/allocd")
+	if err != nil {
+		return []violation{violation(fmt.Sprintf("the owner records and item keys: %v", err))}
+	}
+	v := st.mismatches()
+	t.Logf("owner records vs item keys at revision %d: %d records, %d item keys, %d mismatches", st.rev,
+		len(st.records), len(st.keys), len(v))
+	return v
 }
 
 func itemsOf(ips []string, ports []int32) []string {

@@ -1243,7 +1243,10 @@ type TransferRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// from holds the items now; uid is required.
 	From *Owner `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
-	// to receives them; uid is required and differs from from's.
+	// to receives them; uid is required and differs from from's. The items and to's
+	// record take its namespace and name; given by its uid alone (neither a namespace
+	// nor a name), to keeps the namespace and name allocd has for it (none for an owner
+	// new to allocd).
 	To *Owner `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
 	// cluster_ips to move; empty together with node_ports means all of from's.
 	ClusterIps []string `protobuf:"bytes,3,rep,name=cluster_ips,json=clusterIps,proto3" json:"cluster_ips,omitempty"`
@@ -1311,7 +1314,10 @@ func (x *TransferRequest) GetNodePorts() []int32 {
 	return nil
 }
 
-// TransferResponse is what moved.
+// TransferResponse is what a transfer did. With both lists of the request empty, an
+// answer that names nothing means `from` held nothing when the transfer read it:
+// released, or transferred by another call or by an earlier try of this one (a retry
+// after UNAVAILABLE cannot tell which).
 type TransferResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// transferred_cluster_ips were from's and are now to's.
@@ -1319,9 +1325,16 @@ type TransferResponse struct {
 	// transferred_node_ports were from's and are now to's.
 	TransferredNodePorts []int32 `protobuf:"varint,2,rep,packed,name=transferred_node_ports,json=transferredNodePorts,proto3" json:"transferred_node_ports,omitempty"`
 	// revision is the etcd revision of the transfer (0 when nothing had to be written).
-	Revision      int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Revision int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// already_held_cluster_ips were asked for (named, or listed as from's when nothing
+	// was named) and were to's already: left as they are. A retry of a transfer that
+	// committed finds them here, not in transferred_cluster_ips.
+	AlreadyHeldClusterIps []string `protobuf:"bytes,4,rep,name=already_held_cluster_ips,json=alreadyHeldClusterIps,proto3" json:"already_held_cluster_ips,omitempty"`
+	// already_held_node_ports were asked for and were to's already, as
+	// already_held_cluster_ips.
+	AlreadyHeldNodePorts []int32 `protobuf:"varint,5,rep,packed,name=already_held_node_ports,json=alreadyHeldNodePorts,proto3" json:"already_held_node_ports,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *TransferResponse) Reset() {
@@ -1373,6 +1386,20 @@ func (x *TransferResponse) GetRevision() int64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *TransferResponse) GetAlreadyHeldClusterIps() []string {
+	if x != nil {
+		return x.AlreadyHeldClusterIps
+	}
+	return nil
+}
+
+func (x *TransferResponse) GetAlreadyHeldNodePorts() []int32 {
+	if x != nil {
+		return x.AlreadyHeldNodePorts
+	}
+	return nil
 }
 
 // GetAllocationRequest names one ClusterIP or one NodePort.
@@ -2148,11 +2175,13 @@ const file_allocd_v1_allocator_proto_rawDesc = "" +
 	"\vcluster_ips\x18\x03 \x03(\tR\n" +
 	"clusterIps\x12\x1d\n" +
 	"\n" +
-	"node_ports\x18\x04 \x03(\x05R\tnodePorts\"\x9c\x01\n" +
+	"node_ports\x18\x04 \x03(\x05R\tnodePorts\"\x8c\x02\n" +
 	"\x10TransferResponse\x126\n" +
 	"\x17transferred_cluster_ips\x18\x01 \x03(\tR\x15transferredClusterIps\x124\n" +
 	"\x16transferred_node_ports\x18\x02 \x03(\x05R\x14transferredNodePorts\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x03R\brevision\"`\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\x127\n" +
+	"\x18already_held_cluster_ips\x18\x04 \x03(\tR\x15alreadyHeldClusterIps\x125\n" +
+	"\x17already_held_node_ports\x18\x05 \x03(\x05R\x14alreadyHeldNodePorts\"`\n" +
 	"\x14GetAllocationRequest\x12\x1f\n" +
 	"\n" +
 	"cluster_ip\x18\x01 \x01(\tH\x00R\tclusterIp\x12\x1d\n" +

@@ -68,12 +68,14 @@ type AllocatorServiceClient interface {
 	// Transfer moves cluster_ips and node_ports from one owner to another in one etcd
 	// transaction: each item's key and both owners' records change together, so that
 	// there is no moment at which an item is free or held by two owners. With both lists
-	// empty, everything `from` holds moves. An item `to` holds already is left as it is,
-	// so a retry after a transfer committed moves nothing and succeeds. An item named
-	// that `from` does not hold (free, or another owner's) is FAILED_PRECONDITION
-	// (ErrorInfo reason NOT_OWNER names the holder: holder_uid, holder; free "true" when
-	// nobody holds it) and nothing moves. `from` left holding nothing is released as by a
-	// full Release (an Allocate of `from` in flight from before cannot land after it).
+	// empty, everything `from` holds moves. An item `to` holds already is left as it is
+	// (the answer names it apart), so a retry after a transfer committed moves nothing
+	// and succeeds. An item named that `from` does not hold (free, or another owner's) is
+	// FAILED_PRECONDITION (ErrorInfo reason NOT_OWNER names the holder: holder_uid,
+	// holder; free "true" when nobody holds it) and nothing moves. `from` left holding
+	// nothing is released as by a full Release (an Allocate of `from` in flight from
+	// before cannot land after it), and so is a `from` that holds nothing when both lists
+	// are empty.
 	// A moved item's allocate_time becomes the transfer's. Its use: an admission webhook
 	// allocates under a provisional owner before the Service has a UID, and the item is
 	// bound to the Service's UID once the Service is stored. It can move anyone's items
@@ -269,12 +271,14 @@ type AllocatorServiceServer interface {
 	// Transfer moves cluster_ips and node_ports from one owner to another in one etcd
 	// transaction: each item's key and both owners' records change together, so that
 	// there is no moment at which an item is free or held by two owners. With both lists
-	// empty, everything `from` holds moves. An item `to` holds already is left as it is,
-	// so a retry after a transfer committed moves nothing and succeeds. An item named
-	// that `from` does not hold (free, or another owner's) is FAILED_PRECONDITION
-	// (ErrorInfo reason NOT_OWNER names the holder: holder_uid, holder; free "true" when
-	// nobody holds it) and nothing moves. `from` left holding nothing is released as by a
-	// full Release (an Allocate of `from` in flight from before cannot land after it).
+	// empty, everything `from` holds moves. An item `to` holds already is left as it is
+	// (the answer names it apart), so a retry after a transfer committed moves nothing
+	// and succeeds. An item named that `from` does not hold (free, or another owner's) is
+	// FAILED_PRECONDITION (ErrorInfo reason NOT_OWNER names the holder: holder_uid,
+	// holder; free "true" when nobody holds it) and nothing moves. `from` left holding
+	// nothing is released as by a full Release (an Allocate of `from` in flight from
+	// before cannot land after it), and so is a `from` that holds nothing when both lists
+	// are empty.
 	// A moved item's allocate_time becomes the transfer's. Its use: an admission webhook
 	// allocates under a provisional owner before the Service has a UID, and the item is
 	// bound to the Service's UID once the Service is stored. It can move anyone's items

@@ -3,6 +3,7 @@ package endpoints
 import (
 	"errors"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -387,6 +388,53 @@ func TestEndpointsDeletedBySomeone(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitStored(t, h, "default", "foo")
+}
+
+// TestUndecodableWrittenOver: a stored Endpoints value that does not decode is written
+// over by the sync that wants the object there: of a Service with a selector, or of
+// the master leases (default/kubernetes). The view keeps it as an object nobody wrote,
+// at the value's ModRevision, which the write compares; before, the view left it out,
+// the write was a create that compares ModRevision 0, and it conflicted for ever.
+func TestUndecodableWrittenOver(t *testing.T) {
+	master := &kube.Endpoints{Subsets: []kube.Subset{{Addresses: []kube.Address{{IP: "10.0.0.1"}},
+		Ports: []kube.Port{{Name: "https", Port: 6443, Protocol: kube.ProtocolTCP}}}}}
+	for _, tc := range []struct {
+		name      string
+		key       string
+		sync      func(h *harness)
+		managedBy string // of the object written
+	}{
+		{name: "a Service's", key: "default/foo", managedBy: kube.ManagedByController,
+			sync: func(h *harness) {
+				h.snapshots(1, []*kube.Service{testService("default")},
+					[]*kube.Pod{testPod("default", 0, true, 1)})
+			}},
+		{name: "the master leases'", key: masterKey, managedBy: kube.ManagedByMasterLease,
+			sync: func(h *harness) { h.c.SetMasterEndpoints(master) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Config{})
+			if _, err := h.cli.Put(etcdtest.Context(t), h.c.etcdKey(tc.key), "\xff\xff"); err != nil {
+				t.Fatal(err)
+			}
+			tc.sync(h)
+			ns, name, _ := strings.Cut(tc.key, "/")
+			written := func() bool {
+				resp, err := h.cli.Get(etcdtest.Context(t), h.c.etcdKey(tc.key))
+				if err != nil || len(resp.Kvs) != 1 {
+					return false
+				}
+				_, err = decodeEndpoints(resp.Kvs[0].Value, 0, 0)
+				return err == nil
+			}
+			if !etcdtest.Eventually(5*time.Second, written) {
+				t.Fatalf("%s still holds the undecodable value after 5 s", tc.key)
+			}
+			if e := h.get(ns, name); e.ManagedBy != tc.managedBy || len(e.Subsets) != 1 {
+				t.Errorf("%s written over with %+v; want the object of %s", tc.key, e, tc.managedBy)
+			}
+		})
+	}
 }
 
 func waitStored(t *testing.T, h *harness, ns, name string) {

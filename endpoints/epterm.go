@@ -2,6 +2,7 @@ package endpoints
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -120,14 +121,20 @@ func (t *term) wroteEndpoints(key string, cur, ep *kube.Endpoints, rev int64, si
 }
 
 // newEndpointsView is the term's view of the stored Endpoints objects. A stored value
-// that does not decode is left out (and logged): the sync of its Service writes the
-// object again. A change of someone else's is put right only when it deletes an object
-// (kube-controller-manager watches Endpoints deletions alone).
+// that does not decode is kept (and logged) as an empty object of its key that nobody
+// wrote, at the value's revisions: a sync that wants an object there (of a Service with
+// a selector, or of the master leases) writes over it, comparing that revision, and
+// nothing deletes it. A change of someone else's is put right only when it deletes an
+// object (kube-controller-manager watches Endpoints deletions alone).
 func (t *term) newEndpointsView() *view[*kube.Endpoints] {
 	v := newView(t.c.endpointsStore(), t.c.log)
 	v.unreadable = func(kv *mvccpb.KeyValue, err error) (*kube.Endpoints, bool) {
-		t.c.log.Warn("stored endpoints unreadable; ignored", "key", string(kv.Key), "error", err)
-		return nil, false
+		t.c.log.Warn("stored endpoints unreadable; kept as an object nobody wrote, to be written over",
+			"key", string(kv.Key), "error", err)
+		svcKey, _, _ := v.split(kv.Key)
+		ns, name, _ := strings.Cut(svcKey, "/")
+		return &kube.Endpoints{Namespace: ns, Name: name, Revision: kv.ModRevision,
+			CreateRevision: kv.CreateRevision}, true
 	}
 	v.stamp = func(e *kube.Endpoints, modRev, createRev int64) *kube.Endpoints {
 		cp := *e

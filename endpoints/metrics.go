@@ -66,7 +66,8 @@ func newMetrics(reg prometheus.Registerer, stored func() (objects, truncated int
 	m.unreadable = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allocd_endpoints_unreadable_objects_total",
 		Help: "Stored objects that did not decode when the leader read them, by kind (Endpoints: " +
-			"left out and written again; EndpointSlice: kept as a slice nobody manages).",
+			"kept as an object nobody wrote, which a sync writes over; EndpointSlice: kept as a slice " +
+			"nobody manages).",
 	}, []string{"kind"})
 	m.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allocd_endpoints_watch_restarts_total",

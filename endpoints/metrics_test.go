@@ -33,20 +33,25 @@ func TestUnreadableCounted(t *testing.T) {
 		}
 	}
 	ctx := etcdtest.Context(t)
+	revs := map[string]int64{}
 	for _, key := range []string{"/endpoints/ns/bad", "/endpointslices/ns/svc/bad"} {
-		if _, err := h.cli.Put(ctx, testPrefix+key, "\xff\xff"); err != nil {
+		resp, err := h.cli.Put(ctx, testPrefix+key, "\xff\xff")
+		if err != nil {
 			t.Fatal(err)
 		}
+		revs[key] = resp.Header.Revision
 	}
 	etcdtest.WaitFor(t, 5*time.Second, "both values read by the term's views", func() bool {
 		return unreadable("Endpoints") == 1 && unreadable("EndpointSlice") == 1
 	})
 	// The slice is kept as one nobody manages (its name stays taken); the Endpoints
-	// object is left out.
+	// object as one nobody wrote, at the value's revision (a sync writes over it).
 	if s := tm.storedSlices.get("ns/svc", "bad").obj; s == nil || managed(s) {
 		t.Errorf("unreadable slice in the view = %+v; want a slice nobody manages", s)
 	}
-	if e := tm.storedEndpoints.get("ns/bad", "").obj; e != nil {
-		t.Errorf("unreadable Endpoints in the view = %+v; want none", e)
+	if e := tm.storedEndpoints.get("ns/bad", "").obj; e == nil || e.ManagedBy != "" ||
+		e.Revision != revs["/endpoints/ns/bad"] {
+		t.Errorf("unreadable Endpoints in the view = %+v; want an object nobody wrote at revision %d", e,
+			revs["/endpoints/ns/bad"])
 	}
 }

@@ -149,7 +149,8 @@ func sliceService(ns string) *kube.Service {
 }
 
 // ownSlice is a slice the controller would have written for svc, with the endpoints of
-// pods (IPv4, on Nodes of zone-a), its numbered target ports (80 -> 8080) resolved.
+// pods (IPv4, on Nodes of zone-a), its numbered target ports (80 -> 8080) resolved and
+// sorted as the controller writes them (EndpointPorts on a Pod without ports).
 func ownSlice(svc *kube.Service, name string, pods []*kube.Pod) *kube.EndpointSlice {
 	labels := map[string]string{}
 	for k, v := range svc.Labels {
@@ -163,13 +164,8 @@ func ownSlice(svc *kube.Service, name string, pods []*kube.Pod) *kube.EndpointSl
 	labels[kube.LabelServiceName] = svc.Name
 	labels[kube.LabelSliceManagedBy] = kube.SliceControllerName
 	s := &kube.EndpointSlice{Namespace: svc.Namespace, Service: svc.Name, Name: name, Labels: labels,
-		AddressType: kube.AddressTypeIPv4, ServiceUID: svc.UID}
-	for _, sp := range svc.Ports {
-		if sp.TargetPort.Name == "" {
-			s.Ports = append(s.Ports, kube.Port{Name: sp.Name, Port: sp.TargetPort.Number,
-				Protocol: sp.Protocol, AppProtocol: sp.AppProtocol})
-		}
-	}
+		AddressType: kube.AddressTypeIPv4, ServiceUID: svc.UID,
+		Ports: endpointslice.EndpointPorts(svc, &kube.Pod{})}
 	for _, p := range pods {
 		node := &kube.Node{Name: p.NodeName, Labels: map[string]string{kube.LabelZone: "zone-a"}}
 		s.Endpoints = append(s.Endpoints, endpointslice.Endpoint(svc, p, node, kube.AddressTypeIPv4))

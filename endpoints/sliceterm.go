@@ -136,14 +136,9 @@ func (c *Controller) sliceKey(namespace, service, name string) string {
 	return c.slicePrefix + namespace + "/" + service + "/" + name
 }
 
-// sliceNames returns the names of every stored slice of key, managed or not.
-func (t *term) sliceNames(key string) map[string]bool {
-	out := map[string]bool{}
-	for _, s := range t.storedSlices.objects(key) {
-		out[s.Name] = true
-	}
-	return out
-}
+// sliceNames returns the names of every stored slice of key, managed or not, as their
+// etcd keys spell them: a create takes none of them, whatever name a value carries.
+func (t *term) sliceNames(key string) map[string]bool { return t.storedSlices.names(key) }
 
 // managedSlices returns the stored slices of key that the controller manages, sorted by
 // name.
@@ -162,13 +157,27 @@ func managed(s *kube.EndpointSlice) bool {
 	return s.Labels[kube.LabelSliceManagedBy] == kube.SliceControllerName
 }
 
-// newSlicesView is the term's view of the stored slices. A stored value that does not
+// newSlicesView is the term's view of the stored slices. A slice's namespace and name
+// are its key's, whatever its value says (a value of another name, or none, would send
+// the writes of its sync to another key, which holds nothing: they would conflict for
+// ever); its Service is its key's already (slicesStore). A stored value that does not
 // decode is kept (and logged) as a slice of its name that nobody manages, so that the
 // name stays taken. Any change the term did not write is put right: the EndpointSlice
 // controller owns its slices whole (kube-controller-manager's queues the Service on
 // every change of a slice it manages).
 func (t *term) newSlicesView() *view[*kube.EndpointSlice] {
 	v := newView(t.c.slicesStore(), t.c.log)
+	decode := v.decode
+	v.decode = func(kv *mvccpb.KeyValue) (*kube.EndpointSlice, error) {
+		s, err := decode(kv)
+		if err != nil {
+			return nil, err
+		}
+		svcKey, name, _ := v.split(kv.Key)
+		s.Namespace, _, _ = strings.Cut(svcKey, "/")
+		s.Name = name
+		return s, nil
+	}
 	v.unreadable = func(kv *mvccpb.KeyValue, err error) (*kube.EndpointSlice, bool) {
 		t.c.log.Warn("stored endpoint slice unreadable; its name is kept out of use", "key", string(kv.Key),
 			"error", err)

@@ -29,7 +29,7 @@ import (
 //     write whose outcome is unknown (unknown), read again before the Service's next
 //     sync (reloadUnsure).
 //
-// A Service whose objects someone else deleted (or, with foreignPuts, wrote) is told
+// A Service whose objects someone else deleted (or, with foreignPuts, wrote) is passed
 // to changed, which queues it again: its sync puts them right. The view's store[T] says
 // where the kind lives and how it decodes; what else differs between the kinds is in
 // the functions a view is built with (newEndpointsView, newSlicesView). T is a pointer
@@ -181,7 +181,24 @@ func (v *view[T]) objects(svcKey string) []T {
 	return out
 }
 
-// keys returns the keys of the Services that have a stored object.
+// names returns the names of the stored objects of a Service, as their keys spell them
+// (a stored value may carry another name, or none).
+func (v *view[T]) names(svcKey string) map[string]bool {
+	var zero T
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	s := v.seen[svcKey]
+	out := map[string]bool{}
+	s.all(func(name string, st sight[T]) {
+		if st.obj != zero {
+			out[name] = true
+		}
+	})
+	return out
+}
+
+// keys returns the keys of the Services that have a stored object, not of those whose
+// objects the view saw deleted (by the term, or by someone else: that queued them).
 func (v *view[T]) keys() []string {
 	var zero T
 	v.mu.Lock()

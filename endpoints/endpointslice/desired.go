@@ -39,10 +39,10 @@ func addressTypes(svc *kube.Service) []string {
 	return out
 }
 
-// endpointPorts resolves svc's ports on pod, in the order allocd writes them: a named
+// EndpointPorts resolves svc's ports on pod, in the order allocd writes them: a named
 // target port the Pod lacks is left out, so Pods resolving different ports land in
-// different groups.
-func endpointPorts(svc *kube.Service, pod *kube.Pod) []kube.Port {
+// different groups (getEndpointPorts).
+func EndpointPorts(svc *kube.Service, pod *kube.Pod) []kube.Port {
 	out := make([]kube.Port, 0, len(svc.Ports))
 	for i := range svc.Ports {
 		sp := &svc.Ports[i]
@@ -185,7 +185,7 @@ func desiredEndpoints(svc *kube.Service, pods []*kube.Pod, nodes NodeLookup,
 		if !ShouldPodBeInEndpoints(pod, true) {
 			continue
 		}
-		ports := endpointPorts(svc, pod)
+		ports := EndpointPorts(svc, pod)
 		key := portsKey(ports)
 		g := groups[key]
 		if g == nil {

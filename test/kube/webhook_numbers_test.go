@@ -64,9 +64,7 @@ func TestWebhookNumbers(t *testing.T) {
 			}
 			for _, i := range order {
 				if i < len(sides) {
-					row := sides[i].measure(t, level, r, creates)
-					t.Logf("%s", row.line())
-					rows = append(rows, row)
+					rows = append(rows, sides[i].measure(t, level, r, creates))
 				}
 			}
 		}
@@ -213,6 +211,7 @@ func (s *createSide) measure(t *testing.T, level, r, creates int) numbersRow {
 			`grpc_method="Allocate"`)
 		row.calls = callsLine(hookBefore, hookAfter)
 	}
+	t.Logf("%s", row.line()) // before the side settles, which may fail the test
 	var names []string
 	for i, c := range run.created {
 		if c != nil {

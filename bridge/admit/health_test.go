@@ -156,7 +156,9 @@ func TestAllocdDownFast(t *testing.T) {
 			t.Errorf("answer %d %+v with allocd known down; want 500 naming allocd and its health check", code,
 				st)
 		}
-		if took > 500*time.Millisecond {
+		// At once: a check of allocd that fails, 0.66 s at most seen under -race on a
+		// loaded machine; the budget was 4 s.
+		if took > 2*time.Second {
 			t.Errorf("answered after %v with allocd known down; want at once (its budget was 4 s)", took)
 		}
 	}

@@ -132,7 +132,7 @@ func TestAllocdUnreachable(t *testing.T) {
 		!strings.Contains(st.Message, want) {
 		t.Errorf("answer %d %+v; want 500 with %q", code, st, want)
 	}
-	if took > time.Second {
+	if took > 2*time.Second {
 		t.Errorf("answered after %v with allocd known down; want at once, not after the budget (4 s)", took)
 	}
 	cancel()

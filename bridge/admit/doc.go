@@ -32,8 +32,10 @@
 // and ExternalName Services and default/kubernetes are let through untouched. When
 // allocd cannot answer (or is behind the cluster's ServiceCIDRs), the webhook answers
 // HTTP 500 with a message naming allocd and its last health check, and the webhook's
-// failurePolicy decides; its readiness is its informers' alone, so that it stays
-// behind its Service to give that answer.
+// failurePolicy decides; once a health check of allocd failed it gives that answer at
+// once, without waiting for calls to allocd to give up, as long as a check made for
+// the admission fails too (WatchAllocd). Its readiness is its informers' alone, so
+// that it stays behind its Service to give that answer.
 //
 //	factory := informers.NewSharedInformerFactory(kube, 0)
 //	cluster, err := admit.NewCluster(kube, factory)
@@ -41,6 +43,6 @@
 //	wh, err := admit.New(log, allocdClient, cluster, prometheus.DefaultRegisterer)
 //	if err != nil { ... }
 //	factory.Start(ctx.Done())
-//	go wh.WatchAllocd(ctx, health, 5*time.Second)
+//	go wh.WatchAllocd(ctx, admit.HealthProbe(allocdClient.Conn()), time.Second)
 //	http.Handle("/mutate", wh) // behind TLS
 package admit

@@ -118,12 +118,8 @@ func TestAllocdUnreachable(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	health := func(ctx context.Context) error {
-		_, err := c.Health(ctx)
-		return err
-	}
-	go func() { defer close(done); w.WatchAllocd(ctx, health, 50*time.Millisecond) }()
-	waitFor(t, "allocd checked", func() bool { return w.health.Load() != nil })
+	go func() { defer close(done); w.WatchAllocd(ctx, HealthProbe(c.Conn()), 50*time.Millisecond) }()
+	waitFor(t, "allocd checked", func() bool { return w.health.last.Load() != nil })
 	if err := w.Ready(); err != nil {
 		t.Errorf("Ready() = %v with allocd down; want ready: a replica that left its Service's endpoints "+
 			"would turn kube-apiserver's error under Fail into a connection refused", err)
@@ -131,10 +127,13 @@ func TestAllocdUnreachable(t *testing.T) {
 	if up := testutil.ToFloat64(w.m.allocdUp); up != 0 {
 		t.Errorf("allocd_webhook_allocd_reachable = %v with allocd down; want 0", up)
 	}
-	code, _, st, _ = post(t, w, createRequest(t, "3", spec{name: "web3"}), "2s")
+	code, _, st, took = post(t, w, createRequest(t, "3", spec{name: "web3"}), "5s")
 	if want := "allocd's health check failing since"; code != http.StatusInternalServerError ||
 		!strings.Contains(st.Message, want) {
 		t.Errorf("answer %d %+v; want 500 with %q", code, st, want)
+	}
+	if took > 2*time.Second {
+		t.Errorf("answered after %v with allocd known down; want at once, not after the budget (4 s)", took)
 	}
 	cancel()
 	<-done

@@ -8,9 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"sync/atomic"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -31,7 +31,8 @@ type Webhook struct {
 	m       *metrics
 	// maxTime bounds an answer when kube-apiserver sends no timeout.
 	maxTime time.Duration
-	health  atomic.Pointer[allocdHealth]
+	health  health
+	clock   clockwork.Clock // of WatchAllocd's intervals
 }
 
 // DefaultMaxTime is how long an admission may take when kube-apiserver's request names
@@ -49,7 +50,8 @@ func New(log *slog.Logger, a Allocd, cluster *Cluster, reg prometheus.Registerer
 	if err != nil {
 		return nil, err
 	}
-	return &Webhook{log: log, allocd: a, cluster: cluster, m: m, maxTime: DefaultMaxTime}, nil
+	return &Webhook{log: log, allocd: a, cluster: cluster, m: m, maxTime: DefaultMaxTime,
+		health: health{kick: make(chan struct{}, 1)}, clock: clockwork.NewRealClock()}, nil
 }
 
 // SetMaxTime sets how long an admission may take when kube-apiserver's request names
@@ -72,63 +74,11 @@ func (w *Webhook) Ready() error {
 	return nil
 }
 
-// allocdHealth is what WatchAllocd last saw of allocd.
-type allocdHealth struct {
-	err   error // nil: serving
-	since time.Time
-}
-
-// WatchAllocd calls health now and every interval until ctx ends, and keeps what it
-// answered for the webhook's errors (an admission allocd could not serve names
-// allocd's last health check) and the allocd_webhook_allocd_reachable gauge.
-func (w *Webhook) WatchAllocd(ctx context.Context, health func(context.Context) error,
-	interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		hctx, cancel := context.WithTimeout(ctx, interval)
-		err := health(hctx)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		prev := w.health.Load()
-		if prev == nil || (prev.err == nil) != (err == nil) {
-			w.log.Info("allocd reachability changed", "reachable", err == nil, "error", err)
-			w.health.Store(&allocdHealth{err: err, since: time.Now()})
-		} else if err != nil {
-			w.health.Store(&allocdHealth{err: err, since: prev.since})
-		}
-		if err == nil {
-			w.m.allocdUp.Set(1)
-		} else {
-			w.m.allocdUp.Set(0)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// allocdState says what the last health check of allocd answered, for an error.
-func (w *Webhook) allocdState() string {
-	h := w.health.Load()
-	switch {
-	case h == nil:
-		return "allocd's health not checked yet"
-	case h.err == nil:
-		return "allocd's health check passes"
-	}
-	return fmt.Sprintf("allocd's health check failing since %s: %v", h.since.UTC().Format(time.RFC3339),
-		h.err)
-}
-
 // ServeHTTP answers one AdmissionReview. A request the webhook cannot serve (allocd
 // unreachable) is answered with HTTP 500 and a Status naming allocd, so that the
 // webhook's failurePolicy decides: Ignore lets kube-apiserver allocate by itself, Fail
-// refuses the request with that message.
+// refuses the request with that message. While allocd is known down (WatchAllocd)
+// that answer comes at once.
 func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	if r.Method != http.MethodPost {
@@ -158,6 +108,9 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		w.log.Warn("admission not served; the webhook's failure policy decides", "operation", req.Operation,
 			"namespace", req.Namespace, "name", req.Name, "uid", req.UID, "error", err)
+		if errors.Is(err, ErrAllocd) && !errors.Is(err, ErrAllocdDown) {
+			w.kickAllocd() // a check now tells whether the next admissions can be answered at once
+		}
 		if errors.Is(err, ErrAllocd) || errors.Is(err, ErrDisagree) || errors.Is(err, ErrBehind) {
 			err = fmt.Errorf("%w (%s)", err, w.allocdState())
 		}
@@ -261,6 +214,9 @@ func (w *Webhook) Admit(ctx context.Context, req *admissionv1.AdmissionRequest) 
 	}
 	if !ok || n.empty() {
 		return allow, ResultAllowed, nil
+	}
+	if err := w.allocdDown(ctx); err != nil {
+		return nil, "", err
 	}
 	owner := &allocdv1.Owner{Namespace: req.Namespace, Name: n.name, Uid: ProvisionalPrefix + string(req.UID)}
 	a := &admission{w: w, n: n, self: self, owner: owner}

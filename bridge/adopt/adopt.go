@@ -38,6 +38,9 @@ type Adopter struct {
 	mu        sync.Mutex
 	conflicts map[string]Conflict // by Service UID and resource
 	failures  map[string]Failure  // by Service UID and resource
+	// swept are the Service UIDs the Sweeper bound items to since Service last looked
+	// at what they hold: First does not take them for UIDs allocd holds nothing for.
+	swept map[string]bool
 }
 
 // kubernetesOwnerUID is the owner UID under which allocd reserves the first address of
@@ -92,6 +95,7 @@ type Result struct {
 // New returns an Adopter writing to c.
 func New(log *slog.Logger, c *client.Client) *Adopter {
 	return &Adopter{c: c, log: log, conflicts: map[string]Conflict{}, failures: map[string]Failure{},
+		swept: map[string]bool{},
 		bound: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allocd_bridge_pending_bound_total",
 			Help: "Addresses and ports the admission webhook allocated, bound to their stored Service's UID.",
@@ -169,6 +173,7 @@ func serviceWants(s *corev1.Service) wants {
 // (what another owner holds excepted: a Conflict).
 func (a *Adopter) Service(ctx context.Context, s *corev1.Service) (Result, error) {
 	owner := &allocdv1.Owner{Namespace: s.Namespace, Name: s.Name, Uid: string(s.UID)}
+	a.takeSwept(owner.Uid) // what the Sweeper bound is in the listing below
 	want := serviceWants(s)
 	held, err := a.held(ctx, owner.Uid)
 	if err != nil {
@@ -230,24 +235,104 @@ func (a *Adopter) held(ctx context.Context, uid string) (holdings, error) {
 	}
 }
 
-// allocate allocates ips and ports for owner, Service s, all at once, or one at a time
-// when that fails (another owner holds some of them, an address is outside allocd's
-// ranges), so that each is adopted (or bound) on its own and what cannot be is reported
-// in res.
+// First adopts s, a Service that allocd holds nothing for under its UID: one the
+// bridge saw created (Controller: an informer's add, after its first listing, of a UID
+// it never adopted). It is Service without the listing of what the UID holds (there is
+// nothing to release): claim takes every item at once, one GetAllocation and one
+// Transfer for what the admission webhook allocated, one GetAllocation and one Allocate
+// for what is free. Anything else (an item of another owner, or already the UID's, or
+// outside allocd's ranges, a Transfer or an Allocate refused) is left to Service, item
+// by item.
+func (a *Adopter) First(ctx context.Context, s *corev1.Service) (Result, error) {
+	owner := &allocdv1.Owner{Namespace: s.Namespace, Name: s.Name, Uid: string(s.UID)}
+	if a.takeSwept(owner.Uid) {
+		// The Sweeper bound something to the UID already: it may hold more than s.
+		return a.Service(ctx, s)
+	}
+	want := serviceWants(s)
+	var res Result
+	done, err := a.claim(ctx, s, owner, want.ips, want.ports, &res)
+	switch {
+	case err != nil:
+		return res, err
+	case !done:
+		return a.Service(ctx, s)
+	}
+	a.record(owner, nil, nil)
+	return res, nil
+}
+
+// claim makes owner, Service s, hold ips and ports in one write when they are all in
+// the same hands: allocd is asked who holds the first of them (GetAllocation, a read),
+// and a provisional owner that holds it for s (the admission webhook allocated it)
+// gives every one of them to owner in one Transfer, or, the first being free, one
+// Allocate takes them all. An Allocate is not simply tried first: one that allocd
+// refuses (a provisional owner holds an item) fails the whole group of allocations
+// that allocd commits in one etcd transaction with it, the webhook's among them, and
+// each of those is tried again. done is false, with nothing written, when the first
+// item is held otherwise (or cannot be read but for allocd being out of reach: err),
+// or the write is refused (the items are not all in the same hands): the caller goes
+// item by item.
+func (a *Adopter) claim(ctx context.Context, s *corev1.Service, owner *allocdv1.Owner, ips []string,
+	ports []int32, res *Result) (done bool, _ error) {
+	if len(ips)+len(ports) == 0 {
+		return true, nil
+	}
+	req := &allocdv1.GetAllocationRequest{}
+	if len(ips) > 0 {
+		req.Target = &allocdv1.GetAllocationRequest_ClusterIp{ClusterIp: ips[0]}
+	} else {
+		req.Target = &allocdv1.GetAllocationRequest_NodePort{NodePort: ports[0]}
+	}
+	al, err := a.c.GetAllocation(ctx, req)
+	switch {
+	case errors.Is(err, client.ErrNotFound):
+		if err := a.allocateOnce(ctx, owner, ips, ports); err != nil {
+			return false, unreachable(ctx, err)
+		}
+		res.Adopted = append(res.Adopted, itemNames(ips, ports)...)
+		return true, nil
+	case err != nil:
+		return false, unreachable(ctx, err)
+	}
+	from := al.GetOwner()
+	if !provisionalFor(from, s) {
+		return false, nil
+	}
+	bound, err := a.bind(ctx, from, owner, ips, ports)
+	if err != nil || !bound {
+		return false, unreachable(ctx, err)
+	}
+	res.Bound = append(res.Bound, itemNames(ips, ports)...)
+	return true, nil
+}
+
+// unreachable returns err when it says that allocd is out of reach (or ctx ended): the
+// caller tries again later; nil for any other refusal, which the caller handles item
+// by item.
+func unreachable(ctx context.Context, err error) error {
+	if err != nil && (ctx.Err() != nil || errors.Is(err, client.ErrUnavailable)) {
+		return err
+	}
+	return nil
+}
+
+// itemNames names ips and ports as Result does.
+func itemNames(ips []string, ports []int32) []string {
+	out := slices.Clone(ips)
+	for _, p := range ports {
+		out = append(out, fmt.Sprint(p))
+	}
+	return out
+}
+
+// allocate makes owner, Service s, hold ips and ports: all at once (claim), or one at a
+// time when that cannot be (another owner holds some of them, an address is outside
+// allocd's ranges), so that each is adopted (or bound) on its own and what cannot be
+// is reported in res.
 func (a *Adopter) allocate(ctx context.Context, s *corev1.Service, owner *allocdv1.Owner, ips []string,
 	ports []int32, res *Result) error {
-	if len(ips)+len(ports) == 0 {
-		return nil
-	}
-	err := a.allocateOnce(ctx, owner, ips, ports)
-	if err == nil {
-		res.Adopted = append(res.Adopted, ips...)
-		for _, p := range ports {
-			res.Adopted = append(res.Adopted, fmt.Sprint(p))
-		}
-		return nil
-	}
-	if ctx.Err() != nil {
+	if done, err := a.claim(ctx, s, owner, ips, ports, res); done || err != nil {
 		return err
 	}
 	for _, ip := range ips {
@@ -311,23 +396,32 @@ func (a *Adopter) allocateOnce(ctx context.Context, owner *allocdv1.Owner, ips [
 }
 
 // provisionalHolder returns the provisional owner that holds the item err (an
-// Allocate's) refused, when it holds it for Service s: a provisional owner (admission
-// webhook) of s's namespace named after s, or after its generateName.
+// Allocate's) refused, when it holds it for Service s (provisionalFor).
 func provisionalHolder(err error, s *corev1.Service) *allocdv1.Owner {
 	var held *client.AlreadyAllocatedError
 	var e *client.Error
-	if !errors.As(err, &held) || !errors.As(err, &e) || !isProvisional(held.HolderUID) {
+	if !errors.As(err, &held) || !errors.As(err, &e) {
 		return nil
 	}
-	ns, name := e.Metadata["holder_namespace"], e.Metadata["holder_name"]
-	if ns != s.Namespace || name != s.Name && (s.GenerateName == "" || name != s.GenerateName) {
+	o := &allocdv1.Owner{Namespace: e.Metadata["holder_namespace"], Name: e.Metadata["holder_name"],
+		Uid: held.HolderUID}
+	if !provisionalFor(o, s) {
 		return nil
 	}
-	return &allocdv1.Owner{Namespace: ns, Name: name, Uid: held.HolderUID}
+	return o
+}
+
+// provisionalFor reports whether o is a provisional owner (the admission webhook's) for
+// Service s: of s's namespace, named after s or after its generateName.
+func provisionalFor(o *allocdv1.Owner, s *corev1.Service) bool {
+	ns, name := o.GetNamespace(), o.GetName()
+	return isProvisional(o.GetUid()) && ns == s.Namespace &&
+		(name == s.Name || s.GenerateName != "" && name == s.GenerateName)
 }
 
 // bind moves ips and ports from a provisional owner to owner in one transaction; bound
-// is false when from no longer holds them (bound or freed by someone else meanwhile).
+// is false, and nothing moved, when from does not hold one of them (bound or freed by
+// someone else meanwhile, or never from's).
 func (a *Adopter) bind(ctx context.Context, from, owner *allocdv1.Owner, ips []string, ports []int32) (
 	bound bool, _ error) {
 	resp, err := a.c.Transfer(ctx, &allocdv1.TransferRequest{From: from, To: owner, ClusterIps: ips,
@@ -384,8 +478,26 @@ func (a *Adopter) Deleted(ctx context.Context, namespace, name, uid string) erro
 	if _, err := a.c.Release(ctx, &allocdv1.ReleaseRequest{Owner: owner}); err != nil {
 		return fmt.Errorf("adopt: release %s/%s: %w", namespace, name, err)
 	}
+	a.takeSwept(uid)
 	a.record(owner, nil, nil)
 	return nil
+}
+
+// markSwept notes that the Sweeper bound items to the Service of uid.
+func (a *Adopter) markSwept(uid string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.swept[uid] = true
+}
+
+// takeSwept reports whether the Sweeper bound items to the Service of uid since the
+// last call for uid, and forgets it.
+func (a *Adopter) takeSwept(uid string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	was := a.swept[uid]
+	delete(a.swept, uid)
+	return was
 }
 
 // record replaces the conflicts and failures standing for owner.

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 )
@@ -20,8 +21,11 @@ import (
 // ports change; a deleted Service's allocations are released. Each address and port is
 // adopted on its own: one that fails (a conflict standing, a ClusterIP outside allocd's
 // ranges, allocd unreachable) is reported and retried with backoff up to 5 minutes,
-// the others adopted. SyncCIDRs makes allocd's ServiceCIDRs follow the cluster's
-// beside it, as they change (ServiceCIDRChanged).
+// the others adopted. A Service created after the first listing (its add handed over
+// with a UID that listing did not have) is adopted at its first sync without listing
+// what its UID holds, which is nothing (Adopter.First): the admission webhook's
+// allocation bound in two calls. SyncCIDRs makes allocd's ServiceCIDRs follow the
+// cluster's beside it, as they change (ServiceCIDRChanged).
 type Controller struct {
 	a       *Adopter
 	log     *slog.Logger
@@ -39,12 +43,18 @@ type Controller struct {
 	// initial are the Services of the first listing not tried yet; nil before it.
 	initial map[string]bool
 	ran     bool // every Service of the first listing was tried once
+	// listed are the UIDs of the first listing (nil before it) whose add has not been
+	// handed over yet, or that are not deleted yet; fresh are the Services created
+	// since (key → UID), until their first sync.
+	listed map[types.UID]bool
+	fresh  map[string]types.UID
 }
 
 // NewController returns a Controller of the Services in store (an informer's), run by
 // workers workers.
 func NewController(a *Adopter, log *slog.Logger, store cache.Store, workers int) *Controller {
 	return &Controller{a: a, log: log, store: store, workers: max(workers, 1), uids: map[string]string{},
+		fresh:    map[string]types.UID{},
 		cidrKick: make(chan struct{}, 1), goneCIDRs: map[string]*networkingv1.ServiceCIDR{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 5*time.Minute),
@@ -184,7 +194,8 @@ func (c *Controller) syncCIDRs(ctx context.Context,
 }
 
 // ServiceChanged is the feed's Service handler: (nil, s) add, (old, s) update, (s, nil)
-// delete. Updates that change no address or port are not queued.
+// delete. Updates that change no address or port are not queued. An add after the
+// first listing of a UID that listing did not have is a Service created since: fresh.
 func (c *Controller) ServiceChanged(old, cur *corev1.Service) {
 	s := cur
 	if s == nil {
@@ -193,14 +204,36 @@ func (c *Controller) ServiceChanged(old, cur *corev1.Service) {
 	if old != nil && cur != nil && old.UID == cur.UID && sameWants(serviceWants(old), serviceWants(cur)) {
 		return
 	}
+	k := key(s)
 	c.mu.Lock()
-	if old != nil && cur == nil {
-		if _, ok := c.uids[key(s)]; !ok {
-			c.uids[key(s)] = string(s.UID)
+	switch {
+	case old == nil && c.listed != nil:
+		if c.listed[s.UID] {
+			delete(c.listed, s.UID) // an add of the first listing, handed over late
+		} else {
+			c.fresh[k] = s.UID
 		}
+	case cur == nil:
+		if _, ok := c.uids[k]; !ok {
+			c.uids[k] = string(s.UID)
+		}
+		delete(c.listed, s.UID)
+		delete(c.fresh, k)
+	case old != nil && old.UID != cur.UID:
+		delete(c.fresh, k)
 	}
 	c.mu.Unlock()
-	c.queue.Add(key(s))
+	c.queue.Add(k)
+}
+
+// takeFresh reports whether k is a Service created since the first listing, of UID
+// uid, not synced yet; it is not fresh any more after.
+func (c *Controller) takeFresh(k string, uid types.UID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f, ok := c.fresh[k]
+	delete(c.fresh, k)
+	return ok && f == uid
 }
 
 func key(s *corev1.Service) string { return s.Namespace + "/" + s.Name }
@@ -219,9 +252,11 @@ func (c *Controller) Run(ctx context.Context, synced cache.InformerSynced) error
 		return nil
 	}
 	c.mu.Lock()
-	c.initial = map[string]bool{}
-	for _, k := range c.store.ListKeys() {
-		c.initial[k] = true
+	c.initial, c.listed = map[string]bool{}, map[types.UID]bool{}
+	for _, obj := range c.store.List() {
+		if s, ok := obj.(*corev1.Service); ok {
+			c.initial[key(s)], c.listed[s.UID] = true, true
+		}
 	}
 	c.ran = len(c.initial) == 0
 	c.mu.Unlock()
@@ -296,7 +331,11 @@ func (c *Controller) sync(ctx context.Context, k string) error {
 	if s == nil {
 		return nil
 	}
-	res, err := c.a.Service(ctx, s)
+	adopt := c.a.Service
+	if c.takeFresh(k, s.UID) {
+		adopt = c.a.First
+	}
+	res, err := adopt(ctx, s)
 	if err != nil {
 		return err
 	}

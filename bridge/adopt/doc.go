@@ -8,9 +8,12 @@
 // allocates under a provisional owner (UID "admission/<request uid>") before the
 // Service has a UID, and this package settles them.
 //
-//   - Binding: adoption finds a Service's item held by a provisional owner of the
-//     Service's namespace and name (or generateName) and moves it to the Service's UID
-//     with allocd's Transfer, in one transaction: never free, never two holders.
+//   - Binding: adoption finds a Service's items held by a provisional owner of the
+//     Service's namespace and name (or generateName) and moves them to the Service's
+//     UID with allocd's Transfer, in one transaction: never free, never two holders. A
+//     Service the bridge sees created costs two calls: who holds its first item
+//     (GetAllocation), then one Transfer of all of them (Adopter.First); item by item
+//     only when they are not all the provisional owner's.
 //   - Sweeping: a Sweeper lists the provisional owners every interval; an item older
 //     than the grace is bound to the stored Service that holds it (a quorum read of the
 //     API server) or freed. The grace exceeds the longest time kube-apiserver takes

@@ -207,6 +207,9 @@ func (s *Sweeper) settle(ctx context.Context, owner *allocdv1.Owner, items []*al
 		}
 		if len(mine) > 0 {
 			ips, ports := split(mine)
+			// Marked first: an adoption of the Service that begins from now on lists
+			// what its UID holds (Adopter.First).
+			s.a.markSwept(string(svc.UID))
 			bound, err := s.a.bind(ctx, owner, ownerOf(svc), ips, ports)
 			if err != nil {
 				return err

@@ -468,6 +468,12 @@ func decideOutage(t *testing.T, d *deciding) int {
 	down := runCreates(ctx, d.c.Admin, 150, 16, nodePorts(0))
 	t.Logf("150 creates with allocd and the bridge stopped under Ignore: %d stored in %v; refused: %s",
 		len(down.lat), down.wall.Round(time.Millisecond), &down.refused)
+	// Each create waited about 4 s (the webhook's budget) before the webhook answered at
+	// once while allocd is known down: 150 took 40.6 s then.
+	if down.wall > 20*time.Second {
+		t.Errorf("150 creates with allocd stopped took %v; want the webhook to answer at once while "+
+			"allocd is known down, not after its calls gave up", down.wall.Round(time.Millisecond))
+	}
 	for _, r := range d.allocd.Replicas {
 		r.Start()
 	}

@@ -24,12 +24,13 @@ import (
 // etcd (fsync on), at KUBE_E2E_LEVELS existing Services (default 0,5000,10000):
 //
 //   - creates/s and the p50 / p99 of a create, as 16 clients see them, over
-//     KUBE_E2E_CREATES creates (default 1,000) of single-stack ClusterIP Services, each
-//     client sending its next create when the last is answered;
+//     KUBE_E2E_CREATES creates (default 1,000) of single-stack ClusterIP Services
+//     without a selector (numbersService), each client sending its next create when the
+//     last is answered;
 //   - the webhook's own latency (its histogram) and kube-apiserver's view of it
 //     (apiserver_admission_webhook_admission_duration_seconds), p50 / p99, interpolated
 //     within their buckets as Prometheus' histogram_quantile does;
-//   - the CPU time of each process in the run, and the machine's load.
+//   - the CPU time of each process in the run, per create, and the machine's load.
 //
 // The existing Services are filled in chunks of 1,000 (every chunk's rate is logged:
 // a curve from 0 to the top level); the measured creates are deleted after each run
@@ -63,9 +64,7 @@ func TestWebhookNumbers(t *testing.T) {
 			}
 			for _, i := range order {
 				if i < len(sides) {
-					row := sides[i].measure(t, level, r, creates)
-					t.Logf("%s", row.line())
-					rows = append(rows, row)
+					rows = append(rows, sides[i].measure(t, level, r, creates))
 				}
 			}
 		}
@@ -101,6 +100,16 @@ const (
 	fillNS  = "fill"
 	benchNS = "bench"
 )
+
+// numbersService is a ClusterIP Service of the numbers: without a selector, so that
+// neither side has endpoint work (kube-apiserver alone runs no endpoint controller; with
+// the webhook, allocd's Endpoints and EndpointSlice controllers and the bridge would
+// write an Endpoints and a slice for each Service with one). The e2e keeps selectors.
+func numbersService(ns, name string) *corev1.Service {
+	s := plainService(ns, name)
+	s.Spec.Selector = nil
+	return s
+}
 
 // createSide is one side of the numbers: a cluster and what serves its creates.
 type createSide struct {
@@ -138,7 +147,7 @@ func (s *createSide) fill(t *testing.T, level int) {
 		n := min(1000, level-s.filled)
 		from := s.filled
 		run := runCreates(ctx, s.c.Admin, n, 16, func(i int) *corev1.Service {
-			return plainService(fillNS, fmt.Sprintf("fill-%d", from+i))
+			return numbersService(fillNS, fmt.Sprintf("fill-%d", from+i))
 		})
 		if run.refused.total() > 0 {
 			t.Fatalf("%s: filling %d to %d: refused: %s", s.name, from, from+n, &run.refused)
@@ -159,6 +168,7 @@ type numbersRow struct {
 	allocate quantiles // allocd's Allocate, its gRPC handling time
 	calls    string    // allocd's calls by method during the run
 	cpu      string
+	perProc  string // CPU per stored create of each process of the side
 	// apiCPU and sideCPU are kube-apiserver's CPU time per stored create, and that of
 	// every process of the side (the test's embedded etcd aside).
 	apiCPU, sideCPU time.Duration
@@ -177,14 +187,18 @@ func (s *createSide) measure(t *testing.T, level, r, creates int) numbersRow {
 	side := strings.ReplaceAll(s.name, " ", "-")
 	prof := s.startProfiles(ctx, t, fmt.Sprintf("numbers-%d-%d-%s", level, r, side))
 	run := runCreates(ctx, s.c.Admin, creates, 16, func(i int) *corev1.Service {
-		return plainService(benchNS, name(i))
+		return numbersService(benchNS, name(i))
 	})
 	row := numbersRow{level: level, side: s.name, run: run, cpu: u.String(), load: loadavg(), calls: "none"}
 	if cpu := procsCPU(s.procs); len(run.lat) > 0 {
 		row.apiCPU = (cpu[0] - cpu0[0]) / time.Duration(len(run.lat))
+		var parts []string
 		for i := range cpu {
-			row.sideCPU += (cpu[i] - cpu0[i]) / time.Duration(len(run.lat))
+			per := (cpu[i] - cpu0[i]) / time.Duration(len(run.lat))
+			row.sideCPU += per
+			parts = append(parts, fmt.Sprintf("%s %.2f", s.procs[i].name, msf(per)))
 		}
+		row.perProc = strings.Join(parts, ", ") + " ms"
 	}
 	cancel()
 	prof()
@@ -197,6 +211,7 @@ func (s *createSide) measure(t *testing.T, level, r, creates int) numbersRow {
 			`grpc_method="Allocate"`)
 		row.calls = callsLine(hookBefore, hookAfter)
 	}
+	t.Logf("%s", row.line()) // before the side settles, which may fail the test
 	var names []string
 	for i, c := range run.created {
 		if c != nil {
@@ -278,9 +293,9 @@ func saveTop(t *testing.T, name string, b []byte, err error) {
 // line is the row's one-line summary for the log.
 func (r numbersRow) line() string {
 	return fmt.Sprintf("%d existing, %s: %.1f creates/s, p50 %v, p99 %v, refused %s; webhook %s, "+
-		"as kube-apiserver saw it %s; allocd's Allocate %s; allocd's calls: %s; %s", r.level, r.side,
-		r.run.rate(), ms(pct(r.run.lat, .5)), ms(pct(r.run.lat, .99)), &r.run.refused, r.webhook, r.viewed,
-		r.allocate, r.calls, r.cpu)
+		"as kube-apiserver saw it %s; allocd's Allocate %s; allocd's calls: %s; CPU per create: %s; %s",
+		r.level, r.side, r.run.rate(), ms(pct(r.run.lat, .5)), ms(pct(r.run.lat, .99)), &r.run.refused,
+		r.webhook, r.viewed, r.allocate, r.calls, r.perProc, r.cpu)
 }
 
 // numbersTable is the markdown table of the rows, with the ratio of creates/s with the

@@ -17,7 +17,8 @@ const numbersAllocdReplicas = 2
 // startWebhookSide is kube-apiserver with allocd's webhook on e: allocd (two replicas,
 // each with Go's profiles on a port of its own), the bridge (which binds what the
 // webhook allocated, and releases what deleted Services held), and two webhook
-// replicas registered with failurePolicy Fail, as deploy/kube has them.
+// replicas registered with failurePolicy Fail, as deploy/kube has them (with
+// --profiling: their profiles on their health addresses).
 func startWebhookSide(t *testing.T, e *etcdtest.Server) *createSide {
 	c := startCluster(t, clusterConfig{name: "hooked", etcd: e.Endpoint, reconciler: "lease",
 		advertise: advertise})
@@ -36,7 +37,8 @@ func startWebhookSide(t *testing.T, e *etcdtest.Server) *createSide {
 	side.startBridge(t, c, c.pki.kubeconfig(t, "bridge", c.URL, pkix.Name{CommonName: "bridge-user"}),
 		"--profiling")
 	fail := admissionregistrationv1.Fail
-	hooks := startWebhooks(t, c, side, webhookConfig{replicas: 2, failurePolicy: fail})
+	hooks := startWebhooks(t, c, side, webhookConfig{replicas: 2, failurePolicy: fail,
+		extra: []string{"--profiling"}})
 	s.webhook = hooks.Config.Webhooks[0].Name
 	s.procs = append([]*proc{c.APIServer}, side.Replicas...)
 	s.procs = append(append(s.procs, hooks.Replicas...), side.Bridge)
@@ -48,6 +50,9 @@ func startWebhookSide(t *testing.T, e *etcdtest.Server) *createSide {
 	}
 	for i, p := range pprof {
 		s.profiles[fmt.Sprintf("allocd-%d", i)] = "http://" + p + "/debug/pprof/profile"
+	}
+	for i, h := range hooks.Health {
+		s.profiles[fmt.Sprintf("allocd-webhook-%d", i)] = "http://" + h + "/debug/pprof/profile"
 	}
 	s.profiles["allocd-bridge"] = "http://" + side.bridgeHealth + "/debug/pprof/profile"
 	s.settle = func(t *testing.T) { settleNamespace(t, side, benchNS) }

@@ -115,7 +115,7 @@ func (o *options) logger() *slog.Logger {
 // allocd-bridge/name), with a rate limit of its own: as kube-controller-manager gives
 // each controller its own client, the informers and each writer have theirs, so that
 // one's requests never wait for another's.
-func (o *options) kubeClient(name string) (kubernetes.Interface, error) {
+func (o *options) kubeClient(name string, tune ...func(*rest.Config)) (kubernetes.Interface, error) {
 	var cfg *rest.Config
 	var err error
 	if o.kubeconfig == "" && o.master == "" {
@@ -141,6 +141,9 @@ func (o *options) kubeClient(name string) (kubernetes.Interface, error) {
 		// A dialer of its own makes client-go build this client a transport of its own
 		// (it shares one between configs that differ in nothing it compares).
 		cfg.Dial = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	}
+	for _, f := range tune {
+		f(cfg)
 	}
 	return kubernetes.NewForConfig(cfg)
 }

@@ -132,19 +132,25 @@ func (e *epochs) seen(version, create int64) {
 
 // ensure creates the epoch key unless it exists, and records it.
 func (e *epochs) ensure(ctx context.Context) error {
+	_, err := e.ensured(ctx)
+	return err
+}
+
+// ensured is ensure that also returns the epoch key as its transaction left it: made
+// (version 1) or read as it was.
+func (e *epochs) ensured(ctx context.Context) (epoch, error) {
 	resp, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(e.epochKey), "=", 0)).
 		Then(clientv3.OpPut(e.epochKey, "")).Else(clientv3.OpGet(e.epochKey)).Commit()
 	if err != nil {
-		return fmt.Errorf("epoch key %s: %w", e.epochKey, err)
+		return epoch{}, fmt.Errorf("epoch key %s: %w", e.epochKey, err)
 	}
 	if resp.Succeeded {
 		e.seen(1, resp.Header.Revision)
-		return nil
+		return epoch{version: 1, create: resp.Header.Revision}, nil
 	}
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		e.seen(kvs[0].Version, kvs[0].CreateRevision)
-	}
-	return nil
+	kv := resp.Responses[0].GetResponseRange().Kvs[0] // the compare saw it: the get reads it
+	e.seen(kv.Version, kv.CreateRevision)
+	return epoch{version: kv.Version, create: kv.CreateRevision}, nil
 }
 
 // epoch is the epoch a call began in: the epoch key's version and CreateRevision as
@@ -167,21 +173,16 @@ func (e *epochs) now() epoch {
 // episode to the next would land after a full release of its owner that the second
 // episode deleted: the owner record, the items and the epoch key all absent, as it
 // expected. While the key is absent, begin makes it anew (what run does within
-// epochInterval/4), and fails while etcd refuses that put: such a call would fail for
-// want of space all the same.
+// epochInterval/4) and takes the epoch its transaction made or read (a later report
+// of the old absence, from the watch, cannot fail it). While etcd refuses that put
+// (out of space), the call fails with NOSPACE: a write that gives items fails so
+// anyway, and one of compares only (an Assign of what its owner holds already) fails
+// now too, with nothing changing hands either way.
 func (e *epochs) begin(ctx context.Context) (epoch, error) {
 	if ep := e.now(); ep.create != 0 {
 		return ep, nil
 	}
-	if err := e.ensure(ctx); err != nil {
-		return epoch{}, err
-	}
-	if ep := e.now(); ep.create != 0 {
-		return ep, nil
-	}
-	// Deleted again meanwhile (another release while out of space): fails like a call
-	// that outlived its epoch.
-	return epoch{}, fmt.Errorf("epoch key %s deleted: %w", e.epochKey, ErrConflict)
+	return e.ensured(ctx)
 }
 
 // cmps are the compares of a transaction begun in ep: it commits only while the epoch

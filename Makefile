@@ -110,7 +110,7 @@ cluster:
 # 3 etcd members and 3 allocd replicas as processes under kills, pauses and network
 # faults for ALLOCD_FAULT_DURATION (5m), its history checked.
 fault:
-	ALLOCD_FAULT_TESTS=1 $(GO) test -count=1 -v -run 'TestRenewThroughLeaderChange|TestClusterLeaderCrash|TestEndpointsLeaderKill' ./masterlease/ ./internal/testing/etcdtest/ ./cmd/allocd/
+	ALLOCD_FAULT_TESTS=1 $(GO) test -count=1 -v -run 'TestRenewThroughLeaderChange|TestStaleLeaderRevokes|TestClusterLeaderCrash|TestEndpointsLeaderKill' ./masterlease/ ./internal/testing/etcdtest/ ./cmd/allocd/
 	ALLOCD_FAULT_TESTS=1 ALLOCD_FAULT_DURATION=$${ALLOCD_FAULT_DURATION:-5m} ALLOCD_FAULT_ELECTION_MS=$${ALLOCD_FAULT_ELECTION_MS:-1000} ALLOCD_FAULT_PAUSE=$${ALLOCD_FAULT_PAUSE:-5s} $(GO) test -count=1 -v -timeout 30m -run TestFaultSuite ./internal/testing/fault/
 
 # etcd-matrix: the tests of every package that starts etcd through internal/testing/etcdtest,

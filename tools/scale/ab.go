@@ -45,12 +45,12 @@ func abRun(ctx context.Context, o options, full string) error {
 			if dir == full {
 				n = -1 // not a point: no profile
 			}
-			if rates[i], cpus[i], err = s.rateRun(ctx, f, n); err != nil {
+			if rates[i], cpus[i], _, err = s.rateRun(ctx, f, n); err != nil {
 				return err
 			}
 			rss := rss(s.allocd.Process.Pid)
 			s.killAllocd()
-			fmt.Printf("round %d %-5s: start → SERVING %s, Allocate %.0f/s, %.1f µs CPU each, RSS %s\n",
+			fmt.Printf("round %d %-5s: start → SERVING %s, %.0f cycles/s, %.1f µs CPU each, RSS %s\n",
 				round,
 				map[bool]string{true: "empty", false: "full"}[dir == empty], secs(took), rates[i],
 				float64(cpus[i])/float64(time.Microsecond), mib(rss))

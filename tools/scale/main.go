@@ -13,19 +13,22 @@ import (
 )
 
 type options struct {
-	points       []int
-	cidr         string
-	clients      int
-	rateDuration time.Duration
-	profileAt    int
-	profileDir   string
-	dir          string
-	keep         bool
-	repair       bool
-	logLevel     string
-	abFull       string
-	abRounds     int
-	settle       time.Duration
+	points        []int
+	cidr          string
+	clients       int
+	rateDuration  time.Duration
+	profileAt     int
+	profileDir    string
+	dir           string
+	keep          bool
+	repair        bool
+	logLevel      string
+	abFull        string
+	abRounds      int
+	settle        time.Duration
+	restarts      int
+	restartTrace  bool
+	shareDuration time.Duration
 }
 
 func main() {
@@ -35,6 +38,8 @@ func main() {
 			os.Exit(serveMain(os.Args[2:]))
 		case "etcd":
 			os.Exit(etcdMain(os.Args[2:]))
+		case "held":
+			os.Exit(heldMain(os.Args[2:]))
 		}
 	}
 	var o options
@@ -44,7 +49,10 @@ func main() {
 	flag.StringVar(&o.cidr, "cidr", "10.0.0.0/11",
 		"--service-cluster-ip-range (a /11: room for 1M allocations and the rate runs)")
 	flag.IntVar(&o.clients, "clients", 64, "concurrent client goroutines (fill and rate runs)")
-	flag.DurationVar(&o.rateDuration, "rate-duration", 10*time.Second, "length of each Allocate rate run")
+	flag.DurationVar(&o.rateDuration, "rate-duration", 5*time.Minute,
+		"length of each rate run (Allocate+Release cycles: every compaction in the window counts)")
+	flag.DurationVar(&o.shareDuration, "share-duration", 20*time.Second, "length of each point's run of "+
+		"Allocates measured against its controls, a held call and etcd's floor (0: none)")
 	flag.IntVar(&o.profileAt, "profile-at", 1_000_000,
 		"take CPU and heap profiles of allocd during the rate run at this point (0: none)")
 	flag.StringVar(&o.profileDir, "profile-dir", ".", "where the profiles go")
@@ -57,7 +65,19 @@ func main() {
 	flag.IntVar(&o.abRounds, "ab-rounds", 3, "rounds of -ab-full")
 	flag.DurationVar(&o.settle, "settle", 0, "wait this long after each fill before the rate run: the "+
 		"compactions the fill's writes started end first (0: the rate run follows the fill at once)")
+	flag.IntVar(&o.restarts, "restarts", 0, "instead of the points: this many rounds of restarts of the "+
+		"store in -dir (an earlier run's, kept), each start profiled (see restart.go)")
+	flag.BoolVar(&o.restartTrace, "restart-trace", false, "with -restarts: an execution trace of each start")
 	flag.Parse()
+	if o.restarts > 0 {
+		if o.dir == "" {
+			fail(fmt.Errorf("-restarts needs -dir, the work directory of a run kept with -keep"))
+		}
+		if err := restartRun(context.Background(), o); err != nil {
+			fail(err)
+		}
+		return
+	}
 	if o.abFull != "" {
 		if err := abRun(context.Background(), o, o.abFull); err != nil {
 			fail(err)

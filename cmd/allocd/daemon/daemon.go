@@ -11,6 +11,7 @@ import (
 	"net/http/pprof"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,8 +59,9 @@ type Daemon struct {
 	psrv     *http.Server
 	sec      *security // TLS and authorization; closed last
 
-	ready atomic.Bool
-	gates gates
+	ready  atomic.Bool
+	gates  gates
+	phases []StartPhase // Start's steps, once it returned
 
 	cancel      context.CancelFunc
 	runCtx      context.Context    // ends when Close is called or a part fails
@@ -84,9 +86,32 @@ type gates struct {
 	}
 }
 
+// StartPhase is one step of Start and how long it took.
+type StartPhase struct {
+	// Name is the step: etcd (the embedded member's start, or the first read of an
+	// external etcd), space (compaction and defragmentation set up), services (the
+	// allocator's index, the master leases and the controllers loaded).
+	Name string
+	Took time.Duration
+}
+
+// StartPhases returns how long Start's steps took (the "allocd serving" line logs
+// them too): a restart's time, split into etcd's and allocd's own.
+func (d *Daemon) StartPhases() []StartPhase { return slices.Clone(d.phases) }
+
+// phase records the step name as ending now, begun at the end of the last one.
+func (d *Daemon) phase(name string, began time.Time) {
+	from := began
+	for _, p := range d.phases {
+		from = from.Add(p.Took)
+	}
+	d.phases = append(d.phases, StartPhase{Name: name, Took: time.Since(from)})
+}
+
 // Start starts allocd and returns once it serves (health SERVING), or with an error that
 // says what to fix. Close stops it.
 func Start(ctx context.Context, cfg Config) (*Daemon, error) {
+	began := time.Now()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -134,10 +159,12 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	d.log.Info("allocd starting", "grpc", d.lis.Addr().String(), "metrics", cfg.MetricsAddress,
 		"etcd", d.etcdDescription(), "tls", d.sec.server != nil, "authorization", d.sec.authorizing())
 
+	d.phase("listen", began)
 	if err := d.startEtcd(ctx); err != nil {
 		d.Close()
 		return nil, err
 	}
+	d.phase("etcd", began)
 	if err := d.startSpace(ctx, runCtx); err != nil {
 		d.Close()
 		return nil, err
@@ -146,14 +173,20 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.Close()
 		return nil, err
 	}
+	d.phase("space", began)
 	if err := d.startServices(ctx, watch.WithRestarts(runCtx, d.restarts)); err != nil {
 		d.Close()
 		return nil, outOfSpaceHint(err)
 	}
+	d.phase("services", began)
 	d.ready.Store(true)
 	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	d.group.Go(func() error { d.watchEtcdHealth(runCtx); return nil })
-	d.log.Info("allocd serving", "grpc", d.lis.Addr().String())
+	took := []any{"total", time.Since(began).Round(time.Millisecond)}
+	for _, p := range d.phases {
+		took = append(took, p.Name, p.Took.Round(time.Millisecond))
+	}
+	d.log.Info("allocd serving", "grpc", d.lis.Addr().String(), slog.Group("start", took...))
 	return d, nil
 }
 

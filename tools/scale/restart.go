@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// restartRun is `scale -restarts N -dir DIR`: the restarts of a store an earlier run
+// kept in DIR (-keep), N rounds of: kill -9 → SERVING on the embedded etcd; etcd alone
+// on the data directory (start to ready); with it running, a replica joining and its
+// kill -9 → SERVING. Every allocd start writes its CPU profile, block profile and
+// steps (daemon.Start's phases: etcd, space, services) to DIR/restarts/<round>-<kind>;
+// with -restart-trace an execution trace too. It prints each start's steps: allocd's
+// own part is what follows etcd's.
+func restartRun(ctx context.Context, o options) error {
+	s, err := newStack(o.dir, o)
+	if err != nil {
+		return err
+	}
+	defer s.stop()
+	out := filepath.Join(o.dir, "restarts")
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	// A kill -9 before the first measured start, as before every later one.
+	if _, err := s.startAllocd(ctx, ""); err != nil {
+		return err
+	}
+	s.killAllocd()
+	fmt.Printf("restarts of the store in %s (%s), profiles in %s\n", o.dir, mib(dirSize(s.data)), out)
+	for round := range o.restarts {
+		var line []string
+		start := func(kind, etcdServers string) error {
+			dir := filepath.Join(out, fmt.Sprintf("%d-%s", round, kind))
+			s.startDir = dir
+			took, err := s.startAllocd(ctx, etcdServers)
+			s.startDir = ""
+			if err != nil {
+				return err
+			}
+			// SERVING comes a moment before serve writes the profiles and steps.
+			for t0 := time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(10 * time.Millisecond) {
+				if _, err := os.Stat(filepath.Join(dir, "phases.txt")); err == nil {
+					break
+				}
+			}
+			s.killAllocd()
+			line = append(line, fmt.Sprintf("%s %s (%s)", kind, secs(took), readPhases(dir)))
+			return nil
+		}
+		if err := start("embedded", ""); err != nil {
+			return err
+		}
+		etcdTook, err := s.startEtcd()
+		if err != nil {
+			return err
+		}
+		line = append(line, "etcd alone "+secs(etcdTook))
+		time.Sleep(time.Second)
+		ext := "http://" + s.etcdClient
+		if err := start("join", ext); err != nil {
+			return err
+		}
+		if err := start("external", ext); err != nil {
+			return err
+		}
+		s.stopEtcd()
+		fmt.Printf("round %d: %s\n", round, strings.Join(line, "; "))
+	}
+	return nil
+}
+
+// readPhases reads the steps a `scale serve` start wrote to dir: "etcd 1.234 s, ...".
+func readPhases(dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, "phases.txt"))
+	if err != nil {
+		return "no phases: " + err.Error()
+	}
+	var parts []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		name, v, ok := strings.Cut(l, " ")
+		if f, err := strconv.ParseFloat(v, 64); ok && err == nil {
+			parts = append(parts, fmt.Sprintf("%s %.2f s", name, f))
+		}
+	}
+	return strings.Join(parts, ", ")
+}

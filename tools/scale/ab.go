@@ -6,28 +6,58 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
-// abRun is `scale -ab-full DIR`: Allocate's rate on an empty store and on the store
-// a run left in DIR (-dir of an earlier run with -keep), the two alternating
-// -ab-rounds times, each on a fresh allocd, so that the machine's drift hits both
-// sides of every ratio alike. It prints each pair's ratio and the median, and the
-// kill -9 → SERVING of the full store each round.
-func abRun(ctx context.Context, o options, full string) error {
-	empty, err := os.MkdirTemp("", "allocd-scale-empty-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(empty)
-	stacks := map[string]*stack{}
-	for _, dir := range []string{empty, full} {
-		s, err := newStack(dir, o)
+// side is one side of an A/B: a store, the binary that serves it and its environment.
+type side struct {
+	name string
+	dir  string
+	bin  string   // "" this program
+	env  []string // added to allocd's environment (GOGC=200, ...)
+}
+
+// abRun alternates rate runs on two sides, -ab-rounds times, each on a fresh allocd,
+// so that the machine's drift hits both sides of every ratio alike, and prints each
+// pair's ratios (A / B) and their medians. The sides: with -ab-full DIR, an empty store
+// (A) against the store a run left in DIR (B: -dir of an earlier run with -keep); with
+// -ab-vs BIN, the store in -dir served by this program (A) and by BIN (B, a `scale`
+// built from other code); -ab-env adds variables to A's environment (GOGC=200: the
+// collector's settings).
+func abRun(ctx context.Context, o options) error {
+	var a, b side
+	switch {
+	case o.abFull != "":
+		empty, err := os.MkdirTemp("", "allocd-scale-empty-")
 		if err != nil {
 			return err
 		}
+		defer os.RemoveAll(empty)
+		a, b = side{name: "empty", dir: empty}, side{name: "full", dir: o.abFull}
+	case o.abVs != "" && o.dir != "":
+		a, b = side{name: "this", dir: o.dir}, side{name: filepath.Base(o.abVs), dir: o.dir, bin: o.abVs}
+	case o.abEnv != "" && o.dir != "":
+		a, b = side{name: "env", dir: o.dir}, side{name: "default", dir: o.dir}
+	default:
+		return fmt.Errorf("-ab-full DIR, or -dir DIR with -ab-vs BIN or -ab-env VARS")
+	}
+	if o.abEnv != "" {
+		a.env = strings.Split(o.abEnv, ",")
+		a.name += " (" + o.abEnv + ")"
+	}
+	stacks := map[string]*stack{}
+	for _, sd := range []side{a, b} {
+		s, err := newStack(sd.dir, o)
+		if err != nil {
+			return err
+		}
+		if sd.bin != "" {
+			s.bin = sd.bin
+		}
+		s.env = sd.env
 		defer s.stop()
-		stacks[dir] = s
+		stacks[sd.name] = s
 	}
 	f := newFiller(o.clients)
 	defer f.close()
@@ -35,36 +65,30 @@ func abRun(ctx context.Context, o options, full string) error {
 	for round := range o.abRounds {
 		var rates [2]float64
 		var cpus [2]time.Duration
-		for i, dir := range []string{empty, full} {
-			s := stacks[dir]
+		for i, sd := range []side{a, b} {
+			s := stacks[sd.name]
 			took, err := s.startAllocd(ctx, "")
 			if err != nil {
 				return err
 			}
-			n := 0
-			if dir == full {
-				n = -1 // not a point: no profile
-			}
-			if rates[i], cpus[i], _, err = s.rateRun(ctx, f, n); err != nil {
+			var compactions int
+			if rates[i], cpus[i], compactions, err = s.rateRun(ctx, f, -1); err != nil {
 				return err
 			}
 			rss := rss(s.allocd.Process.Pid)
 			s.killAllocd()
-			fmt.Printf("round %d %-5s: start → SERVING %s, %.0f cycles/s, %.1f µs CPU each, RSS %s\n",
-				round,
-				map[bool]string{true: "empty", false: "full"}[dir == empty], secs(took), rates[i],
-				float64(cpus[i])/float64(time.Microsecond), mib(rss))
+			fmt.Printf("round %d %s: start → SERVING %s, %.0f cycles/s, %.1f µs CPU each, "+
+				"%d compactions, RSS %s\n", round, sd.name, secs(took), rates[i], us(cpus[i]), compactions,
+				mib(rss))
 		}
-		ratios = append(ratios, rates[1]/rates[0])
-		cpuRatios = append(cpuRatios, float64(cpus[1])/float64(cpus[0]))
+		ratios = append(ratios, rates[0]/rates[1])
+		cpuRatios = append(cpuRatios, float64(cpus[0])/float64(cpus[1]))
 	}
 	slices.Sort(ratios)
 	slices.Sort(cpuRatios)
-	fmt.Printf("rate full/empty, pair by pair (sorted): %.2f; median %.2f\n", ratios, ratios[len(ratios)/2])
-	fmt.Printf("CPU per Allocate full/empty (sorted): %.2f; median %.2f\n", cpuRatios,
+	fmt.Printf("rate %s / %s, pair by pair (sorted): %.2f; median %.2f\n", a.name, b.name, ratios,
+		ratios[len(ratios)/2])
+	fmt.Printf("CPU per cycle %s / %s (sorted): %.2f; median %.2f\n", a.name, b.name, cpuRatios,
 		cpuRatios[len(cpuRatios)/2])
 	return nil
 }
-
-// fullDataDir is the data directory of a run's work directory.
-func fullDataDir(dir string) string { return filepath.Join(dir, "data") }

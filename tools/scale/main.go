@@ -24,6 +24,7 @@ type options struct {
 	repair        bool
 	logLevel      string
 	abFull        string
+	abVs, abEnv   string
 	abRounds      int
 	settle        time.Duration
 	restarts      int
@@ -62,7 +63,11 @@ func main() {
 	flag.StringVar(&o.logLevel, "log-level", "warn", "allocd's --log-level")
 	flag.StringVar(&o.abFull, "ab-full", "", "instead of the points: Allocate on an empty store and on "+
 		"the store in this work directory (an earlier -dir, kept), alternating")
-	flag.IntVar(&o.abRounds, "ab-rounds", 3, "rounds of -ab-full")
+	flag.StringVar(&o.abVs, "ab-vs", "", "instead of the points: the store in -dir served by this program "+
+		"and by this other build of scale, alternating")
+	flag.StringVar(&o.abEnv, "ab-env", "", "instead of the points: the store in -dir served with these "+
+		"variables in allocd's environment (GOGC=200,GOMEMLIMIT=3GiB) and without, alternating")
+	flag.IntVar(&o.abRounds, "ab-rounds", 3, "rounds of -ab-full, -ab-vs or -ab-env")
 	flag.DurationVar(&o.settle, "settle", 0, "wait this long after each fill before the rate run: the "+
 		"compactions the fill's writes started end first (0: the rate run follows the fill at once)")
 	flag.IntVar(&o.restarts, "restarts", 0, "instead of the points: this many rounds of restarts of the "+
@@ -78,8 +83,8 @@ func main() {
 		}
 		return
 	}
-	if o.abFull != "" {
-		if err := abRun(context.Background(), o, o.abFull); err != nil {
+	if o.abFull != "" || o.abVs != "" || o.abEnv != "" {
+		if err := abRun(context.Background(), o); err != nil {
 			fail(err)
 		}
 		return

@@ -37,6 +37,7 @@ type stack struct {
 	// startDir: the next allocd start writes its profiles and steps there
 	// (restartRun).
 	startDir string
+	env      []string // added to allocd's environment
 }
 
 func newStack(dir string, o options) (*stack, error) {
@@ -84,6 +85,7 @@ func (s *stack) startAllocd(ctx context.Context, etcdServers string) (time.Durat
 		return 0, err
 	}
 	cmd := exec.Command(s.bin, args...)
+	cmd.Env = append(os.Environ(), s.env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	start := time.Now()

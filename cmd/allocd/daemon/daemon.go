@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -41,6 +42,7 @@ import (
 type Daemon struct {
 	cfg      Config
 	log      *slog.Logger
+	logOut   *bufferedOutput // standard error's buffer, when the logs go there
 	registry *prometheus.Registry
 	alarms   *prometheus.GaugeVec     // etcd's alarms (space.go)
 	etcdReqs *prometheus.HistogramVec // etcd request latency (etcdmetrics.go)
@@ -110,19 +112,23 @@ func (d *Daemon) phase(name string, began time.Time) {
 
 // Start starts allocd and returns once it serves (health SERVING), or with an error that
 // says what to fix. Close stops it.
-func Start(ctx context.Context, cfg Config) (*Daemon, error) {
+func Start(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	began := time.Now()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, restarts: watch.NewRestarts()}
-	d.log = newLogger(cfg)
+	d.log = d.newLogger()
+	defer func() {
+		if err != nil && d.logOut != nil {
+			d.logOut.close() // the lines that say why, before the caller exits
+		}
+	}()
 	d.registry = prometheus.NewRegistry()
 	d.registry.MustRegister(collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	d.etcdReqs = newEtcdRequestMetrics(d.registry)
 
-	var err error
 	if d.sec, err = newSecurity(cfg, d.log); err != nil {
 		return nil, err
 	}
@@ -179,6 +185,13 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		return nil, outOfSpaceHint(err)
 	}
 	d.phase("services", began)
+	d.serve(runCtx, began)
+	return d, nil
+}
+
+// serve turns health SERVING, watches etcd's health from then on, and logs the start's
+// steps (begun at began).
+func (d *Daemon) serve(runCtx context.Context, began time.Time) {
 	d.ready.Store(true)
 	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	d.group.Go(func() error { d.watchEtcdHealth(runCtx); return nil })
@@ -187,7 +200,17 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		took = append(took, p.Name, p.Took.Round(time.Millisecond))
 	}
 	d.log.Info("allocd serving", "grpc", d.lis.Addr().String(), slog.Group("start", took...))
-	return d, nil
+}
+
+// newLogger is the daemon's logger: to cfg.LogOutput, or through a buffer to standard
+// error (bufferedOutput).
+func (d *Daemon) newLogger() *slog.Logger {
+	out := d.cfg.LogOutput
+	if out == nil {
+		d.logOut = newBufferedOutput(os.Stderr)
+		out = d.logOut
+	}
+	return newLogger(d.cfg, out)
 }
 
 // registerGates registers the allocd services on d.grpc through d.gates, unimplemented
@@ -534,16 +557,15 @@ func (d *Daemon) Close() error {
 			d.sec.close()
 		}
 		d.log.Info("allocd stopped")
+		if d.logOut != nil {
+			d.logOut.close()
+		}
 	})
 	return d.closeErr
 }
 
-func newLogger(c Config) *slog.Logger {
+func newLogger(c Config, out io.Writer) *slog.Logger {
 	lvl, _ := c.logLevel()
-	out := c.LogOutput
-	if out == nil {
-		out = os.Stderr
-	}
 	opts := &slog.HandlerOptions{Level: lvl}
 	if c.LogFormat == "json" {
 		return slog.New(slog.NewJSONHandler(out, opts))

@@ -138,6 +138,8 @@ func (s *stack) measure(ctx context.Context, f *filler, n int) (row, error) {
 	if r.rate, r.cpu, r.compactions, err = s.rateRun(ctx, f, n); err != nil {
 		return r, err
 	}
+	fmt.Printf("at %d: %.0f Allocate+Release cycles/s over %v, %.1f µs CPU each, %d compactions\n", n,
+		r.rate, r.dur, us(r.cpu), r.compactions)
 	if s.o.shareDuration > 0 {
 		if r.share, err = s.shareRun(ctx, f); err != nil {
 			return r, err

@@ -143,13 +143,32 @@ func (s *stack) floorRun(ctx context.Context, batch int) (time.Duration, error) 
 		_, err := cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
 		return err
 	})
-	if _, err := cli.Delete(ctx, "/floor/", clientv3.WithPrefix()); err != nil {
+	if err := deletePrefix(ctx, cli, "/floor/"); err != nil {
 		return 0, err
 	}
 	if txns == 0 {
 		return 0, fmt.Errorf("no floor transaction succeeded")
 	}
 	return cpu / time.Duration(txns*batch), nil
+}
+
+// deletePrefix deletes the keys under prefix 10,000 at a time (one delete of a
+// hundred thousand keys outlasts etcd's request timeout on a store of a million).
+func deletePrefix(ctx context.Context, cli *clientv3.Client, prefix string) error {
+	for {
+		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+			clientv3.WithLimit(10_000))
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) == 0 {
+			return nil
+		}
+		last := string(resp.Kvs[len(resp.Kvs)-1].Key)
+		if _, err := cli.Delete(ctx, string(resp.Kvs[0].Key), clientv3.WithRange(last+"\x00")); err != nil {
+			return err
+		}
+	}
 }
 
 // heldRun starts `scale held` (a bare gRPC Health server that answers each Check after

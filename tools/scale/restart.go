@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // restartRun is `scale -restarts N -dir DIR`: the restarts of a store an earlier run
@@ -37,6 +41,10 @@ func restartRun(ctx context.Context, o options) error {
 		var line []string
 		start := func(kind, etcdServers string) error {
 			dir := filepath.Join(out, fmt.Sprintf("%d-%s", round, kind))
+			behind := ""
+			if etcdServers != "" {
+				behind = ", " + s.checkpointLag(ctx)
+			}
 			s.startDir = dir
 			took, err := s.startAllocd(ctx, etcdServers)
 			s.startDir = ""
@@ -50,7 +58,7 @@ func restartRun(ctx context.Context, o options) error {
 				}
 			}
 			s.killAllocd()
-			line = append(line, fmt.Sprintf("%s %s (%s)", kind, secs(took), readPhases(dir)))
+			line = append(line, fmt.Sprintf("%s %s (%s%s)", kind, secs(took), readPhases(dir), behind))
 			return nil
 		}
 		if err := start("embedded", ""); err != nil {
@@ -73,6 +81,29 @@ func restartRun(ctx context.Context, o options) error {
 		fmt.Printf("round %d: %s\n", round, strings.Join(line, "; "))
 	}
 	return nil
+}
+
+// checkpointLag reads, from etcd alone, how many revisions the allocation index's
+// checkpoint is behind etcd: what a start replays after reading it (etcd sends a watch
+// that starts behind at most 1,000 revisions every 100 ms).
+func (s *stack) checkpointLag(ctx context.Context) string {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + s.etcdClient},
+		DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return err.Error()
+	}
+	defer cli.Close()
+	resp, err := cli.Get(ctx, "/allocd/checkpoints/head")
+	if err != nil || len(resp.Kvs) == 0 {
+		return fmt.Sprintf("no checkpoint head: %v", err)
+	}
+	var head struct {
+		Rev int64 `json:"rev"`
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, &head); err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("checkpoint %d revisions behind", resp.Header.Revision-head.Rev)
 }
 
 // readPhases reads the steps a `scale serve` start wrote to dir: "etcd 1.234 s, ...".

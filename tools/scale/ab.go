@@ -24,7 +24,8 @@ type side struct {
 // (A) against the store a run left in DIR (B: -dir of an earlier run with -keep); with
 // -ab-vs BIN, the store in -dir served by this program (A) and by BIN (B, a `scale`
 // built from other code); -ab-env adds variables to A's environment (GOGC=200: the
-// collector's settings).
+// collector's settings). Every rate run starts on a compacted store: what ran before
+// leaves no history for it to compact.
 func abRun(ctx context.Context, o options) error {
 	var a, b side
 	switch {
@@ -69,6 +70,9 @@ func abRun(ctx context.Context, o options) error {
 			s := stacks[sd.name]
 			took, err := s.startAllocd(ctx, "")
 			if err != nil {
+				return err
+			}
+			if _, err := s.compactNow(ctx); err != nil {
 				return err
 			}
 			var compactions int

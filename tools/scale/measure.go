@@ -119,6 +119,8 @@ type row struct {
 	cpu                  time.Duration // allocd's CPU per cycle in the rate run
 	dur                  time.Duration // of the rate run
 	compactions          int           // etcd compactions in the rate run
+	compactCPU           time.Duration // allocd's CPU for a compaction of the whole history
+	budget               int64         // the history budget at the end of the rate run
 	share                share         // Allocate's CPU against its controls
 	rss, etcdRSS, extRSS int64
 	data, db             int64
@@ -135,11 +137,19 @@ func (s *stack) measure(ctx context.Context, f *filler, n int) (row, error) {
 	if n > 0 && s.o.settle > 0 {
 		time.Sleep(s.o.settle)
 	}
+	// The fill's history is the fill's: the rate run starts from a compacted store,
+	// and counts the compactions its own history causes.
+	if r.compactCPU, err = s.compactNow(ctx); err != nil {
+		return r, err
+	}
 	if r.rate, r.cpu, r.compactions, err = s.rateRun(ctx, f, n); err != nil {
 		return r, err
 	}
-	fmt.Printf("at %d: %.0f Allocate+Release cycles/s over %v, %.1f µs CPU each, %d compactions\n", n,
-		r.rate, r.dur, us(r.cpu), r.compactions)
+	r.budget = int64(s.metric("allocd_etcd_history_budget_bytes", ""))
+	fmt.Printf("at %d: %.0f Allocate+Release cycles/s over %v, %.1f µs CPU each, %d compactions; "+
+		"compacting the history before it took %.2f s of CPU, %.1f µs a cycle at the budget of %s\n", n,
+		r.rate, r.dur, us(r.cpu), r.compactions, r.compactCPU.Seconds(), us(r.compactPerCycle()),
+		mib(r.budget))
 	if s.o.shareDuration > 0 {
 		if r.share, err = s.shareRun(ctx, f); err != nil {
 			return r, err
@@ -378,6 +388,19 @@ func (r row) print(w io.Writer, _ bool) {
 		secs(r.restart), secs(r.etcdStart), mib(r.etcdRSS), secs(r.join), secs(r.extRestart), mib(r.extRSS))
 }
 
+// historyPerCycle is what an Allocate+Release cycle adds to etcd's history, measured
+// by make soak (docs/contributors/benchmarks.md).
+const historyPerCycle = 610
+
+// compactPerCycle is a compaction's CPU spread over the cycles whose history the
+// budget holds: what compaction costs a cycle at this size, in the long run.
+func (r row) compactPerCycle() time.Duration {
+	if r.budget <= 0 {
+		return 0
+	}
+	return time.Duration(float64(r.compactCPU) * historyPerCycle / float64(r.budget))
+}
+
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 func usStr(d time.Duration) string { return fmt.Sprintf("%.1f µs", us(d)) }
@@ -385,11 +408,12 @@ func usStr(d time.Duration) string { return fmt.Sprintf("%.1f µs", us(d)) }
 // printTable prints every point in one table, with the rate against the empty store's.
 func printTable(w io.Writer, rows []row) {
 	fmt.Fprintln(w,
-		"| allocations | cycles/s | vs empty | CPU/cycle | compactions | Allocate CPU / (held + floor) | "+
+		"| allocations | cycles/s | vs empty | CPU/cycle | compactions | a compaction's CPU (per cycle) | "+
+			"Allocate CPU / (held + floor) | "+
 			"repair pass (first of a term) | kill -9 → SERVING | etcd alone: start | "+
 			"allocd joining (external etcd) | kill -9 → SERVING (external) | RSS allocd | "+
 			"RSS etcd alone | RSS ratio | data dir | per allocation |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "|"+strings.Repeat("---:|", 17))
 	base := rows[0].rate
 	for _, r := range rows {
 		per := "-"
@@ -406,9 +430,10 @@ func printTable(w io.Writer, rows []row) {
 				us(r.share.held), us(r.share.floor))
 		}
 		fmt.Fprintf(w,
-			"| %d | %.0f/s | %.2f | %.0f µs | %d | %s | %s | %s | %s | %s | %s | %s | %s | %.2f | %s | "+
-				"%s |\n",
-			r.n, r.rate, r.rate/base, us(r.cpu), r.compactions, sh, pass, secs(r.restart),
+			"| %d | %.0f/s | %.2f | %.0f µs | %d | %.2f s (%.1f µs) | %s | %s | %s | %s | %s | %s | "+
+				"%s | %s | %.2f | %s | %s |\n",
+			r.n, r.rate, r.rate/base, us(r.cpu), r.compactions, r.compactCPU.Seconds(),
+			us(r.compactPerCycle()), sh, pass, secs(r.restart),
 			secs(r.etcdStart), secs(r.join), secs(r.extRestart), mib(r.rss), mib(r.etcdRSS),
 			float64(r.rss)/float64(max(r.etcdRSS, 1)), mib(r.data), per)
 	}

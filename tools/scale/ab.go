@@ -75,6 +75,9 @@ func abRun(ctx context.Context, o options) error {
 			if _, err := s.compactNow(ctx); err != nil {
 				return err
 			}
+			if o.abProfile {
+				s.profileName = fmt.Sprintf("ab%d-%s", round, strings.Fields(sd.name)[0])
+			}
 			var compactions int
 			if rates[i], cpus[i], compactions, err = s.rateRun(ctx, f, -1); err != nil {
 				return err

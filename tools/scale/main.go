@@ -25,6 +25,7 @@ type options struct {
 	logLevel      string
 	abFull        string
 	abVs, abEnv   string
+	abProfile     bool
 	abRounds      int
 	settle        time.Duration
 	restarts      int
@@ -68,6 +69,8 @@ func main() {
 	flag.StringVar(&o.abEnv, "ab-env", "", "instead of the points: the store in -dir served with these "+
 		"variables in allocd's environment (GOGC=200,GOMEMLIMIT=3GiB) and without, alternating")
 	flag.IntVar(&o.abRounds, "ab-rounds", 3, "rounds of -ab-full, -ab-vs or -ab-env")
+	flag.BoolVar(&o.abProfile, "ab-profile", false, "CPU and heap profiles of every A/B rate run, in "+
+		"-profile-dir (cpu-ab<round>-<side>.pprof)")
 	flag.DurationVar(&o.settle, "settle", 0, "wait this long after each fill before the rate run: the "+
 		"compactions the fill's writes started end first (0: the rate run follows the fill at once)")
 	flag.IntVar(&o.restarts, "restarts", 0, "instead of the points: this many rounds of restarts of the "+

@@ -203,14 +203,18 @@ func (s *stack) rateRun(ctx context.Context, f *filler, n int) (rate float64, cp
 	}
 	pid := s.allocd.Process.Pid
 	var profErr chan error
-	if s.o.profileAt > 0 && n == s.o.profileAt {
+	name := strconv.Itoa(n)
+	if s.profileName != "" {
+		name = s.profileName
+	}
+	if s.o.profileAt > 0 && n == s.o.profileAt || s.profileName != "" {
 		profErr = make(chan error, 1)
 		secs := max(1, int(s.o.rateDuration.Seconds())-1)
 		go func() {
 			err := s.profile("profile", "?seconds="+strconv.Itoa(secs),
-				filepath.Join(s.o.profileDir, fmt.Sprintf("cpu-%d.pprof", n)))
+				filepath.Join(s.o.profileDir, "cpu-"+name+".pprof"))
 			if err == nil {
-				err = s.profile("heap", "", filepath.Join(s.o.profileDir, fmt.Sprintf("heap-%d.pprof", n)))
+				err = s.profile("heap", "", filepath.Join(s.o.profileDir, "heap-"+name+".pprof"))
 			}
 			profErr <- err
 		}()

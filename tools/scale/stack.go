@@ -38,6 +38,8 @@ type stack struct {
 	// (restartRun).
 	startDir string
 	env      []string // added to allocd's environment
+	// profileName: rate runs take profiles, named cpu-<profileName>.pprof (abRun).
+	profileName string
 }
 
 func newStack(dir string, o options) (*stack, error) {

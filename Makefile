@@ -13,7 +13,7 @@ GRPCURL_VERSION := v1.9.4
 
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all run build test test-unit vet fmt-check lint proto proto-check docs docs-check compose-check certs tools bench scale soak cluster fault etcd-matrix clean bridge bridge-test kube-bins kube-e2e kube-numbers
+.PHONY: all run build test test-unit vet fmt-check lint proto proto-check docs docs-check compose-check certs tools bench scale soak cluster fault etcd-matrix clean bridge bridge-test kube-bins kube-e2e kube-numbers kube-webhook-numbers
 
 all: build
 
@@ -175,15 +175,27 @@ $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager: test/kube/k8s/go
 	cd test/kube/k8s && $(GO) build -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
 kube-e2e: kube-bins
 	$(GO) build -o $(KUBE_BIN)/allocd ./cmd/allocd
+	$(GO) build -o $(KUBE_BIN)/mkcerts ./tools/mkcerts
 	cd bridge && $(GO) build -o $(KUBE_BIN)/allocd-bridge ./cmd/allocd-bridge
 	cd test/kube && KUBE_E2E_BIN=$(KUBE_BIN) KUBE_E2E_LOGS=$(BIN)/kube-e2e-logs KUBE_E2E_NUMBERS=$(KUBE_E2E_NUMBERS) \
-		$(GO) test -count=1 -timeout 60m -v $(KUBE_E2E_FLAGS) ./...
+		KUBE_E2E_WEBHOOK_NUMBERS=$(KUBE_E2E_WEBHOOK_NUMBERS) \
+		$(GO) test -count=1 -timeout 90m -v $(KUBE_E2E_FLAGS) ./...
 
 # kube-numbers: the figures of bridge/README.md, side by side on this machine (TestNumbers:
 # initial sync of KUBE_E2E_SERVICES Services x KUBE_E2E_PODS_PER_SERVICE Pods, readiness
-# flips at 10 and 200/s).
+# flips at 10 and 200/s; TestFlips: 50 flips at KUBE_E2E_FLIP_RATES, default 5/s, hop by
+# hop).
 kube-numbers:
-	$(MAKE) kube-e2e KUBE_E2E_FLAGS="-run TestNumbers" KUBE_E2E_NUMBERS=1
+	$(MAKE) kube-e2e KUBE_E2E_FLAGS="-run 'TestNumbers|TestFlips'" KUBE_E2E_NUMBERS=1
+
+# kube-webhook-numbers: Service creates/s and p50 / p99 from 16 clients at 0, 5,000 and
+# 10,000 existing Services, kube-apiserver alone against kube-apiserver with allocd's
+# webhook, side by side on one etcd, and the webhook's own latency (TestWebhookNumbers);
+# one markdown table at the end of the log and in .bin/kube-e2e-logs. KUBE_E2E_LEVELS,
+# KUBE_E2E_CREATES, KUBE_E2E_RUNS, KUBE_E2E_SIDES=alone and KUBE_E2E_PROFILE=1 (CPU
+# profiles of every process, with their top functions) narrow or widen it.
+kube-webhook-numbers:
+	$(MAKE) kube-e2e KUBE_E2E_FLAGS="-run TestWebhookNumbers" KUBE_E2E_WEBHOOK_NUMBERS=1
 
 clean:
 	rm -rf bin .bin allocd-data cluster-data

@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/allocd/allocd/internal/badrequest"
@@ -45,7 +44,7 @@ func (a *Allocator) allocate(ctx context.Context, req Request) (Result, error) {
 	if err := checkOwner("owner.uid", req.Owner); err != nil {
 		return Result{}, err
 	}
-	o := &op{owner: req.Owner, ownerKey: a.ownerKey(req.Owner.UID), hash: req.hash(), fence: a.fenceNow()}
+	o := &op{owner: req.Owner, ownerKey: a.ownerKey(req.Owner.UID), hash: req.hash(), epoch: a.epochs.now()}
 	read := false // o.ownerRev and o.record were read from etcd
 	if h, ok := a.hints.get(o.owner.UID); ok && !req.DryRun {
 		if h.rec.Last == nil || h.rec.Last.Hash != o.hash {
@@ -108,16 +107,6 @@ func (a *Allocator) planAndCommit(ctx context.Context, req Request, o *op, read 
 	return Result{ClusterIPs: r.ips, NodePorts: r.ports, Revision: r.rev, Replayed: r.replayed}, nil
 }
 
-// releasePicks drops the pending bits of picks that will not be committed.
-func releasePicks(picks []*pick) {
-	for _, p := range picks {
-		if p.pending {
-			p.r.Unpend(p.off)
-			p.pending = false
-		}
-	}
-}
-
 // replay reads o's owner record (a linearizable read) into o and reports, with the
 // stored result, whether the owner's last request was o's and the owner still holds
 // its result.
@@ -166,7 +155,7 @@ func (a *Allocator) plan(req Request) (picks []*pick, err error) {
 		return nil, badrequest.New("node_ports",
 			fmt.Sprintf("%d items asked for; at most %d per request", n, MaxItems))
 	}
-	t := a.tab.Load()
+	t := a.idx.tab.Load()
 	specific := func(it Item) error {
 		p, err := a.specificPick(it)
 		if err != nil {
@@ -220,7 +209,7 @@ func (a *Allocator) plan(req Request) (picks []*pick, err error) {
 		}
 	}
 	for range req.NodePortCount {
-		if err := dynamic(a.portRange); err != nil {
+		if err := dynamic(a.idx.portRange); err != nil {
 			return picks, err
 		}
 	}
@@ -237,7 +226,7 @@ func (a *Allocator) families(fams []Family, pol Policy) ([]Family, error) {
 			return nil, badrequest.New("ip_families", f.String()+" listed twice")
 		}
 	}
-	t := a.tab.Load()
+	t := a.idx.tab.Load()
 	configured := func(f Family) bool {
 		return slices.ContainsFunc(t.ip, func(r *rng) bool { return r.span.is4 == (f == IPv4) })
 	}
@@ -315,7 +304,7 @@ func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, e
 	if err := checkOwner("owner.uid", o); err != nil {
 		return Allocation{}, err
 	}
-	fence := a.fenceNow()
+	ep := a.epochs.now()
 	for attempt := 0; ; attempt++ {
 		p, err := a.specificPick(it)
 		if err != nil {
@@ -325,7 +314,7 @@ func (a *Allocator) Assign(ctx context.Context, o Owner, it Item) (Allocation, e
 			releasePicks([]*pick{p})
 			return Allocation{}, err
 		}
-		op := &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}, fence: fence}
+		op := &op{owner: o, ownerKey: a.ownerKey(o.UID), assign: true, picks: []*pick{p}, epoch: ep}
 		if h, ok := a.hints.get(o.UID); ok {
 			op.ownerRev, op.record, op.hinted = h.rev, h.rec, true
 		}
@@ -355,96 +344,8 @@ func (a *Allocator) rangesChanged(ctx context.Context, err error, attempt int) e
 	if attempt >= maxReplans {
 		return err
 	}
-	if werr := a.progress.Wait(ctx, rc.rev, a.syncTimeout); werr != nil {
+	if werr := a.idx.progress.Wait(ctx, rc.rev, a.idx.syncTimeout); werr != nil {
 		return fmt.Errorf("%w (%w)", err, werr)
 	}
 	return nil
 }
-
-// specificPick reserves a named item: an address in the first ready range that
-// holds it (a *TerminatingError when only terminating ones do), a node port in the
-// node port range.
-func (a *Allocator) specificPick(it Item) (*pick, error) {
-	r, off, err := a.locate(it)
-	if err != nil {
-		return nil, err
-	}
-	if it.Kind == KindClusterIP && r.guard == nil {
-		// Only in terminating ranges: acceptable only if the owner holds it already
-		// (confirmHeld checks, before the transaction), as nothing new comes from
-		// there.
-		return &pick{r: r, off: off, item: it, key: a.key(it), specific: true}, nil
-	}
-	return &pick{r: r, off: off, item: it, key: a.key(it), specific: true, pending: r.Reserve(off),
-		guard: r.guard}, nil
-}
-
-// terminatingError is the *TerminatingError of an address in terminating ranges only.
-func (a *Allocator) terminatingError(it Item) error {
-	var in []*rng
-	a.tab.Load().each(it.Addr, func(r *rng, _ uint64) { in = append(in, r) })
-	return &TerminatingError{Item: it, CIDRs: []string{names(in)}}
-}
-
-// confirmHeld reads the keys of o's addresses that lie only in terminating ranges
-// (picks with no guard): each must be held by o's owner, and becomes a held pick (a
-// ModRevision compare, no put); otherwise o fails with a *TerminatingError.
-func (a *Allocator) confirmHeld(ctx context.Context, owner Owner, picks []*pick) error {
-	for _, p := range picks {
-		if p.item.Kind != KindClusterIP || p.guard != nil || p.held {
-			continue
-		}
-		resp, err := a.get(ctx, p.key)
-		if err != nil {
-			return call.Unapplied(fmt.Errorf("read %s: %w", p.item, err))
-		}
-		if len(resp.Kvs) == 0 {
-			return a.terminatingError(p.item)
-		}
-		kv := resp.Kvs[0]
-		holder, at, err := decodeItemValue(kv.Value)
-		if err != nil || holder.UID != owner.UID {
-			return a.terminatingError(p.item)
-		}
-		p.held, p.createRev, p.modRev, p.at = true, kv.CreateRevision, kv.ModRevision, at
-	}
-	return nil
-}
-
-// pickIP reserves a free address of family f: from the ready ranges in allocation
-// order, the first that is not full. It fails with a *FullError naming the ready
-// ranges, and saying how to add one, when every one is full.
-func (a *Allocator) pickIP(t *table, f Family) (*pick, error) {
-	fi := famIndex(f == IPv4)
-	ready, cursor := t.ready[fi], &t.cursor[fi]
-	from := int(cursor.Load())
-	for n := range len(ready) {
-		// From the cursor to the end, then the ranges before it (a reservation given
-		// back may have left room there): every ready range before a FullError.
-		i := (from + n) % len(ready)
-		r := ready[i]
-		if r.Full() {
-			continue
-		}
-		if off, ok := r.Pick(); ok {
-			if i > from {
-				cursor.CompareAndSwap(int32(from), int32(i))
-			}
-			it := r.item(off)
-			return &pick{r: r, off: off, item: it, key: a.key(it), pending: true, guard: r.guard}, nil
-		}
-	}
-	if len(ready) == 0 {
-		return nil, &FullError{Range: "no ready ServiceCIDR of " + f.String(), Hint: addRangeHint}
-	}
-	cidrs := make([]string, len(ready))
-	for i, r := range ready {
-		cidrs[i] = r.name
-	}
-	return nil, &FullError{Range: strings.Join(cidrs, ", "),
-		Hint: "every ready ServiceCIDR of " + f.String() + " is full: " + names(ready) + "; " + addRangeHint}
-}
-
-// addRangeHint is how a FullError of the ClusterIPs says to add a range.
-const addRangeHint = "add a range with CreateServiceCIDR (e.g. grpcurl -d " +
-	"'{\"name\":\"extra\",\"cidrs\":[\"<cidr>\"]}' <allocd> allocd.v1.AllocatorService/CreateServiceCIDR)"

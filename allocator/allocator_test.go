@@ -104,7 +104,7 @@ func TestAllocateAndReplay(t *testing.T) {
 				if ip.Is4() != tc.families[j] {
 					t.Errorf("Allocate(%+v) address %d = %s; want is4=%v", req, j, ip, tc.families[j])
 				}
-				r, off, err := a.locate(IP(ip))
+				r, off, err := a.idx.locate(IP(ip))
 				if err != nil || r.Static(off) {
 					t.Errorf("Allocate(%+v) address %s: offset %d, %v; want in the dynamic band", req, ip,
 						off, err)
@@ -256,7 +256,7 @@ func TestRangesMismatch(t *testing.T) {
 		if err != nil {
 			t.Fatalf("New(%v) = %v; want the stored kubernetes ServiceCIDR used", cfg.ClusterIPRanges, err)
 		}
-		if got := strings.Join(a.rangeNames(), " "); got != "10.0.0.0/24 30000-32767" {
+		if got := strings.Join(a.idx.rangeNames(), " "); got != "10.0.0.0/24 30000-32767" {
 			t.Errorf("New(%v).rangeNames() = %s; want the stored ranges 10.0.0.0/24 30000-32767",
 				cfg.ClusterIPRanges, got)
 		}
@@ -452,7 +452,7 @@ func TestRelease(t *testing.T) {
 		t.Errorf("Release(force %d) = %v, %v; want it freed", res.NodePorts[0], rel, err)
 	}
 	// Releasing all leaves a tombstone of the record, deleted once every transaction
-	// built before the release is fenced off.
+	// built before the release fails its epoch compare.
 	if _, _, err := a.Release(ctx, o, nil, false); err != nil {
 		t.Fatal(err)
 	}
@@ -474,7 +474,7 @@ func TestRepairAPI(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24"))
 	ctx := etcdtest.Context(t)
-	if got := a.rangeNames(); fmt.Sprint(got) != "[10.0.0.0/24 30000-32767]" {
+	if got := a.idx.rangeNames(); fmt.Sprint(got) != "[10.0.0.0/24 30000-32767]" {
 		t.Errorf("rangeNames() = %v", got)
 	}
 	if !a.IsReserved(IP(netip.MustParseAddr("10.0.0.1"))) ||
@@ -629,7 +629,7 @@ func TestWatchAcrossReplicas(t *testing.T) {
 	}
 	etcdtest.WaitFor(t, 10*time.Second, "replica 1 to see the release",
 		func() bool { return a1.Free("10.0.0.0/24") == 253 })
-	r, off, _ := a1.locate(IP(res.ClusterIPs[0]))
+	r, off, _ := a1.idx.locate(IP(res.ClusterIPs[0]))
 	if r.IsUsed(off) {
 		t.Errorf("index of replica 1 still has %s used", res.ClusterIPs[0])
 	}
@@ -806,7 +806,7 @@ func TestList(t *testing.T) {
 func TestSyncBesideAFutureWatch(t *testing.T) {
 	e := etcdtest.New(t)
 	a := start(t, e.Client, testConfig("10.0.0.0/24"))
-	a.syncTimeout = time.Second
+	a.idx.syncTimeout = time.Second
 	ctx := etcdtest.Context(t)
 	if err := a.Sync(ctx); err != nil {
 		t.Fatalf("Sync() = %v", err)

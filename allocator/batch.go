@@ -3,7 +3,6 @@ package allocator
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +14,10 @@ import (
 	"github.com/allocd/allocd/internal/etcd/call"
 )
 
+// The transaction of one batch of the group committer (commit): its compares and puts,
+// and when a compare fails, the read-back that settles each op (fail, replay, pick
+// again, retry).
+
 // maxConflicts bounds how often one request may find its own keys taken before it
 // fails with ErrConflict; maxRounds bounds its transactions in all. Each conflict
 // teaches the index one item another replica took, so a request conflicts at most
@@ -25,105 +28,12 @@ const (
 	maxRounds    = 128
 )
 
-// op is one request to the group committer: items for one owner, written in one
-// transaction with the owner's record.
-type op struct {
-	owner    Owner
-	ownerKey string
-	assign   bool   // Assign: do not record the request for replay
-	hash     string // Allocate: the request's idempotency hash
-	picks    []*pick
-	// fence is the epoch the call began in: its transactions compare it (fence.go).
-	fence fence
-
-	// ownerRev is the ModRevision of the owner's record, 0 when none is expected;
-	// record is that record. next is the record the op's transaction writes (when
-	// putRecord) or keeps.
-	ownerRev  int64
-	record    *ownerRecord
-	next      *ownerRecord
-	putRecord bool
-	// hinted is set while ownerRev and record come from the owner hints rather than
-	// from etcd: a stale hint must cost a conflict, never a wrong answer.
-	hinted bool
-
-	cancel    <-chan struct{} // the caller's ctx.Done()
-	conflicts int
-	rounds    int
-	res       chan opResult // buffered 1
-}
-
-// pick is one item of an op.
-type pick struct {
-	r        *rng
-	off      uint64
-	item     Item
-	key      string
-	specific bool
-	pending  bool // the op holds the pending bit of off
-	held     bool // the owner holds it at modRev: a ModRevision compare, no put
-	// guard is the ready ServiceCIDR an address is drawn from: the transaction
-	// compares its key's revision, so that nothing is allocated from a ServiceCIDR
-	// once its deletion committed.
-	guard *cidrRef
-
-	// What etcd holds once the op is done: the key's revisions and time.
-	createRev, modRev int64
-	at                time.Time
-}
-
-type opResult struct {
-	rev      int64
-	replayed bool
-	ips      []netip.Addr
-	ports    []int
-	err      error
-}
-
 // txnAttempt bounds a group-commit transaction. etcd commits in milliseconds; one
 // that takes longer waits in a stalled member (a third of the calls, by the client's
 // round robin) or for an election, and was left to etcd's own request timeout (5 s + 2
 // election timeouts) while it held one of the committer's slots. Its callers get an
 // error of unknown outcome.
 const txnAttempt = 2 * time.Second
-
-// keys is how many keys the op's transaction touches: every pick (a held one is
-// compared, the others compared and put) and the owner record.
-func (o *op) keys() int { return 1 + len(o.picks) }
-
-// newGuards is how many compares of ServiceCIDRs o adds to a transaction whose keys
-// (and guard keys) are in seen.
-func (o *op) newGuards(seen map[string]struct{}) int {
-	n := 0
-	for i, p := range o.picks {
-		if p.guard == nil {
-			continue
-		}
-		if _, ok := seen[p.guard.id]; ok {
-			continue
-		}
-		sameGuard := func(q *pick) bool { return q.guard != nil && q.guard.id == p.guard.id }
-		if !slices.ContainsFunc(o.picks[:i], sameGuard) {
-			n++
-		}
-	}
-	return n
-}
-
-// release drops the op's pending bits at once: nothing of it was written.
-func (o *op) release() {
-	for _, p := range o.picks {
-		if p.pending {
-			p.r.Unpend(p.off)
-			p.pending = false
-		}
-	}
-}
-
-func (o *op) fail(err error) {
-	o.release()
-	o.res <- opResult{err: err}
-}
 
 // commit runs one transaction for batch: if every new item key is absent, every
 // held one unchanged and every owner record as expected, put them all; else read
@@ -173,7 +83,7 @@ func (a *Allocator) prepare(batch []*op) []*op {
 	for _, o := range batch {
 		if p := unguarded(o); p != nil {
 			// Never reached through Allocate or Assign (confirmHeld): kept so that no
-			// address is ever created without the compare that fences deletions.
+			// address is ever created without the compare that guards deletions.
 			o.fail(a.terminatingError(p.item))
 			continue
 		}
@@ -198,18 +108,18 @@ func (a *Allocator) prepare(batch []*op) []*op {
 	return oneEpochKey(live)
 }
 
-// oneEpochKey keeps the ops of live fenced on the epoch key of its first op: the
-// transaction compares one fence, and an op fenced on another epoch key (the key was
+// oneEpochKey keeps the ops of live begun under the epoch key of its first op: the
+// transaction compares one epoch, and an op begun under another epoch key (the key was
 // made anew, after a release while etcd was out of space, between the two ops' starts)
-// must not commit under a fence that is not its own. Those fail as a call that
-// outlasted its fence does, and are planned again.
+// must not commit under an epoch compare that is not its own. Those fail as a call
+// that outlasted its epoch does, and are planned again.
 func oneEpochKey(live []*op) []*op {
 	if len(live) == 0 {
 		return live
 	}
 	keep := live[:0]
 	for _, o := range live {
-		if o.fence.create != live[0].fence.create {
+		if o.epoch.create != live[0].epoch.create {
 			o.fail(fmt.Errorf("owner %s: the epoch key changed since the call began: %w", o.owner.UID,
 				ErrConflict))
 			continue
@@ -256,15 +166,15 @@ func (a *Allocator) txnOps(live []*op, now time.Time) ([]clientv3.Cmp, []clientv
 	all := sb.String()
 	cmps := make([]clientv3.Cmp, 0, n+2)
 	puts := make([]clientv3.Op, 0, n)
-	// The oldest fence of the batch (every op of it is fenced on one epoch key:
+	// The oldest epoch of the batch (every op of it began under one epoch key:
 	// oneEpochKey).
-	f := live[0].fence
+	ep := live[0].epoch
 	for _, o := range live {
-		if o.fence.version < f.version {
-			f = o.fence
+		if o.epoch.version < ep.version {
+			ep = o.epoch
 		}
 	}
-	cmps = append(cmps, a.fenceCmps(f)...)
+	cmps = append(cmps, a.epochs.cmps(ep)...)
 	var guards []string // ids
 	for i, o := range live {
 		val := all[spans[i][0]:spans[i][1]]
@@ -297,7 +207,7 @@ func (a *Allocator) committed(ctx context.Context, live []*op, rev int64, now ti
 	for _, o := range live {
 		for _, p := range o.picks {
 			if p.pending {
-				a.settleAt(rev, p.r, p.off)
+				a.idx.settleAt(rev, p.r, p.off)
 				p.pending = false
 			}
 			if !p.held {
@@ -355,10 +265,10 @@ func (a *Allocator) readBack(ctx context.Context, live []*op, n int) []*op {
 	}
 	var retry []*op
 	for _, o := range live {
-		if a.fenceFailed(kvs[a.epochKey], o.fence) {
+		if a.epochs.outlived(kvs[a.epochKey], o.epoch) {
 			// Begun more than epochSlack epochs ago: a release since may count on its
 			// transactions failing. Nothing of it was written.
-			o.fail(fmt.Errorf("owner %s: the call outlasted its epoch fence: %w", o.owner.UID, ErrConflict))
+			o.fail(fmt.Errorf("owner %s: the call outlasted its epoch: %w", o.owner.UID, ErrConflict))
 			continue
 		}
 		if a.guardChanged(o, kvs) {
@@ -522,7 +432,7 @@ func (a *Allocator) resolvePick(o *op, p *pick, kv *mvccpb.KeyValue) (bool, erro
 		p.held = true
 		p.createRev, p.modRev, p.at = kv.CreateRevision, kv.ModRevision, at
 		if p.pending {
-			a.settleAt(kv.ModRevision, p.r, p.off)
+			a.idx.settleAt(kv.ModRevision, p.r, p.off)
 			p.pending = false
 		}
 		return true, nil
@@ -530,13 +440,13 @@ func (a *Allocator) resolvePick(o *op, p *pick, kv *mvccpb.KeyValue) (bool, erro
 	// A dynamic pick somebody took: keep its bit busy until the watch has seen the
 	// key, and pick again.
 	if p.pending {
-		a.settleAt(kv.ModRevision, p.r, p.off)
+		a.idx.settleAt(kv.ModRevision, p.r, p.off)
 		p.pending = false
 	}
 	off, ok := p.r.Pick()
 	if !ok && p.item.Kind == KindClusterIP {
 		// Its range filled up: the next ready one of the family, if any.
-		np, err := a.pickIP(a.tab.Load(), familyOf(p.item.Addr))
+		np, err := a.pickIP(a.idx.tab.Load(), familyOf(p.item.Addr))
 		if err != nil {
 			return true, err
 		}

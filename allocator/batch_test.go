@@ -413,6 +413,21 @@ func TestWritesLogged(t *testing.T) {
 			}
 			return 0, nil
 		}, nil},
+		{"Transfer", func() (int64, error) {
+			_, r, err := a.Transfer(ctx, Owner{UID: "u"}, owner("x"), nil)
+			return r, err
+		}, func() map[string]string {
+			return map[string]string{"msg": "transferred", "namespace": "ns", "name": "svc-u", "uid": "u",
+				"to_namespace": "ns", "to_name": "svc-x", "to_uid": "x",
+				"cluster_ips": res.ClusterIPs[0].String(), "node_ports": fmt.Sprint(res.NodePorts[1])}
+		}},
+		{"Transfer again", func() (int64, error) {
+			moved, r, err := a.Transfer(ctx, Owner{UID: "u"}, owner("x"), nil)
+			if err == nil && (len(moved) != 0 || r != 0) {
+				t.Errorf("Transfer again = %v, %d; want nothing moved, revision 0", moved, r)
+			}
+			return r, err
+		}, nil},
 	}
 	for _, s := range steps {
 		rev, err := s.do()

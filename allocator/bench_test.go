@@ -170,7 +170,7 @@ func BenchmarkCollectTombstones(b *testing.B) {
 			if resp.Count == 0 {
 				break
 			}
-			if err := a.epochRound(ctx); err != nil {
+			if err := a.epochs.round(ctx); err != nil {
 				b.Fatal(err)
 			}
 			rounds++

@@ -10,13 +10,14 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/bits-and-blooms/bitset"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -55,6 +56,41 @@ const (
 	// checkpointPart bounds a data key's value (etcd takes requests up to 1.5 MiB).
 	checkpointPart = 256 << 10
 )
+
+// checkpointer writes checkpoints of the index and reads the last one back. The watch
+// goroutine counts the item changes it applies (count) and, at its ticks, hands it a
+// snapshot when enough changed or enough time passed (maybe); run writes the snapshots
+// handed over; read reads and checks the checkpoint etcd holds, for the index's load.
+type checkpointer struct {
+	*store
+	log   *slog.Logger
+	fails *failures
+	// ch hands the watch's snapshots of the index to run; changes counts the item
+	// changes applied since the last one, taken at last, of revision rev (changes, last
+	// and rev are the watch goroutine's alone).
+	ch      chan *indexSnapshot
+	changes int
+	last    time.Time
+	rev     int64
+	// carry holds the changes of snapshots run left for a younger head; maybe adds them
+	// back to changes.
+	carry atomic.Int64
+	// every, maxAge and minGap are checkpointEvery, checkpointMaxAge and
+	// checkpointMinGap (smaller in tests).
+	every          int
+	maxAge, minGap time.Duration
+}
+
+func newCheckpointer(st *store, log *slog.Logger, fails *failures) *checkpointer {
+	return &checkpointer{store: st, log: log, fails: fails, ch: make(chan *indexSnapshot, 1),
+		last: time.Now(), every: checkpointEvery, maxAge: checkpointMaxAge, minGap: checkpointMinGap}
+}
+
+// count records one item change applied to the index.
+func (c *checkpointer) count() { c.changes++ }
+
+// due makes the next maybe hand a snapshot (the index was listed anew).
+func (c *checkpointer) due() { c.changes = c.every }
 
 // indexSnapshot is the used sets of the index at rev, after changes item changes
 // since the last one.
@@ -109,18 +145,6 @@ func (s *store) checkpointDataKey(rev int64, id string, n int) string {
 	return fmt.Sprintf("%s%06d", s.checkpointDir(rev, id), n)
 }
 
-// snapshotIndex copies the used sets of every range. Only the goroutine that applies
-// the watch's events (or New, before Run) calls it: the copy is then the index at
-// a.progress.Rev().
-func (a *Allocator) snapshotIndex() *indexSnapshot {
-	t := a.tab.Load()
-	snap := &indexSnapshot{rev: a.progress.Rev()}
-	for _, r := range t.all {
-		snap.ranges = append(snap.ranges, snapRange{name: r.name, size: r.Size(), used: r.CopyUsed()})
-	}
-	return snap
-}
-
 // encodeSnapshot returns the head and the data parts of snap.
 func encodeSnapshot(snap *indexSnapshot, now time.Time) (checkpointHead, [][]byte, error) {
 	head := checkpointHead{Format: checkpointFormat, Rev: snap.rev, Time: now}
@@ -155,19 +179,19 @@ func encodeSnapshot(snap *indexSnapshot, now time.Time) (checkpointHead, [][]byt
 	return head, parts, nil
 }
 
-// writeCheckpoint writes snap unless etcd holds one as new, or one younger than
+// write writes snap unless etcd holds one as new, or one younger than
 // checkpointMinGap; it reports whether it wrote it.
-func (a *Allocator) writeCheckpoint(ctx context.Context, snap *indexSnapshot) (bool, error) {
-	resp, err := a.cli.Get(ctx, a.cpHeadKey)
+func (c *checkpointer) write(ctx context.Context, snap *indexSnapshot) (bool, error) {
+	resp, err := c.cli.Get(ctx, c.cpHeadKey)
 	if err != nil {
 		return false, fmt.Errorf("read checkpoint head: %w", err)
 	}
-	headCmp := clientv3.Compare(clientv3.CreateRevision(a.cpHeadKey), "=", 0)
+	headCmp := clientv3.Compare(clientv3.CreateRevision(c.cpHeadKey), "=", 0)
 	if len(resp.Kvs) > 0 {
 		var old checkpointHead
 		young := func(d time.Duration) bool { return time.Since(old.Time) < d && old.Time.Before(time.Now()) }
 		if json.Unmarshal(resp.Kvs[0].Value, &old) == nil &&
-			(old.Rev >= snap.rev || young(a.cpMinGap) || snap.changes == 0 && young(checkpointIdle)) {
+			(old.Rev >= snap.rev || young(c.minGap) || snap.changes == 0 && young(checkpointIdle)) {
 			if old.Rev <= snap.prev || snap.prev == 0 && old.Rev < snap.rev {
 				// Left for a head younger than the gap that has none of its changes (this
 				// replica's own last one, typically): they count again, and the watch hands
@@ -176,11 +200,11 @@ func (a *Allocator) writeCheckpoint(ctx context.Context, snap *indexSnapshot) (b
 				// A head another replica wrote since holds them: nothing to carry, or
 				// every replica would write one checkpoint each. (A replica's first
 				// snapshot carries unless the head is as new.)
-				a.cpCarry.Add(int64(snap.changes))
+				c.carry.Add(int64(snap.changes))
 			}
 			return false, nil
 		}
-		headCmp = clientv3.Compare(clientv3.ModRevision(a.cpHeadKey), "=", resp.Kvs[0].ModRevision)
+		headCmp = clientv3.Compare(clientv3.ModRevision(c.cpHeadKey), "=", resp.Kvs[0].ModRevision)
 	}
 	head, parts, err := encodeSnapshot(snap, time.Now())
 	if err != nil {
@@ -188,7 +212,7 @@ func (a *Allocator) writeCheckpoint(ctx context.Context, snap *indexSnapshot) (b
 	}
 	head.ID = strconv.FormatUint(rand.Uint64(), 36)
 	for i, p := range parts {
-		if _, err := a.cli.Put(ctx, a.checkpointDataKey(snap.rev, head.ID, i), string(p)); err != nil {
+		if _, err := c.cli.Put(ctx, c.checkpointDataKey(snap.rev, head.ID, i), string(p)); err != nil {
 			return false, fmt.Errorf("write checkpoint at %d: %w", snap.rev, err)
 		}
 	}
@@ -198,93 +222,27 @@ func (a *Allocator) writeCheckpoint(ctx context.Context, snap *indexSnapshot) (b
 	}
 	// Won: the parts of every older checkpoint go (and those of writers that lost);
 	// lost: this writer's parts go.
-	older := fmt.Sprintf("%s%020d", a.cpDataPrefix, snap.rev)
-	tr, err := a.cli.Txn(ctx).If(headCmp).
-		Then(clientv3.OpPut(a.cpHeadKey, string(hv)),
-			clientv3.OpDelete(a.cpDataPrefix, clientv3.WithRange(older))).
-		Else(clientv3.OpDelete(a.checkpointDir(snap.rev, head.ID), clientv3.WithPrefix())).Commit()
+	older := fmt.Sprintf("%s%020d", c.cpDataPrefix, snap.rev)
+	tr, err := c.cli.Txn(ctx).If(headCmp).
+		Then(clientv3.OpPut(c.cpHeadKey, string(hv)),
+			clientv3.OpDelete(c.cpDataPrefix, clientv3.WithRange(older))).
+		Else(clientv3.OpDelete(c.checkpointDir(snap.rev, head.ID), clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return false, fmt.Errorf("write checkpoint head at %d: %w", snap.rev, err)
 	}
 	return tr.Succeeded, nil
 }
 
-// errNoCheckpoint says that a checkpoint cannot be used: the index is listed instead.
-var errNoCheckpoint = errors.New("no usable checkpoint")
-
-// loadCheckpoint builds the index from the checkpoint etcd holds and the events
-// since, up to the revision of its first read. It fails with errNoCheckpoint (wrapped)
-// when there is none, it does not match the ranges, or its revision is compacted.
-func (a *Allocator) loadCheckpoint(ctx context.Context) error {
-	resp, err := a.get(ctx, a.cpPrefix, clientv3.WithPrefix())
-	if err != nil {
-		return fmt.Errorf("read checkpoint: %w", err)
-	}
-	now := resp.Header.Revision
-	var head checkpointHead
-	data := map[string][]byte{}
-	found := false
-	for _, kv := range resp.Kvs {
-		if string(kv.Key) == a.cpHeadKey {
-			if err := json.Unmarshal(kv.Value, &head); err != nil {
-				return fmt.Errorf("%w: head: %v", errNoCheckpoint, err)
-			}
-			found = true
-			continue
-		}
-		data[string(kv.Key)] = kv.Value
-	}
-	if !found || head.Rev <= 0 {
-		return errNoCheckpoint
-	}
-	if head.Format != checkpointFormat {
-		return fmt.Errorf("%w: format %d, this allocd reads %d", errNoCheckpoint, head.Format,
-			checkpointFormat)
-	}
-	if rev := a.progress.Rev(); rev > head.Rev {
-		// An earlier try of the start brought the index past the checkpoint: the
-		// catch-up from here would skip the events between the two.
-		return fmt.Errorf("%w: the index is at %d, past the checkpoint's %d", errNoCheckpoint, rev, head.Rev)
-	}
-	used, err := a.decodeCheckpoint(head, data)
-	if err != nil {
-		return err
-	}
-	cresp, err := a.cli.Get(ctx, a.cidrPrefix, clientv3.WithPrefix(), clientv3.WithRev(head.Rev))
-	if err != nil {
-		if errors.Is(err, rpctypes.ErrCompacted) {
-			return fmt.Errorf("%w: revision %d compacted", errNoCheckpoint, head.Rev)
-		}
-		return fmt.Errorf("load ServiceCIDRs at %d: %w", head.Rev, err)
-	}
-	t, _ := a.buildTable(a.decodeCIDRs(cresp.Kvs))
-	for _, r := range t.all {
-		u, ok := used[r.name]
-		if !ok || u.Len() != uint(r.Size()) {
-			return fmt.Errorf("%w: range %s not in the checkpoint at %d", errNoCheckpoint, r.name, head.Rev)
-		}
-		r.Replace(u)
-	}
-	a.tab.Store(t)
-	a.advance(head.Rev)
-	if err := a.catchUp(ctx, now); err != nil {
-		return err
-	}
-	a.log.Info("index loaded from a checkpoint", "checkpoint_revision", head.Rev, "revision",
-		a.progress.Rev())
-	return nil
-}
-
-// decodeCheckpoint returns the used set of each range of head, checked against its
-// size, count and CRC.
-func (a *Allocator) decodeCheckpoint(head checkpointHead,
+// decode returns the used set of each range of head, checked against its size, count
+// and CRC.
+func (c *checkpointer) decode(head checkpointHead,
 	data map[string][]byte) (map[string]*bitset.BitSet, error) {
 	out := make(map[string]*bitset.BitSet, len(head.Ranges))
 	n := 0
 	for _, cr := range head.Ranges {
 		var z []byte
 		for range cr.Parts {
-			p, ok := data[a.checkpointDataKey(head.Rev, head.ID, n)]
+			p, ok := data[c.checkpointDataKey(head.Rev, head.ID, n)]
 			if !ok {
 				return nil, fmt.Errorf("%w: part %d of %d missing", errNoCheckpoint, n, head.Rev)
 			}
@@ -312,123 +270,101 @@ func (a *Allocator) decodeCheckpoint(head checkpointHead,
 	return out, nil
 }
 
-// catchUp applies the item keys' events after the index's revision until it reaches
-// target, asking etcd for progress notifications to get past writes elsewhere.
-func (a *Allocator) catchUp(ctx context.Context, target int64) error {
-	if a.progress.Rev() >= target {
-		return nil
-	}
-	from := a.progress.Rev() + 1
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	wch := a.cli.Watch(wctx, a.watchStart, clientv3.WithRange(a.watchEnd), clientv3.WithRev(from))
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for a.progress.Rev() < target {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
-			a.cli.RequestProgress(wctx)
-		case resp, ok := <-wch:
-			switch {
-			case !ok:
-				return fmt.Errorf("catch up from %d: watch closed", from)
-			case resp.CompactRevision != 0:
-				return fmt.Errorf("%w: revision %d compacted (at %d)", errNoCheckpoint, from,
-					resp.CompactRevision)
-			case resp.Err() != nil:
-				return fmt.Errorf("catch up from %d: %w", from, resp.Err())
-			case resp.IsProgressNotify():
-				a.advance(resp.Header.Revision)
-				continue
-			}
-			if err := a.apply(ctx, resp.Events); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// load builds the index: from the checkpoint when one can be used, else by listing
-// every allocation; it says which in the log.
-func (a *Allocator) load(ctx context.Context) error {
-	start := time.Now()
-	err := a.loadCheckpoint(ctx)
-	if err == nil {
-		a.loadedFrom = "checkpoint"
-		a.log.Info("index loaded", "from", "checkpoint", "took", time.Since(start).Round(time.Millisecond))
-		return nil
-	}
-	if !errors.Is(err, errNoCheckpoint) {
-		return err
-	}
-	a.log.Info("listing every allocation", "reason", err.Error())
-	if err := a.reload(ctx); err != nil {
-		return err
-	}
-	// As many changes as items listed: a large store writes a checkpoint at once, a
-	// small one after its first changes.
-	for _, r := range a.tab.Load().all {
-		used, _ := r.Counts()
-		a.cpChanges += int(used)
-	}
-	a.loadedFrom = "list"
-	a.log.Info("index loaded", "from", "list", "took", time.Since(start).Round(time.Millisecond))
-	return nil
-}
-
-// maybeCheckpoint hands a snapshot of the index to the checkpoint writer when enough
-// changed, or anything changed long enough ago. The watch goroutine calls it.
-func (a *Allocator) maybeCheckpoint() {
-	if a.cpCh == nil {
+// maybe hands a snapshot of the index (at revision at, taken by take) to run when
+// enough changed, or anything changed long enough ago. The watch goroutine calls it.
+func (c *checkpointer) maybe(at int64, take func() *indexSnapshot) {
+	if c.ch == nil {
 		return
 	}
-	a.cpChanges += int(a.cpCarry.Swap(0))
-	age := time.Since(a.cpLast)
-	idle := age >= checkpointIdle && a.progress.Rev() > a.cpRev // keep its revision young
-	if a.cpChanges < a.cpEvery && (a.cpChanges == 0 || age < a.cpMaxAge) && !idle {
+	c.changes += int(c.carry.Swap(0))
+	age := time.Since(c.last)
+	idle := age >= checkpointIdle && at > c.rev // keep its revision young
+	if c.changes < c.every && (c.changes == 0 || age < c.maxAge) && !idle {
 		return
 	}
-	if age < a.cpMinGap {
+	if age < c.minGap {
 		return // the last one may have been left for a younger head: not again so soon
 	}
-	snap := a.snapshotIndex()
-	snap.changes, snap.prev = a.cpChanges, a.cpRev
+	snap := take()
+	snap.changes, snap.prev = c.changes, c.rev
 	select {
-	case a.cpCh <- snap:
-		a.cpChanges, a.cpLast, a.cpRev = 0, time.Now(), snap.rev
-	default: // the writer is busy with the last one
+	case c.ch <- snap:
+		c.changes, c.last, c.rev = 0, time.Now(), snap.rev
+	default: // run is busy with the last one
 	}
 }
 
-// checkpointLoop writes the snapshots the watch hands over, until ctx ends.
-func (a *Allocator) checkpointLoop(ctx context.Context) {
+// run writes the snapshots the watch hands over, until ctx ends. A checkpoint that
+// fails is recorded (a restart then replays more events, or lists everything).
+func (c *checkpointer) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case snap := <-a.cpCh:
+		case snap := <-c.ch:
 			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			start := time.Now()
-			wrote, err := a.writeCheckpoint(wctx, snap)
+			wrote, err := c.write(wctx, snap)
 			cancel()
 			switch {
-			case err != nil:
-				a.log.Warn("checkpoint not written", "revision", snap.rev, "err", err)
-			case wrote:
-				a.log.Info("checkpoint written", "revision", snap.rev, "took",
+			case err != nil && ctx.Err() == nil:
+				c.fails.fail(stepCheckpoint, "checkpoint not written", err, "revision", snap.rev)
+			case err == nil:
+				c.fails.ok(stepCheckpoint)
+			}
+			if wrote {
+				c.log.Info("checkpoint written", "revision", snap.rev, "took",
 					time.Since(start).Round(time.Millisecond))
 			}
 		}
 	}
 }
 
-// checkpointRevision is the revision of the checkpoint etcd holds, 0 when none (for
-// tests and metrics).
-func (a *Allocator) checkpointRevision(ctx context.Context) (int64, error) {
-	resp, err := a.cli.Get(ctx, a.cpHeadKey)
+// read reads the checkpoint etcd holds and decodes its ranges' used sets, checked; it
+// also returns the revision of the read, up to which the index catches up after it. It
+// fails with errNoCheckpoint (wrapped) when there is none, or none this index can load:
+// of another format, older than after (the index's revision: an earlier try of the start
+// brought it past the checkpoint, and the catch-up from there would skip the events
+// between the two), or that does not check.
+func (c *checkpointer) read(ctx context.Context, after int64) (checkpointHead, map[string]*bitset.BitSet,
+	int64, error) {
+	resp, err := c.get(ctx, c.cpPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return checkpointHead{}, nil, 0, fmt.Errorf("read checkpoint: %w", err)
+	}
+	var head checkpointHead
+	data := map[string][]byte{}
+	found := false
+	for _, kv := range resp.Kvs {
+		if string(kv.Key) == c.cpHeadKey {
+			if err := json.Unmarshal(kv.Value, &head); err != nil {
+				return head, nil, 0, fmt.Errorf("%w: head: %v", errNoCheckpoint, err)
+			}
+			found = true
+			continue
+		}
+		data[string(kv.Key)] = kv.Value
+	}
+	switch {
+	case !found || head.Rev <= 0:
+		return head, nil, 0, errNoCheckpoint
+	case head.Format != checkpointFormat:
+		return head, nil, 0, fmt.Errorf("%w: format %d, this allocd reads %d", errNoCheckpoint, head.Format,
+			checkpointFormat)
+	case after > head.Rev:
+		return head, nil, 0, fmt.Errorf("%w: the index is at %d, past the checkpoint's %d", errNoCheckpoint,
+			after, head.Rev)
+	}
+	used, err := c.decode(head, data)
+	return head, used, resp.Header.Revision, err
+}
+
+// errNoCheckpoint says that a checkpoint cannot be used: the index is listed instead.
+var errNoCheckpoint = errors.New("no usable checkpoint")
+
+// revision is the revision of the checkpoint etcd holds, 0 when none (for tests).
+func (c *checkpointer) revision(ctx context.Context) (int64, error) {
+	resp, err := c.cli.Get(ctx, c.cpHeadKey)
 	if err != nil || len(resp.Kvs) == 0 {
 		return 0, err
 	}

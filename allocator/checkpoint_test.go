@@ -39,7 +39,7 @@ func writer(t *testing.T, e *etcdtest.Server, cfg Config) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop = runWith(t, w, func(a *Allocator) { a.cpEvery, a.cpMinGap, a.cpMaxAge = 1, 0, time.Millisecond })
+	stop = runWith(t, w, func(a *Allocator) { a.cp.every, a.cp.minGap, a.cp.maxAge = 1, 0, time.Millisecond })
 	// A change to checkpoint, then a checkpoint of the index after it.
 	if _, err := w.Allocate(ctx, Request{Owner: owner(fmt.Sprint("w", time.Now().UnixNano()))}); err != nil {
 		t.Fatal(err)
@@ -47,9 +47,9 @@ func writer(t *testing.T, e *etcdtest.Server, cfg Config) (stop func()) {
 	// Until Run's watch runs, Sync gives up at once.
 	etcdtest.WaitFor(t, 10*time.Second, "the index to reach the Allocate",
 		func() bool { return w.Sync(ctx) == nil })
-	at := w.progress.Rev()
+	at := w.idx.progress.Rev()
 	etcdtest.WaitFor(t, 10*time.Second, "a checkpoint", func() bool {
-		r, err := w.checkpointRevision(ctx)
+		r, err := w.cp.revision(ctx)
 		return err == nil && r >= at
 	})
 	return stop
@@ -59,13 +59,13 @@ func writer(t *testing.T, e *etcdtest.Server, cfg Config) (stop func()) {
 // would build it.
 func listedSets(t *testing.T, a *Allocator, rev int64) map[string]*bitset.BitSet {
 	t.Helper()
-	tab := a.tab.Load()
+	tab := a.idx.tab.Load()
 	out := map[string]*bitset.BitSet{}
 	for _, r := range tab.all {
 		out[r.name] = r.NewUsed()
 	}
 	err := a.listItems(etcdtest.Context(t), rev, func(it Item) {
-		a.eachRange(tab, it, func(r *rng, off uint64) { out[r.name].Set(uint(off)) })
+		a.idx.eachRange(tab, it, func(r *rng, off uint64) { out[r.name].Set(uint(off)) })
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -77,9 +77,9 @@ func listedSets(t *testing.T, a *Allocator, rev int64) map[string]*bitset.BitSet
 // list of etcd at the revision it reflects says.
 func checkEqualsList(t *testing.T, a *Allocator) {
 	t.Helper()
-	rev := a.progress.Rev()
+	rev := a.idx.progress.Rev()
 	want := listedSets(t, a, rev)
-	tab := a.tab.Load()
+	tab := a.idx.tab.Load()
 	if len(tab.all) != len(want) {
 		t.Fatalf("index has %d ranges; the list %d", len(tab.all), len(want))
 	}
@@ -131,10 +131,10 @@ func TestCheckpointEqualsList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if other.loadedFrom != "list" {
-		t.Fatalf("first start loaded from %q; want list (no checkpoint yet)", other.loadedFrom)
+	if other.idx.loadedFrom != "list" {
+		t.Fatalf("first start loaded from %q; want list (no checkpoint yet)", other.idx.loadedFrom)
 	}
-	runWith(t, other, func(a *Allocator) { a.cpCh = nil })
+	runWith(t, other, func(a *Allocator) { a.cp.ch = nil })
 	churn(t, other, "a", 60)
 	writer(t, e, cfg)() // a checkpoint of that, and the writer stopped
 	// Changes after the checkpoint, and a ServiceCIDR added after it.
@@ -147,16 +147,16 @@ func TestCheckpointEqualsList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.loadedFrom != "checkpoint" {
-		t.Fatalf("New loaded from %q; want checkpoint", got.loadedFrom)
+	if got.idx.loadedFrom != "checkpoint" {
+		t.Fatalf("New loaded from %q; want checkpoint", got.idx.loadedFrom)
 	}
-	head, _ := got.checkpointRevision(ctx)
-	if head >= got.progress.Rev() {
-		t.Fatalf("checkpoint at %d, index at %d: nothing was replayed", head, got.progress.Rev())
+	head, _ := got.cp.revision(ctx)
+	if head >= got.idx.progress.Rev() {
+		t.Fatalf("checkpoint at %d, index at %d: nothing was replayed", head, got.idx.progress.Rev())
 	}
 	checkEqualsList(t, got)
-	if len(got.tab.Load().ip) != 3 {
-		t.Errorf("index has ClusterIP ranges %v; want the two of the flags and extra's", got.rangeNames())
+	if len(got.idx.tab.Load().ip) != 3 {
+		t.Errorf("index has ClusterIP ranges %v; want the two of the flags and extra's", got.idx.rangeNames())
 	}
 
 	// Damaged: a part rewritten with other bits.
@@ -171,8 +171,8 @@ func TestCheckpointEqualsList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if damaged.loadedFrom != "list" {
-		t.Errorf("with a damaged checkpoint New loaded from %q; want list", damaged.loadedFrom)
+	if damaged.idx.loadedFrom != "list" {
+		t.Errorf("with a damaged checkpoint New loaded from %q; want list", damaged.idx.loadedFrom)
 	}
 	checkEqualsList(t, damaged)
 
@@ -198,9 +198,9 @@ func TestCheckpointEqualsList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if otherFormat.loadedFrom != "list" {
+	if otherFormat.idx.loadedFrom != "list" {
 		t.Errorf("with a checkpoint of format %d New loaded from %q; want list", checkpointFormat+1,
-			otherFormat.loadedFrom)
+			otherFormat.idx.loadedFrom)
 	}
 	checkEqualsList(t, otherFormat)
 
@@ -211,7 +211,7 @@ func TestCheckpointEqualsList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp, _ := other.checkpointRevision(ctx)
+	cp, _ := other.cp.revision(ctx)
 	if cp >= resp.Header.Revision {
 		t.Fatalf("checkpoint at %d, etcd at %d: want changes after it", cp, resp.Header.Revision)
 	}
@@ -222,9 +222,9 @@ func TestCheckpointEqualsList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if compacted.loadedFrom != "list" {
+	if compacted.idx.loadedFrom != "list" {
 		t.Errorf("with the checkpoint's revision compacted New loaded from %q; want list",
-			compacted.loadedFrom)
+			compacted.idx.loadedFrom)
 	}
 	checkEqualsList(t, compacted)
 }
@@ -239,7 +239,7 @@ func TestCheckpointAfterBurst(t *testing.T) {
 	e := etcdtest.New(t)
 	ctx := etcdtest.Context(t)
 	a := idle(t, e.Client)
-	runWith(t, a, func(a *Allocator) { a.cpEvery, a.cpMinGap, a.cpMaxAge = 5, 2*time.Second, time.Hour })
+	runWith(t, a, func(a *Allocator) { a.cp.every, a.cp.minGap, a.cp.maxAge = 5, 2*time.Second, time.Hour })
 	burst := func(name string, n int) int64 {
 		t.Helper()
 		for i := range n {
@@ -250,12 +250,12 @@ func TestCheckpointAfterBurst(t *testing.T) {
 		// Until Run's watch runs, Sync gives up at once.
 		etcdtest.WaitFor(t, 10*time.Second, "the index to reach the burst",
 			func() bool { return a.Sync(ctx) == nil })
-		return a.progress.Rev()
+		return a.idx.progress.Rev()
 	}
 	checkpointed := func(what string, at int64) {
 		t.Helper()
 		etcdtest.WaitFor(t, 10*time.Second, what, func() bool {
-			r, err := a.checkpointRevision(ctx)
+			r, err := a.cp.revision(ctx)
 			return err == nil && r >= at
 		})
 	}
@@ -281,4 +281,43 @@ func TestSyncWaitsAfterStarting(t *testing.T) {
 		t.Errorf("Sync before Run's watch started = %v; want it to wait for the watch", err)
 	}
 	<-started
+}
+
+// TestCheckpointerMaybe: the watch's snapshot is taken once enough items changed, or
+// some changed longer than maxAge ago, not within minGap of the last, and handed to the
+// writer only when it is free (else the changes wait for the next tick); changes a
+// write left for a younger head count again.
+func TestCheckpointerMaybe(t *testing.T) {
+	c := newCheckpointer(nil, nil, nil)
+	c.every, c.maxAge, c.minGap = 3, time.Hour, 0
+	taken := 0
+	take := func() *indexSnapshot { taken++; return &indexSnapshot{rev: int64(10 * taken)} }
+	c.count()
+	c.count()
+	if c.maybe(10, take); taken != 0 {
+		t.Fatalf("2 changes of 3: a snapshot was taken")
+	}
+	c.count()
+	c.maybe(10, take)
+	snap := <-c.ch
+	if taken != 1 || snap.changes != 3 || snap.prev != 0 || c.changes != 0 || c.rev != snap.rev {
+		t.Fatalf("3 changes of 3: taken %d, handed %+v, %d changes left; want one with 3 changes", taken,
+			snap, c.changes)
+	}
+	c.ch <- &indexSnapshot{} // the writer busy
+	c.carry.Add(3)           // a write left for a younger head
+	if c.maybe(20, take); taken != 2 || c.changes != 3 {
+		t.Fatalf("writer busy: taken %d, %d changes; want the snapshot taken, its 3 changes kept", taken,
+			c.changes)
+	}
+	<-c.ch
+	c.minGap = time.Hour
+	if c.maybe(20, take); taken != 2 {
+		t.Errorf("within minGap of the last: a snapshot was taken")
+	}
+	c.minGap, c.maxAge = 0, 0
+	c.changes = 1
+	if c.maybe(20, take); taken != 3 {
+		t.Errorf("one change older than maxAge: no snapshot taken")
+	}
 }

@@ -103,14 +103,15 @@ func FuzzPageToken(f *testing.F) {
 	f.Add("")
 	f.Add("not base64 !")
 	f.Fuzz(func(t *testing.T, tok string) {
-		rev, key, err := a.parseToken(tok)
+		rev, key, err := a.parseToken(tok, a.ipPrefix, a.portPrefix)
 		if err != nil || tok == "" {
 			return
 		}
 		if rev <= 0 {
 			t.Fatalf("parseToken(%q) = rev %d; want > 0", tok, rev)
 		}
-		if again, k2, err := a.parseToken(makeToken(rev, key)); err != nil || again != rev || k2 != key {
+		again, k2, err := a.parseToken(makeToken(rev, key), a.ipPrefix, a.portPrefix)
+		if err != nil || again != rev || k2 != key {
 			t.Fatalf("parseToken(makeToken(%d, %q)) = %d, %q, %v", rev, key, again, k2, err)
 		}
 	})

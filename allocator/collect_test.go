@@ -17,11 +17,11 @@ import (
 // a knows it.
 func writeTombstones(tb testing.TB, cli *clientv3.Client, a *Allocator, prefix string, n int) {
 	tb.Helper()
-	f := a.fenceNow()
+	f := a.epochs.now()
 	var ops []clientv3.Op
 	for i := range n {
 		uid := prefix + "-" + strconv.Itoa(i)
-		ops = append(ops, a.tombstone(uid, &ownerRecord{Namespace: "ns", Name: uid, UID: uid}, f)...)
+		ops = append(ops, a.epochs.tombstone(uid, &ownerRecord{Namespace: "ns", Name: uid, UID: uid}, f)...)
 		if len(ops) == maxTxnOps || i == n-1 {
 			if _, err := cli.Txn(etcdtest.Context(tb)).Then(ops...).Commit(); err != nil {
 				tb.Fatal(err)
@@ -66,8 +66,8 @@ func epochAnew(t *testing.T, cli *clientv3.Client, a *Allocator) {
 	if _, err := cli.Delete(ctx, a.epochKey); err != nil {
 		t.Fatal(err)
 	}
-	a.epochRead(nil)
-	if err := a.ensureEpoch(ctx); err != nil {
+	a.epochs.seenKV(nil)
+	if err := a.epochs.ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -78,34 +78,35 @@ func epochAnew(t *testing.T, cli *clientv3.Client, a *Allocator) {
 func TestCollectMassRelease(t *testing.T) {
 	e := etcdtest.New(t)
 	a := idle(t, e.Client)
-	a.collectBudget = time.Minute // a round's budget is TestCollectBudget's
+	a.epochs.budget = time.Minute // a round's budget is TestCollectBudget's
 	_, before := waiting(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "mass", 1500)
 	passEpochs(t, a) // one collection
 	if index, records := waiting(t, e.Client, a); index != 0 || records != before {
-		t.Errorf("after a round past the fence of 1500 full releases: %d index keys, %d owner records "+
+		t.Errorf("after a round past the epoch of 1500 full releases: %d index keys, %d owner records "+
 			"left; want none (and the %d records of before)", index, records-before, before)
 	}
 }
 
 // TestCollectUnderEarlierEpochKey: tombstones written under an earlier epoch key (it is
 // deleted by a release while etcd is out of space, and made anew) go at once, every
-// time the key is made anew; those written under the current key wait for their fence.
+// time the key is made anew; those written under the current key wait for their epoch.
 func TestCollectUnderEarlierEpochKey(t *testing.T) {
 	e := etcdtest.New(t)
 	ctx := etcdtest.Context(t)
 	a := idle(t, e.Client)
 	_, before := waiting(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "first", 40)
-	if err := a.collectTombstones(ctx); err != nil {
+	if err := a.epochs.collect(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if index, _ := waiting(t, e.Client, a); index != 40 {
-		t.Fatalf("index keys after a collection under their own epoch key = %d; want 40 (fenced)", index)
+		t.Fatalf("index keys after a collection under their own epoch key = %d; want 40 (their epoch not "+
+			"passed)", index)
 	}
 	epochAnew(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "second", 40)
-	if err := a.collectTombstones(ctx); err != nil {
+	if err := a.epochs.collect(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if index, records := waiting(t, e.Client, a); index != 40 || records-before != 40 {
@@ -113,7 +114,7 @@ func TestCollectUnderEarlierEpochKey(t *testing.T) {
 			"want the second 40 (the first written under the earlier key)", index, records-before)
 	}
 	epochAnew(t, e.Client, a)
-	if err := a.collectTombstones(ctx); err != nil {
+	if err := a.epochs.collect(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if index, records := waiting(t, e.Client, a); index != 0 || records != before {
@@ -129,19 +130,19 @@ func collectFor(t *testing.T, a *Allocator) {
 	ctx, cancel := context.WithTimeout(etcdtest.Context(t), 3*time.Second)
 	defer cancel()
 	begin := time.Now()
-	err := a.collectTombstones(ctx)
+	err := a.epochs.collect(ctx)
 	if d := time.Since(begin); d > 2*time.Second || err != nil {
 		t.Fatalf("collectTombstones = %v after %v; want done in well under 2 s", err,
 			d.Round(time.Millisecond))
 	}
 }
 
-// moveEpoch moves the epoch on past the fence of every tombstone written so far.
+// moveEpoch moves the epoch on past that of every tombstone written so far.
 func moveEpoch(t *testing.T, a *Allocator) {
 	t.Helper()
-	target := a.fenceNow().version + 2*epochSlack + 1
-	for a.fenceNow().version < target {
-		if _, err := a.bumpEpoch(etcdtest.Context(t)); err != nil {
+	target := a.epochs.now().version + 2*epochSlack + 1
+	for a.epochs.now().version < target {
+		if _, err := a.epochs.bump(etcdtest.Context(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -160,7 +161,7 @@ func TestCollectForeignKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := idle(t, e.Client)
-	a.collectBudget = time.Minute
+	a.epochs.budget = time.Minute
 	if a.tombPrefix+"garbage" != garbage {
 		t.Fatalf("tombstones' prefix %s", a.tombPrefix)
 	}
@@ -197,14 +198,14 @@ func TestCollectIndexKeyWrittenAgain(t *testing.T) {
 	_, before := waiting(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "o", 1) // under key c1, version 1
 	epochAnew(t, e.Client, a)               // key c2, version 1
-	c := a.fenceNow().create
+	c := a.epochs.now().create
 	resp, err := e.Client.Get(ctx, a.tombPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 		clientv3.WithMaxModRev(c-1))
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("the sweep's read = %v, %v; want one key", resp, err)
 	}
 	writeTombstones(t, e.Client, a, "o", 1) // the same index key's name, a new tombstone
-	if _, err := a.collectBatches(ctx, resp.Kvs, c, false, time.Now().Add(time.Minute)); err != nil {
+	if _, err := a.epochs.collectBatches(ctx, resp.Kvs, c, false, time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	passEpochs(t, a)
@@ -228,7 +229,7 @@ func TestCollectEarlierKeyOverReceiveLimit(t *testing.T) {
 	}
 	t.Cleanup(func() { cli.Close() })
 	a := idle(t, cli)
-	a.collectBudget = time.Minute
+	a.epochs.budget = time.Minute
 	_, before := waiting(t, e.Client, a)
 	writeTombstones(t, e.Client, a, "00000000-0000-0000-0000-0000000", 4000)
 	epochAnew(t, e.Client, a)
@@ -246,12 +247,12 @@ func TestCollectBudget(t *testing.T) {
 	a := idle(t, e.Client)
 	writeTombstones(t, e.Client, a, "o", 200)
 	moveEpoch(t, a)
-	a.collectBudget = 0
+	a.epochs.budget = 0
 	collectFor(t, a)
 	if index, _ := waiting(t, e.Client, a); index != 200 {
 		t.Errorf("index keys after a round of no budget = %d; want the 200", index)
 	}
-	a.collectBudget = time.Minute
+	a.epochs.budget = time.Minute
 	collectFor(t, a)
 	if index, _ := waiting(t, e.Client, a); index != 0 {
 		t.Errorf("index keys after a round of a minute = %d; want none", index)

@@ -198,7 +198,7 @@ func (c *committer) take(minKeys int) []*op {
 	var batch []*op
 	seen := c.seen
 	clear(seen)
-	n := fenceOps // every transaction's compares of the epoch key
+	n := epochOps // every transaction's compares of the epoch key
 	keep := c.queue[:0]
 	for i, o := range c.queue {
 		if n >= maxTxnOps {

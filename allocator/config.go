@@ -122,3 +122,7 @@ func prefixProblem(p netip.Prefix) string {
 	}
 	return ""
 }
+
+// MaxRangeBits is the most host bits a ClusterIP range may have: 2^24 addresses (an
+// IPv4 /8 or an IPv6 /104), two bitsets of 2 MiB each in memory.
+const MaxRangeBits = 24

@@ -14,6 +14,56 @@
 //		NodePortCount: 1,
 //	})
 //
+// # Parts
+//
+// An Allocator is wired from parts (new.go), each a type that owns its state; its own
+// methods are the API's calls and the transactions they make (allocate.go, batch.go,
+// release.go, transfer.go, read.go, list.go, cidrs.go).
+//
+// The store (store.go, codec.go) is the etcd layer: the keys, the values' JSON, the
+// record of the ranges, reads of owner records and the streamed or paged listing of a
+// prefix. It knows no index and no transaction of its own.
+//
+// The range index (rangeIndex, index.go; table.go, ranges.go and package bitmap below
+// it) is the ranges in memory: a table of ranges, each a bitmap of used and pending
+// offsets, that a watch of the item keys and the ServiceCIDRs keeps current, and the
+// revision it reflects, which Sync waits for. Its watch is the one reader of etcd's
+// events: it hands the epoch key's changes to the epochs, who holds each item to the
+// holders, and the count of changes to the checkpointer. It is loaded from a checkpoint
+// and the events since, or by listing every item key. TestIndexSettle and the tests of
+// the watch (TestWatchAcrossReplicas, TestWatchAfterCompaction) are its own.
+//
+// The epochs (epochs, epoch.go) keep the epoch that every write compares, move it on
+// while tombstones wait, and collect the tombstones once no transaction built before
+// them can commit (the comment in epoch.go says why: no allocation comes back). Its
+// failures are counted by step (allocd_allocator_epoch_failures_total).
+// TestEpochSeenKeepsPairs, TestEpochRoundFailures and the collection tests
+// (collect_test.go) are its own.
+//
+// The checkpointer (checkpointer, checkpoint.go) writes the index's used bitsets at a
+// revision when enough changed, and reads the last one back for the index's load, so
+// that a replica starts without listing a million keys. TestCheckpointerMaybe and
+// checkpoint_test.go are its own.
+//
+// The holders (holders, holders.go) are who holds every item, as a hash of the owner's
+// UID, kept by the watch once a listing seeded them: a repair pass reads only the
+// allocations whose holder it does not expect (ListExcept). Its run keeps them from
+// the start (Config.KeepHolders). holders_test.go is its own.
+//
+// The owner hints (ownerHints, hints.go) are the owner records last written or read,
+// a guess of their revision that saves a request of an existing owner a conflict.
+//
+// The committer (committer, committer.go) is the group commit's queue and its slots:
+// it packs queued requests (op, op.go) into transactions of at most 128 keys, none
+// twice, with up to Config.CommitConcurrency in flight; the transaction of one batch
+// and what a failed compare says are the Allocator's (batch.go). TestCommitterTake is
+// its own; TestGroupCommit and batch_test.go test it with the Allocator.
+//
+// Failures of the background steps (failures, failures.go) are logged at warning (the
+// first of a run, then once a minute) and counted by step
+// (allocd_allocator_background_failures_total): a replica whose watch, checkpoints,
+// drain or holders keep failing is seen. TestFailures is its own.
+//
 // # Storage
 //
 // One etcd key per allocation, never one key per range (Kubernetes keeps a whole
@@ -34,9 +84,9 @@
 //	<prefix>/nodeports/<port>       the same; <ip> is the canonical form (netip.Addr.String)
 //	<prefix>/owners/<uid>           {"namespace","name","uid","clusterIPs":[..],"nodePorts":[..],
 //	                                 "last":{"hash","clusterIPs","nodePorts"}}; after a full
-//	                                release a tombstone (no items) for 10 to 20 s (fence.go)
+//	                                release a tombstone (no items) for 10 to 20 s (epoch.go)
 //	<prefix>/epoch                  rewritten every second by one replica: its version is
-//	                                the epoch every write transaction compares (fence.go)
+//	                                the epoch every write transaction compares (epoch.go)
 //	<prefix>/tombstones/<u>/<uid>   the tombstones to collect once the epoch is past u + 10
 //	<prefix>/checkpoints/head, data/<rev>/<n>
 //	                                the index's used bitsets at a revision (checkpoint.go)
@@ -51,7 +101,11 @@
 // request that finds its range full reads the owner record before failing); a
 // different request of an existing owner allocates more. One request names at most
 // MaxItems items, so that its keys and its record fit in etcd's 128 operations per
-// transaction.
+// transaction. Items move between owners (Reassign, one item; Transfer, what an owner
+// holds) in one transaction that rewrites each item key, compared at the revision read,
+// with both owners' records: an item is never free nor held twice on the way. ListPage
+// lists the owners of a UID prefix from their records (an admission webhook's
+// provisional owners, "admission/...").
 //
 // # Index
 //
@@ -101,13 +155,26 @@
 // checks, a stale one costing that one conflict. An owner whose remembered last
 // request is the one asked for again reads its record first and replays it.
 //
+// Package endpoints has a group committer too (endpoints/commit.go), and the two share
+// the scheduling (a queue, transactions packed under etcd's limits, a few in flight)
+// but not what a transaction is: here every replica commits at once, each request is a
+// plan (dynamic picks, an owner record to follow) that a failed compare changes (pick
+// again, replay, follow the record), read back outside the transaction so that etcd's
+// log holds no Else for the rare conflict, and an unknown outcome fails its callers
+// (their retry replays); there, one leader writes objects it has computed, fenced by
+// the election key, a write that conflicts goes back to its sync whole, the others are
+// committed again without it, and a write too large for one transaction is split in
+// order. A shared committer would carry the queue alone and make each side's conflict
+// rules a callback; each is kept with its package.
+//
 // # Logs
 //
 // Every write is one line at info once etcd committed it: "allocated" (namespace,
 // name, uid, ranges, cluster_ips, node_ports, revision), "assigned" (with range),
 // "released" (with force, and the holder_uids of other owners a forced release took
 // items from), "reassigned" (with to_namespace, to_name, to_uid, if_mod_revision) and
-// ReleaseIf's "released" (with if_mod_revision). Replays and no-ops write nothing and
+// ReleaseIf's "released" (with if_mod_revision), "transferred" (with to_namespace,
+// to_name, to_uid, cluster_ips, node_ports). Replays and no-ops write nothing and
 // log nothing; a full release of an owner that holds nothing writes a tombstone anew
-// (fence.go) and logs nothing.
+// (epoch.go) and logs nothing.
 package allocator

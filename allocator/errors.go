@@ -87,16 +87,24 @@ func (e *AllocatedError) Error() string {
 // Unwrap lets errors.Is(err, ErrAllocated) match.
 func (e *AllocatedError) Unwrap() error { return ErrAllocated }
 
-// NotOwnerError is a Release of an item that another owner holds.
+// NotOwnerError is a Release of an item that another owner holds, or a Transfer of an
+// item that its from owner does not hold (another owner does, or nobody: Free).
 type NotOwnerError struct {
 	Item   Item
 	Holder Owner
-	// Requester is the owner that asked for the release.
+	// Requester is the owner that asked for the release, or the from of a transfer.
 	Requester Owner
+	// Free is set when nobody holds the item (Holder is then empty).
+	Free bool
+	// Hint says what to do, if anything ("set force to release it anyway").
+	Hint string
 }
 
-// Error names the item, its holder and the requester.
+// Error names the item, its holder (or says it is free) and the requester.
 func (e *NotOwnerError) Error() string {
+	if e.Free {
+		return fmt.Sprintf("%s %s is free, not held by %s", e.Item.Kind, e.Item, e.Requester)
+	}
 	return fmt.Sprintf("%s %s is held by %s, not by %s", e.Item.Kind, e.Item, e.Holder, e.Requester)
 }
 

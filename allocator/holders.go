@@ -2,16 +2,11 @@ package allocator
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"hash/maphash"
+	"log/slog"
 	"net/netip"
 	"sync"
 	"time"
-
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // The holders: who holds every allocated item, as a hash of the owner's UID, kept by
@@ -56,6 +51,10 @@ func (k ItemKey) Item() Item {
 
 // holders is the Allocator's record of who holds every item, and how far it is.
 type holders struct {
+	// log and fails are run's (keeping the holders from the start).
+	log   *slog.Logger
+	fails *failures
+
 	mu sync.Mutex
 	// idx maps every allocated item to its place in hs, which holds the HolderHash of
 	// its owner's UID with the low bit set (0: a free place, listed in free); idx is
@@ -262,45 +261,6 @@ func (h *holders) check(progress int64, claims []Claim, held []bool) (read []Ite
 	return read, true
 }
 
-// ListExcept reads the allocations a repair pass must look at. It marks held[i]
-// (len(held) == len(claims)) for every claim that the index shows held by its Holder,
-// at a revision at least as new as any write acknowledged before the call and not
-// newer than the one returned; it returns, read at that revision, the allocation of
-// every other item: the items of the claims not held, and those no claim names.
-//
-// The first call lists every allocation (as List, marking nothing) and seeds the
-// holders; so does a call after the allocation watch was compacted or the ranges
-// changed. When more than a quarter of the allocations (and more than a transaction's
-// worth) are to be read, it lists them all, marking nothing. The index's watch waits
-// while the claims are checked (about a tenth of a second per million).
-func (a *Allocator) ListExcept(ctx context.Context, claims []Claim, held []bool) (
-	int64, []Allocation, error) {
-	if gen, ok := a.hold.start(); ok {
-		return a.seedHolders(ctx, gen)
-	}
-	if err := a.Sync(ctx); err != nil {
-		a.log.Debug("allocation index not current; listing every allocation", "err", err)
-		return a.List(ctx)
-	}
-	read, ok := a.hold.check(a.progress.Rev(), claims, held)
-	if !ok {
-		return a.List(ctx) // still seeding
-	}
-	if len(read) > max(len(claims)/4, maxTxnOps) {
-		clear(held)
-		return a.List(ctx) // cheaper than reading them one by one
-	}
-	items := make([]Item, 0, len(read))
-	once := make(map[ItemKey]struct{}, len(read))
-	for _, k := range read {
-		if _, dup := once[k]; !dup {
-			once[k] = struct{}{}
-			items = append(items, k.Item())
-		}
-	}
-	return a.readItems(ctx, items)
-}
-
 // holdersDelay is how long after Run starts, and after the holders are dropped, a
 // replica that keeps them (Config.KeepHolders) seeds them again.
 const holdersDelay = 5 * time.Second
@@ -308,121 +268,39 @@ const holdersDelay = 5 * time.Second
 // holdersMaxWait bounds the wait between seedings that fail (it doubles each time).
 const holdersMaxWait = time.Minute
 
-// holdersLoop seeds the holders holdersWait after Run starts and checks every
-// holdersWait after that: holders dropped since (a compaction of the watch, a change
-// of the ranges, a seeding that failed) are seeded again, until ctx ends; after a
-// seeding that failed it waits twice as long each time, up to holdersMaxWait. A
-// ListExcept that comes first seeds them itself, as without KeepHolders.
-func (a *Allocator) holdersLoop(ctx context.Context) {
-	wait := a.holdersWait
+// run keeps the holders (Config.KeepHolders): it seeds them every after it starts
+// and checks every every after that: holders dropped since (a compaction of the
+// watch, a change of the ranges, a seeding that failed) are seeded again by seed (a
+// listing of every allocation that fills the holders of the start gen), until ctx
+// ends; after a seeding that failed it waits twice as long each time, up to
+// holdersMaxWait. A ListExcept that comes first seeds them itself, as without
+// KeepHolders.
+func (h *holders) run(ctx context.Context, every time.Duration,
+	seed func(ctx context.Context, gen uint64) (rev int64, n int, err error)) {
+	wait := every
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(wait):
 		}
-		gen, ok := a.hold.start()
+		gen, ok := h.start()
 		if !ok {
-			wait = a.holdersWait
+			wait = every
 			continue
 		}
 		begin := time.Now()
-		rev, n, err := a.streamHolders(ctx, gen)
+		rev, n, err := seed(ctx, gen)
 		if err != nil {
 			wait = min(2*wait, holdersMaxWait)
 			if ctx.Err() == nil {
-				a.log.Warn("holders not seeded; trying again", "err", err, "in", wait)
+				h.fails.fail(stepHoldersSeed, "holders not seeded; trying again", err, "in", wait)
 			}
 			continue
 		}
-		wait = a.holdersWait
-		a.log.Info("holders seeded", "allocations", n, "revision", rev,
+		h.fails.ok(stepHoldersSeed)
+		wait = every
+		h.log.Info("holders seeded", "allocations", n, "revision", rev,
 			"took", time.Since(begin).Round(time.Millisecond))
 	}
-}
-
-// streamHolders seeds the holders (started with gen) as seedHolders does, a chunk of
-// the listing at a time: nothing of it but the holders stays in memory (a listing of
-// 1M allocations would take hundreds of MB at once). It returns the listing's
-// revision and how many allocations it held. Parts filled from a try whose revision
-// was compacted hold for the items the watch has not changed since the start; the
-// others' events come before the last try's revision is reached (check waits for it).
-func (a *Allocator) streamHolders(ctx context.Context, gen uint64) (int64, int, error) {
-	var chunk []Allocation
-	n := 0
-	rev, err := a.listing(ctx, func() { n = 0 }, func(kvs []*mvccpb.KeyValue, d *listDecoder) {
-		chunk = a.decodeAll(chunk[:0], kvs, d)
-		a.hold.fillSome(gen, chunk)
-		n += len(chunk)
-	})
-	if err != nil {
-		a.hold.dropSeeding(gen)
-		return 0, 0, err
-	}
-	if !a.hold.seededAt(gen, rev) {
-		return 0, 0, errors.New("holders dropped while they were listed")
-	}
-	return rev, n, nil
-}
-
-// seedHolders lists every allocation and seeds the holders (started) with them.
-func (a *Allocator) seedHolders(ctx context.Context, gen uint64) (int64, []Allocation, error) {
-	rev, all, err := a.List(ctx)
-	if err != nil {
-		a.hold.dropSeeding(gen)
-		return 0, nil, err
-	}
-	a.hold.fill(gen, rev, all)
-	return rev, all, nil
-}
-
-// readItems reads the allocations of items, maxTxnOps keys a transaction, every
-// transaction at the first one's revision (again at a new one if that revision was
-// compacted before the last).
-func (a *Allocator) readItems(ctx context.Context, items []Item) (int64, []Allocation, error) {
-	var err error
-	for range listTries {
-		var rev int64
-		var all []Allocation
-		if rev, all, err = a.readItemsAt(ctx, items); !errors.Is(err, rpctypes.ErrCompacted) {
-			return rev, all, err
-		}
-	}
-	return 0, nil, err
-}
-
-func (a *Allocator) readItemsAt(ctx context.Context, items []Item) (int64, []Allocation, error) {
-	var rev int64
-	all := make([]Allocation, 0, len(items))
-	ops := make([]clientv3.Op, 0, maxTxnOps)
-	for len(items) > 0 || rev == 0 {
-		n := min(len(items), maxTxnOps)
-		ops = ops[:0]
-		for _, it := range items[:n] {
-			ops = append(ops, clientv3.OpGet(a.key(it), clientv3.WithRev(rev)))
-		}
-		items = items[n:]
-		if len(ops) == 0 {
-			// Nothing to read: the revision alone, from a read of the config key.
-			ops = append(ops, clientv3.OpGet(a.configKey, clientv3.WithKeysOnly()))
-		}
-		resp, err := a.cli.Txn(ctx).Then(ops...).Commit()
-		if err != nil {
-			return 0, nil, fmt.Errorf("read allocations: %w", err)
-		}
-		if rev == 0 {
-			rev = resp.Header.Revision
-		}
-		for _, r := range resp.Responses {
-			for _, kv := range r.GetResponseRange().GetKvs() {
-				if al, ok := a.allocation(kv); ok {
-					all = append(all, al)
-				}
-			}
-		}
-		if len(items) == 0 {
-			break
-		}
-	}
-	return rev, all, nil
 }

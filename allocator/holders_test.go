@@ -2,7 +2,9 @@ package allocator
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/netip"
 	"slices"
@@ -13,6 +15,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
@@ -212,7 +216,7 @@ func TestListExceptAfterCompaction(t *testing.T) {
 	a.hold.mu.Lock()
 	a.hold.set(items[2].Key(), HolderHash("stale")) // what a lost event would leave
 	a.hold.mu.Unlock()
-	if err := a.reload(ctx); err != nil { // what the watch does after a compaction
+	if err := a.idx.reload(ctx); err != nil { // what the watch does after a compaction
 		t.Fatal(err)
 	}
 	if a.hold.kept() {
@@ -310,7 +314,7 @@ func TestKeepHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	uids[IP(netip.MustParseAddr("10.0.0.250"))] = "late"
-	if err := a.reload(ctx); err != nil { // what the watch does after a compaction
+	if err := a.idx.reload(ctx); err != nil { // what the watch does after a compaction
 		t.Fatal(err)
 	}
 	etcdtest.WaitFor(t, 10*time.Second, "the holders to be seeded again", seeded)
@@ -421,4 +425,61 @@ func TestHoldersNonCanonicalKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkListExcept(t, a, map[Item]string{Port(30000): "uid-b"})
+}
+
+// TestHoldersRun: the keeping loop seeds the holders after its interval, tries again a
+// seeding that failed (recorded: counted, logged at warning once in the run), waiting
+// twice as long each time; once seeded they are kept (the loop's start finds them).
+func TestHoldersRun(t *testing.T) {
+	h := &recordHandler{}
+	reg := prometheus.NewRegistry()
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "test_failures_total"}, []string{"step"})
+	reg.MustRegister(vec)
+	hs := &holders{log: slog.New(h), fails: newFailures(slog.New(h), vec)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var calls []time.Time
+	seeded := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		hs.run(ctx, 10*time.Millisecond, func(_ context.Context, gen uint64) (int64, int, error) {
+			calls = append(calls, time.Now())
+			if len(calls) < 3 {
+				hs.dropSeeding(gen)
+				return 0, 0, errors.New("listing failed")
+			}
+			hs.fill(gen, 7, nil)
+			close(seeded)
+			return 7, 0, nil
+		})
+	}()
+	<-seeded
+	etcdtest.WaitFor(t, 5*time.Second, "the seeding's line", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.recs) >= 3
+	})
+	cancel()
+	<-done
+	if len(calls) != 3 || calls[2].Sub(calls[1]) < calls[1].Sub(calls[0]) {
+		t.Errorf("seedings at %v; want 3, the waits growing", calls)
+	}
+	if n := counter(t, reg, "test_failures_total", stepHoldersSeed); n != 2 {
+		t.Errorf("failed seedings counted = %v; want 2", n)
+	}
+	var msgs []string
+	for _, l := range h.take() {
+		msgs = append(msgs, l["msg"])
+	}
+	want := []string{"holders not seeded; trying again", "step works again", "holders seeded"}
+	if !slices.Equal(msgs, want) {
+		t.Errorf("logged %q; want %q", msgs, want)
+	}
+	if _, ok := hs.check(7, nil, nil); !ok {
+		t.Errorf("holders not kept and seeded after the run")
+	}
+	if _, started := hs.start(); started {
+		t.Errorf("holders could be started again while kept: the loop would seed them again")
+	}
 }

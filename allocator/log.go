@@ -12,7 +12,7 @@ import (
 // Every write of the allocator is logged at info, one line per request (not per
 // item), once etcd committed it: the attributes are built only then, and only when
 // the logger is enabled at info. Replays and no-ops write nothing and log nothing; a
-// full release of an owner that holds nothing writes a tombstone anew (fence.go) and
+// full release of an owner that holds nothing writes a tombstone anew (epoch.go) and
 // logs nothing.
 // Keys are flat (a group costs the text handler twice as much per line) and in
 // snake_case, as the API's fields and repair's lines.
@@ -110,6 +110,8 @@ func (a *Allocator) logAllocated(ctx context.Context, o *op, rev int64) {
 	line = append(line, slog.Int64("revision", rev))
 	r := slog.NewRecord(time.Now(), slog.LevelInfo, "allocated", pc)
 	r.AddAttrs(line...)
+	// A handler's error is dropped, as slog.Logger's own output methods drop it: there
+	// is nowhere else to log it.
 	_ = a.log.Handler().Handle(ctx, r)
 }
 
@@ -183,4 +185,16 @@ func (a *Allocator) logConditional(ctx context.Context, al Allocation, to *Owner
 	attrs = itemAttrs(attrs, []Item{al.Item})
 	attrs = append(attrs, slog.Int64("revision", rev), slog.Int64("if_mod_revision", al.ModRevision))
 	a.log.LogAttrs(ctx, slog.LevelInfo, msg, attrs...)
+}
+
+// logTransferred logs a committed Transfer of moved from from to to.
+func (a *Allocator) logTransferred(ctx context.Context, from, to Owner, moved []Item, rev int64) {
+	if !a.log.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	attrs := ownerAttrs(make([]slog.Attr, 0, 9), "", from)
+	attrs = ownerAttrs(attrs, "to_", to)
+	attrs = itemAttrs(attrs, moved)
+	attrs = append(attrs, slog.Int64("revision", rev))
+	a.log.LogAttrs(ctx, slog.LevelInfo, "transferred", attrs...)
 }

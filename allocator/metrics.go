@@ -10,22 +10,28 @@ import (
 
 // metrics are the allocator's Prometheus metrics; a nil *metrics records nothing.
 type metrics struct {
-	a        *Allocator
+	// ranges reports the ranges for the gauges, when scraped (the index's).
+	ranges   func() []RangeInfo
 	errs     *prometheus.CounterVec
 	duration prometheus.Histogram
 	batchReq prometheus.Histogram
 	txns     *prometheus.CounterVec
 	allocs   *prometheus.CounterVec
+	// epochFails and bgFails count what a background step failed to do (failures).
+	epochFails, bgFails *prometheus.CounterVec
+	// register registers the metrics on the registerer newMetrics was given: once the
+	// parts that ranges reads exist, so that no scrape comes before them.
+	register func()
 
 	allocatedDesc, availableDesc *prometheus.Desc
 }
 
-func newMetrics(a *Allocator, reg prometheus.Registerer) *metrics {
+func newMetrics(ranges func() []RangeInfo, reg prometheus.Registerer) *metrics {
 	if reg == nil {
 		return nil
 	}
 	m := &metrics{
-		a: a,
+		ranges: ranges,
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allocd_allocator_allocation_errors_total",
 			Help: "Allocate calls that failed, by reason.",
@@ -59,8 +65,27 @@ func newMetrics(a *Allocator, reg prometheus.Registerer) *metrics {
 		"canceled", "other"} {
 		m.errs.WithLabelValues(reason)
 	}
-	reg.MustRegister(m.errs, m.duration, m.batchReq, m.txns, allocs, m)
+	m.epochFails = stepCounter("allocd_allocator_epoch_failures_total",
+		"Failed steps of the epoch's loop (recreate the epoch key, count the waiting tombstones, "+
+			"move the epoch on, collect tombstones), by step: while they fail, tombstones pile up.",
+		epochSteps)
+	m.bgFails = stepCounter("allocd_allocator_background_failures_total",
+		"Failed background steps of the allocator (its index's watch and waits, checkpoints, the "+
+			"removal of drained ServiceCIDRs, the holders), by step.", backgroundSteps)
+	m.register = func() {
+		reg.MustRegister(m.errs, m.duration, m.batchReq, m.txns, allocs, m.epochFails, m.bgFails, m)
+	}
 	return m
+}
+
+// stepCounter is a counter of failures by step, each step's at 0 from the start (so
+// that an alert on its increase sees the first one).
+func stepCounter(name, help string, steps []string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"step"})
+	for _, step := range steps {
+		c.WithLabelValues(step)
+	}
+	return c
 }
 
 // Describe implements prometheus.Collector for the per-range gauges.
@@ -72,7 +97,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector: the gauges are computed from the index
 // when scraped.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
-	for _, ri := range m.a.Ranges() {
+	for _, ri := range m.ranges() {
 		for _, b := range []struct {
 			name string
 			band Band
@@ -83,6 +108,23 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 				float64(b.band.Size-b.band.Used), ri.Name, b.name)
 		}
 	}
+}
+
+// epochCounter is allocd_allocator_epoch_failures_total, nil without metrics.
+func (m *metrics) epochCounter() *prometheus.CounterVec {
+	if m == nil {
+		return nil
+	}
+	return m.epochFails
+}
+
+// backgroundCounter is allocd_allocator_background_failures_total, nil without
+// metrics.
+func (m *metrics) backgroundCounter() *prometheus.CounterVec {
+	if m == nil {
+		return nil
+	}
+	return m.bgFails
 }
 
 // counters gives r its allocation counters, labelled with its name (a ServiceCIDR's

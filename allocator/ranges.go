@@ -11,10 +11,6 @@ import (
 	"github.com/allocd/allocd/internal/badrequest"
 )
 
-// MaxRangeBits is the most host bits a ClusterIP range may have: 2^24 addresses (an
-// IPv4 /8 or an IPv6 /104), two bitsets of 2 MiB each in memory.
-const MaxRangeBits = 24
-
 // rng is one configured range: a bitmap of offsets (package bitmap: used and pending,
 // picks, bands) and the mapper of its items to those offsets, span (ClusterIP) or
 // ports (NodePort).
@@ -156,4 +152,42 @@ func (s RangeSet) IsReserved(it Item) bool {
 		return s.KubernetesNodePort != 0 && it.Port == s.KubernetesNodePort
 	}
 	return false
+}
+
+// Band is the static (lower) or dynamic (upper) part of a range.
+type Band struct {
+	// First and Last are the band's first and last items (zero Items when Size is 0).
+	First, Last Item
+	Size, Used  uint64
+}
+
+// RangeInfo describes a configured range and its use, as the index sees it.
+type RangeInfo struct {
+	Name string
+	Kind Kind
+	// Prefix is the CIDR of a ClusterIP range.
+	Prefix netip.Prefix
+	// Ports is the NodePort range.
+	Ports PortRange
+	// Primary is the range of the kubernetes Service's address.
+	Primary bool
+	// State is a ClusterIP range's: ready when a ready ServiceCIDR lists it.
+	State CIDRState
+	// ServiceCIDRs are the names of the ServiceCIDRs that list a ClusterIP range.
+	ServiceCIDRs []string
+	// Size is the number of allocatable items.
+	Size, Used      uint64
+	Static, Dynamic Band
+}
+
+// cidrRef is a ServiceCIDR that lists a range, as the index last saw its key.
+type cidrRef struct {
+	name      string
+	key       string
+	rev       int64 // ModRevision: what an allocation drawing from it compares
+	createRev int64
+	ready     bool
+	// id is key@rev: what a transaction compares once however many picks share it
+	// (the refs of one ServiceCIDR are copies, one per range and per table).
+	id string
 }

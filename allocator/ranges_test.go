@@ -64,8 +64,8 @@ func TestIPSpan(t *testing.T) {
 					t.Errorf("offset(%s) in %s = %d, true; want not usable", s, tc.cidr, off)
 				}
 			}
-			a := &Allocator{}
-			a.tab.Store(&table{all: []*rng{r}})
+			a := &Allocator{idx: &rangeIndex{}}
+			a.idx.tab.Store(&table{all: []*rng{r}})
 			ri := a.Ranges()[0]
 			var got string
 			if ri.Static.Size > 0 {
@@ -270,10 +270,11 @@ func TestCheckUID(t *testing.T) {
 
 // TestRangeSet: the value repair judges with answers as the Allocator does.
 func TestRangeSet(t *testing.T) {
-	a := &Allocator{store: newStore(nil, nil, "/t")}
-	a.portRange = newPortRange(PortRange{Base: 30000, Size: 100})
+	st := newStore(nil, nil, "/t")
+	a := &Allocator{store: st, idx: &rangeIndex{store: st}}
+	a.idx.portRange = newPortRange(PortRange{Base: 30000, Size: 100})
 	// Two ServiceCIDRs, one of them terminating, and a range nested in another.
-	tab, _ := a.buildTable([]ServiceCIDR{
+	tab, _ := a.idx.buildTable([]ServiceCIDR{
 		{Name: KubernetesCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"),
 			netip.MustParsePrefix("fd00::/120")}, State: CIDRReady, CreateRevision: 1},
 		{Name: "old", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/28")}, State: CIDRTerminating,
@@ -281,10 +282,10 @@ func TestRangeSet(t *testing.T) {
 		{Name: "nested", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.128/25")}, State: CIDRReady,
 			CreateRevision: 3},
 	})
-	a.tab.Store(tab)
+	a.idx.tab.Store(tab)
 	a.kubeIP, a.kubePort = netip.MustParseAddr("10.0.0.1"), 30005
 	s := a.RangeSet()
-	if got, want := strings.Join(s.Names(), ","), strings.Join(a.rangeNames(), ","); got != want {
+	if got, want := strings.Join(s.Names(), ","), strings.Join(a.idx.rangeNames(), ","); got != want {
 		t.Errorf("Names() = %s; want %s", got, want)
 	}
 	items := []Item{Port(30000), Port(30099), Port(30100), Port(29999), Port(30005), {Kind: KindClusterIP},
@@ -296,7 +297,7 @@ func TestRangeSet(t *testing.T) {
 	}
 	for _, it := range items {
 		got, gerr := s.Of(it)
-		want, werr := a.rangeOf(it)
+		want, werr := a.idx.rangeOf(it)
 		if got != want || fmt.Sprint(gerr) != fmt.Sprint(werr) {
 			t.Errorf("RangeSet.Of(%v) = %q, %v; Allocator.rangeOf = %q, %v", it, got, gerr, want, werr)
 		}

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -41,7 +40,7 @@ func (a *Allocator) Release(ctx context.Context, o Owner, items []Item, force bo
 			fmt.Sprintf("%d items; at most %d per request", len(items), MaxItems))
 	}
 	for i, it := range items {
-		if _, _, err := a.locate(it); err != nil {
+		if _, _, err := a.idx.locate(it); err != nil {
 			return nil, 0, err
 		}
 		if slices.Contains(items[:i], it) {
@@ -61,9 +60,9 @@ func (a *Allocator) Release(ctx context.Context, o Owner, items []Item, force bo
 	return nil, 0, fmt.Errorf("release for %s: %w", o.UID, ErrConflict)
 }
 
-// released is what one attempt of Release wrote: the items freed, the other owners
+// releaseResult is what one attempt of Release wrote: the items freed, the other owners
 // that held some of them, the revision (0: nothing written).
-type released struct {
+type releaseResult struct {
 	released []Item
 	holders  []string
 	rev      int64
@@ -71,53 +70,54 @@ type released struct {
 	sealed bool
 }
 
-// releaseTxn is the transaction one attempt of Release builds.
+// releaseTxn is the transaction one attempt of a write that frees or moves items
+// builds: Release's, ReleaseIf's and Reassign's (conditional), Transfer's.
 type releaseTxn struct {
 	cmps   []clientv3.Cmp
 	writes []clientv3.Op
-	res    released
+	res    releaseResult
 	// byHolder lists the released items of each holder (the owner's own record loses
 	// every item named, held or already free).
 	byHolder map[string][]Item
-	// epoch fences the transaction once it makes a tombstone (fence.go); tombs are the
-	// keys of the records it makes tombstones.
-	epoch  fence
-	fenced bool
-	tombs  []string
+	// epoch is compared by the transaction once it makes a tombstone (withEpoch,
+	// epoch.go); tombs are the keys of the records it makes tombstones.
+	epoch     epoch
+	withEpoch bool
+	tombs     []string
 }
 
 // addTombstone adds the writes that make uid's record (rec, as read) a tombstone, and
-// the fence they need.
+// the epoch compares they need.
 func (a *Allocator) addTombstone(t *releaseTxn, uid string, rec *ownerRecord) {
-	t.writes = append(t.writes, a.tombstone(uid, rec, t.epoch)...)
+	t.writes = append(t.writes, a.epochs.tombstone(uid, rec, t.epoch)...)
 	t.tombs = append(t.tombs, a.ownerKey(uid))
-	if !t.fenced {
-		t.cmps, t.fenced = append(t.cmps, a.fenceCmps(t.epoch)...), true
+	if !t.withEpoch {
+		t.cmps, t.withEpoch = append(t.cmps, a.epochs.cmps(t.epoch)...), true
 	}
 }
 
 // releaseOnce makes one attempt of Release: it reports what it released, whether it
 // is done (false: a compare failed, read again) and an error.
 func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item,
-	force bool, first *int64) (released, bool, error) {
+	force bool, first *int64) (releaseResult, bool, error) {
 	var mine recordState
 	if o.UID != "" {
 		recs, err := a.readRecords(ctx, []string{o.UID}, 0)
 		if err != nil {
-			return released{}, false, call.Unapplied(err) // every earlier attempt's compares failed
+			return releaseResult{}, false, call.Unapplied(err) // every earlier attempt's compares failed
 		}
 		mine = recs[o.UID]
 		if *first < 0 {
 			*first = mine.rev
 		}
 	}
-	t := &releaseTxn{byHolder: map[string][]Item{}, epoch: a.fenceNow()}
+	t := &releaseTxn{byHolder: map[string][]Item{}, epoch: a.epochs.now()}
 	if len(items) == 0 {
 		if mine.rec == nil || mine.rec.items() == 0 {
 			if mine.rec != nil && mine.rev > *first {
 				// A tombstone written since this call's first read (another release of
 				// the owner): every transaction built before the call fails on it.
-				return released{}, true, nil
+				return releaseResult{}, true, nil
 			}
 			// Nothing held: the record is made a tombstone anew all the same, so that a
 			// transaction of the owner built before (expecting the record as found)
@@ -131,13 +131,13 @@ func (a *Allocator) releaseOnce(ctx context.Context, o Owner, items []Item,
 		items = mine.rec.itemList()
 	}
 	if err := a.releaseItems(ctx, t, o, items, force); err != nil {
-		return released{}, true, err
+		return releaseResult{}, true, err
 	}
 	if err := a.releaseRecords(ctx, t, o, mine, items); err != nil {
-		return released{}, false, err
+		return releaseResult{}, false, err
 	}
 	if len(t.writes) == 0 {
-		return released{}, true, nil
+		return releaseResult{}, true, nil
 	}
 	return a.commitRelease(ctx, o, t)
 }
@@ -152,29 +152,39 @@ func orOwner(rec *ownerRecord, o Owner) *ownerRecord {
 
 // commitRelease commits the transaction t of a Release attempt of o: what it
 // released, whether it is done (false: a compare failed, read again) and an error.
-func (a *Allocator) commitRelease(ctx context.Context, o Owner, t *releaseTxn) (released, bool, error) {
+func (a *Allocator) commitRelease(ctx context.Context, o Owner, t *releaseTxn) (releaseResult, bool, error) {
 	if len(t.cmps) > maxTxnOps || len(t.writes) > maxTxnOps {
-		return released{}, true, badrequest.New("cluster_ips",
+		return releaseResult{}, true, badrequest.New("cluster_ips",
 			"too many items and owners for one transaction")
 	}
-	resp, err := a.releaseTxn(ctx, t.cmps, t.writes)
-	if isNoSpace(err) && len(t.tombs) > 0 {
-		// etcd out of space refuses the tombstones' puts; deletions free space.
-		if w, ok := a.noSpaceWrites(t); ok {
-			resp, err = a.releaseTxn(ctx, t.cmps, w)
-		}
-	}
+	resp, err := a.commitWrites(t, func(writes []clientv3.Op) (*clientv3.TxnResponse, error) {
+		return a.releaseTxn(ctx, t.cmps, writes)
+	})
 	if err != nil {
-		return released{}, false, fmt.Errorf("release: %w", err)
+		return releaseResult{}, false, fmt.Errorf("release: %w", err)
 	}
 	if !resp.Succeeded {
-		a.epochRead(firstKV(resp.Responses[0].GetResponseRange().Kvs)) // the next attempt's fence
-		return released{}, false, nil
+		a.epochs.seenKV(firstKV(resp.Responses[0].GetResponseRange().Kvs)) // the next attempt's epoch
+		return releaseResult{}, false, nil
 	}
 	a.hints.del(o.UID)
 	a.hints.del(t.res.holders...)
 	t.res.rev = resp.Header.Revision
 	return t.res, true, nil
+}
+
+// commitWrites runs txn with t's writes and, when etcd is out of space and t makes
+// tombstones, again with noSpaceWrites' (etcd refuses the tombstones' puts; deletions
+// free space).
+func (a *Allocator) commitWrites(t *releaseTxn,
+	txn func(writes []clientv3.Op) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
+	resp, err := txn(t.writes)
+	if isNoSpace(err) && len(t.tombs) > 0 {
+		if w, ok := a.epochs.noSpaceWrites(t.writes, t.tombs); ok {
+			resp, err = txn(w)
+		}
+	}
+	return resp, err
 }
 
 // releaseTxn runs a release's transaction (reading the epoch key when a compare
@@ -189,14 +199,6 @@ func (a *Allocator) releaseTxn(ctx context.Context, cmps []clientv3.Cmp,
 	return resp, err
 }
 
-// firstKV is the first of kvs, nil when there is none.
-func firstKV(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
-	if len(kvs) == 0 {
-		return nil
-	}
-	return kvs[0]
-}
-
 // isNoSpace reports whether err is etcd's NOSPACE refusal.
 func isNoSpace(err error) bool {
 	return err != nil &&
@@ -208,28 +210,23 @@ func isNoSpace(err error) bool {
 // *NotOwnerError).
 func (a *Allocator) releaseItems(ctx context.Context, t *releaseTxn, o Owner, items []Item,
 	force bool) error {
-	gets := make([]clientv3.Op, len(items))
-	for i, it := range items {
-		gets[i] = clientv3.OpGet(a.key(it))
-	}
-	resp, err := a.cli.Txn(ctx).Then(gets...).Commit()
+	kvs, err := a.readItemKeys(ctx, items)
 	if err != nil {
-		return call.Unapplied(fmt.Errorf("read allocations: %w", err))
+		return call.Unapplied(err)
 	}
-	for i, r := range resp.Responses {
-		kvs := r.GetResponseRange().Kvs
-		if len(kvs) == 0 {
+	for i, kv := range kvs {
+		if kv == nil {
 			continue
 		}
-		holder, _, err := decodeItemValue(kvs[0].Value)
+		holder, _, err := decodeItemValue(kv.Value)
 		if err != nil {
-			a.log.Warn("undecodable allocation", "key", string(kvs[0].Key), "err", err)
+			a.log.Warn("undecodable allocation", "key", string(kv.Key), "err", err)
 		}
 		if holder.UID != o.UID && !force {
-			return &NotOwnerError{Item: items[i], Holder: holder, Requester: o}
+			return &NotOwnerError{Item: items[i], Holder: holder, Requester: o,
+				Hint: "set force to release it anyway"}
 		}
-		t.cmps = append(t.cmps,
-			clientv3.Compare(clientv3.ModRevision(a.key(items[i])), "=", kvs[0].ModRevision))
+		t.cmps = append(t.cmps, modifiedAt(a.key(items[i]), kv.ModRevision))
 		t.writes = append(t.writes, clientv3.OpDelete(a.key(items[i])))
 		t.res.released = append(t.res.released, items[i])
 		if _, ok := t.byHolder[holder.UID]; !ok && holder.UID != "" && holder.UID != o.UID {
@@ -306,7 +303,7 @@ func (a *Allocator) Reassign(ctx context.Context, al Allocation, to Owner) (Allo
 			return Allocation{}, err
 		case rev != 0:
 			a.logConditional(ctx, al, &to, rev)
-			r, _ := a.rangeOf(al.Item)
+			r, _ := a.idx.rangeOf(al.Item)
 			return Allocation{Item: al.Item, Range: r, Owner: to, AllocateTime: ra.now,
 				CreateRevision: al.CreateRevision, ModRevision: rev}, nil
 		case done:
@@ -332,40 +329,41 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 	if al.Owner.UID != "" {
 		uids = append(uids, al.Owner.UID)
 	}
-	if ra != nil && ra.to.UID != al.Owner.UID {
-		uids = append(uids, ra.to.UID)
+	var to *Owner
+	if ra != nil {
+		to = &ra.to
+		if ra.to.UID != al.Owner.UID {
+			uids = append(uids, ra.to.UID)
+		}
 	}
 	recs, err := a.readRecords(ctx, uids, 0)
 	if err != nil {
 		return 0, false, err
 	}
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", al.ModRevision)}
-	writes := []clientv3.Op{clientv3.OpDelete(key)}
+	t := &releaseTxn{epoch: a.epochs.now()}
+	t.cmps = append(t.cmps, modifiedAt(key, al.ModRevision))
 	if ra != nil {
-		writes[0] = clientv3.OpPut(key, string(appendItemValue(nil, ra.to, ra.now)))
+		t.writes = append(t.writes, clientv3.OpPut(key, string(appendItemValue(nil, ra.to, ra.now))))
+	} else {
+		t.writes = append(t.writes, clientv3.OpDelete(key))
 	}
-	t := &releaseTxn{epoch: a.fenceNow()}
+	one := []Item{al.Item}
 	for _, uid := range uids {
-		cmp, w, err := a.movedRecord(t, uid, recs[uid], al, ra)
-		if err != nil {
+		var lose, gain []Item
+		if uid == al.Owner.UID {
+			lose = one
+		}
+		if to != nil && uid == to.UID {
+			gain = one
+		}
+		if err := a.movedRecord(t, uid, recs[uid], lose, gain, to); err != nil {
 			return 0, true, err
 		}
-		if w != nil {
-			cmps, writes = append(cmps, cmp), append(writes, *w)
-		}
 	}
-	cmps, writes = append(cmps, t.cmps...), append(writes, t.writes...)
-	txn := func(writes []clientv3.Op) (*clientv3.TxnResponse, error) {
-		return a.cli.Txn(ctx).If(cmps...).Then(writes...).Else(clientv3.OpGet(key),
+	resp, err := a.commitWrites(t, func(writes []clientv3.Op) (*clientv3.TxnResponse, error) {
+		return a.cli.Txn(ctx).If(t.cmps...).Then(writes...).Else(clientv3.OpGet(key),
 			clientv3.OpGet(a.epochKey)).Commit()
-	}
-	resp, err := txn(writes)
-	if isNoSpace(err) && len(t.tombs) > 0 {
-		// etcd out of space refuses the tombstone's puts; deletions free space.
-		if w, ok := a.noSpaceWrites(&releaseTxn{writes: writes, tombs: t.tombs}); ok {
-			resp, err = txn(w)
-		}
-	}
+	})
 	if err != nil {
 		return 0, false, fmt.Errorf("write %s: %w", key, err)
 	}
@@ -373,7 +371,7 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 		a.hints.del(uids...)
 		return resp.Header.Revision, true, nil
 	}
-	a.epochRead(firstKV(resp.Responses[1].GetResponseRange().Kvs)) // the next attempt's fence
+	a.epochs.seenKV(firstKV(resp.Responses[1].GetResponseRange().Kvs)) // the next attempt's epoch
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 || kvs[0].ModRevision != al.ModRevision {
 		return 0, true, nil
@@ -381,40 +379,43 @@ func (a *Allocator) conditional(ctx context.Context, al Allocation, ra *reassign
 	return 0, false, nil // an owner record moved: read again
 }
 
-// movedRecord returns the write (nil: none) of uid's record, as read in st, when al
-// leaves its owner and, with ra, goes to ra.to; and the compare that guards it. A
-// record left empty becomes a tombstone: its writes and fence go into t.
-func (a *Allocator) movedRecord(t *releaseTxn, uid string, st recordState, al Allocation,
-	ra *reassign) (clientv3.Cmp, *clientv3.Op, error) {
+// movedRecord adds to t the write of uid's record, as read in st, when the items of
+// lose leave it and, for to's record, the items of gain join it (under to's namespace
+// and name), with the compare that guards the write; nothing when the record stays as
+// it was. A record left empty becomes a tombstone, as after a full release: its writes
+// and epoch compares go into t. ReleaseIf and Reassign move one item, Transfer those
+// of an owner. A record of to that would hold more than MaxItems is an *InvalidError.
+func (a *Allocator) movedRecord(t *releaseTxn, uid string, st recordState, lose, gain []Item,
+	to *Owner) error {
 	var next *ownerRecord
 	if st.rec != nil {
 		next = st.rec.clone()
 	} else {
 		next = &ownerRecord{UID: uid}
 	}
-	if uid == al.Owner.UID {
-		next.remove(al.Item)
+	for _, it := range lose {
+		next.remove(it)
 	}
-	if ra != nil && uid == ra.to.UID {
-		next.Namespace, next.Name = ra.to.Namespace, ra.to.Name
-		next.add(al.Item)
+	if to != nil && uid == to.UID {
+		next.Namespace, next.Name = to.Namespace, to.Name
+		for _, it := range gain {
+			next.add(it)
+		}
 		if next.items() > MaxItems {
-			return clientv3.Cmp{}, nil, badrequest.New("owner",
-				fmt.Sprintf("owner %s would hold more than %d items", uid, MaxItems))
+			return badrequest.New("to",
+				fmt.Sprintf("owner %s would hold %d items; at most %d", uid, next.items(), MaxItems))
 		}
 	}
-	var w clientv3.Op
 	switch {
 	case next.items() == 0 && st.rec != nil && st.rec.items() > 0:
 		a.addTombstone(t, uid, st.rec)
-		t.cmps = append(t.cmps, st.cmp(a.ownerKey(uid)))
-		return clientv3.Cmp{}, nil, nil
 	case next.items() == 0:
-		return clientv3.Cmp{}, nil, nil
+		return nil
 	case st.rec == nil || recordChanged(st.rec, next):
-		w = clientv3.OpPut(a.ownerKey(uid), string(appendOwnerRecord(nil, next)))
+		t.writes = append(t.writes, clientv3.OpPut(a.ownerKey(uid), string(appendOwnerRecord(nil, next))))
 	default:
-		return clientv3.Cmp{}, nil, nil
+		return nil
 	}
-	return st.cmp(a.ownerKey(uid)), &w, nil
+	t.cmps = append(t.cmps, st.cmp(a.ownerKey(uid)))
+	return nil
 }

@@ -142,7 +142,7 @@ func TestServiceCIDRLifecycle(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].Name != "extra" {
 		t.Errorf("ListServiceCIDRs() = %+v, %v; want extra only", list, err)
 	}
-	if got := strings.Join(a.rangeNames(), " "); got != "10.0.1.0/24 30000-32767" {
+	if got := strings.Join(a.idx.rangeNames(), " "); got != "10.0.1.0/24 30000-32767" {
 		t.Errorf("rangeNames() = %s; want 10.0.1.0/24 30000-32767", got)
 	}
 }
@@ -159,7 +159,7 @@ func TestServiceCIDRAcrossReplicas(t *testing.T) {
 	}
 	created := time.Now()
 	etcdtest.WaitFor(t, time.Second, "the other replica to see the new CIDR", func() bool {
-		return strings.Contains(strings.Join(b.rangeNames(), " "), "10.9.0.0/24")
+		return strings.Contains(strings.Join(b.idx.rangeNames(), " "), "10.9.0.0/24")
 	})
 	t.Logf("seen by the other replica after %v", time.Since(created))
 	res, err := b.Allocate(ctx,
@@ -309,7 +309,8 @@ func TestServiceCIDRRestartWithOldFlags(t *testing.T) {
 // that a group commit counted at 128 operations holds 128; two revisions of one key
 // are both compared.
 func TestGuardComparedOncePerRevision(t *testing.T) {
-	a := &Allocator{store: newStore(nil, nil, "/t")}
+	st := newStore(nil, nil, "/t")
+	a := &Allocator{store: st, epochs: newEpochs(st, nil, nil)}
 	ref := func(rev int64) *cidrRef {
 		key := a.cidrKey(KubernetesCIDR)
 		return &cidrRef{name: KubernetesCIDR, key: key, rev: rev, ready: true,

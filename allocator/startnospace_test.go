@@ -40,7 +40,7 @@ func raiseNoSpace(t *testing.T, e *etcdtest.Server) func() {
 
 // TestNoSpaceSeveralReleases: while etcd is out of space, every full release frees
 // its owner's items, not only the first (which deletes the epoch key: the later ones
-// are fenced by its absence), and so does repair's ReleaseIf of an owner's last item;
+// compare its absence), and so does repair's ReleaseIf of an owner's last item;
 // once space is back, allocations go on.
 func TestNoSpaceSeveralReleases(t *testing.T) {
 	e := etcdtest.New(t)
@@ -87,7 +87,7 @@ func TestStartRetryAfterCheckpointLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runWith(t, other, func(a *Allocator) { a.cpCh = nil })
+	runWith(t, other, func(a *Allocator) { a.cp.ch = nil })
 	churn(t, other, "a", 30)
 	writer(t, e, cfg)()
 	churn(t, other, "b", 30) // changes after the checkpoint
@@ -95,33 +95,33 @@ func TestStartRetryAfterCheckpointLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.loadedFrom != "checkpoint" {
-		t.Fatalf("loaded from %s", got.loadedFrom)
+	if got.idx.loadedFrom != "checkpoint" {
+		t.Fatalf("loaded from %s", got.idx.loadedFrom)
 	}
 	checkEqualsList(t, got)
 	// What New's loop does after a transient error of a step after load.
 	if err := got.start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("after the second start: index at %d", got.progress.Rev())
+	t.Logf("after the second start: index at %d", got.idx.progress.Rev())
 	checkEqualsList(t, got)
 	// The wrong index goes into the next checkpoint, and a third replica loads it.
-	runWith(t, got, func(a *Allocator) { a.cpEvery, a.cpMinGap, a.cpMaxAge = 1, 0, time.Millisecond })
+	runWith(t, got, func(a *Allocator) { a.cp.every, a.cp.minGap, a.cp.maxAge = 1, 0, time.Millisecond })
 	if _, err := got.Allocate(ctx, Request{Owner: owner("z")}); err != nil {
 		t.Fatal(err)
 	}
 	// Until Run's watch runs, Sync gives up at once (a CI run under load was that quick).
 	etcdtest.WaitFor(t, 10*time.Second, "the index to reach the Allocate",
 		func() bool { return got.Sync(ctx) == nil })
-	at := got.progress.Rev()
+	at := got.idx.progress.Rev()
 	etcdtest.WaitFor(t, 10*time.Second, "a checkpoint", func() bool {
-		r, err := got.checkpointRevision(ctx)
+		r, err := got.cp.revision(ctx)
 		return err == nil && r >= at
 	})
 	third, err := New(ctx, e.NewClient(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("third replica loaded from %s", third.loadedFrom)
+	t.Logf("third replica loaded from %s", third.idx.loadedFrom)
 	checkEqualsList(t, third)
 }

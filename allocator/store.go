@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -24,8 +25,8 @@ import (
 
 // store is the allocator's etcd layer: the keys (see the package doc's Storage), the
 // record of the ranges, reads of owner records and the streamed or paged listing of a
-// prefix. The values' codec is codec.go; the transactions that allocate are the
-// committer's (batch.go), those that release release.go's.
+// prefix. The values' codec is codec.go; the transactions are the Allocator's (the
+// group commit's in batch.go, the others beside the calls that make them).
 type store struct {
 	cli *clientv3.Client
 	log *slog.Logger
@@ -34,8 +35,8 @@ type store struct {
 	// cpPrefix holds the index's checkpoints (checkpoint.go): cpHeadKey and the parts
 	// under cpDataPrefix.
 	cpPrefix, cpHeadKey, cpDataPrefix string
-	// epochKey and the tombstones' index under tombPrefix fence transactions off
-	// (fence.go).
+	// epochKey and the tombstones' index under tombPrefix bound how old a transaction
+	// may commit.
 	epochKey, tombPrefix string
 	// watchStart and watchEnd bound both item prefixes and config/ between them, where
 	// the ServiceCIDRs are: one watch sees both, in revision order.
@@ -230,6 +231,24 @@ func (s *store) readRecords(ctx context.Context, uids []string, rev int64) (map[
 	return out, nil
 }
 
+// readItemKeys reads the keys of items at one revision: the key-value of each, in
+// order, nil for an item that is free.
+func (s *store) readItemKeys(ctx context.Context, items []Item) ([]*mvccpb.KeyValue, error) {
+	gets := make([]clientv3.Op, len(items))
+	for i, it := range items {
+		gets[i] = clientv3.OpGet(s.key(it))
+	}
+	resp, err := s.cli.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("read allocations: %w", err)
+	}
+	out := make([]*mvccpb.KeyValue, len(items))
+	for i, r := range resp.Responses {
+		out[i] = firstKV(r.GetResponseRange().Kvs)
+	}
+	return out, nil
+}
+
 // listPageSize is the page size of List on servers without RangeStream: big, since
 // etcd walks the rest of the range for every page to count it.
 const listPageSize = 50_000
@@ -313,7 +332,10 @@ func makeToken(rev int64, lastKey string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(rev, 10) + "\x00" + lastKey))
 }
 
-func (s *store) parseToken(tok string) (int64, string, error) {
+// parseToken returns the revision and the last key of a token that makeToken made,
+// refusing one whose key is under none of the prefixes under (a token of another
+// listing).
+func (s *store) parseToken(tok string, under ...string) (int64, string, error) {
 	if tok == "" {
 		return 0, "", nil
 	}
@@ -327,9 +349,45 @@ func (s *store) parseToken(tok string) (int64, string, error) {
 		return 0, "", bad
 	}
 	rev, err := strconv.ParseInt(revs, 10, 64)
-	if err != nil || rev <= 0 ||
-		(!strings.HasPrefix(key, s.ipPrefix) && !strings.HasPrefix(key, s.portPrefix)) {
+	if err != nil || rev <= 0 || !slices.ContainsFunc(under, func(p string) bool {
+		return strings.HasPrefix(key, p)
+	}) {
 		return 0, "", bad
 	}
 	return rev, key, nil
+}
+
+// listItems calls fn with every item key's item at rev, reading keys only, in
+// pages.
+func (s *store) listItems(ctx context.Context, rev int64, fn func(Item)) error {
+	key := s.watchStart
+	for {
+		resp, err := s.cli.Get(ctx, key, clientv3.WithRange(s.watchEnd), clientv3.WithKeysOnly(),
+			clientv3.WithLimit(10000), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
+			clientv3.WithRev(rev))
+		if err != nil {
+			return fmt.Errorf("load allocations: %w", err)
+		}
+		for _, kv := range resp.Kvs {
+			if it, ok := s.parseKey(kv.Key); ok {
+				fn(it)
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+func (s *store) tombstoneKey(u int64, uid string) string {
+	return s.tombPrefix + fmt.Sprintf("%020d", u) + "/" + uid
+}
+
+// firstKV is the first of kvs, nil when there is none.
+func firstKV(kvs []*mvccpb.KeyValue) *mvccpb.KeyValue {
+	if len(kvs) == 0 {
+		return nil
+	}
+	return kvs[0]
 }

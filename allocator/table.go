@@ -15,18 +15,6 @@ import (
 // a change of the ServiceCIDRs builds a new one, whose ranges share the bitmaps of the
 // old one's ranges of the same prefix.
 
-// cidrRef is a ServiceCIDR that lists a range, as the index last saw its key.
-type cidrRef struct {
-	name      string
-	key       string
-	rev       int64 // ModRevision: what an allocation drawing from it compares
-	createRev int64
-	ready     bool
-	// id is key@rev: what a transaction compares once however many picks share it
-	// (the refs of one ServiceCIDR are copies, one per range and per table).
-	id string
-}
-
 // table is one state of the ranges. See the comment above.
 type table struct {
 	// ip is every ClusterIP range (ready ones in allocation order, then terminating
@@ -200,8 +188,8 @@ func (t *table) freed(r *rng) {
 	}
 }
 
-// names describes rs for a message: "10.0.0.0/28 (kubernetes), 10.1.0.0/24 (extra)".
-func names(rs []*rng) string {
+// rangeNamesOf describes rs for a message: "10.0.0.0/28 (kubernetes), 10.1.0.0/24 (extra)".
+func rangeNamesOf(rs []*rng) string {
 	s := make([]string, len(rs))
 	for i, r := range rs {
 		var objs []string

@@ -117,3 +117,50 @@ func checkOwner(field string, o Owner) error {
 	}
 	return nil
 }
+
+// KubernetesCIDR is the name of the ServiceCIDR that --service-cluster-ip-range
+// seeds on first start, as Kubernetes' default ServiceCIDR.
+const KubernetesCIDR = "kubernetes"
+
+// CIDRState is the state of a ServiceCIDR.
+type CIDRState int
+
+const (
+	// CIDRReady: addresses are allocated from it.
+	CIDRReady CIDRState = iota + 1
+	// CIDRTerminating: deleted, no longer allocated from, and removed once no
+	// allocated address lies in it alone.
+	CIDRTerminating
+)
+
+// String returns "ready" or "terminating".
+func (s CIDRState) String() string {
+	switch s {
+	case CIDRReady:
+		return "ready"
+	case CIDRTerminating:
+		return "terminating"
+	}
+	return "unknown"
+}
+
+// ServiceCIDR is a named set of one or two ClusterIP ranges (at most one per family)
+// that addresses are allocated from, stored at <prefix>/config/servicecidrs/<name>.
+type ServiceCIDR struct {
+	Name  string
+	CIDRs []netip.Prefix
+	State CIDRState
+	// Created is when it was created; Terminating when it was deleted (zero while
+	// ready).
+	Created, Terminating time.Time
+	// CreateRevision and Revision are its key's etcd revisions.
+	CreateRevision, Revision int64
+	// Blockers is, for a terminating ServiceCIDR, how many allocated addresses lie in
+	// it and in no ready ServiceCIDR; Sample lists some of them (at most
+	// BlockerSample), as the index sees them. Filled by GetServiceCIDR.
+	Blockers int
+	Sample   []Allocation
+}
+
+// BlockerSample is the most blocking allocations GetServiceCIDR lists.
+const BlockerSample = 10

@@ -202,6 +202,19 @@ func (c *Client) Release(ctx context.Context,
 		ReleasedNodePorts: resp.GetReleasedNodePorts(), Revision: resp.GetRevision()}, nil
 }
 
+// Transfer moves ClusterIPs and NodePorts from one owner to another in one transaction
+// (all of From's when both lists are empty): there is no moment at which an item is free
+// or held by two owners. An item To holds already is left as it is, so the call is
+// idempotent and retried on UNAVAILABLE like Release: a retry after a transfer committed
+// moves nothing and succeeds (Revision 0). An item named that From does not hold, free
+// or another owner's, is ErrNotOwner (Error.Metadata: "holder_uid", and "free" "true"
+// when nobody holds it), and nothing moves. Errors: ErrInvalid (*InvalidError; From
+// equal to To among them), ErrNotOwner, ErrAborted, ErrUnavailable, ErrNoSpace.
+func (c *Client) Transfer(ctx context.Context,
+	req *allocdv1.TransferRequest) (*allocdv1.TransferResponse, error) {
+	return unary(ctx, c, allocdv1.AllocatorService_Transfer_FullMethodName, req, c.alloc.Transfer)
+}
+
 // GetAllocation tells who holds one ClusterIP or NodePort; ErrNotFound when it is free.
 func (c *Client) GetAllocation(ctx context.Context,
 	req *allocdv1.GetAllocationRequest) (*allocdv1.Allocation, error) {

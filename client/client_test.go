@@ -355,3 +355,59 @@ func TestTwoReplicas(t *testing.T) {
 		t.Errorf("GetAllocation on replica A after release on B = %v; want ErrNotFound", err)
 	}
 }
+
+// TestTransfer binds what a provisional owner allocated to a Service's UID, as allocd-
+// bridge does, against a real allocd: the owners of the prefix are listed, the items
+// move, a retry moves nothing; what From does not hold is ErrNotOwner naming the
+// holder (or saying nobody holds it), nothing moved; From equal to To is ErrInvalid.
+func TestTransfer(t *testing.T) {
+	d := daemon.StartForTest(t, func(c *daemon.Config) { c.ServiceClusterIPRange = "10.96.0.0/24" })
+	c := newClient(t, d.GRPCAddr())
+	ctx := etcdtest.Context(t)
+	provisional := &allocdv1.Owner{Namespace: "default", Name: "web", Uid: "admission/5c2e"}
+	got, err := c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: provisional, NodePortCount: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner("db"),
+		NodePorts: []int32{30090}}); err != nil {
+		t.Fatal(err)
+	}
+	pending, err := c.ListAllocations(ctx, &allocdv1.ListAllocationsRequest{OwnerUidPrefix: "admission/"})
+	if err != nil || len(pending.GetAllocations()) != 2 {
+		t.Fatalf("ListAllocations(prefix admission/) = %v, %v; want the provisional owner's 2", pending, err)
+	}
+	web := owner("web")
+	for _, tc := range []struct {
+		port      int32
+		holderUID string
+		free      string
+	}{{30090, "uid-db", ""}, {30091, "", "true"}} {
+		_, err := c.Transfer(ctx, &allocdv1.TransferRequest{From: provisional, To: web,
+			NodePorts: append(slices.Clone(got.NodePorts), tc.port)})
+		var e *client.Error
+		if !errors.Is(err, client.ErrNotOwner) || !errors.As(err, &e) || client.OutcomeUnknown(err) ||
+			e.Metadata["holder_uid"] != tc.holderUID || e.Metadata["free"] != tc.free {
+			t.Errorf("Transfer(port %d) = %v; want ErrNotOwner, holder_uid %q, free %q", tc.port, err,
+				tc.holderUID, tc.free)
+		}
+	}
+	_, err = c.Transfer(ctx, &allocdv1.TransferRequest{From: provisional, To: provisional})
+	if !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("Transfer(from = to) = %v; want ErrInvalid", err)
+	}
+	for i := range 2 {
+		resp, err := c.Transfer(ctx, &allocdv1.TransferRequest{From: provisional, To: web})
+		moved := len(resp.GetTransferredClusterIps()) + len(resp.GetTransferredNodePorts())
+		if err != nil || (i == 0) != (moved == 2) || (i == 0) != (resp.GetRevision() != 0) {
+			t.Errorf("Transfer #%d = %v, %v; want both items moved the first time, nothing after", i+1, resp,
+				err)
+		}
+	}
+	al, err := c.GetAllocation(ctx, &allocdv1.GetAllocationRequest{
+		Target: &allocdv1.GetAllocationRequest_NodePort{NodePort: got.NodePorts[0]}})
+	if err != nil || al.GetOwner().GetUid() != web.Uid {
+		t.Errorf("GetAllocation(%d) after the transfer = %v, %v; want held by %s", got.NodePorts[0], al, err,
+			web.Uid)
+	}
+}

@@ -30,8 +30,8 @@ var (
 	ErrFull = errors.New("range is full")
 	// ErrNotFound is a free address or port asked for by GetAllocation (NOT_FOUND).
 	ErrNotFound = errors.New("not found")
-	// ErrNotOwner is a Release of what another owner holds, without force
-	// (FAILED_PRECONDITION).
+	// ErrNotOwner is a Release of what another owner holds, without force, or a
+	// Transfer of what its From does not hold (FAILED_PRECONDITION).
 	ErrNotOwner = errors.New("held by another owner")
 	// ErrStaleSnapshot is a Service snapshot older than the last one allocd accepted
 	// (FAILED_PRECONDITION from PushServiceSnapshot).
@@ -224,6 +224,7 @@ func (e *FullError) Unwrap() error { return ErrFull }
 // ErrorInfo reason this package knows, by RPC.
 var failedPreconditionByMethod = map[string]error{
 	allocdv1.AllocatorService_Release_FullMethodName:          ErrNotOwner,
+	allocdv1.AllocatorService_Transfer_FullMethodName:         ErrNotOwner,
 	allocdv1.RepairService_PushServiceSnapshot_FullMethodName: ErrStaleSnapshot,
 	allocdv1.EndpointsService_PushPodSnapshot_FullMethodName:  ErrStaleSnapshot,
 }

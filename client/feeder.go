@@ -42,6 +42,7 @@ type Feeder struct {
 	maxBatch  int
 	timeout   time.Duration
 	onError   func(error)
+	onPushed  func(events int, revision int64, took time.Duration)
 
 	mu     sync.Mutex
 	queue  []*allocdv1.Event
@@ -56,7 +57,16 @@ type FeederOption func(*Feeder)
 // retries or snapshots again). It is called from Run's goroutine.
 func WithFeedErrors(f func(error)) FeederOption { return func(fd *Feeder) { fd.onError = f } }
 
-// WithFlushInterval sets how long events wait to share a push (default 5 ms).
+// WithPushed sets a function told of every push of events that allocd took: how many
+// events, the highest revision among them, and how long the call took. It is called
+// from Run's goroutine.
+func WithPushed(f func(events int, revision int64, took time.Duration)) FeederOption {
+	return func(fd *Feeder) { fd.onPushed = f }
+}
+
+// WithFlushInterval sets how long events wait to share a push after the first of them
+// comes (default 0: pushed at once; the events that come while a push is in flight
+// share the next one).
 func WithFlushInterval(d time.Duration) FeederOption { return func(fd *Feeder) { fd.flush = d } }
 
 // WithHeartbeat sets how often an idle Feeder asks the leader whether it needs
@@ -74,9 +84,9 @@ func WithMaxQueue(n int) FeederOption { return func(fd *Feeder) { fd.maxQueue = 
 
 // NewFeeder returns a Feeder pushing to c, taking snapshots from l.
 func NewFeeder(c *Client, l Lister, opts ...FeederOption) *Feeder {
-	f := &Feeder{c: c, l: l, flush: 5 * time.Millisecond, heartbeat: time.Second, maxQueue: 100000,
+	f := &Feeder{c: c, l: l, heartbeat: time.Second, maxQueue: 100000,
 		timeout:  30 * time.Second,
-		maxBatch: 1000, onError: func(error) {}, resnap: true,
+		maxBatch: 1000, onError: func(error) {}, onPushed: func(int, int64, time.Duration) {}, resnap: true,
 		wake: make(chan struct{}, 1)}
 	for _, o := range opts {
 		o(f)
@@ -214,8 +224,8 @@ func (f *Feeder) step(ctx context.Context, idle *time.Timer) error {
 	}
 	f.mu.Unlock()
 	var msgs []*allocdv1.PushEventsRequest
+	rev := int64(0)
 	if len(batch) > 0 {
-		rev := int64(0)
 		for _, ev := range batch {
 			rev = max(rev, ev.GetRevision())
 		}
@@ -223,7 +233,12 @@ func (f *Feeder) step(ctx context.Context, idle *time.Timer) error {
 	}
 	pctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	if _, err := f.c.PushEvents(pctx, msgs...); err != nil {
+	start := time.Now()
+	_, err := f.c.PushEvents(pctx, msgs...)
+	if err == nil && len(batch) > 0 {
+		f.onPushed(len(batch), rev, time.Since(start))
+	}
+	if err != nil {
 		if errors.Is(err, ErrInvalid) && len(batch) > 1 {
 			// One malformed event refuses its whole message (nothing applied): the
 			// others are pushed without it.

@@ -17,7 +17,9 @@ import (
 // is unknown. Retrying is safe even when a call did commit before the connection broke,
 // because every allocd write is idempotent: Allocate by owner UID (a retry of the same
 // request by the same owner returns the stored result, with replayed set, instead of
-// allocating again), Release (freeing what is free is not an error), Renew (it
+// allocating again), Release (freeing what is free is not an error), Transfer (an item
+// the receiving owner holds already is left as it is: a retry after a committed transfer
+// moves nothing and succeeds), Renew (it
 // refreshes the same lease) and RemoveLease (removing an absent lease is OK).
 // PushServiceSnapshot is retried as a whole stream with the same revision.
 //

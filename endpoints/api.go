@@ -2,6 +2,8 @@ package endpoints
 
 import (
 	"time"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // EventType is what happened to an object of a feed.
@@ -9,7 +11,9 @@ type EventType int
 
 // The types of events.
 const (
+	// Upsert is an object created or changed.
 	Upsert EventType = iota + 1
+	// Delete is an object deleted.
 	Delete
 )
 
@@ -19,9 +23,9 @@ const (
 type Event struct {
 	Type     EventType
 	Revision int64
-	Service  *Service
-	Pod      *Pod
-	Node     *Node
+	Service  *kube.Service
+	Pod      *kube.Pod
+	Node     *kube.Node
 }
 
 // kind is the kind of the event's object.
@@ -49,8 +53,11 @@ type WatchType int
 
 // The types of watch events.
 const (
+	// Added is an object stored anew (or, at the start of a watch, stored already).
 	Added WatchType = iota + 1
+	// Modified is a stored object changed.
 	Modified
+	// Deleted is a stored object deleted.
 	Deleted
 )
 
@@ -59,9 +66,19 @@ const (
 // of Endpoints when the stored form can be sent as it is.
 type WatchEvent struct {
 	Type      WatchType
-	Endpoints *Endpoints
+	Endpoints *kube.Endpoints
 	Stored    *Stored
 	Revision  int64
+}
+
+// SliceWatchEvent is one change of a stored slice. For Deleted, Slice is the last
+// state and Revision the revision of the delete. From WatchSlicesStored, Stored instead
+// of Slice when the stored form can be sent as it is.
+type SliceWatchEvent struct {
+	Type     WatchType
+	Slice    *kube.EndpointSlice
+	Stored   *Stored
+	Revision int64
 }
 
 // Stored is an object in its stored form, the encoding of the API's message without
@@ -82,7 +99,12 @@ const (
 	DefaultBatchPeriod = time.Duration(0)
 	// DefaultMasterResync is kube-apiserver's endpoint reconcile interval.
 	DefaultMasterResync = 10 * time.Second
-	// DefaultPageSize and MaxPageSize of List.
+	// DefaultMaxEndpointsPerSlice is --max-endpoints-per-slice's default.
+	DefaultMaxEndpointsPerSlice = 100
+	// MaxMaxEndpointsPerSlice is the most --max-endpoints-per-slice takes.
+	MaxMaxEndpointsPerSlice = 1000
+	// DefaultPageSize is the page size of List and ListSlices when none is asked for.
 	DefaultPageSize = 500
-	MaxPageSize     = 5000
+	// MaxPageSize is the largest page of List and ListSlices.
+	MaxPageSize = 5000
 )

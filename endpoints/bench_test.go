@@ -11,39 +11,41 @@ import (
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/leader"
 )
 
 // scale builds nsCount namespaces of svcPerNS Services, each selecting podsPerSvc Pods
 // with one named target port.
-func scale(nsCount, svcPerNS, podsPerSvc int) ([]*Service, []*Pod) {
-	var svcs []*Service
-	var pods []*Pod
+func scale(nsCount, svcPerNS, podsPerSvc int) ([]*kube.Service, []*kube.Pod) {
+	var svcs []*kube.Service
+	var pods []*kube.Pod
 	ip := 0
 	for n := range nsCount {
 		ns := fmt.Sprintf("ns-%d", n)
 		for s := range svcPerNS {
 			app := fmt.Sprintf("app-%d", s)
-			svcs = append(svcs, &Service{
-				Namespace: ns, Name: app, UID: ns + "-" + app, Type: TypeClusterIP,
+			svcs = append(svcs, &kube.Service{
+				Namespace: ns, Name: app, UID: ns + "-" + app, Type: kube.TypeClusterIP,
 				ClusterIPs: []string{fmt.Sprintf("10.96.%d.%d", ip/250%250, ip%250+1)},
 				Labels:     map[string]string{"app": app},
 				Selector:   map[string]string{"app": app},
-				Ports: []ServicePort{{Name: "http", Port: 80, TargetPort: TargetPort{Name: "http"},
-					Protocol: ProtocolTCP}},
+				Ports: []kube.ServicePort{{Name: "http", Port: 80, TargetPort: kube.TargetPort{Name: "http"},
+					Protocol: kube.ProtocolTCP}},
 			})
 			for p := range podsPerSvc {
 				ip++
-				pods = append(pods, &Pod{
+				pods = append(pods, &kube.Pod{
 					Namespace: ns, Name: fmt.Sprintf("%s-%d", app, p),
 					UID:             fmt.Sprintf("%s-%s-%d", ns, app, p),
 					ResourceVersion: "1",
 					Labels:          map[string]string{"app": app, "pod-template-hash": "5d8f7c9b4"},
 					NodeName:        fmt.Sprintf("node-%d", ip%100),
 					PodIPs:          []string{fmt.Sprintf("10.%d.%d.%d", 1+ip/62500, ip/250%250, ip%250+1)},
-					Phase:           PhaseRunning, Ready: true,
-					Containers: []Container{{Name: "app",
-						Ports: []ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: ProtocolTCP}}}},
+					Phase:           kube.PhaseRunning, Ready: true,
+					Containers: []kube.Container{{Name: "app",
+						Ports: []kube.ContainerPort{{Name: "http", ContainerPort: 8080,
+							Protocol: kube.ProtocolTCP}}}},
 				})
 			}
 		}

@@ -6,6 +6,8 @@ import (
 	"slices"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // The stored form of an Endpoints object is the protobuf encoding of the API's
@@ -15,6 +17,8 @@ import (
 // written and read here with protowire, field by field, so that the controller does not
 // depend on the API's generated types (the server converts those) and spends no
 // reflection on the hot path; TestCodecMatchesProto holds it to the generated code.
+// This file also holds what the stored forms of both kinds share: the wire helpers,
+// maps, object references and ports' decoding; slicecodec.go holds a slice's own.
 //
 // Field numbers, as in proto/allocd/v1/endpoints.proto and lease.proto:
 //
@@ -26,8 +30,8 @@ import (
 //	ObjectReference: 1 kind, 2 namespace, 3 name, 4 uid
 //	EndpointPort: 1 name, 2 port, 3 protocol, 4 app_protocol (optional)
 
-// encode is the stored form of e.
-func encode(e *Endpoints) ([]byte, error) {
+// encodeEndpoints is the stored form of e.
+func encodeEndpoints(e *kube.Endpoints) []byte {
 	b := make([]byte, 0, 256)
 	b = appendString(b, 1, e.Namespace)
 	b = appendString(b, 2, e.Name)
@@ -42,10 +46,10 @@ func encode(e *Endpoints) ([]byte, error) {
 		b = protowire.AppendTag(b, 9, protowire.VarintType)
 		b = protowire.AppendVarint(b, uint64(int64(e.AddressCount)))
 	}
-	return b, nil
+	return b
 }
 
-func appendSubset(b []byte, s Subset) []byte {
+func appendSubset(b []byte, s kube.Subset) []byte {
 	for _, a := range s.Addresses {
 		b = appendMessage(b, 1, func(b []byte) []byte { return appendAddress(b, a) })
 	}
@@ -58,22 +62,16 @@ func appendSubset(b []byte, s Subset) []byte {
 	return b
 }
 
-func appendAddress(b []byte, a Address) []byte {
+func appendAddress(b []byte, a kube.Address) []byte {
 	b = appendString(b, 1, a.IP)
 	b = appendString(b, 2, a.Hostname)
 	b = appendString(b, 3, a.NodeName)
-	if r := a.TargetRef; r != nil {
-		b = appendMessage(b, 4, func(b []byte) []byte {
-			b = appendString(b, 1, r.Kind)
-			b = appendString(b, 2, r.Namespace)
-			b = appendString(b, 3, r.Name)
-			return appendString(b, 4, r.UID)
-		})
-	}
-	return b
+	return appendRef(b, 4, a.TargetRef)
 }
 
-func appendPort(b []byte, p Port) []byte {
+// appendPort appends an EndpointPort. Its fields are proto3 scalars, left out when
+// empty; a slice's port is another message (appendSlicePort).
+func appendPort(b []byte, p kube.Port) []byte {
 	b = appendString(b, 1, p.Name)
 	if p.Port != 0 {
 		b = protowire.AppendTag(b, 2, protowire.VarintType)
@@ -94,6 +92,26 @@ func appendString(b []byte, num protowire.Number, s string) []byte {
 	}
 	b = protowire.AppendTag(b, num, protowire.BytesType)
 	return protowire.AppendString(b, s)
+}
+
+// appendPresentString appends an optional string field that is set, even when empty.
+func appendPresentString(b []byte, num protowire.Number, s string) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendString(b, s)
+}
+
+// appendRef appends an ObjectReference field, nothing when r is nil: an address's
+// target, or a slice endpoint's.
+func appendRef(b []byte, num protowire.Number, r *kube.ObjectRef) []byte {
+	if r == nil {
+		return b
+	}
+	return appendMessage(b, num, func(b []byte) []byte {
+		b = appendString(b, 1, r.Kind)
+		b = appendString(b, 2, r.Namespace)
+		b = appendString(b, 3, r.Name)
+		return appendString(b, 4, r.UID)
+	})
 }
 
 // appendMessage appends an embedded message that body writes: its length is not known
@@ -141,9 +159,9 @@ func appendMap(b []byte, num protowire.Number, m map[string]string) []byte {
 // errMalformed is the cause of every stored value that does not decode.
 var errMalformed = errors.New("malformed protobuf")
 
-// decode reads a stored object and stamps it with its etcd revisions.
-func decode(b []byte, modRev, createRev int64) (*Endpoints, error) {
-	e := &Endpoints{Revision: modRev, CreateRevision: createRev}
+// decodeEndpoints reads a stored object and stamps it with its etcd revisions.
+func decodeEndpoints(b []byte, modRev, createRev int64) (*kube.Endpoints, error) {
+	e := &kube.Endpoints{Revision: modRev, CreateRevision: createRev}
 	err := fields(b, endpointsSchema, func(num protowire.Number, v []byte, n uint64) error {
 		switch num {
 		case 1:
@@ -173,8 +191,8 @@ func decode(b []byte, modRev, createRev int64) (*Endpoints, error) {
 	return e, nil
 }
 
-func decodeSubset(b []byte) (Subset, error) {
-	var s Subset
+func decodeSubset(b []byte) (kube.Subset, error) {
+	var s kube.Subset
 	err := fields(b, subsetSchema, func(num protowire.Number, v []byte, _ uint64) error {
 		switch num {
 		case 1, 2:
@@ -195,8 +213,8 @@ func decodeSubset(b []byte) (Subset, error) {
 	return s, err
 }
 
-func decodeAddress(b []byte) (Address, error) {
-	var a Address
+func decodeAddress(b []byte) (kube.Address, error) {
+	var a kube.Address
 	err := fields(b, stringsSchema, func(num protowire.Number, v []byte, _ uint64) error {
 		switch num {
 		case 1:
@@ -215,8 +233,9 @@ func decodeAddress(b []byte) (Address, error) {
 	return a, err
 }
 
-func decodePort(b []byte) (Port, error) {
-	var p Port
+// decodePort decodes an EndpointPort or an EndpointSlicePort (the same fields).
+func decodePort(b []byte) (kube.Port, error) {
+	var p kube.Port
 	err := fields(b, portSchema, func(num protowire.Number, v []byte, n uint64) error {
 		switch num {
 		case 1:
@@ -232,6 +251,25 @@ func decodePort(b []byte) (Port, error) {
 		return nil
 	})
 	return p, err
+}
+
+// decodeRef decodes an ObjectReference.
+func decodeRef(b []byte) (*kube.ObjectRef, error) {
+	r := &kube.ObjectRef{}
+	err := fields(b, stringsSchema, func(num protowire.Number, v []byte, _ uint64) error {
+		switch num {
+		case 1:
+			r.Kind = string(v)
+		case 2:
+			r.Namespace = string(v)
+		case 3:
+			r.Name = string(v)
+		case 4:
+			r.UID = string(v)
+		}
+		return nil
+	})
+	return r, err
 }
 
 // mapEntry decodes one entry of a map<string, string> field into *m.
@@ -266,8 +304,9 @@ const (
 var (
 	endpointsSchema = schema{-1, bytesField, bytesField, bytesField, bytesField, bytesField,
 		varintField, bytesField, bytesField, varintField, varintField}
-	subsetSchema  = schema{-1, bytesField, bytesField, bytesField}
-	stringsSchema = schema{-1, bytesField, bytesField, bytesField, bytesField} // address, reference, map entry
+	subsetSchema = schema{-1, bytesField, bytesField, bytesField}
+	// stringsSchema decodes an address, a reference and a map entry.
+	stringsSchema = schema{-1, bytesField, bytesField, bytesField, bytesField}
 	portSchema    = schema{-1, bytesField, varintField, bytesField, bytesField}
 )
 

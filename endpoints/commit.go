@@ -39,12 +39,13 @@ type writeOp struct {
 }
 
 // storedView is the term's view of one kind of stored object, kept current by the
-// committer: committed records an op that committed at rev; refresh records what etcd
-// holds for a key after a conflict (kv nil: nothing, at rev); unknown marks a key
-// whose write may or may not have committed (the transaction failed without an
-// answer): the view reads it again from etcd before it is used.
+// committer: committed records a write of obj (nil: a delete) at key that committed at
+// rev, over an object created at createRev (0: none); refresh records what etcd holds
+// for a key after a conflict (kv nil: nothing, at rev); unknown marks a key whose write
+// may or may not have committed (the transaction failed without an answer): the view
+// reads it again from etcd before it is used.
 type storedView interface {
-	committed(op *writeOp, rev int64)
+	committed(key string, obj any, createRev, rev int64)
 	refresh(key string, kv *mvccpb.KeyValue, rev int64)
 	unknown(key string)
 }
@@ -74,17 +75,32 @@ func (w *write) bytes() int {
 // sync of thousands of Services costs tens of fsyncs, not thousands, while each write
 // keeps its own compares: a batch whose compares fail is split and retried, never
 // applied in part.
+//
+// The allocator has a group committer too (allocator/committer.go, batch.go): both
+// queue writes, pack them under etcd's limits and keep a few transactions in flight,
+// but what a transaction is differs. Here one leader writes objects its syncs computed,
+// fenced by the election key; a write whose keys changed goes back to its sync whole
+// (errConflict: the views learn the new state from the Else's reads), the others are
+// committed again without it, and a write larger than a transaction is split in order.
+// There every replica commits at once, each request is a plan that a failed compare
+// changes (an address picked again, an owner's earlier result replayed), read back
+// outside the transaction. A shared committer would share the queue alone.
 type committer struct {
-	t       *term
+	cli     *clientv3.Client
+	fence   leader.Fence // of the term: every transaction compares it
 	in      chan *write
 	maxOps  int           // ops of one transaction: MaxTxnOps minus the fence
 	stopped chan struct{} // closed once run has failed every write it will not commit
 }
 
-func newCommitter(t *term) *committer {
-	return &committer{t: t, in: make(chan *write, maxBatchOps*maxInFlight), maxOps: t.c.cfg.MaxTxnOps - 1,
-		stopped: make(chan struct{})}
+func newCommitter(cli *clientv3.Client, fence leader.Fence, maxTxnOps int) *committer {
+	return &committer{cli: cli, fence: fence, in: make(chan *write, maxBatchOps*maxInFlight),
+		maxOps: maxTxnOps - 1, stopped: make(chan struct{})}
 }
+
+// errConflict: a stored object changed since it was read (the views know its new
+// state): the sync runs again on the fresh state.
+var errConflict = errors.New("endpoints: stored object changed under the write")
 
 // errCommitterStopped fails a write submitted after the term's committer stopped.
 var errCommitterStopped = errors.New("endpoints: the term is over: nothing more is written")
@@ -194,14 +210,14 @@ func (cm *committer) commit(ctx context.Context, batch []*write) {
 		rev := resp.Header.Revision
 		if resp.Succeeded {
 			for _, w := range batch {
-				for i := range w.ops {
-					w.ops[i].view.committed(&w.ops[i], rev)
+				for _, op := range w.ops {
+					op.view.committed(op.key, op.obj, op.createRev, rev)
 				}
 				w.done(rev, nil)
 			}
 			return
 		}
-		if !cm.t.fence.Held(resp, 0) {
+		if !cm.fence.Held(resp, 0) {
 			for _, w := range batch {
 				w.done(0, leader.ErrFenceLost)
 			}
@@ -246,7 +262,6 @@ func (cm *committer) conflicts(w *write, resp *clientv3.TxnResponse, at int, rev
 // txn runs the fenced transaction of batch's ops, with a get of the fence and of every
 // key in Else.
 func (cm *committer) txn(ctx context.Context, batch []*write) (*clientv3.TxnResponse, error) {
-	t := cm.t
 	n := 0
 	for _, w := range batch {
 		n += len(w.ops)
@@ -254,8 +269,8 @@ func (cm *committer) txn(ctx context.Context, batch []*write) (*clientv3.TxnResp
 	cmps := make([]clientv3.Cmp, 0, n+1)
 	ops := make([]clientv3.Op, 0, n)
 	gets := make([]clientv3.Op, 0, n+1)
-	cmps = append(cmps, t.fence.Cmp())
-	gets = append(gets, t.fence.Get())
+	cmps = append(cmps, cm.fence.Cmp())
+	gets = append(gets, cm.fence.Get())
 	for _, w := range batch {
 		for _, op := range w.ops {
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(op.key), "=", op.modRev))
@@ -267,7 +282,7 @@ func (cm *committer) txn(ctx context.Context, batch []*write) (*clientv3.TxnResp
 			gets = append(gets, clientv3.OpGet(op.key))
 		}
 	}
-	resp, err := t.c.cli.Txn(ctx).If(cmps...).Then(ops...).Else(gets...).Commit()
+	resp, err := cm.cli.Txn(ctx).If(cmps...).Then(ops...).Else(gets...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("write %d keys (%s, ...): %w", n, batch[0].ops[0].key, err)
 	}

@@ -24,7 +24,7 @@ func TestCommitNowAfterCommitterStopped(t *testing.T) {
 	for range 20 {
 		done := make(chan struct{})
 		go func() {
-			tm.commitNow(ctx, &write{ops: []writeOp{{key: "/x", val: []byte("v"), view: slicesView{tm}}}})
+			tm.commitNow(ctx, &write{ops: []writeOp{{key: "/x", val: []byte("v"), view: tm.storedSlices}}})
 			close(done)
 		}()
 		select {

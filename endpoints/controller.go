@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/leader"
 )
 
@@ -60,16 +61,19 @@ type Config struct {
 	Clock clockwork.Clock
 }
 
-// Controller is kube-controller-manager's endpoint controller over etcd. For every
-// Service with a selector it keeps the Endpoints object Kubernetes would write (see
-// the package doc for the rules and allocd's deliberate deviations).
+// Controller is kube-controller-manager's endpoint and endpointslice controllers over
+// etcd. For every Service with a selector it keeps the Endpoints object and the
+// EndpointSlices Kubernetes would write (see the package doc for the rules and
+// allocd's deliberate deviations); either controller may be off (Config).
 //
 // Only the leader writes: Lead runs one term of leadership, fenced by the election key
 // (every write compares its CreateRevision), and the feeds (ApplyServiceSnapshot,
-// ApplyPodSnapshot, ApplyEvents) are taken only during a term. A term writes nothing
-// before it has a snapshot of both kinds; then it syncs every Service and every stored
-// object (the start-up sweep), and after that the keys the events touch. Reads (Get,
-// List, Watch) go to etcd and work on every replica.
+// ApplyPodSnapshot, ApplyNodeSnapshot, ApplyEvents) are taken only during a term. Each
+// controller of a term writes nothing before it has the snapshots it reads (Services
+// and Pods; the EndpointSlice controller Nodes too); then it syncs every Service and
+// every stored object (the start-up sweep), and after that the keys the events touch.
+// Reads (Get, List, Watch, ListSlices, WatchSlices) go to etcd and work on every
+// replica.
 //
 // The feeds keep the Services, Pods and Nodes they are given, and Pods of one template
 // share their labels and containers with each other: a caller must not change an
@@ -85,8 +89,8 @@ type Controller struct {
 	slicePrefix string
 
 	mu     sync.Mutex
-	term   *term      // the current term, nil when not leading
-	master *Endpoints // default/kubernetes from the master leases, nil when none yet
+	term   *term           // the current term, nil when not leading
+	master *kube.Endpoints // default/kubernetes from the master leases, nil when none yet
 }
 
 // New returns a Controller. Call Lead for every term of leadership.
@@ -94,12 +98,14 @@ func New(cli *clientv3.Client, cfg Config) (*Controller, error) {
 	if cli == nil {
 		return nil, errors.New("endpoints: nil etcd client")
 	}
-	if cfg.Workers < 0 || cfg.BatchPeriod < 0 || cfg.MasterResync < 0 || cfg.SliceWorkers < 0 || cfg.SliceBatchPeriod < 0 {
+	if cfg.Workers < 0 || cfg.BatchPeriod < 0 || cfg.MasterResync < 0 || cfg.SliceWorkers < 0 ||
+		cfg.SliceBatchPeriod < 0 {
 		return nil, fmt.Errorf("endpoints: negative workers %d/%d, batch period %v/%v or master resync %v",
 			cfg.Workers, cfg.SliceWorkers, cfg.BatchPeriod, cfg.SliceBatchPeriod, cfg.MasterResync)
 	}
 	if cfg.MaxEndpointsPerSlice < 0 || cfg.MaxEndpointsPerSlice > MaxMaxEndpointsPerSlice {
-		return nil, fmt.Errorf("endpoints: max endpoints per slice %d: want 1 to %d", cfg.MaxEndpointsPerSlice, MaxMaxEndpointsPerSlice)
+		return nil, fmt.Errorf("endpoints: max endpoints per slice %d: want 1 to %d",
+			cfg.MaxEndpointsPerSlice, MaxMaxEndpointsPerSlice)
 	}
 	if cfg.MaxTxnOps != 0 && cfg.MaxTxnOps < 2 {
 		return nil, fmt.Errorf("endpoints: max txn ops %d: want at least 2", cfg.MaxTxnOps)
@@ -127,7 +133,7 @@ func New(cli *clientv3.Client, cfg Config) (*Controller, error) {
 		prefix:      strings.TrimSuffix(cfg.Prefix, "/") + "/endpoints/",
 		slicePrefix: strings.TrimSuffix(cfg.Prefix, "/") + "/endpointslices/",
 	}
-	m, err := newMetrics(cfg.Registerer, c)
+	m, err := newMetrics(cfg.Registerer, c.storedCounts)
 	if err != nil {
 		return nil, fmt.Errorf("endpoints metrics: %w", err)
 	}
@@ -172,7 +178,8 @@ func (c *Controller) Lead(ctx context.Context, f leader.Fence) error {
 	master := c.master
 	c.mu.Unlock()
 	c.metrics.setLeader(true)
-	c.log.InfoContext(ctx, "endpoints controller leading; waiting for Service and Pod snapshots", "fence_key", f.Key, "fence_rev", f.Rev)
+	c.log.InfoContext(ctx, "endpoints controller leading; waiting for Service and Pod snapshots",
+		"fence_key", f.Key, "fence_rev", f.Rev)
 	defer func() {
 		c.mu.Lock()
 		c.term = nil
@@ -196,7 +203,7 @@ func (c *Controller) Lead(ctx context.Context, f leader.Fence) error {
 // ApplyServiceSnapshot replaces the Services of the term's inputs. Every Service is
 // synced again, and every stored object (so that the Endpoints of a Service that is
 // gone are deleted).
-func (c *Controller) ApplyServiceSnapshot(ctx context.Context, rev int64, svcs []*Service) error {
+func (c *Controller) ApplyServiceSnapshot(ctx context.Context, rev int64, svcs []*kube.Service) error {
 	t, err := c.currentTerm()
 	if err != nil {
 		return err
@@ -205,7 +212,7 @@ func (c *Controller) ApplyServiceSnapshot(ctx context.Context, rev int64, svcs [
 }
 
 // ApplyPodSnapshot replaces the Pods of the term's inputs, and syncs every Service.
-func (c *Controller) ApplyPodSnapshot(ctx context.Context, rev int64, pods []*Pod) error {
+func (c *Controller) ApplyPodSnapshot(ctx context.Context, rev int64, pods []*kube.Pod) error {
 	t, err := c.currentTerm()
 	if err != nil {
 		return err
@@ -215,7 +222,7 @@ func (c *Controller) ApplyPodSnapshot(ctx context.Context, rev int64, pods []*Po
 
 // ApplyNodeSnapshot replaces the Nodes of the term's inputs (the EndpointSlice
 // controller's zones and topology hints), and syncs every Service's slices.
-func (c *Controller) ApplyNodeSnapshot(ctx context.Context, rev int64, nodes []*Node) error {
+func (c *Controller) ApplyNodeSnapshot(ctx context.Context, rev int64, nodes []*kube.Node) error {
 	t, err := c.currentTerm()
 	if err != nil {
 		return err
@@ -226,8 +233,9 @@ func (c *Controller) ApplyNodeSnapshot(ctx context.Context, rev int64, nodes []*
 // ApplyEvents applies events in order on top of the snapshots of the term. An event of
 // a kind with no snapshot in this term refuses the whole batch (*SnapshotRequiredError)
 // before anything is applied. An event not newer than the revision applied for its
-// kind is ignored. No event at all is a heartbeat: *SnapshotRequiredError while the
-// term lacks a snapshot of either kind, so that a feeder learns of a new term.
+// kind is ignored. No event at all is a heartbeat: *SnapshotRequiredError while a
+// controller of the term that is on lacks a snapshot of a feed it reads, so that a
+// feeder learns of a new term.
 func (c *Controller) ApplyEvents(ctx context.Context, evs []Event) (EventsResult, error) {
 	t, err := c.currentTerm()
 	if err != nil {
@@ -239,8 +247,8 @@ func (c *Controller) ApplyEvents(ctx context.Context, evs []Event) (EventsResult
 // SetMasterEndpoints sets the Endpoints of default/kubernetes that the master leases
 // produce; the leader stores them (and keeps them stored) under the same prefix as the
 // others. e carries addresses and ports; its name, labels and bookkeeping are set here.
-func (c *Controller) SetMasterEndpoints(e *Endpoints) {
-	e.ManagedBy = ManagedByMasterLease
+func (c *Controller) SetMasterEndpoints(e *kube.Endpoints) {
+	e.ManagedBy = kube.ManagedByMasterLease
 	c.mu.Lock()
 	c.master = e
 	t := c.term
@@ -253,20 +261,34 @@ func (c *Controller) SetMasterEndpoints(e *Endpoints) {
 	}
 }
 
-func (c *Controller) masterEndpoints() *Endpoints {
+func (c *Controller) masterEndpoints() *kube.Endpoints {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.master
 }
 
+// masterKey is the Service whose Endpoints the master leases produce
+// (SetMasterEndpoints): the term keeps them stored (master.go), the Endpoints
+// controller leaves them alone.
+const masterKey = "default/kubernetes"
+
 // etcdKey is where the Endpoints of "ns/name" are stored.
 func (c *Controller) etcdKey(key string) string { return c.prefix + key }
 
-// objectKey is the "ns/name" of a stored key, "" when k is not one.
-func (c *Controller) objectKey(k []byte) string {
-	s := strings.TrimPrefix(string(k), c.prefix)
-	if len(s) == len(k) || strings.Count(s, "/") != 1 {
-		return ""
+// storedCounts counts the stored Endpoints objects and the truncated ones, as the
+// running term sees them (none when this replica does not lead).
+func (c *Controller) storedCounts() (objects, truncated int) {
+	c.mu.Lock()
+	t := c.term
+	c.mu.Unlock()
+	if t == nil {
+		return 0, 0
 	}
-	return s
+	t.storedEndpoints.each(func(e *kube.Endpoints) {
+		objects++
+		if e.Annotations[kube.AnnotationOverCapacity] != "" {
+			truncated++
+		}
+	})
+	return objects, truncated
 }

@@ -3,27 +3,29 @@ package endpoints
 import (
 	"errors"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jonboulle/clockwork"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 	"github.com/allocd/allocd/leader"
 )
 
-// syncCase is one case of kube-controller-manager's endpoints_controller_test.go, as
-// the reference lists them: objects stored before the term, the snapshots, and what
+// syncCase is one case of kube-controller-manager's endpoints_controller_test.go
+// (pkg/controller/endpoint): objects stored before the term, the snapshots, and what
 // etcd holds after the controller settled. writes counts etcd writes (revisions):
 // "0 requests" upstream is 0 writes here.
 type syncCase struct {
 	name     string
-	existing []*Endpoints
-	svcs     []*Service
-	pods     []*Pod
+	existing []*kube.Endpoints
+	svcs     []*kube.Service
+	pods     []*kube.Pod
 	writes   int64
 	// want: the objects after, by "ns/name"; a nil value means absent.
-	want map[string]*Endpoints
+	want map[string]*kube.Endpoints
 }
 
 func TestSyncEndpoints(t *testing.T) {
@@ -33,19 +35,19 @@ func TestSyncEndpoints(t *testing.T) {
 	headlessNoPorts.Ports = nil
 	headlessNoPorts.Labels = map[string]string{"a": "b"}
 	withLabels := testService("other")
-	withLabels.Ports = []ServicePort{
-		{Name: "port0", Port: 80, TargetPort: TargetPort{Number: 8080}, Protocol: ProtocolTCP},
-		{Name: "port1", Port: 88, TargetPort: TargetPort{Number: 8088}, Protocol: ProtocolTCP},
+	withLabels.Ports = []kube.ServicePort{
+		{Name: "port0", Port: 80, TargetPort: kube.TargetPort{Number: 8080}, Protocol: kube.ProtocolTCP},
+		{Name: "port1", Port: 88, TargetPort: kube.TargetPort{Number: 8088}, Protocol: kube.ProtocolTCP},
 	}
 	withLabels.Labels = map[string]string{"foo": "bar"}
 	udp, sctp := testService("default"), testService("default")
-	udp.Ports[0].Protocol, sctp.Ports[0].Protocol = ProtocolUDP, ProtocolSCTP
+	udp.Ports[0].Protocol, sctp.Ports[0].Protocol = kube.ProtocolUDP, kube.ProtocolSCTP
 	noSelector := testService("default")
 	noSelector.Selector = nil
 	emptySelector := testService("default")
 	emptySelector.Selector = map[string]string{}
 	failed, succeeded := testPod("default", 0, false, 1), testPod("default", 1, false, 1)
-	failed.Phase, succeeded.Phase = PhaseFailed, PhaseSucceeded
+	failed.Phase, succeeded.Phase = kube.PhaseFailed, kube.PhaseSucceeded
 	labelled := ours(svc)
 	labelled.Labels["foo"] = "bar"
 	pod0 := addr("1.2.3.4", "default", "pod0")
@@ -53,144 +55,150 @@ func TestSyncEndpoints(t *testing.T) {
 
 	cases := []syncCase{{
 		name:     "ItemsPreserveNoSelector",
-		existing: []*Endpoints{handMade("default", "foo")},
-		svcs:     []*Service{noSelector},
-		pods:     []*Pod{testPod("default", 0, true, 1)},
+		existing: []*kube.Endpoints{handMade("default", "foo")},
+		svcs:     []*kube.Service{noSelector},
+		pods:     []*kube.Pod{testPod("default", 0, true, 1)},
 		writes:   0,
-		want:     map[string]*Endpoints{"default/foo": handMade("default", "foo")},
+		want:     map[string]*kube.Endpoints{"default/foo": handMade("default", "foo")},
 	}, {
 		name:     "ExistingNilSubsets",
-		existing: []*Endpoints{ours(svc)},
-		svcs:     []*Service{svc},
+		existing: []*kube.Endpoints{ours(svc)},
+		svcs:     []*kube.Service{svc},
 		writes:   0,
-		want:     map[string]*Endpoints{"default/foo": ours(svc)},
+		want:     map[string]*kube.Endpoints{"default/foo": ours(svc)},
 	}, {
 		name:   "NewNoSubsets",
-		svcs:   []*Service{svc},
+		svcs:   []*kube.Service{svc},
 		writes: 1,
-		want:   map[string]*Endpoints{"default/foo": ours(svc)},
+		want:   map[string]*kube.Endpoints{"default/foo": ours(svc)},
 	}, {
 		name:     "ProtocolTCP",
-		existing: []*Endpoints{handMade("default", "foo")},
-		svcs:     []*Service{svc},
-		pods:     []*Pod{testPod("default", 0, true, 1)},
+		existing: []*kube.Endpoints{handMade("default", "foo")},
+		svcs:     []*kube.Service{svc},
+		pods:     []*kube.Pod{testPod("default", 0, true, 1)},
 		writes:   1,
-		want: map[string]*Endpoints{"default/foo": ours(svc,
-			Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
+		want: map[string]*kube.Endpoints{"default/foo": ours(svc,
+			kube.Subset{Addresses: []kube.Address{pod0}, Ports: []kube.Port{tcp(8080)}})},
 	}, {
 		name:   "ProtocolUDP",
-		svcs:   []*Service{udp},
-		pods:   []*Pod{testPod("default", 0, true, 1)},
+		svcs:   []*kube.Service{udp},
+		pods:   []*kube.Pod{testPod("default", 0, true, 1)},
 		writes: 1,
-		want: map[string]*Endpoints{"default/foo": ours(udp, Subset{Addresses: []Address{pod0},
-			Ports: []Port{{Port: 8080, Protocol: ProtocolUDP}}})},
+		want: map[string]*kube.Endpoints{"default/foo": ours(udp, kube.Subset{Addresses: []kube.Address{pod0},
+			Ports: []kube.Port{{Port: 8080, Protocol: kube.ProtocolUDP}}})},
 	}, {
 		name:   "ProtocolSCTP",
-		svcs:   []*Service{sctp},
-		pods:   []*Pod{testPod("default", 0, true, 1)},
+		svcs:   []*kube.Service{sctp},
+		pods:   []*kube.Pod{testPod("default", 0, true, 1)},
 		writes: 1,
-		want: map[string]*Endpoints{"default/foo": ours(sctp, Subset{Addresses: []Address{pod0},
-			Ports: []Port{{Port: 8080, Protocol: ProtocolSCTP}}})},
+		want: map[string]*kube.Endpoints{"default/foo": ours(sctp,
+			kube.Subset{Addresses: []kube.Address{pod0},
+				Ports: []kube.Port{{Port: 8080, Protocol: kube.ProtocolSCTP}}})},
 	}, {
 		name:     "HeadlessServiceLabel",
-		existing: []*Endpoints{ours(svc)},
-		svcs:     []*Service{svc},
+		existing: []*kube.Endpoints{ours(svc)},
+		svcs:     []*kube.Service{svc},
 		writes:   0,
-		want:     map[string]*Endpoints{"default/foo": ours(svc)},
+		want:     map[string]*kube.Endpoints{"default/foo": ours(svc)},
 	}, {
 		name: "ExternalNameType",
-		svcs: []*Service{
-			{Namespace: "default", Name: "a", UID: "a", Type: TypeExternalName,
+		svcs: []*kube.Service{
+			{Namespace: "default", Name: "a", UID: "a", Type: kube.TypeExternalName,
 				Selector: map[string]string{"foo": "bar"}, Ports: svc.Ports},
-			{Namespace: "default", Name: "b", UID: "b", Type: TypeExternalName, Ports: svc.Ports},
-			{Namespace: "default", Name: "c", UID: "c", Type: TypeExternalName,
+			{Namespace: "default", Name: "b", UID: "b", Type: kube.TypeExternalName, Ports: svc.Ports},
+			{Namespace: "default", Name: "c", UID: "c", Type: kube.TypeExternalName,
 				Selector: map[string]string{"foo": "bar"}},
-			{Namespace: "default", Name: "d", UID: "d", Type: TypeExternalName},
+			{Namespace: "default", Name: "d", UID: "d", Type: kube.TypeExternalName},
 		},
-		pods:   []*Pod{testPod("default", 0, true, 1)},
+		pods:   []*kube.Pod{testPod("default", 0, true, 1)},
 		writes: 0,
-		want:   map[string]*Endpoints{"default/a": nil, "default/b": nil, "default/c": nil, "default/d": nil},
+		want: map[string]*kube.Endpoints{"default/a": nil, "default/b": nil, "default/c": nil,
+			"default/d": nil},
 	}, {
 		name:   "EmptySelectorSelectsAllMixed",
-		svcs:   []*Service{emptySelector},
-		pods:   []*Pod{testPod("default", 0, true, 1), testPod("default", 1, false, 1)},
+		svcs:   []*kube.Service{emptySelector},
+		pods:   []*kube.Pod{testPod("default", 0, true, 1), testPod("default", 1, false, 1)},
 		writes: 1,
-		want: map[string]*Endpoints{"default/foo": ours(emptySelector, Subset{Addresses: []Address{pod0},
-			NotReadyAddresses: []Address{pod1}, Ports: []Port{tcp(8080)}})},
+		want: map[string]*kube.Endpoints{"default/foo": ours(emptySelector,
+			kube.Subset{Addresses: []kube.Address{pod0},
+				NotReadyAddresses: []kube.Address{pod1}, Ports: []kube.Port{tcp(8080)}})},
 	}, {
-		name:     "ItemsPreexistingIdentical",
-		existing: []*Endpoints{ours(svc, Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
-		svcs:     []*Service{svc},
-		pods:     []*Pod{testPod("default", 0, true, 1)},
-		writes:   0,
-		want: map[string]*Endpoints{"default/foo": ours(svc,
-			Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
+		name: "ItemsPreexistingIdentical",
+		existing: []*kube.Endpoints{ours(svc, kube.Subset{Addresses: []kube.Address{pod0},
+			Ports: []kube.Port{tcp(8080)}})},
+		svcs:   []*kube.Service{svc},
+		pods:   []*kube.Pod{testPod("default", 0, true, 1)},
+		writes: 0,
+		want: map[string]*kube.Endpoints{"default/foo": ours(svc,
+			kube.Subset{Addresses: []kube.Address{pod0}, Ports: []kube.Port{tcp(8080)}})},
 	}, {
 		name: "ItemsWithLabels",
-		svcs: []*Service{withLabels},
-		pods: []*Pod{testPod("other", 0, true, 2), testPod("other", 1, true, 2), testPod("other", 2, true, 2),
+		svcs: []*kube.Service{withLabels},
+		pods: []*kube.Pod{testPod("other", 0, true, 2), testPod("other", 1, true, 2),
+			testPod("other", 2, true, 2),
 			testPod("blah", 0, true, 2), testPod("blah", 1, true, 2), testPod("blah", 2, true, 2),
 			testPod("blah", 3, true, 2), testPod("blah", 4, true, 2)},
 		writes: 1,
-		want: map[string]*Endpoints{"other/foo": ours(withLabels, Subset{
-			Addresses: []Address{addr("1.2.3.4", "other", "pod0"), addr("1.2.3.5", "other", "pod1"),
+		want: map[string]*kube.Endpoints{"other/foo": ours(withLabels, kube.Subset{
+			Addresses: []kube.Address{addr("1.2.3.4", "other", "pod0"), addr("1.2.3.5", "other", "pod1"),
 				addr("1.2.3.6", "other", "pod2")},
-			Ports: []Port{{Name: "port0", Port: 8080, Protocol: ProtocolTCP},
-				{Name: "port1", Port: 8088, Protocol: ProtocolTCP}},
+			Ports: []kube.Port{{Name: "port0", Port: 8080, Protocol: kube.ProtocolTCP},
+				{Name: "port1", Port: 8088, Protocol: kube.ProtocolTCP}},
 		})},
 	}, {
 		name:     "ItemsPreexistingLabelsChange",
-		existing: []*Endpoints{labelled},
-		svcs: []*Service{func() *Service {
+		existing: []*kube.Endpoints{labelled},
+		svcs: []*kube.Service{func() *kube.Service {
 			s := testService("default")
 			s.Labels = map[string]string{"baz": "blah"}
 			return s
 		}()},
-		pods:   []*Pod{testPod("default", 0, true, 1)},
+		pods:   []*kube.Pod{testPod("default", 0, true, 1)},
 		writes: 1,
-		want: map[string]*Endpoints{"default/foo": ours(func() *Service {
+		want: map[string]*kube.Endpoints{"default/foo": ours(func() *kube.Service {
 			s := testService("default")
 			s.Labels = map[string]string{"baz": "blah"}
 			return s
 		}(),
-			Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
+			kube.Subset{Addresses: []kube.Address{pod0}, Ports: []kube.Port{tcp(8080)}})},
 	}, {
 		name:     "HeadlessService",
-		existing: []*Endpoints{handMade("default", "foo")},
-		svcs:     []*Service{headlessNoPorts},
-		pods:     []*Pod{testPod("default", 0, true, 1)},
+		existing: []*kube.Endpoints{handMade("default", "foo")},
+		svcs:     []*kube.Service{headlessNoPorts},
+		pods:     []*kube.Pod{testPod("default", 0, true, 1)},
 		writes:   1,
-		want: map[string]*Endpoints{"default/foo": ours(headlessNoPorts,
-			Subset{Addresses: []Address{pod0}})},
+		want: map[string]*kube.Endpoints{"default/foo": ours(headlessNoPorts,
+			kube.Subset{Addresses: []kube.Address{pod0}})},
 	}, {
 		name:     "ExcludeNotReadyPodsFailedSucceeded",
-		existing: []*Endpoints{labelled},
-		svcs:     []*Service{svc},
-		pods:     []*Pod{failed, succeeded},
+		existing: []*kube.Endpoints{labelled},
+		svcs:     []*kube.Service{svc},
+		pods:     []*kube.Pod{failed, succeeded},
 		writes:   1,
-		want:     map[string]*Endpoints{"default/foo": ours(svc)},
+		want:     map[string]*kube.Endpoints{"default/foo": ours(svc)},
 	}, {
-		name:     "ServiceNotFound",
-		existing: []*Endpoints{ours(svc, Subset{Addresses: []Address{pod0}, Ports: []Port{tcp(8080)}})},
-		writes:   1,
-		want:     map[string]*Endpoints{"default/foo": nil},
+		name: "ServiceNotFound",
+		existing: []*kube.Endpoints{ours(svc, kube.Subset{Addresses: []kube.Address{pod0},
+			Ports: []kube.Port{tcp(8080)}})},
+		writes: 1,
+		want:   map[string]*kube.Endpoints{"default/foo": nil},
 	}, {
 		// allocd's deviation (#76164): an object no allocd controller wrote is not swept.
 		name:     "LeftoverHandMadeKept",
-		existing: []*Endpoints{handMade("default", "foo")},
+		existing: []*kube.Endpoints{handMade("default", "foo")},
 		writes:   0,
-		want:     map[string]*Endpoints{"default/foo": handMade("default", "foo")},
+		want:     map[string]*kube.Endpoints{"default/foo": handMade("default", "foo")},
 	}, {
 		name: "LeftoverLeaderElectionKept",
-		existing: []*Endpoints{func() *Endpoints {
+		existing: []*kube.Endpoints{func() *kube.Endpoints {
 			e := ours(svc)
-			e.Annotations = map[string]string{AnnotationLeader: "{}"}
+			e.Annotations = map[string]string{kube.AnnotationLeader: "{}"}
 			return e
 		}()},
 		writes: 0,
-		want: map[string]*Endpoints{"default/foo": func() *Endpoints {
+		want: map[string]*kube.Endpoints{"default/foo": func() *kube.Endpoints {
 			e := ours(svc)
-			e.Annotations = map[string]string{AnnotationLeader: "{}"}
+			e.Annotations = map[string]string{kube.AnnotationLeader: "{}"}
 			return e
 		}()},
 	}}
@@ -222,7 +230,7 @@ func cutKey(key string) (string, string, bool) {
 
 // assertStored compares what matters of a stored object: subsets, labels, annotations
 // (but the trigger time), and allocd's ownership fields.
-func assertStored(t *testing.T, key string, got, want *Endpoints) {
+func assertStored(t *testing.T, key string, got, want *kube.Endpoints) {
 	t.Helper()
 	if (got == nil) != (want == nil) {
 		t.Fatalf("%s: stored = %v; want %v", key, got, want)
@@ -237,7 +245,7 @@ func assertStored(t *testing.T, key string, got, want *Endpoints) {
 		t.Errorf("%s: labels = %v; want %v", key, got.Labels, want.Labels)
 	}
 	ga := maps.Clone(got.Annotations)
-	delete(ga, AnnotationTriggerTime)
+	delete(ga, kube.AnnotationTriggerTime)
 	if len(ga) != 0 || len(want.Annotations) != 0 {
 		if !maps.Equal(ga, want.Annotations) {
 			t.Errorf("%s: annotations = %v; want %v", key, ga, want.Annotations)
@@ -255,7 +263,7 @@ func TestWaitsForBothSnapshots(t *testing.T) {
 	h := newHarness(t, Config{})
 	before := h.rev()
 	ctx := etcdtest.Context(t)
-	if err := h.c.ApplyServiceSnapshot(ctx, 1, []*Service{testService("default")}); err != nil {
+	if err := h.c.ApplyServiceSnapshot(ctx, 1, []*kube.Service{testService("default")}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.c.ApplyEvents(ctx, []Event{{Type: Upsert, Revision: 2,
@@ -270,7 +278,7 @@ func TestWaitsForBothSnapshots(t *testing.T) {
 	if got := h.rev(); got != before {
 		t.Fatalf("wrote %d times with only a Service snapshot; want 0", got-before)
 	}
-	if err := h.c.ApplyPodSnapshot(ctx, 1, []*Pod{testPod("default", 0, true, 1)}); err != nil {
+	if err := h.c.ApplyPodSnapshot(ctx, 1, []*kube.Pod{testPod("default", 0, true, 1)}); err != nil {
 		t.Fatal(err)
 	}
 	h.settle()
@@ -285,7 +293,7 @@ func TestPodEvents(t *testing.T) {
 	h := newHarness(t, Config{})
 	a, b := testService("default"), testService("default")
 	b.Name, b.UID, b.Selector = "other", "uid-other", map[string]string{"app": "other"}
-	h.snapshots(1, []*Service{a, b}, []*Pod{testPod("default", 0, true, 1)})
+	h.snapshots(1, []*kube.Service{a, b}, []*kube.Pod{testPod("default", 0, true, 1)})
 	h.settle()
 	bRev := h.get("default", "other").Revision
 
@@ -299,7 +307,8 @@ func TestPodEvents(t *testing.T) {
 	}
 	got := h.get("default", "foo")
 	want := ours(a,
-		Subset{NotReadyAddresses: []Address{addr("1.2.3.4", "default", "pod0")}, Ports: []Port{tcp(8080)}})
+		kube.Subset{NotReadyAddresses: []kube.Address{addr("1.2.3.4", "default", "pod0")},
+			Ports: []kube.Port{tcp(8080)}})
 	assertStored(t, "default/foo", got, want)
 	if r := h.get("default", "other").Revision; r != bRev {
 		t.Errorf("Endpoints of a Service not selecting the Pod rewritten: revision %d -> %d", bRev, r)
@@ -317,7 +326,7 @@ func TestPodEvents(t *testing.T) {
 	}
 
 	before = h.rev()
-	h.events(Event{Type: Delete, Revision: 4, Pod: &Pod{Namespace: "default", Name: "pod0"}})
+	h.events(Event{Type: Delete, Revision: 4, Pod: &kube.Pod{Namespace: "default", Name: "pod0"}})
 	h.settle()
 	assertStored(t, "default/foo", h.get("default", "foo"), ours(a))
 	if got := h.rev() - before; got != 1 {
@@ -351,13 +360,13 @@ func TestPodEvents(t *testing.T) {
 func TestMultipleServiceChanges(t *testing.T) {
 	h := newHarness(t, Config{})
 	svc := testService("default")
-	h.snapshots(1, nil, []*Pod{testPod("default", 0, true, 1)})
+	h.snapshots(1, nil, []*kube.Pod{testPod("default", 0, true, 1)})
 	h.events(Event{Type: Upsert, Revision: 2, Service: svc})
 	h.settle()
 	if h.get("default", "foo") == nil {
 		t.Fatal("Endpoints not created for a new Service")
 	}
-	h.events(Event{Type: Delete, Revision: 3, Service: &Service{Namespace: "default", Name: "foo"}})
+	h.events(Event{Type: Delete, Revision: 3, Service: &kube.Service{Namespace: "default", Name: "foo"}})
 	h.settle()
 	if e := h.get("default", "foo"); e != nil {
 		t.Fatalf("Endpoints of a deleted Service still stored: %+v", e)
@@ -373,12 +382,59 @@ func TestMultipleServiceChanges(t *testing.T) {
 // re-created while its Service wants it.
 func TestEndpointsDeletedBySomeone(t *testing.T) {
 	h := newHarness(t, Config{})
-	h.snapshots(1, []*Service{testService("default")}, []*Pod{testPod("default", 0, true, 1)})
+	h.snapshots(1, []*kube.Service{testService("default")}, []*kube.Pod{testPod("default", 0, true, 1)})
 	h.settle()
 	if _, err := h.cli.Delete(etcdtest.Context(t), testPrefix+"/endpoints/default/foo"); err != nil {
 		t.Fatal(err)
 	}
 	waitStored(t, h, "default", "foo")
+}
+
+// TestUndecodableWrittenOver: a stored Endpoints value that does not decode is written
+// over by the sync that wants the object there: of a Service with a selector, or of
+// the master leases (default/kubernetes). The view keeps it as an object nobody wrote,
+// at the value's ModRevision, which the write compares; before, the view left it out,
+// the write was a create that compares ModRevision 0, and it conflicted for ever.
+func TestUndecodableWrittenOver(t *testing.T) {
+	master := &kube.Endpoints{Subsets: []kube.Subset{{Addresses: []kube.Address{{IP: "10.0.0.1"}},
+		Ports: []kube.Port{{Name: "https", Port: 6443, Protocol: kube.ProtocolTCP}}}}}
+	for _, tc := range []struct {
+		name      string
+		key       string
+		sync      func(h *harness)
+		managedBy string // of the object written
+	}{
+		{name: "a Service's", key: "default/foo", managedBy: kube.ManagedByController,
+			sync: func(h *harness) {
+				h.snapshots(1, []*kube.Service{testService("default")},
+					[]*kube.Pod{testPod("default", 0, true, 1)})
+			}},
+		{name: "the master leases'", key: masterKey, managedBy: kube.ManagedByMasterLease,
+			sync: func(h *harness) { h.c.SetMasterEndpoints(master) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Config{})
+			if _, err := h.cli.Put(etcdtest.Context(t), h.c.etcdKey(tc.key), "\xff\xff"); err != nil {
+				t.Fatal(err)
+			}
+			tc.sync(h)
+			ns, name, _ := strings.Cut(tc.key, "/")
+			written := func() bool {
+				resp, err := h.cli.Get(etcdtest.Context(t), h.c.etcdKey(tc.key))
+				if err != nil || len(resp.Kvs) != 1 {
+					return false
+				}
+				_, err = decodeEndpoints(resp.Kvs[0].Value, 0, 0)
+				return err == nil
+			}
+			if !etcdtest.Eventually(5*time.Second, written) {
+				t.Fatalf("%s still holds the undecodable value after 5 s", tc.key)
+			}
+			if e := h.get(ns, name); e.ManagedBy != tc.managedBy || len(e.Subsets) != 1 {
+				t.Errorf("%s written over with %+v; want the object of %s", tc.key, e, tc.managedBy)
+			}
+		})
+	}
 }
 
 func waitStored(t *testing.T, h *harness, ns, name string) {
@@ -390,24 +446,24 @@ func waitStored(t *testing.T, h *harness, ns, name string) {
 // with nothing changed does not rewrite the truncated object (allocd's deviation).
 func TestOverCapacity(t *testing.T) {
 	h := newHarness(t, Config{})
-	var pods []*Pod
+	var pods []*kube.Pod
 	for i := range 1500 {
 		p := testPod("default", i, true, 1)
 		p.PodIPs = []string{"10.1." + itoa(i/250) + "." + itoa(i%250+1)}
 		pods = append(pods, p)
 	}
-	h.snapshots(1, []*Service{testService("default")}, pods)
+	h.snapshots(1, []*kube.Service{testService("default")}, pods)
 	h.settle()
 	e := h.get("default", "foo")
 	if ready, notReady := CountAddresses(e.Subsets); ready != MaxAddresses || notReady != 0 {
 		t.Fatalf("stored %d ready, %d not ready; want %d, 0", ready, notReady, MaxAddresses)
 	}
-	if e.Annotations[AnnotationOverCapacity] != Truncated || e.AddressCount != 1500 {
-		t.Fatalf("annotation %q, address count %d; want %q, 1500", e.Annotations[AnnotationOverCapacity],
-			e.AddressCount, Truncated)
+	if e.Annotations[kube.AnnotationOverCapacity] != kube.Truncated || e.AddressCount != 1500 {
+		t.Fatalf("annotation %q, address count %d; want %q, 1500", e.Annotations[kube.AnnotationOverCapacity],
+			e.AddressCount, kube.Truncated)
 	}
 	before := h.rev()
-	h.snapshots(2, []*Service{testService("default")}, pods)
+	h.snapshots(2, []*kube.Service{testService("default")}, pods)
 	h.settle()
 	if got := h.rev() - before; got != 0 {
 		t.Fatalf("a truncated object with nothing changed was rewritten %d times; want 0", got)
@@ -422,7 +478,7 @@ func itoa(i int) string {
 // writes are refused by etcd and the term ends; nothing it computed lands.
 func TestFence(t *testing.T) {
 	h := newHarness(t, Config{})
-	h.snapshots(1, []*Service{testService("default")}, []*Pod{testPod("default", 0, true, 1)})
+	h.snapshots(1, []*kube.Service{testService("default")}, []*kube.Pod{testPod("default", 0, true, 1)})
 	h.settle()
 	// A new leader's election key replaces ours.
 	if _, err := h.cli.Delete(etcdtest.Context(t), h.fence.Key); err != nil {
@@ -456,7 +512,7 @@ func TestFence(t *testing.T) {
 // until snapshots come, and an object is never deleted for want of inputs.
 func TestNewTermNeedsFreshSnapshots(t *testing.T) {
 	h := newHarness(t, Config{})
-	h.snapshots(1, []*Service{testService("default")}, []*Pod{testPod("default", 0, true, 1)})
+	h.snapshots(1, []*kube.Service{testService("default")}, []*kube.Pod{testPod("default", 0, true, 1)})
 	h.settle()
 	if err := h.stop(); err != nil {
 		t.Fatalf("Lead = %v", err)
@@ -489,7 +545,8 @@ func TestPodBatching(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := clockwork.NewFakeClock()
 			h := newHarness(t, Config{BatchPeriod: tc.period, Clock: clock})
-			h.snapshots(1, []*Service{testService("default")}, []*Pod{testPod("default", 0, true, 1)})
+			h.snapshots(1, []*kube.Service{testService("default")},
+				[]*kube.Pod{testPod("default", 0, true, 1)})
 			h.settle()
 			before := h.rev()
 			for i := range 3 {
@@ -521,22 +578,22 @@ func TestPodBatching(t *testing.T) {
 func TestMasterEndpoints(t *testing.T) {
 	h := newHarness(t, Config{})
 	before := h.rev()
-	h.masterSynced(&Endpoints{})
+	h.masterSynced(&kube.Endpoints{})
 	if h.get("default", "kubernetes") != nil || h.rev() != before {
 		t.Fatal("an empty kubernetes Endpoints was created")
 	}
 	h.c.SetMasterEndpoints(
-		&Endpoints{Subsets: []Subset{{Addresses: []Address{{IP: "10.0.0.2"}, {IP: "10.0.0.1"}},
-			Ports: []Port{{Name: "https", Port: 6443, Protocol: ProtocolTCP}}}}})
+		&kube.Endpoints{Subsets: []kube.Subset{{Addresses: []kube.Address{{IP: "10.0.0.2"}, {IP: "10.0.0.1"}},
+			Ports: []kube.Port{{Name: "https", Port: 6443, Protocol: kube.ProtocolTCP}}}}})
 	waitStored(t, h, "default", "kubernetes")
 	e := h.get("default", "kubernetes")
-	if e.ManagedBy != ManagedByMasterLease || len(e.Subsets) != 1 ||
+	if e.ManagedBy != kube.ManagedByMasterLease || len(e.Subsets) != 1 ||
 		e.Subsets[0].Addresses[0].IP != "10.0.0.1" {
 		t.Fatalf("stored %+v", e)
 	}
 	// A selectorless kubernetes Service in the feed leaves it alone.
-	h.snapshots(1, []*Service{{Namespace: "default", Name: "kubernetes", UID: "k", Type: TypeClusterIP,
-		ClusterIPs: []string{"10.0.0.1"}}}, nil)
+	h.snapshots(1, []*kube.Service{{Namespace: "default", Name: "kubernetes", UID: "k",
+		Type: kube.TypeClusterIP, ClusterIPs: []string{"10.0.0.1"}}}, nil)
 	h.settle()
 	if got := h.get("default", "kubernetes"); got.Revision != e.Revision {
 		t.Fatalf("the feed rewrote the master leases' Endpoints")
@@ -572,8 +629,9 @@ func TestHeartbeat(t *testing.T) {
 func TestMasterResync(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	h := newHarness(t, Config{MasterResync: time.Minute, Clock: clock})
-	h.c.SetMasterEndpoints(&Endpoints{Subsets: []Subset{{Addresses: []Address{{IP: "10.0.0.1"}},
-		Ports: []Port{{Name: "https", Port: 6443, Protocol: ProtocolTCP}}}}})
+	h.c.SetMasterEndpoints(&kube.Endpoints{Subsets: []kube.Subset{{
+		Addresses: []kube.Address{{IP: "10.0.0.1"}},
+		Ports:     []kube.Port{{Name: "https", Port: 6443, Protocol: kube.ProtocolTCP}}}}})
 	waitStored(t, h, "default", "kubernetes")
 	edited := h.get("default", "kubernetes")
 	edited.Subsets[0].Addresses[0].IP = "10.9.9.9"

@@ -4,7 +4,13 @@ import (
 	"maps"
 	"math"
 	"time"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
+
+// MaxAddresses is the cap on address entries (ready and not-ready, over every subset)
+// of one Endpoints object.
+const MaxAddresses = 1000
 
 // truncate cuts subsets to at most max address entries as Kubernetes does (v1.22+):
 // when the ready ones fit, every ready address is kept and the rest of the budget is
@@ -12,7 +18,7 @@ import (
 // capped by what is left, in subset order); otherwise every not-ready address goes and
 // max is shared over the ready lists the same way. Each list keeps its first entries.
 // subsets is not modified; truncated is false (and out is subsets) when they fit.
-func truncate(subsets []Subset, max int) (out []Subset, truncated bool) {
+func truncate(subsets []kube.Subset, max int) (out []kube.Subset, truncated bool) {
 	ready, notReady := CountAddresses(subsets)
 	if ready+notReady <= max {
 		return subsets, false
@@ -23,7 +29,7 @@ func truncate(subsets []Subset, max int) (out []Subset, truncated bool) {
 		budget, total = max, ready
 	}
 	left := budget
-	out = make([]Subset, len(subsets))
+	out = make([]kube.Subset, len(subsets))
 	for i, s := range subsets {
 		n := len(s.NotReadyAddresses)
 		if truncateReady {
@@ -50,38 +56,39 @@ func truncate(subsets []Subset, max int) (out []Subset, truncated bool) {
 // labels with the managed-by label and, for a headless Service, the headless label;
 // the stored annotations with the trigger time set or removed and the over-capacity
 // annotation set or removed; the subsets truncated to MaxAddresses.
-func Desired(svc *Service, subsets []Subset, current *Endpoints, trigger time.Time) *Endpoints {
-	e := &Endpoints{
+func Desired(svc *kube.Service, subsets []kube.Subset, current *kube.Endpoints,
+	trigger time.Time) *kube.Endpoints {
+	e := &kube.Endpoints{
 		Namespace:  svc.Namespace,
 		Name:       svc.Name,
 		ServiceUID: svc.UID,
-		ManagedBy:  ManagedByController,
+		ManagedBy:  kube.ManagedByController,
 	}
 	e.Labels = make(map[string]string, len(svc.Labels)+2)
 	maps.Copy(e.Labels, svc.Labels)
-	e.Labels[LabelManagedBy] = ControllerName
-	if isHeadless(svc) {
-		e.Labels[LabelHeadless] = ""
+	e.Labels[kube.LabelManagedBy] = kube.ControllerName
+	if svc.Headless() {
+		e.Labels[kube.LabelHeadless] = ""
 	} else {
-		delete(e.Labels, LabelHeadless)
+		delete(e.Labels, kube.LabelHeadless)
 	}
 	ann := map[string]string{}
 	if current != nil {
 		maps.Copy(ann, current.Annotations)
 	}
 	if trigger.IsZero() {
-		delete(ann, AnnotationTriggerTime)
+		delete(ann, kube.AnnotationTriggerTime)
 	} else {
-		ann[AnnotationTriggerTime] = trigger.UTC().Format(time.RFC3339Nano)
+		ann[kube.AnnotationTriggerTime] = trigger.UTC().Format(time.RFC3339Nano)
 	}
 	ready, notReady := CountAddresses(subsets)
 	e.AddressCount = ready + notReady
 	var truncated bool
 	e.Subsets, truncated = truncate(subsets, MaxAddresses)
 	if truncated {
-		ann[AnnotationOverCapacity] = Truncated
+		ann[kube.AnnotationOverCapacity] = kube.Truncated
 	} else {
-		delete(ann, AnnotationOverCapacity)
+		delete(ann, kube.AnnotationOverCapacity)
 	}
 	if len(ann) > 0 {
 		e.Annotations = ann
@@ -96,7 +103,7 @@ func Desired(svc *Service, subsets []Subset, current *Endpoints, trigger time.Ti
 // bookkeeping differs. The trigger-time annotation alone never causes a write. allocd's
 // deviation: the comparison is made after truncation, so a truncated object that did
 // not change is not rewritten on every sync (upstream rewrites it, #127370).
-func NeedsWrite(current, desired *Endpoints) bool {
+func NeedsWrite(current, desired *kube.Endpoints) bool {
 	switch {
 	case current == nil:
 		return true
@@ -104,11 +111,11 @@ func NeedsWrite(current, desired *Endpoints) bool {
 		return true
 	case !subsetsEqual(current.Subsets, desired.Subsets):
 		return true
-	case current.Annotations[AnnotationOverCapacity] != desired.Annotations[AnnotationOverCapacity]:
+	case current.Annotations[kube.AnnotationOverCapacity] != desired.Annotations[kube.AnnotationOverCapacity]:
 		return true
 	}
-	_, curHas := current.Annotations[AnnotationOverCapacity]
-	_, desHas := desired.Annotations[AnnotationOverCapacity]
+	_, curHas := current.Annotations[kube.AnnotationOverCapacity]
+	_, desHas := desired.Annotations[kube.AnnotationOverCapacity]
 	if curHas != desHas {
 		return true
 	}
@@ -118,7 +125,7 @@ func NeedsWrite(current, desired *Endpoints) bool {
 func labelsEqualButHeadless(a, b map[string]string) bool {
 	n := 0
 	for k, v := range a {
-		if k == LabelHeadless {
+		if k == kube.LabelHeadless {
 			continue
 		}
 		if w, ok := b[k]; !ok || w != v {
@@ -127,7 +134,7 @@ func labelsEqualButHeadless(a, b map[string]string) bool {
 		n++
 	}
 	m := len(b)
-	if _, ok := b[LabelHeadless]; ok {
+	if _, ok := b[kube.LabelHeadless]; ok {
 		m--
 	}
 	return n == m

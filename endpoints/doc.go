@@ -4,22 +4,39 @@
 // addresses, readiness, ports, labels and annotations) under
 // <prefix>/endpoints/<namespace>/<name>, and its discovery/v1 EndpointSlices under
 // <prefix>/endpointslices/<namespace>/<service>/<name>, computed from the Service, Pod
-// and Node feeds that an API-server shim pushes (snapshots, then events). The slice
-// reconciler (slicereconcile.go: placement into slices of at most
-// Config.MaxEndpointsPerSlice) and hints (slicehints.go) follow k8s.io/endpointslice;
-// docs/shims/endpointslices.md says where allocd does better or deviates.
+// and Node feeds that an API-server shim pushes (snapshots, then events). The objects
+// are package endpoints/kube's types; the slices are planned by package
+// endpoints/endpointslice, as upstream's controller has them planned by
+// k8s.io/endpointslice. docs/shims/endpoints-controller.md and
+// docs/shims/endpointslices.md say where allocd does better or deviates.
 //
-// The Endpoints rules follow.
+// # Where things are
 //
-// The rules are Kubernetes v1.37's, listed one by one in shared/reference/endpoints.md:
-// Pods selected by the Service's selector in its namespace; terminal Pods never, and
-// terminating ones only with publishNotReadyAddresses; ready or not ready by the Ready
-// condition (everything ready with publishNotReadyAddresses); one address per Pod, of
-// the Service's first IP family; the hostname when the Pod's subdomain is the
-// Service's name; named target ports resolved by name and protocol in containers, then
-// sidecars; the subsets repacked into a canonical form; the Service's labels, the
-// headless and managed-by labels; the trigger-time annotation; at most 1,000 addresses
-// with the over-capacity annotation; no write when nothing changed.
+//   - controller.go: the Controller, its feeds (ApplyServiceSnapshot,
+//     ApplyPodSnapshot, ApplyNodeSnapshot, ApplyEvents) and Lead, which runs a term.
+//   - term.go: one term of leadership: the feeds' inputs (inputs.go), each
+//     controller's queue (queue.go) and workers, the views of what etcd holds
+//     (view.go) and the group committer both write through (commit.go).
+//   - epterm.go: the Endpoints controller's sync of a Service (its rules: subsets.go,
+//     desired.go, pods.go, trigger.go); sliceterm.go: the EndpointSlice controller's;
+//     master.go: the Endpoints and slice of default/kubernetes, from the master leases.
+//   - codec.go, slicecodec.go: the stored form (the API's messages' encoding);
+//     exact.go: when it goes to a watcher as it is; read.go: Get, List and Watch of
+//     both kinds, on every replica.
+//
+// # The Endpoints rules
+//
+// They are Kubernetes v1.37's, as kube-controller-manager's syncService
+// (pkg/controller/endpoint/endpoints_controller.go) and RepackSubsets
+// (pkg/api/v1/endpoints/util.go) apply them: Pods selected by the Service's selector
+// in its namespace; terminal Pods never, and terminating ones only with
+// publishNotReadyAddresses; ready or not ready by the Ready condition (everything
+// ready with publishNotReadyAddresses); one address per Pod, of the Service's first IP
+// family; the hostname when the Pod's subdomain is the Service's name; named target
+// ports resolved by name and protocol in containers, then sidecars; the subsets
+// repacked into a canonical form; the Service's labels, the headless and managed-by
+// labels; the trigger-time annotation; at most 1,000 addresses with the over-capacity
+// annotation; no write when nothing changed.
 //
 // Where allocd deviates from Kubernetes on purpose (each a problem Kubernetes' users
 // reported):
@@ -41,16 +58,20 @@
 // # Leadership
 //
 // One replica writes: the leader elected by package leader, for one term at a time
-// (its leader.Elector runs Lead). Every write is a transaction that also compares the election key's
-// CreateRevision, so a deposed leader can never write after its successor. A term
-// writes nothing before it has a snapshot of both kinds pushed during the term; events
-// before that are refused (SnapshotRequiredError), which tells the feeder to push
-// snapshots again. Reads (Get, List, Watch) are served by every replica from etcd.
+// (its leader.Elector runs Lead). Every write is a transaction that also compares the
+// election key's CreateRevision, so a deposed leader can never write after its
+// successor. Each controller writes nothing before it has the snapshots of its feeds,
+// pushed during the term: the Endpoints controller a Service and a Pod snapshot, the
+// EndpointSlice controller a Node snapshot too. An event of a feed without a snapshot
+// in the term is refused (SnapshotRequiredError), which tells the feeder to push its
+// snapshots again. Reads (Get, List, Watch, ListSlices, WatchSlices) are served by
+// every replica from etcd.
 //
 //	c, _ := endpoints.New(cli, endpoints.Config{Prefix: "/allocd"})
 //	go el.Run(ctx, c.Lead) // el is the replica's *leader.Elector
 //	c.ApplyServiceSnapshot(ctx, rev, services)
 //	c.ApplyPodSnapshot(ctx, rev, pods)
+//	c.ApplyNodeSnapshot(ctx, rev, nodes)
 //	c.ApplyEvents(ctx, []endpoints.Event{{Type: endpoints.Upsert, Revision: rev + 1, Pod: pod}})
 //	e, _ := c.Get(ctx, "default", "web")
 package endpoints

@@ -9,13 +9,14 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
 // sliceAPIForm is the API's message of s without its revisions, as the server converts
 // a slice (every endpoint with its conditions, the optional strings left out when
 // empty, every port with its name, number and protocol).
-func sliceAPIForm(s *EndpointSlice) *allocdv1.EndpointSlice {
+func sliceAPIForm(s *kube.EndpointSlice) *allocdv1.EndpointSlice {
 	p := &allocdv1.EndpointSlice{Namespace: s.Namespace, Name: s.Name, Labels: s.Labels,
 		Annotations: s.Annotations,
 		AddressType: s.AddressType, ServiceUid: s.ServiceUID}
@@ -55,7 +56,7 @@ func sliceAPIForm(s *EndpointSlice) *allocdv1.EndpointSlice {
 
 // randomSlice builds a slice as the controller writes them (every endpoint with at
 // least its Ready condition), with every field used some of the time.
-func randomSlice(r *rand.Rand) *EndpointSlice {
+func randomSlice(r *rand.Rand) *kube.EndpointSlice {
 	str := func(max int) string {
 		b := make([]byte, r.IntN(max))
 		for i := range b {
@@ -63,28 +64,28 @@ func randomSlice(r *rand.Rand) *EndpointSlice {
 		}
 		return string(b)
 	}
-	s := &EndpointSlice{Namespace: str(20), Name: str(60), AddressType: "IPv4", ServiceUID: str(36),
-		Labels: map[string]string{LabelServiceName: str(20), str(10): str(100)}}
+	s := &kube.EndpointSlice{Namespace: str(20), Name: str(60), AddressType: "IPv4", ServiceUID: str(36),
+		Labels: map[string]string{kube.LabelServiceName: str(20), str(10): str(100)}}
 	if r.IntN(2) == 0 {
-		s.Annotations = map[string]string{AnnotationTriggerTime: str(30)}
+		s.Annotations = map[string]string{kube.AnnotationTriggerTime: str(30)}
 	}
 	for range r.IntN(120) {
 		ip := "10.0." + strconv.Itoa(r.IntN(256)) + "." + strconv.Itoa(r.IntN(256))
-		e := SliceEndpoint{Addresses: []string{ip},
-			Ready: boolPtr(r.IntN(2) == 0), Hostname: str(3), NodeName: str(10), Zone: str(4)}
+		e := kube.SliceEndpoint{Addresses: []string{ip},
+			Ready: kube.Bool(r.IntN(2) == 0), Hostname: str(3), NodeName: str(10), Zone: str(4)}
 		if r.IntN(3) > 0 {
-			e.Serving, e.Terminating = boolPtr(r.IntN(2) == 0), boolPtr(r.IntN(2) == 0)
+			e.Serving, e.Terminating = kube.Bool(r.IntN(2) == 0), kube.Bool(r.IntN(2) == 0)
 		}
 		if r.IntN(2) == 0 {
-			e.TargetRef = &ObjectRef{Kind: "Pod", Namespace: str(5), Name: str(10), UID: str(36)}
+			e.TargetRef = &kube.ObjectRef{Kind: "Pod", Namespace: str(5), Name: str(10), UID: str(36)}
 		}
 		if r.IntN(4) == 0 {
-			e.Hints = &Hints{ForZones: []string{str(4)}}
+			e.Hints = &kube.Hints{ForZones: []string{str(4)}}
 		}
 		s.Endpoints = append(s.Endpoints, e)
 	}
 	for range r.IntN(3) {
-		p := SlicePort{Name: str(8), Port: int32(r.IntN(70000)), Protocol: "TCP"}
+		p := kube.Port{Name: str(8), Port: int32(r.IntN(70000)), Protocol: "TCP"}
 		if r.IntN(2) == 0 {
 			ap := str(3)
 			p.AppProtocol = &ap
@@ -130,20 +131,16 @@ func TestSliceCodecMatchesProto(t *testing.T) {
 func TestExactEndpoints(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	for i := range 100 {
-		b, err := encode(randomEndpoints(r))
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := encodeEndpoints(randomEndpoints(r))
 		if !exactEndpoints(b) {
-			t.Fatalf("object %d: exactEndpoints(encode(e)) = false; want true", i)
+			t.Fatalf("object %d: exactEndpoints(encodeEndpoints(e)) = false; want true", i)
 		}
 	}
-	bad, err := encode(&Endpoints{Namespace: "ns", Name: "n", Labels: map[string]string{"k": "\xff"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	badRef, _ := encode(&Endpoints{Namespace: "ns", Name: "n", Subsets: []Subset{{Addresses: []Address{
-		{IP: "10.0.0.1", TargetRef: &ObjectRef{Name: "p\xfe"}}}}}})
+	bad := encodeEndpoints(&kube.Endpoints{Namespace: "ns", Name: "n",
+		Labels: map[string]string{"k": "\xff"}})
+	badRef := encodeEndpoints(&kube.Endpoints{Namespace: "ns", Name: "n",
+		Subsets: []kube.Subset{{Addresses: []kube.Address{
+			{IP: "10.0.0.1", TargetRef: &kube.ObjectRef{Name: "p\xfe"}}}}}})
 	for name, b := range map[string][]byte{"label not UTF-8": bad, "reference not UTF-8": badRef,
 		"truncated": {0x0a, 0x05, 'a'}, "wrong wire type": {0x08, 0x01}} {
 		if exactEndpoints(b) {
@@ -190,8 +187,8 @@ func TestExactSliceRefuses(t *testing.T) {
 		}
 		if err != nil {
 			// protobuf-go refuses to encode invalid UTF-8: build the bytes by hand.
-			b = encodeSlice(&EndpointSlice{Namespace: "ns", Name: "s", Endpoints: []SliceEndpoint{
-				{Addresses: []string{"\xff"}, Ready: boolPtr(true)}}})
+			b = encodeSlice(&kube.EndpointSlice{Namespace: "ns", Name: "s", Endpoints: []kube.SliceEndpoint{
+				{Addresses: []string{"\xff"}, Ready: kube.Bool(true)}}})
 		}
 		if got := exactSlice(b); got != tc.want {
 			t.Errorf("exactSlice(%s) = %v; want %v", tc.name, got, tc.want)

@@ -7,25 +7,28 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // subsetsFrom builds subsets from fuzz bytes, four bytes an entry: which subset, the
 // address (IP and target uid from small sets, so that they collide), ready or not, and
 // the port (a small set, some without a name).
-func subsetsFrom(data []byte) []Subset {
-	var subs []Subset
+func subsetsFrom(data []byte) []kube.Subset {
+	var subs []kube.Subset
 	for len(data) >= 4 {
 		si, ab, flags, pb := int(data[0]%4), data[1], data[2], data[3]
 		data = data[4:]
 		for len(subs) <= si {
-			subs = append(subs, Subset{})
+			subs = append(subs, kube.Subset{})
 		}
-		a := Address{IP: netip.AddrFrom4([4]byte{10, 0, 0, ab % 8}).String()}
+		a := kube.Address{IP: netip.AddrFrom4([4]byte{10, 0, 0, ab % 8}).String()}
 		if ab&0x80 != 0 {
 			a.IP = netip.AddrFrom16([16]byte{0xfd, 15: ab % 8}).String()
 		}
 		if uid := (ab >> 3) % 3; uid > 0 {
-			a.TargetRef = &ObjectRef{Kind: "Pod", Namespace: "ns", Name: "p", UID: string(rune('a' + uid))}
+			a.TargetRef = &kube.ObjectRef{Kind: "Pod", Namespace: "ns", Name: "p",
+				UID: string(rune('a' + uid))}
 		}
 		if flags&1 == 0 {
 			subs[si].Addresses = append(subs[si].Addresses, a)
@@ -33,7 +36,7 @@ func subsetsFrom(data []byte) []Subset {
 			subs[si].NotReadyAddresses = append(subs[si].NotReadyAddresses, a)
 		}
 		if flags&2 != 0 {
-			p := Port{Port: 8080 + int32(pb%3), Protocol: ProtocolTCP}
+			p := kube.Port{Port: 8080 + int32(pb%3), Protocol: kube.ProtocolTCP}
 			if pb&4 != 0 {
 				p.Name = "named"
 			}
@@ -49,11 +52,11 @@ func subsetsFrom(data []byte) []Subset {
 // upstreamRepack is RepackSubsets of kubernetes pkg/api/v1/endpoints/util.go written
 // out literally (maps of sets, the -1 sentinel, "port.Port > 0"), without its final
 // hash order: the oracle Repack is fuzzed against.
-func upstreamRepack(subsets []Subset) []Subset {
-	allAddrs := map[addrKey]*Address{}
-	portToAddrReadyMap := map[portKey]map[*Address]bool{}
-	portOf := map[portKey]Port{}
-	mapAddressByPort := func(addr *Address, port portKey, ready bool) {
+func upstreamRepack(subsets []kube.Subset) []kube.Subset {
+	allAddrs := map[addrKey]*kube.Address{}
+	portToAddrReadyMap := map[portKey]map[*kube.Address]bool{}
+	portOf := map[portKey]kube.Port{}
+	mapAddressByPort := func(addr *kube.Address, port portKey, ready bool) {
 		key := keyOf(addr)
 		existing := allAddrs[key]
 		if existing == nil {
@@ -62,13 +65,13 @@ func upstreamRepack(subsets []Subset) []Subset {
 			allAddrs[key] = existing
 		}
 		if _, found := portToAddrReadyMap[port]; !found {
-			portToAddrReadyMap[port] = map[*Address]bool{}
+			portToAddrReadyMap[port] = map[*kube.Address]bool{}
 		}
 		if wasReady, found := portToAddrReadyMap[port][existing]; !found || wasReady {
 			portToAddrReadyMap[port][existing] = ready
 		}
 	}
-	mapAddressesByPort := func(s *Subset, port portKey) {
+	mapAddressesByPort := func(s *kube.Subset, port portKey) {
 		for k := range s.Addresses {
 			mapAddressByPort(&s.Addresses[k], port, true)
 		}
@@ -86,7 +89,7 @@ func upstreamRepack(subsets []Subset) []Subset {
 			}
 		}
 	}
-	hash := func(set map[*Address]bool) string {
+	hash := func(set map[*kube.Address]bool) string {
 		var keys []string
 		for a, ready := range set {
 			k := keyOf(a)
@@ -95,8 +98,8 @@ func upstreamRepack(subsets []Subset) []Subset {
 		slices.Sort(keys)
 		return strings.Join(keys, ",")
 	}
-	keyToAddrReadyMap := map[string]map[*Address]bool{}
-	addrReadyMapKeyToPorts := map[string][]Port{}
+	keyToAddrReadyMap := map[string]map[*kube.Address]bool{}
+	addrReadyMapKeyToPorts := map[string][]kube.Port{}
 	for port, addrs := range portToAddrReadyMap {
 		key := hash(addrs)
 		keyToAddrReadyMap[key] = addrs
@@ -106,9 +109,9 @@ func upstreamRepack(subsets []Subset) []Subset {
 			addrReadyMapKeyToPorts[key] = nil
 		}
 	}
-	var final []Subset
+	var final []kube.Subset
 	for key, ports := range addrReadyMapKeyToPorts {
-		var s Subset
+		var s kube.Subset
 		for a, ready := range keyToAddrReadyMap[key] {
 			if ready {
 				s.Addresses = append(s.Addresses, *a)
@@ -144,9 +147,9 @@ func FuzzRepack(f *testing.F) {
 		// Shuffle the entries: the same canonical result (the copies of one address
 		// are identical here, so which copy comes first does not matter).
 		r := rand.New(rand.NewPCG(uint64(len(data)), 1))
-		shuffled := make([]Subset, 0, len(in))
+		shuffled := make([]kube.Subset, 0, len(in))
 		for _, s := range subsetsFrom(data) {
-			for _, list := range [][]Address{s.Addresses, s.NotReadyAddresses} {
+			for _, list := range [][]kube.Address{s.Addresses, s.NotReadyAddresses} {
 				r.Shuffle(len(list), func(i, j int) { list[i], list[j] = list[j], list[i] })
 			}
 			r.Shuffle(len(s.Ports), func(i, j int) { s.Ports[i], s.Ports[j] = s.Ports[j], s.Ports[i] })
@@ -159,7 +162,7 @@ func FuzzRepack(f *testing.F) {
 	})
 }
 
-func hasPortZero(subs []Subset) bool {
+func hasPortZero(subs []kube.Subset) bool {
 	for _, s := range subs {
 		for _, p := range s.Ports {
 			if p.Port <= 0 {

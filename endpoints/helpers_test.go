@@ -11,6 +11,7 @@ import (
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/leader"
 )
 
@@ -30,7 +31,7 @@ const testPrefix = "/allocd"
 // newHarness starts etcd and the Endpoints controller alone (newSliceHarness runs
 // the EndpointSlice controller); existing objects are stored before the term starts
 // (as an earlier leader or a person left them).
-func newHarness(t *testing.T, cfg Config, existing ...*Endpoints) *harness {
+func newHarness(t *testing.T, cfg Config, existing ...*kube.Endpoints) *harness {
 	t.Helper()
 	cfg.DisableEndpointSlices = true
 	e := etcdtest.New(t)
@@ -83,19 +84,16 @@ func (h *harness) stop() error {
 }
 
 // store writes ep as it is into etcd (an object the controller did not write now).
-func (h *harness) store(ep *Endpoints) {
+func (h *harness) store(ep *kube.Endpoints) {
 	h.t.Helper()
-	b, err := encode(ep)
-	if err != nil {
-		h.t.Fatal(err)
-	}
+	b := encodeEndpoints(ep)
 	if _, err := h.cli.Put(etcdtest.Context(h.t), testPrefix+"/endpoints/"+ep.Key(), string(b)); err != nil {
 		h.t.Fatal(err)
 	}
 }
 
 // snapshots pushes a Service and a Pod snapshot.
-func (h *harness) snapshots(rev int64, svcs []*Service, pods []*Pod) {
+func (h *harness) snapshots(rev int64, svcs []*kube.Service, pods []*kube.Pod) {
 	h.t.Helper()
 	ctx := etcdtest.Context(h.t)
 	if err := h.c.ApplyServiceSnapshot(ctx, rev, svcs); err != nil {
@@ -124,7 +122,7 @@ func (h *harness) settle() {
 		h.t.Fatalf("no term: %v", err)
 	}
 	etcdtest.WaitFor(h.t, 10*time.Second, "controller idle", func() bool {
-		for _, c := range []chan struct{}{t.listed, t.slicesListed} {
+		for _, c := range []chan struct{}{t.storedEndpoints.listed, t.storedSlices.listed} {
 			select {
 			case <-c:
 			default:
@@ -160,7 +158,7 @@ func (h *harness) syncing() bool {
 // masterSynced sets the master leases' Endpoints to ep and returns once the term has
 // synced them: keepMaster takes one signal at a time, so once it has taken a second
 // one, the sync of the first is over.
-func (h *harness) masterSynced(ep *Endpoints) {
+func (h *harness) masterSynced(ep *kube.Endpoints) {
 	h.t.Helper()
 	t, err := h.c.currentTerm()
 	if err != nil {
@@ -184,7 +182,7 @@ func (h *harness) rev() int64 {
 }
 
 // get reads a stored object, nil when absent.
-func (h *harness) get(ns, name string) *Endpoints {
+func (h *harness) get(ns, name string) *kube.Endpoints {
 	h.t.Helper()
 	resp, err := h.cli.Get(etcdtest.Context(h.t), testPrefix+"/endpoints/"+ns+"/"+name)
 	if err != nil {
@@ -193,7 +191,7 @@ func (h *harness) get(ns, name string) *Endpoints {
 	if len(resp.Kvs) == 0 {
 		return nil
 	}
-	e, err := decode(resp.Kvs[0].Value, resp.Kvs[0].ModRevision, resp.Kvs[0].CreateRevision)
+	e, err := decodeEndpoints(resp.Kvs[0].Value, resp.Kvs[0].ModRevision, resp.Kvs[0].CreateRevision)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -202,61 +200,63 @@ func (h *harness) get(ns, name string) *Endpoints {
 
 // testPod is upstream's test pod "podN": IP 1.2.3.(4+N), label foo=bar, nPorts container
 // ports "portJ" = 8080+J.
-func testPod(ns string, n int, ready bool, nPorts int) *Pod {
-	p := &Pod{
+func testPod(ns string, n int, ready bool, nPorts int) *kube.Pod {
+	p := &kube.Pod{
 		Namespace:       ns,
 		Name:            "pod" + strconv.Itoa(n),
 		UID:             "uid-" + ns + "-" + strconv.Itoa(n),
 		ResourceVersion: "1",
 		Labels:          map[string]string{"foo": "bar"},
 		PodIPs:          []string{fmt.Sprintf("1.2.3.%d", 4+n)},
-		Phase:           PhaseRunning,
+		Phase:           kube.PhaseRunning,
 		Ready:           ready,
 	}
-	ct := Container{Name: "c"}
+	ct := kube.Container{Name: "c"}
 	for j := range nPorts {
-		ct.Ports = append(ct.Ports, ContainerPort{Name: "port" + strconv.Itoa(j),
-			ContainerPort: int32(8080 + j), Protocol: ProtocolTCP})
+		ct.Ports = append(ct.Ports, kube.ContainerPort{Name: "port" + strconv.Itoa(j),
+			ContainerPort: int32(8080 + j), Protocol: kube.ProtocolTCP})
 	}
-	p.Containers = []Container{ct}
+	p.Containers = []kube.Container{ct}
 	return p
 }
 
 // testService is a Service "foo" with selector foo=bar and no cluster IP (so its
 // Endpoints carry the headless label), port 80 -> 8080 TCP.
-func testService(ns string) *Service {
-	return &Service{
+func testService(ns string) *kube.Service {
+	return &kube.Service{
 		Namespace: ns,
 		Name:      "foo",
 		UID:       "svc-uid-" + ns,
-		Type:      TypeClusterIP,
+		Type:      kube.TypeClusterIP,
 		Selector:  map[string]string{"foo": "bar"},
-		Ports:     []ServicePort{{Port: 80, TargetPort: TargetPort{Number: 8080}, Protocol: ProtocolTCP}},
+		Ports: []kube.ServicePort{{Port: 80, TargetPort: kube.TargetPort{Number: 8080},
+			Protocol: kube.ProtocolTCP}},
 	}
 }
 
 // ours is an object as this controller would have stored it for svc.
-func ours(svc *Service, subsets ...Subset) *Endpoints {
-	labels := map[string]string{LabelManagedBy: ControllerName}
+func ours(svc *kube.Service, subsets ...kube.Subset) *kube.Endpoints {
+	labels := map[string]string{kube.LabelManagedBy: kube.ControllerName}
 	for k, v := range svc.Labels {
 		labels[k] = v
 	}
 	if ip := svc.ClusterIP(); ip == "" || ip == "None" {
-		labels[LabelHeadless] = ""
+		labels[kube.LabelHeadless] = ""
 	}
-	return &Endpoints{Namespace: svc.Namespace, Name: svc.Name, Labels: labels, Subsets: subsets,
-		ServiceUID: svc.UID, ManagedBy: ManagedByController}
+	return &kube.Endpoints{Namespace: svc.Namespace, Name: svc.Name, Labels: labels, Subsets: subsets,
+		ServiceUID: svc.UID, ManagedBy: kube.ManagedByController}
 }
 
-func addr(ip, ns, pod string) Address {
-	return Address{IP: ip,
-		TargetRef: &ObjectRef{Kind: "Pod", Namespace: ns, Name: pod, UID: "uid-" + ns + "-" + pod[3:]}}
+func addr(ip, ns, pod string) kube.Address {
+	return kube.Address{IP: ip,
+		TargetRef: &kube.ObjectRef{Kind: "Pod", Namespace: ns, Name: pod, UID: "uid-" + ns + "-" + pod[3:]}}
 }
 
-func tcp(port int32) Port { return Port{Port: port, Protocol: ProtocolTCP} }
+func tcp(port int32) kube.Port { return kube.Port{Port: port, Protocol: kube.ProtocolTCP} }
 
 // handMade is an Endpoints object with 6.7.8.9:1000 that nobody in allocd wrote.
-func handMade(ns, name string) *Endpoints {
-	return &Endpoints{Namespace: ns, Name: name,
-		Subsets: []Subset{{Addresses: []Address{{IP: "6.7.8.9", NodeName: "n1"}}, Ports: []Port{tcp(1000)}}}}
+func handMade(ns, name string) *kube.Endpoints {
+	return &kube.Endpoints{Namespace: ns, Name: name,
+		Subsets: []kube.Subset{{Addresses: []kube.Address{{IP: "6.7.8.9", NodeName: "n1"}},
+			Ports: []kube.Port{tcp(1000)}}}}
 }

@@ -3,6 +3,9 @@ package endpoints
 import (
 	"maps"
 	"slices"
+
+	"github.com/allocd/allocd/endpoints/endpointslice"
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // inputs are the controller's view of the feeds in one term: the Services and Pods of
@@ -16,20 +19,20 @@ type inputs struct {
 	svcRev, podRev, nodeRev       int64
 	haveSvcs, havePods, haveNodes bool
 
-	services map[string]*Service // by "ns/name"
+	services map[string]*kube.Service // by "ns/name"
 	// bySelector indexes the Services that have a selector by namespace and by each
 	// key=value pair of it, under allPods when it is empty (it selects every Pod):
 	// ns -> pair -> name -> Service.
-	bySelector map[string]map[label]map[string]*Service
-	pods       map[string]map[string]*Pod // ns -> name -> Pod
+	bySelector map[string]map[label]map[string]*kube.Service
+	pods       map[string]map[string]*kube.Pod // ns -> name -> Pod
 	// labels indexes the Pods of a namespace by each of their labels.
 	labels map[string]map[label]map[string]struct{}
 
-	nodes map[string]*Node // by name
+	nodes map[string]*kube.Node // by name
 	// podsOnNode indexes the Pods by spec.nodeName.
 	podsOnNode map[string]map[podRef]struct{}
 	// topology is the zones' shares of the Nodes' CPU for topology hints; nil when
-	// the Nodes say too little (see computeTopology).
+	// the Nodes say too little (see endpointslice.CPURatiosByZone).
 	topology map[string]float64
 }
 
@@ -45,11 +48,11 @@ type podRef struct{ namespace, name string }
 
 func newInputs() *inputs {
 	return &inputs{
-		services:   map[string]*Service{},
-		bySelector: map[string]map[label]map[string]*Service{},
-		pods:       map[string]map[string]*Pod{},
+		services:   map[string]*kube.Service{},
+		bySelector: map[string]map[label]map[string]*kube.Service{},
+		pods:       map[string]map[string]*kube.Pod{},
 		labels:     map[string]map[label]map[string]struct{}{},
-		nodes:      map[string]*Node{},
+		nodes:      map[string]*kube.Node{},
 		podsOnNode: map[string]map[podRef]struct{}{},
 	}
 }
@@ -76,9 +79,9 @@ func (in *inputs) revision(k Kind) (int64, bool) {
 }
 
 // setServices replaces every Service.
-func (in *inputs) setServices(rev int64, svcs []*Service) {
-	in.services = make(map[string]*Service, len(svcs))
-	in.bySelector = map[string]map[label]map[string]*Service{}
+func (in *inputs) setServices(rev int64, svcs []*kube.Service) {
+	in.services = make(map[string]*kube.Service, len(svcs))
+	in.bySelector = map[string]map[label]map[string]*kube.Service{}
 	for _, s := range svcs {
 		in.putService(s)
 	}
@@ -86,7 +89,7 @@ func (in *inputs) setServices(rev int64, svcs []*Service) {
 }
 
 // putService stores s, replacing the Service of the same name.
-func (in *inputs) putService(s *Service) {
+func (in *inputs) putService(s *kube.Service) {
 	key := s.Key()
 	if old := in.services[key]; old != nil {
 		in.unindexService(old)
@@ -97,13 +100,13 @@ func (in *inputs) putService(s *Service) {
 	}
 	idx := in.bySelector[s.Namespace]
 	if idx == nil {
-		idx = map[label]map[string]*Service{}
+		idx = map[label]map[string]*kube.Service{}
 		in.bySelector[s.Namespace] = idx
 	}
 	add := func(l label) {
 		set := idx[l]
 		if set == nil {
-			set = map[string]*Service{}
+			set = map[string]*kube.Service{}
 			idx[l] = set
 		}
 		set[s.Name] = s
@@ -117,7 +120,7 @@ func (in *inputs) putService(s *Service) {
 }
 
 // unindexService removes s from bySelector.
-func (in *inputs) unindexService(s *Service) {
+func (in *inputs) unindexService(s *kube.Service) {
 	idx := in.bySelector[s.Namespace]
 	drop := func(l label) {
 		if set := idx[l]; set != nil {
@@ -137,7 +140,7 @@ func (in *inputs) unindexService(s *Service) {
 }
 
 // deleteService removes a Service and returns it (nil when it was not there).
-func (in *inputs) deleteService(namespace, name string) *Service {
+func (in *inputs) deleteService(namespace, name string) *kube.Service {
 	key := namespace + "/" + name
 	s := in.services[key]
 	if s == nil {
@@ -149,8 +152,8 @@ func (in *inputs) deleteService(namespace, name string) *Service {
 }
 
 // setPods replaces every Pod.
-func (in *inputs) setPods(rev int64, pods []*Pod) {
-	in.pods = map[string]map[string]*Pod{}
+func (in *inputs) setPods(rev int64, pods []*kube.Pod) {
+	in.pods = map[string]map[string]*kube.Pod{}
 	in.labels = map[string]map[label]map[string]struct{}{}
 	in.podsOnNode = map[string]map[podRef]struct{}{}
 	for _, p := range pods {
@@ -161,10 +164,10 @@ func (in *inputs) setPods(rev int64, pods []*Pod) {
 
 // putPod stores a copy of p (see share), replacing (and unindexing) the Pod of the same
 // name.
-func (in *inputs) putPod(p *Pod) {
+func (in *inputs) putPod(p *kube.Pod) {
 	ns := in.pods[p.Namespace]
 	if ns == nil {
-		ns = map[string]*Pod{}
+		ns = map[string]*kube.Pod{}
 		in.pods[p.Namespace] = ns
 	}
 	if old := ns[p.Name]; old != nil {
@@ -196,7 +199,7 @@ func (in *inputs) putPod(p *Pod) {
 }
 
 // deletePod removes a Pod and returns it (nil when it was not there).
-func (in *inputs) deletePod(namespace, name string) *Pod {
+func (in *inputs) deletePod(namespace, name string) *kube.Pod {
 	ns := in.pods[namespace]
 	p := ns[name]
 	if p == nil {
@@ -211,7 +214,7 @@ func (in *inputs) deletePod(namespace, name string) *Pod {
 	return p
 }
 
-func (in *inputs) unindex(p *Pod) {
+func (in *inputs) unindex(p *kube.Pod) {
 	if on := in.podsOnNode[p.NodeName]; on != nil {
 		delete(on, podRef{p.Namespace, p.Name})
 		if len(on) == 0 {
@@ -236,7 +239,7 @@ func (in *inputs) unindex(p *Pod) {
 // template then hold one label map and one container list, not one each: most of
 // what 100,000 Pods would otherwise cost. Shared parts are never written to: a Pod is
 // replaced whole.
-func (in *inputs) share(p *Pod) *Pod {
+func (in *inputs) share(p *kube.Pod) *kube.Pod {
 	cp := *p
 	cp.Phase = canonicalPhase(p.Phase)
 	if n := in.nodes[p.NodeName]; n != nil {
@@ -259,7 +262,7 @@ func (in *inputs) share(p *Pod) *Pod {
 // sameLabels returns a stored Pod of p's namespace with p's labels: one of the first
 // few of the label index's shortest list among p's labels; nil when none (or p has no
 // labels).
-func (in *inputs) sameLabels(p *Pod) *Pod {
+func (in *inputs) sameLabels(p *kube.Pod) *kube.Pod {
 	idx := in.labels[p.Namespace]
 	var shortest map[string]struct{}
 	for k, v := range p.Labels {
@@ -286,7 +289,8 @@ func (in *inputs) sameLabels(p *Pod) *Pod {
 
 // canonicalPhase is the constant of a phase, so that stored Pods share it.
 func canonicalPhase(s string) string {
-	for _, c := range []string{PhaseRunning, PhasePending, PhaseSucceeded, PhaseFailed, PhaseUnknown} {
+	for _, c := range []string{kube.PhaseRunning, kube.PhasePending, kube.PhaseSucceeded, kube.PhaseFailed,
+		kube.PhaseUnknown} {
 		if s == c {
 			return c
 		}
@@ -295,25 +299,25 @@ func canonicalPhase(s string) string {
 }
 
 // containersEqual reports whether two container lists are the same.
-func containersEqual(a, b []Container) bool {
-	return slices.EqualFunc(a, b, func(x, y Container) bool {
+func containersEqual(a, b []kube.Container) bool {
+	return slices.EqualFunc(a, b, func(x, y kube.Container) bool {
 		return x.Name == y.Name && x.RestartPolicy == y.RestartPolicy && slices.Equal(x.Ports, y.Ports)
 	})
 }
 
 // pod returns the Pod of that name, nil when none.
-func (in *inputs) pod(namespace, name string) *Pod { return in.pods[namespace][name] }
+func (in *inputs) pod(namespace, name string) *kube.Pod { return in.pods[namespace][name] }
 
 // selectPods returns the Pods of namespace that selector selects: none for a nil
 // selector, every Pod of the namespace for an empty one. It walks the shortest list of
 // the label index among the selector's pairs.
-func (in *inputs) selectPods(namespace string, selector map[string]string) []*Pod {
+func (in *inputs) selectPods(namespace string, selector map[string]string) []*kube.Pod {
 	if selector == nil {
 		return nil
 	}
 	ns := in.pods[namespace]
 	if len(selector) == 0 {
-		out := make([]*Pod, 0, len(ns))
+		out := make([]*kube.Pod, 0, len(ns))
 		for _, p := range ns {
 			out = append(out, p)
 		}
@@ -330,7 +334,7 @@ func (in *inputs) selectPods(namespace string, selector map[string]string) []*Po
 			shortest = set
 		}
 	}
-	out := make([]*Pod, 0, len(shortest))
+	out := make([]*kube.Pod, 0, len(shortest))
 	for name := range shortest {
 		if p := ns[name]; p != nil && selects(selector, p.Labels) {
 			out = append(out, p)
@@ -343,7 +347,7 @@ func (in *inputs) selectPods(namespace string, selector map[string]string) []*Po
 // selector selects p (a nil selector selects nothing), as kube-controller-manager's
 // GetPodServiceMemberships; it looks only at the Services whose selector has one of p's
 // labels (or is empty).
-func (in *inputs) servicesSelecting(dst map[string]struct{}, p *Pod) {
+func (in *inputs) servicesSelecting(dst map[string]struct{}, p *kube.Pod) {
 	idx := in.bySelector[p.Namespace]
 	if len(idx) == 0 {
 		return
@@ -367,7 +371,7 @@ func (in *inputs) servicesSelecting(dst map[string]struct{}, p *Pod) {
 // resourceVersion is unchanged (a resync) or nothing the Endpoints depend on changed;
 // the Services of cur's labels; and when the labels changed, those of old's too, all of
 // them when the Pod also changed, else only the Services in one set but not the other.
-func (in *inputs) podUpdateKeys(old, cur *Pod) map[string]struct{} {
+func (in *inputs) podUpdateKeys(old, cur *kube.Pod) map[string]struct{} {
 	if old.ResourceVersion != "" && old.ResourceVersion == cur.ResourceVersion {
 		return nil
 	}
@@ -399,30 +403,30 @@ func (in *inputs) podUpdateKeys(old, cur *Pod) map[string]struct{} {
 }
 
 // setNodes replaces every Node.
-func (in *inputs) setNodes(rev int64, nodes []*Node) {
-	in.nodes = make(map[string]*Node, len(nodes))
+func (in *inputs) setNodes(rev int64, nodes []*kube.Node) {
+	in.nodes = make(map[string]*kube.Node, len(nodes))
 	for _, n := range nodes {
 		in.nodes[n.Name] = n
 	}
-	in.topology = computeTopology(in.nodes)
+	in.topology = endpointslice.CPURatiosByZone(in.nodes)
 	in.nodeRev, in.haveNodes = rev, true
 }
 
 // putNode stores n, replacing the Node of the same name.
-func (in *inputs) putNode(n *Node) {
+func (in *inputs) putNode(n *kube.Node) {
 	in.nodes[n.Name] = n
-	in.topology = computeTopology(in.nodes)
+	in.topology = endpointslice.CPURatiosByZone(in.nodes)
 }
 
 // deleteNode removes a Node.
 func (in *inputs) deleteNode(name string) {
 	delete(in.nodes, name)
-	in.topology = computeTopology(in.nodes)
+	in.topology = endpointslice.CPURatiosByZone(in.nodes)
 }
 
 // node returns the Node of that name; ok is false when there is none (a Pod without a
 // node name has none).
-func (in *inputs) node(name string) (*Node, bool) {
+func (in *inputs) node(name string) (*kube.Node, bool) {
 	n, ok := in.nodes[name]
 	return n, ok
 }
@@ -439,40 +443,10 @@ func (in *inputs) servicesOfNode(dst map[string]struct{}, node string) {
 // servicesWithHints adds to dst the keys of the Services that ask for topology hints.
 func (in *inputs) servicesWithHints(dst map[string]struct{}) {
 	for key, s := range in.services {
-		if s.Selector != nil && hintsEnabled(s.Annotations) {
+		if s.Selector != nil && endpointslice.HintsEnabled(s.Annotations) {
 			dst[key] = struct{}{}
 		}
 	}
-}
-
-// computeTopology returns each zone's share of the allocatable CPU of the Nodes that
-// are ready and not of the control plane (SetNodes), nil when such a Node lacks a zone
-// or CPU, or fewer than two zones have any.
-func computeTopology(nodes map[string]*Node) map[string]float64 {
-	byZone := map[string]int64{}
-	var total int64
-	for _, n := range nodes {
-		if _, cp := n.Labels[LabelControlPlane]; cp {
-			continue
-		}
-		if _, m := n.Labels[LabelMaster]; m || !n.Ready {
-			continue
-		}
-		zone := n.Zone()
-		if zone == "" || n.AllocatableCPUMillis <= 0 {
-			return nil
-		}
-		byZone[zone] += n.AllocatableCPUMillis
-		total += n.AllocatableCPUMillis
-	}
-	if total == 0 || len(byZone) < 2 {
-		return nil
-	}
-	out := make(map[string]float64, len(byZone))
-	for z, cpu := range byZone {
-		out[z] = float64(cpu) / float64(total)
-	}
-	return out
 }
 
 // topologyEqual reports whether two topologies are the same.

@@ -5,40 +5,42 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // TestServicesSelecting: the Services that select a Pod, found through the selector
 // index, follow Service updates (a changed selector, a selector removed or emptied)
 // and deletes.
 func TestServicesSelecting(t *testing.T) {
-	svc := func(name string, sel map[string]string) *Service {
-		return &Service{Namespace: "ns", Name: name, Selector: sel}
+	svc := func(name string, sel map[string]string) *kube.Service {
+		return &kube.Service{Namespace: "ns", Name: name, Selector: sel}
 	}
-	pod := &Pod{Namespace: "ns", Name: "p", Labels: map[string]string{"app": "a", "tier": "web"}}
+	pod := &kube.Pod{Namespace: "ns", Name: "p", Labels: map[string]string{"app": "a", "tier": "web"}}
 	for _, tc := range []struct {
 		name string
-		put  []*Service
+		put  []*kube.Service
 		del  []string
 		want []string
 	}{
-		{"one pair", []*Service{svc("s", map[string]string{"app": "a"})}, nil, []string{"ns/s"}},
-		{"two pairs", []*Service{svc("s", map[string]string{"app": "a", "tier": "web"})}, nil,
+		{"one pair", []*kube.Service{svc("s", map[string]string{"app": "a"})}, nil, []string{"ns/s"}},
+		{"two pairs", []*kube.Service{svc("s", map[string]string{"app": "a", "tier": "web"})}, nil,
 			[]string{"ns/s"}},
-		{"one pair of two wrong", []*Service{svc("s", map[string]string{"app": "a", "tier": "db"})}, nil,
+		{"one pair of two wrong", []*kube.Service{svc("s", map[string]string{"app": "a", "tier": "db"})}, nil,
 			nil},
-		{"empty selector selects all", []*Service{svc("s", map[string]string{})}, nil, []string{"ns/s"}},
-		{"nil selector selects none", []*Service{svc("s", nil)}, nil, nil},
-		{"other namespace", []*Service{{Namespace: "other", Name: "s",
+		{"empty selector selects all", []*kube.Service{svc("s", map[string]string{})}, nil, []string{"ns/s"}},
+		{"nil selector selects none", []*kube.Service{svc("s", nil)}, nil, nil},
+		{"other namespace", []*kube.Service{{Namespace: "other", Name: "s",
 			Selector: map[string]string{"app": "a"}}}, nil, nil},
-		{"selector changed away", []*Service{svc("s", map[string]string{"app": "a"}), svc("s",
+		{"selector changed away", []*kube.Service{svc("s", map[string]string{"app": "a"}), svc("s",
 			map[string]string{"app": "b"})}, nil, nil},
-		{"selector changed to", []*Service{svc("s", map[string]string{"app": "b"}), svc("s",
+		{"selector changed to", []*kube.Service{svc("s", map[string]string{"app": "b"}), svc("s",
 			map[string]string{"app": "a"})}, nil, []string{"ns/s"}},
 		// Not a selector the feed takes (an empty key), but the Go API: it selects the
 		// Pods labelled ""="", as the walk over every Service found.
-		{"empty pair", []*Service{svc("s", map[string]string{"": ""})}, nil, nil},
-		{"empty then none", []*Service{svc("s", map[string]string{}), svc("s", nil)}, nil, nil},
-		{"deleted", []*Service{svc("s", map[string]string{"app": "a"}), svc("t",
+		{"empty pair", []*kube.Service{svc("s", map[string]string{"": ""})}, nil, nil},
+		{"empty then none", []*kube.Service{svc("s", map[string]string{}), svc("s", nil)}, nil, nil},
+		{"deleted", []*kube.Service{svc("s", map[string]string{"app": "a"}), svc("t",
 			map[string]string{"tier": "web"})},
 			[]string{"s"}, []string{"ns/t"}},
 	} {
@@ -63,10 +65,10 @@ func TestServicesSelecting(t *testing.T) {
 // containers with a stored Pod of equal ones, and only then; the caller's Pod is left
 // as it was.
 func TestPutPodShares(t *testing.T) {
-	mk := func(name string, labels map[string]string, port int32) *Pod {
-		return &Pod{Namespace: "ns", Name: name, Labels: labels, Phase: "Running",
-			Containers: []Container{{Name: "c", Ports: []ContainerPort{{Name: "http", ContainerPort: port,
-				Protocol: "TCP"}}}}}
+	mk := func(name string, labels map[string]string, port int32) *kube.Pod {
+		return &kube.Pod{Namespace: "ns", Name: name, Labels: labels, Phase: "Running",
+			Containers: []kube.Container{{Name: "c",
+				Ports: []kube.ContainerPort{{Name: "http", ContainerPort: port, Protocol: "TCP"}}}}}
 	}
 	in := newInputs()
 	a := mk("a", map[string]string{"app": "x"}, 80)
@@ -74,7 +76,7 @@ func TestPutPodShares(t *testing.T) {
 	c := mk("c", map[string]string{"app": "x"}, 81)
 	d := mk("d", map[string]string{"app": "x", "v": "2"}, 80)
 	before := *b
-	for _, p := range []*Pod{a, b, c, d} {
+	for _, p := range []*kube.Pod{a, b, c, d} {
 		in.putPod(p)
 	}
 	sa, sb, sc, sd := in.pod("ns", "a"), in.pod("ns", "b"), in.pod("ns", "c"), in.pod("ns", "d")

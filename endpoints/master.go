@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"reflect"
 	"slices"
 	"time"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/leader"
 )
-
-// masterKey is the Service whose Endpoints the master leases produce.
-const masterKey = "default/kubernetes"
 
 // labelSkipMirror is the label kube-apiserver's lease reconciler puts on the Endpoints
 // of default/kubernetes, so that the EndpointSlice mirroring controller leaves them be.
@@ -22,7 +21,7 @@ const labelSkipMirror = "endpointslice.kubernetes.io/skip-mirror"
 // object where none is stored: an empty set is written only over a non-empty one (the
 // last API server shut down cleanly, kubernetes #115804).
 func (t *term) keepMaster(ctx context.Context) error {
-	for _, listed := range []chan struct{}{t.listed, t.slicesListed} {
+	for _, listed := range []chan struct{}{t.storedEndpoints.listed, t.storedSlices.listed} {
 		select {
 		case <-ctx.Done():
 			return nil
@@ -52,6 +51,7 @@ func (t *term) keepMaster(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		default:
+			t.c.metrics.masterWriteFailed()
 			t.c.log.Warn("storing the kubernetes endpoints failed; retrying", "error", err)
 			retry.Reset(time.Second)
 		}
@@ -65,19 +65,16 @@ func (t *term) syncMaster(ctx context.Context) error {
 	if m == nil {
 		return nil
 	}
-	for _, prefix := range []string{t.c.etcdKey(masterKey), t.c.slicesOf(masterKey)} {
-		if err := t.reloadUnsure(ctx, prefix); err != nil {
-			return err
-		}
+	if err := t.storedEndpoints.reloadUnsure(ctx, masterKey); err != nil {
+		return err
+	}
+	if err := t.storedSlices.reloadUnsure(ctx, masterKey); err != nil {
+		return err
 	}
 	w := &write{}
 	desired, changed := t.masterEndpointsObject(m)
 	if changed {
-		op, err := t.endpointsOp(masterKey, t.storedObj(masterKey), desired)
-		if err != nil {
-			return err
-		}
-		w.ops = append(w.ops, op)
+		w.ops = append(w.ops, t.endpointsOp(masterKey, t.storedEndpoints.get(masterKey, ""), desired))
 	}
 	if desired != nil || t.masterSlice() != nil {
 		if op, ok := t.masterSliceOp(desired); ok {
@@ -94,24 +91,24 @@ func (t *term) syncMaster(ctx context.Context) error {
 // masterEndpointsObject returns the Endpoints of default/kubernetes the leases make
 // (nil: none to store, there being no address and nothing stored) and whether they
 // differ from the stored object.
-func (t *term) masterEndpointsObject(m *Endpoints) (*Endpoints, bool) {
-	cur := t.storedObj(masterKey)
-	desired := &Endpoints{
+func (t *term) masterEndpointsObject(m *kube.Endpoints) (*kube.Endpoints, bool) {
+	cur := t.storedEndpoints.get(masterKey, "")
+	desired := &kube.Endpoints{
 		Namespace: "default",
 		Name:      "kubernetes",
 		Labels:    map[string]string{labelSkipMirror: "true"},
 		Subsets:   Repack(m.Subsets),
-		ManagedBy: ManagedByMasterLease,
+		ManagedBy: kube.ManagedByMasterLease,
 	}
 	ready, notReady := CountAddresses(desired.Subsets)
 	desired.AddressCount = ready + notReady
-	if cur.ep == nil && desired.AddressCount == 0 {
+	if cur.obj == nil && desired.AddressCount == 0 {
 		return nil, false
 	}
-	if cur.ep != nil {
-		desired.Annotations = cur.ep.Annotations
-		if cur.ep.ManagedBy == ManagedByMasterLease && maps.Equal(cur.ep.Labels, desired.Labels) &&
-			subsetsEqual(cur.ep.Subsets, desired.Subsets) {
+	if cur.obj != nil {
+		desired.Annotations = cur.obj.Annotations
+		if cur.obj.ManagedBy == kube.ManagedByMasterLease && maps.Equal(cur.obj.Labels, desired.Labels) &&
+			subsetsEqual(cur.obj.Subsets, desired.Subsets) {
 			return desired, false
 		}
 	}
@@ -122,10 +119,8 @@ func (t *term) masterEndpointsObject(m *Endpoints) (*Endpoints, bool) {
 const masterSliceName = "kubernetes"
 
 // masterSlice returns the stored slice of default/kubernetes, nil when none.
-func (t *term) masterSlice() *EndpointSlice {
-	t.slicesMu.Lock()
-	defer t.slicesMu.Unlock()
-	return t.storedSlices[masterKey][masterSliceName].s
+func (t *term) masterSlice() *kube.EndpointSlice {
+	return t.storedSlices.get(masterKey, masterSliceName).obj
 }
 
 // masterSliceOp is the op that makes default/kubernetes' slice follow its Endpoints
@@ -133,47 +128,55 @@ func (t *term) masterSlice() *EndpointSlice {
 // the label kubernetes.io/service-name alone, no owner, address type IPv4 unless
 // every address is IPv6, the ports of the subset, one endpoint per address with only
 // the ready condition set. ok is false when the stored slice already says so.
-func (t *term) masterSliceOp(ep *Endpoints) (writeOp, bool) {
-	s := &EndpointSlice{Namespace: "default", Name: masterSliceName, Service: "kubernetes",
-		Labels: map[string]string{LabelServiceName: "kubernetes"}, AddressType: AddressTypeIPv4}
+func (t *term) masterSliceOp(ep *kube.Endpoints) (writeOp, bool) {
+	s := &kube.EndpointSlice{Namespace: "default", Name: masterSliceName, Service: "kubernetes",
+		Labels: map[string]string{kube.LabelServiceName: "kubernetes"}, AddressType: kube.AddressTypeIPv4}
 	if ep != nil && len(ep.Subsets) > 0 {
 		sub := ep.Subsets[0]
 		v6 := len(sub.Addresses)+len(sub.NotReadyAddresses) > 0
-		for _, list := range [][]Address{sub.Addresses, sub.NotReadyAddresses} {
+		for _, list := range [][]kube.Address{sub.Addresses, sub.NotReadyAddresses} {
 			for _, a := range list {
-				v6 = v6 && isIPv6(a.IP)
-				s.Endpoints = append(s.Endpoints, SliceEndpoint{Addresses: []string{a.IP},
-					Ready:    boolPtr(len(list) == len(sub.Addresses) && &list[0] == &sub.Addresses[0]),
+				v6 = v6 && kube.IsIPv6(a.IP)
+				s.Endpoints = append(s.Endpoints, kube.SliceEndpoint{Addresses: []string{a.IP},
+					Ready:    kube.Bool(len(list) == len(sub.Addresses) && &list[0] == &sub.Addresses[0]),
 					Hostname: a.Hostname, NodeName: a.NodeName, TargetRef: a.TargetRef})
 			}
 		}
 		if v6 {
-			s.AddressType = AddressTypeIPv6
+			s.AddressType = kube.AddressTypeIPv6
 		}
 		for _, p := range sub.Ports {
-			s.Ports = append(s.Ports, SlicePort{Name: p.Name, Port: p.Port, Protocol: p.Protocol})
+			s.Ports = append(s.Ports, kube.Port{Name: p.Name, Port: p.Port, Protocol: p.Protocol})
 		}
 	}
 	cur := t.masterSlice()
 	if cur == nil {
-		cur = &EndpointSlice{Namespace: "default", Service: "kubernetes", Name: masterSliceName}
+		cur = &kube.EndpointSlice{Namespace: "default", Service: "kubernetes", Name: masterSliceName}
 	} else if sameMasterSlice(cur, s) {
 		return writeOp{}, false
 	}
 	return t.sliceOp(cur, s), true
 }
 
-// sameMasterSlice reports whether two slices of default/kubernetes say the same.
-func sameMasterSlice(a, b *EndpointSlice) bool {
+// sameMasterSlice reports whether two slices of default/kubernetes say the same, of
+// what masterSliceOp sets (no appProtocol, no condition but Ready, no hints).
+func sameMasterSlice(a, b *kube.EndpointSlice) bool {
 	return a.AddressType == b.AddressType && maps.Equal(a.Labels, b.Labels) &&
-		slices.EqualFunc(a.Ports, b.Ports, func(x, y SlicePort) bool {
-			return x.Name == y.Name && x.Port == y.Port && x.Protocol == y.Protocol && x.AppProtocol == nil &&
-				y.AppProtocol == nil
-		}) &&
-		slices.EqualFunc(a.Endpoints, b.Endpoints, func(x, y SliceEndpoint) bool {
-			return slices.Equal(x.Addresses, y.Addresses) && boolPtrEqual(x.Ready, y.Ready) &&
-				x.Hostname == y.Hostname && x.NodeName == y.NodeName && refEqual(x.TargetRef, y.TargetRef) &&
-				x.Serving == nil && y.Serving == nil && x.Terminating == nil && y.Terminating == nil &&
-				x.Hints == nil && y.Hints == nil && x.Zone == y.Zone
-		})
+		slices.EqualFunc(a.Ports, b.Ports, sameMasterPort) &&
+		slices.EqualFunc(a.Endpoints, b.Endpoints, sameMasterEndpoint)
+}
+
+func sameMasterPort(x, y kube.Port) bool {
+	return x.Name == y.Name && x.Port == y.Port && x.Protocol == y.Protocol &&
+		x.AppProtocol == nil && y.AppProtocol == nil
+}
+
+// sameMasterEndpoint compares two endpoints of default/kubernetes' slice, their Ready
+// condition and target by what they point at.
+func sameMasterEndpoint(x, y kube.SliceEndpoint) bool {
+	return slices.Equal(x.Addresses, y.Addresses) && reflect.DeepEqual(x.Ready, y.Ready) &&
+		x.Hostname == y.Hostname && x.NodeName == y.NodeName && x.Zone == y.Zone &&
+		reflect.DeepEqual(x.TargetRef, y.TargetRef) &&
+		x.Serving == nil && y.Serving == nil && x.Terminating == nil && y.Terminating == nil &&
+		x.Hints == nil && y.Hints == nil
 }

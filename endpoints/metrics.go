@@ -17,11 +17,17 @@ type metrics struct {
 	feed     *prometheus.CounterVec
 	leader   prometheus.Gauge
 	snapRev  *prometheus.GaugeVec
+	// unreadable, restarts and masterErrors count what a term survives without a
+	// sync's result to show it (each is logged at warning too).
+	unreadable, restarts *prometheus.CounterVec
+	masterErrors         prometheus.Counter
 	// slice are the EndpointSlice controller's.
 	slice *sliceMetrics
 }
 
-func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
+// newMetrics registers the metrics on reg; stored counts the stored Endpoints objects and
+// the truncated ones when the metrics are scraped.
+func newMetrics(reg prometheus.Registerer, stored func() (objects, truncated int)) (*metrics, error) {
 	m := &metrics{}
 	if reg == nil {
 		return m, nil
@@ -57,14 +63,30 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 		Name: "allocd_endpoints_snapshot_revision",
 		Help: "Source revision of the last snapshot applied in this term, by kind (Service, Pod, Node).",
 	}, []string{"kind"})
+	m.unreadable = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allocd_endpoints_unreadable_objects_total",
+		Help: "Stored objects that did not decode when the leader read them, by kind (Endpoints: " +
+			"kept as an object nobody wrote, which a sync writes over; EndpointSlice: kept as a slice " +
+			"nobody manages).",
+	}, []string{"kind"})
+	m.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allocd_endpoints_watch_restarts_total",
+		Help: "The leader's list-and-watch sessions of the stored objects that ended with an error " +
+			"(each followed by a listing again), by kind.",
+	}, []string{"kind"})
+	m.masterErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allocd_endpoints_master_write_errors_total",
+		Help: "Failed writes of the Endpoints and EndpointSlice of default/kubernetes " +
+			"(retried after a second).",
+	})
 	objects := prometheus.NewDesc("allocd_endpoints_objects",
 		"Endpoints objects stored in etcd, as the leader sees them (0 on other replicas).", nil, nil)
 	truncated := prometheus.NewDesc("allocd_endpoints_truncated_objects",
 		"Stored Endpoints objects truncated to 1000 addresses (over-capacity annotation set).", nil, nil)
-	col := collector{c: c, objects: objects, truncated: truncated}
+	col := collector{stored: stored, objects: objects, truncated: truncated}
 	m.slice = newSliceMetrics()
 	for _, x := range append([]prometheus.Collector{m.writes, m.syncs, m.duration, m.latency, m.feed,
-		m.leader, m.snapRev, col},
+		m.leader, m.snapRev, m.unreadable, m.restarts, m.masterErrors, col},
 		m.slice.collectors()...) {
 		if err := reg.Register(x); err != nil {
 			return nil, err
@@ -121,9 +143,28 @@ func (m *metrics) eventToCommit(d time.Duration) {
 	}
 }
 
-// collector reads the object counts from the running term when scraped.
+// viewMetrics count what a view of one kind of stored object survives (nil: none).
+type viewMetrics struct{ unreadable, restarts prometheus.Counter }
+
+// viewCounters returns the counters of the view of kind (their series exist from then on).
+func (m *metrics) viewCounters(kind string) viewMetrics {
+	if m.unreadable == nil {
+		return viewMetrics{}
+	}
+	return viewMetrics{unreadable: m.unreadable.WithLabelValues(kind),
+		restarts: m.restarts.WithLabelValues(kind)}
+}
+
+// masterWriteFailed counts a failed write of default/kubernetes' objects.
+func (m *metrics) masterWriteFailed() {
+	if m.masterErrors != nil {
+		m.masterErrors.Inc()
+	}
+}
+
+// collector reads the object counts when scraped.
 type collector struct {
-	c                  *Controller
+	stored             func() (objects, truncated int)
 	objects, truncated *prometheus.Desc
 }
 
@@ -133,22 +174,7 @@ func (col collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (col collector) Collect(ch chan<- prometheus.Metric) {
-	var n, trunc int
-	col.c.mu.Lock()
-	t := col.c.term
-	col.c.mu.Unlock()
-	if t != nil {
-		t.storedMu.Lock()
-		for _, s := range t.stored {
-			if s.ep != nil {
-				n++
-				if s.ep.Annotations[AnnotationOverCapacity] != "" {
-					trunc++
-				}
-			}
-		}
-		t.storedMu.Unlock()
-	}
+	n, trunc := col.stored()
 	ch <- prometheus.MustNewConstMetric(col.objects, prometheus.GaugeValue, float64(n))
 	ch <- prometheus.MustNewConstMetric(col.truncated, prometheus.GaugeValue, float64(trunc))
 }

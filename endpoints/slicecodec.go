@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // The stored form of an EndpointSlice is the protobuf encoding of the API's
@@ -15,7 +17,8 @@ import (
 // Field numbers, as in proto/allocd/v1/endpoints.proto:
 //
 //	EndpointSlice: 1 namespace, 2 name, 3 labels, 4 annotations, 5 address_type,
-//	  6 service_uid, 7 endpoints, 8 ports, 9 revision, 10 create_revision (not stored)
+//	  6 service_uid, 7 endpoints, 8 ports, 9 revision and 10 create_revision (not
+//	  stored)
 //	SliceEndpoint: 1 addresses, 2 conditions, 3 hostname, 4 node_name, 5 zone,
 //	  6 target_ref, 7 hints
 //	EndpointConditions: 1 ready, 2 serving, 3 terminating
@@ -23,7 +26,7 @@ import (
 //	EndpointSlicePort: 1 name, 2 port, 3 protocol, 4 app_protocol
 
 // encodeSlice is the stored form of s.
-func encodeSlice(s *EndpointSlice) []byte {
+func encodeSlice(s *kube.EndpointSlice) []byte {
 	b := make([]byte, 0, 64+len(s.Endpoints)*96)
 	b = appendString(b, 1, s.Namespace)
 	b = appendString(b, 2, s.Name)
@@ -41,7 +44,7 @@ func encodeSlice(s *EndpointSlice) []byte {
 	return b
 }
 
-func appendSliceEndpoint(b []byte, e *SliceEndpoint) []byte {
+func appendSliceEndpoint(b []byte, e *kube.SliceEndpoint) []byte {
 	for _, a := range e.Addresses {
 		b = protowire.AppendTag(b, 1, protowire.BytesType)
 		b = protowire.AppendString(b, a)
@@ -60,14 +63,7 @@ func appendSliceEndpoint(b []byte, e *SliceEndpoint) []byte {
 	b = appendString(b, 3, e.Hostname)
 	b = appendString(b, 4, e.NodeName)
 	b = appendString(b, 5, e.Zone)
-	if r := e.TargetRef; r != nil {
-		b = appendMessage(b, 6, func(b []byte) []byte {
-			b = appendString(b, 1, r.Kind)
-			b = appendString(b, 2, r.Namespace)
-			b = appendString(b, 3, r.Name)
-			return appendString(b, 4, r.UID)
-		})
-	}
+	b = appendRef(b, 6, e.TargetRef)
 	if h := e.Hints; h != nil {
 		b = appendMessage(b, 7, func(b []byte) []byte {
 			for _, z := range h.ForZones {
@@ -82,7 +78,10 @@ func appendSliceEndpoint(b []byte, e *SliceEndpoint) []byte {
 	return b
 }
 
-func appendSlicePort(b []byte, p SlicePort) []byte {
+// appendSlicePort appends an EndpointSlicePort: the same fields as an EndpointPort
+// (appendPort, decodePort), but optional ones, present even when empty, as the API's
+// conversion sends them, so that the stored form can go to a watcher as it is.
+func appendSlicePort(b []byte, p kube.Port) []byte {
 	b = appendPresentString(b, 1, p.Name)
 	b = protowire.AppendTag(b, 2, protowire.VarintType)
 	b = protowire.AppendVarint(b, uint64(int64(p.Port)))
@@ -91,12 +90,6 @@ func appendSlicePort(b []byte, p SlicePort) []byte {
 		b = appendPresentString(b, 4, *p.AppProtocol)
 	}
 	return b
-}
-
-// appendPresentString appends an optional string field that is set, even when empty.
-func appendPresentString(b []byte, num protowire.Number, s string) []byte {
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendString(b, s)
 }
 
 // The stored slice messages' schemas.
@@ -112,8 +105,8 @@ var (
 
 // decodeSlice reads a stored slice of the Service service and stamps it with its etcd
 // revisions.
-func decodeSlice(b []byte, service string, modRev, createRev int64) (*EndpointSlice, error) {
-	s := &EndpointSlice{Service: service, Revision: modRev, CreateRevision: createRev}
+func decodeSlice(b []byte, service string, modRev, createRev int64) (*kube.EndpointSlice, error) {
+	s := &kube.EndpointSlice{Service: service, Revision: modRev, CreateRevision: createRev}
 	err := fields(b, sliceSchema, func(num protowire.Number, v []byte, _ uint64) error {
 		switch num {
 		case 1:
@@ -133,7 +126,7 @@ func decodeSlice(b []byte, service string, modRev, createRev int64) (*EndpointSl
 			s.Endpoints = append(s.Endpoints, e)
 			return err
 		case 8:
-			p, err := decodeSlicePort(v)
+			p, err := decodePort(v)
 			s.Ports = append(s.Ports, p)
 			return err
 		}
@@ -145,15 +138,15 @@ func decodeSlice(b []byte, service string, modRev, createRev int64) (*EndpointSl
 	return s, nil
 }
 
-func decodeSliceEndpoint(b []byte) (SliceEndpoint, error) {
-	var e SliceEndpoint
+func decodeSliceEndpoint(b []byte) (kube.SliceEndpoint, error) {
+	var e kube.SliceEndpoint
 	err := fields(b, sliceEndpointSchema, func(num protowire.Number, v []byte, _ uint64) error {
 		switch num {
 		case 1:
 			e.Addresses = append(e.Addresses, string(v))
 		case 2:
 			return fields(v, conditionsSchema, func(num protowire.Number, _ []byte, n uint64) error {
-				c := boolPtr(protowire.DecodeBool(n))
+				c := kube.Bool(protowire.DecodeBool(n))
 				switch num {
 				case 1:
 					e.Ready = c
@@ -184,27 +177,8 @@ func decodeSliceEndpoint(b []byte) (SliceEndpoint, error) {
 	return e, err
 }
 
-// decodeRef decodes an ObjectReference.
-func decodeRef(b []byte) (*ObjectRef, error) {
-	r := &ObjectRef{}
-	err := fields(b, stringsSchema, func(num protowire.Number, v []byte, _ uint64) error {
-		switch num {
-		case 1:
-			r.Kind = string(v)
-		case 2:
-			r.Namespace = string(v)
-		case 3:
-			r.Name = string(v)
-		case 4:
-			r.UID = string(v)
-		}
-		return nil
-	})
-	return r, err
-}
-
-func decodeHints(b []byte) (*Hints, error) {
-	h := &Hints{}
+func decodeHints(b []byte) (*kube.Hints, error) {
+	h := &kube.Hints{}
 	err := fields(b, hintsSchema, func(num protowire.Number, v []byte, _ uint64) error {
 		var name string
 		err := fields(v, nameSchema, func(_ protowire.Number, v []byte, _ uint64) error {
@@ -219,23 +193,4 @@ func decodeHints(b []byte) (*Hints, error) {
 		return err
 	})
 	return h, err
-}
-
-func decodeSlicePort(b []byte) (SlicePort, error) {
-	var p SlicePort
-	err := fields(b, portSchema, func(num protowire.Number, v []byte, n uint64) error {
-		switch num {
-		case 1:
-			p.Name = string(v)
-		case 2:
-			p.Port = int32(n)
-		case 3:
-			p.Protocol = string(v)
-		case 4:
-			s := string(v)
-			p.AppProtocol = &s
-		}
-		return nil
-	})
-	return p, err
 }

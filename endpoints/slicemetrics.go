@@ -5,6 +5,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allocd/allocd/endpoints/endpointslice"
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // sliceMetrics are the EndpointSlice controller's metrics, one for one those of
@@ -43,18 +46,26 @@ func newSliceMetrics() *sliceMetrics {
 	m.slices = prometheus.NewGauge(prometheus.GaugeOpts{Name: sub + "num_endpoint_slices",
 		Help: "EndpointSlices the controller keeps."})
 	m.desiredSlices = prometheus.NewGauge(prometheus.GaugeOpts{Name: sub + "desired_endpoint_slices",
-		Help: "EndpointSlices that would be needed with perfect packing: per group ceil(endpoints/max), at least one per Service."})
+		Help: "EndpointSlices that would be needed with perfect packing: " +
+			"per group ceil(endpoints/max), at least one per Service."})
 	m.changes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: sub + "changes_total",
-		Help: "EndpointSlices written by the controller, by operation: create, update, delete."}, []string{"operation"})
-	m.changedPerSync = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: sub + "endpointslices_changed_per_sync",
-		Help:    "EndpointSlices written by one sync, by topology (Auto or Disabled) and traffic_distribution.",
+		Help: "EndpointSlices written by the controller, by operation: create, update, delete."},
+		[]string{"operation"})
+	m.changedPerSync = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: sub + "endpointslices_changed_per_sync",
+		Help: "EndpointSlices written by one sync, by topology (Auto or Disabled) and " +
+			"traffic_distribution.",
 		Buckets: prometheus.DefBuckets}, []string{"topology", "traffic_distribution"})
 	m.syncs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: sub + "syncs_total",
-		Help: "Syncs of one Service's slices by result: success or error (retried with backoff)."}, []string{"result"})
-	m.byTraffic = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: sub + "services_count_by_traffic_distribution",
-		Help: "Services whose slices follow a trafficDistribution, by its value."}, []string{"traffic_distribution"})
+		Help: "Syncs of one Service's slices by result: success or error (retried with backoff)."},
+		[]string{"result"})
+	m.byTraffic = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: sub + "services_count_by_traffic_distribution",
+		Help: "Services whose slices follow a trafficDistribution, by its value."},
+		[]string{"traffic_distribution"})
 	m.latency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: sub + "event_to_commit_seconds",
-		Help:    "From the acknowledgement of the earliest event behind a slice write to the write's commit in etcd.",
+		Help: "From the acknowledgement of the earliest event behind a slice write to the write's " +
+			"commit in etcd.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
 	// Zero-valued series, so that /metrics shows them before the first sync.
 	for _, r := range []string{"success", "error"} {
@@ -63,7 +74,8 @@ func newSliceMetrics() *sliceMetrics {
 	for _, op := range []string{"create", "update", "delete"} {
 		m.changes.WithLabelValues(op)
 	}
-	for _, td := range []string{TrafficPreferClose, TrafficPreferSameZone, TrafficPreferSameNode} {
+	for _, td := range []string{kube.TrafficPreferClose, kube.TrafficPreferSameZone,
+		kube.TrafficPreferSameNode} {
 		m.byTraffic.WithLabelValues(td)
 	}
 	m.changedPerSync.WithLabelValues("Disabled", "")
@@ -75,50 +87,49 @@ func (m *sliceMetrics) collectors() []prometheus.Collector {
 		m.changedPerSync, m.syncs, m.byTraffic, m.latency}
 }
 
-// slicesSynced counts a sync's result.
-func (m *metrics) slicesSynced(_ time.Duration, err error) {
-	if m.slice == nil {
+// synced counts a sync's result.
+func (m *sliceMetrics) synced(_ time.Duration, err error) {
+	if m == nil {
 		return
 	}
 	result := "success"
 	if err != nil {
 		result = "error"
 	}
-	m.slice.syncs.WithLabelValues(result).Inc()
+	m.syncs.WithLabelValues(result).Inc()
 }
 
-// sliceSync records what a sync of svc's slices planned.
-func (m *metrics) sliceSync(key string, svc *Service, plan *slicePlan, perSlice int) {
-	s := m.slice
-	if s == nil {
+// sync records what a sync of svc's slices planned.
+func (m *sliceMetrics) sync(key string, svc *kube.Service, plan *endpointslice.Plan, perSlice int) {
+	if m == nil {
 		return
 	}
-	s.added.WithLabelValues().Observe(float64(plan.added))
-	s.removed.WithLabelValues().Observe(float64(plan.removed))
+	m.added.WithLabelValues().Observe(float64(plan.Added))
+	m.removed.WithLabelValues().Observe(float64(plan.Removed))
 	topology, traffic := "Disabled", ""
 	switch {
-	case hintsEnabled(svc.Annotations):
+	case endpointslice.HintsEnabled(svc.Annotations):
 		topology = "Auto"
-	case validTrafficDistribution(svc.TrafficDistribution):
+	case endpointslice.ValidTrafficDistribution(svc.TrafficDistribution):
 		traffic = svc.TrafficDistribution
 	}
-	s.changedPerSync.WithLabelValues(topology, traffic).Observe(float64(plan.writes()))
+	m.changedPerSync.WithLabelValues(topology, traffic).Observe(float64(plan.Writes()))
 	e := serviceEfficiency{traffic: traffic}
-	for _, g := range plan.efficiency {
-		e.endpoints += g.endpoints
-		e.slices += g.slices
-		if g.endpoints > 0 {
-			e.desiredSlices += (g.endpoints + perSlice - 1) / perSlice
+	for _, g := range plan.Efficiency {
+		e.endpoints += g.Endpoints
+		e.slices += g.Slices
+		if g.Endpoints > 0 {
+			e.desiredSlices += (g.Endpoints + perSlice - 1) / perSlice
 		}
 	}
 	e.desiredSlices = max(e.desiredSlices, 1)
-	s.set(key, &e)
+	m.set(key, &e)
 }
 
-// sliceServiceGone forgets a Service that is gone (or has no slices any more).
-func (m *metrics) sliceServiceGone(key string) {
-	if m.slice != nil {
-		m.slice.set(key, nil)
+// serviceGone forgets a Service that is gone (or has no slices any more).
+func (m *sliceMetrics) serviceGone(key string) {
+	if m != nil {
+		m.set(key, nil)
 	}
 }
 
@@ -149,18 +160,19 @@ func (m *sliceMetrics) set(key string, e *serviceEfficiency) {
 	m.desiredSlices.Set(float64(m.total.desiredSlices))
 }
 
-// slicesWrote counts the slices a committed write created, updated and deleted.
-func (m *metrics) slicesWrote(creates, updates, deletes int) {
-	if m.slice == nil {
+// wrote counts the slices a committed write created, updated and deleted.
+func (m *sliceMetrics) wrote(creates, updates, deletes int) {
+	if m == nil {
 		return
 	}
-	m.slice.changes.WithLabelValues("create").Add(float64(creates))
-	m.slice.changes.WithLabelValues("update").Add(float64(updates))
-	m.slice.changes.WithLabelValues("delete").Add(float64(deletes))
+	m.changes.WithLabelValues("create").Add(float64(creates))
+	m.changes.WithLabelValues("update").Add(float64(updates))
+	m.changes.WithLabelValues("delete").Add(float64(deletes))
 }
 
-func (m *metrics) sliceEventToCommit(d time.Duration) {
-	if m.slice != nil {
-		m.slice.latency.Observe(d.Seconds())
+// eventToCommit observes the latency from an event to the commit of its write.
+func (m *sliceMetrics) eventToCommit(d time.Duration) {
+	if m != nil {
+		m.latency.Observe(d.Seconds())
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
 
@@ -51,9 +52,11 @@ func TestUnknownOutcomeDuplicates(t *testing.T) {
 				cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 				tr, ok := req.(*etcdserverpb.TxnRequest)
 				lose := ok && len(tr.Success) > 0 &&
-					strings.Contains(string(tr.Success[0].GetRequestPut().GetKey()), "/endpointslices/") && loseNext.Load()
+					strings.Contains(string(tr.Success[0].GetRequestPut().GetKey()), "/endpointslices/") &&
+					loseNext.Load()
 				if lose {
-					watchDelay.Store(int64(2 * time.Second)) // the watch lags (as after an etcd leader change)
+					// The watch lags (as after an etcd leader change).
+					watchDelay.Store(int64(2 * time.Second))
 				}
 				err := invoker(ctx, method, req, reply, cc, opts...)
 				if lose && err == nil {
@@ -63,8 +66,9 @@ func TestUnknownOutcomeDuplicates(t *testing.T) {
 				}
 				return err
 			}),
-			grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
-				method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc,
+				cc *grpc.ClientConn, method string, streamer grpc.Streamer,
+				opts ...grpc.CallOption) (grpc.ClientStream, error) {
 				s, err := streamer(ctx, desc, cc, method, opts...)
 				if err != nil || !strings.Contains(method, "Watch") {
 					return s, err
@@ -79,7 +83,8 @@ func TestUnknownOutcomeDuplicates(t *testing.T) {
 	}
 	defer cli.Close()
 	h := &harness{t: t, etcd: e, cli: cli}
-	c, err := New(cli, Config{Prefix: testPrefix, DisableEndpoints: true, Logger: slog.New(slog.NewTextHandler(&tw{t}, nil))})
+	c, err := New(cli, Config{Prefix: testPrefix, DisableEndpoints: true,
+		Logger: slog.New(slog.NewTextHandler(&tw{t}, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +92,7 @@ func TestUnknownOutcomeDuplicates(t *testing.T) {
 	h.lead()
 	svc := sliceService("ns")
 	pods := slicePods("ns", 150, 1)
-	h.sliceSnapshots(1, []*Service{svc}, testNodes(1, 1), pods[:50])
+	h.sliceSnapshots(1, []*kube.Service{svc}, testNodes(1, 1), pods[:50])
 	h.settle()
 	t.Logf("before: %v", sizes(h.slices("ns", "foo")))
 

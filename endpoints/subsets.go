@@ -4,6 +4,9 @@ import (
 	"cmp"
 	"slices"
 	"strings"
+
+	"github.com/allocd/allocd/endpoints/endpointslice"
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // ComputeSubsets returns the canonical subsets of svc over pods, which the caller has
@@ -11,7 +14,7 @@ import (
 // Endpoints and has an address of the Service's family contributes its address on
 // every Service port it resolves (or, for a Service with clusterIP None and no ports,
 // with no port), ready when it is ready or the Service publishes not-ready addresses.
-func ComputeSubsets(svc *Service, pods []*Pod) []Subset {
+func ComputeSubsets(svc *kube.Service, pods []*kube.Pod) []kube.Subset {
 	if out, ok := onePortSubsets(svc, pods); ok {
 		return out
 	}
@@ -19,10 +22,10 @@ func ComputeSubsets(svc *Service, pods []*Pod) []Subset {
 }
 
 // repackedSubsets is ComputeSubsets in general: a subset per Pod and port, repacked.
-func repackedSubsets(svc *Service, pods []*Pod) []Subset {
-	var subsets []Subset
+func repackedSubsets(svc *kube.Service, pods []*kube.Pod) []kube.Subset {
+	var subsets []kube.Subset
 	for _, p := range pods {
-		if !shouldPodBeInEndpoints(p, svc.PublishNotReadyAddresses) {
+		if !endpointslice.ShouldPodBeInEndpoints(p, svc.PublishNotReadyAddresses) {
 			continue
 		}
 		a, ok := podAddress(svc, p)
@@ -38,12 +41,12 @@ func repackedSubsets(svc *Service, pods []*Pod) []Subset {
 		}
 		for i := range svc.Ports {
 			sp := &svc.Ports[i]
-			n, ok := findPort(p, sp)
+			n, ok := endpointslice.FindPort(p, sp)
 			if !ok {
 				continue
 			}
-			port := Port{Name: sp.Name, Port: n, Protocol: sp.Protocol, AppProtocol: sp.AppProtocol}
-			subsets = append(subsets, oneSubset(a, []Port{port}, ready))
+			port := kube.Port{Name: sp.Name, Port: n, Protocol: sp.Protocol, AppProtocol: sp.AppProtocol}
+			subsets = append(subsets, oneSubset(a, []kube.Port{port}, ready))
 		}
 	}
 	return Repack(subsets)
@@ -54,17 +57,17 @@ func repackedSubsets(svc *Service, pods []*Pod) []Subset {
 // headless one without ports. Its result is Repack's: at most one subset, each
 // address (by IP and target uid) once as its first Pod gave it, not ready if any of
 // its Pods is not, in compareAddresses' order. ok is false in any other case.
-func onePortSubsets(svc *Service, pods []*Pod) (out []Subset, ok bool) {
+func onePortSubsets(svc *kube.Service, pods []*kube.Pod) (out []kube.Subset, ok bool) {
 	switch {
 	case len(svc.Ports) > 1:
 		return nil, false
 	case len(svc.Ports) == 0 && svc.ClusterIP() != "None":
-		return make([]Subset, 0), true // no Pod contributes
+		return make([]kube.Subset, 0), true // no Pod contributes
 	}
 	entries := make([]readyAddress, 0, len(pods))
-	var port Port
+	var port kube.Port
 	for _, p := range pods {
-		if !shouldPodBeInEndpoints(p, svc.PublishNotReadyAddresses) {
+		if !endpointslice.ShouldPodBeInEndpoints(p, svc.PublishNotReadyAddresses) {
 			continue
 		}
 		a, found := podAddress(svc, p)
@@ -73,42 +76,42 @@ func onePortSubsets(svc *Service, pods []*Pod) (out []Subset, ok bool) {
 		}
 		if len(svc.Ports) == 1 {
 			sp := &svc.Ports[0]
-			n, found := findPort(p, sp)
+			n, found := endpointslice.FindPort(p, sp)
 			switch {
 			case !found:
 				continue
 			case len(entries) > 0 && n != port.Port:
 				return nil, false // two port numbers: two subsets, Repack's case
 			}
-			port = Port{Name: sp.Name, Port: n, Protocol: sp.Protocol, AppProtocol: sp.AppProtocol}
+			port = kube.Port{Name: sp.Name, Port: n, Protocol: sp.Protocol, AppProtocol: sp.AppProtocol}
 		}
 		entries = append(entries, readyAddress{a, svc.PublishNotReadyAddresses || p.Ready})
 	}
 	if len(entries) == 0 {
-		return make([]Subset, 0), true
+		return make([]kube.Subset, 0), true
 	}
 	sub := mergeAddresses(entries)
 	if port.Port > 0 { // as Repack: neither "no port" nor a port 0 is listed
-		sub.Ports = []Port{port}
+		sub.Ports = []kube.Port{port}
 	}
-	return []Subset{sub}, true
+	return []kube.Subset{sub}, true
 }
 
 // readyAddress is an address a Pod gives, and whether it is ready.
 type readyAddress struct {
-	a     Address
+	a     kube.Address
 	ready bool
 }
 
 // mergeAddresses is the subset of one port's addresses, as Repack merges them.
-func mergeAddresses(entries []readyAddress) Subset {
+func mergeAddresses(entries []readyAddress) kube.Subset {
 	// By IP and target uid, first Pod first: an address's copies are then next to
 	// each other, and distinct addresses in compareAddresses' order.
 	slices.SortStableFunc(entries, func(x, y readyAddress) int {
 		kx, ky := keyOf(&x.a), keyOf(&y.a)
 		return cmp.Or(strings.Compare(kx.ip, ky.ip), strings.Compare(kx.uid, ky.uid))
 	})
-	var sub Subset
+	var sub kube.Subset
 	for i := 0; i < len(entries); {
 		e, k := entries[i], keyOf(&entries[i].a)
 		for i++; i < len(entries) && keyOf(&entries[i].a) == k; i++ {
@@ -123,18 +126,18 @@ func mergeAddresses(entries []readyAddress) Subset {
 	return sub
 }
 
-func oneSubset(a Address, ports []Port, ready bool) Subset {
+func oneSubset(a kube.Address, ports []kube.Port, ready bool) kube.Subset {
 	if ready {
-		return Subset{Addresses: []Address{a}, Ports: ports}
+		return kube.Subset{Addresses: []kube.Address{a}, Ports: ports}
 	}
-	return Subset{NotReadyAddresses: []Address{a}, Ports: ports}
+	return kube.Subset{NotReadyAddresses: []kube.Address{a}, Ports: ports}
 }
 
 // addrKey identifies an address: its IP and the uid of its target (Kubernetes keeps
 // two Pods with one IP apart, for attribution).
 type addrKey struct{ ip, uid string }
 
-func keyOf(a *Address) addrKey {
+func keyOf(a *kube.Address) addrKey {
 	k := addrKey{ip: a.IP}
 	if a.TargetRef != nil {
 		k.uid = a.TargetRef.UID
@@ -149,7 +152,7 @@ type portKey struct {
 	port                int32
 }
 
-func keyOfPort(p Port) portKey {
+func keyOfPort(p kube.Port) portKey {
 	k := portKey{name: p.Name, protocol: p.Protocol, port: p.Port}
 	if p.AppProtocol != nil {
 		k.app, k.hasApp = *p.AppProtocol, true
@@ -169,11 +172,11 @@ var noPort = portKey{port: -1}
 // Kubernetes sorts them) then target uid, no target first; ports by name, number,
 // protocol and appProtocol; subsets by their ports, then their addresses. (Kubernetes
 // orders ports and subsets by a hash of their content; allocd does not reproduce it.)
-func Repack(subsets []Subset) []Subset {
-	addrs := map[addrKey]*Address{}
+func Repack(subsets []kube.Subset) []kube.Subset {
+	addrs := map[addrKey]*kube.Address{}
 	byPort := map[portKey]map[addrKey]bool{} // port -> address -> ready
-	var portOf = map[portKey]Port{}
-	add := func(a *Address, pk portKey, ready bool) {
+	var portOf = map[portKey]kube.Port{}
+	add := func(a *kube.Address, pk portKey, ready bool) {
 		k := keyOf(a)
 		if _, ok := addrs[k]; !ok {
 			cp := *a
@@ -210,7 +213,7 @@ func Repack(subsets []Subset) []Subset {
 	}
 	type group struct {
 		set   map[addrKey]bool
-		ports []Port
+		ports []kube.Port
 	}
 	groups := map[string]*group{}
 	for pk, set := range byPort {
@@ -224,9 +227,9 @@ func Repack(subsets []Subset) []Subset {
 			g.ports = append(g.ports, portOf[pk])
 		}
 	}
-	out := make([]Subset, 0, len(groups))
+	out := make([]kube.Subset, 0, len(groups))
 	for _, g := range groups {
-		var s Subset
+		var s kube.Subset
 		for k, ready := range g.set {
 			if ready {
 				s.Addresses = append(s.Addresses, *addrs[k])
@@ -264,7 +267,7 @@ func signature(set map[addrKey]bool) string {
 	return b.String()
 }
 
-func sortSubset(s *Subset) {
+func sortSubset(s *kube.Subset) {
 	slices.SortFunc(s.Addresses, compareAddresses)
 	slices.SortFunc(s.NotReadyAddresses, compareAddresses)
 	slices.SortFunc(s.Ports, comparePorts)
@@ -272,7 +275,7 @@ func sortSubset(s *Subset) {
 
 // compareAddresses orders as Kubernetes' LessEndpointAddress: IP byte-wise, then the
 // target's uid, an address without target first.
-func compareAddresses(a, b Address) int {
+func compareAddresses(a, b kube.Address) int {
 	if c := strings.Compare(a.IP, b.IP); c != 0 {
 		return c
 	}
@@ -287,7 +290,7 @@ func compareAddresses(a, b Address) int {
 	return strings.Compare(a.TargetRef.UID, b.TargetRef.UID)
 }
 
-func comparePorts(a, b Port) int {
+func comparePorts(a, b kube.Port) int {
 	ka, kb := keyOfPort(a), keyOfPort(b)
 	c := cmp.Or(strings.Compare(ka.name, kb.name), cmp.Compare(ka.port, kb.port),
 		strings.Compare(ka.protocol, kb.protocol))
@@ -303,7 +306,7 @@ func comparePorts(a, b Port) int {
 	return strings.Compare(ka.app, kb.app)
 }
 
-func compareSubsets(a, b Subset) int {
+func compareSubsets(a, b kube.Subset) int {
 	if c := slices.CompareFunc(a.Ports, b.Ports, comparePorts); c != 0 {
 		return c
 	}
@@ -315,7 +318,7 @@ func compareSubsets(a, b Subset) int {
 
 // CountAddresses counts the ready and not-ready address entries of every subset (an
 // address in two subsets counts twice, as Kubernetes counts them).
-func CountAddresses(subsets []Subset) (ready, notReady int) {
+func CountAddresses(subsets []kube.Subset) (ready, notReady int) {
 	for _, s := range subsets {
 		ready += len(s.Addresses)
 		notReady += len(s.NotReadyAddresses)
@@ -326,15 +329,17 @@ func CountAddresses(subsets []Subset) (ready, notReady int) {
 // subsetsEqual reports whether a and b are the same subsets, in the same order (both
 // canonical): nil and empty are equal, appProtocols compare by value, and targets by
 // kind, namespace, name and uid (Kubernetes ignores their resourceVersion, #50936).
-func subsetsEqual(a, b []Subset) bool {
-	return slices.EqualFunc(a, b, func(x, y Subset) bool {
+func subsetsEqual(a, b []kube.Subset) bool {
+	return slices.EqualFunc(a, b, func(x, y kube.Subset) bool {
 		return slices.EqualFunc(x.Addresses, y.Addresses, addressEqual) &&
 			slices.EqualFunc(x.NotReadyAddresses, y.NotReadyAddresses, addressEqual) &&
-			slices.EqualFunc(x.Ports, y.Ports, func(p, q Port) bool { return keyOfPort(p) == keyOfPort(q) })
+			slices.EqualFunc(x.Ports, y.Ports, func(p, q kube.Port) bool {
+				return keyOfPort(p) == keyOfPort(q)
+			})
 	})
 }
 
-func addressEqual(a, b Address) bool {
+func addressEqual(a, b kube.Address) bool {
 	if a.IP != b.IP || a.Hostname != b.Hostname || a.NodeName != b.NodeName ||
 		(a.TargetRef == nil) != (b.TargetRef == nil) {
 		return false

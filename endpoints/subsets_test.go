@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strconv"
 	"testing"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // TestOnePortSubsetsIsRepack: where ComputeSubsets takes its one-port way, it returns
@@ -31,8 +33,8 @@ func TestOnePortSubsetsIsRepack(t *testing.T) {
 	}
 }
 
-func randomSubsetsCase(r *rand.Rand) (*Service, []*Pod) {
-	svc := &Service{Namespace: "ns", Name: "svc", UID: "u", ClusterIPs: []string{"10.96.0.1"},
+func randomSubsetsCase(r *rand.Rand) (*kube.Service, []*kube.Pod) {
+	svc := &kube.Service{Namespace: "ns", Name: "svc", UID: "u", ClusterIPs: []string{"10.96.0.1"},
 		Selector: map[string]string{}}
 	switch r.IntN(6) {
 	case 0:
@@ -43,25 +45,25 @@ func randomSubsetsCase(r *rand.Rand) (*Service, []*Pod) {
 	switch r.IntN(5) {
 	case 0: // no port
 	case 1:
-		svc.Ports = []ServicePort{{Name: "a", Port: 80, Protocol: ProtocolTCP,
-			TargetPort: TargetPort{Number: 8080}},
-			{Name: "b", Port: 81, Protocol: ProtocolTCP, TargetPort: TargetPort{Name: "http"}}}
+		svc.Ports = []kube.ServicePort{{Name: "a", Port: 80, Protocol: kube.ProtocolTCP,
+			TargetPort: kube.TargetPort{Number: 8080}},
+			{Name: "b", Port: 81, Protocol: kube.ProtocolTCP, TargetPort: kube.TargetPort{Name: "http"}}}
 	case 2:
 		app := "h2c"
-		svc.Ports = []ServicePort{{Name: "a", Port: 80, Protocol: ProtocolTCP, AppProtocol: &app,
-			TargetPort: TargetPort{Number: 8080}}}
+		svc.Ports = []kube.ServicePort{{Name: "a", Port: 80, Protocol: kube.ProtocolTCP, AppProtocol: &app,
+			TargetPort: kube.TargetPort{Number: 8080}}}
 	default:
-		svc.Ports = []ServicePort{{Name: "a", Port: 80, Protocol: ProtocolTCP,
-			TargetPort: TargetPort{Name: "http"}}}
+		svc.Ports = []kube.ServicePort{{Name: "a", Port: 80, Protocol: kube.ProtocolTCP,
+			TargetPort: kube.TargetPort{Name: "http"}}}
 	}
-	pods := make([]*Pod, r.IntN(12))
+	pods := make([]*kube.Pod, r.IntN(12))
 	for j := range pods {
-		p := &Pod{Namespace: "ns", Name: "p" + strconv.Itoa(j), UID: "uid" + strconv.Itoa(r.IntN(4)),
-			PodIPs: []string{"10.0.0." + strconv.Itoa(r.IntN(5))}, Phase: PhaseRunning, Ready: r.IntN(3) > 0,
-			NodeName: "n" + strconv.Itoa(r.IntN(2))}
+		p := &kube.Pod{Namespace: "ns", Name: "p" + strconv.Itoa(j), UID: "uid" + strconv.Itoa(r.IntN(4)),
+			PodIPs: []string{"10.0.0." + strconv.Itoa(r.IntN(5))}, Phase: kube.PhaseRunning,
+			Ready: r.IntN(3) > 0, NodeName: "n" + strconv.Itoa(r.IntN(2))}
 		switch r.IntN(10) {
 		case 0:
-			p.Phase = PhaseSucceeded
+			p.Phase = kube.PhaseSucceeded
 		case 1:
 			p.Deleting = true
 		case 2:
@@ -70,8 +72,8 @@ func randomSubsetsCase(r *rand.Rand) (*Service, []*Pod) {
 			p.PodIPs = nil
 		}
 		if r.IntN(8) > 0 {
-			p.Containers = []Container{{Name: "c", Ports: []ContainerPort{{Name: "http",
-				Protocol:      ProtocolTCP,
+			p.Containers = []kube.Container{{Name: "c", Ports: []kube.ContainerPort{{Name: "http",
+				Protocol:      kube.ProtocolTCP,
 				ContainerPort: int32(8080 + r.IntN(2)*(r.IntN(6)/5))}}}}
 		}
 		pods[j] = p

@@ -8,20 +8,19 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/leader"
 )
 
-// errConflict: a stored object changed since it was read; the sync runs again on the
-// fresh state, at once maxConflictsInARow times, then with backoff (a key someone
-// else keeps changing must not keep a worker busy).
-var errConflict = errors.New("endpoints: stored object changed under the write")
-
+// maxConflictsInARow is how many times in a row a sync that met errConflict runs again
+// at once on the fresh state; after that it backs off (a key someone else keeps
+// changing must not keep a worker busy).
 const maxConflictsInARow = 3
 
 // term is one term of leadership: the inputs of the feeds, the two controllers (the
 // Endpoints controller and the EndpointSlice controller, each with its work queue and
-// workers, either of which may be off), the stored objects as etcd holds them, and
-// the group committer both write through.
+// workers, either of which may be off), the views of the stored objects of each kind,
+// and the group committer both write through.
 type term struct {
 	c      *Controller
 	fence  leader.Fence
@@ -38,24 +37,11 @@ type term struct {
 
 	epTracker, sliceTracker *TriggerTracker
 
-	storedMu sync.Mutex
-	stored   map[string]storedObj // Endpoints by "ns/name"
-	listed   chan struct{}        // closed once stored was listed
-	// unsure are the keys (Endpoints: "ns/name"; slices: the Service's key) of
-	// writes whose outcome is unknown: read again from etcd before their next sync.
-	unsure map[string]bool
-
-	slicesMu     sync.Mutex
-	storedSlices map[string]map[string]storedSlice // slices by Service key and name
-	slicesListed chan struct{}                     // closed once storedSlices was listed
-}
-
-// storedObj is what etcd holds for a key as this term last saw it: the object (nil when
-// absent) and the revision of that sight (the object's ModRevision, or of its delete),
-// so that an older watch event never overwrites a newer state learnt from a write.
-type storedObj struct {
-	ep  *Endpoints
-	rev int64
+	// storedEndpoints and storedSlices are what etcd holds of each kind, as the term
+	// last saw it (both run while either controller is off: the master leases' objects
+	// are kept either way).
+	storedEndpoints *view[*kube.Endpoints]
+	storedSlices    *view[*kube.EndpointSlice]
 }
 
 // half is one of the term's controllers: what it syncs a Service key with, its queue
@@ -85,21 +71,18 @@ func newTerm(c *Controller, f leader.Fence, cancel context.CancelCauseFunc) *ter
 		cancel:       cancel,
 		in:           newInputs(),
 		masterc:      make(chan struct{}, 1),
-		stored:       map[string]storedObj{},
-		unsure:       map[string]bool{},
-		listed:       make(chan struct{}),
-		storedSlices: map[string]map[string]storedSlice{},
-		slicesListed: make(chan struct{}),
 		epTracker:    NewTriggerTracker(),
 		sliceTracker: NewTriggerTracker(),
 	}
+	t.storedEndpoints = t.newEndpointsView()
+	t.storedSlices = t.newSlicesView()
 	if !c.cfg.DisableEndpoints {
 		t.eps = t.newEndpointsHalf()
 	}
 	if !c.cfg.DisableEndpointSlices {
 		t.slices = t.newSlicesHalf()
 	}
-	t.committer = newCommitter(t)
+	t.committer = newCommitter(c.cli, f, c.cfg.MaxTxnOps)
 	return t
 }
 
@@ -119,8 +102,8 @@ func (t *term) halves() []*half {
 func (t *term) run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { t.committer.run(ctx); return nil })
-	g.Go(func() error { return t.watchStored(ctx) })
-	g.Go(func() error { return t.watchStoredSlices(ctx) })
+	g.Go(func() error { return t.storedEndpoints.run(ctx) })
+	g.Go(func() error { return t.storedSlices.run(ctx) })
 	g.Go(func() error { return t.keepMaster(ctx) })
 	for _, h := range t.halves() {
 		g.Go(func() error { h.queue.runTimers(); return nil })
@@ -153,6 +136,14 @@ func (t *term) runHalf(ctx context.Context, h *half) {
 		wg.Go(func() { t.work(ctx, h) })
 	}
 	wg.Wait()
+}
+
+// requeue queues key on h, when h is on: a Service whose stored objects changed under
+// the term, so that its sync puts them right.
+func (t *term) requeue(h *half, key string) {
+	if h != nil {
+		h.queue.add(key, time.Time{})
+	}
 }
 
 // applySnapshot replaces the inputs of one kind and queues every Service for each
@@ -266,7 +257,8 @@ type eventKeys struct {
 }
 
 func newEventKeys() *eventKeys {
-	return &eventKeys{soon: map[string]struct{}{}, later: map[string]struct{}{}, slices: map[string]struct{}{}}
+	return &eventKeys{soon: map[string]struct{}{}, later: map[string]struct{}{},
+		slices: map[string]struct{}{}}
 }
 
 func (k *eventKeys) queue(t *term, now time.Time) {

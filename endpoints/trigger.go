@@ -3,6 +3,8 @@ package endpoints
 import (
 	"sync"
 	"time"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
 // TriggerTracker computes the endpoints.kubernetes.io/last-change-trigger-time of a
@@ -28,7 +30,7 @@ func NewTriggerTracker() *TriggerTracker {
 
 // Compute returns the trigger time of a sync of svc over pods (every selected Pod,
 // included in the Endpoints or not) and remembers the times seen.
-func (t *TriggerTracker) Compute(svc *Service, pods []*Pod) time.Time {
+func (t *TriggerTracker) Compute(svc *kube.Service, pods []*kube.Pod) time.Time {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	key := svc.Key()

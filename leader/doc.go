@@ -12,6 +12,14 @@
 // campaigns again). Run waits for every Lead of a term before the next term starts, so
 // terms of one replica never overlap.
 //
+// Leader names the leader for the replicas that do not lead, so that they can forward
+// to it. While Run runs, a watch of the election keeps a view of its candidates (the
+// leader is the key with the lowest CreateRevision, as concurrency.Election.Leader
+// defines it), listed again after the watch fails (a compacted history, a lost etcd
+// leader, a closed channel): Leader costs no read of etcd. The view may trail etcd; a
+// replica it names that no longer leads refuses (*NotLeaderError), and ReadLeader reads
+// etcd. Whether this replica leads never comes from the view, only from its own term.
+//
 // A Fence is the election key of a term and its CreateRevision. A controller's write
 // is an etcd transaction that compares it (Fence.Cmp); when that compare fails, a newer
 // leader may be writing, and the write must not happen: Fence.Held tells a lost fence

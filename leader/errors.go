@@ -19,6 +19,8 @@ type NotLeaderError struct {
 	Err error
 }
 
+// Error says which controller this replica does not lead, and who does: the leader's
+// address, that none is elected yet, or why the leader could not be reached.
 func (e *NotLeaderError) Error() string {
 	what := "this replica does not lead"
 	if e.Controller != "" {

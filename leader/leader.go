@@ -38,12 +38,18 @@ type Config struct {
 // returns while the term lasts ends the term for every controller.
 type Lead func(ctx context.Context, f Fence) error
 
-// Elector takes part in allocd's one election and runs the controllers' terms.
+// Elector takes part in allocd's one election and runs the controllers' terms. While
+// Run runs, it also follows the election through a watch, so that Leader names the
+// leader without a read of etcd.
 type Elector struct {
 	cli     *clientv3.Client
 	cfg     Config
 	log     *slog.Logger
 	leading atomic.Bool
+	view    candidates
+	// reads counts the reads of the leader from etcd, lists the listings of the
+	// election's watch (for tests).
+	reads, lists atomic.Int64
 }
 
 // New returns an Elector; Run campaigns.
@@ -78,8 +84,12 @@ const resignTimeout = 2 * time.Second
 var errSessionLost = errors.New("leader: election session lost")
 
 // Run campaigns until ctx ends. For every term it wins it runs every lead at once and
-// waits for all of them before the term ends. It returns nil when ctx ends.
+// waits for all of them before the term ends. Meanwhile it watches the election, for
+// Leader (follow). It returns nil when ctx ends, once the watch has stopped too.
 func (e *Elector) Run(ctx context.Context, leads ...Lead) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { e.follow(ctx) })
 	for {
 		err := e.term(ctx, leads)
 		if ctx.Err() != nil {
@@ -181,17 +191,41 @@ func (e *Elector) IsLeader() bool { return e.leading.Load() }
 func (e *Elector) Identity() string { return e.cfg.Identity }
 
 // Leader returns the identity of the leader ("" when none is elected) and whether it is
-// this replica.
+// this replica. self comes from this replica's own term, never from anything read: it
+// is true exactly while a term of this replica runs (IsLeader). The identity comes, while
+// Run runs, from the watch of the election, without a read of etcd; it is read from etcd
+// (ReadLeader) before the watch has listed, after it failed until it lists again, and
+// while it sees no candidate.
+//
+// The watch trails etcd by the time an event takes to reach this replica, and by longer
+// while it cannot reach etcd (a cut network, a stalled member: until it reconnects, or a
+// member left out starts it anew): Leader may then name a replica that no longer leads,
+// or not yet name its successor. That is safe: a replica serves what only the
+// leader serves by its own term alone, and refuses the rest with a *NotLeaderError;
+// its writes are fenced. A caller that was refused by the replica Leader named asks
+// ReadLeader for etcd's answer.
 func (e *Elector) Leader(ctx context.Context) (identity string, self bool, err error) {
 	if e.leading.Load() {
 		return e.cfg.Identity, true, nil
 	}
-	resp, err := e.cli.Get(ctx, e.cfg.Prefix+"/", clientv3.WithFirstCreate()...)
+	if id, ok := e.view.leader(); ok {
+		return id, false, nil
+	}
+	return e.ReadLeader(ctx)
+}
+
+// ReadLeader is Leader read from etcd now, never from the watch: the key of the election
+// with the lowest CreateRevision (concurrency.Election.Leader). The watch's view takes
+// what it reads when that is newer, so that Leader follows at once.
+func (e *Elector) ReadLeader(ctx context.Context) (identity string, self bool, err error) {
+	if e.leading.Load() {
+		return e.cfg.Identity, true, nil
+	}
+	e.reads.Add(1)
+	resp, err := e.cli.Get(ctx, e.keyPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		return "", false, fmt.Errorf("read the leader: %w", err)
 	}
-	if len(resp.Kvs) == 0 {
-		return "", false, nil
-	}
-	return string(resp.Kvs[0].Value), false, nil
+	e.view.merge(resp)
+	return firstCreated(resp.Kvs), false, nil
 }

@@ -27,7 +27,13 @@ type replica struct {
 
 func start(t *testing.T, e *etcdtest.Server, id string) *replica {
 	t.Helper()
-	el, err := leader.New(e.Client, leader.Config{Prefix: prefix, Identity: id, SessionTTL: time.Second})
+	return startWith(t, e.Client, id, time.Second)
+}
+
+// startWith starts a replica on cli with an election lease of ttl.
+func startWith(t *testing.T, cli *clientv3.Client, id string, ttl time.Duration) *replica {
+	t.Helper()
+	el, err := leader.New(cli, leader.Config{Prefix: prefix, Identity: id, SessionTTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +88,8 @@ func TestElection(t *testing.T) {
 	for _, r := range []*replica{a, b} {
 		id, self, err := r.el.Leader(ctx)
 		if err != nil || id != "10.0.0.1:8080" || self != (r == a) {
-			t.Errorf("%s Leader() = %q, %v, %v; want 10.0.0.1:8080, %v, nil", r.el.Identity(), id, self, err, r == a)
+			t.Errorf("%s Leader() = %q, %v, %v; want 10.0.0.1:8080, %v, nil", r.el.Identity(), id, self, err,
+				r == a)
 		}
 	}
 	if b.el.IsLeader() || len(b.fences()) != 0 {
@@ -116,7 +123,8 @@ func TestElection(t *testing.T) {
 // did not, Held must agree.
 func fenceHolds(t *testing.T, cli *clientv3.Client, f leader.Fence) bool {
 	t.Helper()
-	resp, err := cli.Txn(etcdtest.Context(t)).If(f.Cmp()).Then(clientv3.OpPut("/fenced", f.String())).Else(f.Get()).Commit()
+	resp, err := cli.Txn(etcdtest.Context(t)).If(f.Cmp()).Then(clientv3.OpPut("/fenced", f.String())).
+		Else(f.Get()).Commit()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -261,6 +262,23 @@ func TestRepairStrikesPerTerm(t *testing.T) {
 	}
 	if got := r0.holder(x); got != "uid-x" {
 		t.Errorf("holder(%v) = %q; want uid-x (released on the first pass of a new term)", x, got)
+	}
+}
+
+// TestUnreadableSnapshotRecord: a record of the accepted snapshot revision that does not
+// parse (it byte-compares above every revision, so it would refuse every snapshot) is
+// an error naming the key, not a *StaleSnapshotError with a revision it never held.
+func TestUnreadableSnapshotRecord(t *testing.T) {
+	e := etcdtest.New(t)
+	r := newReplica(t, e.Client, opts{noRun: true}, "replica-0")
+	const key = prefix + "/repair/snapshot-revision"
+	if _, err := e.Client.Put(etcdtest.Context(t), key, "not-a-revision"); err != nil {
+		t.Fatal(err)
+	}
+	err := r.accept(5)
+	var stale *repair.StaleSnapshotError
+	if err == nil || errors.As(err, &stale) || !strings.Contains(err.Error(), key) {
+		t.Errorf("Accept over an unreadable %s = %v; want an error naming it, not stale", key, err)
 	}
 }
 

@@ -40,21 +40,43 @@ var _ Store = (*allocator.Allocator)(nil)
 // Reason names a finding, as the events of Kubernetes' repair controllers do.
 type Reason string
 
-// The reasons of findings. The first nine are Kubernetes' event reasons.
+// The reasons of findings. The first nine are Kubernetes' event reasons (its ClusterIP
+// and NodePort repair controllers', pkg/registry/core/service/ipallocator/controller
+// and portallocator/controller).
 const (
-	ClusterIPNotValid         Reason = "ClusterIPNotValid"
-	ClusterIPNotAllocated     Reason = "ClusterIPNotAllocated"
+	// ClusterIPNotValid: a Service's ClusterIP does not parse, or no range is of its
+	// family; reported.
+	ClusterIPNotValid Reason = "ClusterIPNotValid"
+	// ClusterIPNotAllocated: a Service uses a ClusterIP that is not allocated;
+	// repaired by allocating it to the Service (the Controller's doc says when not).
+	ClusterIPNotAllocated Reason = "ClusterIPNotAllocated"
+	// ClusterIPAlreadyAllocated: a ClusterIP used by two Services, or the kubernetes
+	// Service's reserved address used by another; reported.
 	ClusterIPAlreadyAllocated Reason = "ClusterIPAlreadyAllocated"
-	ClusterIPOutOfRange       Reason = "ClusterIPOutOfRange"
-	ServiceCIDRFull           Reason = "ServiceCIDRFull"
-	PortNotAllocated          Reason = "PortNotAllocated"
-	PortAlreadyAllocated      Reason = "PortAlreadyAllocated"
-	PortOutOfRange            Reason = "PortOutOfRange"
-	PortRangeFull             Reason = "PortRangeFull"
-	// ClusterIPWrongOwner and PortWrongOwner: allocated, but to another owner than
-	// the Service that uses it.
+	// ClusterIPOutOfRange: a Service's ClusterIP is outside the ranges of its family;
+	// reported.
+	ClusterIPOutOfRange Reason = "ClusterIPOutOfRange"
+	// ServiceCIDRFull: a ServiceCIDR answered full when a repair allocated from it
+	// (never over *allocator.Allocator: see the package doc); the pass stops.
+	ServiceCIDRFull Reason = "ServiceCIDRFull"
+	// PortNotAllocated: a Service uses a NodePort that is not allocated; repaired by
+	// allocating it to the Service (the Controller's doc says when not).
+	PortNotAllocated Reason = "PortNotAllocated"
+	// PortAlreadyAllocated: a NodePort used by two Services, or the kubernetes
+	// Service's reserved port used by another; reported.
+	PortAlreadyAllocated Reason = "PortAlreadyAllocated"
+	// PortOutOfRange: a Service's NodePort is outside the node-port range; reported.
+	PortOutOfRange Reason = "PortOutOfRange"
+	// PortRangeFull: the node-port range answered full when a repair allocated from
+	// it (never over *allocator.Allocator: see the package doc); the pass stops.
+	PortRangeFull Reason = "PortRangeFull"
+	// ClusterIPWrongOwner: a ClusterIP allocated to another owner than the Service
+	// that uses it; repaired by a conditional reassign (the Controller's doc says when
+	// not).
 	ClusterIPWrongOwner Reason = "ClusterIPWrongOwner"
-	PortWrongOwner      Reason = "PortWrongOwner"
+	// PortWrongOwner: a NodePort allocated to another owner than the Service that
+	// uses it; repaired by a conditional reassign (the Controller's doc says when not).
+	PortWrongOwner Reason = "PortWrongOwner"
 	// LeakSuspected: allocated, used by no Service of the snapshot; counting down.
 	LeakSuspected Reason = "LeakSuspected"
 	// LeakReleased: the countdown ended and the allocation was deleted.
@@ -64,11 +86,12 @@ const (
 	SnapshotStale Reason = "SnapshotStale"
 )
 
-// Defaults of Config.
-const (
-	DefaultInterval    = 3 * time.Minute
-	DefaultLeakStrikes = 3
-)
+// DefaultInterval is the pause between passes when Config.Interval is 0.
+const DefaultInterval = 3 * time.Minute
+
+// DefaultLeakStrikes is the number of passes in a row that judge an allocation a leak
+// before it is released, when Config.LeakStrikes is 0.
+const DefaultLeakStrikes = 3
 
 // Config configures a Controller.
 type Config struct {
@@ -78,7 +101,8 @@ type Config struct {
 	// Interval between passes (--repair-interval); 0 means DefaultInterval.
 	Interval time.Duration
 	// LeakStrikes is the number of consecutive passes an allocation must be a leak
-	// candidate in before it is released (--repair-leak-strikes); 0 means 3.
+	// candidate in before it is released (--repair-leak-strikes); 0 means
+	// DefaultLeakStrikes.
 	LeakStrikes int
 	// LeakGrace is how old an allocation must have been when the judging snapshot was
 	// received before it can be released (--repair-leak-grace). 0 means no grace.
@@ -318,7 +342,8 @@ func (c *Controller) periodicPass(ctx context.Context, t *term) {
 	case err != nil:
 		c.log.ErrorContext(ctx, "repair pass failed", "error", err)
 	default:
-		attrs := []any{"snapshot_revision", rep.SnapshotRevision, "duration", rep.Duration, "findings", len(rep.Findings)}
+		attrs := []any{"snapshot_revision", rep.SnapshotRevision, "duration", rep.Duration,
+			"findings", len(rep.Findings)}
 		if rep.Err != nil {
 			c.log.ErrorContext(ctx, "repair pass stopped", append(attrs, "error", rep.Err)...)
 		} else {

@@ -266,7 +266,10 @@ func (c *Controller) recordRevision(ctx context.Context, rev int64) error {
 	}
 	last := int64(-1)
 	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
-		last, _ = strconv.ParseInt(string(kvs[0].Value), 10, 64)
+		if last, err = strconv.ParseInt(string(kvs[0].Value), 10, 64); err != nil {
+			// Not stale: the record is unreadable, and would refuse every snapshot.
+			return fmt.Errorf("record snapshot revision: %s holds %q: %w", c.revisionKey, kvs[0].Value, err)
+		}
 	}
 	return &StaleSnapshotError{Revision: rev, Accepted: last}
 }

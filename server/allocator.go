@@ -162,6 +162,43 @@ func (s *AllocatorService) release(ctx context.Context, owner *allocdv1.Owner, i
 	return out, nil
 }
 
+// Transfer implements allocdv1.AllocatorServiceServer: it moves items from one owner to
+// another in one transaction (allocator.Transfer). The authorization policy grants it
+// apart from Release: it can move anyone's items to anyone.
+func (s *AllocatorService) Transfer(ctx context.Context,
+	req *allocdv1.TransferRequest) (*allocdv1.TransferResponse, error) {
+	inv := &InvalidError{}
+	from := validOwnerAt(inv, "from", req.GetFrom(), true)
+	to := validOwnerAt(inv, "to", req.GetTo(), true)
+	var items []allocator.Item
+	for _, ip := range parseIPs(inv, "cluster_ips", req.GetClusterIps()) {
+		items = append(items, allocator.IP(ip))
+	}
+	for _, p := range parsePorts(inv, "node_ports", req.GetNodePorts()) {
+		items = append(items, allocator.Port(p))
+	}
+	if n := len(req.GetClusterIps()) + len(req.GetNodePorts()); n > allocator.MaxItems {
+		inv.Add("cluster_ips", fmt.Sprintf("at most %d addresses and ports per request", allocator.MaxItems))
+	}
+	if err := inv.OrNil(); err != nil {
+		return nil, Status(err)
+	}
+	moved, rev, err := s.a.Transfer(ctx, from, to, items)
+	if err != nil {
+		s.log.DebugContext(ctx, "transfer failed", "from", from.UID, "to", to.UID, "err", err)
+		return nil, Status(err)
+	}
+	out := &allocdv1.TransferResponse{Revision: rev}
+	for _, it := range moved {
+		if it.Kind == allocator.KindClusterIP {
+			out.TransferredClusterIps = append(out.TransferredClusterIps, it.Addr.String())
+		} else {
+			out.TransferredNodePorts = append(out.TransferredNodePorts, int32(it.Port))
+		}
+	}
+	return out, nil
+}
+
 // GetAllocation implements allocdv1.AllocatorServiceServer.
 func (s *AllocatorService) GetAllocation(ctx context.Context,
 	req *allocdv1.GetAllocationRequest) (*allocdv1.GetAllocationResponse, error) {
@@ -196,7 +233,8 @@ func (s *AllocatorService) ListAllocations(ctx context.Context,
 		return nil, Status(Invalid("page_size", "must not be negative"))
 	}
 	page, err := s.a.ListPage(ctx, allocator.ListOptions{Range: req.GetRange(), OwnerUID: req.GetOwnerUid(),
-		PageSize: int(req.GetPageSize()), PageToken: req.GetPageToken()})
+		OwnerUIDPrefix: req.GetOwnerUidPrefix(), PageSize: int(req.GetPageSize()),
+		PageToken: req.GetPageToken()})
 	if err != nil {
 		return nil, Status(err)
 	}
@@ -271,18 +309,25 @@ func (s *AllocatorService) allocation(al allocator.Allocation) *allocdv1.Allocat
 	return out
 }
 
+// validOwner is validOwnerAt of the request field owner.
 func validOwner(inv *InvalidError, o *allocdv1.Owner, uidRequired bool) allocator.Owner {
+	return validOwnerAt(inv, "owner", o, uidRequired)
+}
+
+// validOwnerAt validates the owner in the request field named field (its uid when
+// uidRequired, or when set; the length of every field) and converts it.
+func validOwnerAt(inv *InvalidError, field string, o *allocdv1.Owner, uidRequired bool) allocator.Owner {
 	if o == nil {
 		if uidRequired {
-			inv.Add("owner", "required")
+			inv.Add(field, "required")
 		}
 		return allocator.Owner{}
 	}
 	if why := allocator.CheckUID(o.GetUid()); why != "" && (uidRequired || o.GetUid() != "") {
-		inv.Add("owner.uid", why)
+		inv.Add(field+".uid", why)
 	}
-	for _, f := range []struct{ name, v string }{{"owner.namespace", o.GetNamespace()},
-		{"owner.name", o.GetName()}, {"owner.uid", o.GetUid()}} {
+	for _, f := range []struct{ name, v string }{{field + ".namespace", o.GetNamespace()},
+		{field + ".name", o.GetName()}, {field + ".uid", o.GetUid()}} {
 		if len(f.v) > maxOwnerField {
 			inv.Add(f.name, fmt.Sprintf("longer than %d bytes", maxOwnerField))
 		}

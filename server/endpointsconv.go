@@ -8,19 +8,24 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/endpoints/kube"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
-// The conversions from the feeds' wire form validate as they go, adding one violation
-// per bad field to inv (with its path under field), and default what the API server
-// defaults (a endpoints.Service's type ClusterIP, a port's protocol TCP and target port = port,
-// a endpoints.Pod's phase Pending), since the controller's rules rely on those defaults. Field
-// paths are built only for a violation, so a valid 100k-endpoints.Pod snapshot costs none.
+// This file converts between the API's messages and package endpoints' objects (the
+// types of package endpoints/kube). The conversions from the feeds' wire form
+// (serviceFromProto, podFromProto, nodeFromProto, eventsFromProto) validate as they go,
+// adding one violation per bad field to inv (with its path under field), and default
+// what the API server defaults (a Service's type ClusterIP, a port's protocol TCP and
+// target port = port, a Pod's phase Pending), since the controller's rules rely on
+// those defaults. Field paths are built only for a violation, so a valid snapshot of
+// 100,000 Pods costs none. The conversions to the wire form (endpointsToProto,
+// sliceToProto) serve the reads.
 
-// ServiceFromProto converts and validates a endpoints.Service of the feed. A endpoints.Service with a
+// serviceFromProto converts and validates a Service of the feed. A Service with a
 // selector of no labels has none, as the API server stores it.
-func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidError) *endpoints.Service {
-	s := &endpoints.Service{
+func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidError) *kube.Service {
+	s := &kube.Service{
 		Namespace:                p.GetNamespace(),
 		Name:                     p.GetName(),
 		UID:                      p.GetUid(),
@@ -36,7 +41,7 @@ func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidE
 	feedLabelKeys(field+".labels", s.Labels, inv)
 	feedLabelKeys(field+".annotations", s.Annotations, inv)
 	switch s.TrafficDistribution {
-	case "", endpoints.TrafficPreferClose, endpoints.TrafficPreferSameZone, endpoints.TrafficPreferSameNode:
+	case "", kube.TrafficPreferClose, kube.TrafficPreferSameZone, kube.TrafficPreferSameNode:
 	default:
 		inv.Add(field+".traffic_distribution", strconv.Quote(s.TrafficDistribution)+
 			" is not PreferClose, PreferSameZone, PreferSameNode or empty")
@@ -47,17 +52,18 @@ func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidE
 	}
 	switch s.Type {
 	case "":
-		s.Type = endpoints.TypeClusterIP
-	case endpoints.TypeClusterIP, endpoints.TypeNodePort, endpoints.TypeLoadBalancer, endpoints.TypeExternalName:
+		s.Type = kube.TypeClusterIP
+	case kube.TypeClusterIP, kube.TypeNodePort, kube.TypeLoadBalancer, kube.TypeExternalName:
 	default:
-		inv.Add(field+".type", strconv.Quote(s.Type)+" is not ClusterIP, NodePort, LoadBalancer or ExternalName")
+		inv.Add(field+".type", strconv.Quote(s.Type)+
+			" is not ClusterIP, NodePort, LoadBalancer or ExternalName")
 	}
 	// cluster_ips are not checked here: a malformed one is a finding of repair
 	// (ClusterIPNotValid), which shares this feed. The controller reads it as
 	// Kubernetes would: not headless, and not IPv6.
 	feedFamilies(field, s.IPFamilies, inv)
 	if n := len(p.GetPorts()); n > 0 {
-		s.Ports = make([]endpoints.ServicePort, n)
+		s.Ports = make([]kube.ServicePort, n)
 		for i, pp := range p.GetPorts() {
 			s.Ports[i] = feedServicePort(pp, field+".ports["+strconv.Itoa(i)+"]", inv)
 		}
@@ -68,8 +74,10 @@ func serviceFromProto(p *allocdv1.Service, field string, inv *endpoints.InvalidE
 	return s
 }
 
-func feedServicePort(pp *allocdv1.ServicePortSpec, f string, inv *endpoints.InvalidError) endpoints.ServicePort {
-	sp := endpoints.ServicePort{
+// feedServicePort converts and validates a port of a Service, its target port
+// defaulted to its port.
+func feedServicePort(pp *allocdv1.ServicePortSpec, f string, inv *endpoints.InvalidError) kube.ServicePort {
+	sp := kube.ServicePort{
 		Name:        pp.GetName(),
 		Port:        pp.GetPort(),
 		Protocol:    feedProtocol(pp.GetProtocol(), f+".protocol", inv),
@@ -95,14 +103,15 @@ func feedServicePort(pp *allocdv1.ServicePortSpec, f string, inv *endpoints.Inva
 	return sp
 }
 
+// feedIsStr reports whether a target port is a name (even an empty one).
 func feedIsStr(tp *allocdv1.TargetPort) bool {
 	_, ok := tp.GetValue().(*allocdv1.TargetPort_StrValue)
 	return ok
 }
 
-// PodFromProto converts and validates a endpoints.Pod of the feed.
-func podFromProto(p *allocdv1.Pod, field string, inv *endpoints.InvalidError) *endpoints.Pod {
-	pod := &endpoints.Pod{
+// podFromProto converts and validates a Pod of the feed; its IPs are made canonical.
+func podFromProto(p *allocdv1.Pod, field string, inv *endpoints.InvalidError) *kube.Pod {
+	pod := &kube.Pod{
 		Namespace:       p.GetNamespace(),
 		Name:            p.GetName(),
 		UID:             p.GetUid(),
@@ -119,15 +128,16 @@ func podFromProto(p *allocdv1.Pod, field string, inv *endpoints.InvalidError) *e
 	feedLabelKeys(field+".labels", pod.Labels, inv)
 	switch pod.Phase {
 	case "":
-		pod.Phase = endpoints.PhasePending
-	case endpoints.PhasePending, endpoints.PhaseRunning, endpoints.PhaseSucceeded, endpoints.PhaseFailed, endpoints.PhaseUnknown:
+		pod.Phase = kube.PhasePending
+	case kube.PhasePending, kube.PhaseRunning, kube.PhaseSucceeded, kube.PhaseFailed, kube.PhaseUnknown:
 	default:
-		inv.Add(field+".phase", strconv.Quote(pod.Phase)+" is not Pending, Running, Succeeded, Failed or Unknown")
+		inv.Add(field+".phase", strconv.Quote(pod.Phase)+
+			" is not Pending, Running, Succeeded, Failed or Unknown")
 	}
 	if ips := p.GetPodIps(); len(ips) > 0 {
 		pod.PodIPs = make([]string, len(ips))
 		for i, ip := range ips {
-			c, ok := endpoints.CanonicalIP(ip)
+			c, ok := kube.CanonicalIP(ip)
 			if !ok {
 				inv.Add(field+".pod_ips["+strconv.Itoa(i)+"]", strconv.Quote(ip)+" is not an IP address")
 			}
@@ -142,27 +152,32 @@ func podFromProto(p *allocdv1.Pod, field string, inv *endpoints.InvalidError) *e
 	return pod
 }
 
-func feedContainers(cs []*allocdv1.Container, f string, init bool, inv *endpoints.InvalidError) []endpoints.Container {
+// feedContainers converts and validates the containers of a Pod, or its init
+// containers (init), which alone may have a restart policy (Always: a sidecar).
+func feedContainers(cs []*allocdv1.Container, f string, init bool,
+	inv *endpoints.InvalidError) []kube.Container {
 	if len(cs) == 0 {
 		return nil
 	}
-	out := make([]endpoints.Container, len(cs))
+	out := make([]kube.Container, len(cs))
 	for i, c := range cs {
-		ct := endpoints.Container{Name: c.GetName(), RestartPolicy: c.GetRestartPolicy()}
+		ct := kube.Container{Name: c.GetName(), RestartPolicy: c.GetRestartPolicy()}
 		switch ct.RestartPolicy {
 		case "":
-		case endpoints.RestartPolicyAlways:
+		case kube.RestartPolicyAlways:
 			if !init {
-				inv.Add(f+"["+strconv.Itoa(i)+"].restart_policy", "only init containers have a restart policy")
+				inv.Add(f+"["+strconv.Itoa(i)+"].restart_policy",
+					"only init containers have a restart policy")
 			}
 		default:
-			inv.Add(f+"["+strconv.Itoa(i)+"].restart_policy", strconv.Quote(ct.RestartPolicy)+" is not \"\" or \"Always\"")
+			inv.Add(f+"["+strconv.Itoa(i)+"].restart_policy",
+				strconv.Quote(ct.RestartPolicy)+" is not \"\" or \"Always\"")
 		}
 		if n := len(c.GetPorts()); n > 0 {
-			ct.Ports = make([]endpoints.ContainerPort, n)
+			ct.Ports = make([]kube.ContainerPort, n)
 			for j, cp := range c.GetPorts() {
 				pf := f + "[" + strconv.Itoa(i) + "].ports[" + strconv.Itoa(j) + "]"
-				ct.Ports[j] = endpoints.ContainerPort{Name: cp.GetName(), ContainerPort: cp.GetContainerPort(),
+				ct.Ports[j] = kube.ContainerPort{Name: cp.GetName(), ContainerPort: cp.GetContainerPort(),
 					Protocol: feedProtocol(cp.GetProtocol(), pf+".protocol", inv)}
 				feedPortNumber(cp.GetContainerPort(), pf+".container_port", inv)
 			}
@@ -172,8 +187,8 @@ func feedContainers(cs []*allocdv1.Container, f string, init bool, inv *endpoint
 	return out
 }
 
-// meta checks the identity of an object: a namespace and a name that can be part of a
-// key, and a uid when needed.
+// feedMeta checks the identity of an object: a namespace and a name that can be part
+// of a key, and a uid when needed.
 func feedMeta(field, ns, name, uid string, needUID bool, inv *endpoints.InvalidError) {
 	if ns == "" || strings.Contains(ns, "/") {
 		inv.Add(field+".namespace", "must be a non-empty name without '/'")
@@ -186,6 +201,7 @@ func feedMeta(field, ns, name, uid string, needUID bool, inv *endpoints.InvalidE
 	}
 }
 
+// feedLabelKeys refuses an empty label (or annotation) key.
 func feedLabelKeys(field string, labels map[string]string, inv *endpoints.InvalidError) {
 	for k := range labels {
 		if k == "" {
@@ -194,13 +210,14 @@ func feedLabelKeys(field string, labels map[string]string, inv *endpoints.Invali
 	}
 }
 
+// feedFamilies checks a Service's IP families: IPv4 or IPv6, at most one of each.
 func feedFamilies(field string, fs []string, inv *endpoints.InvalidError) {
 	if len(fs) > 2 {
 		inv.Add(field+".ip_families", "at most two families (one per family)")
 	}
 	for i, f := range fs {
 		switch {
-		case f != endpoints.FamilyIPv4 && f != endpoints.FamilyIPv6:
+		case f != kube.FamilyIPv4 && f != kube.FamilyIPv6:
 			inv.Add(field+".ip_families["+strconv.Itoa(i)+"]", strconv.Quote(f)+" is not IPv4 or IPv6")
 		case i == 1 && fs[0] == f:
 			inv.Add(field+".ip_families[1]", "the same family twice")
@@ -208,25 +225,26 @@ func feedFamilies(field string, fs []string, inv *endpoints.InvalidError) {
 	}
 }
 
-// protocol defaults "" to TCP and refuses anything but TCP, UDP and SCTP.
+// feedProtocol defaults "" to TCP and refuses anything but TCP, UDP and SCTP.
 func feedProtocol(p, field string, inv *endpoints.InvalidError) string {
 	switch p {
 	case "":
-		return endpoints.ProtocolTCP
-	case endpoints.ProtocolTCP, endpoints.ProtocolUDP, endpoints.ProtocolSCTP:
+		return kube.ProtocolTCP
+	case kube.ProtocolTCP, kube.ProtocolUDP, kube.ProtocolSCTP:
 		return p
 	}
 	inv.Add(field, strconv.Quote(p)+" is not TCP, UDP or SCTP")
 	return p
 }
 
+// feedPortNumber refuses a port number outside 1-65535.
 func feedPortNumber(n int32, field string, inv *endpoints.InvalidError) {
 	if n < 1 || n > 65535 {
 		inv.Add(field, strconv.Itoa(int(n))+" is not a port number 1-65535")
 	}
 }
 
-// EventsFromProto converts and validates the events of one PushEvents message. An
+// eventsFromProto converts and validates the events of one PushEvents message. An
 // event takes the message's revision unless it has its own, which must not be above
 // the message's. A delete needs only the namespace and name of its object.
 func eventsFromProto(req *allocdv1.PushEventsRequest) ([]endpoints.Event, error) {
@@ -243,7 +261,8 @@ func eventsFromProto(req *allocdv1.PushEventsRequest) ([]endpoints.Event, error)
 		case ev.Revision == 0:
 			ev.Revision = rev
 		case ev.Revision < 0 || ev.Revision > rev:
-			inv.Add(f+".revision", "must be 0 (the message's) or positive and not above the message's revision")
+			inv.Add(f+".revision",
+				"must be 0 (the message's) or positive and not above the message's revision")
 		}
 		switch pe.GetType() {
 		case allocdv1.EventType_EVENT_TYPE_UPSERT:
@@ -256,21 +275,23 @@ func eventsFromProto(req *allocdv1.PushEventsRequest) ([]endpoints.Event, error)
 		switch o := pe.GetObject().(type) {
 		case *allocdv1.Event_Service:
 			if ev.Type == endpoints.Delete {
-				ev.Service = &endpoints.Service{Namespace: o.Service.GetNamespace(), Name: o.Service.GetName(), UID: o.Service.GetUid()}
+				ev.Service = &kube.Service{Namespace: o.Service.GetNamespace(), Name: o.Service.GetName(),
+					UID: o.Service.GetUid()}
 				feedMeta(f+".service", ev.Service.Namespace, ev.Service.Name, "", false, inv)
 			} else {
 				ev.Service = serviceFromProto(o.Service, f+".service", inv)
 			}
 		case *allocdv1.Event_Pod:
 			if ev.Type == endpoints.Delete {
-				ev.Pod = &endpoints.Pod{Namespace: o.Pod.GetNamespace(), Name: o.Pod.GetName(), UID: o.Pod.GetUid()}
+				ev.Pod = &kube.Pod{Namespace: o.Pod.GetNamespace(), Name: o.Pod.GetName(),
+					UID: o.Pod.GetUid()}
 				feedMeta(f+".pod", ev.Pod.Namespace, ev.Pod.Name, "", false, inv)
 			} else {
 				ev.Pod = podFromProto(o.Pod, f+".pod", inv)
 			}
 		case *allocdv1.Event_Node:
 			if ev.Type == endpoints.Delete {
-				ev.Node = &endpoints.Node{Name: o.Node.GetName()}
+				ev.Node = &kube.Node{Name: o.Node.GetName()}
 				feedNodeName(f+".node.name", ev.Node.Name, inv)
 			} else {
 				ev.Node = nodeFromProto(o.Node, f+".node", inv)
@@ -286,7 +307,7 @@ func eventsFromProto(req *allocdv1.PushEventsRequest) ([]endpoints.Event, error)
 	return evs, nil
 }
 
-// timeOrZero is t, or zero for the zero Unix time a careless feed may send.
+// feedTimeOrZero is t, or zero for the zero Unix time a careless feed may send.
 func feedTimeOrZero(t time.Time) time.Time {
 	if t.Unix() == 0 {
 		return time.Time{}
@@ -294,8 +315,8 @@ func feedTimeOrZero(t time.Time) time.Time {
 	return t
 }
 
-// ToProto converts e to its wire (and stored) form.
-func endpointsToProto(e *endpoints.Endpoints) *allocdv1.ServiceEndpoints {
+// endpointsToProto converts e to its wire form (the stored form plus the revisions).
+func endpointsToProto(e *kube.Endpoints) *allocdv1.ServiceEndpoints {
 	p := &allocdv1.ServiceEndpoints{
 		Namespace:      e.Namespace,
 		Name:           e.Name,
@@ -317,7 +338,8 @@ func endpointsToProto(e *endpoints.Endpoints) *allocdv1.ServiceEndpoints {
 			if len(s.Ports) > 0 {
 				ps.Ports = make([]*allocdv1.EndpointPort, len(s.Ports))
 				for j, pt := range s.Ports {
-					ps.Ports[j] = &allocdv1.EndpointPort{Name: pt.Name, Port: pt.Port, Protocol: pt.Protocol, AppProtocol: pt.AppProtocol}
+					ps.Ports[j] = &allocdv1.EndpointPort{Name: pt.Name, Port: pt.Port, Protocol: pt.Protocol,
+						AppProtocol: pt.AppProtocol}
 				}
 			}
 			p.Subsets[i] = ps
@@ -326,7 +348,8 @@ func endpointsToProto(e *endpoints.Endpoints) *allocdv1.ServiceEndpoints {
 	return p
 }
 
-func addressesToProto(as []endpoints.Address) []*allocdv1.EndpointAddress {
+// addressesToProto converts the addresses of a subset.
+func addressesToProto(as []kube.Address) []*allocdv1.EndpointAddress {
 	if len(as) == 0 {
 		return nil
 	}
@@ -334,63 +357,16 @@ func addressesToProto(as []endpoints.Address) []*allocdv1.EndpointAddress {
 	for i, a := range as {
 		pa := &allocdv1.EndpointAddress{Ip: a.IP, Hostname: a.Hostname, NodeName: a.NodeName}
 		if r := a.TargetRef; r != nil {
-			pa.TargetRef = &allocdv1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Uid: r.UID}
+			pa.TargetRef = refToProto(r)
 		}
 		out[i] = pa
 	}
 	return out
 }
 
-// FromProto converts the wire (and stored) form.
-func endpointsFromProto(p *allocdv1.ServiceEndpoints) *endpoints.Endpoints {
-	e := &endpoints.Endpoints{
-		Namespace:      p.GetNamespace(),
-		Name:           p.GetName(),
-		Labels:         p.GetLabels(),
-		Annotations:    p.GetAnnotations(),
-		Revision:       p.GetRevision(),
-		CreateRevision: p.GetCreateRevision(),
-		ServiceUID:     p.GetServiceUid(),
-		ManagedBy:      p.GetManagedBy(),
-		AddressCount:   int(p.GetAddressCount()),
-	}
-	if n := len(p.GetSubsets()); n > 0 {
-		e.Subsets = make([]endpoints.Subset, n)
-		for i, ps := range p.GetSubsets() {
-			s := endpoints.Subset{
-				Addresses:         addressesFromProto(ps.GetAddresses()),
-				NotReadyAddresses: addressesFromProto(ps.GetNotReadyAddresses()),
-			}
-			if m := len(ps.GetPorts()); m > 0 {
-				s.Ports = make([]endpoints.Port, m)
-				for j, pt := range ps.GetPorts() {
-					s.Ports[j] = endpoints.Port{Name: pt.GetName(), Port: pt.GetPort(), Protocol: pt.GetProtocol(), AppProtocol: pt.AppProtocol}
-				}
-			}
-			e.Subsets[i] = s
-		}
-	}
-	return e
-}
-
-func addressesFromProto(ps []*allocdv1.EndpointAddress) []endpoints.Address {
-	if len(ps) == 0 {
-		return nil
-	}
-	out := make([]endpoints.Address, len(ps))
-	for i, pa := range ps {
-		a := endpoints.Address{IP: pa.GetIp(), Hostname: pa.GetHostname(), NodeName: pa.GetNodeName()}
-		if r := pa.GetTargetRef(); r != nil {
-			a.TargetRef = &endpoints.ObjectRef{Kind: r.GetKind(), Namespace: r.GetNamespace(), Name: r.GetName(), UID: r.GetUid()}
-		}
-		out[i] = a
-	}
-	return out
-}
-
 // nodeFromProto converts and validates a Node of the feed.
-func nodeFromProto(p *allocdv1.Node, field string, inv *endpoints.InvalidError) *endpoints.Node {
-	n := &endpoints.Node{
+func nodeFromProto(p *allocdv1.Node, field string, inv *endpoints.InvalidError) *kube.Node {
+	n := &kube.Node{
 		Name:                 p.GetName(),
 		ResourceVersion:      p.GetResourceVersion(),
 		Labels:               p.GetLabels(),
@@ -413,7 +389,7 @@ func feedNodeName(field, name string, inv *endpoints.InvalidError) {
 }
 
 // sliceToProto is the API form of a stored slice.
-func sliceToProto(s *endpoints.EndpointSlice) *allocdv1.EndpointSlice {
+func sliceToProto(s *kube.EndpointSlice) *allocdv1.EndpointSlice {
 	p := &allocdv1.EndpointSlice{
 		Namespace:      s.Namespace,
 		Name:           s.Name,
@@ -436,16 +412,19 @@ func sliceToProto(s *endpoints.EndpointSlice) *allocdv1.EndpointSlice {
 	return p
 }
 
-func sliceEndpointToProto(e *endpoints.SliceEndpoint) *allocdv1.SliceEndpoint {
+// sliceEndpointToProto is the API form of one endpoint of a slice: its conditions
+// always, its optional strings when not empty.
+func sliceEndpointToProto(e *kube.SliceEndpoint) *allocdv1.SliceEndpoint {
+	cond := &allocdv1.EndpointConditions{Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating}
 	p := &allocdv1.SliceEndpoint{
 		Addresses:  e.Addresses,
-		Conditions: &allocdv1.EndpointConditions{Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating},
+		Conditions: cond,
 		Hostname:   optional(e.Hostname),
 		NodeName:   optional(e.NodeName),
 		Zone:       optional(e.Zone),
 	}
 	if r := e.TargetRef; r != nil {
-		p.TargetRef = &allocdv1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Uid: r.UID}
+		p.TargetRef = refToProto(r)
 	}
 	if h := e.Hints; h != nil {
 		p.Hints = &allocdv1.EndpointHints{}
@@ -457,6 +436,11 @@ func sliceEndpointToProto(e *endpoints.SliceEndpoint) *allocdv1.SliceEndpoint {
 		}
 	}
 	return p
+}
+
+// refToProto is the API form of an object reference.
+func refToProto(r *kube.ObjectRef) *allocdv1.ObjectReference {
+	return &allocdv1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name, Uid: r.UID}
 }
 
 // optional is s as an optional string field: absent when empty.

@@ -6,15 +6,18 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/endpoints/kube"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
-// FuzzPodFromProto: any endpoints.Pod the wire can carry is refused with field violations or
+// FuzzPodFromProto: any Pod the wire can carry is refused with field violations or
 // accepted with canonical IPs and a known phase; never a panic.
 func FuzzPodFromProto(f *testing.F) {
 	for _, p := range []*allocdv1.Pod{
-		{Namespace: "ns", Name: "p", Uid: "u", PodIps: []string{"10.0.0.1", "fd00::1"}, Phase: "Running", Ready: true,
-			Containers: []*allocdv1.Container{{Name: "c", Ports: []*allocdv1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}},
+		{Namespace: "ns", Name: "p", Uid: "u", PodIps: []string{"10.0.0.1", "fd00::1"}, Phase: "Running",
+			Ready: true,
+			Containers: []*allocdv1.Container{{Name: "c",
+				Ports: []*allocdv1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}},
 		{Namespace: "ns", Name: "p", Uid: "u", PodIps: []string{"010.000.000.001"}, Phase: "Pending"},
 		{Namespace: "", Name: "p", PodIps: []string{"not-an-ip"}, Phase: "Runing"},
 	} {
@@ -38,24 +41,24 @@ func FuzzPodFromProto(f *testing.F) {
 			return
 		}
 		if pod.Namespace == "" || pod.Name == "" || pod.UID == "" {
-			t.Fatalf("accepted a endpoints.Pod without namespace, name or uid: %+v", pod)
+			t.Fatalf("accepted a kube.Pod without namespace, name or uid: %+v", pod)
 		}
 		switch pod.Phase {
-		case endpoints.PhasePending, endpoints.PhaseRunning, endpoints.PhaseSucceeded, endpoints.PhaseFailed, endpoints.PhaseUnknown:
+		case kube.PhasePending, kube.PhaseRunning, kube.PhaseSucceeded, kube.PhaseFailed, kube.PhaseUnknown:
 		default:
 			t.Fatalf("accepted phase %q", pod.Phase)
 		}
 		for _, ip := range pod.PodIPs {
-			if c, ok := endpoints.CanonicalIP(ip); !ok || c != ip {
+			if c, ok := kube.CanonicalIP(ip); !ok || c != ip {
 				t.Fatalf("accepted IP %q is not canonical (%q, %v)", ip, c, ok)
 			}
 		}
-		// What the controller does with an accepted endpoints.Pod must not panic either.
-		svc := &endpoints.Service{Namespace: pod.Namespace, Name: "foo", UID: "svc-uid", Type: endpoints.TypeClusterIP,
-			Ports: []endpoints.ServicePort{{Port: 80, Protocol: endpoints.ProtocolTCP}}}
+		// What the controller does with an accepted Pod must not panic either.
+		svc := &kube.Service{Namespace: pod.Namespace, Name: "foo", UID: "svc-uid", Type: kube.TypeClusterIP,
+			Ports: []kube.ServicePort{{Port: 80, Protocol: kube.ProtocolTCP}}}
 		svc.Selector = map[string]string{}
-		svc.Ports[0].TargetPort = endpoints.TargetPort{Name: "http"}
-		endpoints.Repack(endpoints.ComputeSubsets(svc, []*endpoints.Pod{pod}))
+		svc.Ports[0].TargetPort = kube.TargetPort{Name: "http"}
+		endpoints.Repack(endpoints.ComputeSubsets(svc, []*kube.Pod{pod}))
 	})
 }
 
@@ -65,8 +68,11 @@ func FuzzPodFromProto(f *testing.F) {
 func FuzzEventsFromProto(f *testing.F) {
 	for _, m := range []*allocdv1.PushEventsRequest{
 		{Revision: 3, Events: []*allocdv1.Event{
-			{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Object: &allocdv1.Event_Pod{Pod: &allocdv1.Pod{Namespace: "ns", Name: "p", Uid: "u", PodIps: []string{"10.0.0.1"}}}},
-			{Type: allocdv1.EventType_EVENT_TYPE_DELETE, Revision: 2, Object: &allocdv1.Event_Service{Service: &allocdv1.Service{Namespace: "ns", Name: "s"}}},
+			{Type: allocdv1.EventType_EVENT_TYPE_UPSERT,
+				Object: &allocdv1.Event_Pod{Pod: &allocdv1.Pod{Namespace: "ns", Name: "p", Uid: "u",
+					PodIps: []string{"10.0.0.1"}}}},
+			{Type: allocdv1.EventType_EVENT_TYPE_DELETE, Revision: 2,
+				Object: &allocdv1.Event_Service{Service: &allocdv1.Service{Namespace: "ns", Name: "s"}}},
 		}},
 		{Revision: 0, Events: []*allocdv1.Event{{Type: allocdv1.EventType_EVENT_TYPE_UNSPECIFIED}}},
 		{Revision: 5, Events: []*allocdv1.Event{{Type: allocdv1.EventType_EVENT_TYPE_UPSERT, Revision: 9,

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"github.com/allocd/allocd/server"
@@ -27,7 +28,7 @@ func storedEndpoints() map[string]*allocdv1.ServiceEndpoints {
 	return map[string]*allocdv1.ServiceEndpoints{
 		"full": {Namespace: "ns", Name: "full", Labels: map[string]string{"app": "a",
 			"endpoints.kubernetes.io/managed-by": "endpoint-controller"},
-			Annotations: map[string]string{endpoints.AnnotationTriggerTime: "2026-11-26T00:00:00Z"},
+			Annotations: map[string]string{kube.AnnotationTriggerTime: "2026-11-26T00:00:00Z"},
 			Subsets: []*allocdv1.ServiceEndpointSubset{{
 				Addresses: []*allocdv1.EndpointAddress{{Ip: "10.0.0.1", NodeName: "n1",
 					TargetRef: ref("p1")}, {Ip: "10.0.0.2", Hostname: "h"}},
@@ -86,7 +87,7 @@ func storedSlices() map[string]*allocdv1.EndpointSlice {
 			ServiceUid: "svc-uid",
 			Labels: map[string]string{"kubernetes.io/service-name": "svc",
 				"endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
-			Annotations: map[string]string{endpoints.AnnotationTriggerTime: "2026-11-26T00:00:00Z"},
+			Annotations: map[string]string{kube.AnnotationTriggerTime: "2026-11-26T00:00:00Z"},
 			Endpoints:   eps, Ports: ports}
 	}
 	hinted := ep("10.0.0.2")

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/endpoints/kube"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"github.com/allocd/allocd/repair"
 )
@@ -32,7 +33,8 @@ type EndpointsService struct {
 
 // NewEndpointsService returns the EndpointsService of c; the Service events it takes
 // feed rep too. It forwards through fw.
-func NewEndpointsService(c *endpoints.Controller, rep *repair.Controller, fw *Forwarder, log *slog.Logger) *EndpointsService {
+func NewEndpointsService(c *endpoints.Controller, rep *repair.Controller, fw *Forwarder,
+	log *slog.Logger) *EndpointsService {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -41,7 +43,8 @@ func NewEndpointsService(c *endpoints.Controller, rep *repair.Controller, fw *Fo
 
 // PushPodSnapshot takes a Pod snapshot in one or more chunks of one revision; it is
 // applied (or forwarded) when the stream closes, whole or not at all.
-func (s *EndpointsService) PushPodSnapshot(stream grpc.ClientStreamingServer[allocdv1.PushPodSnapshotRequest, allocdv1.PushPodSnapshotResponse]) error {
+func (s *EndpointsService) PushPodSnapshot(stream grpc.ClientStreamingServer[
+	allocdv1.PushPodSnapshotRequest, allocdv1.PushPodSnapshotResponse]) error {
 	ctx := stream.Context()
 	chunks, rev, err := receiveChunks(stream, func(r *allocdv1.PushPodSnapshotRequest) (int64, bool) {
 		return r.GetSnapshot().GetRevision(), r.GetSnapshot() != nil
@@ -69,7 +72,7 @@ func (s *EndpointsService) PushPodSnapshot(stream grpc.ClientStreamingServer[all
 
 // podSnapshot converts and validates a Pod snapshot: a positive revision, well-formed
 // Pods, no two of one namespace and name.
-func podSnapshot(rev int64, chunks []*allocdv1.PushPodSnapshotRequest) ([]*endpoints.Pod, error) {
+func podSnapshot(rev int64, chunks []*allocdv1.PushPodSnapshotRequest) ([]*kube.Pod, error) {
 	inv := &endpoints.InvalidError{}
 	if rev <= 0 {
 		inv.Add("snapshot.revision", "must be positive (the revision of the Pod store the list was taken at)")
@@ -78,7 +81,7 @@ func podSnapshot(rev int64, chunks []*allocdv1.PushPodSnapshotRequest) ([]*endpo
 	for _, ch := range chunks {
 		n += len(ch.GetSnapshot().GetPods())
 	}
-	pods := make([]*endpoints.Pod, 0, n)
+	pods := make([]*kube.Pod, 0, n)
 	seen := make(map[string]int, n)
 	for _, ch := range chunks {
 		for _, p := range ch.GetSnapshot().GetPods() {
@@ -100,7 +103,8 @@ func podSnapshot(rev int64, chunks []*allocdv1.PushPodSnapshotRequest) ([]*endpo
 
 // PushNodeSnapshot takes a Node snapshot in one or more chunks of one revision; it is
 // applied (or forwarded) when the stream closes, whole or not at all.
-func (s *EndpointsService) PushNodeSnapshot(stream grpc.ClientStreamingServer[allocdv1.PushNodeSnapshotRequest, allocdv1.PushNodeSnapshotResponse]) error {
+func (s *EndpointsService) PushNodeSnapshot(stream grpc.ClientStreamingServer[
+	allocdv1.PushNodeSnapshotRequest, allocdv1.PushNodeSnapshotResponse]) error {
 	ctx := stream.Context()
 	chunks, rev, err := receiveChunks(stream, func(r *allocdv1.PushNodeSnapshotRequest) (int64, bool) {
 		return r.GetSnapshot().GetRevision(), r.GetSnapshot() != nil
@@ -123,17 +127,19 @@ func (s *EndpointsService) PushNodeSnapshot(stream grpc.ClientStreamingServer[al
 	if err := s.c.ApplyNodeSnapshot(ctx, rev, nodes); err != nil {
 		return Status(err)
 	}
-	return stream.SendAndClose(&allocdv1.PushNodeSnapshotResponse{Revision: rev, NodeCount: int64(len(nodes))})
+	return stream.SendAndClose(&allocdv1.PushNodeSnapshotResponse{Revision: rev,
+		NodeCount: int64(len(nodes))})
 }
 
 // nodeSnapshot converts and validates a Node snapshot: a positive revision,
 // well-formed Nodes, no two of one name.
-func nodeSnapshot(rev int64, chunks []*allocdv1.PushNodeSnapshotRequest) ([]*endpoints.Node, error) {
+func nodeSnapshot(rev int64, chunks []*allocdv1.PushNodeSnapshotRequest) ([]*kube.Node, error) {
 	inv := &endpoints.InvalidError{}
 	if rev <= 0 {
-		inv.Add("snapshot.revision", "must be positive (the revision of the Node store the list was taken at)")
+		inv.Add("snapshot.revision",
+			"must be positive (the revision of the Node store the list was taken at)")
 	}
-	var nodes []*endpoints.Node
+	var nodes []*kube.Node
 	seen := map[string]int{}
 	for _, ch := range chunks {
 		for _, p := range ch.GetSnapshot().GetNodes() {
@@ -155,9 +161,9 @@ func nodeSnapshot(rev int64, chunks []*allocdv1.PushNodeSnapshotRequest) ([]*end
 
 // endpointsServices converts the Services of a snapshot's chunks for the Endpoints
 // controller, refusing a malformed one or two of one namespace and name.
-func endpointsServices(chunks []*allocdv1.PushServiceSnapshotRequest) ([]*endpoints.Service, error) {
+func endpointsServices(chunks []*allocdv1.PushServiceSnapshotRequest) ([]*kube.Service, error) {
 	inv := &endpoints.InvalidError{}
-	var out []*endpoints.Service
+	var out []*kube.Service
 	seen := map[string]int{}
 	i := 0
 	for _, ch := range chunks {
@@ -181,7 +187,8 @@ func endpointsServices(chunks []*allocdv1.PushServiceSnapshotRequest) ([]*endpoi
 // PushEvents applies every message of the stream in order (or forwards them all to the
 // leader); a malformed message is refused before anything of it is applied, and ends
 // the stream with the messages before it applied.
-func (s *EndpointsService) PushEvents(stream grpc.ClientStreamingServer[allocdv1.PushEventsRequest, allocdv1.PushEventsResponse]) error {
+func (s *EndpointsService) PushEvents(stream grpc.ClientStreamingServer[
+	allocdv1.PushEventsRequest, allocdv1.PushEventsResponse]) error {
 	ctx := stream.Context()
 	var msgs []*allocdv1.PushEventsRequest
 	var batches [][]endpoints.Event
@@ -220,7 +227,8 @@ func (s *EndpointsService) PushEvents(stream grpc.ClientStreamingServer[allocdv1
 }
 
 // apply applies the validated batches of events of msgs on the leader.
-func (s *EndpointsService) apply(ctx context.Context, msgs []*allocdv1.PushEventsRequest, batches [][]endpoints.Event) (*allocdv1.PushEventsResponse, error) {
+func (s *EndpointsService) apply(ctx context.Context, msgs []*allocdv1.PushEventsRequest,
+	batches [][]endpoints.Event) (*allocdv1.PushEventsResponse, error) {
 	resp := &allocdv1.PushEventsResponse{}
 	for i, evs := range batches {
 		res, err := s.c.ApplyEvents(ctx, evs)
@@ -231,7 +239,7 @@ func (s *EndpointsService) apply(ctx context.Context, msgs []*allocdv1.PushEvent
 		s.rep.ApplyServiceEvents(repairEvents(msgs[i]))
 		resp.Applied += int64(res.Applied)
 		resp.Ignored += int64(res.Ignored)
-		resp.ServiceRevision, resp.PodRevision, resp.NodeRevision = res.ServiceRevision, res.PodRevision, res.NodeRevision
+		setRevisions(resp, res)
 	}
 	if len(batches) == 0 {
 		// An empty stream is a heartbeat: it answers SNAPSHOT_REQUIRED while the
@@ -240,13 +248,20 @@ func (s *EndpointsService) apply(ctx context.Context, msgs []*allocdv1.PushEvent
 		if err != nil {
 			return nil, err
 		}
-		resp.ServiceRevision, resp.PodRevision, resp.NodeRevision = res.ServiceRevision, res.PodRevision, res.NodeRevision
+		setRevisions(resp, res)
 	}
 	return resp, nil
 }
 
+// setRevisions copies the feeds' revisions after a batch of events into resp.
+func setRevisions(resp *allocdv1.PushEventsResponse, res endpoints.EventsResult) {
+	resp.ServiceRevision, resp.PodRevision, resp.NodeRevision = res.ServiceRevision, res.PodRevision,
+		res.NodeRevision
+}
+
 // GetServiceEndpoints returns one stored object.
-func (s *EndpointsService) GetServiceEndpoints(ctx context.Context, req *allocdv1.GetServiceEndpointsRequest) (*allocdv1.GetServiceEndpointsResponse, error) {
+func (s *EndpointsService) GetServiceEndpoints(ctx context.Context,
+	req *allocdv1.GetServiceEndpointsRequest) (*allocdv1.GetServiceEndpointsResponse, error) {
 	e, err := s.c.Get(ctx, req.GetNamespace(), req.GetName())
 	if err != nil {
 		return nil, Status(err)
@@ -255,7 +270,8 @@ func (s *EndpointsService) GetServiceEndpoints(ctx context.Context, req *allocdv
 }
 
 // ListServiceEndpoints returns one page.
-func (s *EndpointsService) ListServiceEndpoints(ctx context.Context, req *allocdv1.ListServiceEndpointsRequest) (*allocdv1.ListServiceEndpointsResponse, error) {
+func (s *EndpointsService) ListServiceEndpoints(ctx context.Context,
+	req *allocdv1.ListServiceEndpointsRequest) (*allocdv1.ListServiceEndpointsResponse, error) {
 	eps, next, rev, err := s.c.List(ctx, req.GetNamespace(), int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
 		return nil, Status(err)
@@ -269,10 +285,10 @@ func (s *EndpointsService) ListServiceEndpoints(ctx context.Context, req *allocd
 }
 
 // WatchServiceEndpoints streams changes until the client goes away or the server stops.
-func (s *EndpointsService) WatchServiceEndpoints(req *allocdv1.WatchServiceEndpointsRequest, stream grpc.ServerStreamingServer[allocdv1.WatchServiceEndpointsResponse]) error {
-	err := s.c.WatchStored(stream.Context(), req.GetNamespace(), req.GetStartRevision(), func(ev endpoints.WatchEvent) error {
-		return stream.Send(endpointsWatchResponse(ev))
-	})
+func (s *EndpointsService) WatchServiceEndpoints(req *allocdv1.WatchServiceEndpointsRequest,
+	stream grpc.ServerStreamingServer[allocdv1.WatchServiceEndpointsResponse]) error {
+	err := s.c.WatchStored(stream.Context(), req.GetNamespace(), req.GetStartRevision(),
+		func(ev endpoints.WatchEvent) error { return stream.Send(endpointsWatchResponse(ev)) })
 	if err != nil && stream.Context().Err() == nil {
 		return Status(err)
 	}
@@ -280,8 +296,10 @@ func (s *EndpointsService) WatchServiceEndpoints(req *allocdv1.WatchServiceEndpo
 }
 
 // ListEndpointSlices returns one page of slices.
-func (s *EndpointsService) ListEndpointSlices(ctx context.Context, req *allocdv1.ListEndpointSlicesRequest) (*allocdv1.ListEndpointSlicesResponse, error) {
-	sl, next, rev, err := s.c.ListSlices(ctx, req.GetNamespace(), req.GetServiceName(), int(req.GetPageSize()), req.GetPageToken())
+func (s *EndpointsService) ListEndpointSlices(ctx context.Context,
+	req *allocdv1.ListEndpointSlicesRequest) (*allocdv1.ListEndpointSlicesResponse, error) {
+	sl, next, rev, err := s.c.ListSlices(ctx, req.GetNamespace(), req.GetServiceName(),
+		int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
 		return nil, Status(err)
 	}
@@ -295,10 +313,10 @@ func (s *EndpointsService) ListEndpointSlices(ctx context.Context, req *allocdv1
 
 // WatchEndpointSlices streams changes of slices until the client goes away or the
 // server stops.
-func (s *EndpointsService) WatchEndpointSlices(req *allocdv1.WatchEndpointSlicesRequest, stream grpc.ServerStreamingServer[allocdv1.WatchEndpointSlicesResponse]) error {
-	err := s.c.WatchSlicesStored(stream.Context(), req.GetNamespace(), req.GetStartRevision(), func(ev endpoints.SliceWatchEvent) error {
-		return stream.Send(sliceWatchResponse(ev))
-	})
+func (s *EndpointsService) WatchEndpointSlices(req *allocdv1.WatchEndpointSlicesRequest,
+	stream grpc.ServerStreamingServer[allocdv1.WatchEndpointSlicesResponse]) error {
+	err := s.c.WatchSlicesStored(stream.Context(), req.GetNamespace(), req.GetStartRevision(),
+		func(ev endpoints.SliceWatchEvent) error { return stream.Send(sliceWatchResponse(ev)) })
 	if err != nil && stream.Context().Err() == nil {
 		return Status(err)
 	}

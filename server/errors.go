@@ -290,13 +290,7 @@ func allocatorStatus(err error) error {
 				Violations: []*errdetails.QuotaFailure_Violation{{Subject: subject, Description: msg}}},
 			errorInfo(allocdv1.ErrorReason_RANGE_FULL, map[string]string{"range": subject}))
 	case errors.As(err, &notOwner):
-		return withDetails(codes.FailedPrecondition, msg,
-			errorInfo(allocdv1.ErrorReason_NOT_OWNER,
-				map[string]string{"item": notOwner.Item.String(), "holder_uid": notOwner.Holder.UID,
-					"holder": notOwner.Holder.String()}),
-			&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
-				Type: "OWNER", Subject: notOwner.Item.String(),
-				Description: msg + "; set force to release it anyway"}}})
+		return notOwnerStatus(msg, notOwner)
 	case errors.Is(err, allocator.ErrConflict):
 		return withDetails(codes.Aborted, msg, errorInfo(allocdv1.ErrorReason_CONFLICT, nil))
 	case errors.Is(err, allocator.ErrNotFound):
@@ -320,6 +314,23 @@ func allocatorStatus(err error) error {
 			errorInfo(allocdv1.ErrorReason_RANGES_MISMATCH, nil))
 	}
 	return nil
+}
+
+// notOwnerStatus is FAILED_PRECONDITION for an item that is not the requester's (a
+// Release without force, a Transfer): ErrorInfo names the holder (holder_uid and holder
+// empty, free "true", when nobody holds it), the PreconditionFailure says what to do.
+func notOwnerStatus(msg string, e *allocator.NotOwnerError) error {
+	md := map[string]string{"item": e.Item.String(), "holder_uid": e.Holder.UID, "holder": e.Holder.String()}
+	if e.Free {
+		md["holder"], md["free"] = "", "true"
+	}
+	desc := msg
+	if e.Hint != "" {
+		desc += "; " + e.Hint
+	}
+	return withDetails(codes.FailedPrecondition, msg, errorInfo(allocdv1.ErrorReason_NOT_OWNER, md),
+		&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
+			Type: "OWNER", Subject: e.Item.String(), Description: desc}}})
 }
 
 // leaseStatus maps masterlease's errors: a bad ip or ttl_seconds is INVALID_ARGUMENT

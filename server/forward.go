@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -18,6 +19,8 @@ import (
 
 	"github.com/allocd/allocd/leader"
 	"github.com/allocd/allocd/tlsfiles"
+
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
 // Metadata of calls forwarded from a replica that does not lead to the leader. A
@@ -39,9 +42,11 @@ const (
 var ForwardingMetadata = []string{mdForwardedBy, mdForwardedFor, mdReceivedRevision, mdReceivedTime}
 
 // Leadership is what the services need of the election: who leads, and who this
-// replica is (*leader.Elector).
+// replica is (*leader.Elector). Leader may answer from a view that trails etcd;
+// ReadLeader reads etcd.
 type Leadership interface {
 	Leader(ctx context.Context) (identity string, self bool, err error)
+	ReadLeader(ctx context.Context) (identity string, self bool, err error)
 	Identity() string
 }
 
@@ -49,6 +54,23 @@ type Leadership interface {
 // GetRepairStatus) to the leader, when this replica does not lead: the election value
 // is the leader's gRPC address. It keeps one connection per leader. A leader that
 // cannot be reached is UNAVAILABLE naming it.
+//
+// Who leads comes from the election's Leader, which costs no read of etcd while the
+// elector's watch follows the election, and may trail etcd by the watch's delay. That
+// is safe: the replica a call is forwarded to serves it only while a term of its own
+// runs (and its writes are fenced); otherwise it refuses it, naming the leader it
+// knows, and never forwards it again.
+//
+// During a leader change, a call may go to the old leader. Once its term has ended it
+// refuses the call without applying any of it (UNAVAILABLE, or FAILED_PRECONDITION
+// NOT_REPAIR_LEADER for repair); a term that ends while it serves the call fails the
+// call as any call cut short (a feed's messages before the end applied in that term).
+// On a refusal, and on UNAVAILABLE from a leader that cannot be reached, the Forwarder
+// reads the leader from etcd and, when etcd names another replica, sends it the call
+// once more, whole: a new term has seen none of it. Otherwise (etcd names the same
+// replica, none, or this one; the second leader refuses too) the caller gets the
+// answer, which it retries as any UNAVAILABLE. A call goes to at most two leaders, and
+// a forwarded call is never forwarded again.
 type Forwarder struct {
 	lead  Leadership
 	creds credentials.TransportCredentials
@@ -93,7 +115,8 @@ func (f *Forwarder) conn(leader string) (*grpc.ClientConn, error) {
 	}
 	cc, err := grpc.NewClient(leader,
 		grpc.WithTransportCredentials(f.creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvMsgSize), grpc.MaxCallSendMsgSize(MaxRecvMsgSize)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvMsgSize),
+			grpc.MaxCallSendMsgSize(MaxRecvMsgSize)))
 	if err != nil {
 		return nil, err
 	}
@@ -105,9 +128,15 @@ func (f *Forwarder) conn(leader string) (*grpc.ClientConn, error) {
 }
 
 // route tells where a call of controller goes: self when this replica leads (the
-// caller serves it), else a connection to the leader and its identity.
-func (f *Forwarder) route(ctx context.Context, controller string) (cc *grpc.ClientConn, leaderID string, self bool, err error) {
+// caller serves it), else a connection to the leader and its identity. When the
+// election still names this replica though its term is not running, the view may
+// trail a change that etcd already knows: etcd is read.
+func (f *Forwarder) route(ctx context.Context, controller string) (cc *grpc.ClientConn, leaderID string,
+	self bool, err error) {
 	id, self, err := f.lead.Leader(ctx)
+	if err == nil && !self && id == f.lead.Identity() {
+		id, self, err = f.lead.ReadLeader(ctx)
+	}
 	if err != nil {
 		return nil, "", false, Status(err)
 	}
@@ -159,6 +188,63 @@ func (f *Forwarder) failed(controller, id string, err error) error {
 	return Status(&leader.NotLeaderError{Controller: controller, Leader: id, Err: err})
 }
 
+// refused tells an answer of the replica a call was forwarded to that may mean it no
+// longer leads: UNAVAILABLE (the NotLeaderError of the Endpoints controller, or of repair
+// without a leader to name; a replica that cannot be reached) or FAILED_PRECONDITION
+// NOT_REPAIR_LEADER.
+func refused(err error) bool {
+	st, ok := status.FromError(err)
+	switch {
+	case !ok:
+		return false
+	case st.Code() == codes.Unavailable:
+		return true
+	case st.Code() != codes.FailedPrecondition:
+		return false
+	}
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == errorDomain &&
+			ei.GetReason() == allocdv1.ErrorReason_NOT_REPAIR_LEADER.String() {
+			return true
+		}
+	}
+	return false
+}
+
+// successor reads the leader from etcd after the leader id refused a call, and returns
+// it and a connection to it when it is another replica: not id, not this one.
+func (f *Forwarder) successor(ctx context.Context, id string) (string, *grpc.ClientConn, bool) {
+	next, self, err := f.lead.ReadLeader(ctx)
+	if err != nil || self || next == "" || next == id || next == f.lead.Identity() {
+		return "", nil, false
+	}
+	cc, err := f.conn(next)
+	if err != nil {
+		return "", nil, false
+	}
+	return next, cc, true
+}
+
+// send makes a forwarded call with do on cc, the connection to the leader id; when that
+// leader refuses it and etcd names another leader now, it makes it once more there. It
+// returns the answer, or the error to end the call with.
+func send[Resp any](ctx context.Context, f *Forwarder, controller, id string, cc *grpc.ClientConn,
+	do func(*grpc.ClientConn) (*Resp, error)) (*Resp, error) {
+	resp, err := do(cc)
+	if err != nil && refused(err) {
+		if next, ncc, ok := f.successor(ctx, id); ok {
+			f.log.Info("the leader refused a forwarded call; sending it to the leader etcd names now",
+				"controller", controller, "refused_by", id, "leader", next, "error", err)
+			id = next
+			resp, err = do(ncc)
+		}
+	}
+	if err != nil {
+		return nil, f.failed(controller, id, err)
+	}
+	return resp, nil
+}
+
 // forwardUnary sends req to the leader id with call and returns its answer.
 func forwardUnary[Req, Resp any](ctx context.Context, f *Forwarder, controller, id string, req *Req,
 	call func(grpc.ClientConnInterface, context.Context, *Req) (*Resp, error)) (*Resp, error) {
@@ -166,15 +252,15 @@ func forwardUnary[Req, Resp any](ctx context.Context, f *Forwarder, controller, 
 	if err != nil {
 		return nil, err
 	}
-	resp, err := call(cc, f.outgoing(ctx), req)
-	if err != nil {
-		return nil, f.failed(controller, id, err)
-	}
-	return resp, nil
+	octx := f.outgoing(ctx)
+	return send(ctx, f, controller, id, cc, func(cc *grpc.ClientConn) (*Resp, error) {
+		return call(cc, octx, req)
+	})
 }
 
 // streamOpener opens a client stream of the method a forwarded stream replays on.
-type streamOpener[Req, Resp any] func(grpc.ClientConnInterface, context.Context) (grpc.ClientStreamingClient[Req, Resp], error)
+type streamOpener[Req, Resp any] func(grpc.ClientConnInterface,
+	context.Context) (grpc.ClientStreamingClient[Req, Resp], error)
 
 // toLeader forwards msgs to the leader on a client stream that open opens, with the
 // metadata kv, unless this replica leads: forwarded is false then, and the caller
@@ -185,17 +271,20 @@ func toLeader[Req, Resp any](ctx context.Context, f *Forwarder, controller strin
 	if self || err != nil {
 		return nil, !self, err
 	}
-	resp, err = replay(f.outgoing(ctx, kv...), cc, msgs, open)
-	if err != nil {
-		return nil, true, f.failed(controller, id, err)
-	}
-	return resp, true, nil
+	octx := f.outgoing(ctx, kv...)
+	resp, err = send(ctx, f, controller, id, cc, func(cc *grpc.ClientConn) (*Resp, error) {
+		return replay(octx, cc, msgs, open)
+	})
+	return resp, true, err
 }
 
 // unaryVia adapts method m of the generated client that newClient makes to
-// forwardUnary: unaryVia(allocdv1.NewRepairServiceClient, allocdv1.RepairServiceClient.RunRepair).
+// forwardUnary:
+//
+//	unaryVia(allocdv1.NewRepairServiceClient, allocdv1.RepairServiceClient.RunRepair)
 func unaryVia[C, Req, Resp any](newClient func(grpc.ClientConnInterface) C,
-	m func(C, context.Context, *Req, ...grpc.CallOption) (*Resp, error)) func(grpc.ClientConnInterface, context.Context, *Req) (*Resp, error) {
+	m func(C, context.Context, *Req, ...grpc.CallOption) (*Resp, error),
+) func(grpc.ClientConnInterface, context.Context, *Req) (*Resp, error) {
 	return func(cc grpc.ClientConnInterface, ctx context.Context, req *Req) (*Resp, error) {
 		return m(newClient(cc), ctx, req)
 	}
@@ -204,8 +293,10 @@ func unaryVia[C, Req, Resp any](newClient func(grpc.ClientConnInterface) C,
 // streamVia adapts client-stream method m of the generated client that newClient makes
 // to toLeader.
 func streamVia[C, Req, Resp any](newClient func(grpc.ClientConnInterface) C,
-	m func(C, context.Context, ...grpc.CallOption) (grpc.ClientStreamingClient[Req, Resp], error)) streamOpener[Req, Resp] {
-	return func(cc grpc.ClientConnInterface, ctx context.Context) (grpc.ClientStreamingClient[Req, Resp], error) {
+	m func(C, context.Context, ...grpc.CallOption) (grpc.ClientStreamingClient[Req, Resp], error),
+) streamOpener[Req, Resp] {
+	return func(cc grpc.ClientConnInterface,
+		ctx context.Context) (grpc.ClientStreamingClient[Req, Resp], error) {
 		return m(newClient(cc), ctx)
 	}
 }
@@ -278,8 +369,9 @@ func receiveChunks[Req any, Resp any](stream grpc.ClientStreamingServer[Req, Res
 				}
 			}
 		case r != want:
-			return nil, 0, Status(Invalid("snapshot.revision", fmt.Sprintf("chunk %d has revision %d but the first chunk had %d: "+
-				"every chunk of one stream carries the same revision", len(chunks), r, want)))
+			return nil, 0, Status(Invalid("snapshot.revision", fmt.Sprintf(
+				"chunk %d has revision %d but the first chunk had %d: "+
+					"every chunk of one stream carries the same revision", len(chunks), r, want)))
 		}
 		chunks = append(chunks, req)
 	}
@@ -289,7 +381,8 @@ func receiveChunks[Req any, Resp any](stream grpc.ClientStreamingServer[Req, Res
 	return chunks, want, nil
 }
 
-// parseInt64 reads one positive integer of metadata key, 0 when absent or bad.
+// parseInt64 reads the one positive integer of a metadata key's values md, 0 when it is
+// absent, repeated or bad.
 func parseInt64(md []string) int64 {
 	if len(md) != 1 {
 		return 0

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/leader"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 	"github.com/allocd/allocd/repair"
@@ -53,7 +54,8 @@ func (s *RepairService) SetEndpoints(ec *endpoints.Controller) { s.ec = ec }
 
 // PushServiceSnapshot takes a snapshot in one or more chunks of the same revision; the
 // etcd revision at the first chunk is its receipt.
-func (s *RepairService) PushServiceSnapshot(stream grpc.ClientStreamingServer[allocdv1.PushServiceSnapshotRequest, allocdv1.PushServiceSnapshotResponse]) error {
+func (s *RepairService) PushServiceSnapshot(stream grpc.ClientStreamingServer[
+	allocdv1.PushServiceSnapshotRequest, allocdv1.PushServiceSnapshotResponse]) error {
 	ctx := stream.Context()
 	var receipt repair.Receipt
 	chunks, rev, err := receiveChunks(stream, func(r *allocdv1.PushServiceSnapshotRequest) (int64, bool) {
@@ -75,14 +77,16 @@ func (s *RepairService) PushServiceSnapshot(stream grpc.ClientStreamingServer[al
 	}
 	// What the Endpoints controller needs is validated too, before anything is
 	// accepted: a malformed Service refuses the whole snapshot.
-	var svcs []*endpoints.Service
+	var svcs []*kube.Service
 	if s.ec != nil {
 		if svcs, err = endpointsServices(chunks); err != nil {
 			return Status(err)
 		}
 	}
-	resp := &allocdv1.PushServiceSnapshotResponse{Revision: snap.Revision, ServiceCount: int64(len(snap.Services))}
-	fresp, forwarded, err := toLeader(ctx, s.fw, controllerRepair, chunks, streamVia(allocdv1.NewRepairServiceClient, allocdv1.RepairServiceClient.PushServiceSnapshot),
+	resp := &allocdv1.PushServiceSnapshotResponse{Revision: snap.Revision,
+		ServiceCount: int64(len(snap.Services))}
+	fresp, forwarded, err := toLeader(ctx, s.fw, controllerRepair, chunks,
+		streamVia(allocdv1.NewRepairServiceClient, allocdv1.RepairServiceClient.PushServiceSnapshot),
 		mdReceivedRevision, strconv.FormatInt(receipt.Revision, 10),
 		mdReceivedTime, strconv.FormatInt(receipt.Time.UnixNano(), 10))
 	if err != nil {
@@ -102,18 +106,21 @@ func (s *RepairService) PushServiceSnapshot(stream grpc.ClientStreamingServer[al
 		if err := s.ec.ApplyServiceSnapshot(ctx, snap.Revision, svcs); err != nil {
 			// Repair took it; the controller's term has not started yet (or just
 			// ended): the caller pushes again, which repair takes again.
-			return Status(fmt.Errorf("service snapshot accepted for repair but not by the Endpoints controller: %w", err))
+			return Status(fmt.Errorf(
+				"service snapshot accepted for repair but not by the Endpoints controller: %w", err))
 		}
 	}
 	return stream.SendAndClose(resp)
 }
 
 // RunRepair runs a pass on the leader (here, or forwarded).
-func (s *RepairService) RunRepair(ctx context.Context, req *allocdv1.RunRepairRequest) (*allocdv1.RunRepairResponse, error) {
+func (s *RepairService) RunRepair(ctx context.Context,
+	req *allocdv1.RunRepairRequest) (*allocdv1.RunRepairResponse, error) {
 	rep, err := s.c.RunRepair(ctx, req.GetDryRun())
 	var nl *leader.NotLeaderError
 	if errors.As(err, &nl) {
-		return forwardUnary(ctx, s.fw, controllerRepair, nl.Leader, req, unaryVia(allocdv1.NewRepairServiceClient, allocdv1.RepairServiceClient.RunRepair))
+		return forwardUnary(ctx, s.fw, controllerRepair, nl.Leader, req,
+			unaryVia(allocdv1.NewRepairServiceClient, allocdv1.RepairServiceClient.RunRepair))
 	}
 	if err != nil {
 		return nil, Status(err)
@@ -124,13 +131,15 @@ func (s *RepairService) RunRepair(ctx context.Context, req *allocdv1.RunRepairRe
 // GetRepairStatus returns the leader's status (here, or forwarded). With no leader
 // elected it returns this replica's own, with an empty leader; so it does while the
 // election names this replica but its term has not started yet (or just ended).
-func (s *RepairService) GetRepairStatus(ctx context.Context, req *allocdv1.GetRepairStatusRequest) (*allocdv1.GetRepairStatusResponse, error) {
+func (s *RepairService) GetRepairStatus(ctx context.Context,
+	req *allocdv1.GetRepairStatusRequest) (*allocdv1.GetRepairStatusResponse, error) {
 	st, err := s.c.Status(ctx)
 	if err != nil {
 		return nil, Status(err)
 	}
 	if !st.Leading && st.Leader != "" && st.Leader != s.fw.lead.Identity() {
-		return forwardUnary(ctx, s.fw, controllerRepair, st.Leader, req, unaryVia(allocdv1.NewRepairServiceClient, allocdv1.RepairServiceClient.GetRepairStatus))
+		return forwardUnary(ctx, s.fw, controllerRepair, st.Leader, req,
+			unaryVia(allocdv1.NewRepairServiceClient, allocdv1.RepairServiceClient.GetRepairStatus))
 	}
 	return statusProto(st), nil
 }

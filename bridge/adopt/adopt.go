@@ -10,9 +10,11 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
+	"github.com/allocd/allocd/bridge/admit"
 	"github.com/allocd/allocd/bridge/feed"
 	"github.com/allocd/allocd/client"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
@@ -20,12 +22,18 @@ import (
 
 // Adopter allocates in allocd the ClusterIPs and NodePorts a cluster's Services hold,
 // under each Service's UID, so that allocd never hands them out. It takes what is free,
-// reports what another owner holds (a Conflict), and never takes an address from its
-// holder. When a Service gives up an address or port, or is deleted, the Adopter
-// releases it in allocd (only what that Service's UID holds).
+// binds what the admission webhook allocated for the Service (held by a provisional
+// owner of the Service's namespace and name, or generateName: moved to the Service's
+// UID by allocd's Transfer, never free in between), reports what another owner holds (a
+// Conflict), and never takes an address from its holder. When a Service gives up an
+// address or port, or is deleted, the Adopter releases it in allocd (only what that
+// Service's UID holds).
 type Adopter struct {
 	c   *client.Client
 	log *slog.Logger
+	// bound counts items moved from a provisional owner to their Service, freed the
+	// provisional owners' items no stored Service holds (the Sweeper's).
+	bound, freed prometheus.Counter
 
 	mu        sync.Mutex
 	conflicts map[string]Conflict // by Service UID and resource
@@ -68,6 +76,9 @@ type Failure struct {
 type Result struct {
 	// Adopted are the ClusterIPs and NodePorts newly allocated in allocd.
 	Adopted []string
+	// Bound are those the admission webhook allocated for the Service, moved from its
+	// provisional owner to the Service's UID.
+	Bound []string
 	// Held are those allocd already had for the Service.
 	Held []string
 	// Released are those allocd had for the Service and the Service no longer holds.
@@ -80,7 +91,16 @@ type Result struct {
 
 // New returns an Adopter writing to c.
 func New(log *slog.Logger, c *client.Client) *Adopter {
-	return &Adopter{c: c, log: log, conflicts: map[string]Conflict{}, failures: map[string]Failure{}}
+	return &Adopter{c: c, log: log, conflicts: map[string]Conflict{}, failures: map[string]Failure{},
+		bound: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allocd_bridge_pending_bound_total",
+			Help: "Addresses and ports the admission webhook allocated, bound to their stored Service's UID.",
+		}),
+		freed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allocd_bridge_pending_freed_total",
+			Help: "Addresses and ports the admission webhook allocated for a Service never stored, freed " +
+				"after the grace.",
+		})}
 }
 
 // Conflicts returns the conflicts standing now.
@@ -171,7 +191,7 @@ func (a *Adopter) Service(ctx context.Context, s *corev1.Service) (Result, error
 			ports = append(ports, p)
 		}
 	}
-	if err := a.allocate(ctx, owner, ips, ports, &res); err != nil {
+	if err := a.allocate(ctx, s, owner, ips, ports, &res); err != nil {
 		return res, err
 	}
 	if err := a.releaseExtra(ctx, owner, want, held, &res); err != nil {
@@ -210,11 +230,12 @@ func (a *Adopter) held(ctx context.Context, uid string) (holdings, error) {
 	}
 }
 
-// allocate allocates ips and ports for owner, all at once, or one at a time when that
-// fails (another owner holds some of them, an address is outside allocd's ranges), so
-// that each is adopted on its own and what cannot be is reported in res.
-func (a *Adopter) allocate(ctx context.Context, owner *allocdv1.Owner, ips []string, ports []int32,
-	res *Result) error {
+// allocate allocates ips and ports for owner, Service s, all at once, or one at a time
+// when that fails (another owner holds some of them, an address is outside allocd's
+// ranges), so that each is adopted (or bound) on its own and what cannot be is reported
+// in res.
+func (a *Adopter) allocate(ctx context.Context, s *corev1.Service, owner *allocdv1.Owner, ips []string,
+	ports []int32, res *Result) error {
 	if len(ips)+len(ports) == 0 {
 		return nil
 	}
@@ -230,22 +251,35 @@ func (a *Adopter) allocate(ctx context.Context, owner *allocdv1.Owner, ips []str
 		return err
 	}
 	for _, ip := range ips {
-		if err := a.one(ctx, owner, []string{ip}, nil, ip, res); err != nil {
+		if err := a.one(ctx, s, owner, []string{ip}, nil, ip, res); err != nil {
 			return err
 		}
 	}
 	for _, p := range ports {
-		if err := a.one(ctx, owner, nil, []int32{p}, fmt.Sprint(p), res); err != nil {
+		if err := a.one(ctx, s, owner, nil, []int32{p}, fmt.Sprint(p), res); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (a *Adopter) one(ctx context.Context, owner *allocdv1.Owner, ips []string, ports []int32, name string,
-	res *Result) error {
+func (a *Adopter) one(ctx context.Context, s *corev1.Service, owner *allocdv1.Owner, ips []string,
+	ports []int32, name string, res *Result) error {
 	err := a.allocateOnce(ctx, owner, ips, ports)
 	var held *client.AlreadyAllocatedError
+	if from := provisionalHolder(err, s); from != nil {
+		bound, berr := a.bind(ctx, from, owner, ips, ports)
+		switch {
+		case berr == nil && bound:
+			res.Bound = append(res.Bound, name)
+			return nil
+		case berr == nil:
+			// Moved or freed since allocd answered: once more, as any other item.
+			err = a.allocateOnce(ctx, owner, ips, ports)
+		default:
+			err = berr
+		}
+	}
 	switch {
 	case err == nil:
 		res.Adopted = append(res.Adopted, name)
@@ -266,7 +300,8 @@ func (a *Adopter) one(ctx context.Context, owner *allocdv1.Owner, ips []string, 
 	return nil
 }
 
-func (a *Adopter) allocateOnce(ctx context.Context, owner *allocdv1.Owner, ips []string, ports []int32) error {
+func (a *Adopter) allocateOnce(ctx context.Context, owner *allocdv1.Owner, ips []string,
+	ports []int32) error {
 	_, err := a.c.Allocate(ctx, &allocdv1.AllocateRequest{Owner: owner, ClusterIps: ips, NodePorts: ports,
 		NoClusterIp: len(ips) == 0})
 	if err != nil {
@@ -275,8 +310,48 @@ func (a *Adopter) allocateOnce(ctx context.Context, owner *allocdv1.Owner, ips [
 	return nil
 }
 
+// provisionalHolder returns the provisional owner that holds the item err (an
+// Allocate's) refused, when it holds it for Service s: a provisional owner (admission
+// webhook) of s's namespace named after s, or after its generateName.
+func provisionalHolder(err error, s *corev1.Service) *allocdv1.Owner {
+	var held *client.AlreadyAllocatedError
+	var e *client.Error
+	if !errors.As(err, &held) || !errors.As(err, &e) || !isProvisional(held.HolderUID) {
+		return nil
+	}
+	ns, name := e.Metadata["holder_namespace"], e.Metadata["holder_name"]
+	if ns != s.Namespace || name != s.Name && (s.GenerateName == "" || name != s.GenerateName) {
+		return nil
+	}
+	return &allocdv1.Owner{Namespace: ns, Name: name, Uid: held.HolderUID}
+}
+
+// bind moves ips and ports from a provisional owner to owner in one transaction; bound
+// is false when from no longer holds them (bound or freed by someone else meanwhile).
+func (a *Adopter) bind(ctx context.Context, from, owner *allocdv1.Owner, ips []string, ports []int32) (
+	bound bool, _ error) {
+	resp, err := a.c.Transfer(ctx, &allocdv1.TransferRequest{From: from, To: owner, ClusterIps: ips,
+		NodePorts: ports})
+	switch {
+	case errors.Is(err, client.ErrNotOwner):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("adopt: bind %v %v of %s to %s/%s: %w", ips, ports, from.Uid,
+			owner.Namespace, owner.Name, err)
+	}
+	n := len(resp.GetTransferredClusterIps()) + len(resp.GetTransferredNodePorts())
+	a.bound.Add(float64(n))
+	if n > 0 {
+		a.log.Info("bound the admission webhook's allocation to its Service", "service",
+			owner.Namespace+"/"+owner.Name, "uid", owner.Uid, "from", from.Uid, "cluster_ips",
+			resp.GetTransferredClusterIps(), "node_ports", resp.GetTransferredNodePorts())
+	}
+	return true, nil
+}
+
 // releaseExtra releases what allocd holds for owner that the Service no longer holds.
-func (a *Adopter) releaseExtra(ctx context.Context, owner *allocdv1.Owner, want wants, held holdings, res *Result) error {
+func (a *Adopter) releaseExtra(ctx context.Context, owner *allocdv1.Owner, want wants, held holdings,
+	res *Result) error {
 	var ips []string
 	var ports []int32
 	for ip := range held.ips {
@@ -331,37 +406,67 @@ func (a *Adopter) record(owner *allocdv1.Owner, conflicts []Conflict, failures [
 	}
 }
 
-// ServiceCIDRs creates in allocd every ServiceCIDR of the cluster that allocd lacks,
-// under the same name. A name allocd has with other CIDRs is reported, not changed.
-func (a *Adopter) ServiceCIDRs(ctx context.Context, cidrs []networkingv1.ServiceCIDR) (created []string, err error) {
+// CIDRSync is what one sync of the cluster's ServiceCIDRs into allocd changed.
+type CIDRSync struct {
+	// Created are the ServiceCIDRs created in allocd, Deleted those deleted
+	// (terminating) in allocd, Failed those whose creation or deletion failed (allocd
+	// unreachable, say: worth trying again).
+	Created, Deleted, Failed []string
+}
+
+// ServiceCIDRs makes allocd's ServiceCIDRs follow the cluster's, cidrs, by name: one
+// kube-apiserver allocates from (admit.ServiceCIDRReady) that allocd lacks is created;
+// one the cluster is deleting that allocd has ready is deleted in allocd (terminating:
+// allocd allocates nothing new from it, as kube-apiserver does not, and removes it once
+// no address lies in it alone); one whose Ready condition is false otherwise is left as
+// it is. A name allocd has with other CIDRs is reported, neither changed nor deleted,
+// and so is one the cluster has ready and allocd terminating (allocd creates it again
+// once it is removed). allocd's ServiceCIDRs that the cluster lacks are left alone:
+// allocd may serve more than the cluster.
+func (a *Adopter) ServiceCIDRs(ctx context.Context, cidrs []networkingv1.ServiceCIDR) (CIDRSync, error) {
 	have, err := a.c.ListServiceCIDRs(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("adopt: list allocd's ServiceCIDRs: %w", err)
+		return CIDRSync{}, fmt.Errorf("adopt: list allocd's ServiceCIDRs: %w", err)
 	}
 	byName := map[string]*allocdv1.ServiceCIDR{}
 	for _, sc := range have {
 		byName[sc.GetName()] = sc
 	}
+	var res CIDRSync
 	var errs []error
-	for _, sc := range cidrs {
-		if sc.DeletionTimestamp != nil {
-			continue
-		}
-		want := canonical(sc.Spec.CIDRs)
-		if cur, ok := byName[sc.Name]; ok {
-			if !slices.Equal(canonical(cur.GetCidrs()), want) {
-				errs = append(errs, fmt.Errorf("adopt: ServiceCIDR %s is %v in the cluster and %v in allocd",
-					sc.Name, sc.Spec.CIDRs, cur.GetCidrs()))
+	for i := range cidrs {
+		sc := &cidrs[i]
+		want, cur := canonical(sc.Spec.CIDRs), byName[sc.Name]
+		switch {
+		case cur != nil && !slices.Equal(canonical(cur.GetCidrs()), want):
+			errs = append(errs, fmt.Errorf("adopt: ServiceCIDR %s is %v in the cluster and %v in allocd",
+				sc.Name, sc.Spec.CIDRs, cur.GetCidrs()))
+		case sc.DeletionTimestamp != nil:
+			if cur == nil || cur.GetState() != allocdv1.ServiceCIDRState_SERVICE_CIDR_STATE_READY {
+				continue
 			}
-			continue
+			_, err := a.c.DeleteServiceCIDR(ctx, sc.Name)
+			if err != nil && !errors.Is(err, client.ErrNotFound) {
+				errs = append(errs, fmt.Errorf("adopt: delete ServiceCIDR %s %v: %w", sc.Name, want, err))
+				res.Failed = append(res.Failed, sc.Name)
+				continue
+			}
+			res.Deleted = append(res.Deleted, sc.Name)
+		case !admit.ServiceCIDRReady(sc):
+		case cur != nil && cur.GetState() != allocdv1.ServiceCIDRState_SERVICE_CIDR_STATE_READY:
+			errs = append(errs, fmt.Errorf("adopt: ServiceCIDR %s is ready in the cluster and terminating "+
+				"in allocd: created again once allocd removed it", sc.Name))
+		case cur == nil:
+			_, err := a.c.CreateServiceCIDR(ctx, sc.Name, want...)
+			if err != nil && !errors.Is(err, client.ErrAlreadyExists) {
+				errs = append(errs, fmt.Errorf("adopt: create ServiceCIDR %s %v: %w", sc.Name, want, err))
+				res.Failed = append(res.Failed, sc.Name)
+				continue
+			}
+			res.Created = append(res.Created, sc.Name)
 		}
-		if _, err := a.c.CreateServiceCIDR(ctx, sc.Name, want...); err != nil && !errors.Is(err, client.ErrAlreadyExists) {
-			errs = append(errs, fmt.Errorf("adopt: create ServiceCIDR %s %v: %w", sc.Name, want, err))
-			continue
-		}
-		created = append(created, sc.Name)
 	}
-	return created, errors.Join(errs...)
+	return res, errors.Join(errs...)
 }
 
 func canonical(cidrs []string) []string {

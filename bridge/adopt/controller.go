@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 )
@@ -19,7 +20,8 @@ import (
 // ports change; a deleted Service's allocations are released. Each address and port is
 // adopted on its own: one that fails (a conflict standing, a ClusterIP outside allocd's
 // ranges, allocd unreachable) is reported and retried with backoff up to 5 minutes,
-// the others adopted. SyncCIDRs keeps the cluster's ServiceCIDRs in allocd beside it.
+// the others adopted. SyncCIDRs makes allocd's ServiceCIDRs follow the cluster's
+// beside it, as they change (ServiceCIDRChanged).
 type Controller struct {
 	a       *Adopter
 	log     *slog.Logger
@@ -28,16 +30,22 @@ type Controller struct {
 	queue   workqueue.TypedRateLimitingInterface[string]
 	cidrErr prometheus.Counter
 
-	mu      sync.Mutex
-	uids    map[string]string // key → UID adopted, for releasing after a delete
-	initial map[string]bool   // the Services of the first listing not tried yet; nil before it
-	ran     bool              // every Service of the first listing was tried once
+	cidrKick chan struct{} // a ServiceCIDR of the cluster changed
+
+	mu sync.Mutex
+	// goneCIDRs are ServiceCIDRs deleted from the cluster, not yet deleted in allocd.
+	goneCIDRs map[string]*networkingv1.ServiceCIDR
+	uids      map[string]string // key → UID adopted, for releasing after a delete
+	// initial are the Services of the first listing not tried yet; nil before it.
+	initial map[string]bool
+	ran     bool // every Service of the first listing was tried once
 }
 
 // NewController returns a Controller of the Services in store (an informer's), run by
 // workers workers.
 func NewController(a *Adopter, log *slog.Logger, store cache.Store, workers int) *Controller {
 	return &Controller{a: a, log: log, store: store, workers: max(workers, 1), uids: map[string]string{},
+		cidrKick: make(chan struct{}, 1), goneCIDRs: map[string]*networkingv1.ServiceCIDR{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 5*time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "adopt"}),
@@ -47,8 +55,9 @@ func NewController(a *Adopter, log *slog.Logger, store cache.Store, workers int)
 		})}
 }
 
-// Register registers the Controller's metrics on reg: the failed ServiceCIDR syncs, and
-// the conflicts and failures standing.
+// Register registers the Controller's metrics on reg: the failed ServiceCIDR syncs, the
+// conflicts and failures standing, and the admission webhook's allocations bound to
+// their Service and freed (by the Controller and the Sweeper of its Adopter).
 func (c *Controller) Register(reg prometheus.Registerer) error {
 	conflicts := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "allocd_bridge_adoption_conflicts",
@@ -58,7 +67,7 @@ func (c *Controller) Register(reg prometheus.Registerer) error {
 		Name: "allocd_bridge_adoption_failures",
 		Help: "Addresses and ports the cluster's Services hold that could not be adopted (retried).",
 	}, func() float64 { return float64(len(c.a.Failures())) })
-	for _, m := range []prometheus.Collector{c.cidrErr, conflicts, failures} {
+	for _, m := range []prometheus.Collector{c.cidrErr, conflicts, failures, c.a.bound, c.a.freed} {
 		if err := reg.Register(m); err != nil {
 			return err
 		}
@@ -74,41 +83,104 @@ func (c *Controller) Ran() bool {
 	return c.ran
 }
 
-// SyncCIDRs creates in allocd the cluster's ServiceCIDRs (list returns them) that
-// allocd lacks, now and every interval until ctx ends. A failure (a ServiceCIDR of
-// another range in allocd, allocd or the API server unreachable) is logged and counted
-// and tried again at the next interval; it never holds adoption up. When a ServiceCIDR
-// was created, the Services with failures standing are tried again at once.
+// cidrRetryMin is the first wait before a failed sync of the ServiceCIDRs is tried
+// again; the wait doubles up to the interval of SyncCIDRs.
+const cidrRetryMin = time.Second
+
+// ServiceCIDRChanged is the handler of the cluster's ServiceCIDR informer: (nil, sc)
+// add, (old, sc) update, (sc, nil) delete. Each change makes SyncCIDRs sync at once. A
+// ServiceCIDR gone from the cluster is remembered as being deleted until a sync has
+// deleted it in allocd, in case its deletion's first step (its deletionTimestamp) was
+// not seen.
+func (c *Controller) ServiceCIDRChanged(old, cur *networkingv1.ServiceCIDR) {
+	c.mu.Lock()
+	switch {
+	case cur == nil && old != nil:
+		gone := old.DeepCopy()
+		if gone.DeletionTimestamp == nil {
+			now := metav1.Now()
+			gone.DeletionTimestamp = &now
+		}
+		c.goneCIDRs[gone.Name] = gone
+	case cur != nil:
+		delete(c.goneCIDRs, cur.Name)
+	}
+	c.mu.Unlock()
+	select {
+	case c.cidrKick <- struct{}{}:
+	default:
+	}
+}
+
+// SyncCIDRs makes allocd's ServiceCIDRs follow the cluster's (Adopter.ServiceCIDRs;
+// list returns the cluster's, an informer's store): now, at once after each change
+// (ServiceCIDRChanged), and every interval. A failure (a ServiceCIDR of another range
+// in allocd, allocd unreachable) is logged and counted and tried again after a second,
+// then after waits that double up to the interval; it never holds adoption up. When a
+// ServiceCIDR was created, the Services with failures standing are tried again at once.
 func (c *Controller) SyncCIDRs(ctx context.Context,
 	list func(context.Context) ([]networkingv1.ServiceCIDR, error), interval time.Duration) {
-	t := time.NewTicker(interval)
+	t := time.NewTimer(0)
 	defer t.Stop()
+	wait := cidrRetryMin
 	for {
-		cidrs, err := list(ctx)
-		var created []string
-		if err == nil {
-			created, err = c.a.ServiceCIDRs(ctx, cidrs)
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			c.cidrErr.Inc()
-			c.log.Warn("ServiceCIDRs not all synced into allocd; trying again", "error", err,
-				"retry", interval)
-		}
-		if len(created) > 0 {
-			c.log.Info("ServiceCIDRs created in allocd", "created", created)
-			for _, f := range c.a.Failures() {
-				c.queue.Add(f.Service)
-			}
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-c.cidrKick:
+		}
+		err := c.syncCIDRs(ctx, list)
+		if ctx.Err() != nil {
+			return
+		}
+		next := interval
+		if err != nil {
+			next, wait = min(wait, interval), min(2*wait, interval)
+			c.cidrErr.Inc()
+			c.log.Warn("ServiceCIDRs not all synced into allocd; trying again", "error", err, "retry", next)
+		} else {
+			wait = cidrRetryMin
+		}
+		t.Stop()
+		t.Reset(next)
+	}
+}
+
+// syncCIDRs is one sync: the cluster's ServiceCIDRs and those gone from it.
+func (c *Controller) syncCIDRs(ctx context.Context,
+	list func(context.Context) ([]networkingv1.ServiceCIDR, error)) error {
+	cidrs, err := list(ctx)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	gone := map[string]*networkingv1.ServiceCIDR{}
+	for name, sc := range c.goneCIDRs {
+		if !slices.ContainsFunc(cidrs, func(x networkingv1.ServiceCIDR) bool { return x.Name == name }) {
+			gone[name] = sc
+			cidrs = append(cidrs, *sc)
 		}
 	}
+	c.mu.Unlock()
+	res, err := c.a.ServiceCIDRs(ctx, cidrs)
+	c.mu.Lock()
+	for name, sc := range gone {
+		if c.goneCIDRs[name] == sc && !slices.Contains(res.Failed, name) {
+			delete(c.goneCIDRs, name)
+		}
+	}
+	c.mu.Unlock()
+	if len(res.Deleted) > 0 {
+		c.log.Info("ServiceCIDRs deleted in allocd: the cluster is deleting them", "deleted", res.Deleted)
+	}
+	if len(res.Created) > 0 {
+		c.log.Info("ServiceCIDRs created in allocd", "created", res.Created)
+		for _, f := range c.a.Failures() {
+			c.queue.Add(f.Service)
+		}
+	}
+	return err
 }
 
 // ServiceChanged is the feed's Service handler: (nil, s) add, (old, s) update, (s, nil)
@@ -231,8 +303,9 @@ func (c *Controller) sync(ctx context.Context, k string) error {
 	c.mu.Lock()
 	c.uids[k] = string(s.UID)
 	c.mu.Unlock()
-	if len(res.Adopted)+len(res.Released) > 0 {
-		c.log.Info("allocations adopted", "service", k, "uid", s.UID, "adopted", res.Adopted, "released", res.Released)
+	if len(res.Adopted)+len(res.Released)+len(res.Bound) > 0 {
+		c.log.Info("allocations adopted", "service", k, "uid", s.UID, "adopted", res.Adopted,
+			"bound", res.Bound, "released", res.Released)
 	}
 	if len(res.Conflicts)+len(res.Failed) > 0 {
 		return errConflicts

@@ -50,7 +50,7 @@ func convertService(s *corev1.Service, dropped Dropped) *allocdv1.Service {
 		Namespace:                s.Namespace,
 		Name:                     s.Name,
 		Uid:                      string(s.UID),
-		ClusterIps:               ClusterIPs(s),
+		ClusterIps:               specClusterIPs(s),
 		HealthCheckNodePort:      s.Spec.HealthCheckNodePort,
 		Labels:                   s.Labels,
 		Type:                     string(s.Spec.Type),
@@ -80,16 +80,32 @@ func convertService(s *corev1.Service, dropped Dropped) *allocdv1.Service {
 	return out
 }
 
-// ClusterIPs is spec.clusterIPs, or spec.clusterIP for a Service written before
-// dual-stack; without "None" (a headless Service has no address).
+// ClusterIPs is the addresses a Service holds: spec.clusterIPs, or spec.clusterIP for a
+// Service written before dual-stack; without "None" (a headless Service has no
+// address).
 func ClusterIPs(s *corev1.Service) []string {
+	var out []string
+	for _, ip := range specClusterIPs(s) {
+		if ip != corev1.ClusterIPNone {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+// specClusterIPs is spec.clusterIPs as written, "None" included, or spec.clusterIP for a
+// Service written before dual-stack. The feed carries "None": allocd's Endpoints
+// controller, as kube-controller-manager's, gives a headless Service without ports the
+// port-less subset of its Pods' addresses only when its clusterIP is "None" (not "",
+// which an ExternalName Service has); repair skips it as headless.
+func specClusterIPs(s *corev1.Service) []string {
 	ips := s.Spec.ClusterIPs
 	if len(ips) == 0 && s.Spec.ClusterIP != "" {
 		ips = []string{s.Spec.ClusterIP}
 	}
 	var out []string
 	for _, ip := range ips {
-		if ip != "" && ip != corev1.ClusterIPNone {
+		if ip != "" {
 			out = append(out, ip)
 		}
 	}

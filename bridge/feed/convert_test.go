@@ -1,6 +1,7 @@
 package feed
 
 import (
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -44,11 +45,18 @@ func TestService(t *testing.T) {
 	}
 }
 
+// TestServiceWithoutSelector: an empty selector is none; a headless Service's "None"
+// reaches allocd (its Endpoints controller tells "None" from no address), and holds no
+// address to adopt.
 func TestServiceWithoutSelector(t *testing.T) {
-	headless := Service(&corev1.Service{Spec: corev1.ServiceSpec{ClusterIP: "None", ClusterIPs: []string{"None"},
-		Selector: map[string]string{}}})
-	if headless.GetSelector() != nil || len(headless.GetClusterIps()) != 0 {
-		t.Errorf("Service(headless, empty selector) = %v; want no selector, no ClusterIPs", headless)
+	in := &corev1.Service{Spec: corev1.ServiceSpec{ClusterIP: "None", ClusterIPs: []string{"None"},
+		Selector: map[string]string{}}}
+	headless := Service(in)
+	if headless.GetSelector() != nil || !slices.Equal(headless.GetClusterIps(), []string{"None"}) {
+		t.Errorf("Service(headless, empty selector) = %v; want no selector, cluster_ips [None]", headless)
+	}
+	if got := ClusterIPs(in); len(got) != 0 {
+		t.Errorf("ClusterIPs(headless) = %q; want none", got)
 	}
 }
 

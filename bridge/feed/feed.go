@@ -102,7 +102,10 @@ func New(log *slog.Logger, kube kubernetes.Interface, f informers.SharedInformer
 	for _, o := range opts {
 		o(s)
 	}
-	s.feeder = client.NewFeeder(c, s, fopts...)
+	pushed := client.WithPushed(func(n int, rev int64, took time.Duration) {
+		s.log.Debug("pushed events", "count", n, "revision", rev, "took", took)
+	})
+	s.feeder = client.NewFeeder(c, s, append([]client.FeederOption{pushed}, fopts...)...)
 	s.informer[services] = f.Core().V1().Services().Informer()
 	s.informer[pods] = f.Core().V1().Pods().Informer()
 	s.informer[nodes] = f.Core().V1().Nodes().Informer()
@@ -158,6 +161,9 @@ func (s *Source) upsert(old, obj any, check bool) {
 	if o, ok := old.(metav1.Object); ok {
 		// An informer's periodic resync hands the same object again: not a change.
 		changed = changed && o.GetResourceVersion() != obj.(metav1.Object).GetResourceVersion()
+	}
+	if m, ok := obj.(metav1.Object); ok && changed && s.log.Enabled(context.Background(), slog.LevelDebug) {
+		s.log.Debug("fed", "object", m.GetNamespace()+"/"+m.GetName(), "revision", m.GetResourceVersion())
 	}
 	switch o := obj.(type) {
 	case *corev1.Service:

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -104,5 +105,58 @@ func TestConvertLeavesOutWhatAllocdRefuses(t *testing.T) {
 		"pods ns/p status.phase=Hibernating", "pods ns/p spec.initContainers[init].restartPolicy=Never"}
 	if !slices.Equal(got, want) {
 		t.Errorf("Dropped told %q; want %q", got, want)
+	}
+}
+
+// TestHeadlessWithoutPorts: a headless Service without ports, fed as the bridge feeds
+// it, gets from allocd what kube-controller-manager writes: one port-less subset of
+// its Pods' addresses, and a slice of them without ports. Without the Service's "None"
+// in the feed, allocd writes no subset.
+func TestHeadlessWithoutPorts(t *testing.T) {
+	c := startAllocd(t)
+	sel := map[string]string{"app": "db"}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "db", UID: "u1"},
+		Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, ClusterIPs: []string{corev1.ClusterIPNone},
+			IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol}, Selector: sel}}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "db-0", UID: "u2", Labels: sel,
+		ResourceVersion: "4"},
+		Spec: corev1.PodSpec{NodeName: "n1"},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.1.0.5"}},
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.PushServiceSnapshot(ctx, &allocdv1.ServiceSnapshot{Revision: 5,
+		Services: []*allocdv1.Service{Service(svc)}}); err != nil {
+		t.Fatalf("PushServiceSnapshot = %v", err)
+	}
+	pods := &allocdv1.PodSnapshot{Revision: 5, Pods: []*allocdv1.Pod{Pod(p)}}
+	if _, err := c.PushPodSnapshot(ctx, pods); err != nil {
+		t.Fatalf("PushPodSnapshot = %v", err)
+	}
+	n1 := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", ResourceVersion: "3"}}
+	if _, err := c.PushNodeSnapshot(ctx, &allocdv1.NodeSnapshot{Revision: 5,
+		Nodes: []*allocdv1.Node{Node(n1)}}); err != nil {
+		t.Fatalf("PushNodeSnapshot = %v", err)
+	}
+	var ep *allocdv1.ServiceEndpoints
+	var sl []*allocdv1.EndpointSlice
+	for ctx.Err() == nil {
+		ep, _ = c.GetServiceEndpoints(ctx, "ns", "db")
+		resp, err := c.ListEndpointSlices(ctx, &allocdv1.ListEndpointSlicesRequest{Namespace: "ns"})
+		if err == nil {
+			sl = resp.GetEndpointSlices()
+		}
+		if len(ep.GetSubsets()) > 0 && len(sl) > 0 && len(sl[0].GetEndpoints()) > 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	subs := ep.GetSubsets()
+	if len(subs) != 1 || len(subs[0].GetAddresses()) != 1 ||
+		subs[0].GetAddresses()[0].GetIp() != "10.1.0.5" || len(subs[0].GetPorts()) != 0 {
+		t.Errorf("Endpoints of ns/db = %v; want one port-less subset of 10.1.0.5", subs)
+	}
+	if len(sl) != 1 || len(sl[0].GetEndpoints()) != 1 || len(sl[0].GetPorts()) != 0 {
+		t.Errorf("EndpointSlices of ns/db = %v; want one without ports, listing 10.1.0.5", sl)
 	}
 }

@@ -9,12 +9,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/allocd/allocd/client"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
@@ -37,14 +35,13 @@ const (
 // as kube-controller-manager keeps them.
 var managedAnnotations = []string{AnnotationTriggerTime, AnnotationOverCapacity}
 
-// Endpoints writes the Endpoints allocd computes into the cluster.
+// Endpoints writes the Endpoints allocd computes into the cluster. Its Sync leaves the
+// Endpoints of a Service that exists without a selector alone (not created, updated or
+// deleted), as kube-controller-manager's syncService leaves them: allocd keeps its last
+// object of such a Service, which must not be written over the one its user keeps.
 type Endpoints struct {
-	c    *client.Client
-	kube kubernetes.Interface
-	inf  cache.SharedIndexInformer
-	svcs cache.SharedIndexInformer
-	m    *Metrics
-	last *lastWritten[*corev1.Endpoints]
+	*clusterKind[*allocdv1.ServiceEndpoints, *corev1.Endpoints]
+	c *client.Client
 	// kubernetes: default/kubernetes is written too (from allocd's master leases).
 	kubernetes bool
 }
@@ -59,233 +56,85 @@ const kubernetesKey = "default/kubernetes"
 // kube-apiserver.
 func NewEndpoints(c *client.Client, kube kubernetes.Interface, f informers.SharedInformerFactory, m *Metrics,
 	kubernetesSvc bool) *Endpoints {
-	inf := f.Core().V1().Endpoints().Informer()
-	_ = inf.SetTransform(dropManagedFields) // fails only once started
-	return &Endpoints{c: c, kube: kube, inf: inf, svcs: f.Core().V1().Services().Informer(), m: m,
-		last: newLastWritten[*corev1.Endpoints](), kubernetes: kubernetesSvc}
+	api := func(ns string) clusterAPI[*corev1.Endpoints] { return kube.CoreV1().Endpoints(ns) }
+	k := newClusterKind("endpoints", f.Core().V1().Endpoints().Informer(),
+		f.Core().V1().Services().Informer(), corev1.Resource("endpoints"), api, EndpointsObject,
+		endpointsRules{}, m)
+	return &Endpoints{clusterKind: k, c: c, kubernetes: kubernetesSvc}
 }
 
-func (e *Endpoints) skip(key string) bool { return key == kubernetesKey && !e.kubernetes }
+// keep reports whether the writer follows allocd's ep: default/kubernetes' only when
+// told to.
+func (e *Endpoints) keep(ep *allocdv1.ServiceEndpoints) bool {
+	return e.kubernetes || e.ServiceOf(ep) != kubernetesKey
+}
 
 // Name implements Kind.
 func (*Endpoints) Name() string { return "endpoints" }
-
-// Informer implements Kind.
-func (e *Endpoints) Informer() cache.SharedIndexInformer { return e.inf }
-
-// Forget implements Kind.
-func (e *Endpoints) Forget(key string) { e.last.forget(key) }
-
-// HasSynced implements Kind.
-func (e *Endpoints) HasSynced() bool { return e.inf.HasSynced() && e.svcs.HasSynced() }
 
 // Leftovers implements Kind: the Endpoints labelled by the endpoint controller that
 // allocd lacks, of a Service that is gone (kube-controller-manager's
 // checkLeftoverEndpoints; allocd always holds the Endpoints of a Service with a
 // selector, so lacking one of those means allocd looks reset).
-func (e *Endpoints) Leftovers(listed map[string]any) ([]string, error) {
-	return leftovers(e.inf.GetStore().List(), func(o any) clusterObject {
-		ep := o.(*corev1.Endpoints)
-		key := ep.Namespace + "/" + ep.Name
-		return clusterObject{key: key, service: key, managed: ep.Labels[LabelManagedBy] == EndpointController}
-	}, e.svcs.GetStore(), listed, e.ServiceOf)
+func (e *Endpoints) Leftovers(listed map[string]*allocdv1.ServiceEndpoints) ([]string, error) {
+	return leftovers(e.clusterKind, listed, e.ServiceOf)
 }
 
-// Services implements Kind.
-func (e *Endpoints) Services() cache.SharedIndexInformer { return e.svcs }
-
 // ServiceOf implements Kind: an Endpoints object is its Service's namesake.
-func (*Endpoints) ServiceOf(o any) string {
-	ep := o.(*allocdv1.ServiceEndpoints)
+func (*Endpoints) ServiceOf(ep *allocdv1.ServiceEndpoints) string {
 	return ep.GetNamespace() + "/" + ep.GetName()
 }
 
 // List implements Kind: every Endpoints allocd stores, paged, read at one revision.
-func (e *Endpoints) List(ctx context.Context) (map[string]any, int64, error) {
+func (e *Endpoints) List(ctx context.Context) (map[string]*allocdv1.ServiceEndpoints, int64, error) {
 	req := &allocdv1.ListServiceEndpointsRequest{PageSize: 5000}
 	list := func(ctx context.Context) (*allocdv1.ListServiceEndpointsResponse, error) {
 		return e.c.ListServiceEndpoints(ctx, req)
 	}
-	return listAll(ctx, &req.PageToken, list, (*allocdv1.ListServiceEndpointsResponse).GetEndpoints,
-		func(_ *allocdv1.ServiceEndpoints, key string) bool { return !e.skip(key) })
-}
-
-// listAll reads every page of one of allocd's listings (list reads the page of *token,
-// items its objects), read at the first page's revision, into a map by namespace/name
-// of the objects keep keeps; it returns the revision.
-func listAll[R interface {
-	GetRevision() int64
-	GetNextPageToken() string
-}, T interface {
-	GetNamespace() string
-	GetName() string
-}](ctx context.Context, token *string, list func(context.Context) (R, error), items func(R) []T,
-	keep func(obj T, key string) bool) (map[string]any, int64, error) {
-	out := map[string]any{}
-	var rev int64
-	for {
-		resp, err := list(ctx)
-		if err != nil {
-			return nil, 0, err
-		}
-		if rev == 0 {
-			rev = resp.GetRevision()
-		}
-		for _, o := range items(resp) {
-			if key := o.GetNamespace() + "/" + o.GetName(); keep(o, key) {
-				out[key] = o
-			}
-		}
-		if *token = resp.GetNextPageToken(); *token == "" {
-			return out, rev, nil
-		}
-	}
+	return listAll(ctx, &req.PageToken, list, (*allocdv1.ListServiceEndpointsResponse).GetEndpoints, e.keep)
 }
 
 // Watch implements Kind.
-func (e *Endpoints) Watch(ctx context.Context, rev int64, fn func(string, any, int64)) error {
+func (e *Endpoints) Watch(ctx context.Context, rev int64,
+	fn func(key string, ep *allocdv1.ServiceEndpoints, rev int64)) error {
 	return e.c.WatchServiceEndpoints(ctx, &allocdv1.WatchServiceEndpointsRequest{StartRevision: rev},
-		func(r *allocdv1.WatchServiceEndpointsResponse) error {
-			ep := r.GetEndpoints()
-			key := ep.GetNamespace() + "/" + ep.GetName()
-			if e.skip(key) {
-				return nil
-			}
-			if r.GetType() == allocdv1.WatchEventType_WATCH_EVENT_TYPE_DELETED {
-				fn(key, nil, r.GetRevision())
-			} else {
-				fn(key, ep, r.GetRevision())
-			}
-			return nil
-		})
+		eachChange((*allocdv1.WatchServiceEndpointsResponse).GetEndpoints, e.keep, fn))
 }
 
-// Sync implements Kind. The Endpoints of a Service that exists without a selector are
-// left alone (not created, updated or deleted), as kube-controller-manager's syncService
-// leaves them: allocd keeps its last object of such a Service, which must not be written
-// over the one its user keeps.
-func (e *Endpoints) Sync(ctx context.Context, key string, obj any) error {
-	if _, _, err := cache.SplitMetaNamespaceKey(key); err != nil {
-		return nil // not a key this writer made
-	}
-	if leftAlone(e.svcs.GetStore(), key) {
-		return nil
-	}
-	cur := e.current(key)
-	if obj == nil {
-		return e.remove(ctx, key, cur)
-	}
-	desired := EndpointsObject(obj.(*allocdv1.ServiceEndpoints))
-	if cur == nil {
-		return e.create(ctx, key, desired)
-	}
-	return e.update(ctx, key, cur, desired)
+// endpointsRules are the rules of writing an Endpoints: any object of the name is
+// written over (kube-controller-manager's endpoint controller takes them over), only
+// one with its managed-by label deleted.
+type endpointsRules struct{}
+
+func (endpointsRules) service(ep *corev1.Endpoints) string { return ep.Namespace + "/" + ep.Name }
+
+func (endpointsRules) managed(ep *corev1.Endpoints) bool {
+	return ep.Labels[LabelManagedBy] == EndpointController
 }
 
-// create creates desired, or updates what is there when the cache lagged.
-func (e *Endpoints) create(ctx context.Context, key string, desired *corev1.Endpoints) error {
-	api := e.kube.CoreV1().Endpoints(desired.Namespace)
-	created, err := api.Create(ctx, desired, metav1.CreateOptions{})
-	switch {
-	case err == nil:
-		e.m.Wrote("endpoints", "create")
-		e.last.put(key, created)
-		return nil
-	case apierrors.IsAlreadyExists(err):
-		// The cache lags: update what is there.
-		cur, err := api.Get(ctx, desired.Name, metav1.GetOptions{})
-		if err != nil {
-			return fmt.Errorf("get %s: %w", key, err)
-		}
-		return e.update(ctx, key, cur, desired)
-	case namespaceGone(err):
-		return nil // as kube-controller-manager: the namespace is going away
-	default:
-		return fmt.Errorf("create %s: %w", key, err)
-	}
+func (endpointsRules) prepare(_, desired *corev1.Endpoints) (*corev1.Endpoints, error) {
+	return desired, nil
 }
 
-// update writes desired over cur unless they already match; on a conflict it reads the
-// object again and tries once more before giving the key back to the queue. An object
-// deleted meanwhile is forgotten and created (once: the next try reads it again).
-func (e *Endpoints) update(ctx context.Context, key string, cur, desired *corev1.Endpoints) error {
-	for attempt := 0; ; attempt++ {
-		if EndpointsMatch(cur, desired) {
-			return nil
-		}
-		next := cur.DeepCopy()
-		next.Labels = desired.Labels
-		if next.Annotations == nil {
-			next.Annotations = map[string]string{}
-		}
-		for _, a := range managedAnnotations {
-			delete(next.Annotations, a)
-		}
-		maps.Copy(next.Annotations, desired.Annotations)
-		next.Subsets = desired.Subsets
-		updated, err := e.kube.CoreV1().Endpoints(cur.Namespace).Update(ctx, next, metav1.UpdateOptions{})
-		switch {
-		case err == nil:
-			e.m.Wrote("endpoints", "update")
-			e.last.put(key, updated)
-			return nil
-		case apierrors.IsNotFound(err) && attempt == 0:
-			e.last.forget(key)
-			api := e.kube.CoreV1().Endpoints(cur.Namespace)
-			created, err := api.Create(ctx, desired, metav1.CreateOptions{})
-			if err != nil {
-				return fmt.Errorf("update %s: deleted meanwhile; create: %w", key, err)
-			}
-			e.m.Wrote("endpoints", "create")
-			e.last.put(key, created)
-			return nil
-		case apierrors.IsConflict(err) && attempt == 0:
-			cur, err = e.kube.CoreV1().Endpoints(cur.Namespace).Get(ctx, cur.Name, metav1.GetOptions{})
-			if apierrors.IsNotFound(err) {
-				e.last.forget(key)
-				return fmt.Errorf("update %s: deleted meanwhile", key)
-			}
-			if err != nil {
-				return fmt.Errorf("get %s: %w", key, err)
-			}
-		default:
-			return fmt.Errorf("update %s: %w", key, err)
-		}
+func (endpointsRules) match(cur, desired *corev1.Endpoints) bool { return EndpointsMatch(cur, desired) }
+
+// merge keeps cur's annotations but those allocd owns, and writes desired's labels and
+// subsets.
+func (endpointsRules) merge(cur, desired *corev1.Endpoints) *corev1.Endpoints {
+	next := cur.DeepCopy()
+	next.Labels = desired.Labels
+	if next.Annotations == nil {
+		next.Annotations = map[string]string{}
 	}
+	for _, a := range managedAnnotations {
+		delete(next.Annotations, a)
+	}
+	maps.Copy(next.Annotations, desired.Annotations)
+	next.Subsets = desired.Subsets
+	return next
 }
 
-// remove deletes cur, allocd having deleted its object, when the endpoint controller
-// wrote it: an Endpoints someone else keeps (a Service without selector) stays.
-func (e *Endpoints) remove(ctx context.Context, key string, cur *corev1.Endpoints) error {
-	if cur == nil || cur.Labels[LabelManagedBy] != EndpointController {
-		return nil
-	}
-	uid, rv := cur.UID, cur.ResourceVersion
-	err := e.kube.CoreV1().Endpoints(cur.Namespace).Delete(ctx, cur.Name, metav1.DeleteOptions{
-		Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
-	switch {
-	case err == nil:
-		e.m.Wrote("endpoints", "delete")
-		e.last.forget(key)
-		return nil
-	case apierrors.IsNotFound(err):
-		e.last.forget(key)
-		return nil
-	default:
-		// A conflict: the object changed; the next try judges it again.
-		return fmt.Errorf("delete %s: %w", key, err)
-	}
-}
-
-// current is the newest state of key known: the informer's, or the one this writer
-// wrote last when the informer has not caught up with it yet.
-func (e *Endpoints) current(key string) *corev1.Endpoints {
-	var cached *corev1.Endpoints
-	if obj, ok, _ := e.inf.GetStore().GetByKey(key); ok {
-		cached = obj.(*corev1.Endpoints)
-	}
-	return e.last.newer(key, cached)
-}
+func (endpointsRules) immutable(_, _ *corev1.Endpoints) string { return "" }
 
 // EndpointsObject is the Kubernetes object of allocd's Endpoints, as
 // kube-controller-manager writes it: labels and annotations as allocd computed them,
@@ -370,17 +219,4 @@ func subsetKey(s corev1.EndpointSubset) string {
 		b.WriteString(a.IP + ";")
 	}
 	return b.String()
-}
-
-// namespaceGone is a create refused because the namespace is terminating or absent.
-func namespaceGone(err error) bool {
-	return apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) ||
-		(apierrors.IsNotFound(err) && apiStatusKind(err) == "namespaces")
-}
-
-func apiStatusKind(err error) string {
-	if s, ok := err.(apierrors.APIStatus); ok && s.Status().Details != nil {
-		return s.Status().Details.Kind
-	}
-	return ""
 }

@@ -95,23 +95,35 @@ func managedEndpoints(ns, name, ip string) *corev1.Endpoints {
 // bridgeWriter is a Writer of one kind over a fake cluster, running until the test ends.
 type bridgeWriter struct {
 	kube *fake.Clientset
-	w    *Writer
-	reg  *prometheus.Registry
+	w    interface {
+		Synced() bool
+		Ready() bool
+		Len() int
+	}
+	reg *prometheus.Registry
 }
 
 // newKindFunc makes the Kind a test's Writer writes.
-type newKindFunc func(*fake.Clientset, informers.SharedInformerFactory, *Metrics) Kind
+type newKindFunc[A Object] func(*fake.Clientset, informers.SharedInformerFactory, *Metrics) Kind[A]
 
 // startWriter starts a Writer of the kind newKind makes over allocd c and a fake cluster
-// holding objs.
-func startWriter(t *testing.T, c *client.Client, newKind newKindFunc, objs ...runtime.Object) *bridgeWriter {
+// holding objs, sweeping every 50 ms.
+func startWriter[A Object](t *testing.T, c *client.Client, newKind newKindFunc[A],
+	objs ...runtime.Object) *bridgeWriter {
+	t.Helper()
+	return startWriterEvery(t, c, 50*time.Millisecond, newKind, objs...)
+}
+
+// startWriterEvery is startWriter with a SweepInterval of sweep.
+func startWriterEvery[A Object](t *testing.T, c *client.Client, sweep time.Duration, newKind newKindFunc[A],
+	objs ...runtime.Object) *bridgeWriter {
 	t.Helper()
 	kube := fake.NewClientset(objs...)
 	f := informers.NewSharedInformerFactory(kube, 0)
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	w := New(slog.New(slog.NewTextHandler(io.Discard, nil)), newKind(kube, f, m), 2, m)
-	w.SweepInterval = 50 * time.Millisecond
+	w.SweepInterval = sweep
 	if err := w.Register(); err != nil {
 		t.Fatalf("Register = %v", err)
 	}
@@ -127,14 +139,16 @@ func startWriter(t *testing.T, c *client.Client, newKind newKindFunc, objs ...ru
 	return &bridgeWriter{kube: kube, w: w, reg: reg}
 }
 
-func endpointsKind(c *client.Client) newKindFunc {
-	return func(kube *fake.Clientset, f informers.SharedInformerFactory, m *Metrics) Kind {
+func endpointsKind(c *client.Client) newKindFunc[*allocdv1.ServiceEndpoints] {
+	return func(kube *fake.Clientset, f informers.SharedInformerFactory,
+		m *Metrics) Kind[*allocdv1.ServiceEndpoints] {
 		return NewEndpoints(c, kube, f, m, false)
 	}
 }
 
-func slicesKind(c *client.Client) newKindFunc {
-	return func(kube *fake.Clientset, f informers.SharedInformerFactory, m *Metrics) Kind {
+func slicesKind(c *client.Client) newKindFunc[*allocdv1.EndpointSlice] {
+	return func(kube *fake.Clientset, f informers.SharedInformerFactory,
+		m *Metrics) Kind[*allocdv1.EndpointSlice] {
 		return NewEndpointSlices(c, kube, f, m, false)
 	}
 }
@@ -217,8 +231,7 @@ func eventuallyListedSlices(t *testing.T, c *client.Client, key string) {
 	t.Helper()
 	eventually(t, "allocd's slices of "+key, func() bool {
 		objs, _, err := (&EndpointSlices{c: c, kubernetes: true}).List(context.Background())
-		for _, o := range objs {
-			s := o.(*allocdv1.EndpointSlice)
+		for _, s := range objs {
 			if s.GetNamespace()+"/"+s.GetLabels()["kubernetes.io/service-name"] == key {
 				return err == nil
 			}

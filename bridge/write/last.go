@@ -10,12 +10,12 @@ import (
 // lastWritten keeps the object a writer wrote last for each key, until the informer
 // has caught up with it: a sync that follows its own write at once then compares with
 // what it wrote instead of with an older cached state (and does not write again).
-type lastWritten[T metav1.Object] struct {
+type lastWritten[T ClusterObject] struct {
 	mu   sync.Mutex
 	objs map[string]T
 }
 
-func newLastWritten[T metav1.Object]() *lastWritten[T] {
+func newLastWritten[T ClusterObject]() *lastWritten[T] {
 	return &lastWritten[T]{objs: map[string]T{}}
 }
 
@@ -41,16 +41,12 @@ func (l *lastWritten[T]) newer(key string, cached T) T {
 	if !ok {
 		return cached
 	}
-	if isNil(cached) || rv(last) > rv(cached) {
+	var none T
+	if cached == none || rv(last) > rv(cached) {
 		return last
 	}
 	delete(l.objs, key)
 	return cached
-}
-
-func isNil[T metav1.Object](o T) bool {
-	var zero T
-	return any(o) == any(zero)
 }
 
 func rv(o metav1.Object) int64 {

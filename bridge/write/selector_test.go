@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 // TestSelectorRemovedLeftAlone: allocd keeps its last Endpoints and slices of a Service
@@ -80,5 +81,45 @@ func TestSelectorRestoredWrittenAgain(t *testing.T) {
 		ep, ok := b.endpoints(t, "ns", "web")
 		return ok && len(ep.Subsets) == 1 && len(ep.Subsets[0].Addresses) == 1 &&
 			ep.Subsets[0].Addresses[0].IP == "10.0.0.1"
+	})
+}
+
+// TestExternalNameDeleted: a Service turned ExternalName (its selector kept) loses its
+// Endpoints and slices in the cluster: allocd deletes its objects, and the bridge
+// deletes the cluster's, where kube-controller-manager leaves them behind
+// (kubernetes#105986).
+func TestExternalNameDeleted(t *testing.T) {
+	c := startAllocd(t)
+	pods := []*corev1.Pod{readyPod("ns", "p1", "10.0.0.1", web)}
+	feedAllocd(t, c, 10, []*corev1.Service{service("ns", "web", web)}, pods)
+	eventuallyListed(t, c, "ns/web")
+	eventuallyListedSlices(t, c, "ns/web")
+	b := startWriter(t, c, endpointsKind(c), service("ns", "web", web))
+	bs := startWriter(t, c, slicesKind(c), service("ns", "web", web))
+	ctx := context.Background()
+	slices := func() int {
+		l, err := bs.kube.DiscoveryV1().EndpointSlices("ns").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatalf("List(slices) = %v", err)
+		}
+		return len(l.Items)
+	}
+	eventually(t, "ns/web's Endpoints and slice written", func() bool {
+		_, ok := b.endpoints(t, "ns", "web")
+		return ok && slices() == 1
+	})
+
+	ext := service("ns", "web", web)
+	ext.ResourceVersion = "20"
+	ext.Spec.Type, ext.Spec.ExternalName = corev1.ServiceTypeExternalName, "web.example.com"
+	for _, kube := range []*fake.Clientset{b.kube, bs.kube} {
+		if _, err := kube.CoreV1().Services("ns").Update(ctx, ext, metav1.UpdateOptions{}); err != nil {
+			t.Fatalf("Update(Service ns/web to ExternalName) = %v", err)
+		}
+	}
+	feedAllocd(t, c, 20, []*corev1.Service{ext}, pods)
+	eventually(t, "ns/web's Endpoints and slice deleted", func() bool {
+		_, ok := b.endpoints(t, "ns", "web")
+		return !ok && slices() == 0
 	})
 }

@@ -2,9 +2,9 @@ package write
 
 import (
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/cache"
 )
 
 // ResetError is a sweep held off: allocd's listing lacks every object of a Service
@@ -24,66 +24,46 @@ func (e *ResetError) Error() string {
 		"with a selector): allocd looks reset or behind; not sweeping", e.Service, e.Lacking-1)
 }
 
-// clusterObject is what a sweep reads of one of the cluster's objects.
-type clusterObject struct {
-	key     string // namespace/name of the object
-	service string // namespace/name of its Service
-	managed bool   // it carries the managed-by label the bridge writes
-}
-
-// leftovers returns the keys of the cluster's objects (objs, described by describe)
-// that allocd's controller manages and that allocd's listing (listed, its objects by
-// key; serviceOf names an object's Service) lacks, when their Service is gone or has a
-// selector (as kube-controller-manager's checkLeftoverEndpoints and its EndpointSlice
-// reconciler: a Service without a selector keeps what someone else wrote). The
-// kubernetes Service's objects are never swept. A *ResetError when allocd lacks every
-// object of a live Service with a selector: nothing is swept then.
-func leftovers(objs []any, describe func(any) clusterObject, services cache.Store,
-	listed map[string]any, serviceOf func(any) string) ([]string, error) {
+// leftovers returns the keys of the cluster's objects of k that allocd's controller
+// manages and that allocd's listing (listed, its objects by key; serviceOf names an
+// object's Service) lacks, when their Service is gone or has a selector (as
+// kube-controller-manager's checkLeftoverEndpoints and its EndpointSlice reconciler: a
+// Service without a selector keeps what someone else wrote). The kubernetes Service's
+// objects are never swept. A *ResetError when allocd lacks every object of a live
+// Service with a selector: nothing is swept then.
+func leftovers[A Object, C ClusterObject](k *clusterKind[A, C], listed map[string]A,
+	serviceOf func(A) string) ([]string, error) {
 	have := map[string]bool{}
 	for _, o := range listed {
 		have[serviceOf(o)] = true
 	}
 	var stale []string
 	var reset *ResetError
-	for _, o := range objs {
-		c := describe(o)
-		if _, ok := listed[c.key]; ok || !c.managed || c.service == kubernetesKey {
+	for _, o := range k.cachedAll() {
+		key, svcKey := o.GetNamespace()+"/"+o.GetName(), k.rules.service(o)
+		if _, ok := listed[key]; ok || !k.rules.managed(o) || svcKey == kubernetesKey ||
+			strings.HasSuffix(svcKey, "/") { // a slice without its service-name label
 			continue
 		}
-		svc, exists, _ := services.GetByKey(c.service)
+		s, exists := k.service(svcKey)
 		if !exists {
-			stale = append(stale, c.key) // the Service is gone
+			stale = append(stale, key) // the Service is gone
 			continue
 		}
-		s := svc.(*corev1.Service)
 		if s.Spec.Selector == nil || s.Spec.Type == corev1.ServiceTypeExternalName {
 			continue // upstream leaves these alone
 		}
-		if !have[c.service] {
+		if !have[svcKey] {
 			if reset == nil {
-				reset = &ResetError{Service: c.service}
+				reset = &ResetError{Service: svcKey}
 			}
 			reset.Lacking++
 			continue
 		}
-		stale = append(stale, c.key)
+		stale = append(stale, key)
 	}
 	if reset != nil {
 		return nil, reset
 	}
 	return stale, nil
-}
-
-// leftAlone reports whether the objects of the Service namespace/name are not the
-// bridge's to write: the Service exists without a selector (its Endpoints are kept by
-// someone else, as upstream's controllers leave them; allocd keeps its last computed
-// object, which must not be written over theirs). The kubernetes Service, whose
-// Endpoints the bridge writes from master leases when asked to, is not left alone.
-func leftAlone(services cache.Store, key string) bool {
-	if key == kubernetesKey {
-		return false
-	}
-	obj, exists, _ := services.GetByKey(key)
-	return exists && obj.(*corev1.Service).Spec.Selector == nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -15,6 +16,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
 var web = map[string]string{"app": "web"}
@@ -83,6 +86,36 @@ func TestSweepHeldWhenAllocdLooksReset(t *testing.T) {
 	})
 	if _, ok := b.endpoints(t, "ns", "web"); !ok {
 		t.Errorf("Endpoints ns/web deleted; want kept")
+	}
+}
+
+// TestLeftoversDeletedAtStart: a bridge starts while allocd has not yet computed the
+// Endpoints of the cluster's Services (the feed has just given them): its first sweep
+// is held, and the Endpoints of a Service gone before it started are deleted as soon
+// as allocd has caught up, long before the next periodic sweep (an hour here), as
+// kube-controller-manager deletes them at its start; the writer is not ready until
+// they are.
+func TestLeftoversDeletedAtStart(t *testing.T) {
+	c := startAllocd(t)
+	b := startWriterEvery(t, c, time.Hour, endpointsKind(c),
+		service("ns", "web", web),
+		managedEndpoints("ns", "web", "10.0.0.9"),  // kube-controller-manager's, before
+		managedEndpoints("ns", "gone", "10.0.0.2")) // its Service is gone
+	eventually(t, "the first sweep held", func() bool {
+		return b.counter(t, "allocd_bridge_sweeps_total", map[string]string{"result": "held"}) >= 1
+	})
+	if b.w.Ready() {
+		t.Errorf("Ready() = true while the first sweep is held; want false")
+	}
+	feedAllocd(t, c, 10, []*corev1.Service{service("ns", "web", web)},
+		[]*corev1.Pod{readyPod("ns", "p1", "10.0.0.1", web)})
+	eventually(t, "ns/gone deleted once allocd caught up", func() bool {
+		_, ok := b.endpoints(t, "ns", "gone")
+		return !ok
+	})
+	eventually(t, "the writer ready", b.w.Ready)
+	if ep, ok := b.endpoints(t, "ns", "web"); !ok || ep.Subsets[0].Addresses[0].IP != "10.0.0.1" {
+		t.Errorf("Endpoints ns/web = %+v, %v; want allocd's (10.0.0.1)", ep, ok)
 	}
 }
 
@@ -165,7 +198,8 @@ func TestRelistAfterResetDeletesNothing(t *testing.T) {
 	eventuallyListed(t, fed, "ns/web")
 	empty := startAllocd(t)
 	var k *switchKind
-	b := startWriter(t, fed, func(kube *fake.Clientset, f informers.SharedInformerFactory, m *Metrics) Kind {
+	b := startWriter(t, fed, func(kube *fake.Clientset, f informers.SharedInformerFactory,
+		m *Metrics) Kind[*allocdv1.ServiceEndpoints] {
 		k = &switchKind{Kind: NewEndpoints(fed, kube, f, m, false), next: NewEndpoints(empty, kube, f, m, false),
 			switched: make(chan struct{})}
 		return k
@@ -187,12 +221,12 @@ func TestRelistAfterResetDeletesNothing(t *testing.T) {
 // switchKind is a Kind that lists and watches its next Kind's allocd once switched is
 // closed, ending the watch then (an allocd replaced by a reset one).
 type switchKind struct {
-	Kind
-	next     Kind
+	Kind[*allocdv1.ServiceEndpoints]
+	next     Kind[*allocdv1.ServiceEndpoints]
 	switched chan struct{}
 }
 
-func (k *switchKind) current() Kind {
+func (k *switchKind) current() Kind[*allocdv1.ServiceEndpoints] {
 	select {
 	case <-k.switched:
 		return k.next
@@ -201,11 +235,12 @@ func (k *switchKind) current() Kind {
 	}
 }
 
-func (k *switchKind) List(ctx context.Context) (map[string]any, int64, error) {
+func (k *switchKind) List(ctx context.Context) (map[string]*allocdv1.ServiceEndpoints, int64, error) {
 	return k.current().List(ctx)
 }
 
-func (k *switchKind) Watch(ctx context.Context, rev int64, fn func(string, any, int64)) error {
+func (k *switchKind) Watch(ctx context.Context, rev int64,
+	fn func(string, *allocdv1.ServiceEndpoints, int64)) error {
 	cur := k.current()
 	if cur == k.next {
 		return cur.Watch(ctx, rev, fn)
@@ -236,7 +271,8 @@ func TestSweepSlicesCreatesFirst(t *testing.T) {
 	eventuallyListedSlices(t, c, "ns/web")
 	var failing atomic.Bool
 	failing.Store(true)
-	b := startWriter(t, c, func(kube *fake.Clientset, f informers.SharedInformerFactory, m *Metrics) Kind {
+	b := startWriter(t, c, func(kube *fake.Clientset, f informers.SharedInformerFactory,
+		m *Metrics) Kind[*allocdv1.EndpointSlice] {
 		kube.PrependReactor("create", "endpointslices", func(k8stesting.Action) (bool, runtime.Object, error) {
 			if failing.Load() {
 				return true, nil, errors.New("injected: the API server refuses the create")

@@ -26,6 +26,13 @@ type allocdSide struct {
 // startAllocd starts n allocd replicas on etcd, with the cluster's ranges.
 func startAllocd(t testing.TB, etcd string, n int, extra ...string) *allocdSide {
 	t.Helper()
+	return startAllocdEach(t, etcd, n, func(int) []string { return extra })
+}
+
+// startAllocdEach is startAllocd with the extra arguments of each replica its own
+// (replica i's are each(i)).
+func startAllocdEach(t testing.TB, etcd string, n int, each func(i int) []string) *allocdSide {
+	t.Helper()
 	s := &allocdSide{t: t}
 	for i := range n {
 		grpc := fmt.Sprintf("127.0.0.1:%d", freePort(t))
@@ -39,7 +46,7 @@ func startAllocd(t testing.TB, etcd string, n int, extra ...string) *allocdSide 
 			"--grpc-address=" + grpc,
 			"--metrics-address=" + metrics,
 			"--repair-interval=10s",
-		}, extra...)
+		}, each(i)...)
 		p := startProc(t, fmt.Sprintf("allocd-%d", i), binary(t, "allocd"), args...)
 		waitHTTP(t, p, "http://"+metrics+"/metrics", "", time.Minute)
 		s.Replicas = append(s.Replicas, p)

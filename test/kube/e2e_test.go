@@ -38,6 +38,12 @@ type pair struct {
 
 func newPair(t *testing.T) *pair {
 	t.Helper()
+	return newPairWith(t)
+}
+
+// newPairWith is newPair with the bridge's extra arguments.
+func newPairWith(t *testing.T, extra ...string) *pair {
+	t.Helper()
 	p := &pair{etcd: etcdtest.New(t)}
 	var g errgroup.Group
 	// kube-controller-manager's garbage collector deletes a deleted Service's
@@ -62,7 +68,7 @@ func newPair(t *testing.T) *pair {
 	p.lease = startProc(t, "allocd-bridge-lease", binary(t, "allocd-bridge"), "lease",
 		"--allocd-address="+p.allocd.target(), "--advertise-address="+advertise, "--lease-ttl=15s")
 	kubeconfig := p.bridgeKubeconfig(t)
-	bridgeArgs := []string{"--manage-kubernetes-service"}
+	bridgeArgs := append([]string{"--manage-kubernetes-service"}, extra...)
 	if os.Getenv("KUBE_E2E_PROFILE") != "" {
 		bridgeArgs = append(bridgeArgs, "--profiling")
 	}
@@ -138,6 +144,7 @@ func (p *pair) testEndpoints(t *testing.T) {
 		for _, s := range []svcSpec{
 			{name: "web", app: "web", labels: map[string]string{"tier": "front"}},
 			{name: "head", app: "web", headless: true},
+			{name: "bare", app: "db", headless: true, noPorts: true},
 			{name: "dual", app: "dual", dualStack: true},
 			{name: "np", app: "np", nodePort: true},
 			{name: "big", app: "big"},
@@ -159,9 +166,14 @@ func (p *pair) testEndpoints(t *testing.T) {
 			pods = append(pods, podSpec{name: fmt.Sprintf("np-%d", i), app: "np", node: "node-2", ip4: podIP4(200 + i),
 				ready: true})
 		}
+		for i := range 3 { // of the headless Service without ports
+			pods = append(pods, podSpec{name: fmt.Sprintf("db-%d", i), app: "db",
+				node: fmt.Sprintf("node-%d", i), ip4: podIP4(300 + i), ready: i < 2})
+		}
 		return parallel(ctx, len(pods), func(ctx context.Context, i int) error { return createPod(ctx, cs, pods[i]) })
 	})
-	want := map[string][2]int{"web": {8, 2}, "head": {8, 2}, "dual": {4, 0}, "np": {3, 0}, "big": {0, 0}}
+	want := map[string][2]int{"web": {8, 2}, "head": {8, 2}, "bare": {2, 1}, "dual": {4, 0}, "np": {3, 0},
+		"big": {0, 0}}
 	t.Run("initial sync", func(t *testing.T) { p.converge(t, want, 0, convergeLimit) })
 
 	flip := metav1.NewTime(readyTime.Add(time.Hour))

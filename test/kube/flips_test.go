@@ -3,9 +3,11 @@ package kube
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -31,7 +33,11 @@ type flipRec struct {
 	// ackRV is the Pod's resourceVersion in the flip's answer; epRV and sliceRV those
 	// of the Endpoints and slice first seen showing it: the revision clock times them.
 	ackRV, epRV, sliceRV string
-	err                  error
+	// allocdSliceKey and allocdSliceRev: the slice allocd committed showing the flip
+	// (namespace/name) and the revision of that commit in allocd's etcd.
+	allocdSliceKey string
+	allocdSliceRev int64
+	err            error
 }
 
 // committed is the best estimate of when the API server committed the flip: its
@@ -153,9 +159,15 @@ func (tr *flipTracker) onAllocdSlice(sl *allocdv1.EndpointSlice, at time.Time) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	for _, e := range sl.GetEndpoints() {
-		if len(e.GetAddresses()) > 0 {
-			tr.seenAllocd(e.GetAddresses()[0], sl.GetLabels()[discoveryv1.LabelServiceName], e.GetConditions().GetReady(),
-				func(r *flipRec) *time.Time { return &r.allocdSlice }, at)
+		if len(e.GetAddresses()) == 0 {
+			continue
+		}
+		r := tr.byIP[e.GetAddresses()[0]]
+		first := r != nil && r.allocdSlice.IsZero()
+		tr.seenAllocd(e.GetAddresses()[0], sl.GetLabels()[discoveryv1.LabelServiceName],
+			e.GetConditions().GetReady(), func(r *flipRec) *time.Time { return &r.allocdSlice }, at)
+		if first && !r.allocdSlice.IsZero() {
+			r.allocdSliceKey, r.allocdSliceRev = sl.GetNamespace()+"/"+sl.GetName(), sl.GetRevision()
 		}
 	}
 }
@@ -248,6 +260,9 @@ type flipResult struct {
 	watchLag []time.Duration
 	// late is the most a flip went out after it was due.
 	late time.Duration
+	// hops: the slice's path through the bridge and allocd, hop by hop (allocd's side,
+	// with the bridge's debug log).
+	hops *hops
 	// resumed and relisted sum the followers' resumed watches and lists after a 410.
 	resumed, relisted int64
 	// diag: the processes' CPU time and the side's own metrics.
@@ -366,5 +381,60 @@ func (r flipResult) line() string {
 	if r.diag != "" {
 		b.WriteString("\n\t" + r.diag)
 	}
+	if r.hops != nil {
+		b.WriteString("\n\t" + r.hops.line())
+	}
 	return b.String()
+}
+
+// TestFlips measures readiness flips at a low rate, kube-controller-manager against
+// allocd and the bridge, the way TestNumbers does at 10 and 200 flips/s (the same
+// pair of clusters, one side at a time, ABBA): KUBE_E2E_FLIPS flips (default 50) at
+// each rate of KUBE_E2E_FLIP_RATES per second (default 5), KUBE_E2E_RUNS runs per side
+// (default 3), over 25 Services of 4 Pods. The bridge logs at debug level, so that
+// allocd's side is also timed hop by hop (hops). The figures are logged, not judged
+// (on a shared machine they move run by run); the test fails when a flip is not seen
+// in the slices of its side. It runs with KUBE_E2E_NUMBERS=1 (make kube-numbers).
+func TestFlips(t *testing.T) {
+	if os.Getenv("KUBE_E2E_NUMBERS") == "" {
+		t.Skip("KUBE_E2E_NUMBERS is not set (make kube-numbers)")
+	}
+	cfg := numbersConfig{services: 25, podsPer: 4, runs: envInt("KUBE_E2E_RUNS", 3)}
+	p := newPairWith(t, "--log-level=debug")
+	p.createNodes(t)
+	sides := p.sides()
+	p.createPods(t, cfg)
+	p.eachCluster(t, func(ctx context.Context, c *cluster) error {
+		return parallel(ctx, cfg.services, func(ctx context.Context, i int) error {
+			_, err := c.Admin.CoreV1().Services(testNS).Create(ctx, svcSpec{name: fmt.Sprintf("n-%d", i),
+				app: fmt.Sprintf("n-%d", i)}.object(), metav1.CreateOptions{})
+			return err
+		})
+	})
+	want := map[string][2]int{}
+	for i := range cfg.services {
+		want[fmt.Sprintf("n-%d", i)] = [2]int{cfg.podsPer, 0}
+	}
+	waitSameEndpoints(t, p.ref.Admin, p.alc.Admin, want, convergeLimit)
+	waitSameSlices(t, p.ref.Admin, p.alc.Admin, want, nil, convergeLimit)
+	n := envInt("KUBE_E2E_FLIPS", 50)
+	rates := strings.Split(os.Getenv("KUBE_E2E_FLIP_RATES"), ",")
+	if rates[0] == "" {
+		rates = []string{"5"}
+	}
+	for _, r := range rates {
+		var rate int
+		if _, err := fmt.Sscan(r, &rate); err != nil || rate <= 0 {
+			t.Fatalf("KUBE_E2E_FLIP_RATES: %q is not a rate", r)
+		}
+		res := p.flipRuns(t, cfg, sides, rate, time.Duration(n)*time.Second/time.Duration(rate))
+		for i, runs := range res {
+			for k, fr := range runs {
+				if len(fr.slice) != fr.n {
+					t.Errorf("%d flips/s, %s, run %d: %d of %d flips seen in the slices", rate, sides[i].name,
+						k+1, len(fr.slice), fr.n)
+				}
+			}
+		}
+	}
 }

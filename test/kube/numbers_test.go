@@ -52,14 +52,7 @@ func TestNumbers(t *testing.T) {
 		runs:     envInt("KUBE_E2E_RUNS", 3),
 	}
 	p := newPair(t)
-	p.both(t, func(ctx context.Context, cs kubernetes.Interface) error {
-		for i := range 3 {
-			if err := createNode(ctx, cs, fmt.Sprintf("node-%d", i), fmt.Sprintf("zone-%d", i)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	p.createNodes(t)
 	sides := p.sides()
 	p.createPods(t, cfg)
 	var syncs [2][]time.Duration
@@ -198,6 +191,18 @@ func order(r int, sync bool) []int {
 		return []int{0, 1}
 	}
 	return []int{1, 0}
+}
+
+// createNodes creates three Ready Nodes in both clusters, node-i in zone-i.
+func (p *pair) createNodes(t *testing.T) {
+	p.both(t, func(ctx context.Context, cs kubernetes.Interface) error {
+		for i := range 3 {
+			if err := createNode(ctx, cs, fmt.Sprintf("node-%d", i), fmt.Sprintf("zone-%d", i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // createPods creates every Pod, ready, in both clusters, before any Service.
@@ -415,8 +420,10 @@ func spread(d []time.Duration) string {
 	return fmt.Sprintf("%v [%v, %v]", roundDur(s[len(s)/2]), roundDur(s[0]), roundDur(s[len(s)-1]))
 }
 
-// flipRuns measures runs of rate flips/s for d on each side in turn.
-func (p *pair) flipRuns(t *testing.T, cfg numbersConfig, sides []*side, rate int, d time.Duration) {
+// flipRuns measures runs of rate flips/s for d on each side in turn, and returns each
+// side's runs.
+func (p *pair) flipRuns(t *testing.T, cfg numbersConfig, sides []*side, rate int,
+	d time.Duration) [2][]flipResult {
 	n := int(float64(rate) * d.Seconds())
 	if n > cfg.pods() {
 		t.Fatalf("%d flips in a run need as many Pods; there are %d", n, cfg.pods())
@@ -453,6 +460,13 @@ func (p *pair) flipRuns(t *testing.T, cfg numbersConfig, sides []*side, rate int
 		t.Logf("%d flips/s, from %s: slice p99 %s / %s, run by run: %s",
 			rate, f.from, sides[0].name, sides[1].name, p99Ratios(res, f.pick))
 	}
+	for i, s := range sides {
+		if line := hopsSummary(res[i]); line != "" {
+			t.Logf("%d flips/s, %s, hop by hop, median [min, max] of %d runs:%s", rate, s.name, cfg.runs,
+				line)
+		}
+	}
+	return res
 }
 
 // The figures of a flipResult that summary and p99Ratios pick.
@@ -521,6 +535,7 @@ func (s *side) flipRun(t *testing.T, cfg numbersConfig, rate, n int) flipResult 
 		dones = append(dones, followAllocd(ctx, s.allocd, testNS, tr.onAllocdEP, tr.onAllocdSlice))
 	}
 	recs := s.plan(cfg, rate, n)
+	began := time.Now()
 	u, before := startUsage(s.procs...), s.scrape()
 	if os.Getenv("KUBE_E2E_PROFILE") != "" {
 		go s.profile(ctx, t, fmt.Sprintf("%s-%d", s.c.name, rate))
@@ -541,6 +556,13 @@ func (s *side) flipRun(t *testing.T, cfg numbersConfig, rate, n int) flipResult 
 		res.relisted += f.relisted.Load()
 	}
 	res.diag = diag
+	if s.bridge != nil && slices.Contains(s.bridge.Bridge.args, "--log-level=debug") {
+		lines, err := readLog(s.bridge.Bridge.log, began)
+		if err != nil {
+			t.Fatalf("the bridge's log: %v", err)
+		}
+		res.hops = bridgeHops(tr.recs, lines, rc)
+	}
 	s.settle(t, tr)
 	return res
 }

@@ -62,6 +62,7 @@ type svcSpec struct {
 	app       string // selector app=...
 	dualStack bool
 	headless  bool
+	noPorts   bool // no spec.ports (a headless Service may have none)
 	nodePort  bool
 	labels    map[string]string
 }
@@ -83,6 +84,9 @@ func (s svcSpec) object() *corev1.Service {
 	}
 	if s.headless {
 		svc.Spec.ClusterIP = corev1.ClusterIPNone
+	}
+	if s.noPorts {
+		svc.Spec.Ports = nil
 	}
 	if s.nodePort {
 		svc.Spec.Type = corev1.ServiceTypeNodePort

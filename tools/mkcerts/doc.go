@@ -8,4 +8,12 @@
 // owner only: never use them in production.
 //
 //	go run ./tools/mkcerts -out deploy/certs [-hosts allocd.example.com]
+//
+// With -kube NAMESPACE it writes instead the set that deploy/kube's manifests mount in
+// that namespace (allocd's replicas, etcd's own CA, members and allocd's client
+// certificate for it, the bridge's and the webhook's client certificates, the webhook's
+// serving certificate, an operator's and an admin's), and prints the kubectl commands
+// that make the Secrets from them:
+//
+//	go run ./tools/mkcerts -kube kube-system -out deploy/certs/kube
 package main

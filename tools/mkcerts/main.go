@@ -15,8 +15,17 @@ func main() {
 	out := flag.String("out", "deploy/certs",
 		"directory to write the certificates and keys to (created if missing)")
 	hosts := flag.String("hosts", "", "more DNS names or IPs of the server certificate, comma separated")
+	kube := flag.String("kube", "",
+		"write instead the set of deploy/kube's manifests for this namespace, and print the kubectl "+
+			"commands that make their Secrets")
 	flag.Parse()
-	if err := write(*out, *hosts); err != nil {
+	var err error
+	if *kube != "" {
+		err = writeKube(*out, *kube, os.Stdout)
+	} else {
+		err = write(*out, *hosts)
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "mkcerts: %v\n", err)
 		os.Exit(1)
 	}

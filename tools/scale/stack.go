@@ -259,7 +259,7 @@ func dirSize(dir string) int64 {
 	return n
 }
 
-// fileSize is the size of the etcd database file under the data directory.
+// dbSize is the size of the etcd database file under the data directory.
 func dbSize(data string) int64 {
 	fi, err := os.Stat(filepath.Join(data, "member", "snap", "db"))
 	if err != nil {

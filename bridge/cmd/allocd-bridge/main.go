@@ -1,7 +1,9 @@
 // Command allocd-bridge connects allocd to a Kubernetes cluster: it feeds allocd the
 // cluster's Services and Pods, writes the Endpoints allocd computes into the cluster,
-// adopts the cluster's ClusterIPs and NodePorts into allocd, and keeps an API server's
-// master lease (the lease subcommand). See bridge/README.md.
+// adopts the cluster's ClusterIPs and NodePorts into allocd (and binds or frees what
+// the admission webhook allocated), keeps an API server's master lease (the lease
+// subcommand), and serves the admission webhook that makes allocd allocate (the webhook
+// subcommand). See bridge/README.md.
 package main
 
 import (
@@ -42,6 +44,6 @@ cluster's Services hold, under the Service's UID.`,
 	}
 	o.addConnectionFlags(root.PersistentFlags())
 	o.addRunFlags(root.Flags())
-	root.AddCommand(newImportCommand(o), newLeaseCommand(o))
+	root.AddCommand(newImportCommand(o), newLeaseCommand(o), newWebhookCommand(o))
 	return root
 }

@@ -44,12 +44,13 @@ func runImport(ctx context.Context, o *options, out io.Writer) error {
 		return fmt.Errorf("list ServiceCIDRs: %w", err)
 	}
 	var n, adopted, held, conflicts, failed int
-	created, err := a.ServiceCIDRs(ctx, cidrs.Items)
+	synced, err := a.ServiceCIDRs(ctx, cidrs.Items)
 	if err != nil {
 		failed++ // reported; the Services are adopted all the same
 		fmt.Fprintf(out, "FAILED ServiceCIDRs: %v\n", err)
 	}
-	fmt.Fprintf(out, "ServiceCIDRs: %d in the cluster, %d created in allocd %v\n", len(cidrs.Items), len(created), created)
+	fmt.Fprintf(out, "ServiceCIDRs: %d in the cluster, %d created in allocd %v, %d deleted in allocd %v\n",
+		len(cidrs.Items), len(synced.Created), synced.Created, len(synced.Deleted), synced.Deleted)
 	opts := metav1.ListOptions{Limit: 500}
 	for {
 		list, err := kube.CoreV1().Services("").List(ctx, opts)

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/allocd/allocd/bridge/adopt"
 	"github.com/allocd/allocd/client"
 )
 
@@ -37,6 +38,8 @@ type options struct {
 	sliceSyncs    int
 	serviceSyncs  int
 	adopt         bool
+	pendingGrace  time.Duration
+	pendingSweep  time.Duration
 	kubernetesSvc bool
 	healthAddress string
 	profiling     bool
@@ -47,7 +50,8 @@ type options struct {
 func defaultOptions() *options {
 	return &options{qps: 200, burst: 400, contentType: "application/vnd.kubernetes.protobuf", connPerClient: true,
 		allocd: "127.0.0.1:8080", endpointSyncs: 5, sliceSyncs: 5, serviceSyncs: 5,
-		adopt: true, healthAddress: "127.0.0.1:10260", logLevel: "info"}
+		adopt: true, pendingGrace: adopt.DefaultPendingGrace, pendingSweep: adopt.DefaultPendingSweepInterval,
+		healthAddress: "127.0.0.1:10260", logLevel: "info"}
 }
 
 func (o *options) addConnectionFlags(fs *pflag.FlagSet) {
@@ -76,6 +80,13 @@ func (o *options) addRunFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.serviceSyncs, "concurrent-service-syncs", o.serviceSyncs,
 		"Services whose allocations are adopted into allocd at once")
 	fs.BoolVar(&o.adopt, "adopt", o.adopt, "allocate in allocd the ClusterIPs and NodePorts the cluster's Services hold")
+	fs.DurationVar(&o.pendingGrace, "pending-grace", o.pendingGrace,
+		"age past which an allocation of the admission webhook that no stored Service holds is "+
+			"freed; longer than kube-apiserver can take from admission to storing a Service (34 s, "+
+			"a constant of kube-apiserver, plus a late etcd commit and the clocks' skew); below 34 s "+
+			"it is taken with a warning")
+	fs.DurationVar(&o.pendingSweep, "pending-sweep-interval", o.pendingSweep,
+		"time between sweeps of the admission webhook's allocations (with --adopt)")
 	fs.BoolVar(&o.kubernetesSvc, "manage-kubernetes-service", o.kubernetesSvc,
 		"write default/kubernetes' Endpoints from allocd's master leases (kube-apiserver runs with --endpoint-reconciler-type=none)")
 	fs.StringVar(&o.healthAddress, "health-address", o.healthAddress, "host:port serving /healthz, /readyz and /metrics; empty: none")
@@ -89,7 +100,15 @@ func (o *options) logger() *slog.Logger {
 	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
 		lvl = slog.LevelInfo
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	// Times to the microsecond, as klog writes them: the debug lines time each step of
+	// a change through the bridge.
+	micro := func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey && a.Value.Kind() == slog.KindTime {
+			a.Value = slog.StringValue(a.Value.Time().Format("2006-01-02T15:04:05.000000Z07:00"))
+		}
+		return a
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl, ReplaceAttr: micro}))
 }
 
 // kubeClient is a client of the API server named name (its user agent is

@@ -15,9 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/allocd/allocd/bridge/adopt"
 	"github.com/allocd/allocd/bridge/feed"
@@ -33,9 +33,11 @@ type bridge struct {
 	reg     *prometheus.Registry
 	factory informers.SharedInformerFactory
 	src     *feed.Source
-	writers []*write.Writer
+	writers []writer
 	adopter *adopt.Controller
 	ad      *adopt.Adopter
+	sweeper *adopt.Sweeper
+	cidrs   cache.SharedIndexInformer // the cluster's ServiceCIDRs (with adoption)
 }
 
 func run(ctx context.Context, o *options) error {
@@ -65,16 +67,25 @@ func run(ctx context.Context, o *options) error {
 	}
 	if b.adopter != nil {
 		g.Go(func() error {
-			b.adopter.SyncCIDRs(gctx, b.listCIDRs, 30*time.Second)
+			if cache.WaitForCacheSync(gctx.Done(), b.cidrs.HasSynced) {
+				b.adopter.SyncCIDRs(gctx, b.listCIDRs, 30*time.Second)
+			}
 			return nil
 		})
 		g.Go(func() error { return b.adopter.Run(gctx, b.factory.Core().V1().Services().Informer().HasSynced) })
+		g.Go(func() error { return b.sweeper.Run(gctx, b.adopter.Ran) })
 	}
 	b.log.Info("allocd-bridge started", "allocd", o.allocd, "adopt", o.adopt,
 		"manage_kubernetes_service", o.kubernetesSvc)
 	err = g.Wait()
 	b.log.Info("allocd-bridge stopped")
 	return err
+}
+
+// writer is what the bridge runs of a write.Writer, of either kind.
+type writer interface {
+	Run(ctx context.Context) error
+	Ready() bool
 }
 
 func ignoreCanceled(err error) error {
@@ -104,6 +115,11 @@ func newBridge(o *options) (*bridge, error) {
 			return nil, err
 		}
 		fopts = append(fopts, feed.WithServiceHandler(b.adopter.ServiceChanged))
+		b.sweeper = adopt.NewSweeper(b.ad, b.kube, b.log, adopt.SweeperConfig{Grace: o.pendingGrace,
+			Interval: o.pendingSweep})
+		if err := b.watchCIDRs(); err != nil {
+			return nil, err
+		}
 	}
 	feedErrors := func(err error) { b.log.Info("feeding allocd failed; retrying", "error", err) }
 	b.src, err = feed.New(b.log, b.kube, b.factory, b.c, []client.FeederOption{client.WithFeedErrors(feedErrors)}, fopts...)
@@ -136,30 +152,53 @@ func newBridge(o *options) (*bridge, error) {
 	return b, nil
 }
 
-// listCIDRs lists the cluster's ServiceCIDRs.
-func (b *bridge) listCIDRs(ctx context.Context) ([]networkingv1.ServiceCIDR, error) {
-	list, err := b.kube.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, err
+// listCIDRs lists the cluster's ServiceCIDRs, from the informer's store.
+func (b *bridge) listCIDRs(context.Context) ([]networkingv1.ServiceCIDR, error) {
+	var out []networkingv1.ServiceCIDR
+	for _, obj := range b.cidrs.GetStore().List() {
+		out = append(out, *obj.(*networkingv1.ServiceCIDR))
 	}
-	return list.Items, nil
+	return out, nil
+}
+
+// watchCIDRs registers the informer of the cluster's ServiceCIDRs, its changes handed
+// to the adoption controller.
+func (b *bridge) watchCIDRs() error {
+	b.cidrs = b.factory.Networking().V1().ServiceCIDRs().Informer()
+	cidr := func(obj any) *networkingv1.ServiceCIDR {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		sc, _ := obj.(*networkingv1.ServiceCIDR)
+		return sc
+	}
+	_, err := b.cidrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { b.adopter.ServiceCIDRChanged(nil, cidr(obj)) },
+		UpdateFunc: func(old, cur any) { b.adopter.ServiceCIDRChanged(cidr(old), cidr(cur)) },
+		DeleteFunc: func(obj any) {
+			if sc := cidr(obj); sc != nil {
+				b.adopter.ServiceCIDRChanged(sc, nil)
+			}
+		},
+	})
+	return err
 }
 
 // health serves /healthz (the process runs), /readyz (informers synced, allocd's
-// objects listed, adoption run over every Service once), /metrics, and with profiling
-// /debug/pprof/.
+// objects listed, the first sweep through and its deletions written, adoption run over
+// every Service once), /metrics, and with profiling /debug/pprof/.
 func (b *bridge) health(addr string, profiling bool) (*http.Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		ready := b.src.HasSynced()
 		for _, wr := range b.writers {
-			ready = ready && wr.Synced()
+			ready = ready && wr.Ready()
 		}
 		ready = ready && (b.adopter == nil || b.adopter.Ran())
 		if !ready {
-			http.Error(w, "not ready: informers syncing, allocd not listed or adoption not run yet",
-				http.StatusServiceUnavailable)
+			http.Error(w, "not ready: informers syncing, allocd not listed, leftovers not yet swept (allocd "+
+				"behind the feed, or looking reset) or adoption not run yet", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -106,7 +107,7 @@ func band(static bool) string {
 }
 
 func newGetAllocations(o *options) *cobra.Command {
-	var owner, uid, rng string
+	var owner, uid, prefix, rng string
 	var chunk int32
 	cmd := &cobra.Command{
 		Use:     "allocations [--owner NS/NAME] [--range RANGE]",
@@ -116,7 +117,10 @@ func newGetAllocations(o *options) *cobra.Command {
 it arrives: a listing of a million addresses does not wait for the last page, nor is it
 held in memory. --range keeps one range (a CIDR as allocd get ranges names it, or the
 node port range, like 30000-32767); --uid one owner, by its UID (allocd filters);
---owner one owner by namespace and name (this command filters: every page is read).
+--owner-uid-prefix the owners whose UID starts with it, owner by owner (allocd filters:
+admission/ lists what allocd-bridge's admission webhook allocated and has not bound to a
+Service yet); --owner one owner by namespace and name (this command filters: every page
+is read).
 
 -o wide adds when each was allocated and its etcd revisions; -o json prints the
 allocations as one ListAllocationsResponse (without the page token). A page that fails
@@ -125,6 +129,7 @@ failed (nextPageToken), the error on stderr and exit 1: the output stays valid.`
 		Example: `  allocd get allocations
   allocd get allocations --owner default/web
   allocd get allocations --range 10.0.0.0/24 -o wide
+  allocd get allocations --owner-uid-prefix admission/
   allocd get allocations --range 30000-32767 -o json | jq -r '.allocations[].nodePort'`,
 		Args: args(0, 0, "no argument (--owner and --range filter)"),
 		RunE: runE(o, func(ctx context.Context, s *session, _ []string) error {
@@ -136,12 +141,18 @@ failed (nextPageToken), the error on stderr and exit 1: the output stays valid.`
 				}
 				ref = &r
 			}
-			req := &allocdv1.ListAllocationsRequest{Range: rng, OwnerUid: uid, PageSize: chunk}
+			if uid != "" && prefix != "" {
+				return usage(s.cmd, errors.New("--uid and --owner-uid-prefix: give one of the two"))
+			}
+			req := &allocdv1.ListAllocationsRequest{Range: rng, OwnerUid: uid, OwnerUidPrefix: prefix,
+				PageSize: chunk}
 			return listAllocations(ctx, s, req, ref)
 		}),
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "only the allocations of this owner, NAMESPACE/NAME")
 	cmd.Flags().StringVar(&uid, "uid", "", "only the allocations of the owner of this UID")
+	cmd.Flags().StringVar(&prefix, "owner-uid-prefix", "",
+		"only the allocations of the owners whose UID starts with this, like admission/")
 	cmd.Flags().StringVar(&rng, "range", "",
 		"only the allocations of this range: a CIDR, or the node port range FIRST-LAST")
 	cmd.Flags().Int32Var(&chunk, "chunk-size", 500, "allocations per page (allocd caps it at 5000)")

@@ -217,6 +217,16 @@ func (s *session) fail(what string, write bool, err error) error {
 	return e
 }
 
+// failNotOwner is fail for a write whose refusal with ErrNotOwner (FAILED_PRECONDITION,
+// NOT_OWNER) is followed by hint rather than by release's --force.
+func (s *session) failNotOwner(what string, err error, hint string) error {
+	e := s.fail(what, true, err)
+	if ce, ok := e.(*callError); ok {
+		ce.notOwnerHint = hint
+	}
+	return e
+}
+
 // runE makes a command's RunE of body: it checks the shared flags, dials, runs body
 // and hangs up.
 func runE(o *options, body func(ctx context.Context, s *session, args []string) error) func(*cobra.Command,

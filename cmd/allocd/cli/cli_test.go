@@ -14,6 +14,8 @@ import (
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"sigs.k8s.io/yaml"
 
 	"github.com/allocd/allocd/client"
@@ -97,6 +99,32 @@ func TestAllocations(t *testing.T) {
 	a.run("release", "--owner", "default/cache", "--all-uids")
 	a.run("get", "allocations", "-o", "json")
 	a.golden("allocations")
+}
+
+// TestTransfer binds what a provisional owner allocated to a Service's UID, as
+// allocd-bridge does: the provisional owners listed by their UID prefix, the refusals of
+// what the provisional owner does not hold (nothing moves), a transfer of one item, the
+// same again (nothing to move), the rest, and command lines that cannot run.
+func TestTransfer(t *testing.T) {
+	a := start(t, func(c *daemon.Config) { c.ServiceClusterIPRange = "10.0.0.0/24" })
+	a.allocate("default", "web", "admission/7f3a", []string{"10.0.0.20"}, 30020, 30021)
+	a.allocate("default", "db", "uid-db", []string{"10.0.0.30"}, 30030)
+	a.run("get", "allocations", "--owner-uid-prefix", "admission/")
+	to := []string{"transfer", "--from-uid", "admission/7f3a", "--to-owner", "default/web",
+		"--to-uid", "uid-web"}
+	a.run(append(to, "30020", "30030")...)
+	a.run(append(to, "30022")...)
+	a.run(append(to, "30020")...)
+	a.run(append(to, "30020")...)
+	a.run(append(to, "-o", "json")...)
+	a.run(to...)
+	a.run("get", "allocations", "--owner-uid-prefix", "admission/")
+	a.run("get", "allocations", "--uid", "uid-web")
+	a.run("transfer", "--from-uid", "uid-web", "--to-owner", "default/web", "--to-uid", "uid-web")
+	a.run("transfer", "--from-uid", "uid-web", "--to-owner", "web", "--to-uid", "uid-x")
+	a.run("transfer", "--from-uid", "uid-web", "--to-owner", "default/web")
+	a.run("get", "allocations", "--uid", "uid-web", "--owner-uid-prefix", "admission/")
+	a.golden("transfer")
 }
 
 // TestErrors: a full range, a bad CIDR, a name taken, each as one line and as the
@@ -343,47 +371,76 @@ func (w *compactingWriter) Write(p []byte) (int, error) {
 
 // TestListingCutShort: a listing whose later page fails prints, with -o json or yaml,
 // one valid document of what it fetched, with the page token of the page that failed,
-// and the error on stderr, exit 1; a table keeps its rows.
+// and the error on stderr, exit 1; a table keeps its rows. So for every paged listing:
+// allocations, Endpoints and EndpointSlices.
 func TestListingCutShort(t *testing.T) {
 	a := start(t)
 	for i := range 3 {
 		a.allocate("default", fmt.Sprint("web-", i), fmt.Sprint("uid-", i), nil, int32(30100+i))
 	}
-	for _, format := range []string{"json", "yaml", "table"} {
-		out := &compactingWriter{t: t, cli: a.d.Client()}
-		var stderr bytes.Buffer
-		root := &cobra.Command{Use: "allocd"}
-		root.AddCommand(Commands()...)
-		code := Execute(context.Background(), root,
-			[]string{"get", "allocations", "--chunk-size", "1", "-o", format}, out, &stderr)
-		if code != 1 || !strings.Contains(stderr.String(), "page_token") {
-			t.Errorf("-o %s: get allocations cut short = %d, stderr %q; want 1 and the expired page "+
-				"token's error", format, code, stderr.String())
-		}
-		doc := out.buf.Bytes()
-		switch format {
-		case "table":
-			if got := strings.Count(out.buf.String(), "\n"); got != 2 {
-				t.Errorf("-o table cut short printed %d lines:\n%s\nwant the header and the first page's row",
-					got, doc)
-			}
-			continue
-		case "yaml":
-			var err error
-			if doc, err = yaml.YAMLToJSON(doc); err != nil {
-				t.Errorf("-o yaml cut short is no YAML document: %v\n%s", err, out.buf.String())
-				continue
-			}
-		}
-		var resp allocdv1.ListAllocationsResponse
-		if err := protojson.Unmarshal(doc, &resp); err != nil {
-			t.Errorf("-o %s cut short is no ListAllocationsResponse: %v\n%s", format, err, out.buf.String())
-			continue
-		}
-		if len(resp.GetAllocations()) != 1 || resp.GetNextPageToken() == "" || resp.GetRevision() == 0 {
-			t.Errorf("-o %s cut short = %d allocations, page token %q, revision %d; want the first page's "+
-				"one, its token and revision",
-				format, len(resp.GetAllocations()), resp.GetNextPageToken(), resp.GetRevision())
+	twoNamespaces(t, a) // two Endpoints and two slices
+	for _, l := range []struct {
+		resource, failure string // failure: in the error said on stderr
+		resp              listResponse
+	}{
+		{"allocations", "page_token", &allocdv1.ListAllocationsResponse{}},
+		{"endpoints", "has been compacted", &allocdv1.ListServiceEndpointsResponse{}},
+		{"endpointslices", "has been compacted", &allocdv1.ListEndpointSlicesResponse{}},
+	} {
+		for _, format := range []string{"json", "yaml", "table"} {
+			cutShort(t, a, l.resource, l.failure, format, proto.Clone(l.resp).(listResponse))
 		}
 	}
+}
+
+// cutShort runs `allocd get resource --chunk-size 1 -o format` with etcd compacted under
+// it after the first page, and checks what TestListingCutShort says; stderr must say
+// failure. resp is an empty List response to read the document into.
+func cutShort(t *testing.T, a *allocd, resource, failure, format string, resp listResponse) {
+	t.Helper()
+	out := &compactingWriter{t: t, cli: a.d.Client()}
+	var stderr bytes.Buffer
+	root := &cobra.Command{Use: "allocd"}
+	root.AddCommand(Commands()...)
+	code := Execute(context.Background(), root,
+		[]string{"get", resource, "--chunk-size", "1", "-o", format}, out, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), failure) {
+		t.Errorf("-o %s: get %s cut short = %d, stderr %q; want 1 and the expired page "+
+			"token's error (%q)", format, resource, code, stderr.String(), failure)
+	}
+	doc := out.buf.Bytes()
+	switch format {
+	case "table":
+		if got := strings.Count(out.buf.String(), "\n"); got != 2 {
+			t.Errorf("-o table: get %s cut short printed %d lines:\n%s\nwant the header and the first "+
+				"page's row", resource, got, doc)
+		}
+		return
+	case "yaml":
+		var err error
+		if doc, err = yaml.YAMLToJSON(doc); err != nil {
+			t.Errorf("-o yaml: get %s cut short is no YAML document: %v\n%s", resource, err, out.buf.String())
+			return
+		}
+	}
+	if err := protojson.Unmarshal(doc, resp); err != nil {
+		t.Errorf("-o %s: get %s cut short is no %T: %v\n%s", format, resource, resp, err, out.buf.String())
+		return
+	}
+	if n := listedItems(resp); n != 1 || resp.GetNextPageToken() == "" || resp.GetRevision() == 0 {
+		t.Errorf("-o %s: get %s cut short = %d items, page token %q, revision %d; want the first page's "+
+			"one, its token and revision", format, resource, n, resp.GetNextPageToken(), resp.GetRevision())
+	}
+}
+
+// listedItems counts the items of a List response: those of its one repeated field.
+func listedItems(resp listResponse) int {
+	n := 0
+	resp.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.IsList() {
+			n += v.List().Len()
+		}
+		return true
+	})
+	return n
 }

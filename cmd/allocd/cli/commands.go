@@ -9,7 +9,7 @@ import (
 )
 
 // Commands returns the operator commands, for the allocd root command: get, describe,
-// create, delete, release, repair, watch and health. They share one set of client
+// create, delete, release, transfer, repair, watch and health. They share one set of client
 // flags (--server, --timeout, -o, TLS); every call goes through package client.
 func Commands() []*cobra.Command {
 	o := &options{}
@@ -29,11 +29,14 @@ func Commands() []*cobra.Command {
 		newRepairStatus(o))
 	watch := group(o, "watch", "Follow the Endpoints or EndpointSlices as they change, one line per change",
 		newWatchEndpoints(o), newWatchEndpointSlices(o))
-	release := newRelease(o)
-	o.register(release.PersistentFlags())
-	completeOutput(release)
+	release, transfer := newRelease(o), newTransfer(o)
+	for _, cmd := range []*cobra.Command{release, transfer} {
+		o.register(cmd.PersistentFlags())
+		completeOutput(cmd)
+	}
 	// health has its own options: its --timeout default is shorter.
-	return []*cobra.Command{get, describe, create, del, release, repair, watch, newHealth(&options{})}
+	return []*cobra.Command{get, describe, create, del, release, transfer, repair, watch,
+		newHealth(&options{})}
 }
 
 // group returns a command that only holds subcommands (kubectl's "get", "delete"),

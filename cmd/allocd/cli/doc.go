@@ -10,7 +10,7 @@
 //	allocd get leases; allocd delete lease 192.168.0.2
 //	allocd repair run --dry-run; allocd repair status
 //	allocd get servicecidrs; allocd create servicecidr extra 10.96.1.0/24; allocd delete servicecidr extra
-//	allocd get endpoints -n shop; allocd watch endpoints -n shop
+//	allocd get endpoints -n shop; allocd get endpointslices -A; allocd watch endpoints -n shop
 //
 // It owns the commands (Commands, added to the allocd root command beside serving) and
 // how they report: Execute prints a failed call in one line that names the gRPC code

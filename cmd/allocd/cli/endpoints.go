@@ -4,15 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/allocd/allocd/client"
 	allocdv1 "github.com/allocd/allocd/proto/allocd/v1"
 )
 
@@ -20,18 +18,40 @@ import (
 // kubectl's.
 const maxShown = 3
 
+// firstOf is a list as kubectl's ENDPOINTS column shows it: the first max items added
+// (every one when max < 0), then "+ N more...".
+type firstOf struct {
+	max   int
+	count int
+	shown []string
+}
+
+// add adds an item.
+func (f *firstOf) add(s string) {
+	f.count++
+	if f.max < 0 || len(f.shown) < f.max {
+		f.shown = append(f.shown, s)
+	}
+}
+
+// String is the items shown, comma-separated, and how many more there are; "<none>"
+// without items.
+func (f *firstOf) String() string {
+	if len(f.shown) == 0 {
+		return "<none>"
+	}
+	s := strings.Join(f.shown, ",")
+	if f.count > len(f.shown) {
+		s += fmt.Sprintf(" + %d more...", f.count-len(f.shown))
+	}
+	return s
+}
+
 // endpointsList formats the addresses of subsets as kubectl's ENDPOINTS column does:
 // "ip:port" for every address and port ("ip" for a subset without ports), the first
 // max (all when max < 0) then "+ N more...". notReady formats the not-ready ones.
 func endpointsList(subsets []*allocdv1.ServiceEndpointSubset, notReady bool, max int) string {
-	var list []string
-	count := 0
-	add := func(s string) {
-		count++
-		if max < 0 || len(list) < max {
-			list = append(list, s)
-		}
-	}
+	list := firstOf{max: max}
 	for _, ss := range subsets {
 		addrs := ss.GetAddresses()
 		if notReady {
@@ -39,21 +59,14 @@ func endpointsList(subsets []*allocdv1.ServiceEndpointSubset, notReady bool, max
 		}
 		for _, a := range addrs {
 			if len(ss.GetPorts()) == 0 {
-				add(a.GetIp())
+				list.add(a.GetIp())
 			}
 			for _, p := range ss.GetPorts() {
-				add(net.JoinHostPort(a.GetIp(), strconv.Itoa(int(p.GetPort()))))
+				list.add(net.JoinHostPort(a.GetIp(), strconv.Itoa(int(p.GetPort()))))
 			}
 		}
 	}
-	if len(list) == 0 {
-		return "<none>"
-	}
-	s := strings.Join(list, ",")
-	if count > len(list) {
-		s += fmt.Sprintf(" + %d more...", count-len(list))
-	}
-	return s
+	return list.String()
 }
 
 // endpointsRow is the row of one Endpoints object.
@@ -75,89 +88,56 @@ func endpointsHeader(wide bool) []string {
 	return []string{"NAMESPACE", "NAME", "ENDPOINTS", "NOT READY"}
 }
 
-// splitName reads NS/NAME, or NAME in namespace (default "default").
-func splitName(arg, namespace string) (string, string) {
-	if ns, name, ok := strings.Cut(arg, "/"); ok {
-		return ns, name
-	}
-	if namespace == "" {
-		namespace = "default"
-	}
-	return namespace, arg
+// endpointsKind is the Endpoints objects, for getCommand and watchCommand.
+var endpointsKind = kind[*allocdv1.ServiceEndpoints, *allocdv1.ListServiceEndpointsResponse,
+	*allocdv1.WatchServiceEndpointsResponse]{
+	resource: "endpoints", plural: "Endpoints", field: "endpoints",
+	header: endpointsHeader, row: endpointsRow,
+	get: func(ctx context.Context, c *client.Client, ns, name string) (*allocdv1.ServiceEndpoints, error) {
+		return c.GetServiceEndpoints(ctx, ns, name)
+	},
+	list: func(ctx context.Context, c *client.Client, q query,
+		token string) (*allocdv1.ListServiceEndpointsResponse, error) {
+		return c.ListServiceEndpoints(ctx, &allocdv1.ListServiceEndpointsRequest{Namespace: q.namespace,
+			PageSize: q.pageSize, PageToken: token})
+	},
+	items: (*allocdv1.ListServiceEndpointsResponse).GetEndpoints,
+	watch: func(ctx context.Context, c *client.Client, namespace string, from int64,
+		each func(*allocdv1.WatchServiceEndpointsResponse) error) error {
+		return c.WatchServiceEndpoints(ctx,
+			&allocdv1.WatchServiceEndpointsRequest{Namespace: namespace, StartRevision: from}, each)
+	},
+	object: (*allocdv1.WatchServiceEndpointsResponse).GetEndpoints,
+	event: func(t allocdv1.WatchEventType, ep *allocdv1.ServiceEndpoints,
+		rev int64) *allocdv1.WatchServiceEndpointsResponse {
+		return &allocdv1.WatchServiceEndpointsResponse{Type: t, Endpoints: ep, Revision: rev}
+	},
 }
 
 func newGetEndpoints(o *options) *cobra.Command {
-	var namespace string
-	var chunk int32
-	cmd := &cobra.Command{
+	return getCommand(o, endpointsKind, &query{}, &cobra.Command{
 		Use:     "endpoints [NS/NAME]",
 		Aliases: []string{"endpoint", "ep"},
 		Short:   "List the Endpoints allocd keeps for Services with a selector, and default/kubernetes",
 		Long: `List the Endpoints objects (ListServiceEndpoints, a page of --chunk-size at a time), of
-every namespace or of -n's, or show one (GetServiceEndpoints): NS/NAME, or NAME in -n's
-namespace (default when -n is not given). ENDPOINTS lists the ready addresses with
-their ports as kubectl does, NOT READY the others.
+every namespace (-A, or no -n) or of -n's, or show one (GetServiceEndpoints): NS/NAME, or
+NAME in -n's namespace (default when -n is not given). ENDPOINTS lists the ready
+addresses with their ports as kubectl does, NOT READY the others.
 
 -o wide lists every address, and who manages the object (endpoint-controller for a
 Service's, masterlease for default/kubernetes).`,
 		Example: `  allocd get endpoints
   allocd get endpoints -n shop
+  allocd get endpoints -A -o wide
   allocd get endpoints shop/web -o yaml
   allocd get endpoints default/kubernetes`,
 		Args: args(0, 1, "at most one NS/NAME"),
-		RunE: runE(o, func(ctx context.Context, s *session, args []string) error {
-			if len(args) == 1 {
-				return getEndpoints(ctx, s, args[0], namespace)
-			}
-			req := &allocdv1.ListServiceEndpointsRequest{Namespace: namespace, PageSize: chunk}
-			l := &list{w: s.out, format: o.output, field: "endpoints",
-				header: endpointsHeader(o.output == outWide), row: endpointsRow}
-			rev, err := listEndpoints(ctx, s, "get endpoints", req,
-				func(ep *allocdv1.ServiceEndpoints, rev int64) error { return l.add(ep, rev) }, l.page)
-			if err != nil {
-				return l.cut(req.GetPageToken(), err)
-			}
-			return l.end(s.err, rev)
-		}),
-	}
-	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", "only this namespace (default: every namespace)")
-	cmd.Flags().Int32Var(&chunk, "chunk-size", 500, "Endpoints per page (allocd caps it at 5000)")
-	return cmd
-}
-
-// getEndpoints shows the Endpoints of one Service.
-func getEndpoints(ctx context.Context, s *session, arg, namespace string) error {
-	ns, name := splitName(arg, namespace)
-	ep, err := call(ctx, s.o, func(ctx context.Context) (*allocdv1.ServiceEndpoints, error) {
-		return s.c.GetServiceEndpoints(ctx, ns, name)
 	})
-	if err != nil {
-		return s.fail("get endpoints "+ns+"/"+name, false, err)
-	}
-	if s.o.structured() {
-		return printObject(s.out, s.o.output, ep)
-	}
-	tw := newTable(s.out)
-	row(tw, endpointsHeader(s.o.output == outWide)...)
-	row(tw, endpointsRow(ep, s.o.output == outWide)...)
-	return tw.Flush()
-}
-
-// listEndpoints calls each with every Endpoints of req's listing and page after each
-// page; it returns the revision the listing was read at. what names the command in
-// errors.
-func listEndpoints(ctx context.Context, s *session, what string, req *allocdv1.ListServiceEndpointsRequest,
-	each func(*allocdv1.ServiceEndpoints, int64) error, page func() error) (int64, error) {
-	return listAt(ctx, s, what, &req.PageToken,
-		func(ctx context.Context) (*allocdv1.ListServiceEndpointsResponse, error) {
-			return s.c.ListServiceEndpoints(ctx, req)
-		}, (*allocdv1.ListServiceEndpointsResponse).GetEndpoints, each, page)
 }
 
 func newWatchEndpoints(o *options) *cobra.Command {
-	var namespace string
-	cmd := &cobra.Command{
-		Use:     "endpoints [-n NS]",
+	return watchCommand(o, endpointsKind, &cobra.Command{
+		Use:     "endpoints [-n NS | -A]",
 		Aliases: []string{"endpoint", "ep"},
 		Short:   "Print the Endpoints, then one line per change, until interrupted",
 		Long: `List the Endpoints (of -n's namespace, or every one) as ADDED, then follow them
@@ -176,46 +156,5 @@ yaml as a YAML document.`,
 		Example: `  allocd watch endpoints
   allocd watch endpoints -n shop
   allocd watch endpoints -o json | jq -c '{type, name: .endpoints.name}'`,
-		Args: args(0, 0, "no argument (-n picks the namespace)"),
-		RunE: runE(o, func(ctx context.Context, s *session, _ []string) error {
-			ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			return watchEndpoints(ctx, s, namespace)
-		}),
-	}
-	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", "only this namespace (default: every namespace)")
-	return cmd
-}
-
-// watchEndpoints lists, then follows the changes from the listing's revision, printing
-// each (followWatch).
-func watchEndpoints(ctx context.Context, s *session, namespace string) error {
-	type (
-		object = *allocdv1.ServiceEndpoints
-		change = *allocdv1.WatchServiceEndpointsResponse
-		typ    = allocdv1.WatchEventType
-	)
-	p := &eventPrinter[change]{w: s.out, format: s.o.output,
-		header: endpointsHeader(s.o.output == outWide),
-		row: func(ev change, wide bool) (string, []string) {
-			return ev.GetType().String(), endpointsRow(ev.GetEndpoints(), wide)
-		}}
-	return followWatch(ctx, s, watchKind[object, change]{
-		what: "watch endpoints",
-		list: func(ctx context.Context, each func(object, int64) error, page func() error) (int64, error) {
-			return listEndpoints(ctx, s, "watch endpoints",
-				&allocdv1.ListServiceEndpointsRequest{Namespace: namespace}, each, page)
-		},
-		watch: func(ctx context.Context, from int64, each func(change) error) error {
-			return s.c.WatchServiceEndpoints(ctx,
-				&allocdv1.WatchServiceEndpointsRequest{Namespace: namespace, StartRevision: from}, each)
-		},
-		key: func(ep object) string { return ep.GetNamespace() + "/" + ep.GetName() },
-		change: func(ev change) (typ, object, int64) {
-			return ev.GetType(), ev.GetEndpoints(), ev.GetRevision()
-		},
-		event: func(t typ, ep object, rev int64) change {
-			return &allocdv1.WatchServiceEndpointsResponse{Type: t, Endpoints: ep, Revision: rev}
-		},
-	}, p)
+	})
 }

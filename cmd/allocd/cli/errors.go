@@ -31,7 +31,9 @@ type callError struct {
 	handshake error
 	json      bool // print the status as JSON
 	write     bool // the call changes state: an unknown outcome is said
-	err       error
+	// notOwnerHint replaces release's hint (--force) after ErrNotOwner, when set.
+	notOwnerHint string
+	err          error
 }
 
 func (e *callError) Error() string { return e.what + ": " + e.err.Error() }
@@ -89,7 +91,7 @@ func (e *callError) line() string {
 	if ce.Code == codes.DeadlineExceeded {
 		s = fmt.Sprintf("%s: allocd at %s did not answer within %s (--timeout)", e.what, e.server, e.timeout)
 	}
-	hints := hints(ce)
+	hints := hints(ce, e.notOwnerHint)
 	if e.write && client.OutcomeUnknown(ce) {
 		hints = append(hints, "it may or may not have been applied: look, or run the same command again")
 	}
@@ -149,8 +151,9 @@ func unreached(e *client.Error) bool {
 	return e.NotApplied && e.Reason == "" && (e.Code == codes.Unavailable || e.Code == codes.DeadlineExceeded)
 }
 
-// hints says what the details of e add to its message, and what to do.
-func hints(e *client.Error) []string {
+// hints says what the details of e add to its message, and what to do; notOwner is
+// what to do after ErrNotOwner ("" : release's --force).
+func hints(e *client.Error, notOwner string) []string {
 	var out []string
 	var inv *client.InvalidError
 	if errors.As(e, &inv) && len(inv.Violations) > 0 {
@@ -172,6 +175,8 @@ func hints(e *client.Error) []string {
 		}
 	}
 	switch {
+	case errors.Is(e, client.ErrNotOwner) && notOwner != "":
+		out = append(out, notOwner)
 	case errors.Is(e, client.ErrNotOwner):
 		out = append(out, "--force releases it whoever holds it")
 	case errors.Is(e, client.ErrUnauthenticated):

@@ -117,6 +117,8 @@ func replicaLeaf(addrs ...string) devpki.Leaf {
 var (
 	shimLeaf = devpki.Leaf{CommonName: "shim", URIs: []string{devpki.ShimIdentity + "apiserver-1"},
 		Client: true}
+	bridgeLeaf = devpki.Leaf{CommonName: "allocd-bridge",
+		URIs: []string{devpki.ShimIdentity + "allocd-bridge"}, Client: true}
 	otherShim = devpki.Leaf{CommonName: "shim2", URIs: []string{devpki.ShimIdentity + "apiserver-2"},
 		Client: true}
 	operatorLeaf = devpki.Leaf{CommonName: "operator", URIs: []string{devpki.OperatorIdentity + "alice"},
@@ -231,6 +233,12 @@ var mutations = []struct {
 	{"ForceRelease", func(ctx context.Context, conn *grpc.ClientConn) error {
 		_, err := allocdv1.NewAllocatorServiceClient(conn).ForceRelease(ctx,
 			&allocdv1.ForceReleaseRequest{Owner: &allocdv1.Owner{Uid: "uid-web"}})
+		return err
+	}},
+	{"Transfer", func(ctx context.Context, conn *grpc.ClientConn) error {
+		_, err := allocdv1.NewAllocatorServiceClient(conn).Transfer(ctx, &allocdv1.TransferRequest{
+			From: &allocdv1.Owner{Uid: "uid-web"}, To: &allocdv1.Owner{Namespace: "default", Name: "x",
+				Uid: "uid-x"}})
 		return err
 	}},
 	{"CreateServiceCIDR", func(ctx context.Context, conn *grpc.ClientConn) error {
@@ -384,9 +392,36 @@ func TestAuthorizationRoles(t *testing.T) {
 	if err != nil || !slices.Equal(rel.GetReleasedNodePorts(), []int32{port}) {
 		t.Errorf("admin ForceRelease(%d) = %v, %v; want it released", port, rel, err)
 	}
+	// Transfers move anyone's items: refused to a shim, granted to the bridge.
+	transfer := &allocdv1.TransferRequest{From: &allocdv1.Owner{Uid: "uid-web"},
+		To: &allocdv1.Owner{Namespace: "default", Name: "web", Uid: "uid-web-2"}}
+	if _, err := alloc.Transfer(ctx, transfer); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("shim Transfer = %v; want PERMISSION_DENIED", err)
+	}
+	bridge := allocdv1.NewAllocatorServiceClient(p.dial(d.GRPCAddr(), &bridgeLeaf))
+	moved, err := bridge.Transfer(ctx, transfer)
+	if err != nil || len(moved.GetTransferredClusterIps()) != 1 {
+		t.Errorf("bridge Transfer = %v, %v; want web's ClusterIP moved", moved, err)
+	}
 	if _, err := alloc.Release(ctx,
 		&allocdv1.ReleaseRequest{Owner: &allocdv1.Owner{Uid: "uid-web"}}); err != nil {
 		t.Errorf("shim Release of its own = %v; want OK", err)
+	}
+	// ServiceCIDRs follow the cluster's through the bridge: refused to other shims.
+	cidr := &allocdv1.CreateServiceCIDRRequest{Name: "extra", Cidrs: []string{"10.97.0.0/24"}}
+	if _, err := alloc.CreateServiceCIDR(ctx, cidr); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("shim CreateServiceCIDR = %v; want PERMISSION_DENIED", err)
+	}
+	if _, err := bridge.CreateServiceCIDR(ctx, cidr); err != nil {
+		t.Errorf("bridge CreateServiceCIDR = %v; want OK", err)
+	}
+	if _, err := alloc.DeleteServiceCIDR(ctx,
+		&allocdv1.DeleteServiceCIDRRequest{Name: "extra"}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("shim DeleteServiceCIDR = %v; want PERMISSION_DENIED", err)
+	}
+	if _, err := bridge.DeleteServiceCIDR(ctx,
+		&allocdv1.DeleteServiceCIDRRequest{Name: "extra"}); err != nil {
+		t.Errorf("bridge DeleteServiceCIDR = %v; want OK", err)
 	}
 
 	// Master leases: a shim renews its own but cannot remove another API server's.

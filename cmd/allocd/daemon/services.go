@@ -7,11 +7,14 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 
 	"github.com/allocd/allocd/allocator"
 	"github.com/allocd/allocd/endpoints"
+	"github.com/allocd/allocd/endpoints/kube"
 	"github.com/allocd/allocd/leader"
 	"github.com/allocd/allocd/masterlease"
 	"github.com/allocd/allocd/repair"
@@ -74,6 +77,10 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	if err != nil {
 		return err
 	}
+	handoff, err := newMasterHandoff(leases, ec, d.log, d.registry)
+	if err != nil {
+		return err
+	}
 	// Calls that come before Run's watch starts wait for it (a call at start failed
 	// with Unavailable, "allocator is not running").
 	alloc.Starting()
@@ -92,7 +99,7 @@ func (d *Daemon) startServices(ctx, runCtx context.Context) error {
 	})
 	d.group.Go(func() error { return leases.Run(leaseCtx) })
 	d.group.Go(func() error { return el.Run(runCtx, rep.Lead, ec.Lead) })
-	d.group.Go(func() error { masterToEndpoints(leaseCtx, leases, ec, d.log); return nil })
+	d.group.Go(func() error { handoff.run(leaseCtx); return nil })
 	return nil
 }
 
@@ -191,47 +198,96 @@ func (d *Daemon) identity() string {
 	return identity
 }
 
-// masterToEndpoints hands every state of the master leases' Endpoints of
-// default/kubernetes to the Endpoints controller, which stores them beside the others,
-// until ctx ends.
-func masterToEndpoints(ctx context.Context, m *masterlease.Manager, ec *endpoints.Controller,
-	log *slog.Logger) {
+// handoffPatience is how long the master leases' endpoints may be out of the Endpoints
+// controller's reach before it is logged at warning: longer than a start takes.
+const handoffPatience = 10 * time.Second
+
+// masterHandoff hands every state of the master leases' Endpoints of default/kubernetes
+// to the Endpoints controller (set), which stores them beside the others. A watch of
+// the leases that fails (the lease manager behind etcd, etcd out of reach) is opened
+// again a second later: meanwhile default/kubernetes does not follow the leases. Every
+// failure counts in failures; a streak of them that lasts handoffPatience is logged at
+// warning, once, and its end at info.
+type masterHandoff struct {
+	m        *masterlease.Manager
+	set      func(*kube.Endpoints)
+	log      *slog.Logger
+	clock    clockwork.Clock
+	failures prometheus.Counter
+}
+
+// newMasterHandoff returns the hand-off of m's endpoints to ec, its failures counted
+// in allocd_masterlease_endpoints_handoff_failures_total on reg.
+func newMasterHandoff(m *masterlease.Manager, ec *endpoints.Controller, log *slog.Logger,
+	reg prometheus.Registerer) (*masterHandoff, error) {
+	failures := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allocd_masterlease_endpoints_handoff_failures_total",
+		Help: "Failed watches of the master leases' endpoints for the Endpoints controller, each " +
+			"tried again a second later: while it rises, default/kubernetes does not follow the leases.",
+	})
+	if err := reg.Register(failures); err != nil {
+		return nil, err
+	}
+	return &masterHandoff{m: m, set: ec.SetMasterEndpoints, log: log, clock: clockwork.NewRealClock(),
+		failures: failures}, nil
+}
+
+// run hands the endpoints over until ctx ends.
+func (h *masterHandoff) run(ctx context.Context) {
+	var since time.Time // the first failure of the current streak; zero: none
+	warned := false
 	for ctx.Err() == nil {
-		err := m.WatchEndpoints(ctx, func(e masterlease.Endpoints) error {
+		err := h.m.WatchEndpoints(ctx, func(e masterlease.Endpoints) error {
+			if warned {
+				h.log.Info("master lease endpoints followed again", "unavailable_since", since)
+			}
+			since, warned = time.Time{}, false
 			if len(e.Ports) == 0 {
 				// The state before this replica saw any lease: it says nothing, and
 				// must not erase what an earlier leader stored (the reconciler's guard).
 				// An empty state after the last API server shut down carries its port.
 				return nil
 			}
-			ec.SetMasterEndpoints(masterEndpoints(e))
+			h.set(masterEndpoints(e))
 			return nil
 		})
 		if ctx.Err() != nil {
 			return
 		}
-		log.Debug("master lease endpoints not available yet; trying again", "error", err)
+		h.failures.Inc()
+		if since.IsZero() {
+			since = h.clock.Now()
+		}
+		switch {
+		case warned:
+		case h.clock.Since(since) >= handoffPatience:
+			h.log.Warn("master lease endpoints unavailable: default/kubernetes does not follow the "+
+				"leases; trying again every second", "error", err, "since", since)
+			warned = true
+		default:
+			h.log.Debug("master lease endpoints not available yet; trying again", "error", err)
+		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Second):
+		case <-h.clock.After(time.Second):
 		}
 	}
 }
 
 // masterEndpoints is the one subset of the kubernetes Service's Endpoints: the lease
 // addresses on the configured ports.
-func masterEndpoints(e masterlease.Endpoints) *endpoints.Endpoints {
-	out := &endpoints.Endpoints{Namespace: "default", Name: "kubernetes"}
+func masterEndpoints(e masterlease.Endpoints) *kube.Endpoints {
+	out := &kube.Endpoints{Namespace: "default", Name: "kubernetes"}
 	if len(e.Addresses) == 0 {
 		return out
 	}
-	sub := endpoints.Subset{}
+	sub := kube.Subset{}
 	for _, a := range e.Addresses {
-		sub.Addresses = append(sub.Addresses, endpoints.Address{IP: a.String()})
+		sub.Addresses = append(sub.Addresses, kube.Address{IP: a.String()})
 	}
 	for _, p := range e.Ports {
-		sub.Ports = append(sub.Ports, endpoints.Port{Name: p.Name, Port: int32(p.Port), Protocol: p.Protocol})
+		sub.Ports = append(sub.Ports, kube.Port{Name: p.Name, Port: int32(p.Port), Protocol: p.Protocol})
 	}
-	out.Subsets = []endpoints.Subset{sub}
+	out.Subsets = []kube.Subset{sub}
 	return out
 }

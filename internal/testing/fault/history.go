@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -51,22 +52,42 @@ const (
 	opRetry    kind = "Allocate retry"
 	opRelease  kind = "Release"
 	opForce    kind = "Release force"
+	opTransfer kind = "Transfer"
 	opRenew    kind = "Renew"
 )
 
 // op is one recorded operation: times are offsets from the run's start, on the
 // monotonic clock of this process (the checks never compare clocks of two processes).
 type op struct {
-	kind       kind
-	owner      string   // owner uid (Allocate, Release) or lease IP (Renew)
-	items      []string // asked for (specific) or, when ok, got; Release: named items, empty = all
+	kind  kind
+	owner string // owner uid (Allocate, Release; Transfer: from) or lease IP (Renew)
+	to    string // Transfer: the owner the items go to
+	// items asked for (specific) or, when ok, got; Release: named items, empty = all;
+	// Transfer: named items (empty = all of from's) or, when ok, the items moved
+	items      []string
 	start, end time.Duration
 	outcome    outcome
 	err        string
 	msg        string // the error of a failed call, in full
 	replica    int
-	asked      []string // Allocate: the specific items asked for
-	holder     string   // ALREADY_EXISTS: the holder's uid, when allocd named it
+	asked      []string // Allocate, Transfer: the specific items asked for
+	// holder is the holder's uid allocd named: ALREADY_EXISTS, and a Transfer's NOT_OWNER
+	// (free: nobody holds refused)
+	holder  string
+	refused string // a Transfer's NOT_OWNER: the item from does not hold
+	free    bool
+}
+
+// covers reports whether the Transfer o may have moved item: one it moved when ok,
+// one it named (or any, naming none) when its outcome is unknown.
+func (o *op) covers(item string) bool {
+	switch o.outcome {
+	case ok:
+		return slices.Contains(o.items, item)
+	case unknown:
+		return len(o.asked) == 0 || slices.Contains(o.asked, item)
+	}
+	return false
 }
 
 // history collects operations from many goroutines.
@@ -89,6 +110,11 @@ func (h *history) record(o op, f func() ([]string, error)) op {
 	if errors.As(err, &held) {
 		o.holder = held.HolderUID
 	}
+	var e *client.Error
+	if o.kind == opTransfer && errors.Is(err, client.ErrNotOwner) && errors.As(err, &e) {
+		o.refused, o.holder, o.free = itemName(e.Metadata["item"]), e.Metadata["holder_uid"],
+			e.Metadata["free"] == "true"
+	}
 	if err != nil {
 		o.err = status.Code(err).String()
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -107,6 +133,15 @@ func (h *history) record(o op, f func() ([]string, error)) op {
 	return o
 }
 
+// itemName is the history's name of an item as allocd names it: "port/30001" for a
+// node port, the address for a ClusterIP.
+func itemName(s string) string {
+	if _, err := strconv.Atoi(s); err == nil {
+		return "port/" + s
+	}
+	return s
+}
+
 // violation is one broken promise, in words.
 type violation string
 
@@ -120,6 +155,7 @@ func (h *history) check(final map[string]string) []violation {
 	}
 	out = append(out, c.definite(final)...)
 	out = append(out, c.twoHolders()...)
+	out = append(out, c.transferred(final)...)
 	v, _ := c.afterFullRelease(final)
 	out = append(out, v...)
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
@@ -135,6 +171,9 @@ func (h *history) checker() *checker {
 		if o.kind != opRenew {
 			c.byOwner[o.owner] = append(c.byOwner[o.owner], o)
 		}
+		if o.kind == opTransfer {
+			c.byOwner[o.to] = append(c.byOwner[o.to], o)
+		}
 		if o.kind == opForce {
 			for _, it := range o.items {
 				c.forced[it] = append(c.forced[it], o)
@@ -144,9 +183,10 @@ func (h *history) checker() *checker {
 	return c
 }
 
-// checker holds a history's operations for the checks, by owner too, and the forced
-// releases by item (released looks at those alone: over every operation, twoHolders
-// took longer than the suite's 30 minutes on a history of 5 minutes).
+// checker holds a history's operations for the checks, by owner too (a Transfer under
+// both of its owners), and the forced releases by item (released looks at those alone:
+// over every operation, twoHolders took longer than the suite's 30 minutes on a history
+// of 5 minutes).
 type checker struct {
 	ops     []op
 	byOwner map[string][]op
@@ -159,14 +199,18 @@ const forever = time.Duration(1 << 62)
 // released reports whether a release that may have taken effect covers item of owner
 // and may have taken effect in (from, to): it started before to, and ended after from
 // or has an unknown outcome (its transaction may commit after the caller gave up:
-// etcd commits a proposal a paused leader made once it resumes).
+// etcd commits a proposal a paused leader made once it resumes). A Transfer of the item
+// away from owner is a release of it for owner.
 func (c *checker) released(owner, item string, from, to time.Duration) bool {
 	may := func(o *op) bool {
 		return !(o.outcome == definite || o.start >= to || o.outcome == ok && o.end <= from)
 	}
 	for i := range c.byOwner[owner] {
 		o := &c.byOwner[owner][i]
-		if o.kind == opRelease && may(o) && (len(o.items) == 0 || slices.Contains(o.items, item)) {
+		switch {
+		case o.kind == opRelease && may(o) && (len(o.items) == 0 || slices.Contains(o.items, item)):
+			return true
+		case o.kind == opTransfer && o.owner == owner && may(o) && o.covers(item):
 			return true
 		}
 	}
@@ -223,8 +267,20 @@ func (c *checker) owner(owner string, os []op, final map[string]string) []violat
 	return out
 }
 
-// definite finds items held at the end by an owner whose every request failed
-// definitely.
+// gives reports whether o may give items to owner: an Allocate of owner, a Transfer to
+// it.
+func (o *op) gives(owner string) bool {
+	switch o.kind {
+	case opAllocate, opRetry:
+		return o.owner == owner
+	case opTransfer:
+		return o.to == owner
+	}
+	return false
+}
+
+// definite finds items held at the end by an owner whose every request that could give
+// it items (Allocate, a Transfer to it) failed definitely.
 func (c *checker) definite(final map[string]string) []violation {
 	var out []violation
 	for it, owner := range final {
@@ -234,24 +290,24 @@ func (c *checker) definite(final map[string]string) []violation {
 		}
 		possible := false
 		for _, o := range os {
-			if (o.kind == opAllocate || o.kind == opRetry) && o.outcome != definite {
+			if o.gives(owner) && o.outcome != definite {
 				possible = true
 			}
 		}
 		if !possible {
-			out = append(out,
-				violation(fmt.Sprintf("%s held by %s, whose every Allocate failed definitely", it, owner)))
+			out = append(out, violation(fmt.Sprintf(
+				"%s held by %s, whose every Allocate and Transfer to it failed definitely", it, owner)))
 		}
 	}
 	return out
 }
 
 // afterFullRelease finds items held at the end by an owner after its last acknowledged
-// full release (a Release naming nothing) when no Allocate of that owner may have taken
-// effect after the release began: none ended after it began with an outcome other than
-// a definite failure. An Allocate whose outcome was unknown and that ended before the
-// release began must not land after it (allocd's owner tombstones and epoch fence). It
-// also returns how many owners' full releases it checked.
+// full release (a Release naming nothing) when no Allocate of that owner, nor Transfer
+// to it, may have taken effect after the release began: none ended after it began with
+// an outcome other than a definite failure. An Allocate or Transfer whose outcome was
+// unknown and that ended before the release began must not land after it (allocd's owner
+// tombstones and the epoch). It also returns how many owners' full releases it checked.
 func (c *checker) afterFullRelease(final map[string]string) ([]violation, int) {
 	held := map[string][]string{}
 	for it, owner := range final {
@@ -277,22 +333,23 @@ func (c *checker) afterFullRelease(final map[string]string) ([]violation, int) {
 		}
 		later := false
 		for _, o := range os {
-			if (o.kind == opAllocate || o.kind == opRetry) && o.outcome != definite && o.end > last.start {
+			if o.gives(owner) && o.outcome != definite && o.end > last.start {
 				later = true
 			}
 		}
 		if !later {
 			slices.Sort(held[owner])
 			out = append(out, violation(fmt.Sprintf("owner %s: holds %v at the end, after its full release "+
-				"acknowledged at %v-%v, with no Allocate after it began",
+				"acknowledged at %v-%v, with no Allocate or Transfer to it after it began",
 				owner, held[owner], last.start, last.end)))
 		}
 	}
 	return out, checked
 }
 
-// twoHolders finds two owners at once: B's Allocate of an item started after A's was
-// acknowledged, and no release of A's item may have taken effect before B's ended.
+// twoHolders finds two owners at once: B's Allocate of an item (or a Transfer of it to
+// B) started after A's was acknowledged, and no release of A's item (nor Transfer of it
+// away from A) may have taken effect before B's ended.
 func (c *checker) twoHolders() []violation {
 	type ack struct {
 		owner      string
@@ -300,9 +357,14 @@ func (c *checker) twoHolders() []violation {
 	}
 	holders := map[string][]ack{}
 	for _, o := range c.ops {
-		if (o.kind == opAllocate || o.kind == opRetry) && o.outcome == ok {
+		switch {
+		case (o.kind == opAllocate || o.kind == opRetry) && o.outcome == ok:
 			for _, it := range o.items {
 				holders[it] = append(holders[it], ack{o.owner, o.start, o.end})
+			}
+		case o.kind == opTransfer && o.outcome == ok:
+			for _, it := range o.items {
+				holders[it] = append(holders[it], ack{o.to, o.start, o.end})
 			}
 		}
 	}
@@ -319,6 +381,25 @@ func (c *checker) twoHolders() []violation {
 				out = append(out, violation(fmt.Sprintf(
 					"%s: held by %s (acknowledged at %v) and given to %s (%v-%v) with no release in between",
 					it, a.owner, a.end, b.owner, b.start, b.end)))
+			}
+		}
+	}
+	return out
+}
+
+// transferred finds items an acknowledged Transfer moved that its to owner does not hold
+// at the end, when no release of the item by to (nor Transfer of it away) may have
+// taken effect since the Transfer began.
+func (c *checker) transferred(final map[string]string) []violation {
+	var out []violation
+	for _, o := range c.ops {
+		if o.kind != opTransfer || o.outcome != ok {
+			continue
+		}
+		for _, it := range o.items {
+			if final[it] != o.to && !c.released(o.to, it, o.start, forever) {
+				out = append(out, violation(fmt.Sprintf("owner %s: %s transferred to it from %s at %v-%v, "+
+					"held by %q at the end, never released", o.to, it, o.owner, o.start, o.end, final[it])))
 			}
 		}
 	}

@@ -18,9 +18,18 @@ import (
 
 // regOp is an operation on one item's register.
 type regOp struct {
-	kind   string // acq, held, mayAcq, rel, mayRel, force, mayForce, read
-	owner  string // the requester (acq, notMine, held, mayAcq, rel, mayRel) or the holder read
-	holder string // held: the holder allocd named, "" when it named none
+	// kind: acq, held, mayAcq, rel, mayRel, force, mayForce, read; of a Transfer: move,
+	// mayMove, notHeld (from did not hold it), notMine (refused: neither from nor to holds
+	// it)
+	kind string
+	// owner is the requester (acq, held, mayAcq, rel, mayRel; a Transfer's from) or the
+	// holder read
+	owner string
+	to    string // a Transfer's to
+	// holder is the holder allocd named (held, notMine), "" when it named none; free:
+	// notMine said nobody holds it
+	holder string
+	free   bool
 }
 
 func (o regOp) String() string {
@@ -29,6 +38,10 @@ func (o regOp) String() string {
 		return fmt.Sprintf("held(%s by %q)", o.owner, o.holder)
 	case "force", "mayForce":
 		return o.kind
+	case "move", "mayMove":
+		return fmt.Sprintf("%s(%s to %s)", o.kind, o.owner, o.to)
+	case "notMine":
+		return fmt.Sprintf("notMine(%s, %s; held by %q, free %v)", o.owner, o.to, o.holder, o.free)
 	}
 	return fmt.Sprintf("%s(%s)", o.kind, o.owner)
 }
@@ -74,10 +87,39 @@ var registerModel = porcupine.NondeterministicModel{
 			if s == o.owner {
 				return []interface{}{s}
 			}
+		default:
+			return transferStep(s, o)
 		}
 		return nil
 	},
 	DescribeOperation: func(input, _ interface{}) string { return input.(regOp).String() },
+}
+
+// transferStep is registerModel's step of a Transfer's operations: an item moves from
+// from to to in one step, never through free; a retry that finds it with to moves
+// nothing (a read of to).
+func transferStep(s string, o regOp) []interface{} {
+	switch o.kind {
+	case "move": // acknowledged, the item among those moved
+		if s == o.owner {
+			return []interface{}{o.to}
+		}
+	case "mayMove":
+		if s == o.owner {
+			return []interface{}{s, o.to}
+		}
+		return []interface{}{s}
+	case "notHeld": // acknowledged, of everything from held: not this item
+		if s != o.owner {
+			return []interface{}{s}
+		}
+	case "notMine": // refused (NOT_OWNER) for this item: nothing moved
+		named := o.free && s == "" || !o.free && s != "" && (o.holder == "" || s == o.holder)
+		if s != o.owner && s != o.to && named {
+			return []interface{}{s}
+		}
+	}
+	return nil
 }
 
 var debugLinear = os.Getenv("ALLOCD_FAULT_DEBUG") != ""
@@ -139,25 +181,55 @@ func relatedOwners(ops []op, final map[string]string) map[string]map[string]bool
 		related[it][owner] = true
 	}
 	for _, o := range ops {
-		if o.kind != opAllocate && o.kind != opRetry {
-			continue
-		}
-		for _, it := range o.asked {
-			relate(it, o.owner)
-			relate(it, o.holder)
-		}
-		if o.outcome == ok {
-			for _, it := range o.items {
+		switch o.kind {
+		case opAllocate, opRetry:
+			for _, it := range o.asked {
 				relate(it, o.owner)
+				relate(it, o.holder)
+			}
+			if o.outcome == ok {
+				for _, it := range o.items {
+					relate(it, o.owner)
+				}
+			}
+		case opTransfer:
+			for _, it := range append(slices.Clone(o.asked), o.items...) {
+				relate(it, o.owner)
+				relate(it, o.to)
+			}
+			if o.refused != "" {
+				relate(o.refused, o.owner)
+				relate(o.refused, o.to)
+				relate(o.refused, o.holder)
 			}
 		}
 	}
+	relateTransfersOfAll(ops, related)
 	for it, owner := range final {
 		if related[it] != nil {
 			relate(it, owner)
 		}
 	}
 	return related
+}
+
+// relateTransfersOfAll adds, to the register of every item related to the from of a
+// Transfer of everything from holds that may have taken effect, its to: again until
+// nothing changes (transfers chain).
+func relateTransfersOfAll(ops []op, related map[string]map[string]bool) {
+	for changed := true; changed; {
+		changed = false
+		for _, o := range ops {
+			if o.kind != opTransfer || len(o.asked) > 0 || o.outcome == definite {
+				continue
+			}
+			for _, owners := range related {
+				if owners[o.owner] && !owners[o.to] {
+					owners[o.to], changed = true, true
+				}
+			}
+		}
+	}
 }
 
 // registerHistory is the porcupine history of item's register: the operations of
@@ -207,7 +279,35 @@ func registerHistory(ops []op, it string, owners map[string]bool) []porcupine.Op
 			case unknown:
 				add(o, regOp{kind: "mayForce"}, true)
 			}
+		case opTransfer:
+			if r, ok := transferRegOp(o, it, owners); ok {
+				add(o, r, o.outcome == unknown)
+			}
 		}
 	}
 	return hist
+}
+
+// transferRegOp is the operation of the Transfer o on item's register (whose owners
+// are owners), if it has one: a move of an item it moved, a read of to for an item it
+// named and did not move (to held it), from not holding an item it did not move of all
+// from held, a possible move when its outcome is unknown, and for the item a refusal
+// (NOT_OWNER) named, who held it.
+func transferRegOp(o op, it string, owners map[string]bool) (regOp, bool) {
+	if !owners[o.owner] && !owners[o.to] {
+		return regOp{}, false
+	}
+	switch {
+	case o.outcome == ok && slices.Contains(o.items, it):
+		return regOp{kind: "move", owner: o.owner, to: o.to}, true
+	case o.outcome == ok && slices.Contains(o.asked, it):
+		return regOp{kind: "read", owner: o.to}, true
+	case o.outcome == ok && len(o.asked) == 0 && owners[o.owner]:
+		return regOp{kind: "notHeld", owner: o.owner}, true
+	case o.outcome == unknown && o.covers(it):
+		return regOp{kind: "mayMove", owner: o.owner, to: o.to}, true
+	case o.outcome == definite && o.refused == it:
+		return regOp{kind: "notMine", owner: o.owner, to: o.to, holder: o.holder, free: o.free}, true
+	}
+	return regOp{}, false
 }

@@ -230,16 +230,19 @@ func TestFaultSuite(t *testing.T) {
 	}
 }
 
+// held is an owner of a worker: its Allocate request (nil for an owner that only
+// received items by Transfer) and the items it was given.
+type held struct {
+	uid string
+	req *allocdv1.AllocateRequest
+	got []string // the items of its first acknowledgement, and those transferred to it
+}
+
 // worker runs operations until ctx ends: dynamic and specific Allocates with and
-// without node ports, retries of its earlier Allocates, Releases of its own owners and
-// forced Releases of any address.
+// without node ports, retries of its earlier Allocates, Releases of its own owners,
+// Transfers between its owners (and their retries) and forced Releases of any address.
 func worker(ctx context.Context, h *history, clients []*client.Client, w int, seq *atomic.Int64) {
 	r := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
-	type held struct {
-		uid string
-		req *allocdv1.AllocateRequest
-		got []string // the items of its first acknowledgement
-	}
 	var mine []held
 	for ctx.Err() == nil {
 		rep := r.IntN(len(clients))
@@ -269,13 +272,17 @@ func worker(ctx context.Context, h *history, clients []*client.Client, w int, se
 			if o.outcome == ok {
 				mine[len(mine)-1].got = o.items
 			}
-		case x < 60: // retry an earlier Allocate, same owner, same request
+		case x < 57: // retry an earlier Allocate, same owner, same request
 			hd := mine[r.IntN(len(mine))]
+			if hd.req == nil {
+				cancel()
+				continue
+			}
 			h.record(op{kind: opRetry, owner: hd.uid, replica: rep}, func() ([]string, error) {
 				resp, err := c.Allocate(cctx, hd.req)
 				return itemsOf(resp.GetClusterIps(), resp.GetNodePorts()), err
 			})
-		case x < 75: // release one named item of an owner of this worker
+		case x < 70: // release one named item of an owner of this worker
 			hd := mine[r.IntN(len(mine))]
 			it := hd.got
 			if len(it) == 0 {
@@ -295,7 +302,7 @@ func worker(ctx context.Context, h *history, clients []*client.Client, w int, se
 					_, err := c.Release(cctx, req)
 					return nil, err
 				})
-		case x < 95: // release an owner of this worker, all of it
+		case x < 85: // release an owner of this worker, all of it
 			i := r.IntN(len(mine))
 			hd := mine[i]
 			o := h.record(op{kind: opRelease, owner: hd.uid, replica: rep}, func() ([]string, error) {
@@ -306,6 +313,10 @@ func worker(ctx context.Context, h *history, clients []*client.Client, w int, se
 			if o.outcome == ok {
 				mine = append(mine[:i], mine[i+1:]...)
 			}
+		case x < 95: // transfer an owner's items to another owner of this worker, or a new one
+			mine = transfer(cctx, h, c, rep, r, mine, func() string {
+				return "w" + strconv.Itoa(w) + "-" + strconv.FormatInt(seq.Add(1), 10)
+			})
 		default: // force-release any address
 			ip := netip.AddrFrom4([4]byte{10, 0, 0, byte(2 + r.IntN(125))}).String()
 			h.record(op{kind: opForce, owner: "", replica: rep, items: []string{ip}},
@@ -316,6 +327,51 @@ func worker(ctx context.Context, h *history, clients []*client.Client, w int, se
 		}
 		cancel()
 	}
+}
+
+// transfer moves what one of mine holds (all of it, or one item named) to another of
+// mine or to a new owner, sometimes twice (a retry of the same request), and returns
+// mine with the items given to the receiving owner (a new one added).
+func transfer(ctx context.Context, h *history, c *client.Client, rep int, r *rand.Rand, mine []held,
+	newOwner func() string) []held {
+	i, j := r.IntN(len(mine)), len(mine)
+	if len(mine) > 1 && r.IntN(2) == 0 {
+		if j = r.IntN(len(mine) - 1); j >= i {
+			j++
+		}
+	}
+	from := mine[i]
+	if j == len(mine) {
+		mine = append(mine, held{uid: newOwner()})
+	}
+	to := &mine[j]
+	req := &allocdv1.TransferRequest{From: &allocdv1.Owner{Namespace: "fault", Name: from.uid, Uid: from.uid},
+		To: &allocdv1.Owner{Namespace: "fault", Name: to.uid, Uid: to.uid}}
+	var named []string
+	if len(from.got) > 0 && r.IntN(2) == 0 {
+		named = from.got[:1]
+		if p, err := strconv.Atoi(strings.TrimPrefix(named[0], "port/")); err == nil {
+			req.NodePorts = []int32{int32(p)}
+		} else {
+			req.ClusterIps = named
+		}
+	}
+	for try := 0; try < 1 || try < 2 && r.IntN(3) == 0; try++ {
+		o := h.record(op{kind: opTransfer, owner: from.uid, to: to.uid, replica: rep, items: named},
+			func() ([]string, error) {
+				resp, err := c.Transfer(ctx, req)
+				// Not nil: an acknowledged Transfer that moved nothing moved nothing.
+				return append([]string{}, itemsOf(resp.GetTransferredClusterIps(),
+					resp.GetTransferredNodePorts())...), err
+			})
+		switch {
+		case o.outcome == ok:
+			to.got = append(to.got, o.items...)
+		case o.outcome == unknown:
+			to.got = append(to.got, named...)
+		}
+	}
+	return mine
 }
 
 // racers is how many goroutines run racer.

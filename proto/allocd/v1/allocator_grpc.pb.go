@@ -71,11 +71,17 @@ type AllocatorServiceClient interface {
 	// empty, everything `from` holds moves. An item `to` holds already is left as it is,
 	// so a retry after a transfer committed moves nothing and succeeds. An item named
 	// that `from` does not hold (free, or another owner's) is FAILED_PRECONDITION
-	// (ErrorInfo names the holder) and nothing moves. Its use: an admission webhook
+	// (ErrorInfo reason NOT_OWNER names the holder: holder_uid, holder; free "true" when
+	// nobody holds it) and nothing moves. `from` left holding nothing is released as by a
+	// full Release (an Allocate of `from` in flight from before cannot land after it).
+	// A moved item's allocate_time becomes the transfer's. Its use: an admission webhook
 	// allocates under a provisional owner before the Service has a UID, and the item is
-	// bound to the Service's UID once the Service is stored.
-	// Errors: INVALID_ARGUMENT (malformed owner or item, from = to), FAILED_PRECONDITION,
-	// ABORTED (contention outlasted the retries), UNAVAILABLE.
+	// bound to the Service's UID once the Service is stored. It can move anyone's items
+	// to anyone: an authorization policy grants it apart from Release, as ForceRelease
+	// (the example policy to admins and to allocd-bridge).
+	// Errors: INVALID_ARGUMENT (malformed owner or item, from = to, `to` would hold more
+	// than 64 items), FAILED_PRECONDITION, ABORTED (contention outlasted the retries),
+	// UNAVAILABLE, RESOURCE_EXHAUSTED (etcd out of space).
 	Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error)
 	// GetAllocation tells who holds one ClusterIP or NodePort, since when and at which
 	// etcd revision. NOT_FOUND when it is free.
@@ -266,11 +272,17 @@ type AllocatorServiceServer interface {
 	// empty, everything `from` holds moves. An item `to` holds already is left as it is,
 	// so a retry after a transfer committed moves nothing and succeeds. An item named
 	// that `from` does not hold (free, or another owner's) is FAILED_PRECONDITION
-	// (ErrorInfo names the holder) and nothing moves. Its use: an admission webhook
+	// (ErrorInfo reason NOT_OWNER names the holder: holder_uid, holder; free "true" when
+	// nobody holds it) and nothing moves. `from` left holding nothing is released as by a
+	// full Release (an Allocate of `from` in flight from before cannot land after it).
+	// A moved item's allocate_time becomes the transfer's. Its use: an admission webhook
 	// allocates under a provisional owner before the Service has a UID, and the item is
-	// bound to the Service's UID once the Service is stored.
-	// Errors: INVALID_ARGUMENT (malformed owner or item, from = to), FAILED_PRECONDITION,
-	// ABORTED (contention outlasted the retries), UNAVAILABLE.
+	// bound to the Service's UID once the Service is stored. It can move anyone's items
+	// to anyone: an authorization policy grants it apart from Release, as ForceRelease
+	// (the example policy to admins and to allocd-bridge).
+	// Errors: INVALID_ARGUMENT (malformed owner or item, from = to, `to` would hold more
+	// than 64 items), FAILED_PRECONDITION, ABORTED (contention outlasted the retries),
+	// UNAVAILABLE, RESOURCE_EXHAUSTED (etcd out of space).
 	Transfer(context.Context, *TransferRequest) (*TransferResponse, error)
 	// GetAllocation tells who holds one ClusterIP or NodePort, since when and at which
 	// etcd revision. NOT_FOUND when it is free.

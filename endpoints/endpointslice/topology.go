@@ -1,94 +1,50 @@
-package endpoints
+package endpointslice
 
 import (
 	"maps"
 	"math"
 	"slices"
+
+	"github.com/allocd/allocd/endpoints/kube"
 )
 
-// This file sets the hints of endpoints: topology-aware hints for a Service annotated
-// service.kubernetes.io/topology-mode: Auto (the library's topologycache, reference
-// a.10) and the hints of spec.trafficDistribution (trafficdist, a.11). Kubernetes
-// iterates maps where a choice is made (which zone receives an endpoint); allocd walks
-// zones in name order, so the same inputs give the same hints.
+// This file gives topology-aware hints, as k8s.io/endpointslice's topologycache/
+// (TopologyCache.SetNodes and AddHints in topologycache.go, utils.go and sliceinfo.go):
+// each zone gets a share of a Service's ready endpoints in proportion to its Nodes'
+// CPU.
+
+// CPURatiosByZone returns each zone's share of the allocatable CPU of the Nodes that
+// are ready and not of the control plane (TopologyCache.SetNodes), nil when such a Node
+// lacks a zone or CPU, or fewer than two zones have any.
+func CPURatiosByZone(nodes map[string]*kube.Node) map[string]float64 {
+	byZone := map[string]int64{}
+	var total int64
+	for _, n := range nodes {
+		if _, cp := n.Labels[kube.LabelControlPlane]; cp {
+			continue
+		}
+		if _, m := n.Labels[kube.LabelMaster]; m || !n.Ready {
+			continue
+		}
+		zone := n.Zone()
+		if zone == "" || n.AllocatableCPUMillis <= 0 {
+			return nil
+		}
+		byZone[zone] += n.AllocatableCPUMillis
+		total += n.AllocatableCPUMillis
+	}
+	if total == 0 || len(byZone) < 2 {
+		return nil
+	}
+	out := make(map[string]float64, len(byZone))
+	for z, cpu := range byZone {
+		out[z] = float64(cpu) / float64(total)
+	}
+	return out
+}
 
 // overloadThreshold is how far a zone may be under its share of endpoints.
 const overloadThreshold = 0.2
-
-// hintsEnabled reports whether a Service's annotations ask for topology hints: the
-// deprecated topology-aware-hints annotation when present, else topology-mode, "Auto"
-// or "auto".
-func hintsEnabled(annotations map[string]string) bool {
-	v, ok := annotations[AnnotationTopologyAwareHints]
-	if !ok {
-		v = annotations[AnnotationTopologyMode]
-	}
-	return v == "Auto" || v == "auto"
-}
-
-// validTrafficDistribution reports whether td is a trafficDistribution the controller
-// acts on (every value of v1.37: PreferSameZone and PreferSameNode are GA since v1.35).
-func validTrafficDistribution(td string) bool {
-	return td == TrafficPreferClose || td == TrafficPreferSameZone || td == TrafficPreferSameNode
-}
-
-// hints sets or clears the hints of the slices of one address type, as the reconciler
-// does after placing endpoints: Auto hints when the annotation asks for them, else
-// trafficDistribution's, else none (unchanged slices that carry hints are then
-// updated to lose them).
-func (r *sliceReconcile) hints(addrType string, creates, updates, unchanged []*EndpointSlice) ([]*EndpointSlice, []*EndpointSlice) {
-	auto := hintsEnabled(r.svc.Annotations)
-	td := validTrafficDistribution(r.svc.TrafficDistribution) && !auto
-	si := &sliceInfo{toCreate: creates, toUpdate: updates, unchanged: unchanged}
-	switch {
-	case auto:
-		si.addTopologyHints(r.topology)
-		return si.toCreate, si.toUpdate
-	case !td:
-		si.removeHints()
-		return si.toCreate, si.toUpdate
-	}
-	sameNode := r.svc.TrafficDistribution == TrafficPreferSameNode
-	for _, s := range si.unchanged {
-		if closeHintsNeedUpdate(s, sameNode) {
-			si.toUpdate = append(si.toUpdate, s.clone())
-		}
-	}
-	for _, s := range append(slices.Clip(si.toCreate), si.toUpdate...) {
-		setCloseHints(s, sameNode)
-	}
-	return si.toCreate, si.toUpdate
-}
-
-// sliceInfo is the library's topologycache.SliceInfo: the slices of one address type
-// of one sync.
-type sliceInfo struct {
-	toCreate, toUpdate, unchanged []*EndpointSlice
-}
-
-// removeHints clears the hints of the slices written, and moves the unchanged slices
-// that have hints to the updates, without them (RemoveHintsFromSlices).
-func (si *sliceInfo) removeHints() {
-	for _, s := range append(slices.Clip(si.toCreate), si.toUpdate...) {
-		for i := range s.Endpoints {
-			s.Endpoints[i].Hints = nil
-		}
-	}
-	j := 0
-	for _, s := range si.unchanged {
-		if !slices.ContainsFunc(s.Endpoints, func(e SliceEndpoint) bool { return e.Hints != nil }) {
-			si.unchanged[j] = s
-			j++
-			continue
-		}
-		cp := s.clone()
-		for i := range cp.Endpoints {
-			cp.Endpoints[i].Hints = nil
-		}
-		si.toUpdate = append(si.toUpdate, cp)
-	}
-	si.unchanged = si.unchanged[:j]
-}
 
 // allocation of endpoints to a zone.
 type allocation struct {
@@ -128,7 +84,7 @@ func allocations(ratios map[string]float64, n int) (map[string]allocation, bool)
 // given, or a ready endpoint has no zone.
 func (si *sliceInfo) addTopologyHints(ratios map[string]float64) {
 	total := 0
-	for _, group := range [][]*EndpointSlice{si.toCreate, si.toUpdate, si.unchanged} {
+	for _, group := range [][]*kube.EndpointSlice{si.toCreate, si.toUpdate, si.unchanged} {
 		for _, s := range group {
 			total += readyEndpoints(s)
 		}
@@ -143,7 +99,7 @@ func (si *sliceInfo) addTopologyHints(ratios map[string]float64) {
 	for _, s := range writable {
 		for i := range s.Endpoints {
 			e := &s.Endpoints[i]
-			if !e.isReady() {
+			if !EndpointReady(e) {
 				continue // as upstream: a not-ready endpoint keeps what it has
 			}
 			if e.Zone == "" {
@@ -151,7 +107,7 @@ func (si *sliceInfo) addTopologyHints(ratios map[string]float64) {
 				return
 			}
 			allocated[e.Zone]++
-			e.Hints = &Hints{ForZones: []string{e.Zone}}
+			e.Hints = &kube.Hints{ForZones: []string{e.Zone}}
 		}
 	}
 	giving, receiving := givingAndReceivingZones(allocs, allocated)
@@ -172,7 +128,7 @@ func (si *sliceInfo) allocatedHintsByZone(allocs map[string]allocation) map[stri
 	for _, s := range si.unchanged {
 		byZone := hintsByZone(s, allocated, allocs)
 		if byZone == nil {
-			si.toUpdate = append(si.toUpdate, s.clone())
+			si.toUpdate = append(si.toUpdate, clone(s))
 			continue
 		}
 		si.unchanged[j] = s
@@ -187,11 +143,12 @@ func (si *sliceInfo) allocatedHintsByZone(allocs map[string]allocation) map[stri
 
 // hintsByZone counts the zone hints of the ready endpoints of s, nil when they cannot
 // stay (getHintsByZone).
-func hintsByZone(s *EndpointSlice, allocated map[string]int, allocs map[string]allocation) map[string]int {
+func hintsByZone(s *kube.EndpointSlice, allocated map[string]int,
+	allocs map[string]allocation) map[string]int {
 	out := map[string]int{}
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		if !e.isReady() {
+		if !EndpointReady(e) {
 			continue
 		}
 		if e.Hints == nil || len(e.Hints.ForZones) == 0 {
@@ -215,7 +172,8 @@ func hintsByZone(s *EndpointSlice, allocated map[string]int, allocs map[string]a
 // givingAndReceivingZones says how many endpoints each zone over its desired share
 // gives and each zone under it receives: one at a time between the zones furthest
 // off, while both are off by at least half an endpoint and one by a whole one.
-func givingAndReceivingZones(allocs map[string]allocation, allocated map[string]int) (giving, receiving map[string]int) {
+func givingAndReceivingZones(allocs map[string]allocation,
+	allocated map[string]int) (giving, receiving map[string]int) {
 	over, under := map[string]float64{}, map[string]float64{}
 	for zone, a := range allocs {
 		switch n := float64(allocated[zone]); {
@@ -253,12 +211,12 @@ func most(zones map[string]float64) (string, float64) {
 
 // redistributeHints moves the hints of ready endpoints of giving zones to receiving
 // zones (in zone name order) and returns the change of each zone's count.
-func redistributeHints(writable []*EndpointSlice, giving, receiving map[string]int) map[string]int {
+func redistributeHints(writable []*kube.EndpointSlice, giving, receiving map[string]int) map[string]int {
 	diff := map[string]int{}
 	for _, s := range writable {
 		for i := range s.Endpoints {
 			e := &s.Endpoints[i]
-			if !e.isReady() {
+			if !EndpointReady(e) {
 				continue
 			}
 			if len(giving) == 0 || len(receiving) == 0 {
@@ -268,7 +226,7 @@ func redistributeHints(writable []*EndpointSlice, giving, receiving map[string]i
 				continue
 			}
 			for _, rz := range slices.Sorted(maps.Keys(receiving)) {
-				e.Hints = &Hints{ForZones: []string{rz}}
+				e.Hints = &kube.Hints{ForZones: []string{rz}}
 				take(giving, e.Zone)
 				take(receiving, rz)
 				diff[rz]++
@@ -289,65 +247,12 @@ func take(m map[string]int, k string) {
 	m[k]--
 }
 
-func readyEndpoints(s *EndpointSlice) int {
+func readyEndpoints(s *kube.EndpointSlice) int {
 	n := 0
 	for i := range s.Endpoints {
-		if s.Endpoints[i].isReady() {
+		if EndpointReady(&s.Endpoints[i]) {
 			n++
 		}
 	}
 	return n
-}
-
-// closeHintsNeedUpdate reports whether a ready endpoint of s lacks the hints of
-// PreferClose / PreferSameZone (its zone) or PreferSameNode (also its node), or has
-// hints it should not.
-func closeHintsNeedUpdate(s *EndpointSlice, sameNode bool) bool {
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if !e.isReady() {
-			continue
-		}
-		var zones, nodes []string
-		if e.Hints != nil {
-			zones, nodes = e.Hints.ForZones, e.Hints.ForNodes
-		}
-		if e.Zone != "" {
-			if len(zones) != 1 || zones[0] != e.Zone {
-				return true
-			}
-		} else if len(zones) > 0 {
-			return true
-		}
-		if e.NodeName != "" && sameNode {
-			if len(nodes) != 1 || nodes[0] != e.NodeName {
-				return true
-			}
-		} else if len(nodes) > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// setCloseHints gives every ready endpoint of s its zone (and, for PreferSameNode, its
-// node) as hint; none when it has neither. Not-ready endpoints keep theirs.
-func setCloseHints(s *EndpointSlice, sameNode bool) {
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if !e.isReady() {
-			continue
-		}
-		var h Hints
-		if e.Zone != "" {
-			h.ForZones = []string{e.Zone}
-		}
-		if e.NodeName != "" && sameNode {
-			h.ForNodes = []string{e.NodeName}
-		}
-		e.Hints = nil
-		if h.ForZones != nil || h.ForNodes != nil {
-			e.Hints = &h
-		}
-	}
 }

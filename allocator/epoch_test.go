@@ -39,7 +39,7 @@ func checkTombstone(t *testing.T, cli *clientv3.Client, a *Allocator, uid string
 func passEpochs(t *testing.T, a *Allocator) {
 	t.Helper()
 	moveEpoch(t, a)
-	if err := a.collectTombstones(etcdtest.Context(t)); err != nil {
+	if err := a.epochs.collect(etcdtest.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -52,17 +52,21 @@ func passEpochs(t *testing.T, a *Allocator) {
 // acknowledged full release. (Before the tombstones, the owner record's absence and
 // the free item satisfied its compares, and the allocation came back.) An owner that
 // allocates again after a genuine release still can. In the second case the tombstone
-// is collected before the held transaction lands: the epoch fence fails it.
+// is collected before the held transaction lands: its epoch compare fails it.
 //
 // Two more cases release an owner that has no record, or only a tombstone, when the
 // release reads it: the held transaction (the caller's only attempt, not retried)
 // expects just that, so the release must still change the record (a tombstone anew).
+// In the last two, what the retry got is transferred to another owner instead of
+// released: the record emptied by the transfer is a tombstone too.
 func TestNoAllocationComesBack(t *testing.T) {
 	for _, c := range []raceCase{
 		{name: "tombstone", retry: true},
 		{name: "tombstone collected", retry: true, collect: true},
 		{name: "no record when released"},
 		{name: "only a tombstone when released", tombFirst: true},
+		{name: "transferred", retry: true, transfer: true},
+		{name: "transferred, tombstone collected", retry: true, collect: true, transfer: true},
 	} {
 		t.Run(c.name, func(t *testing.T) { raceRelease(t, c) })
 	}
@@ -70,11 +74,12 @@ func TestNoAllocationComesBack(t *testing.T) {
 
 // raceCase is one case of TestNoAllocationComesBack: whether the caller retries
 // (else the release finds what the held transaction expects), whether the tombstone
-// is collected before the held transaction lands, and whether the owner allocated and
-// released everything once before (a tombstone when the held transaction is built).
+// is collected before the held transaction lands, whether the owner allocated and
+// released everything once before (a tombstone when the held transaction is built),
+// and whether everything is transferred to another owner rather than released.
 type raceCase struct {
-	name                      string
-	retry, collect, tombFirst bool
+	name                                string
+	retry, collect, tombFirst, transfer bool
 }
 
 func raceRelease(t *testing.T, c raceCase) {
@@ -148,7 +153,13 @@ func raceRelease(t *testing.T, c raceCase) {
 			t.Fatalf("retry = %v", err)
 		}
 	}
-	if _, _, err := other.Release(ctx, o, nil, false); err != nil {
+	to := owner("svc-to")
+	if c.transfer {
+		if moved, _, err := other.Transfer(ctx, o, to, nil); err != nil || len(moved) != len(res.ClusterIPs) {
+			px.UnpauseTx()
+			t.Fatalf("Transfer(all of %s) = %v, %v; want %v moved", o.UID, moved, err, res.ClusterIPs)
+		}
+	} else if _, _, err := other.Release(ctx, o, nil, false); err != nil {
 		px.UnpauseTx()
 		t.Fatalf("Release(all of %s) = %v", o.UID, err)
 	}
@@ -171,6 +182,11 @@ func raceRelease(t *testing.T, c raceCase) {
 	}
 	if !c.collect {
 		checkTombstone(t, e.Client, other, o.UID)
+	}
+	if c.transfer {
+		if got := heldBy(t, e.Client, other, to.UID); len(got) != len(res.ClusterIPs) {
+			t.Errorf("after the transfer, etcd holds %v for %s; want %v", got, to.UID, res.ClusterIPs)
+		}
 	}
 
 	// A genuine new allocation of the owner, through either replica, follows the
@@ -231,23 +247,23 @@ func newProxy(t *testing.T, target string) (proxy.Server, string) {
 
 // TestEpochSeenKeepsPairs: the epoch's version and CreateRevision are recorded
 // together: a late event of the key before it was made anew never lends its version
-// to the new key (the fence would be looser than the key allows).
+// to the new key (the epoch compare would be looser than the key allows).
 func TestEpochSeenKeepsPairs(t *testing.T) {
-	a := &Allocator{}
-	a.epochSeen(59, 100)
-	a.epochSeen(1, 500)  // the key made anew
-	a.epochSeen(60, 100) // a late event of the old key
-	if f := a.fenceNow(); f != (fence{version: 1, create: 500}) {
-		t.Errorf("after a late event of the old key: fence %+v; want {1 500}", f)
+	e := &epochs{}
+	e.seen(59, 100)
+	e.seen(1, 500)  // the key made anew
+	e.seen(60, 100) // a late event of the old key
+	if ep := e.now(); ep != (epoch{version: 1, create: 500}) {
+		t.Errorf("after a late event of the old key: epoch %+v; want {1 500}", ep)
 	}
-	a.epochSeen(3, 500)
-	a.epochSeen(2, 500)
-	if f := a.fenceNow(); f != (fence{version: 3, create: 500}) {
-		t.Errorf("a version went back: fence %+v; want {3 500}", f)
+	e.seen(3, 500)
+	e.seen(2, 500)
+	if ep := e.now(); ep != (epoch{version: 3, create: 500}) {
+		t.Errorf("a version went back: epoch %+v; want {3 500}", ep)
 	}
-	a.epochSeen(0, 0) // deleted
-	if f := a.fenceNow(); f != (fence{}) {
-		t.Errorf("after the key's delete: fence %+v; want its absence", f)
+	e.seen(0, 0) // deleted
+	if ep := e.now(); ep != (epoch{}) {
+		t.Errorf("after the key's delete: epoch %+v; want its absence", ep)
 	}
 }
 

@@ -25,11 +25,14 @@ type options struct {
 	logLevel      string
 	abFull        string
 	abVs, abEnv   string
+	abArgs        string
+	abShare       bool
 	abProfile     bool
 	abRounds      int
 	settle        time.Duration
 	restarts      int
 	restartTrace  bool
+	restartChurn  time.Duration
 	shareDuration time.Duration
 }
 
@@ -68,6 +71,10 @@ func main() {
 		"and by this other build of scale, alternating")
 	flag.StringVar(&o.abEnv, "ab-env", "", "instead of the points: the store in -dir served with these "+
 		"variables in allocd's environment (GOGC=200,GOMEMLIMIT=3GiB) and without, alternating")
+	flag.StringVar(&o.abArgs, "ab-args", "", "with -ab-vs or -ab-env, or alone with -dir: these arguments "+
+		"added to this side's allocd command line (\"--log-level info\"), the other side without")
+	flag.BoolVar(&o.abShare, "ab-share", false, "A/B rounds measure Allocate's CPU against its controls "+
+		"(-share-duration, as at each point) instead of rate runs")
 	flag.IntVar(&o.abRounds, "ab-rounds", 3, "rounds of -ab-full, -ab-vs or -ab-env")
 	flag.BoolVar(&o.abProfile, "ab-profile", false, "CPU and heap profiles of every A/B rate run, in "+
 		"-profile-dir (cpu-ab<round>-<side>.pprof)")
@@ -76,6 +83,8 @@ func main() {
 	flag.IntVar(&o.restarts, "restarts", 0, "instead of the points: this many rounds of restarts of the "+
 		"store in -dir (an earlier run's, kept), each start profiled (see restart.go)")
 	flag.BoolVar(&o.restartTrace, "restart-trace", false, "with -restarts: an execution trace of each start")
+	flag.DurationVar(&o.restartChurn, "restart-churn", 0, "with -restarts: this long of Allocate+Release "+
+		"cycles before each kill -9 (the checkpoint of the index is then behind, as under load)")
 	flag.Parse()
 	if o.restarts > 0 {
 		if o.dir == "" {
@@ -86,7 +95,7 @@ func main() {
 		}
 		return
 	}
-	if o.abFull != "" || o.abVs != "" || o.abEnv != "" {
+	if o.abFull != "" || o.abVs != "" || o.abEnv != "" || o.abArgs != "" {
 		if err := abRun(context.Background(), o); err != nil {
 			fail(err)
 		}

@@ -20,8 +20,12 @@ import (
 // kill -9 → SERVING. Every allocd start writes its CPU profile, block profile and
 // steps (daemon.Start's phases: etcd, space, services) to DIR/restarts/<round>-<kind>;
 // with -restart-trace an execution trace too. It prints each start's steps: allocd's
-// own part is what follows etcd's.
+// own part is what follows etcd's. With -restart-churn D, every kill -9 before a
+// measured start comes after D of Allocate+Release cycles, as a replica killed under
+// load is: the start then replays what the index's checkpoint is behind (the line says
+// how many revisions, read just before the kill).
 func restartRun(ctx context.Context, o options) error {
+	o.rateDuration = o.restartChurn
 	s, err := newStack(o.dir, o)
 	if err != nil {
 		return err
@@ -31,14 +35,19 @@ func restartRun(ctx context.Context, o options) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	// A kill -9 before the first measured start, as before every later one.
-	if _, err := s.startAllocd(ctx, ""); err != nil {
-		return err
-	}
-	s.killAllocd()
+	f := newFiller(o.clients)
+	defer f.close()
 	fmt.Printf("restarts of the store in %s (%s), profiles in %s\n", o.dir, mib(dirSize(s.data)), out)
 	for round := range o.restarts {
 		var line []string
+		// A kill -9 before every measured start.
+		if _, err := s.startAllocd(ctx, ""); err != nil {
+			return err
+		}
+		lag, err := s.churnKill(ctx, f)
+		if err != nil {
+			return err
+		}
 		start := func(kind, etcdServers string) error {
 			dir := filepath.Join(out, fmt.Sprintf("%d-%s", round, kind))
 			behind := ""
@@ -57,8 +66,13 @@ func restartRun(ctx context.Context, o options) error {
 					break
 				}
 			}
+			line = append(line, fmt.Sprintf("%s %s (%s%s%s)", kind, secs(took), readPhases(dir), behind, lag))
+			lag = ""
+			if kind == "join" {
+				lag, err = s.churnKill(ctx, f)
+				return err
+			}
 			s.killAllocd()
-			line = append(line, fmt.Sprintf("%s %s (%s%s)", kind, secs(took), readPhases(dir), behind))
 			return nil
 		}
 		if err := start("embedded", ""); err != nil {
@@ -81,6 +95,19 @@ func restartRun(ctx context.Context, o options) error {
 		fmt.Printf("round %d: %s\n", round, strings.Join(line, "; "))
 	}
 	return nil
+}
+
+// churnKill runs -restart-churn of Allocate+Release cycles on the allocd running and
+// says how far behind its checkpoint then is; then it kills allocd with SIGKILL.
+func (s *stack) churnKill(ctx context.Context, f *filler) (string, error) {
+	defer s.killAllocd()
+	if s.o.restartChurn <= 0 {
+		return "", nil
+	}
+	if _, _, _, err := s.rateRun(ctx, f, -1); err != nil {
+		return "", err
+	}
+	return ", killed with the " + s.checkpointLag(ctx), nil
 }
 
 // checkpointLag reads, from etcd alone, how many revisions the allocation index's

@@ -54,6 +54,9 @@ func (sh share) ratio() float64 {
 // floor, the held call, then it releases the owners and deletes the floor's keys.
 func (s *stack) shareRun(ctx context.Context, f *filler) (share, error) {
 	var sh share
+	if err := f.dial(s.grpcAddr); err != nil {
+		return sh, err
+	}
 	pid := s.allocd.Process.Pid
 	sum0, count0 := s.metric("allocd_allocator_commit_batch_requests_sum", ""),
 		s.metric("allocd_allocator_commit_batch_requests_count", "")
@@ -203,7 +206,7 @@ func (s *stack) compactNow(ctx context.Context) (time.Duration, error) {
 // hold), calls it from clients goroutines over 4 connections for half the share
 // duration, and returns that process's CPU per call.
 func (s *stack) heldRun(ctx context.Context, clients int, hold time.Duration) (time.Duration, error) {
-	cmd := exec.Command(s.bin, "held", "-hold", hold.String())
+	cmd := exec.Command(s.self, "held", "-hold", hold.String())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -38,6 +38,8 @@ type stack struct {
 	// (restartRun).
 	startDir string
 	env      []string // added to allocd's environment
+	args     []string // added to allocd's command line
+	self     string   // this program (`scale held` runs from it, whatever bin is)
 	// profileName: rate runs take profiles, named cpu-<profileName>.pprof (abRun).
 	profileName string
 }
@@ -51,7 +53,7 @@ func newStack(dir string, o options) (*stack, error) {
 	if err := os.MkdirAll(logs, 0o755); err != nil {
 		return nil, err
 	}
-	s := &stack{o: o, bin: bin, data: data, logs: logs}
+	s := &stack{o: o, bin: bin, self: bin, data: data, logs: logs}
 	for _, a := range []*string{&s.grpcAddr, &s.pprofAddr, &s.metricsAddr, &s.etcdClient, &s.etcdPeer} {
 		if *a, err = loopback.FreeAddr(); err != nil {
 			return nil, err
@@ -86,7 +88,7 @@ func (s *stack) startAllocd(ctx context.Context, etcdServers string) (time.Durat
 	if err != nil {
 		return 0, err
 	}
-	cmd := exec.Command(s.bin, args...)
+	cmd := exec.Command(s.bin, append(args, s.args...)...)
 	cmd.Env = append(os.Environ(), s.env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

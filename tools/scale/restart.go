@@ -54,6 +54,10 @@ func restartRun(ctx context.Context, o options) error {
 			if etcdServers != "" {
 				behind = ", " + s.checkpointLag(ctx)
 			}
+			// A start's steps are read once its phases.txt exists: not an earlier run's.
+			if err := os.RemoveAll(dir); err != nil {
+				return err
+			}
 			s.startDir = dir
 			took, err := s.startAllocd(ctx, etcdServers)
 			s.startDir = ""

@@ -45,6 +45,9 @@ type catchUpPart struct {
 	cancel context.CancelFunc
 	evs    []*clientv3.Event // received before the part's turn
 	done   bool              // every event before end received
+	// notified is the revision of the last progress notification received before the
+	// part's turn: its events up to there are in evs.
+	notified int64
 }
 
 // catchUpResp is a response of part k's watch; closed: its channel closed.
@@ -146,6 +149,8 @@ func (ix *rangeIndex) catchUpResponse(ctx context.Context, parts []catchUpPart, 
 			p.done = true
 		case r.k == *cur:
 			ix.advance(resp.Header.Revision)
+		default:
+			p.notified = resp.Header.Revision
 		}
 	default:
 		evs := resp.Events
@@ -172,6 +177,9 @@ func (ix *rangeIndex) catchUpResponse(ctx context.Context, parts []catchUpPart, 
 		next := &parts[*cur]
 		if err := ix.apply(ctx, next.evs); err != nil {
 			return err
+		}
+		if next.end == 0 && next.notified > 0 {
+			ix.advance(next.notified) // the last part: its events up to there are applied
 		}
 		next.evs = nil
 	}

@@ -37,8 +37,10 @@
 //   - -restarts N: N rounds of the restarts of step 5 and 6 on that store, each start
 //     profiled (CPU, block, with -restart-trace an execution trace) and split into
 //     daemon.Start's steps (etcd, space, services): allocd's own part is what follows
-//     etcd's;
-//   - -ab-full DIR, -ab-vs BIN, -ab-env VARS: rate runs alternating between two sides
-//     (an empty store and that one; this build and another; allocd with and without
-//     those environment variables), each on a fresh allocd, with the ratios pair by pair.
+//     etcd's; with -restart-churn D, every kill -9 after D of Allocate+Release cycles
+//     (the index's checkpoint then behind, as under load);
+//   - -ab-full DIR, -ab-vs BIN, -ab-env VARS, -ab-args ARGS: rate runs alternating
+//     between two sides (an empty store and that one; this build and another; allocd
+//     with and without those environment variables or arguments), each on a fresh
+//     allocd, with the ratios pair by pair; with -ab-share, runs of step 2 instead.
 package main

@@ -30,8 +30,9 @@
 // revision it reflects, which Sync waits for. Its watch is the one reader of etcd's
 // events: it hands the epoch key's changes to the epochs, who holds each item to the
 // holders, and the count of changes to the checkpointer. It is loaded from a checkpoint
-// and the events since, or by listing every item key. TestIndexSettle and the tests of
-// the watch (TestWatchAcrossReplicas, TestWatchAfterCompaction) are its own.
+// and the events since (replayed through several watches at once, catchup.go), or by
+// listing every item key. TestIndexSettle, TestCatchUpInParts and the tests of the watch
+// (TestWatchAcrossReplicas, TestWatchAfterCompaction) are its own.
 //
 // The epochs (epochs, epoch.go) keep the epoch that every write compares, move it on
 // while tombstones wait, and collect the tombstones once no transaction built before

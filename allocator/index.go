@@ -54,6 +54,9 @@ type rangeIndex struct {
 	syncTimeout time.Duration
 	// loadedFrom says how load built the index: "checkpoint" or "list".
 	loadedFrom string
+	// catchUpSpan is how many revisions each watch of a catch-up replays (catchup.go;
+	// 0: catchUpSpan, smaller in tests).
+	catchUpSpan int64
 
 	// What the watch feeds.
 	epochs *epochs
@@ -473,45 +476,6 @@ func (ix *rangeIndex) loadCheckpoint(ctx context.Context) error {
 	}
 	ix.log.Info("index loaded from a checkpoint", "checkpoint_revision", head.Rev, "revision",
 		ix.progress.Rev())
-	return nil
-}
-
-// catchUp applies the item keys' events after the index's revision until it reaches
-// target, asking etcd for progress notifications to get past writes elsewhere.
-func (ix *rangeIndex) catchUp(ctx context.Context, target int64) error {
-	if ix.progress.Rev() >= target {
-		return nil
-	}
-	from := ix.progress.Rev() + 1
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	wch := ix.cli.Watch(wctx, ix.watchStart, clientv3.WithRange(ix.watchEnd), clientv3.WithRev(from))
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for ix.progress.Rev() < target {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
-			ix.requestProgress(wctx)
-		case resp, ok := <-wch:
-			switch {
-			case !ok:
-				return fmt.Errorf("catch up from %d: watch closed", from)
-			case resp.CompactRevision != 0:
-				return fmt.Errorf("%w: revision %d compacted (at %d)", errNoCheckpoint, from,
-					resp.CompactRevision)
-			case resp.Err() != nil:
-				return fmt.Errorf("catch up from %d: %w", from, resp.Err())
-			case resp.IsProgressNotify():
-				ix.advance(resp.Header.Revision)
-				continue
-			}
-			if err := ix.apply(ctx, resp.Events); err != nil {
-				return err
-			}
-		}
-	}
 	return nil
 }
 

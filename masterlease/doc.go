@@ -7,7 +7,15 @@
 // and revokes the old one: one etcd lease per key, whatever the number of renewals. A
 // lease that is not renewed is revoked by etcd and its key deleted with it, so it leaves
 // List and the endpoints within its TTL plus etcd's expiry tick (500 ms) and the watch
-// delay. Remove deletes the key and revokes the lease.
+// delay. Remove deletes the key and revokes the lease, and marks the address removed
+// (<prefix>removed/<ip>, until the next Renew creates the key).
+//
+// etcd can delete a key whose lease is renewed in time: an etcd leader that was
+// stopped and resumes revokes the leases its own clock says expired, before it learns
+// that another leads (restore.go). Run tells such a delete from an expiry by the last
+// renewal's time in the key's previous value, and from a Remove by the marker; it
+// keeps the lease in the endpoints and in List, and writes the key again under a new
+// lease of the TTL that was left, within milliseconds.
 //
 // Run watches the prefix and derives the endpoints: one subset, the addresses sorted
 // (netip order), port "https"/TCP. When storage lists no lease at all, the last

@@ -59,14 +59,23 @@ func (e Endpoints) clone() Endpoints {
 // so it returns an error only when called twice. Endpoints follow the leases, with the
 // guard of kube-apiserver's lease reconciler: when storage lists no lease at all, the
 // last non-empty endpoints are kept and a warning is logged, unless the last lease was
-// removed by an API server shutting down (Remove with shutdown set).
+// removed by an API server shutting down (Remove with shutdown set). A lease key that
+// etcd deletes while its lease is renewed in time is kept, and written again
+// (restore.go).
 func (m *Manager) Run(ctx context.Context) error {
 	if !m.running.CompareAndSwap(false, true) {
 		return errors.New("masterlease: Run called twice")
 	}
 	defer m.stop()
+	var g errgroup.Group
+	rctx, stopRestores := context.WithCancel(ctx)
+	g.Go(func() error {
+		m.restoreLoop(rctx)
+		return nil
+	})
 	watch.Loop(ctx, m.log, "master lease watch", maxBackoff, m.listAndWatch)
-	return nil
+	stopRestores()
+	return g.Wait()
 }
 
 // stop marks the Manager stopped and ends every WatchEndpoints.
@@ -86,7 +95,10 @@ func (m *Manager) listAndWatch(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	wch := m.cli.Watch(wctx, m.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	// The previous value of a deleted key tells when its lease would have run out
+	// (restore.go).
+	wch := m.cli.Watch(wctx, m.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1),
+		clientv3.WithPrevKV())
 	for {
 		select {
 		case <-ctx.Done():
@@ -123,34 +135,75 @@ func (m *Manager) load(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("list %s: %w", m.prefix, err)
 	}
-	type item struct {
-		addr netip.Addr
-		st   leaseState
+	l := m.parseListing(resp.Kvs)
+	now := time.Now()
+	if err := m.expiries(ctx, l.items, now); err != nil {
+		return 0, err
 	}
-	var items []item
-	var renewTimes []time.Time
-	var shutdown removal // the last shutdown removal recorded in etcd, if any
-	for _, kv := range resp.Kvs {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := m.leases
+	m.leases = make(map[netip.Addr]leaseState, len(l.items))
+	for _, it := range l.items {
+		m.leases[it.addr] = it.st
+	}
+	m.keepRevokedLocked(old, l.removedAt, now)
+	// A re-list after a broken watch may have missed the last API server's shutdown
+	// removal: if no lease is left and the newest shutdown marker came after what this
+	// replica had seen, it is that removal (the #115804 exception), not a storage gap.
+	if len(l.items) == 0 && l.shutdown.rev > m.progress.Rev() &&
+		slices.Contains(m.eps.Addresses, l.shutdown.ip) {
+		m.lastShut, m.lastDel = l.shutdown, l.shutdown
+	}
+	m.reconcileLocked(resp.Header.Revision)
+	m.progress.Advance(resp.Header.Revision)
+	return resp.Header.Revision, nil
+}
+
+// listing is what load reads under the prefix.
+type listing struct {
+	items     []listedLease
+	shutdown  removal              // the last shutdown removal recorded in etcd, if any
+	removedAt map[netip.Addr]int64 // revisions of the Remove markers
+}
+
+// listedLease is one lease key as listed, and the renewal time its value records.
+type listedLease struct {
+	addr      netip.Addr
+	st        leaseState
+	renewTime time.Time
+}
+
+func (m *Manager) parseListing(kvs []*mvccpb.KeyValue) listing {
+	l := listing{removedAt: map[netip.Addr]int64{}}
+	for _, kv := range kvs {
 		if string(kv.Key) == m.shutdownKey {
 			if a, err := netip.ParseAddr(string(kv.Value)); err == nil {
-				shutdown = removal{ip: a, rev: kv.ModRevision}
+				l.shutdown = removal{ip: a, rev: kv.ModRevision}
 			}
+			continue
+		}
+		if addr, ok := m.parseRemovedKey(string(kv.Key)); ok {
+			l.removedAt[addr] = kv.ModRevision
 			continue
 		}
 		if addr, ok := m.parseKey(string(kv.Key)); ok {
 			v := decode(kv.Value)
-			items = append(items, item{addr, leaseState{id: clientv3.LeaseID(kv.Lease),
-				ttl: v.GrantedTTLSeconds, modRev: kv.ModRevision}})
-			renewTimes = append(renewTimes, v.RenewTime)
+			l.items = append(l.items, listedLease{addr: addr, renewTime: v.RenewTime,
+				st: leaseState{id: clientv3.LeaseID(kv.Lease), ttl: v.GrantedTTLSeconds, asked: v.TTLSeconds,
+					modRev: kv.ModRevision}})
 		}
 	}
-	// One TimeToLive per lease, once per list: afterwards the watch keeps the
-	// expiries current.
-	now := time.Now()
+	return l
+}
+
+// expiries sets the expiry and last renewal of every listed lease from etcd's
+// TimeToLive, once per list: afterwards the watch keeps them current.
+func (m *Manager) expiries(ctx context.Context, items []listedLease, now time.Time) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(timeToLiveParallel)
 	for i := range items {
-		st, renewTime := &items[i].st, renewTimes[i]
+		st, renewTime := &items[i].st, items[i].renewTime
 		if st.id == 0 {
 			st.expires, st.renewed = now, now
 			continue
@@ -174,24 +227,19 @@ func (m *Manager) load(ctx context.Context) (int64, error) {
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return 0, err
+	return g.Wait()
+}
+
+// keepRevokedLocked keeps, from the state before a list (old), the leases revoked
+// early that the list does not have, unless a Remove marked them since (removedAt, by
+// address) or they ran out.
+func (m *Manager) keepRevokedLocked(old map[netip.Addr]leaseState, removedAt map[netip.Addr]int64,
+	now time.Time) {
+	for a, st := range old {
+		if _, ok := m.leases[a]; !ok && st.revoked && removedAt[a] <= st.modRev && st.expires.After(now) {
+			m.leases[a] = st
+		}
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.leases = make(map[netip.Addr]leaseState, len(items))
-	for _, it := range items {
-		m.leases[it.addr] = it.st
-	}
-	// A re-list after a broken watch may have missed the last API server's shutdown
-	// removal: if no lease is left and the newest shutdown marker came after what this
-	// replica had seen, it is that removal (the #115804 exception), not a storage gap.
-	if len(items) == 0 && shutdown.rev > m.progress.Rev() && slices.Contains(m.eps.Addresses, shutdown.ip) {
-		m.lastShut, m.lastDel = shutdown, shutdown
-	}
-	m.reconcileLocked(resp.Header.Revision)
-	m.progress.Advance(resp.Header.Revision)
-	return resp.Header.Revision, nil
 }
 
 // apply applies one watch response's events and reconciles the endpoints after each
@@ -208,21 +256,43 @@ func (m *Manager) apply(evs []*clientv3.Event) {
 	now := time.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	var rv revisionEvents
 	for i, ev := range evs {
-		m.applyEventLocked(ev, now)
+		m.applyEventLocked(ev, now, &rv)
 		if rev := ev.Kv.ModRevision; i == len(evs)-1 || evs[i+1].Kv.ModRevision != rev {
+			m.revokedLocked(rv.gone, rv.removed, now)
+			rv = revisionEvents{}
 			m.reconcileLocked(rev)
 		}
 	}
 	m.progress.Advance(evs[len(evs)-1].Kv.ModRevision)
 }
 
-// applyEventLocked applies one watch event to the leases and the removal records.
-func (m *Manager) applyEventLocked(ev *clientv3.Event, now time.Time) {
+// revisionEvents is what the events of one revision deleted and removed, for
+// revokedLocked.
+type revisionEvents struct {
+	gone    []restoreJob // lease keys deleted, with their state before
+	removed []netip.Addr // addresses whose Remove marker was written
+}
+
+// applyEventLocked applies one watch event to the leases and the removal records,
+// and notes in rv the lease keys it deletes and the Remove markers it writes.
+func (m *Manager) applyEventLocked(ev *clientv3.Event, now time.Time, rv *revisionEvents) {
 	kv := ev.Kv
 	if string(kv.Key) == m.shutdownKey {
 		if a, err := netip.ParseAddr(string(kv.Value)); ev.Type == mvccpb.PUT && err == nil {
 			m.lastShut = removal{ip: a, rev: kv.ModRevision}
+		}
+		return
+	}
+	if addr, ok := m.parseRemovedKey(string(kv.Key)); ok {
+		if ev.Type == mvccpb.PUT {
+			rv.removed = append(rv.removed, addr)
+			if st, ok := m.leases[addr]; ok && st.revoked {
+				// Removed while revoked early: it goes now, as removed.
+				delete(m.leases, addr)
+				m.lastDel = removal{ip: addr, rev: kv.ModRevision}
+			}
 		}
 		return
 	}
@@ -232,21 +302,30 @@ func (m *Manager) applyEventLocked(ev *clientv3.Event, now time.Time) {
 	}
 	switch ev.Type {
 	case mvccpb.PUT:
-		ttl := decode(kv.Value).GrantedTTLSeconds
-		if prev, ok := m.leases[addr]; !ok || prev.id != clientv3.LeaseID(kv.Lease) {
+		v := decode(kv.Value)
+		ttl := v.GrantedTTLSeconds
+		prev, ok := m.leases[addr]
+		if !ok || prev.id != clientv3.LeaseID(kv.Lease) {
 			// A new lease (a new API server, or a new TTL): one line. Plain
 			// renewals of the same lease are not logged: they come every TTL/3.
 			m.log.Info("master lease granted", "ip", addr, "lease", kv.Lease, "ttl_seconds", ttl,
 				"revision", kv.ModRevision)
 		}
+		restoredFrom := prev.restoredFrom
+		if prev.revoked {
+			restoredFrom = prev.modRev
+		}
 		m.leases[addr] = leaseState{
-			id: clientv3.LeaseID(kv.Lease), ttl: ttl, modRev: kv.ModRevision,
-			expires: now.Add(time.Duration(ttl) * time.Second), renewed: now,
+			id: clientv3.LeaseID(kv.Lease), ttl: ttl, asked: v.TTLSeconds, modRev: kv.ModRevision,
+			expires: now.Add(time.Duration(ttl) * time.Second), renewed: now, restoredFrom: restoredFrom,
 		}
 	case mvccpb.DELETE:
 		// Expired (etcd revoked the lease) or removed: either way the API server
-		// leaves the endpoints.
+		// leaves the endpoints, unless etcd revoked it early (revokedLocked).
 		m.log.Info("master lease gone", "ip", addr, "revision", kv.ModRevision)
+		if ev.PrevKv != nil {
+			rv.gone = append(rv.gone, goneJob(addr, ev.PrevKv, kv.ModRevision))
+		}
 		delete(m.leases, addr)
 		m.lastDel = removal{ip: addr, rev: kv.ModRevision}
 	}

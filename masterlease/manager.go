@@ -47,6 +47,11 @@ const (
 	// writes in the same transaction as the delete. It is not an IP, so it is never
 	// taken for a lease.
 	shutdownName = "shutdown"
+	// removedDir holds a marker per removed address, <prefix>removed/<ip>, written by
+	// every Remove (in the transaction of the delete, when there is a key) and deleted
+	// when Renew creates the key again: a watch tells a removal from etcd revoking a
+	// lease by it, and a restore (restore.go) never brings back a removed lease.
+	removedDir = "removed/"
 )
 
 // Config configures a Manager.
@@ -90,8 +95,9 @@ type Manager struct {
 	cli         *clientv3.Client
 	prefix      string
 	shutdownKey string
-	defaultTTL  int64 // seconds
-	minTTL      int64 // seconds, etcd's minimum as probed by New
+	removedDir  string // prefix + removedDir
+	defaultTTL  int64  // seconds
+	minTTL      int64  // seconds, etcd's minimum as probed by New
 	port        Port
 	log         *slog.Logger
 	metrics     *metrics // nil: no metrics
@@ -109,15 +115,25 @@ type Manager struct {
 	lastDel  removal                   // last lease key deleted
 	lastShut removal                   // last shutdown marker written
 	watchers map[chan struct{}]struct{}
+	restores map[netip.Addr]restoreJob // keys to restore (restore.go), for the restorer
+	restorec chan struct{}             // signalled when restores has a job
 }
 
 // leaseState is what Run knows of one lease key.
 type leaseState struct {
 	id      clientv3.LeaseID
 	ttl     int64 // granted, seconds
+	asked   int64 // the TTL the API server asked for, seconds
 	modRev  int64
 	expires time.Time // local clock; when the lease runs out unless renewed
 	renewed time.Time // local clock; when the last renewal was seen
+	// revoked: etcd deleted the key at modRev, by revoking its lease, while the last
+	// renewal seen still had time to run (restore.go). The lease stays live here, in
+	// the endpoints and in List, until the key is written again or expires passes.
+	revoked bool
+	// restoredFrom is the revision of the last early revocation of the key before
+	// it was written again (0: none), for List.
+	restoredFrom int64
 }
 
 // removal is a lease key deleted, or named by a shutdown marker, at a revision.
@@ -178,6 +194,7 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Manager, error
 		cli:         cli,
 		prefix:      prefix,
 		shutdownKey: prefix + shutdownName,
+		removedDir:  prefix + removedDir,
 		defaultTTL:  ceilSeconds(cfg.DefaultTTL),
 		minTTL:      max(g.TTL, 1),
 		port:        Port{Name: "https", Port: cfg.ServicePort, Protocol: "TCP"},
@@ -186,6 +203,8 @@ func New(ctx context.Context, cli *clientv3.Client, cfg Config) (*Manager, error
 		donec:       make(chan struct{}),
 		leases:      map[netip.Addr]leaseState{},
 		watchers:    map[chan struct{}]struct{}{},
+		restores:    map[netip.Addr]restoreJob{},
+		restorec:    make(chan struct{}, 1),
 	}
 	m.eps = Endpoints{Ports: []Port{m.port}}
 	// Reads wait for Run from the start (it may not have been called yet); stop ends
@@ -294,7 +313,7 @@ func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (_ Leas
 		if len(get.Kvs) == 1 {
 			cur = get.Kvs[0]
 		}
-		if cur != nil && cur.Lease != 0 && decode(cur.Value).TTLSeconds == ttl {
+		if cur != nil && cur.Lease != 0 && keeps(decode(cur.Value), ttl) {
 			// Same TTL: keep the lease the key already has.
 			id := clientv3.LeaseID(cur.Lease)
 			var ka *clientv3.LeaseKeepAliveResponse
@@ -357,14 +376,15 @@ func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyV
 		return Lease{}, false, fmt.Errorf("masterlease: grant lease for %s: %w", key, err)
 	}
 	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	ops := []clientv3.Op{clientv3.OpPut(key, encode(ttl, g.TTL), clientv3.WithLease(g.ID))}
 	if cur != nil {
 		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)
+	} else {
+		ops = append(ops, clientv3.OpDelete(m.removedKey(addr))) // live again
 	}
 	var resp *clientv3.TxnResponse
 	err = call.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
-		resp, err = m.cli.Txn(ctx).If(cmp).
-			Then(clientv3.OpPut(key, encode(ttl, g.TTL), clientv3.WithLease(g.ID))).
-			Commit()
+		resp, err = m.cli.Txn(ctx).If(cmp).Then(ops...).Commit()
 		return err
 	})
 	if err != nil {
@@ -402,7 +422,8 @@ func (m *Manager) lease(addr netip.Addr, id clientv3.LeaseID, ttl, rev int64) Le
 
 // Remove deletes the lease key of ip and revokes its etcd lease. It reports whether a
 // lease was there (removing an absent lease is not an error) and the revision of the
-// delete, or of the read that found nothing. Set shutdown when the API server at ip
+// delete, or of the marker written when there was no key (it stops a restore of a
+// lease etcd revoked early, restore.go). Set shutdown when the API server at ip
 // removes its own lease because it shuts down cleanly: if it was the last lease, the
 // endpoints become empty instead of keeping the last address (kubernetes #115804).
 // A bad ip returns *InvalidError and writes nothing.
@@ -434,10 +455,16 @@ func (m *Manager) remove(ctx context.Context, addr netip.Addr, shutdown bool) (b
 			return false, 0, fmt.Errorf("masterlease: read %s: %w", key, err)
 		}
 		if len(get.Kvs) == 0 {
-			return false, get.Header.Revision, nil
+			// No key: etcd may have revoked its lease while it was renewed, and a
+			// replica may be about to restore it. The marker stops that restore.
+			put, err := m.cli.Put(ctx, m.removedKey(addr), "")
+			if err != nil {
+				return false, 0, fmt.Errorf("masterlease: mark %s removed: %w", key, err)
+			}
+			return false, put.Header.Revision, nil
 		}
 		cur := get.Kvs[0]
-		ops := []clientv3.Op{clientv3.OpDelete(key)}
+		ops := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpPut(m.removedKey(addr), "")}
 		if shutdown {
 			ops = append(ops, clientv3.OpPut(m.shutdownKey, addr.String()))
 		}
@@ -464,7 +491,9 @@ func (m *Manager) remove(ctx context.Context, addr netip.Addr, shutdown bool) (b
 // List returns every live lease, sorted by address, with the revision it was read at.
 // The read is linearizable. The remaining TTL comes from what Run saw of the key (its
 // last write and the TTL granted then), and from etcd's TimeToLive only for keys Run
-// has not caught up with, so that a list of many leases costs one range read.
+// has not caught up with, so that a list of many leases costs one range read. A lease
+// whose key etcd revoked early (restore.go) is listed while Run keeps it, with the ID
+// and revision of its last key.
 func (m *Manager) List(ctx context.Context) ([]Lease, int64, error) {
 	resp, err := m.cli.Get(ctx, m.prefix, clientv3.WithPrefix())
 	if err != nil {
@@ -473,12 +502,14 @@ func (m *Manager) List(ctx context.Context) ([]Lease, int64, error) {
 	now := time.Now()
 	var out []Lease
 	var ask []int // indexes of out whose remaining TTL etcd must tell
+	listed := map[netip.Addr]bool{}
 	m.mu.Lock()
 	for _, kv := range resp.Kvs {
 		addr, ok := m.parseKey(string(kv.Key))
 		if !ok {
 			continue
 		}
+		listed[addr] = true
 		l := Lease{IP: addr, ID: clientv3.LeaseID(kv.Lease), Revision: kv.ModRevision}
 		l.TTL = time.Duration(decode(kv.Value).GrantedTTLSeconds) * time.Second
 		if st, ok := m.leases[addr]; ok && st.modRev == kv.ModRevision && st.id == l.ID {
@@ -491,6 +522,7 @@ func (m *Manager) List(ctx context.Context) ([]Lease, int64, error) {
 		out = append(out, l)
 	}
 	m.mu.Unlock()
+	out = append(out, m.revokedMissing(ctx, listed, resp.Header.Revision)...)
 	ttls, err := m.timeToLive(ctx, out, ask)
 	if err != nil {
 		return nil, 0, err
@@ -503,6 +535,40 @@ func (m *Manager) List(ctx context.Context) ([]Lease, int64, error) {
 	}
 	slices.SortFunc(out, func(a, b Lease) int { return a.IP.Compare(b.IP) })
 	return out, resp.Header.Revision, nil
+}
+
+// revokedMissing returns the leases that a read at rev did not list (listed) and
+// that Run keeps as revoked early. When Run knows a lease that is live and unlisted,
+// and has not caught up with rev, it waits for Run (at most readAttempt) to tell
+// whether etcd revoked that key early or it was removed.
+func (m *Manager) revokedMissing(ctx context.Context, listed map[netip.Addr]bool, rev int64) []Lease {
+	kept := func(wait bool) (out []Lease, unsure bool) {
+		now := time.Now()
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		for a, st := range m.leases {
+			switch {
+			case listed[a]:
+			case st.revoked || st.restoredFrom != 0 && st.restoredFrom <= rev && rev < st.modRev:
+				// Revoked early, and not written again as of rev.
+				ttl := time.Duration(st.ttl) * time.Second
+				out = append(out, Lease{IP: a, ID: st.id, TTL: ttl,
+					Remaining: min(max(st.expires.Sub(now), 0), ttl), Revision: st.modRev})
+			case wait && st.modRev <= rev && st.expires.Sub(now) > restoreMargin:
+				unsure = true
+			}
+		}
+		return out, unsure && m.progress.Rev() < rev
+	}
+	out, unsure := kept(true)
+	if !unsure {
+		return out
+	}
+	if err := m.progress.Wait(ctx, rev, readAttempt); err != nil {
+		return out
+	}
+	out, _ = kept(false)
+	return out
 }
 
 type ttlInfo struct{ remaining, granted time.Duration }
@@ -535,6 +601,22 @@ func (m *Manager) timeToLive(ctx context.Context, ls []Lease, ask []int) (map[in
 
 func (m *Manager) key(addr netip.Addr) string { return m.prefix + addr.String() }
 
+// removedKey is the marker of a Remove of addr (removedDir).
+func (m *Manager) removedKey(addr netip.Addr) string { return m.removedDir + addr.String() }
+
+// parseRemovedKey returns the address of a Remove's marker key.
+func (m *Manager) parseRemovedKey(key string) (netip.Addr, bool) {
+	s, ok := strings.CutPrefix(key, m.removedDir)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.String() != s {
+		return netip.Addr{}, false
+	}
+	return a, true
+}
+
 // parseKey returns the address of a lease key; false for a key under the prefix that
 // is not a lease (the shutdown marker, or something written by hand).
 func (m *Manager) parseKey(key string) (netip.Addr, bool) {
@@ -548,6 +630,11 @@ func (m *Manager) parseKey(key string) (netip.Addr, bool) {
 	}
 	return a, true
 }
+
+// keeps reports whether a Renew with ttl keeps the lease of a key whose value is v:
+// the TTL asked for is the same, and the lease was granted it (a restore binds the key
+// to a lease of what was left of the TTL, which the next Renew replaces).
+func keeps(v value, ttl int64) bool { return v.TTLSeconds == ttl && v.GrantedTTLSeconds >= ttl }
 
 func encode(ttl, granted int64) string {
 	b, _ := json.Marshal(value{TTLSeconds: ttl, GrantedTTLSeconds: granted, RenewTime: time.Now().UTC()})

@@ -9,8 +9,9 @@ import (
 
 // metrics are the allocd_masterlease_* metrics. A nil *metrics records nothing.
 type metrics struct {
-	renews  *prometheus.CounterVec
-	removes *prometheus.CounterVec
+	renews   *prometheus.CounterVec
+	removes  *prometheus.CounterVec
+	restores *prometheus.CounterVec
 }
 
 var (
@@ -39,6 +40,12 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 			Name: "allocd_masterlease_removes_total",
 			Help: "RemoveLease calls by result: removed, absent, invalid, error.",
 		}, []string{"result"}),
+		restores: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allocd_masterlease_restores_total",
+			Help: "Master lease keys etcd deleted while their lease was renewed in time (a stale etcd " +
+				"leader's revocation), by how their restore ended: restored, superseded (written " +
+				"meanwhile, or removed), expired, canceled.",
+		}, []string{"result"}),
 	}
 	for _, r := range []string{"created", "renewed", "replaced", "invalid", "error"} {
 		mt.renews.WithLabelValues(r)
@@ -46,7 +53,10 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 	for _, r := range []string{"removed", "absent", "invalid", "error"} {
 		mt.removes.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{mt.renews, mt.removes, collector{m}} {
+	for _, r := range []string{"restored", "superseded", "expired", "canceled"} {
+		mt.restores.WithLabelValues(r)
+	}
+	for _, c := range []prometheus.Collector{mt.renews, mt.removes, mt.restores, collector{m}} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("masterlease: register metrics: %w", err)
 		}
@@ -63,6 +73,12 @@ func (mt *metrics) renewed(result string) {
 func (mt *metrics) removed(result string) {
 	if mt != nil {
 		mt.removes.WithLabelValues(result).Inc()
+	}
+}
+
+func (mt *metrics) restoredOne(result string) {
+	if mt != nil {
+		mt.restores.WithLabelValues(result).Inc()
 	}
 }
 

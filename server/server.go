@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"runtime/debug"
 
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,12 +46,12 @@ func NewGRPCServer(o Options) (*grpc.Server, *health.Server) {
 	}
 	var unary []grpc.UnaryServerInterceptor
 	var stream []grpc.StreamServerInterceptor
-	var metrics *grpcprom.ServerMetrics
+	var metrics *grpcMetrics
 	if o.Registerer != nil {
-		metrics = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
+		metrics = newGRPCMetrics()
 		o.Registerer.MustRegister(metrics)
-		unary = append(unary, metrics.UnaryServerInterceptor())
-		stream = append(stream, metrics.StreamServerInterceptor())
+		unary = append(unary, metrics.unary())
+		stream = append(stream, metrics.stream())
 	}
 	// Per-call lines only when debug is on: the logging interceptor builds its fields on
 	// every call, which would cost throughput for lines nobody reads.
@@ -95,7 +94,7 @@ func NewGRPCServer(o Options) (*grpc.Server, *health.Server) {
 	if metrics != nil {
 		// Zero-valued series for what is registered so far, so /metrics shows the
 		// gRPC metrics before the first call.
-		metrics.InitializeMetrics(gs)
+		metrics.initialize(gs)
 	}
 	return gs, hs
 }

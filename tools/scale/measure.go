@@ -115,8 +115,13 @@ func (f *filler) fill(ctx context.Context, addr string, n int) error {
 // row is one point's measurements.
 type row struct {
 	n                    int
-	rate                 float64       // Allocates per second, ok calls
-	cpu                  time.Duration // allocd's CPU per Allocate in the rate run
+	rate                 float64       // Allocate+Release cycles per second
+	cpu                  time.Duration // allocd's CPU per cycle in the rate run
+	dur                  time.Duration // of the rate run
+	compactions          int           // etcd compactions in the rate run
+	compactCPU           time.Duration // allocd's CPU for a compaction of the whole history
+	budget               int64         // the history budget at the end of the rate run
+	share                share         // Allocate's CPU against its controls
 	rss, etcdRSS, extRSS int64
 	data, db             int64
 	passFirst, pass      time.Duration // a term's first repair pass (it lists), the next ones'
@@ -127,13 +132,28 @@ type row struct {
 // measure takes a point's measurements (see the package doc) and leaves allocd
 // running on its embedded etcd.
 func (s *stack) measure(ctx context.Context, f *filler, n int) (row, error) {
-	r := row{n: n}
+	r := row{n: n, dur: s.o.rateDuration}
 	var err error
 	if n > 0 && s.o.settle > 0 {
 		time.Sleep(s.o.settle)
 	}
-	if r.rate, r.cpu, err = s.rateRun(ctx, f, n); err != nil {
+	// The fill's history is the fill's: the rate run starts from a compacted store,
+	// and counts the compactions its own history causes.
+	if r.compactCPU, err = s.compactNow(ctx); err != nil {
 		return r, err
+	}
+	if r.rate, r.cpu, r.compactions, err = s.rateRun(ctx, f, n); err != nil {
+		return r, err
+	}
+	r.budget = int64(s.metric("allocd_etcd_history_budget_bytes", ""))
+	fmt.Printf("at %d: %.0f Allocate+Release cycles/s over %v, %.1f µs CPU each, %d compactions; "+
+		"compacting the history before it took %.2f s of CPU, %.1f µs a cycle at the budget of %s\n", n,
+		r.rate, r.dur, us(r.cpu), r.compactions, r.compactCPU.Seconds(), us(r.compactPerCycle()),
+		mib(r.budget))
+	if s.o.shareDuration > 0 {
+		if r.share, err = s.shareRun(ctx, f); err != nil {
+			return r, err
+		}
 	}
 	r.rss = rss(s.allocd.Process.Pid)
 	r.data, r.db = dirSize(s.data), dbSize(s.data)
@@ -169,30 +189,38 @@ func (s *stack) measure(ctx context.Context, f *filler, n int) (row, error) {
 	return r, err
 }
 
-// rateRun runs Allocate (one ClusterIP, new owners) from f.clients goroutines for
-// the rate duration, then releases what it allocated; it returns the rate of ok calls
-// and allocd's CPU per ok call. At the profile point it takes allocd's profiles.
-func (s *stack) rateRun(ctx context.Context, f *filler, n int) (float64, time.Duration, error) {
+// rateRun runs Allocate+Release cycles (one ClusterIP for a new owner, then the
+// release of that owner) from f.clients goroutines for the rate duration: the store
+// stays at its point however long the run, and every compaction and tombstone
+// collection the cycles cause falls in the window. It returns the rate of cycles whose
+// two calls succeeded, allocd's CPU per cycle (from /proc: the embedded etcd
+// included) and the compactions that etcd made in the window. At the profile point it
+// takes a CPU profile of allocd for the whole window, and a heap profile after it.
+func (s *stack) rateRun(ctx context.Context, f *filler, n int) (rate float64, cpu time.Duration,
+	compactions int, err error) {
 	if err := f.dial(s.grpcAddr); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	pid := s.allocd.Process.Pid
 	var profErr chan error
-	if s.o.profileAt > 0 && n == s.o.profileAt {
+	name := strconv.Itoa(n)
+	if s.profileName != "" {
+		name = s.profileName
+	}
+	if s.o.profileAt > 0 && n == s.o.profileAt || s.profileName != "" {
 		profErr = make(chan error, 1)
-		secs := max(1, int(s.o.rateDuration.Seconds())-2)
+		secs := max(1, int(s.o.rateDuration.Seconds())-1)
 		go func() {
 			err := s.profile("profile", "?seconds="+strconv.Itoa(secs),
-				filepath.Join(s.o.profileDir, fmt.Sprintf("cpu-%d.pprof", n)))
+				filepath.Join(s.o.profileDir, "cpu-"+name+".pprof"))
 			if err == nil {
-				err = s.profile("heap", "", filepath.Join(s.o.profileDir, fmt.Sprintf("heap-%d.pprof", n)))
+				err = s.profile("heap", "", filepath.Join(s.o.profileDir, "heap-"+name+".pprof"))
 			}
 			profErr <- err
 		}()
 	}
+	compacted0 := s.metric("allocd_etcd_compaction_steps_total", `result="compacted"`)
 	var ok atomic.Int64
-	var mu sync.Mutex
-	var uids []string
 	cpu0 := procCPU(pid)
 	start := time.Now()
 	run := start.UnixNano() // owners of this run only: none was ever released
@@ -202,35 +230,33 @@ func (s *stack) rateRun(ctx context.Context, f *filler, n int) (float64, time.Du
 		wg.Go(func() {
 			for i := 0; time.Now().Before(deadline); i++ {
 				uid := fmt.Sprintf("rate-%d-%d-%d", run, g, i)
+				owner := &allocdv1.Owner{Namespace: "scale", Name: uid, Uid: uid}
 				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				_, err := f.alloc(g).Allocate(cctx, &allocdv1.AllocateRequest{
-					Owner: &allocdv1.Owner{Namespace: "scale", Name: uid, Uid: uid}})
+				_, err := f.alloc(g).Allocate(cctx, &allocdv1.AllocateRequest{Owner: owner})
+				if err == nil {
+					_, err = f.alloc(g).Release(cctx, &allocdv1.ReleaseRequest{Owner: owner})
+				}
 				cancel()
 				if err == nil {
 					ok.Add(1)
 				}
-				mu.Lock()
-				uids = append(uids, uid)
-				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
 	el := time.Since(start)
-	cpu := procCPU(pid) - cpu0
+	cpu = procCPU(pid) - cpu0
+	compactions = int(s.metric("allocd_etcd_compaction_steps_total", `result="compacted"`) - compacted0)
 	if profErr != nil {
 		if err := <-profErr; err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
-	}
-	if err := f.release(ctx, uids); err != nil {
-		return 0, 0, err
 	}
 	k := ok.Load()
 	if k == 0 {
-		return 0, 0, fmt.Errorf("no Allocate succeeded in the rate run at %d", n)
+		return 0, 0, 0, fmt.Errorf("no Allocate+Release cycle succeeded in the rate run at %d", n)
 	}
-	return float64(k) / el.Seconds(), cpu / time.Duration(k), nil
+	return float64(k) / el.Seconds(), cpu / time.Duration(k), compactions, nil
 }
 
 // release releases every allocation of the owners uids.
@@ -355,22 +381,43 @@ func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 func secs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
 
 func (r row) print(w io.Writer, _ bool) {
-	fmt.Fprintf(w, "at %d: Allocate %.0f/s (%.1f µs CPU each), RSS %s, data %s (db %s), repair pass "+
-		"%v (first of a term %v), kill -9 → SERVING %s; etcd alone: start %s, RSS %s; allocd on it: "+
-		"join %s, kill -9 → SERVING %s, RSS %s\n",
-		r.n, r.rate, float64(r.cpu)/float64(time.Microsecond), mib(r.rss), mib(r.data), mib(r.db),
+	fmt.Fprintf(w, "at %d: %.0f Allocate+Release cycles/s over %v (%.1f µs CPU each, %d compactions), "+
+		"Allocate CPU %s against a held call %s + etcd's floor %s (p50 %v, %.1f a transaction): %.2f; "+
+		"RSS %s, data %s (db %s), repair pass %v (first of a term %v), kill -9 → SERVING %s; etcd alone: "+
+		"start %s, RSS %s; allocd on it: join %s, kill -9 → SERVING %s, RSS %s\n",
+		r.n, r.rate, r.dur, us(r.cpu), r.compactions, usStr(r.share.alloc), usStr(r.share.held),
+		usStr(r.share.floor), r.share.p50.Round(10*time.Microsecond), r.share.batch, r.share.ratio(),
+		mib(r.rss), mib(r.data), mib(r.db),
 		r.pass.Round(time.Millisecond), r.passFirst.Round(time.Millisecond),
 		secs(r.restart), secs(r.etcdStart), mib(r.etcdRSS), secs(r.join), secs(r.extRestart), mib(r.extRSS))
 }
 
+// historyPerCycle is what an Allocate+Release cycle adds to etcd's history, measured
+// by make soak (docs/contributors/benchmarks.md).
+const historyPerCycle = 610
+
+// compactPerCycle is a compaction's CPU spread over the cycles whose history the
+// budget holds: what compaction costs a cycle at this size, in the long run.
+func (r row) compactPerCycle() time.Duration {
+	if r.budget <= 0 {
+		return 0
+	}
+	return time.Duration(float64(r.compactCPU) * historyPerCycle / float64(r.budget))
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+func usStr(d time.Duration) string { return fmt.Sprintf("%.1f µs", us(d)) }
+
 // printTable prints every point in one table, with the rate against the empty store's.
 func printTable(w io.Writer, rows []row) {
 	fmt.Fprintln(w,
-		"| allocations | Allocate rate | vs empty | CPU/Allocate | repair pass (first of a term) | "+
-			"kill -9 → SERVING | etcd alone: start | allocd joining (external etcd) | "+
-			"kill -9 → SERVING (external) | RSS allocd | "+
+		"| allocations | cycles/s | vs empty | CPU/cycle | compactions | a compaction's CPU (per cycle) | "+
+			"Allocate CPU / (held + floor) | "+
+			"repair pass (first of a term) | kill -9 → SERVING | etcd alone: start | "+
+			"allocd joining (external etcd) | kill -9 → SERVING (external) | RSS allocd | "+
 			"RSS etcd alone | RSS ratio | data dir | per allocation |")
-	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "|"+strings.Repeat("---:|", 17))
 	base := rows[0].rate
 	for _, r := range rows {
 		per := "-"
@@ -381,12 +428,17 @@ func printTable(w io.Writer, rows []row) {
 		if r.pass > 0 {
 			pass = fmt.Sprintf("%s (%s)", secs(r.pass), secs(r.passFirst))
 		}
+		sh := "-"
+		if r.share.alloc > 0 {
+			sh = fmt.Sprintf("%.2f (%.0f / %.0f + %.0f µs)", r.share.ratio(), us(r.share.alloc),
+				us(r.share.held), us(r.share.floor))
+		}
 		fmt.Fprintf(w,
-			"| %d | %.0f/s | %.2f | %.0f µs | %s | %s | %s | %s | %s | %s | %s | %.2f | %s | %s |\n",
-			r.n, r.rate, r.rate/base, float64(r.cpu)/float64(time.Microsecond), pass, secs(r.restart),
-			secs(r.etcdStart),
-			secs(r.join), secs(r.extRestart), mib(r.rss), mib(r.etcdRSS),
-			float64(r.rss)/float64(max(r.etcdRSS, 1)),
-			mib(r.data), per)
+			"| %d | %.0f/s | %.2f | %.0f µs | %d | %.2f s (%.1f µs) | %s | %s | %s | %s | %s | %s | "+
+				"%s | %s | %.2f | %s | %s |\n",
+			r.n, r.rate, r.rate/base, us(r.cpu), r.compactions, r.compactCPU.Seconds(),
+			us(r.compactPerCycle()), sh, pass, secs(r.restart),
+			secs(r.etcdStart), secs(r.join), secs(r.extRestart), mib(r.rss), mib(r.etcdRSS),
+			float64(r.rss)/float64(max(r.etcdRSS, 1)), mib(r.data), per)
 	}
 }

@@ -29,10 +29,19 @@ type stack struct {
 	o                     options
 	bin, data, logs       string
 	grpcAddr, pprofAddr   string
+	metricsAddr           string
 	etcdClient, etcdPeer  string
 	allocd, etcd          *exec.Cmd
 	allocdDone, etcdDone  chan struct{}
 	allocdLog, etcdLogOut *os.File
+	// startDir: the next allocd start writes its profiles and steps there
+	// (restartRun).
+	startDir string
+	env      []string // added to allocd's environment
+	args     []string // added to allocd's command line
+	self     string   // this program (`scale held` runs from it, whatever bin is)
+	// profileName: rate runs take profiles, named cpu-<profileName>.pprof (abRun).
+	profileName string
 }
 
 func newStack(dir string, o options) (*stack, error) {
@@ -44,8 +53,8 @@ func newStack(dir string, o options) (*stack, error) {
 	if err := os.MkdirAll(logs, 0o755); err != nil {
 		return nil, err
 	}
-	s := &stack{o: o, bin: bin, data: data, logs: logs}
-	for _, a := range []*string{&s.grpcAddr, &s.pprofAddr, &s.etcdClient, &s.etcdPeer} {
+	s := &stack{o: o, bin: bin, self: bin, data: data, logs: logs}
+	for _, a := range []*string{&s.grpcAddr, &s.pprofAddr, &s.metricsAddr, &s.etcdClient, &s.etcdPeer} {
 		if *a, err = loopback.FreeAddr(); err != nil {
 			return nil, err
 		}
@@ -60,9 +69,15 @@ func (s *stack) logFile(name string) (*os.File, error) {
 // startAllocd starts allocd (on etcdServers, or with its embedded etcd when empty)
 // and returns the time from its start to health SERVING.
 func (s *stack) startAllocd(ctx context.Context, etcdServers string) (time.Duration, error) {
-	args := []string{"serve", "--grpc-address", s.grpcAddr, "--metrics-address", "", "--pprof-address",
-		s.pprofAddr,
+	args := []string{"serve", "--grpc-address", s.grpcAddr, "--metrics-address", s.metricsAddr,
+		"--pprof-address", s.pprofAddr,
 		"--service-cluster-ip-range", s.o.cidr, "--log-level", s.o.logLevel, "--repair-interval", "1000h"}
+	if s.startDir != "" {
+		args = append(args, "--scale-start-dir", s.startDir)
+		if s.o.restartTrace {
+			args = append(args, "--scale-start-trace")
+		}
+	}
 	if etcdServers != "" {
 		args = append(args, "--etcd-servers", etcdServers)
 	} else {
@@ -73,7 +88,8 @@ func (s *stack) startAllocd(ctx context.Context, etcdServers string) (time.Durat
 	if err != nil {
 		return 0, err
 	}
-	cmd := exec.Command(s.bin, args...)
+	cmd := exec.Command(s.bin, append(args, s.args...)...)
+	cmd.Env = append(os.Environ(), s.env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	start := time.Now()
@@ -108,8 +124,10 @@ func (s *stack) startEtcd() (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
+	// etcd's info lines say what its start did (the index restored, a compaction
+	// resumed, and when).
 	cmd := exec.Command(s.bin, "etcd", "-data-dir", s.data, "-client-url", "http://"+s.etcdClient,
-		"-peer-url", "http://"+s.etcdPeer)
+		"-peer-url", "http://"+s.etcdPeer, "-log-level", "info")
 	cmd.Stderr = f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()

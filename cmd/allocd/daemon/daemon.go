@@ -5,12 +5,14 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,6 +42,7 @@ import (
 type Daemon struct {
 	cfg      Config
 	log      *slog.Logger
+	logOut   *bufferedOutput // standard error's buffer, when the logs go there
 	registry *prometheus.Registry
 	alarms   *prometheus.GaugeVec     // etcd's alarms (space.go)
 	etcdReqs *prometheus.HistogramVec // etcd request latency (etcdmetrics.go)
@@ -58,8 +61,9 @@ type Daemon struct {
 	psrv     *http.Server
 	sec      *security // TLS and authorization; closed last
 
-	ready atomic.Bool
-	gates gates
+	ready  atomic.Bool
+	gates  gates
+	phases []StartPhase // Start's steps, once it returned
 
 	cancel      context.CancelFunc
 	runCtx      context.Context    // ends when Close is called or a part fails
@@ -84,20 +88,47 @@ type gates struct {
 	}
 }
 
+// StartPhase is one step of Start and how long it took.
+type StartPhase struct {
+	// Name is the step: etcd (the embedded member's start, or the first read of an
+	// external etcd), space (compaction and defragmentation set up), services (the
+	// allocator's index, the master leases and the controllers loaded).
+	Name string
+	Took time.Duration
+}
+
+// StartPhases returns how long Start's steps took (the "allocd serving" line logs
+// them too): a restart's time, split into etcd's and allocd's own.
+func (d *Daemon) StartPhases() []StartPhase { return slices.Clone(d.phases) }
+
+// phase records the step name as ending now, begun at the end of the last one.
+func (d *Daemon) phase(name string, began time.Time) {
+	from := began
+	for _, p := range d.phases {
+		from = from.Add(p.Took)
+	}
+	d.phases = append(d.phases, StartPhase{Name: name, Took: time.Since(from)})
+}
+
 // Start starts allocd and returns once it serves (health SERVING), or with an error that
 // says what to fix. Close stops it.
-func Start(ctx context.Context, cfg Config) (*Daemon, error) {
+func Start(ctx context.Context, cfg Config) (_ *Daemon, err error) {
+	began := time.Now()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, restarts: watch.NewRestarts()}
-	d.log = newLogger(cfg)
+	d.log = d.newLogger()
+	defer func() {
+		if err != nil && d.logOut != nil {
+			d.logOut.close() // the lines that say why, before the caller exits
+		}
+	}()
 	d.registry = prometheus.NewRegistry()
 	d.registry.MustRegister(collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	d.etcdReqs = newEtcdRequestMetrics(d.registry)
 
-	var err error
 	if d.sec, err = newSecurity(cfg, d.log); err != nil {
 		return nil, err
 	}
@@ -134,10 +165,12 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	d.log.Info("allocd starting", "grpc", d.lis.Addr().String(), "metrics", cfg.MetricsAddress,
 		"etcd", d.etcdDescription(), "tls", d.sec.server != nil, "authorization", d.sec.authorizing())
 
+	d.phase("listen", began)
 	if err := d.startEtcd(ctx); err != nil {
 		d.Close()
 		return nil, err
 	}
+	d.phase("etcd", began)
 	if err := d.startSpace(ctx, runCtx); err != nil {
 		d.Close()
 		return nil, err
@@ -146,15 +179,38 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		d.Close()
 		return nil, err
 	}
+	d.phase("space", began)
 	if err := d.startServices(ctx, watch.WithRestarts(runCtx, d.restarts)); err != nil {
 		d.Close()
 		return nil, outOfSpaceHint(err)
 	}
+	d.phase("services", began)
+	d.serve(runCtx, began)
+	return d, nil
+}
+
+// serve turns health SERVING, watches etcd's health from then on, and logs the start's
+// steps (begun at began).
+func (d *Daemon) serve(runCtx context.Context, began time.Time) {
 	d.ready.Store(true)
 	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	d.group.Go(func() error { d.watchEtcdHealth(runCtx); return nil })
-	d.log.Info("allocd serving", "grpc", d.lis.Addr().String())
-	return d, nil
+	took := []any{"total", time.Since(began).Round(time.Millisecond)}
+	for _, p := range d.phases {
+		took = append(took, p.Name, p.Took.Round(time.Millisecond))
+	}
+	d.log.Info("allocd serving", "grpc", d.lis.Addr().String(), slog.Group("start", took...))
+}
+
+// newLogger is the daemon's logger: to cfg.LogOutput, or through a buffer to standard
+// error (bufferedOutput).
+func (d *Daemon) newLogger() *slog.Logger {
+	out := d.cfg.LogOutput
+	if out == nil {
+		d.logOut = newBufferedOutput(os.Stderr)
+		out = d.logOut
+	}
+	return newLogger(d.cfg, out)
 }
 
 // registerGates registers the allocd services on d.grpc through d.gates, unimplemented
@@ -501,16 +557,15 @@ func (d *Daemon) Close() error {
 			d.sec.close()
 		}
 		d.log.Info("allocd stopped")
+		if d.logOut != nil {
+			d.logOut.close()
+		}
 	})
 	return d.closeErr
 }
 
-func newLogger(c Config) *slog.Logger {
+func newLogger(c Config, out io.Writer) *slog.Logger {
 	lvl, _ := c.logLevel()
-	out := c.LogOutput
-	if out == nil {
-		out = os.Stderr
-	}
 	opts := &slog.HandlerOptions{Level: lvl}
 	if c.LogFormat == "json" {
 		return slog.New(slog.NewJSONHandler(out, opts))

@@ -35,16 +35,24 @@ const (
 
 // historyBudget is how much the embedded etcd's database in use may grow between two
 // compactions before the compactor compacts sooner than --etcd-compaction-interval
-// (all but the last 2 s or so of history: compactor.Member): 16 MiB (some 25,000
-// Allocate and Release cycles: seconds at full speed, hours at a Kubernetes cluster's
-// pace), at most an eighth of the quota. Defragmentation waits for twice that much
-// free space.
+// (all but the last 2 s or so of history: compactor.Member), at least: 16 MiB (some
+// 25,000 Allocate and Release cycles: seconds at full speed, hours at a Kubernetes
+// cluster's pace), at most an eighth of the quota. Defragmentation waits for twice that
+// much free space. The budget grows with the store (historyShare).
 func historyBudget(quota int64) int64 {
 	if quota == 0 {
 		quota = DefaultQuotaBackendBytes
 	}
 	return min(16<<20, quota/8)
 }
+
+// historyShare is the share of the database in use that its history may reach before
+// a compaction, once that is more than historyBudget: a compaction walks every key of
+// etcd's index (about 4.6 s of CPU at a million allocations, two million keys), so a
+// budget that grows with the store keeps compaction's cost per write the same at every
+// size. With a fixed 16 MiB, at a million allocations and full speed, compactions came
+// every 10 s or so and took a third of the CPU (docs/contributors/scale.md).
+const historyShare = 0.25
 
 // validateEtcdSpace checks --etcd-compaction-interval and --quota-backend-bytes.
 func (c *Config) validateEtcdSpace() []error {
@@ -122,7 +130,8 @@ func (d *Daemon) startSpace(ctx, runCtx context.Context) error {
 	// Tests that poll faster keep two polls of history too (2 s at the default 1 s).
 	m, err := compactor.NewMember(mt,
 		compactor.MemberConfig{Endpoint: "http://" + d.cfg.EmbeddedEtcdClientAddress,
-			HistoryBytes: budget, DefragFreeBytes: 2 * budget, Compactor: c, Poll: d.cfg.etcdSpacePoll,
+			HistoryBytes: budget, HistoryShare: historyShare, DefragFreeBytes: 2 * budget, Compactor: c,
+			Poll:         d.cfg.etcdSpacePoll,
 			HistoryFloor: 2 * d.cfg.etcdSpacePoll, Logger: d.log, Registerer: d.registry})
 	if err != nil {
 		return err

@@ -54,8 +54,16 @@ type MemberConfig struct {
 	Endpoint string
 	// HistoryBytes is the history budget: when the database in use has grown by more
 	// than this since the lowest size seen after the last hurry, the Compactor is
-	// hurried. 0: never.
+	// hurried. 0: never. With HistoryShare, the least budget.
 	HistoryBytes int64
+	// HistoryShare makes the budget grow with the store: at least this share of the
+	// lowest size in use seen after the last hurry (what the last compaction left),
+	// and never more than a quarter of the room left under the member's quota. A
+	// compaction walks every key of etcd's index, so its cost grows with the store;
+	// with a budget that grows as fast, the compactions of a store twice as large come
+	// half as often, and their cost per write stays the same. 0: the budget is
+	// HistoryBytes whatever the size.
+	HistoryShare float64
 	// DefragFreeBytes is the least free space (file size - size in use) worth a
 	// defragmentation, which also needs at least half of the file free, and at most
 	// DefragMaxInUseBytes in use. Must be > 0.
@@ -111,6 +119,9 @@ func NewMember(cli Maintainer, cfg MemberConfig) (*Member, error) {
 	}
 	if cfg.HistoryBytes < 0 {
 		return nil, fmt.Errorf("compactor: history budget %d: want >= 0", cfg.HistoryBytes)
+	}
+	if cfg.HistoryShare < 0 || cfg.HistoryShare > 1 {
+		return nil, fmt.Errorf("compactor: history share %v: want 0 to 1", cfg.HistoryShare)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -212,16 +223,33 @@ func (m *Member) hurry(st *clientv3.StatusResponse) {
 	if m.low == 0 || st.DbSizeInUse < m.low {
 		m.low = st.DbSizeInUse
 	}
+	budget := m.budget(st.DbSizeQuota)
+	m.m.budget.Set(float64(budget))
 	grown, nospace := st.DbSizeInUse-m.low, slices.Contains(Alarms(st), "NOSPACE")
-	if (grown <= m.cfg.HistoryBytes && !nospace) || target <= m.hurried {
+	if (grown <= budget && !nospace) || target <= m.hurried {
 		return
 	}
 	m.log.Debug("etcd history over its budget, or etcd out of space: compacting now",
-		"in_use", st.DbSizeInUse, "grown", grown, "budget", m.cfg.HistoryBytes, "nospace", nospace,
+		"in_use", st.DbSizeInUse, "grown", grown, "budget", budget, "nospace", nospace,
 		"revision", target)
 	m.cfg.Compactor.Hurry(target)
 	m.hurried = target
 	m.low = 0 // measured anew from the next read, after the compaction
+}
+
+// budget is the history budget now: HistoryBytes, or HistoryShare of the lowest size
+// in use since the last hurry if that is more, but no more than a quarter of the room
+// left under quota (0: unknown).
+func (m *Member) budget(quota int64) int64 {
+	b := m.cfg.HistoryBytes
+	if m.cfg.HistoryShare == 0 {
+		return b
+	}
+	b = max(b, int64(float64(m.low)*m.cfg.HistoryShare))
+	if room := quota - m.low; quota > 0 && room/4 < b {
+		b = max(room/4, 1<<20)
+	}
+	return b
 }
 
 // observe records etcd's revision rev read at now, and returns the newest revision

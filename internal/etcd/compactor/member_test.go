@@ -16,6 +16,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -423,5 +424,62 @@ func TestMemberCompactsOutOfSpace(t *testing.T) {
 	})
 	if got := gaugeValue(t, c.m.compacted); got < float64(end) {
 		t.Errorf("allocd_etcd_compacted_revision = %v; want at least %d", got, end)
+	}
+}
+
+// TestHistoryBudgetGrowsWithStore: with a HistoryShare, the budget is that share of
+// what the last compaction left in use, at least HistoryBytes, and at most a quarter of
+// the room left under the quota; a store four times as large is compacted after four
+// times the history (a compaction walks every key: its cost per write stays the same).
+func TestHistoryBudgetGrowsWithStore(t *testing.T) {
+	const mib = 1 << 20
+	c, err := New(nil, Config{Key: "/k", Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		share      float64
+		low, quota int64
+		want       int64
+	}{
+		{0, 400 * mib, 2048 * mib, 16 * mib},   // a fixed budget
+		{0.25, 10 * mib, 2048 * mib, 16 * mib}, // a small store: the least budget
+		{0.25, 400 * mib, 2048 * mib, 100 * mib},
+		{0.25, 1600 * mib, 2048 * mib, 112 * mib}, // a quarter of the room left
+		{0.25, 2040 * mib, 2048 * mib, 2 * mib},
+		{0.25, 2047 * mib, 2048 * mib, 1 * mib}, // never under 1 MiB
+		{0.25, 400 * mib, 0, 100 * mib},         // quota unknown
+	}
+	for _, tt := range tests {
+		m, err := NewMember(nil, MemberConfig{HistoryBytes: 16 * mib, HistoryShare: tt.share,
+			DefragFreeBytes: 32 * mib, Compactor: c, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.low = tt.low
+		if got := m.budget(tt.quota); got != tt.want {
+			t.Errorf("budget(share %v, low %d MiB, quota %d MiB) = %.1f MiB; want %d MiB", tt.share,
+				tt.low/mib, tt.quota/mib, float64(got)/mib, tt.want/mib)
+		}
+	}
+	// Hurries: a 400 MiB store is hurried after 100 MiB of growth, not 16.
+	m, err := NewMember(nil, MemberConfig{HistoryBytes: 16 * mib, HistoryShare: 0.25,
+		DefragFreeBytes: 32 * mib, Compactor: c, Logger: quiet, Clock: clockwork.NewFakeClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hurried []int64
+	for i, inUse := range []int64{400, 420, 480, 499, 501, 510} {
+		m.floor = 0 // every read is old enough to compact
+		m.hurry(&clientv3.StatusResponse{Header: &etcdserverpb.ResponseHeader{Revision: int64(i + 1)},
+			DbSizeInUse: inUse * mib, DbSizeQuota: 2048 * mib})
+		select {
+		case rev := <-c.hurry:
+			hurried = append(hurried, rev)
+		default:
+		}
+	}
+	if !slices.Equal(hurried, []int64{5}) {
+		t.Errorf("hurries at revisions %v; want one, at 5 (501 MiB: 101 MiB over 400)", hurried)
 	}
 }

@@ -53,6 +53,7 @@ func (m *metrics) step(result string) { m.steps.WithLabelValues(result).Inc() }
 // memberMetrics of a Member.
 type memberMetrics struct {
 	size, inUse, quota prometheus.Gauge
+	budget             prometheus.Gauge
 	defrags            *prometheus.CounterVec
 	defragSeconds      prometheus.Histogram
 }
@@ -74,6 +75,11 @@ func newMemberMetrics(reg prometheus.Registerer) (*memberMetrics, error) {
 			Help: "The embedded etcd's quota: when its database file reaches it, etcd raises the NOSPACE " +
 				"alarm and refuses writes.",
 		}),
+		budget: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "allocd_etcd_history_budget_bytes",
+			Help: "How much the embedded etcd's database in use may grow with history before allocd " +
+				"compacts it: it grows with the store (a compaction's cost does).",
+		}),
 		defrags: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allocd_etcd_defrags_total",
 			Help: "Defragmentations of the embedded etcd by result: done, failed.",
@@ -87,7 +93,7 @@ func newMemberMetrics(reg prometheus.Registerer) (*memberMetrics, error) {
 	for _, r := range []string{"done", "failed"} {
 		m.defrags.WithLabelValues(r)
 	}
-	if err := register(reg, "member metrics", m.size, m.inUse, m.quota, m.defrags,
+	if err := register(reg, "member metrics", m.size, m.inUse, m.quota, m.budget, m.defrags,
 		m.defragSeconds); err != nil {
 		return nil, err
 	}

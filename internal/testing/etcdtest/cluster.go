@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,6 +35,30 @@ type Cluster struct {
 	token   string
 	initial string // the initial cluster: name=peerURL,...
 	members []*member
+	bin     string // the etcd binary the members run as processes of; "" when embedded
+	tickMs  uint
+	elecMs  uint
+}
+
+// ClusterOption changes how NewCluster's members run.
+type ClusterOption func(*Cluster)
+
+// Processes runs the members as processes of go.mod's etcd server (built once by
+// EtcdBinary), so that PauseMember can stop one as SIGSTOP stops a process: its raft
+// loop and its lessor together. It skips the test under -short (it builds a binary).
+func Processes() ClusterOption {
+	return func(c *Cluster) {
+		c.t.Helper()
+		if c.bin == "" {
+			c.bin = EtcdBinary(c.t)
+		}
+	}
+}
+
+// Timing sets the members' raft heartbeat interval and election timeout (New's fast
+// 10 ms and 100 ms when not given; etcd's defaults are 100 ms and 1 s).
+func Timing(tickMs, electionMs uint) ClusterOption {
+	return func(c *Cluster) { c.tickMs, c.elecMs = tickMs, electionMs }
 }
 
 type member struct {
@@ -45,14 +70,18 @@ type member struct {
 
 // NewCluster starts size members (named m0, m1, ...) as one new cluster on free
 // loopback ports, each in its own t.TempDir(), with New's fast raft timing (10 ms
-// ticks, 100 ms election timeout) and fsync off, and returns once every member serves
-// clients. t.Cleanup stops them.
-func NewCluster(t testing.TB, size int) *Cluster {
+// ticks, 100 ms election timeout, unless Timing says otherwise) and fsync off, and
+// returns once every member serves clients. t.Cleanup stops them.
+func NewCluster(t testing.TB, size int, opts ...ClusterOption) *Cluster {
 	t.Helper()
 	if size < 1 {
 		t.Fatalf("etcdtest.NewCluster(%d): want at least one member", size)
 	}
-	c := &Cluster{t: t, token: fmt.Sprintf("etcdtest-%d", time.Now().UnixNano())}
+	c := &Cluster{t: t, token: fmt.Sprintf("etcdtest-%d", time.Now().UnixNano()), bin: binary(),
+		tickMs: 10, elecMs: 100}
+	for _, o := range opts {
+		o(c)
+	}
 	var initial []string
 	for i := range size {
 		m := &member{
@@ -87,7 +116,9 @@ func NewCluster(t testing.TB, size int) *Cluster {
 		t.Fatalf("etcd cluster client: %v", err)
 	}
 	c.Client = cli
-	logProcess(t, strings.Join(c.Endpoints, ","))
+	if c.bin == binary() {
+		logProcess(t, strings.Join(c.Endpoints, ","))
+	}
 	return c
 }
 
@@ -95,7 +126,7 @@ func NewCluster(t testing.TB, size int) *Cluster {
 // waiting up to 10 s for them to have one that is running.
 func (c *Cluster) Leader() int {
 	c.t.Helper()
-	if binary() != "" {
+	if c.bin != "" {
 		return c.processLeader()
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -145,6 +176,26 @@ func (c *Cluster) StopMember(i int) {
 	}()
 }
 
+// PauseMember stops member i's process with SIGSTOP, as a stalled machine or a long
+// pause of its collector would: it holds its connections open and answers nothing,
+// and its raft ticks and lease expiries stand still until ResumeMember. Only for a
+// cluster of Processes.
+func (c *Cluster) PauseMember(i int) { c.signal(i, syscall.SIGSTOP) }
+
+// ResumeMember resumes member i paused by PauseMember (SIGCONT).
+func (c *Cluster) ResumeMember(i int) { c.signal(i, syscall.SIGCONT) }
+
+func (c *Cluster) signal(i int, sig syscall.Signal) {
+	c.t.Helper()
+	m := c.members[i]
+	if m.proc == nil {
+		c.t.Fatalf("etcd member %s: not a running process (NewCluster with Processes)", m.name)
+	}
+	if err := m.proc.cmd.Process.Signal(sig); err != nil {
+		c.t.Fatalf("etcd member %s: %v: %v", m.name, sig, err)
+	}
+}
+
 // StartMember starts member i, stopped by StopMember, again on its data dir and
 // ports, and returns once it serves clients (it needs a quorum of members up).
 func (c *Cluster) StartMember(i int) {
@@ -163,7 +214,7 @@ func (c *Cluster) StartMember(i int) {
 // launch starts member i without waiting for it to be ready.
 func (c *Cluster) launch(i int) {
 	c.t.Helper()
-	if binary() != "" {
+	if c.bin != "" {
 		c.launchProcess(i)
 		return
 	}
@@ -185,7 +236,7 @@ func (c *Cluster) launch(i int) {
 	cfg.InitialCluster = c.initial
 	cfg.InitialClusterToken = c.token // on a restart, etcd reads the cluster from the data dir
 	cfg.UnsafeNoFsync = true
-	cfg.TickMs, cfg.ElectionMs = 10, 100
+	cfg.TickMs, cfg.ElectionMs = c.tickMs, c.elecMs
 	cfg.LogLevel = "panic" // as in package embedded: Close logs expected listener errors
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {

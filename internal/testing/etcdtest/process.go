@@ -80,7 +80,7 @@ func processArgs(c embedded.Config) []string {
 // startProcess starts a member of binary() with c's configuration and returns once it
 // answers /health, or with an error that quotes the end of its log.
 func startProcess(ctx context.Context, c embedded.Config) (*process, error) {
-	p, err := launchProcess(c)
+	p, err := launchProcess(binary(), c)
 	if err != nil {
 		return nil, err
 	}
@@ -91,11 +91,10 @@ func startProcess(ctx context.Context, c embedded.Config) (*process, error) {
 	return p, nil
 }
 
-// launchProcess starts a member of binary() with c's configuration, its output
-// appended to c.Dir's sibling file "<dir>.etcd.log", without waiting for it to serve
-// (the members of a new cluster serve once enough of them run).
-func launchProcess(c embedded.Config) (*process, error) {
-	bin := binary()
+// launchProcess starts a member of bin with c's configuration, its output appended to
+// c.Dir's sibling file "<dir>.etcd.log", without waiting for it to serve (the members
+// of a new cluster serve once enough of them run).
+func launchProcess(bin string, c embedded.Config) (*process, error) {
 	if !filepath.IsAbs(bin) {
 		return nil, fmt.Errorf("%s=%s: want an absolute path (go test runs each package's tests in the "+
 			"package's directory)", binaryEnv, bin)
@@ -149,6 +148,7 @@ func (p *process) waitHealthy(ctx context.Context, clientURL string) error {
 
 // kill ends the process at once, as a crash would, and waits for it to be gone.
 func (p *process) kill() {
+	p.cmd.Process.Signal(syscall.SIGCONT) // a paused process dies too
 	p.cmd.Process.Kill()
 	<-p.done
 }
@@ -166,14 +166,15 @@ func (p *process) logTail() string {
 	return string(b)
 }
 
-// launchProcess starts member i of the cluster as a process of binary(), without
-// waiting for it to be ready.
+// launchProcess starts member i of the cluster as a process of c.bin, without waiting
+// for it to be ready.
 func (c *Cluster) launchProcess(i int) {
 	c.t.Helper()
 	m := c.members[i]
-	p, err := launchProcess(embedded.Config{Name: m.name, Dir: m.dir, ClientURL: m.clientURL,
+	p, err := launchProcess(c.bin, embedded.Config{Name: m.name, Dir: m.dir, ClientURL: m.clientURL,
 		PeerURL:        m.peerURL,
-		InitialCluster: c.initial, ClusterToken: c.token, UnsafeNoFsync: true, TickMs: 10, ElectionMs: 100})
+		InitialCluster: c.initial, ClusterToken: c.token, UnsafeNoFsync: true, TickMs: c.tickMs,
+		ElectionMs: c.elecMs})
 	if err != nil {
 		c.t.Fatalf("start etcd member %s: %v", m.name, err)
 	}

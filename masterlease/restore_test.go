@@ -1,0 +1,194 @@
+package masterlease
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allocd/allocd/internal/testing/etcdtest"
+)
+
+// epsLog records every message of one WatchEndpoints with the time it came.
+type epsLog struct {
+	mu   sync.Mutex
+	msgs []epsAt
+}
+
+type epsAt struct {
+	at  time.Time
+	eps Endpoints
+}
+
+func logEndpoints(t *testing.T, ctx context.Context, m *Manager) *epsLog {
+	t.Helper()
+	l := &epsLog{}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- m.WatchEndpoints(ctx, func(e Endpoints) error {
+			l.mu.Lock()
+			l.msgs = append(l.msgs, epsAt{time.Now(), e})
+			l.mu.Unlock()
+			return nil
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return l
+}
+
+// without returns the messages from since on that lack ip.
+func (l *epsLog) without(since time.Time, ip string) []epsAt {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []epsAt
+	for _, e := range l.msgs {
+		if !e.at.Before(since) && !slices.Contains(e.eps.Addresses, netip.MustParseAddr(ip)) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// TestRestoreRevokedEarly: etcd revokes the lease of a key renewed a moment ago, as a
+// stale etcd leader's revocation does when it reaches the new leader (the process
+// version of it is TestStaleLeaderRevokes). The address never leaves the endpoints nor
+// List; the key is written again, under a new lease, within one renew interval; the
+// next Renew keeps it. A lease that is not renewed still expires, and is not written
+// again; nor is one removed.
+func TestRestoreRevokedEarly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out a real 2 s lease TTL")
+	}
+	t.Parallel()
+	const (
+		ttl       = 3 // seconds
+		ipA, ipB  = "10.9.0.1", "10.9.0.2"
+		ipRemoved = "10.9.0.3"
+	)
+	e := etcdtest.New(t)
+	reg := prometheus.NewRegistry()
+	m := start(t, e.Client, func(c *Config) { c.Registerer = reg })
+	ctx := etcdtest.Context(t)
+	mustRenew(t, ctx, m, ipB, 2) // not renewed again: it expires
+	mustRenew(t, ctx, m, ipRemoved, ttl)
+	a := mustRenew(t, ctx, m, ipA, ttl)
+	eps := logEndpoints(t, ctx, m)
+	etcdtest.WaitFor(t, 5*time.Second, "three addresses in the endpoints", func() bool {
+		e, err := m.Endpoints(ctx)
+		return err == nil && len(e.Addresses) == 3
+	})
+	from := time.Now()
+
+	revoked := time.Now()
+	if _, err := e.Client.Revoke(ctx, a.ID); err != nil {
+		t.Fatalf("Revoke(%x) = %v", a.ID, err)
+	}
+	// At once: List has it (Run keeps it, or the key is back).
+	ls, _, err := m.List(ctx)
+	if err != nil || !slices.ContainsFunc(ls, func(l Lease) bool { return l.IP.String() == ipA }) {
+		t.Errorf("List() right after the revoke = %v, %v; want %s in it", ls, err, ipA)
+	}
+	var back *clientv3.GetResponse
+	etcdtest.WaitFor(t, 5*time.Second, "the key written again", func() bool {
+		back, err = e.Client.Get(ctx, testPrefix+ipA)
+		return err == nil && len(back.Kvs) == 1
+	})
+	took := time.Since(revoked)
+	t.Logf("key of %s written again %v after etcd revoked its lease", ipA, took.Round(time.Millisecond))
+	if took > ttl*time.Second/3 {
+		t.Errorf("key written again after %v; want within one renew interval, %v", took,
+			ttl*time.Second/3)
+	}
+	kv := back.Kvs[0]
+	if clientv3.LeaseID(kv.Lease) == a.ID || kv.Lease == 0 {
+		t.Errorf("key's lease = %x after the restore; want a new lease, not %x", kv.Lease, a.ID)
+	}
+	if v := decode(kv.Value); v.TTLSeconds != ttl || v.GrantedTTLSeconds < 1 || v.GrantedTTLSeconds > ttl {
+		t.Errorf("restored value = %+v; want TTL %d asked, granted 1 to %d s", v, ttl, ttl)
+	}
+
+	// A removed lease is not written again, nor is one that expires.
+	mustRemove(t, ctx, m, ipRemoved, false)
+	etcdtest.WaitFor(t, 10*time.Second, ipB+" to expire", func() bool {
+		e, err := m.Endpoints(ctx)
+		return err == nil && slices.Equal(e.Addresses, addrs(ipA))
+	})
+	l := mustRenew(t, ctx, m, ipA, ttl)
+	if l.ID != clientv3.LeaseID(kv.Lease) && decode(kv.Value).GrantedTTLSeconds == ttl {
+		t.Errorf("Renew after the restore moved the key to lease %x; want the restored %x kept", l.ID,
+			kv.Lease)
+	}
+	if _, err := m.Endpoints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if gone := eps.without(from, ipA); len(gone) > 0 {
+		t.Errorf("endpoints without %s after the revoke: %v", ipA, gone)
+	}
+	for _, ip := range []string{ipB, ipRemoved} {
+		if r, err := e.Client.Get(ctx, testPrefix+ip); err != nil || len(r.Kvs) != 0 {
+			t.Errorf("Get(%s) = %v, %v; want no key: it expired or was removed", ip, r, err)
+		}
+	}
+	got := gather(t, reg)
+	for result, want := range map[string]float64{"restored": 1, "superseded": 0, "expired": 0} {
+		if n := got["allocd_masterlease_restores_total{result="+result+"}"]; n != want {
+			t.Errorf("allocd_masterlease_restores_total{result=%s} = %v; want %v", result, n, want)
+		}
+	}
+}
+
+// TestRestoreOnce: a restore writes the key only if nothing happened to it since the
+// delete: not after a Renew wrote it, nor after a Remove of its address.
+func TestRestoreOnce(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.New(t)
+	m := newStopped(t, e.Client) // no Run: the test makes the restore's one attempt
+	ctx := etcdtest.Context(t)
+	tests := []struct {
+		name  string
+		after func(ip string) // between the revoke and the restore
+		want  string
+		key   bool // the key is there after the restore
+	}{
+		{"nothing since", func(string) {}, "restored", true},
+		{"renewed since", func(ip string) { mustRenew(t, ctx, m, ip, 3) }, "superseded", true},
+		{"removed since", func(ip string) {
+			if removed, _, err := m.Remove(ctx, ip, false); err != nil || removed {
+				t.Fatalf("Remove(%s) = %v, %v; want false, nil (no key)", ip, removed, err)
+			}
+		}, "superseded", false},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ip := netip.AddrFrom4([4]byte{10, 9, 1, byte(i + 1)})
+			l := mustRenew(t, ctx, m, ip.String(), 3)
+			prev, err := e.Client.Get(ctx, m.key(ip))
+			if err != nil || len(prev.Kvs) != 1 {
+				t.Fatalf("Get(%s) = %v, %v", m.key(ip), prev, err)
+			}
+			r, err := e.Client.Revoke(ctx, l.ID)
+			if err != nil {
+				t.Fatalf("Revoke(%x) = %v", l.ID, err)
+			}
+			j := goneJob(ip, prev.Kvs[0], r.Header.Revision)
+			if left := time.Until(j.st.expires); left < 2*time.Second {
+				t.Fatalf("goneJob(%s).expires in %v; want about 3 s", ip, left)
+			}
+			tt.after(ip.String())
+			if got, err := m.restoreOnce(ctx, j, time.Until(j.st.expires)); got != tt.want {
+				t.Errorf("restoreOnce(%s) = %q, %v; want %q", ip, got, err, tt.want)
+			}
+			resp, err := e.Client.Get(ctx, m.key(ip))
+			if err != nil || (len(resp.Kvs) == 1) != tt.key {
+				t.Errorf("Get(%s) after the restore = %v, %v; want the key: %v", m.key(ip), resp.Kvs, err,
+					tt.key)
+			}
+		})
+	}
+}

@@ -2,11 +2,13 @@ package masterlease
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/etcd/call"
@@ -113,7 +115,14 @@ func (m *Manager) restoreLoop(ctx context.Context) {
 
 // restore writes j's key again and reports how it ended: "restored"; "superseded" (the
 // key was written meanwhile, or its address removed); "expired" (not written before
-// the time left ran out: the lease leaves the state); "canceled" (ctx ended).
+// the time left ran out: the lease leaves the state); "nospace" (etcd is out of space
+// and grants no lease: the lease leaves the state at once); "canceled" (ctx ended).
+//
+// Out of space (NOSPACE), no lease key can be written: not by a restore, nor by the
+// Renew of any API server, so every lease runs out within its TTL whatever a restore
+// would do. A Remove then deletes the key without its marker (manager.go), which looks
+// like a revocation here: the lease leaves at once rather than at its TTL, and is not
+// written back if the alarm is disarmed before then.
 func (m *Manager) restore(ctx context.Context, j restoreJob) string {
 	for {
 		left := time.Until(j.st.expires)
@@ -124,6 +133,11 @@ func (m *Manager) restore(ctx context.Context, j restoreJob) string {
 			return "expired"
 		}
 		done, err := m.restoreOnce(ctx, j, left)
+		if done == "nospace" {
+			m.dropRevoked(j)
+			m.log.Warn("etcd out of space: a master lease revoked early cannot be written again; it "+
+				"leaves now", "ip", j.addr, "revision", j.rev)
+		}
 		if done != "" {
 			return done
 		}
@@ -151,6 +165,9 @@ func (m *Manager) restoreOnce(ctx context.Context, j restoreJob, left time.Durat
 		g, err = m.cli.Grant(ctx, ttl)
 		return err
 	})
+	if errors.Is(err, rpctypes.ErrNoSpace) {
+		return "nospace", err
+	}
 	if err != nil {
 		return "", err
 	}

@@ -324,7 +324,14 @@ func (m *Manager) applyEventLocked(ev *clientv3.Event, now time.Time, rv *revisi
 		// leaves the endpoints, unless etcd revoked it early (revokedLocked).
 		m.log.Info("master lease gone", "ip", addr, "revision", kv.ModRevision)
 		if ev.PrevKv != nil {
-			rv.gone = append(rv.gone, goneJob(addr, ev.PrevKv, kv.ModRevision))
+			j := goneJob(addr, ev.PrevKv, kv.ModRevision)
+			if st, ok := m.leases[addr]; ok && st.modRev == ev.PrevKv.ModRevision &&
+				st.expires.Before(j.st.expires) {
+				// This replica saw the last write earlier than the renewal time in it
+				// says: the clock of the replica that renewed is ahead of this one's.
+				j.st.expires, j.st.renewed = st.expires, st.renewed
+			}
+			rv.gone = append(rv.gone, j)
 		}
 		delete(m.leases, addr)
 		m.lastDel = removal{ip: addr, rev: kv.ModRevision}

@@ -319,6 +319,7 @@ func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (_ Leas
 			id := clientv3.LeaseID(cur.Lease)
 			var ka *clientv3.LeaseKeepAliveResponse
 			refreshed = true
+			sent := time.Now() // no later than etcd's new expiry base (encode)
 			err := call.Read(ctx, readAttempt, 3, func(ctx context.Context) (err error) {
 				ka, err = m.cli.KeepAliveOnce(ctx, id) // a refresh: as safe to repeat as a read
 				return err
@@ -329,7 +330,7 @@ func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (_ Leas
 				err := call.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
 					resp, err = m.cli.Txn(ctx).
 						If(clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)).
-						Then(clientv3.OpPut(key, encode(ttl, ka.TTL), clientv3.WithLease(id))).
+						Then(clientv3.OpPut(key, encode(ttl, ka.TTL, sent), clientv3.WithLease(id))).
 						Commit()
 					return err
 				})
@@ -369,6 +370,7 @@ func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyV
 	ttl int64) (Lease, bool, error) {
 	key := m.key(addr)
 	var g *clientv3.LeaseGrantResponse
+	sent := time.Now()
 	err := call.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
 		g, err = m.cli.Grant(ctx, ttl)
 		return err
@@ -377,7 +379,7 @@ func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyV
 		return Lease{}, false, fmt.Errorf("masterlease: grant lease for %s: %w", key, err)
 	}
 	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
-	ops := []clientv3.Op{clientv3.OpPut(key, encode(ttl, g.TTL), clientv3.WithLease(g.ID))}
+	ops := []clientv3.Op{clientv3.OpPut(key, encode(ttl, g.TTL, sent), clientv3.WithLease(g.ID))}
 	if cur != nil {
 		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)
 	} else {
@@ -682,8 +684,13 @@ func (m *Manager) parseKey(key string) (netip.Addr, bool) {
 // to a lease of what was left of the TTL, which the next Renew replaces).
 func keeps(v value, ttl int64) bool { return v.TTLSeconds == ttl && v.GrantedTTLSeconds >= ttl }
 
-func encode(ttl, granted int64) string {
-	b, _ := json.Marshal(value{TTLSeconds: ttl, GrantedTTLSeconds: granted, RenewTime: time.Now().UTC()})
+// encode is a lease key's value. renewed is when the grant or keep-alive of its lease
+// was sent: etcd counts the TTL from when it took that request, later, so renewed plus
+// the TTL is never after etcd's expiry, however long the key's write took after it
+// (retries of a write during an election: up to writeAttempt), and a delete before it
+// is an early revocation (restore.go).
+func encode(ttl, granted int64, renewed time.Time) string {
+	b, _ := json.Marshal(value{TTLSeconds: ttl, GrantedTTLSeconds: granted, RenewTime: renewed.UTC()})
 	return string(b)
 }
 

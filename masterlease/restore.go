@@ -38,9 +38,11 @@ import (
 // out, the lease leaves the state then.
 const (
 	// restoreMargin: a delete that comes later than this before the lease's expiry
-	// is an expiry. The renewal's time in the key is taken after its keep-alive, so
-	// etcd's expiry comes a little before that time plus the TTL; and the clocks of
-	// the replica that renewed and of this one may differ.
+	// is an expiry. The renewal's time in the key is taken before its keep-alive or
+	// grant was sent, so etcd's expiry comes no earlier than that time plus the TTL
+	// (and up to its expiry tick, 500 ms, later); but the clocks of the replica that
+	// renewed and of this one may differ, which goneJob bounds by when this replica
+	// saw the renewal.
 	restoreMargin = time.Second
 	// restoreRetry is the pause between two attempts of a restore.
 	restoreRetry = 100 * time.Millisecond
@@ -161,6 +163,7 @@ func (m *Manager) restoreOnce(ctx context.Context, j restoreJob, left time.Durat
 	key := m.key(j.addr)
 	ttl := min(max(ceilSeconds(left), m.minTTL), max(j.st.ttl, m.minTTL))
 	var g *clientv3.LeaseGrantResponse
+	sent := time.Now()
 	err := call.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
 		g, err = m.cli.Grant(ctx, ttl)
 		return err
@@ -176,7 +179,7 @@ func (m *Manager) restoreOnce(ctx context.Context, j restoreJob, left time.Durat
 		resp, err = m.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
 				clientv3.Compare(clientv3.ModRevision(m.removedKey(j.addr)), "<", j.rev+1)).
-			Then(clientv3.OpPut(key, encode(j.st.asked, g.TTL), clientv3.WithLease(g.ID))).
+			Then(clientv3.OpPut(key, encode(j.st.asked, g.TTL, sent), clientv3.WithLease(g.ID))).
 			Commit()
 		return err
 	})

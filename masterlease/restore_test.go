@@ -5,11 +5,16 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
@@ -190,5 +195,58 @@ func TestRestoreOnce(t *testing.T) {
 					tt.key)
 			}
 		})
+	}
+}
+
+// TestLateRenewalWriteExpires: the write of a renewal that comes long after its
+// keep-alive (a first try refused during an election, a retry 1.8 s later) is the
+// API server's last; its lease then runs out at the keep-alive plus the TTL. That is
+// an expiry, not an early revocation: the key is not written again, nor counted
+// restored.
+func TestLateRenewalWriteExpires(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out a real 3 s lease TTL")
+	}
+	t.Parallel()
+	const ip, ttl = "10.9.2.1", 3
+	e := etcdtest.New(t)
+	var refuse atomic.Bool
+	refuseOnce := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if _, ok := req.(*etcdserverpb.TxnRequest); ok && refuse.CompareAndSwap(true, false) {
+			time.Sleep(1800 * time.Millisecond)
+			return rpctypes.ErrGRPCNoLeader // refused before it was proposed: tried again
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Client.Endpoints(), Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(refuseOnce)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	renewer := newStopped(t, cli)
+	reg := prometheus.NewRegistry()
+	m := start(t, e.Client, func(c *Config) { c.Registerer = reg })
+	ctx := etcdtest.Context(t)
+	mustRenew(t, ctx, m, "10.9.2.9", 60) // another API server: the endpoints' guard stays out
+	mustRenew(t, ctx, renewer, ip, ttl)
+	refuse.Store(true)
+	began := time.Now()
+	l := mustRenew(t, ctx, renewer, ip, ttl) // the keep-alive, then its write 1.8 s later
+	if took := time.Since(began); took < 1800*time.Millisecond {
+		t.Fatalf("Renew(%s) took %v; want its write tried again after 1.8 s", ip, took)
+	}
+	etcdtest.WaitFor(t, 10*time.Second, ip+" to leave the endpoints", func() bool {
+		eps, err := m.Endpoints(ctx)
+		return err == nil && !slices.Contains(eps.Addresses, netip.MustParseAddr(ip))
+	})
+	time.Sleep(500 * time.Millisecond) // a restore takes milliseconds
+	if r, err := e.Client.Get(ctx, testPrefix+ip); err != nil || len(r.Kvs) != 0 {
+		t.Errorf("Get(%s) after lease %x expired = %v, %v; want no key", ip, l.ID, r, err)
+	}
+	got := gather(t, reg)
+	if n := got["allocd_masterlease_restores_total{result=restored}"]; n != 0 {
+		t.Errorf("allocd_masterlease_restores_total{result=restored} = %v; want 0: it expired", n)
 	}
 }

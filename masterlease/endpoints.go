@@ -282,6 +282,8 @@ func (m *Manager) applyEventLocked(ev *clientv3.Event, now time.Time, rv *revisi
 	if string(kv.Key) == m.shutdownKey {
 		if a, err := netip.ParseAddr(string(kv.Value)); ev.Type == mvccpb.PUT && err == nil {
 			m.lastShut = removal{ip: a, rev: kv.ModRevision}
+			// A removal, also when an older replica wrote no marker beside it.
+			rv.removed = append(rv.removed, a)
 		}
 		return
 	}

@@ -463,7 +463,7 @@ func (m *Manager) remove(ctx context.Context, addr netip.Addr, shutdown bool) (b
 			return false, 0, fmt.Errorf("masterlease: read %s: %w", key, err)
 		}
 		if len(get.Kvs) == 0 {
-			rev, done, err := m.markAbsent(ctx, addr, get.Header.Revision)
+			rev, done, err := m.markAbsent(ctx, addr, get.Header.Revision, shutdown)
 			if err != nil || done {
 				return false, rev, err
 			}
@@ -501,15 +501,22 @@ func (m *Manager) remove(ctx context.Context, addr netip.Addr, shutdown bool) (b
 
 // markAbsent writes the Remove marker of addr, whose key a read at rev found absent
 // (etcd may have revoked its lease while it was renewed, and a replica may be about to
-// restore it: the marker stops that restore), if the key is still absent. It returns
-// the revision of the marker and true; false when the key was written meanwhile (a
-// restore that committed between the read and the marker), for the caller to delete
-// it. Out of space (NOSPACE), etcd refuses the marker: it returns rev and true, and
-// writes nothing; no restore can grant a lease then either.
-func (m *Manager) markAbsent(ctx context.Context, addr netip.Addr, rev int64) (int64, bool, error) {
+// restore it: the marker stops that restore), and with shutdown the shutdown key (the
+// last API server, revoked early, leaves the endpoints as if its key were there), if
+// the key is still absent. It returns the revision of the marker and true; false when
+// the key was written meanwhile (a restore that committed between the read and the
+// marker), for the caller to delete it. Out of space (NOSPACE), etcd refuses the
+// marker: it returns rev and true, and writes nothing; no restore can grant a lease
+// then either.
+func (m *Manager) markAbsent(ctx context.Context, addr netip.Addr, rev int64,
+	shutdown bool) (int64, bool, error) {
 	key := m.key(addr)
+	ops := []clientv3.Op{clientv3.OpPut(m.removedKey(addr), "")}
+	if shutdown {
+		ops = append(ops, clientv3.OpPut(m.shutdownKey, addr.String()))
+	}
 	resp, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(m.removedKey(addr), "")).Commit()
+		Then(ops...).Commit()
 	switch {
 	case errors.Is(err, rpctypes.ErrNoSpace):
 		m.log.WarnContext(ctx, "etcd out of space: master lease absent, its removal not marked", "ip", addr)

@@ -174,3 +174,48 @@ func TestRemoveUnderNoSpace(t *testing.T) {
 		t.Errorf("allocd_masterlease_restores_total{result=nospace} = %v; want 1", got)
 	}
 }
+
+// TestShutdownOfLastRevokedEarly: the last API server, whose key etcd revoked early
+// (its restore not written yet), removes its lease on shutdown: the endpoints become
+// empty, as when its key is there (kubernetes #115804), rather than keep its address.
+// The restore's grant is delayed 300 ms, so that Remove finds no key.
+func TestShutdownOfLastRevokedEarly(t *testing.T) {
+	e := etcdtest.New(t)
+	var delay atomic.Bool
+	delayGrant := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if _, ok := req.(*etcdserverpb.LeaseGrantRequest); ok && delay.Load() {
+			time.Sleep(300 * time.Millisecond)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Client.Endpoints(), Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(delayGrant)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	m := start(t, cli)
+	ctx := etcdtest.Context(t)
+	const ip = "10.9.7.5"
+	l := mustRenew(t, ctx, m, ip, 30)
+	etcdtest.WaitFor(t, 5*time.Second, ip+" in the endpoints", func() bool {
+		eps, err := m.Endpoints(ctx)
+		return err == nil && slices.Equal(eps.Addresses, addrs(ip))
+	})
+	delay.Store(true)
+	if _, err := e.Client.Revoke(ctx, l.ID); err != nil { // a stale etcd leader's revoke
+		t.Fatal(err)
+	}
+	if removed, _, err := m.Remove(ctx, ip, true); err != nil || removed {
+		t.Fatalf("Remove(%s, shutdown) = %v, %v; want false, nil (no key)", ip, removed, err)
+	}
+	eps, err := m.Endpoints(ctx)
+	if err != nil || len(eps.Addresses) != 0 {
+		t.Errorf("Endpoints() after the last API server's shutdown = %v, %v; want none", eps.Addresses, err)
+	}
+	time.Sleep(500 * time.Millisecond) // the delayed restore's attempt
+	if r, err := e.Client.Get(ctx, testPrefix+ip); err != nil || len(r.Kvs) != 0 {
+		t.Errorf("Get(%s) after Remove = %v, %v; want no key", ip, r, err)
+	}
+}

@@ -26,16 +26,24 @@ import (
 // reproduces it with etcd processes: leases renewed 0.25 s before the leader resumed
 // went 13 to 20 ms after it, in one trial of 6 to 15.
 //
-// Run takes a delete that no Remove wrote (no marker in its transaction) and that
-// comes more than restoreMargin before the lease would have run out, by the time of
-// its last renewal (in the key's previous value, which the watch brings with the
-// delete) and its TTL, for such a revocation. The lease stays live in the
-// replica's state, its endpoints and List, and the restorer writes the key again
-// under a new etcd lease of the TTL that was left (at least etcd's minimum), unless
-// the key was written meanwhile (a Renew, another replica's restore) or the address
-// was removed (its marker written since the delete). The next Renew moves the key to
-// a lease of its full TTL. If the key cannot be written before the time left runs
-// out, the lease leaves the state then.
+// Run takes a delete that no Remove wrote (no marker, nor shutdown key naming the
+// address, in its transaction) and that comes more than restoreMargin before the
+// lease would have run out, by the time of its last renewal (in the key's previous
+// value, which the watch brings with the delete) and its TTL, for such a revocation.
+// The lease stays live in the replica's state, its endpoints and List, and the
+// restorer writes the key again under a new etcd lease of the TTL that was left (at
+// least etcd's minimum), unless etcd still has the key's lease (the key was deleted by
+// a write: an operator's etcdctl del, or an older replica's Remove, which writes no
+// marker, before it revokes the lease), the key was written meanwhile (a Renew,
+// another replica's restore) or the address was removed (its marker written since the
+// delete). The next Renew moves the key to a lease of its full TTL. If the key cannot
+// be written before the time left runs out, the lease leaves the state then.
+//
+// A key deleted by hand is so not written back: the address leaves the endpoints until
+// its API server's next Renew creates the key again. An older replica's Remove without
+// shutdown revokes the lease a few milliseconds after its delete: a replica that asks
+// for the lease after that takes the delete for an early revocation, and writes the
+// key back for the time left, at most one TTL (nothing renews it).
 const (
 	// restoreMargin: a delete that comes later than this before the lease's expiry
 	// is an expiry. The renewal's time in the key is taken before its keep-alive or
@@ -118,7 +126,9 @@ func (m *Manager) restoreLoop(ctx context.Context) {
 // restore writes j's key again and reports how it ended: "restored"; "superseded" (the
 // key was written meanwhile, or its address removed); "expired" (not written before
 // the time left ran out: the lease leaves the state); "nospace" (etcd is out of space
-// and grants no lease: the lease leaves the state at once); "canceled" (ctx ended).
+// and grants no lease: the lease leaves the state at once); "deleted" (the key was
+// deleted by a write, not by a revocation: its etcd lease lives; the lease leaves the
+// state at once); "canceled" (ctx ended).
 //
 // Out of space (NOSPACE), no lease key can be written: not by a restore, nor by the
 // Renew of any API server, so every lease runs out within its TTL whatever a restore
@@ -126,6 +136,12 @@ func (m *Manager) restoreLoop(ctx context.Context) {
 // like a revocation here: the lease leaves at once rather than at its TTL, and is not
 // written back if the alarm is disarmed before then.
 func (m *Manager) restore(ctx context.Context, j restoreJob) string {
+	if m.leaseLives(ctx, j.st.id) {
+		m.dropRevoked(j)
+		m.log.Info("a master lease key was deleted by hand (its etcd lease lives on); not writing it "+
+			"again", "ip", j.addr, "lease", int64(j.st.id), "revision", j.rev)
+		return "deleted"
+	}
 	for {
 		left := time.Until(j.st.expires)
 		if left <= 0 {
@@ -150,6 +166,19 @@ func (m *Manager) restore(ctx context.Context, j restoreJob) string {
 		case <-time.After(restoreRetry):
 		}
 	}
+}
+
+// leaseLives reports whether etcd still has lease id. A key that etcd deleted by
+// revoking its lease has none; one deleted by a write (etcdctl del, or the Remove of
+// a replica older than the marker, until it revokes the lease just after) leaves it
+// live. When etcd does not answer, it reports false: the restore goes on.
+func (m *Manager) leaseLives(ctx context.Context, id clientv3.LeaseID) bool {
+	var r *clientv3.LeaseTimeToLiveResponse
+	err := call.Read(ctx, readAttempt, 3, func(ctx context.Context) (err error) {
+		r, err = m.cli.TimeToLive(ctx, id)
+		return err
+	})
+	return err == nil && r.TTL > 0
 }
 
 // restoreOnce makes one attempt: it grants a lease of the time left (at least etcd's

@@ -250,3 +250,57 @@ func TestLateRenewalWriteExpires(t *testing.T) {
 		t.Errorf("allocd_masterlease_restores_total{result=restored} = %v; want 0: it expired", n)
 	}
 }
+
+// TestDeletesNotRestored: a lease key deleted by something other than etcd revoking
+// its lease is not written again, although no Remove marker came with the delete: an
+// operator's etcdctl del (the etcd lease lives on), and the Remove with shutdown of a
+// replica older than the markers (the shutdown key in the delete's transaction, the
+// lease revoked after). The address leaves the endpoints at once.
+func TestDeletesNotRestored(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.New(t)
+	reg := prometheus.NewRegistry()
+	m := start(t, e.Client, func(c *Config) { c.Registerer = reg })
+	ctx := etcdtest.Context(t)
+	mustRenew(t, ctx, m, "10.9.3.9", 60) // another API server: the endpoints' guard stays out
+	tests := []struct {
+		name, ip string
+		del      func(key, ip string, id clientv3.LeaseID) error
+	}{
+		{"etcdctl del", "10.9.3.1", func(key, _ string, _ clientv3.LeaseID) error {
+			_, err := e.Client.Delete(ctx, key)
+			return err
+		}},
+		{"older replica's Remove on shutdown", "10.9.3.2", func(key, ip string, id clientv3.LeaseID) error {
+			shutdown := clientv3.OpPut(testPrefix+"shutdown", ip) // and no marker
+			_, err := e.Client.Txn(ctx).Then(clientv3.OpDelete(key), shutdown).Commit()
+			if err == nil {
+				_, err = e.Client.Revoke(ctx, id)
+			}
+			return err
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := mustRenew(t, ctx, m, tt.ip, 30)
+			etcdtest.WaitFor(t, 5*time.Second, tt.ip+" in the endpoints", func() bool {
+				eps, err := m.Endpoints(ctx)
+				return err == nil && slices.Contains(eps.Addresses, netip.MustParseAddr(tt.ip))
+			})
+			if err := tt.del(testPrefix+tt.ip, tt.ip, l.ID); err != nil {
+				t.Fatal(err)
+			}
+			etcdtest.WaitFor(t, 5*time.Second, tt.ip+" to leave the endpoints", func() bool {
+				eps, err := m.Endpoints(ctx)
+				return err == nil && !slices.Contains(eps.Addresses, netip.MustParseAddr(tt.ip))
+			})
+			time.Sleep(200 * time.Millisecond) // a restore takes milliseconds
+			if r, err := e.Client.Get(ctx, testPrefix+tt.ip); err != nil || len(r.Kvs) != 0 {
+				t.Errorf("Get(%s) after the delete = %v, %v; want no key", tt.ip, r, err)
+			}
+		})
+	}
+	if n := gather(t, reg)["allocd_masterlease_restores_total{result=restored}"]; n != 0 {
+		t.Errorf("allocd_masterlease_restores_total{result=restored} = %v; want 0", n)
+	}
+}

@@ -232,12 +232,20 @@ func (m *Manager) expiries(ctx context.Context, items []listedLease, now time.Ti
 
 // keepRevokedLocked keeps, from the state before a list (old), the leases revoked
 // early that the list does not have, unless a Remove marked them since (removedAt, by
-// address) or they ran out.
+// address) or they ran out; and queues their restore again. Its job may have ended
+// already (superseded by another replica's restore, before the key was revoked early
+// once more while the watch was down), and only a job drops a revoked lease when its
+// time runs out.
 func (m *Manager) keepRevokedLocked(old map[netip.Addr]leaseState, removedAt map[netip.Addr]int64,
 	now time.Time) {
 	for a, st := range old {
 		if _, ok := m.leases[a]; !ok && st.revoked && removedAt[a] <= st.modRev && st.expires.After(now) {
 			m.leases[a] = st
+			m.restores[a] = restoreJob{addr: a, st: st, rev: st.modRev}
+			select {
+			case m.restorec <- struct{}{}:
+			default: // the restorer is signalled already
+			}
 		}
 	}
 }

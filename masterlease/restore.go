@@ -171,13 +171,12 @@ func (m *Manager) restore(ctx context.Context, j restoreJob) string {
 // leaseLives reports whether etcd still has lease id. A key that etcd deleted by
 // revoking its lease has none; one deleted by a write (etcdctl del, or the Remove of
 // a replica older than the marker, until it revokes the lease just after) leaves it
-// live. When etcd does not answer, it reports false: the restore goes on.
+// live. When etcd does not answer within readAttempt, it reports false: the restore
+// goes on, not delayed by more than that.
 func (m *Manager) leaseLives(ctx context.Context, id clientv3.LeaseID) bool {
-	var r *clientv3.LeaseTimeToLiveResponse
-	err := call.Read(ctx, readAttempt, 3, func(ctx context.Context) (err error) {
-		r, err = m.cli.TimeToLive(ctx, id)
-		return err
-	})
+	ctx, cancel := context.WithTimeout(ctx, readAttempt)
+	defer cancel()
+	r, err := m.cli.TimeToLive(ctx, id)
 	return err == nil && r.TTL > 0
 }
 

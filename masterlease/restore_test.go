@@ -304,3 +304,44 @@ func TestDeletesNotRestored(t *testing.T) {
 		t.Errorf("allocd_masterlease_restores_total{result=restored} = %v; want 0", n)
 	}
 }
+
+// TestRelistRestoresKeptLease: a re-list keeps a lease revoked early that it does
+// not find, and queues its restore again: its last job may have ended (superseded by
+// another replica's restore, the key revoked early once more while the watch was
+// down), and without a job the lease would stay in the state, and the endpoints,
+// past its time.
+func TestRelistRestoresKeptLease(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.New(t)
+	m := newStopped(t, e.Client) // no Run: the test calls load, as a re-list does
+	ctx := etcdtest.Context(t)
+	const ip = "10.9.4.1"
+	l := mustRenew(t, ctx, m, ip, 3)
+	prev, err := e.Client.Get(ctx, testPrefix+ip)
+	if err != nil || len(prev.Kvs) != 1 {
+		t.Fatal(prev, err)
+	}
+	r, err := e.Client.Revoke(ctx, l.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := goneJob(addrs(ip)[0], prev.Kvs[0], r.Header.Revision)
+	m.mu.Lock()
+	m.leases[j.addr] = j.st // revoked early, its job ended
+	m.mu.Unlock()
+	if _, err := m.load(ctx); err != nil {
+		t.Fatalf("load() = %v", err)
+	}
+	m.mu.Lock()
+	job, queued := m.restores[j.addr]
+	m.mu.Unlock()
+	if !queued {
+		t.Fatalf("after a re-list: no restore of %s queued; want one", ip)
+	}
+	if got := m.restore(ctx, job); got != "restored" {
+		t.Errorf("restore(%s) = %q; want restored", ip, got)
+	}
+	if resp, err := e.Client.Get(ctx, testPrefix+ip); err != nil || len(resp.Kvs) != 1 {
+		t.Errorf("Get(%s) after the restore = %v, %v; want the key", ip, resp, err)
+	}
+}

@@ -13,9 +13,10 @@
 // etcd can delete a key whose lease is renewed in time: an etcd leader that was
 // stopped and resumes revokes the leases its own clock says expired, before it learns
 // that another leads (restore.go). Run tells such a delete from an expiry by the last
-// renewal's time in the key's previous value, and from a Remove by the marker; it
-// keeps the lease in the endpoints and in List, and writes the key again under a new
-// lease of the TTL that was left, within milliseconds.
+// renewal's time in the key's previous value, from a Remove by the marker (or the
+// shutdown key), and from a delete by hand by its etcd lease, which lives on; it keeps
+// the lease in the endpoints and in List, and writes the key again under a new lease
+// of the TTL that was left, within milliseconds.
 //
 // Run watches the prefix and derives the endpoints: one subset, the addresses sorted
 // (netip order), port "https"/TCP. When storage lists no lease at all, the last

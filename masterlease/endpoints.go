@@ -232,12 +232,20 @@ func (m *Manager) expiries(ctx context.Context, items []listedLease, now time.Ti
 
 // keepRevokedLocked keeps, from the state before a list (old), the leases revoked
 // early that the list does not have, unless a Remove marked them since (removedAt, by
-// address) or they ran out.
+// address) or they ran out; and queues their restore again. Its job may have ended
+// already (superseded by another replica's restore, before the key was revoked early
+// once more while the watch was down), and only a job drops a revoked lease when its
+// time runs out.
 func (m *Manager) keepRevokedLocked(old map[netip.Addr]leaseState, removedAt map[netip.Addr]int64,
 	now time.Time) {
 	for a, st := range old {
 		if _, ok := m.leases[a]; !ok && st.revoked && removedAt[a] <= st.modRev && st.expires.After(now) {
 			m.leases[a] = st
+			m.restores[a] = restoreJob{addr: a, st: st, rev: st.modRev}
+			select {
+			case m.restorec <- struct{}{}:
+			default: // the restorer is signalled already
+			}
 		}
 	}
 }
@@ -282,6 +290,8 @@ func (m *Manager) applyEventLocked(ev *clientv3.Event, now time.Time, rv *revisi
 	if string(kv.Key) == m.shutdownKey {
 		if a, err := netip.ParseAddr(string(kv.Value)); ev.Type == mvccpb.PUT && err == nil {
 			m.lastShut = removal{ip: a, rev: kv.ModRevision}
+			// A removal, also when an older replica wrote no marker beside it.
+			rv.removed = append(rv.removed, a)
 		}
 		return
 	}
@@ -324,7 +334,14 @@ func (m *Manager) applyEventLocked(ev *clientv3.Event, now time.Time, rv *revisi
 		// leaves the endpoints, unless etcd revoked it early (revokedLocked).
 		m.log.Info("master lease gone", "ip", addr, "revision", kv.ModRevision)
 		if ev.PrevKv != nil {
-			rv.gone = append(rv.gone, goneJob(addr, ev.PrevKv, kv.ModRevision))
+			j := goneJob(addr, ev.PrevKv, kv.ModRevision)
+			if st, ok := m.leases[addr]; ok && st.modRev == ev.PrevKv.ModRevision &&
+				st.expires.Before(j.st.expires) {
+				// This replica saw the last write earlier than the renewal time in it
+				// says: the clock of the replica that renewed is ahead of this one's.
+				j.st.expires, j.st.renewed = st.expires, st.renewed
+			}
+			rv.gone = append(rv.gone, j)
 		}
 		delete(m.leases, addr)
 		m.lastDel = removal{ip: addr, rev: kv.ModRevision}

@@ -169,7 +169,7 @@ func TestApplyBatch(t *testing.T) {
 	e := etcdtest.New(t)
 	put := func(ip string, rev int64) *clientv3.Event {
 		return &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte(testPrefix + ip),
-			Value: []byte(encode(30, 30)), ModRevision: rev, Lease: rev}}
+			Value: []byte(encode(30, 30, time.Now())), ModRevision: rev, Lease: rev}}
 	}
 	del := func(ip string, rev int64) *clientv3.Event {
 		return &clientv3.Event{Type: mvccpb.DELETE,

@@ -48,9 +48,10 @@ const (
 	// taken for a lease.
 	shutdownName = "shutdown"
 	// removedDir holds a marker per removed address, <prefix>removed/<ip>, written by
-	// every Remove (in the transaction of the delete, when there is a key) and deleted
-	// when Renew creates the key again: a watch tells a removal from etcd revoking a
-	// lease by it, and a restore (restore.go) never brings back a removed lease.
+	// every Remove (in the transaction of the delete, when there is a key; else if the
+	// key is still absent) and deleted when Renew creates the key again: a watch tells
+	// a removal from etcd revoking a lease by it, and a restore (restore.go) never
+	// brings back a removed lease. etcd out of space refuses it (Remove).
 	removedDir = "removed/"
 )
 
@@ -318,6 +319,7 @@ func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (_ Leas
 			id := clientv3.LeaseID(cur.Lease)
 			var ka *clientv3.LeaseKeepAliveResponse
 			refreshed = true
+			sent := time.Now() // no later than etcd's new expiry base (encode)
 			err := call.Read(ctx, readAttempt, 3, func(ctx context.Context) (err error) {
 				ka, err = m.cli.KeepAliveOnce(ctx, id) // a refresh: as safe to repeat as a read
 				return err
@@ -328,7 +330,7 @@ func (m *Manager) renew(ctx context.Context, addr netip.Addr, ttl int64) (_ Leas
 				err := call.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
 					resp, err = m.cli.Txn(ctx).
 						If(clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)).
-						Then(clientv3.OpPut(key, encode(ttl, ka.TTL), clientv3.WithLease(id))).
+						Then(clientv3.OpPut(key, encode(ttl, ka.TTL, sent), clientv3.WithLease(id))).
 						Commit()
 					return err
 				})
@@ -368,6 +370,7 @@ func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyV
 	ttl int64) (Lease, bool, error) {
 	key := m.key(addr)
 	var g *clientv3.LeaseGrantResponse
+	sent := time.Now()
 	err := call.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
 		g, err = m.cli.Grant(ctx, ttl)
 		return err
@@ -376,7 +379,7 @@ func (m *Manager) replace(ctx context.Context, addr netip.Addr, cur *mvccpb.KeyV
 		return Lease{}, false, fmt.Errorf("masterlease: grant lease for %s: %w", key, err)
 	}
 	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
-	ops := []clientv3.Op{clientv3.OpPut(key, encode(ttl, g.TTL), clientv3.WithLease(g.ID))}
+	ops := []clientv3.Op{clientv3.OpPut(key, encode(ttl, g.TTL, sent), clientv3.WithLease(g.ID))}
 	if cur != nil {
 		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)
 	} else {
@@ -427,6 +430,11 @@ func (m *Manager) lease(addr netip.Addr, id clientv3.LeaseID, ttl, rev int64) Le
 // removes its own lease because it shuts down cleanly: if it was the last lease, the
 // endpoints become empty instead of keeping the last address (kubernetes #115804).
 // A bad ip returns *InvalidError and writes nothing.
+//
+// When etcd is out of space (NOSPACE) it refuses any write with a Put but not a
+// delete: Remove then deletes the key alone, without the marker and without the
+// shutdown key (the last address stays, as after an expiry), and an absent key gets
+// no marker. Every replica drops such a lease at once (restore.go).
 func (m *Manager) Remove(ctx context.Context, ip string,
 	shutdown bool) (removed bool, revision int64, err error) {
 	inv := invalidRequest()
@@ -455,23 +463,26 @@ func (m *Manager) remove(ctx context.Context, addr netip.Addr, shutdown bool) (b
 			return false, 0, fmt.Errorf("masterlease: read %s: %w", key, err)
 		}
 		if len(get.Kvs) == 0 {
-			// No key: etcd may have revoked its lease while it was renewed, and a
-			// replica may be about to restore it. The marker stops that restore.
-			put, err := m.cli.Put(ctx, m.removedKey(addr), "")
-			if err != nil {
-				return false, 0, fmt.Errorf("masterlease: mark %s removed: %w", key, err)
+			rev, done, err := m.markAbsent(ctx, addr, get.Header.Revision, shutdown)
+			if err != nil || done {
+				return false, rev, err
 			}
-			return false, put.Header.Revision, nil
+			continue // written again meanwhile (a restore): read it and delete it
 		}
 		cur := get.Kvs[0]
 		ops := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpPut(m.removedKey(addr), "")}
 		if shutdown {
 			ops = append(ops, clientv3.OpPut(m.shutdownKey, addr.String()))
 		}
-		resp, err := m.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)).
-			Then(ops...).
-			Commit()
+		cmp := clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision)
+		resp, err := m.cli.Txn(ctx).If(cmp).Then(ops...).Commit()
+		if errors.Is(err, rpctypes.ErrNoSpace) {
+			// Out of space (NOSPACE): etcd refuses any transaction with a Put, but
+			// not a delete. Delete only: no marker, no shutdown key (restore.go).
+			m.log.WarnContext(ctx, "etcd out of space: removing a master lease without its marker",
+				"ip", addr, "shutdown", shutdown)
+			resp, err = m.cli.Txn(ctx).If(cmp).Then(clientv3.OpDelete(key)).Commit()
+		}
 		if err != nil {
 			return false, 0, fmt.Errorf("masterlease: delete %s: %w", key, err)
 		}
@@ -486,6 +497,36 @@ func (m *Manager) remove(ctx context.Context, addr netip.Addr, shutdown bool) (b
 		return true, resp.Header.Revision, nil
 	}
 	return false, 0, fmt.Errorf("masterlease: remove %s: %w", addr, ErrConflict)
+}
+
+// markAbsent writes the Remove marker of addr, whose key a read at rev found absent
+// (etcd may have revoked its lease while it was renewed, and a replica may be about to
+// restore it: the marker stops that restore), and with shutdown the shutdown key (the
+// last API server, revoked early, leaves the endpoints as if its key were there), if
+// the key is still absent. It returns the revision of the marker and true; false when
+// the key was written meanwhile (a restore that committed between the read and the
+// marker), for the caller to delete it. Out of space (NOSPACE), etcd refuses the
+// marker: it returns rev and true, and writes nothing; no restore can grant a lease
+// then either.
+func (m *Manager) markAbsent(ctx context.Context, addr netip.Addr, rev int64,
+	shutdown bool) (int64, bool, error) {
+	key := m.key(addr)
+	ops := []clientv3.Op{clientv3.OpPut(m.removedKey(addr), "")}
+	if shutdown {
+		ops = append(ops, clientv3.OpPut(m.shutdownKey, addr.String()))
+	}
+	resp, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(ops...).Commit()
+	switch {
+	case errors.Is(err, rpctypes.ErrNoSpace):
+		m.log.WarnContext(ctx, "etcd out of space: master lease absent, its removal not marked", "ip", addr)
+		return rev, true, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("masterlease: mark %s removed: %w", key, err)
+	case !resp.Succeeded:
+		return 0, false, nil
+	}
+	return resp.Header.Revision, true, nil
 }
 
 // List returns every live lease, sorted by address, with the revision it was read at.
@@ -503,8 +544,13 @@ func (m *Manager) List(ctx context.Context) ([]Lease, int64, error) {
 	var out []Lease
 	var ask []int // indexes of out whose remaining TTL etcd must tell
 	listed := map[netip.Addr]bool{}
+	removedAt := map[netip.Addr]int64{} // the Remove markers the read found
 	m.mu.Lock()
 	for _, kv := range resp.Kvs {
+		if a, ok := m.parseRemovedKey(string(kv.Key)); ok {
+			removedAt[a] = kv.ModRevision
+			continue
+		}
 		addr, ok := m.parseKey(string(kv.Key))
 		if !ok {
 			continue
@@ -522,7 +568,7 @@ func (m *Manager) List(ctx context.Context) ([]Lease, int64, error) {
 		out = append(out, l)
 	}
 	m.mu.Unlock()
-	out = append(out, m.revokedMissing(ctx, listed, resp.Header.Revision)...)
+	out = append(out, m.revokedMissing(ctx, listed, removedAt, resp.Header.Revision)...)
 	ttls, err := m.timeToLive(ctx, out, ask)
 	if err != nil {
 		return nil, 0, err
@@ -538,17 +584,26 @@ func (m *Manager) List(ctx context.Context) ([]Lease, int64, error) {
 }
 
 // revokedMissing returns the leases that a read at rev did not list (listed) and
-// that Run keeps as revoked early. When Run knows a lease that is live and unlisted,
-// and has not caught up with rev, it waits for Run (at most readAttempt) to tell
-// whether etcd revoked that key early or it was removed.
-func (m *Manager) revokedMissing(ctx context.Context, listed map[netip.Addr]bool, rev int64) []Lease {
+// that Run keeps as revoked early, unless the read found the marker of a Remove
+// written since the delete (removedAt, by address): Run may not have applied it yet,
+// and the Remove was acknowledged before the read. When Run knows a lease that is live
+// and unlisted, and has not caught up with rev, it waits for Run (at most readAttempt)
+// to tell whether etcd revoked that key early or it was removed.
+func (m *Manager) revokedMissing(ctx context.Context, listed map[netip.Addr]bool,
+	removedAt map[netip.Addr]int64, rev int64) []Lease {
 	kept := func(wait bool) (out []Lease, unsure bool) {
 		now := time.Now()
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		for a, st := range m.leases {
+			deleted := st.restoredFrom // the early revocation's revision
+			if st.revoked {
+				deleted = st.modRev
+			}
 			switch {
 			case listed[a]:
+			case deleted != 0 && removedAt[a] > deleted:
+				// Removed since etcd revoked it.
 			case st.revoked || st.restoredFrom != 0 && st.restoredFrom <= rev && rev < st.modRev:
 				// Revoked early, and not written again as of rev.
 				ttl := time.Duration(st.ttl) * time.Second
@@ -636,8 +691,13 @@ func (m *Manager) parseKey(key string) (netip.Addr, bool) {
 // to a lease of what was left of the TTL, which the next Renew replaces).
 func keeps(v value, ttl int64) bool { return v.TTLSeconds == ttl && v.GrantedTTLSeconds >= ttl }
 
-func encode(ttl, granted int64) string {
-	b, _ := json.Marshal(value{TTLSeconds: ttl, GrantedTTLSeconds: granted, RenewTime: time.Now().UTC()})
+// encode is a lease key's value. renewed is when the grant or keep-alive of its lease
+// was sent: etcd counts the TTL from when it took that request, later, so renewed plus
+// the TTL is never after etcd's expiry, however long the key's write took after it
+// (retries of a write during an election: up to writeAttempt), and a delete before it
+// is an early revocation (restore.go).
+func encode(ttl, granted int64, renewed time.Time) string {
+	b, _ := json.Marshal(value{TTLSeconds: ttl, GrantedTTLSeconds: granted, RenewTime: renewed.UTC()})
 	return string(b)
 }
 

@@ -44,7 +44,8 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 			Name: "allocd_masterlease_restores_total",
 			Help: "Master lease keys etcd deleted while their lease was renewed in time (a stale etcd " +
 				"leader's revocation), by how their restore ended: restored, superseded (written " +
-				"meanwhile, or removed), expired, canceled.",
+				"meanwhile, or removed), expired, nospace (etcd out of space), deleted (by a write, its " +
+				"etcd lease alive), canceled.",
 		}, []string{"result"}),
 	}
 	for _, r := range []string{"created", "renewed", "replaced", "invalid", "error"} {
@@ -53,7 +54,7 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 	for _, r := range []string{"removed", "absent", "invalid", "error"} {
 		mt.removes.WithLabelValues(r)
 	}
-	for _, r := range []string{"restored", "superseded", "expired", "canceled"} {
+	for _, r := range []string{"restored", "superseded", "expired", "nospace", "deleted", "canceled"} {
 		mt.restores.WithLabelValues(r)
 	}
 	for _, c := range []prometheus.Collector{mt.renews, mt.removes, mt.restores, collector{m}} {

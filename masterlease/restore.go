@@ -2,11 +2,13 @@ package masterlease
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allocd/allocd/internal/etcd/call"
@@ -24,21 +26,31 @@ import (
 // reproduces it with etcd processes: leases renewed 0.25 s before the leader resumed
 // went 13 to 20 ms after it, in one trial of 6 to 15.
 //
-// Run takes a delete that no Remove wrote (no marker in its transaction) and that
-// comes more than restoreMargin before the lease would have run out, by the time of
-// its last renewal (in the key's previous value, which the watch brings with the
-// delete) and its TTL, for such a revocation. The lease stays live in the
-// replica's state, its endpoints and List, and the restorer writes the key again
-// under a new etcd lease of the TTL that was left (at least etcd's minimum), unless
-// the key was written meanwhile (a Renew, another replica's restore) or the address
-// was removed (its marker written since the delete). The next Renew moves the key to
-// a lease of its full TTL. If the key cannot be written before the time left runs
-// out, the lease leaves the state then.
+// Run takes a delete that no Remove wrote (no marker, nor shutdown key naming the
+// address, in its transaction) and that comes more than restoreMargin before the
+// lease would have run out, by the time of its last renewal (in the key's previous
+// value, which the watch brings with the delete) and its TTL, for such a revocation.
+// The lease stays live in the replica's state, its endpoints and List, and the
+// restorer writes the key again under a new etcd lease of the TTL that was left (at
+// least etcd's minimum), unless etcd still has the key's lease (the key was deleted by
+// a write: an operator's etcdctl del, or an older replica's Remove, which writes no
+// marker, before it revokes the lease), the key was written meanwhile (a Renew,
+// another replica's restore) or the address was removed (its marker written since the
+// delete). The next Renew moves the key to a lease of its full TTL. If the key cannot
+// be written before the time left runs out, the lease leaves the state then.
+//
+// A key deleted by hand is so not written back: the address leaves the endpoints until
+// its API server's next Renew creates the key again. An older replica's Remove without
+// shutdown revokes the lease a few milliseconds after its delete: a replica that asks
+// for the lease after that takes the delete for an early revocation, and writes the
+// key back for the time left, at most one TTL (nothing renews it).
 const (
 	// restoreMargin: a delete that comes later than this before the lease's expiry
-	// is an expiry. The renewal's time in the key is taken after its keep-alive, so
-	// etcd's expiry comes a little before that time plus the TTL; and the clocks of
-	// the replica that renewed and of this one may differ.
+	// is an expiry. The renewal's time in the key is taken before its keep-alive or
+	// grant was sent, so etcd's expiry comes no earlier than that time plus the TTL
+	// (and up to its expiry tick, 500 ms, later); but the clocks of the replica that
+	// renewed and of this one may differ, which goneJob bounds by when this replica
+	// saw the renewal.
 	restoreMargin = time.Second
 	// restoreRetry is the pause between two attempts of a restore.
 	restoreRetry = 100 * time.Millisecond
@@ -113,8 +125,23 @@ func (m *Manager) restoreLoop(ctx context.Context) {
 
 // restore writes j's key again and reports how it ended: "restored"; "superseded" (the
 // key was written meanwhile, or its address removed); "expired" (not written before
-// the time left ran out: the lease leaves the state); "canceled" (ctx ended).
+// the time left ran out: the lease leaves the state); "nospace" (etcd is out of space
+// and grants no lease: the lease leaves the state at once); "deleted" (the key was
+// deleted by a write, not by a revocation: its etcd lease lives; the lease leaves the
+// state at once); "canceled" (ctx ended).
+//
+// Out of space (NOSPACE), no lease key can be written: not by a restore, nor by the
+// Renew of any API server, so every lease runs out within its TTL whatever a restore
+// would do. A Remove then deletes the key without its marker (manager.go), which looks
+// like a revocation here: the lease leaves at once rather than at its TTL, and is not
+// written back if the alarm is disarmed before then.
 func (m *Manager) restore(ctx context.Context, j restoreJob) string {
+	if m.leaseLives(ctx, j.st.id) {
+		m.dropRevoked(j)
+		m.log.Info("a master lease key was deleted by hand (its etcd lease lives on); not writing it "+
+			"again", "ip", j.addr, "lease", int64(j.st.id), "revision", j.rev)
+		return "deleted"
+	}
 	for {
 		left := time.Until(j.st.expires)
 		if left <= 0 {
@@ -124,6 +151,11 @@ func (m *Manager) restore(ctx context.Context, j restoreJob) string {
 			return "expired"
 		}
 		done, err := m.restoreOnce(ctx, j, left)
+		if done == "nospace" {
+			m.dropRevoked(j)
+			m.log.Warn("etcd out of space: a master lease revoked early cannot be written again; it "+
+				"leaves now", "ip", j.addr, "revision", j.rev)
+		}
 		if done != "" {
 			return done
 		}
@@ -134,6 +166,18 @@ func (m *Manager) restore(ctx context.Context, j restoreJob) string {
 		case <-time.After(restoreRetry):
 		}
 	}
+}
+
+// leaseLives reports whether etcd still has lease id. A key that etcd deleted by
+// revoking its lease has none; one deleted by a write (etcdctl del, or the Remove of
+// a replica older than the marker, until it revokes the lease just after) leaves it
+// live. When etcd does not answer within readAttempt, it reports false: the restore
+// goes on, not delayed by more than that.
+func (m *Manager) leaseLives(ctx context.Context, id clientv3.LeaseID) bool {
+	ctx, cancel := context.WithTimeout(ctx, readAttempt)
+	defer cancel()
+	r, err := m.cli.TimeToLive(ctx, id)
+	return err == nil && r.TTL > 0
 }
 
 // restoreOnce makes one attempt: it grants a lease of the time left (at least etcd's
@@ -147,10 +191,14 @@ func (m *Manager) restoreOnce(ctx context.Context, j restoreJob, left time.Durat
 	key := m.key(j.addr)
 	ttl := min(max(ceilSeconds(left), m.minTTL), max(j.st.ttl, m.minTTL))
 	var g *clientv3.LeaseGrantResponse
+	sent := time.Now()
 	err := call.Write(ctx, writeAttempt, writeAttempt, func(ctx context.Context) (err error) {
 		g, err = m.cli.Grant(ctx, ttl)
 		return err
 	})
+	if errors.Is(err, rpctypes.ErrNoSpace) {
+		return "nospace", err
+	}
 	if err != nil {
 		return "", err
 	}
@@ -159,7 +207,7 @@ func (m *Manager) restoreOnce(ctx context.Context, j restoreJob, left time.Durat
 		resp, err = m.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
 				clientv3.Compare(clientv3.ModRevision(m.removedKey(j.addr)), "<", j.rev+1)).
-			Then(clientv3.OpPut(key, encode(j.st.asked, g.TTL), clientv3.WithLease(g.ID))).
+			Then(clientv3.OpPut(key, encode(j.st.asked, g.TTL, sent), clientv3.WithLease(g.ID))).
 			Commit()
 		return err
 	})

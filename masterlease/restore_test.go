@@ -5,11 +5,16 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
@@ -190,5 +195,154 @@ func TestRestoreOnce(t *testing.T) {
 					tt.key)
 			}
 		})
+	}
+}
+
+// TestLateRenewalWriteExpires: the write of a renewal that comes long after its
+// keep-alive (a first try refused during an election, a retry 1.7 s later) is the
+// API server's last; its lease then runs out at the keep-alive plus the TTL. That is
+// an expiry, not an early revocation: the key is not written again, nor counted
+// restored.
+func TestLateRenewalWriteExpires(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out a real 3 s lease TTL")
+	}
+	t.Parallel()
+	const ip, ttl = "10.9.2.1", 3
+	e := etcdtest.New(t)
+	var refuse atomic.Bool
+	refuseOnce := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if _, ok := req.(*etcdserverpb.TxnRequest); ok && refuse.CompareAndSwap(true, false) {
+			// Within call.Write's 2 s budget, with room for a loaded machine: it tries again.
+			time.Sleep(1700 * time.Millisecond)
+			return rpctypes.ErrGRPCNoLeader // refused before it was proposed: tried again
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Client.Endpoints(), Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(refuseOnce)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	renewer := newStopped(t, cli)
+	reg := prometheus.NewRegistry()
+	m := start(t, e.Client, func(c *Config) { c.Registerer = reg })
+	ctx := etcdtest.Context(t)
+	mustRenew(t, ctx, m, "10.9.2.9", 60) // another API server: the endpoints' guard stays out
+	mustRenew(t, ctx, renewer, ip, ttl)
+	refuse.Store(true)
+	began := time.Now()
+	l := mustRenew(t, ctx, renewer, ip, ttl) // the keep-alive, then its write 1.7 s later
+	if took := time.Since(began); took < 1700*time.Millisecond {
+		t.Fatalf("Renew(%s) took %v; want its write tried again after 1.7 s", ip, took)
+	}
+	etcdtest.WaitFor(t, 10*time.Second, ip+" to leave the endpoints", func() bool {
+		eps, err := m.Endpoints(ctx)
+		return err == nil && !slices.Contains(eps.Addresses, netip.MustParseAddr(ip))
+	})
+	time.Sleep(500 * time.Millisecond) // a restore takes milliseconds
+	if r, err := e.Client.Get(ctx, testPrefix+ip); err != nil || len(r.Kvs) != 0 {
+		t.Errorf("Get(%s) after lease %x expired = %v, %v; want no key", ip, l.ID, r, err)
+	}
+	got := gather(t, reg)
+	if n := got["allocd_masterlease_restores_total{result=restored}"]; n != 0 {
+		t.Errorf("allocd_masterlease_restores_total{result=restored} = %v; want 0: it expired", n)
+	}
+}
+
+// TestDeletesNotRestored: a lease key deleted by something other than etcd revoking
+// its lease is not written again, although no Remove marker came with the delete: an
+// operator's etcdctl del (the etcd lease lives on), and the Remove with shutdown of a
+// replica older than the markers (the shutdown key in the delete's transaction, the
+// lease revoked after). The address leaves the endpoints at once.
+func TestDeletesNotRestored(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.New(t)
+	reg := prometheus.NewRegistry()
+	m := start(t, e.Client, func(c *Config) { c.Registerer = reg })
+	ctx := etcdtest.Context(t)
+	mustRenew(t, ctx, m, "10.9.3.9", 60) // another API server: the endpoints' guard stays out
+	tests := []struct {
+		name, ip string
+		del      func(key, ip string, id clientv3.LeaseID) error
+	}{
+		{"etcdctl del", "10.9.3.1", func(key, _ string, _ clientv3.LeaseID) error {
+			_, err := e.Client.Delete(ctx, key)
+			return err
+		}},
+		{"older replica's Remove on shutdown", "10.9.3.2", func(key, ip string, id clientv3.LeaseID) error {
+			shutdown := clientv3.OpPut(testPrefix+"shutdown", ip) // and no marker
+			_, err := e.Client.Txn(ctx).Then(clientv3.OpDelete(key), shutdown).Commit()
+			if err == nil {
+				_, err = e.Client.Revoke(ctx, id)
+			}
+			return err
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := mustRenew(t, ctx, m, tt.ip, 30)
+			etcdtest.WaitFor(t, 5*time.Second, tt.ip+" in the endpoints", func() bool {
+				eps, err := m.Endpoints(ctx)
+				return err == nil && slices.Contains(eps.Addresses, netip.MustParseAddr(tt.ip))
+			})
+			if err := tt.del(testPrefix+tt.ip, tt.ip, l.ID); err != nil {
+				t.Fatal(err)
+			}
+			etcdtest.WaitFor(t, 5*time.Second, tt.ip+" to leave the endpoints", func() bool {
+				eps, err := m.Endpoints(ctx)
+				return err == nil && !slices.Contains(eps.Addresses, netip.MustParseAddr(tt.ip))
+			})
+			time.Sleep(200 * time.Millisecond) // a restore takes milliseconds
+			if r, err := e.Client.Get(ctx, testPrefix+tt.ip); err != nil || len(r.Kvs) != 0 {
+				t.Errorf("Get(%s) after the delete = %v, %v; want no key", tt.ip, r, err)
+			}
+		})
+	}
+	if n := gather(t, reg)["allocd_masterlease_restores_total{result=restored}"]; n != 0 {
+		t.Errorf("allocd_masterlease_restores_total{result=restored} = %v; want 0", n)
+	}
+}
+
+// TestRelistRestoresKeptLease: a re-list keeps a lease revoked early that it does
+// not find, and queues its restore again: its last job may have ended (superseded by
+// another replica's restore, the key revoked early once more while the watch was
+// down), and without a job the lease would stay in the state, and the endpoints,
+// past its time.
+func TestRelistRestoresKeptLease(t *testing.T) {
+	t.Parallel()
+	e := etcdtest.New(t)
+	m := newStopped(t, e.Client) // no Run: the test calls load, as a re-list does
+	ctx := etcdtest.Context(t)
+	const ip = "10.9.4.1"
+	l := mustRenew(t, ctx, m, ip, 3)
+	prev, err := e.Client.Get(ctx, testPrefix+ip)
+	if err != nil || len(prev.Kvs) != 1 {
+		t.Fatal(prev, err)
+	}
+	r, err := e.Client.Revoke(ctx, l.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := goneJob(addrs(ip)[0], prev.Kvs[0], r.Header.Revision)
+	m.mu.Lock()
+	m.leases[j.addr] = j.st // revoked early, its job ended
+	m.mu.Unlock()
+	if _, err := m.load(ctx); err != nil {
+		t.Fatalf("load() = %v", err)
+	}
+	m.mu.Lock()
+	job, queued := m.restores[j.addr]
+	m.mu.Unlock()
+	if !queued {
+		t.Fatalf("after a re-list: no restore of %s queued; want one", ip)
+	}
+	if got := m.restore(ctx, job); got != "restored" {
+		t.Errorf("restore(%s) = %q; want restored", ip, got)
+	}
+	if resp, err := e.Client.Get(ctx, testPrefix+ip); err != nil || len(resp.Kvs) != 1 {
+		t.Errorf("Get(%s) after the restore = %v, %v; want the key", ip, resp, err)
 	}
 }

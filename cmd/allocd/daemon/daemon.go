@@ -567,10 +567,16 @@ func (d *Daemon) Close() error {
 func newLogger(c Config, out io.Writer) *slog.Logger {
 	lvl, _ := c.logLevel()
 	opts := &slog.HandlerOptions{Level: lvl}
-	if c.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(out, opts))
+	newHandler := func(w io.Writer) slog.Handler {
+		if c.LogFormat == "json" {
+			return slog.NewJSONHandler(w, opts)
+		}
+		return slog.NewTextHandler(w, opts)
 	}
-	return slog.New(slog.NewTextHandler(out, opts))
+	if b, ok := out.(*bufferedOutput); ok {
+		return slog.New(newUrgentHandler(b, newHandler)) // warnings and errors at once
+	}
+	return slog.New(newHandler(out))
 }
 
 // slowEtcdCall is how long an etcd call may take before it is logged (at debug: the

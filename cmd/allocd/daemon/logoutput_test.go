@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -50,6 +51,68 @@ func TestBufferedOutput(t *testing.T) {
 	b.Write([]byte("three\n"))
 	if got := out.String(); !strings.HasSuffix(got, "three\n") {
 		t.Errorf("a line after close = %q; want it written at once", got)
+	}
+}
+
+// flakyWriter fails its first write (a full disk, say), then writes.
+type flakyWriter struct {
+	failed bool
+	buf    bytes.Buffer
+}
+
+func (w *flakyWriter) Write(p []byte) (int, error) {
+	if !w.failed {
+		w.failed = true
+		return 0, errors.New("no space left on device")
+	}
+	return w.buf.Write(p)
+}
+
+// TestBufferedOutputAfterError: one failed write to standard error loses the lines
+// buffered then, but not every later line: os.Stderr written line by line did not
+// stop logging after a transient error, and the buffer must not either.
+func TestBufferedOutputAfterError(t *testing.T) {
+	w := &flakyWriter{}
+	b := newBufferedOutput(w)
+	b.Write([]byte("lost\n"))
+	b.flush() // the timer's write: fails
+	b.Write([]byte("later\n"))
+	b.close()
+	if got := w.buf.String(); got != "later\n" {
+		t.Errorf("written after a failed write = %q; want the later line", got)
+	}
+}
+
+// TestWarningsWrittenThrough: a line at warning or above is written at once, after
+// the buffered lines logged before it (they may explain it, and a crash that follows
+// would lose them); a line at info after it waits in the buffer again. Attributes and
+// groups added with With and WithGroup reach both kinds of line.
+func TestWarningsWrittenThrough(t *testing.T) {
+	for _, format := range []string{"text", "json"} {
+		t.Run(format, func(t *testing.T) {
+			var out lockedBuffer
+			b := newBufferedOutput(&out)
+			defer b.close()
+			log := newLogger(Config{LogLevel: "info", LogFormat: format}, b).With("component", "test")
+			log.Info("first")
+			if got := out.String(); got != "" {
+				t.Errorf("after an info line: %q written; want it buffered", got)
+			}
+			log.WithGroup("g").Warn("second", "k", "v")
+			got := out.String()
+			first, second := strings.Index(got, "first"), strings.Index(got, "second")
+			if first < 0 || second < first || strings.Count(got, "component") != 2 ||
+				!strings.Contains(got, "g.k") && !strings.Contains(got, `"g":{"k"`) {
+				t.Errorf("after a warning: %q written; want the info line, then the warning, both with "+
+					"component, the warning's k in group g", got)
+			}
+			log.Error("third")
+			log.Info("fourth")
+			if got := out.String(); !strings.Contains(got, "third") || strings.Contains(got, "fourth") {
+				t.Errorf("after an error and an info line: %q written; want the error, not the info line",
+					got)
+			}
+		})
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -47,6 +48,8 @@ type Compactor struct {
 	log      *slog.Logger
 	m        *metrics
 	hurry    chan int64 // revisions Hurry asks to compact now
+	// hurryFailures counts the hurried steps that failed (HurryFailures).
+	hurryFailures atomic.Int64
 
 	// Only the goroutine that runs Run (or RunOnce) uses these.
 	version   int64 // the compaction key's version as last seen (kube's compact time)
@@ -81,7 +84,8 @@ func New(cli *clientv3.Client, cfg Config) (*Compactor, error) {
 
 // Run runs a step every interval, and one at once for every Hurry, until ctx ends; it
 // then returns nil. A step that fails is logged and counted, and the next one comes an
-// interval later, as kube-apiserver's.
+// interval later, as kube-apiserver's, or with the next Hurry (a Member hurries again
+// after a hurried step failed: HurryFailures).
 func (c *Compactor) Run(ctx context.Context) error {
 	t := c.clock.NewTimer(c.interval)
 	defer t.Stop()
@@ -94,8 +98,8 @@ func (c *Compactor) Run(ctx context.Context) error {
 		case hurried = <-c.hurry:
 		}
 		if _, err := c.step(ctx, hurried); err != nil && ctx.Err() == nil {
-			c.log.Warn("etcd compaction failed; trying again next interval",
-				"err", err, "interval", c.interval)
+			c.log.Warn("etcd compaction failed; trying again next interval, or at the next hurry",
+				"err", err, "interval", c.interval, "hurried", hurried > 0)
 		}
 		t.Reset(c.interval)
 	}
@@ -130,6 +134,11 @@ func (c *Compactor) Hurry(rev int64) {
 	}
 }
 
+// HurryFailures is the number of hurried steps that failed so far: a Member that
+// hurried sees that its hurry freed nothing, and hurries again (its history budget
+// still counted from before the hurry) instead of waiting for the next interval.
+func (c *Compactor) HurryFailures() int64 { return c.hurryFailures.Load() }
+
 // step is one step of kube-apiserver's algorithm. hurried > 0 compacts that revision
 // instead of the previous step's, even on this replica's first step (which otherwise
 // only records: it knows no revision one interval old), and tries the compare again at
@@ -138,6 +147,15 @@ func (c *Compactor) Hurry(rev int64) {
 func (c *Compactor) step(ctx context.Context, hurried int64) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, compactTimeout)
 	defer cancel()
+	compacted, err := c.stepOnce(ctx, hurried)
+	if err != nil && hurried > 0 {
+		c.hurryFailures.Add(1)
+	}
+	return compacted, err
+}
+
+// stepOnce is step without its timeout and its count of failed hurries.
+func (c *Compactor) stepOnce(ctx context.Context, hurried int64) (int64, error) {
 	target := c.rev
 	if hurried > 0 {
 		target = hurried

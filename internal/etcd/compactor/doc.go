@@ -28,7 +28,7 @@
 //     long before the interval is up), or when the member is out of space: the Compactor
 //     then compacts, still through the compaction key, everything older than the newest
 //     revision read at least 2 s before; under NOSPACE, which refuses the key's write,
-//     without the key;
+//     without the key; when a hurried step fails, at the next read again;
 //   - defragments the member when at least half of its file is free and the free part is
 //     worth the pause (compaction frees pages inside the file; only defragmentation gives
 //     them back, and etcd's quota counts the file's size), and no more than

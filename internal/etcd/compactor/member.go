@@ -100,6 +100,8 @@ type Member struct {
 
 	// Only the goroutine that runs Run (or Defragment before it) uses these.
 	low         int64         // the lowest size in use seen since the last hurry; 0: none yet
+	lowBefore   int64         // low when the last hurry was asked for
+	failures    int64         // the Compactor's HurryFailures as last seen
 	seen        []observation // status reads: the newest one at least floor old, then the younger ones
 	hurried     int64         // the revision the last hurry asked for
 	defragAfter time.Time     // no defragmentation before, after a failed one
@@ -214,11 +216,20 @@ func (m *Member) status(ctx context.Context) (*clientv3.StatusResponse, error) {
 // when the size in use has grown by more than the budget since the lowest size seen
 // after the last hurry (what the history has added since it was last compacted), or
 // when the member is out of space (NOSPACE: the hurried step compacts without the
-// compaction key, which etcd refuses to write). Never twice for one revision.
+// compaction key, which etcd refuses to write). Never twice for one revision. When the
+// Compactor reports that a hurried step failed, the lowest size goes back to what it
+// was before that hurry, so the next read hurries again.
 func (m *Member) hurry(st *clientv3.StatusResponse) {
 	target := m.observe(m.clock.Now(), st.Header.Revision)
 	if m.cfg.Compactor == nil || m.cfg.HistoryBytes == 0 {
 		return
+	}
+	if f := m.cfg.Compactor.HurryFailures(); f != m.failures {
+		// The hurried compaction failed: nothing was freed. Measured from the size
+		// after it, the budget would let the store grow by another share of itself
+		// (and by more after every failure) before the next hurry; measured from
+		// before, it hurries again now.
+		m.failures, m.low = f, m.lowBefore
 	}
 	if m.low == 0 || st.DbSizeInUse < m.low {
 		m.low = st.DbSizeInUse
@@ -234,12 +245,16 @@ func (m *Member) hurry(st *clientv3.StatusResponse) {
 		"revision", target)
 	m.cfg.Compactor.Hurry(target)
 	m.hurried = target
-	m.low = 0 // measured anew from the next read, after the compaction
+	m.lowBefore = m.low
+	m.low = 0 // measured anew from the next read, after the compaction (unless it fails)
 }
 
 // budget is the history budget now: HistoryBytes, or HistoryShare of the lowest size
 // in use since the last hurry if that is more, but no more than a quarter of the room
-// left under quota (0: unknown).
+// left under quota (0: unknown). The room is counted from the size in use, while etcd
+// raises NOSPACE on the file's size: the file grows only when the size in use outgrows
+// it (compaction frees pages, and etcd reuses them), so the file reaches the quota when
+// the size in use does, give or take the pages a defragmentation would give back.
 func (m *Member) budget(quota int64) int64 {
 	b := m.cfg.HistoryBytes
 	if m.cfg.HistoryShare == 0 {

@@ -19,6 +19,10 @@ import (
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/allocd/allocd/internal/etcd/embedded"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
@@ -481,5 +485,52 @@ func TestHistoryBudgetGrowsWithStore(t *testing.T) {
 	}
 	if !slices.Equal(hurried, []int64{5}) {
 		t.Errorf("hurries at revisions %v; want one, at 5 (501 MiB: 101 MiB over 400)", hurried)
+	}
+}
+
+// TestMemberHurriesAgainAfterFailure: a hurried compaction that fails (here the first
+// Compact is refused as by a member that stopped answering) frees nothing; the Member
+// hurries again at its next reads, with the budget still counted from before the
+// failed hurry, and no more history written, rather than letting the store grow by
+// another budget (another share of the store, with HistoryShare) first.
+func TestMemberHurriesAgainAfterFailure(t *testing.T) {
+	e := newEtcd(t)
+	var failed atomic.Bool
+	failFirst := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if _, ok := req.(*etcdserverpb.CompactionRequest); ok && failed.CompareAndSwap(false, true) {
+			return status.Error(codes.Unavailable, "the member stopped answering")
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Client.Endpoints(), Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(failFirst)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	c := newCompactor(t, cli, time.Hour)
+	ctx, cancel := context.WithCancel(etcdtest.Context(t))
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	m := newMember(t, e, c, 1<<20, 1<<30)
+	m.run(ctx)
+	for range 11 { // the history floor: ten polls
+		m.pollOnce()
+	}
+
+	// 1.5 MiB: over the budget; then no more history. Poll until a step compacted.
+	overwrite(t, e.Client, 6, 256*kib, m.pollOnce)
+	for i := 0; counter(t, c.m.steps.WithLabelValues("compacted")) == 0; i++ {
+		if i == 500 {
+			t.Fatalf("no compaction after 500 polls; %.0f hurried steps failed",
+				counter(t, c.m.steps.WithLabelValues("failed")))
+		}
+		m.pollOnce()
+		time.Sleep(time.Millisecond) // the step runs in Run's goroutine
+	}
+	if n := counter(t, c.m.steps.WithLabelValues("failed")); n != 1 {
+		t.Errorf("%.0f failed steps; want 1 (the first Compact)", n)
 	}
 }

@@ -478,3 +478,43 @@ func (a *Allocator) heldAt(ctx context.Context, batch []ownerItem, rev int64) ([
 	}
 	return out, nil
 }
+
+// HeldAt returns who held items at etcd revision rev: their allocations then, in the
+// order of items, leaving out the free ones and those outside every range. It reads
+// maxTxnOps keys a transaction, every one at the same revision, which it returns: rev,
+// or, when etcd has compacted rev away, the oldest revision etcd still keeps (what
+// changed between the two is unknown to the caller, who must say so).
+func (a *Allocator) HeldAt(ctx context.Context, items []Item, rev int64) (int64, []Allocation, error) {
+	if rev <= 0 {
+		return 0, nil, fmt.Errorf("held at revision %d: not a revision", rev)
+	}
+	for try := 1; ; try++ {
+		_, all, err := a.readItemsAt(ctx, items, rev)
+		if !errors.Is(err, rpctypes.ErrCompacted) || try == listTries {
+			return rev, all, err
+		}
+		if rev, err = a.oldestRevision(ctx, rev); err != nil {
+			return 0, nil, err
+		}
+	}
+}
+
+// oldestRevision returns the oldest revision etcd keeps, rev having been compacted
+// away: the compact revision that a watch from rev is refused with (after its created
+// notice, or events, which are skipped).
+func (a *Allocator) oldestRevision(ctx context.Context, rev int64) (int64, error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	for wr := range a.cli.Watch(wctx, a.configKey, clientv3.WithRev(rev)) {
+		switch {
+		case wr.CompactRevision != 0:
+			return wr.CompactRevision, nil
+		case wr.Err() != nil:
+			return 0, fmt.Errorf("oldest revision etcd keeps: %w", wr.Err())
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("oldest revision etcd keeps: %w", err)
+	}
+	return 0, errors.New("oldest revision etcd keeps: watch closed")
+}

@@ -10,6 +10,16 @@
 //
 // The Controller's doc lists every case a pass repairs and the leak rules.
 //
+// Order of reads: Kubernetes' runOnce (ipallocator/controller/repair.go) reads the
+// allocations first and lists the Services after, so that every Service it repairs
+// for existed after the allocations were read. A pass has its Services first (a
+// snapshot received at etcd revision R, with the events since) and reads the
+// allocations later; it keeps Kubernetes' outcome by another mechanism: an item not
+// allocated is repaired only if nobody held it at R (a read of etcd's history). One
+// released since (its Service deleted, the event not here yet) is reported, not
+// allocated again to a Service that is gone. When R is compacted, the oldest revision
+// etcd keeps stands in for it, and the finding says so.
+//
 // ServiceCIDRFull and PortRangeFull: Kubernetes reports them when allocating an item
 // in the bitmap it rebuilds from the Services answers ErrFull, and aborts the pass.
 // allocd repairs each missing item with allocator.Assign of that very item, which

@@ -27,6 +27,9 @@ const (
 	msgNotAllocated
 	msgNotAllocatedStale
 	msgNotAllocatedDry
+	msgNotAllocatedReleased
+	msgNotAllocatedReleasedLater
+	msgNotAllocatedCompacted
 	msgWrongOwner
 	msgWrongOwnerNewer
 	msgWrongOwnerShared
@@ -102,6 +105,18 @@ var messages = [...]wording{
 	// item
 	msgNotAllocatedDry: {ClusterIPNotAllocated, PortNotAllocated,
 		"%s is not allocated; would repair (dry run)"},
+	// item, its holder at the receipt revision, the receipt revision
+	msgNotAllocatedReleased: {ClusterIPNotAllocated, PortNotAllocated,
+		"%s is not allocated; not repaired: released after the snapshot was received (held by %s " +
+			"at revision %d)"},
+	// item, the receipt revision, its holder at the revision read, the revision read
+	msgNotAllocatedReleasedLater: {ClusterIPNotAllocated, PortNotAllocated,
+		"%s is not allocated; not repaired: released after the snapshot was received (revision %d, " +
+			"compacted; held by %s at revision %d, the oldest etcd keeps)"},
+	// item, the revision read, the receipt revision
+	msgNotAllocatedCompacted: {ClusterIPNotAllocated, PortNotAllocated,
+		"%s is not allocated; repairing (not held at revision %d, the oldest etcd keeps: the " +
+			"snapshot's, %d, is compacted)"},
 	// item, holder
 	msgWrongOwner: {ClusterIPWrongOwner, PortWrongOwner,
 		"%s is allocated to %s, not to the service that uses it; repairing"},

@@ -97,6 +97,40 @@ func TestFindingMessages(t *testing.T) {
 				"(revision {}) than the snapshot (received at revision {}); not corrected",
 		},
 	}, {
+		name: "released after the snapshot was received, its revision compacted",
+		before: func(r *replica, _ *hookStore) {
+			r.assign("uid-t", ip("192.168.1.31"))
+			r.assign("uid-u", ip("192.168.1.32"))
+		},
+		after: func(r *replica, _ *hookStore) {
+			r.releaseBy("uid-u", ip("192.168.1.32")) // before the oldest revision kept
+			r.compact()
+			r.releaseBy("uid-t", ip("192.168.1.31")) // after it
+		},
+		snap: []repair.Service{svc("uid-t", ips("192.168.1.31")), svc("uid-u", ips("192.168.1.32"))},
+		want: []string{
+			"ClusterIPNotAllocated 192.168.1.31 uid-t | 192.168.1.0/24 | Cluster IP 192.168.1.31 is not " +
+				"allocated; not repaired: released after the snapshot was received (revision {}, " +
+				"compacted; held by ns/t uid-t at revision {}, the oldest etcd keeps)",
+			"ClusterIPNotAllocated 192.168.1.32 uid-u repaired | 192.168.1.0/24 | Cluster IP 192.168.1.32 " +
+				"is not allocated; repairing (not held at revision {}, the oldest etcd keeps: the " +
+				"snapshot's, {}, is compacted)",
+		},
+	}, {
+		name: "released after the snapshot was received, history kept",
+		before: func(r *replica, _ *hookStore) {
+			r.assign("uid-s", ip("192.168.1.30"), port(30030))
+		},
+		after: func(r *replica, _ *hookStore) { r.releaseBy("uid-s", ip("192.168.1.30"), port(30030)) },
+		snap:  []repair.Service{svc("uid-s", ips("192.168.1.30"), 30030)},
+		want: []string{
+			"ClusterIPNotAllocated 192.168.1.30 uid-s | 192.168.1.0/24 | Cluster IP 192.168.1.30 is not " +
+				"allocated; not repaired: released after the snapshot was received (held by ns/s uid-s " +
+				"at revision {})",
+			"PortNotAllocated 30030 uid-s | 30000-32767 | Port 30030 is not allocated; not repaired: " +
+				"released after the snapshot was received (held by ns/s uid-s at revision {})",
+		},
+	}, {
 		name: "dry run",
 		o:    opts{strikes: 1},
 		before: func(r *replica, _ *hookStore) {

@@ -81,6 +81,11 @@ type passRun struct {
 	next map[allocator.Item]*candidate
 	// early is what collect found, recorded after the listing.
 	early []early
+	// heldRev is the revision heldThen was read at: the snapshot's receipt revision,
+	// or the oldest etcd kept if it was compacted. heldThen are the allocations then
+	// of the items the pass would allocate (nil when it would allocate none).
+	heldRev  int64
+	heldThen map[allocator.ItemKey]allocator.Allocation
 }
 
 // slot is what a pass knows of one item: its allocation and its claim, if it has them.
@@ -167,6 +172,9 @@ func (p *passRun) run(ctx context.Context) error {
 	if err := p.checkCurrent(ctx); err != nil {
 		return err
 	}
+	if err := p.readReceipt(ctx); err != nil {
+		return err
+	}
 	for i := range p.claims {
 		if err := p.check(ctx, &p.claims[i]); err != nil {
 			return err
@@ -207,6 +215,36 @@ func (p *passRun) checkCurrent(ctx context.Context) error {
 	}
 	p.stale = true
 	p.add(about{}.finding(msgStale, p.snap.Revision, last))
+	return nil
+}
+
+// readReceipt reads who held, when the snapshot was received, the items the pass
+// would allocate: used by a Service, not allocated, not reserved (the Controller's doc
+// says why). A stale pass allocates none of them.
+func (p *passRun) readReceipt(ctx context.Context) error {
+	p.heldRev = p.snap.receipt.Revision
+	if p.stale {
+		return nil
+	}
+	var items []allocator.Item
+	for i := range p.claims {
+		cl := &p.claims[i]
+		if _, ok := cl.alloc.get(); !ok && !p.ranges.IsReserved(cl.item) {
+			items = append(items, cl.item)
+		}
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	rev, then, err := p.c.store.HeldAt(ctx, items, p.snap.receipt.Revision)
+	if err != nil {
+		return fmt.Errorf("read allocations when the snapshot was received: %w", err)
+	}
+	p.heldRev = rev
+	p.heldThen = make(map[allocator.ItemKey]allocator.Allocation, len(then))
+	for _, al := range then {
+		p.heldThen[al.Item.Key()] = al
+	}
 	return nil
 }
 
@@ -337,10 +375,8 @@ func (p *passRun) check(ctx context.Context, cl *claim) error {
 	switch {
 	case al == nil && p.stale:
 		p.add(a.finding(msgNotAllocatedStale, a.what()))
-	case al == nil && p.dry:
-		p.add(a.finding(msgNotAllocatedDry, a.what()))
 	case al == nil:
-		return p.assign(ctx, a, msgNotAllocated, a.owner)
+		return p.notAllocated(ctx, a)
 	case al.Owner.UID == a.owner.UID: // held by the Service that uses it
 	case al.ModRevision > p.snap.receipt.Revision:
 		p.add(a.finding(msgWrongOwnerNewer, a.what(), al.Owner, al.ModRevision, p.snap.receipt.Revision))
@@ -348,6 +384,27 @@ func (p *passRun) check(ctx context.Context, cl *claim) error {
 		p.add(a.finding(msgWrongOwnerShared, a.what(), al.Owner))
 	default:
 		return p.reassign(ctx, a, msgWrongOwner, *al, a.owner)
+	}
+	return nil
+}
+
+// notAllocated repairs the item a is about, which its Service uses and nobody holds,
+// unless it was held when the snapshot was received: released since, most often by the
+// deletion of that Service (the Controller's doc says why it is not repaired).
+func (p *passRun) notAllocated(ctx context.Context, a about) error {
+	receipt := p.snap.receipt.Revision
+	then, held := p.heldThen[a.item.Key()]
+	switch {
+	case held && p.heldRev == receipt:
+		p.add(a.finding(msgNotAllocatedReleased, a.what(), then.Owner, receipt))
+	case held:
+		p.add(a.finding(msgNotAllocatedReleasedLater, a.what(), receipt, then.Owner, p.heldRev))
+	case p.dry:
+		p.add(a.finding(msgNotAllocatedDry, a.what()))
+	case p.heldRev != receipt:
+		return p.assign(ctx, a, a.owner, msgNotAllocatedCompacted, p.heldRev, receipt)
+	default:
+		return p.assign(ctx, a, a.owner, msgNotAllocated)
 	}
 	return nil
 }
@@ -397,7 +454,7 @@ func (p *passRun) checkReserved(ctx context.Context, cl *claim, al *allocator.Al
 	case al == nil:
 		// Not judged from the snapshot: the reservation holds whatever the snapshot
 		// says, so a stale snapshot does not stop it.
-		return p.assign(ctx, a, msgReservedNotAllocated, kube)
+		return p.assign(ctx, a, kube, msgReservedNotAllocated)
 	case al.Owner.UID == kube.UID || held: // held by a Service of the snapshot: reported above
 	case al.ModRevision > p.snap.receipt.Revision:
 		p.add(a.finding(msgReservedWrongOwnerNewer, a.what(), al.Owner, al.ModRevision,
@@ -409,20 +466,22 @@ func (p *passRun) checkReserved(ctx context.Context, cl *claim, al *allocator.Al
 }
 
 // assign repairs an item that is not allocated by allocating it to o, and reports it
-// with the message repairing (over the item) when it is repaired. Only a full range
-// (which stops the pass) or the end of ctx is an error: anything else that keeps the
-// item from o is a finding not repaired, and the pass goes on with the next claim,
-// so that one Service cannot stop every pass.
-func (p *passRun) assign(ctx context.Context, a about, repairing message, o allocator.Owner) error {
+// with the message repairing (over the item, then more) when it is repaired. Only a
+// full range (which stops the pass) or the end of ctx is an error: anything else that
+// keeps the item from o is a finding not repaired, and the pass goes on with the next
+// claim, so that one Service cannot stop every pass.
+func (p *passRun) assign(ctx context.Context, a about, o allocator.Owner, repairing message,
+	more ...any) error {
 	_, err := p.c.store.Assign(ctx, o, a.item)
 	var ae *allocator.AllocatedError
+	args := append([]any{a.what()}, more...)
 	switch {
 	case err == nil:
-		p.add(a.repaired(repairing, a.what()))
+		p.add(a.repaired(repairing, args...))
 	case errors.As(err, &ae):
 		p.add(a.finding(msgTaken, a.what(), ae.Holder))
 	case errors.Is(err, allocator.ErrFull):
-		p.add(a.finding(repairing, a.what()))
+		p.add(a.finding(repairing, args...))
 		return p.full(a)
 	case ctx.Err() != nil:
 		return fmt.Errorf("allocate %v to %s/%s: %w", a.item, o.Namespace, o.Name, err)

@@ -27,6 +27,10 @@ type Store interface {
 	// allocation but those of the items it marks held by their claimant.
 	ListExcept(ctx context.Context, claims []allocator.Claim, held []bool) (
 		rev int64, all []allocator.Allocation, err error)
+	// HeldAt reads who held items at etcd revision rev (their allocations then, the
+	// free ones left out), or at the oldest revision etcd keeps if it compacted rev
+	// away; it returns the revision read.
+	HeldAt(ctx context.Context, items []allocator.Item, rev int64) (int64, []allocator.Allocation, error)
 	// Assign allocates a specific item to o (no write if o holds it already).
 	Assign(ctx context.Context, o allocator.Owner, it allocator.Item) (allocator.Allocation, error)
 	// Reassign moves al to another owner if it did not change since it was read.
@@ -148,7 +152,8 @@ type Leadership interface {
 //     PortAlreadyAllocated, reported for every Service but the one that holds it,
 //     never reassigned;
 //   - used by a Service but not allocated: ClusterIPNotAllocated / PortNotAllocated,
-//     repaired by allocating it to that Service;
+//     repaired by allocating it to that Service, unless it was held when the snapshot
+//     was received (released since: see below);
 //   - allocated to another owner than the Service that uses it: ClusterIPWrongOwner /
 //     PortWrongOwner, repaired by a conditional reassign, unless the allocation was
 //     committed after the snapshot was received (the snapshot cannot know of it) or
@@ -166,6 +171,30 @@ type Leadership interface {
 //     from being released;
 //   - a full range while repairing: ServiceCIDRFull / PortRangeFull, and the pass
 //     stops (no leak is judged). See the package doc for when that happens.
+//
+// An item not allocated is repaired only if nobody held it when the snapshot was
+// received. Kubernetes' runOnce (pkg/registry/core/service/ipallocator/controller/
+// repair.go) reads the allocator's snapshot first and lists the Services after, so a
+// Service it repairs for existed after its allocations were read. A pass gets its
+// Services first (the snapshot, received at etcd revision R, and the events since) and
+// reads the allocations later, at revision L: an item released between R and L, most
+// often by the deletion of its Service, whose event has not reached this replica yet,
+// would be allocated again to a Service that is gone, held until its leak countdown
+// ends, and refused meanwhile to the Service the cluster gives it next. So a pass reads
+// the items it would allocate at R too (one read, a transaction per 128 items): one
+// held then is reported (ClusterIPNotAllocated / PortNotAllocated) and not repaired;
+// the next snapshot, or the Service's own event, decides. The mechanism differs (a read
+// of etcd's history instead of the order of two reads), the outcome is Kubernetes': no
+// repair from a list of Services older than the release. When etcd has compacted R
+// away, the pass reads at the oldest revision etcd keeps instead and says so in the
+// finding: a release since then is seen, an older one is not (with allocd's
+// compactor, usually one --etcd-compaction-interval old, long enough for the Service's
+// deletion event to have arrived), and the item is repaired as a genuinely missing
+// allocation. Snapshots come seldom (a shim's feed sends events after its first one),
+// so refusing every repair once R is compacted would leave missing allocations missing
+// for days. A release between the shim's list and R is not seen either: the deletion
+// event that follows the snapshot removes the Service, and the leak countdown frees
+// what was allocated again.
 //
 // Before repairing and again before judging leaks, a pass reads the last snapshot
 // revision accepted by any replica (<Prefix>/repair/snapshot-revision, linearizable).

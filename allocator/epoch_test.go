@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"sync"
 	"testing"
@@ -11,10 +12,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/pkg/v3/proxy"
 	"go.uber.org/zap"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+	"github.com/allocd/allocd/internal/testing/netproxy"
 )
 
 // checkTombstone fails the test unless uid's owner record is a tombstone: present,
@@ -46,7 +47,7 @@ func passEpochs(t *testing.T, a *Allocator) {
 
 // TestNoAllocationComesBack reproduces, deterministically, the race the tombstones
 // close: a replica's Allocate transaction is held in a paused link to etcd (the fault
-// suite's proxy, pkg/proxy) and its caller gives up; the caller's retry commits through
+// suite's proxy, netproxy) and its caller gives up; the caller's retry commits through
 // another replica, and the caller releases everything; then the link resumes and the
 // held transaction reaches etcd. It must not commit: the owner holds nothing after its
 // acknowledged full release. (Before the tombstones, the owner record's absence and
@@ -222,31 +223,24 @@ func heldBy(t *testing.T, cli *clientv3.Client, a *Allocator, uid string) []stri
 	return out
 }
 
-// newProxy starts etcd's pkg/proxy (the fault suite's) to the member at target and
-// returns it and its URL.
-func newProxy(t *testing.T, target string) (proxy.Server, string) {
+// newProxy starts a netproxy on loopback to the member at target and returns it and
+// its URL.
+func newProxy(t *testing.T, target string) (*netproxy.Proxy, string) {
 	to, err := url.Parse(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	from := url.URL{Scheme: "http", Host: etcdtest.FreeAddr(t)}
-	px := proxy.NewServer(proxy.ServerConfig{Logger: zap.NewNop(), From: from, To: *to})
-	select {
-	case <-px.Ready():
-	case err := <-px.Error():
+	// A random host of 127.0.0.0/8 (see loopback.FreeAddr), any free port of it.
+	host, _, err := net.SplitHostPort(etcdtest.FreeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	px, err := netproxy.Listen(net.JoinHostPort(host, "0"), to.Host)
+	if err != nil {
 		t.Fatalf("proxy to %s: %v", target, err)
 	}
-	go func() {
-		for {
-			select {
-			case <-px.Error():
-			case <-px.Done():
-				return
-			}
-		}
-	}()
 	t.Cleanup(func() { px.Close() })
-	return px, from.String()
+	return px, "http://" + px.Addr()
 }
 
 // TestEpochSeenKeepsPairs: the epoch's version and CreateRevision are recorded
@@ -373,7 +367,7 @@ type holdKey struct{}
 // went through), closes held, and waits in the paused link until px resumes.
 type holdWrites struct {
 	clientv3.KV
-	px   proxy.Server
+	px   *netproxy.Proxy
 	held chan struct{}
 }
 

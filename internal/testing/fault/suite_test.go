@@ -694,7 +694,7 @@ func injectFaults(ctx context.Context, t *testing.T, tp *topology, h *history) (
 			tp.etcd[m].signal(syscall.SIGCONT)
 		case 3:
 			i := r.IntN(len(tp.allocd))
-			// A partition: bytes held, not dropped. (pkg/proxy's blackhole drops bytes
+			// A partition: bytes held, not dropped. (etcd's pkg/proxy's blackhole drops bytes
 			// out of the middle of a TCP stream, which no network does: it corrupts the
 			// HTTP/2 framing of the connection for good.)
 			w.name = fmt.Sprintf("partition allocd-%d from etcd", i)
@@ -715,7 +715,9 @@ func injectFaults(ctx context.Context, t *testing.T, tp *topology, h *history) (
 			}
 			time.Sleep(time.Second)
 			for _, px := range tp.proxies[i] {
-				px.ResetListener()
+				if err := px.ResetListener(); err != nil {
+					t.Errorf("reset the proxy at %s: %v", px.Addr(), err)
+				}
 			}
 			time.Sleep(time.Second)
 			for _, px := range tp.proxies[i] {

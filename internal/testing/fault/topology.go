@@ -3,6 +3,7 @@ package fault
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -15,11 +16,11 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/pkg/v3/proxy"
 	"go.uber.org/zap"
 
 	"github.com/allocd/allocd/internal/loopback"
 	"github.com/allocd/allocd/internal/testing/etcdtest"
+	"github.com/allocd/allocd/internal/testing/netproxy"
 )
 
 // proc is one process of the topology, restartable with the same arguments.
@@ -81,9 +82,9 @@ type topology struct {
 	etcd    []*proc
 	etcdURL []string // client URLs of the members
 	allocd  []*proc
-	grpc    []string         // gRPC addresses of the replicas
-	proxies [][]proxy.Server // proxies[i][j]: replica i to member j
-	cli     *clientv3.Client // to every member directly, for the checks and the faults
+	grpc    []string            // gRPC addresses of the replicas
+	proxies [][]*netproxy.Proxy // proxies[i][j]: replica i to member j
+	cli     *clientv3.Client    // to every member directly, for the checks and the faults
 }
 
 func freeAddr(t testing.TB) string {
@@ -183,7 +184,7 @@ func startTopology(t testing.TB, ranges, ports string) *topology {
 	})
 	for i := range n {
 		var urls []string
-		var ps []proxy.Server
+		var ps []*netproxy.Proxy
 		for j := range n {
 			px, from := newProxy(t, tp.etcdURL[j])
 			ps = append(ps, px)
@@ -207,34 +208,22 @@ func startTopology(t testing.TB, ranges, ports string) *topology {
 	return tp
 }
 
-// newProxy starts an etcd pkg/proxy on a free loopback port to the member at target
-// and returns it and its URL.
-func newProxy(t testing.TB, target string) (proxy.Server, string) {
-	to, _ := url.Parse(target)
-	from := url.URL{Scheme: "http", Host: freeAddr(t)}
-	px := proxy.NewServer(proxy.ServerConfig{Logger: zap.NewNop(), From: from, To: *to})
-	// A proxy that cannot listen (its port taken meanwhile) reports it on Error and is
-	// never ready: seen once as a suite that hung before its faults began.
-	select {
-	case <-px.Ready():
-	case err := <-px.Error():
-		t.Fatalf("proxy %s to %s: %v", from.Host, target, err)
-	case <-time.After(10 * time.Second):
-		t.Fatalf("proxy %s to %s: not ready after 10 s", from.Host, target)
+// newProxy starts a netproxy to the member at target on a random loopback host (see
+// loopback.FreeAddr) and any free port of it, and returns it and its URL.
+func newProxy(t testing.TB, target string) (*netproxy.Proxy, string) {
+	to, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
 	}
-	// The proxy reports every accept, dial and copy error on a channel of 16 and
-	// blocks, accepting and copying nothing more, once it is full: drained, a member's
-	// restart or a reset listener cannot wedge the proxy for good.
-	go func() {
-		for {
-			select {
-			case <-px.Error():
-			case <-px.Done():
-				return
-			}
-		}
-	}()
-	return px, "http://" + from.Host
+	host, _, err := net.SplitHostPort(freeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	px, err := netproxy.Listen(net.JoinHostPort(host, "0"), to.Host)
+	if err != nil {
+		t.Fatalf("proxy to %s: %v", target, err)
+	}
+	return px, "http://" + px.Addr()
 }
 
 // leader returns the index of the etcd leader, -1 when none answers.

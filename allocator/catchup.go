@@ -98,6 +98,7 @@ func (ix *rangeIndex) catchUpParts(wctx context.Context, from, target int64, out
 	revs := target - from + 1
 	n := min(catchUpWatches, (revs+span-1)/span)
 	span = (revs + n - 1) / n
+	n = (revs + span - 1) / span // no part starts past target (etcd sends it no progress notice)
 	parts := make([]catchUpPart, n)
 	for k := range parts {
 		start := from + int64(k)*span

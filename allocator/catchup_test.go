@@ -1,8 +1,10 @@
 package allocator
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
 )
@@ -61,6 +63,40 @@ func TestCatchUpInParts(t *testing.T) {
 				t.Errorf("index has ClusterIP ranges %v; want the two of the flags and extra's",
 					a.idx.rangeNames())
 			}
+		})
+	}
+}
+
+// TestCatchUpQuietStore: a catch-up in parts of a few revisions after writes that end
+// with revisions outside the index's keys, on a store nobody writes to any more (no
+// epoch rewritten), ends, whatever the parts' size.
+func TestCatchUpQuietStore(t *testing.T) {
+	e := etcdtest.New(t)
+	ctx := etcdtest.Context(t)
+	cfg := testConfig("10.0.0.0/22", "fd00::/110")
+	other, err := New(ctx, e.Client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWith(t, other, func(a *Allocator) { a.cp.ch = nil })
+	writer(t, e, cfg)()
+	churn(t, other, "b", 80)
+	stop()
+	for i := range 9 {
+		if _, err := e.Client.Put(ctx, fmt.Sprintf("/elsewhere/%d", i), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, span := range []int64{1, 3, 0} {
+		t.Run(fmt.Sprint("span ", span), func(t *testing.T) {
+			a := newAllocator(e.NewClient(), cfg)
+			a.idx.catchUpSpan = span
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := a.start(sctx); err != nil {
+				t.Fatal(err)
+			}
+			checkEqualsList(t, a)
 		})
 	}
 }

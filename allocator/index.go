@@ -287,7 +287,12 @@ func (ix *rangeIndex) watchOnce(ctx context.Context) error {
 // waits for it in vain). A request that fails because wctx ended (the watch is being
 // opened anew, or the allocator stops) is neither: it says nothing of etcd.
 func (ix *rangeIndex) requestProgress(wctx context.Context) {
-	switch err := ix.cli.RequestProgress(wctx); {
+	ix.requestProgressOn(wctx, ix.cli)
+}
+
+// requestProgressOn is requestProgress on a watch of w.
+func (ix *rangeIndex) requestProgressOn(wctx context.Context, w clientv3.Watcher) {
+	switch err := w.RequestProgress(wctx); {
 	case err == nil:
 		ix.fails.ok(stepWatchProgress)
 	case wctx.Err() == nil:

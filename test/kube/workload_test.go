@@ -35,7 +35,7 @@ const requestedLimit = 80
 
 // requestedIPv4, requestedIPv6 and requestedPort are the j-th specific items.
 func requestedIPv4(j int) string { return fmt.Sprintf("10.96.0.%d", 20+j) }
-func requestedIPv6(j int) string { return fmt.Sprintf("fd00:10:96::%x", 0x100+j) }
+func requestedIPv6(j int) string { return fmt.Sprintf("fd00:10:96::%x", 0x20+j) }
 func requestedPort(j int) int32  { return int32(30000 + j) }
 
 func policy(p corev1.IPFamilyPolicy) *corev1.IPFamilyPolicy { return &p }

@@ -3,6 +3,7 @@ package masterlease
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -66,6 +68,15 @@ func TestStaleLeaderRevokes(t *testing.T) {
 		}
 		t.Logf("trial %d: stopped leader m%d; etcd revoked %d of %d leases renewed in time when it resumed",
 			trial, st.leader, n, len(st.ips))
+		if len(st.deletes) > 0 {
+			var rs []string
+			for _, r := range []string{"restored", "superseded", "expired", "nospace", "deleted",
+				"canceled"} {
+				n := st.restores["allocd_masterlease_restores_total{result="+r+"}"]
+				rs = append(rs, fmt.Sprintf("%s=%v", r, n))
+			}
+			t.Logf("trial %d: restores by result: %s", trial, strings.Join(rs, " "))
+		}
 		for what, ms := range st.missing {
 			t.Errorf("trial %d: %s missing from %s %d times, %v to %v after the resumption", trial,
 				what[:strings.Index(what, " ")], what[strings.Index(what, " ")+1:], ms.n,
@@ -95,6 +106,32 @@ type staleTrial struct {
 	deletes           []staleDelete
 	missing           map[string]*missed // "<ip> from the endpoints" or "<ip> from a List"
 	stopLists, listed chan struct{}
+	restores          map[string]float64 // the Manager's metrics at the trial's end
+}
+
+// logWriter writes the Manager's log lines to t.Log while the trial's Manager runs
+// (logging after the test ends panics).
+type logWriter struct {
+	t    *testing.T
+	mu   sync.Mutex
+	done bool
+}
+
+// Write logs b, one slog record, unless stop was called.
+func (w *logWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimSuffix(string(b), "\n"))
+	}
+	return len(b), nil
+}
+
+// stop ends the logging: the Manager has returned, the trial may end.
+func (w *logWriter) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done = true
 }
 
 // missed is how often, and from when to when, the checks found an address missing.
@@ -125,11 +162,24 @@ func (st *staleTrial) run(t *testing.T, ctx context.Context) {
 		t.Fatalf("etcd client: %v", err)
 	}
 	defer cli.Close()
-	m := newStopped(t, cli, func(c *Config) { c.Prefix = st.prefix })
+	// The Manager's decisions (debug and up) and its restores by result, to read when
+	// a key is not written again.
+	lw := &logWriter{t: t}
+	reg := prometheus.NewRegistry()
+	m := newStopped(t, cli, func(c *Config) {
+		c.Prefix = st.prefix
+		c.Logger = slog.New(slog.NewTextHandler(lw, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		c.Registerer = reg
+	})
 	mctx, stopManager := context.WithCancel(ctx)
 	runDone := make(chan error, 1)
 	go func() { runDone <- m.Run(mctx) }()
-	defer func() { stopManager(); <-runDone }()
+	defer func() {
+		stopManager()
+		<-runDone
+		lw.stop()
+		st.restores = gather(t, reg)
+	}()
 
 	st.lastAck, st.missing = map[string]time.Time{}, map[string]*missed{}
 	for i := range 8 {
@@ -154,8 +204,39 @@ func (st *staleTrial) run(t *testing.T, ctx context.Context) {
 	time.Sleep(time.Until(paused.Add(st.pause)))
 	st.c.ResumeMember(st.leader)
 	st.resumed = time.Now()
-	// No renewal for a while: a key etcd deleted comes back only by its restore.
-	time.Sleep(time.Second)
+	// No renewal for a while: a key etcd deleted comes back only by its restore. The
+	// members' raft state meanwhile: a member whose committed index lags serves the
+	// Manager's watch and writes late.
+	st.logMembers(t, ctx, st.resumed.Add(time.Second))
+	time.Sleep(time.Until(st.resumed.Add(time.Second)))
+}
+
+// logMembers logs, about every 100 ms until end, each member's leader, term, and
+// committed and applied raft index.
+func (st *staleTrial) logMembers(t *testing.T, ctx context.Context, end time.Time) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: st.c.Endpoints, DialTimeout: time.Second,
+		Logger: zap.NewNop()})
+	if err != nil {
+		t.Logf("  member status: %v", err)
+		return
+	}
+	defer cli.Close()
+	for time.Now().Before(end) {
+		next := time.Now().Add(100 * time.Millisecond)
+		for i, ep := range st.c.Endpoints {
+			sctx, cancel := context.WithTimeout(ctx, 80*time.Millisecond)
+			s, err := cli.Status(sctx, ep)
+			cancel()
+			at := time.Since(st.resumed).Round(time.Millisecond)
+			if err != nil {
+				t.Logf("  %v after the resumption: m%d: %v", at, i, err)
+				continue
+			}
+			t.Logf("  %v after the resumption: m%d (%x): leader %x, term %d, committed %d, applied %d", at, i,
+				s.Header.MemberId, s.Leader, s.RaftTerm, s.RaftIndex, s.RaftAppliedIndex)
+		}
+		time.Sleep(time.Until(next))
+	}
 }
 
 // renewUntil renews every address every 200 ms, each in its own goroutine (a renewal

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"github.com/allocd/allocd/internal/testing/etcdtest"
@@ -308,13 +307,7 @@ func TestCollectBudget(t *testing.T) {
 func TestCollectRoundOverLatency(t *testing.T) {
 	e := etcdtest.New(t)
 	ctx := etcdtest.Context(t)
-	px, via := newProxy(t, e.Endpoint)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{via}, DialTimeout: 5 * time.Second,
-		Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	px, cli := newProxy(t, e.Endpoint)
 	a := idle(t, cli)
 	writeTombstones(t, e.Client, a, "o", 2048)
 	moveEpoch(t, a)

@@ -91,13 +91,7 @@ func raceRelease(t *testing.T, c raceCase) {
 	e := etcdtest.New(t)
 	ctx := etcdtest.Context(t)
 	cfg := testConfig("10.0.0.0/24")
-	px, via := newProxy(t, e.Endpoint)
-	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{via}, DialTimeout: 5 * time.Second,
-		Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pcli.Close() })
+	px, pcli := newProxy(t, e.Endpoint)
 	reg := prometheus.NewRegistry()
 	cfg1 := cfg
 	cfg1.Registerer = reg
@@ -143,7 +137,7 @@ func raceRelease(t *testing.T, c raceCase) {
 	before := txns()
 	px.PauseTx()
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = held.Allocate(cctx, req)
+	_, err := held.Allocate(cctx, req)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		px.UnpauseTx()
@@ -224,8 +218,8 @@ func heldBy(t *testing.T, cli *clientv3.Client, a *Allocator, uid string) []stri
 }
 
 // newProxy starts a netproxy on loopback to the member at target and returns it and
-// its URL.
-func newProxy(t *testing.T, target string) (*netproxy.Proxy, string) {
+// an etcd client that goes through it.
+func newProxy(t *testing.T, target string) (*netproxy.Proxy, *clientv3.Client) {
 	to, err := url.Parse(target)
 	if err != nil {
 		t.Fatal(err)
@@ -240,7 +234,13 @@ func newProxy(t *testing.T, target string) (*netproxy.Proxy, string) {
 		t.Fatalf("proxy to %s: %v", target, err)
 	}
 	t.Cleanup(func() { px.Close() })
-	return px, "http://" + px.Addr()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + px.Addr()},
+		DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return px, cli
 }
 
 // TestEpochSeenKeepsPairs: the epoch's version and CreateRevision are recorded
@@ -305,13 +305,7 @@ func TestStalledReassignAfterCollect(t *testing.T) {
 	e := etcdtest.New(t)
 	ctx := etcdtest.Context(t)
 	cfg := testConfig("10.0.0.0/24")
-	px, via := newProxy(t, e.Endpoint)
-	pcli, err := clientv3.New(clientv3.Config{Endpoints: []string{via}, DialTimeout: 5 * time.Second,
-		Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pcli.Close() })
+	px, pcli := newProxy(t, e.Endpoint)
 	hw := &holdWrites{KV: pcli.KV, px: px, held: make(chan struct{})}
 	pcli.KV = hw
 	held := start(t, pcli, cfg)

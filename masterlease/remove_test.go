@@ -79,19 +79,7 @@ func TestListAfterRemoveOfRevoked(t *testing.T) {
 	m := newStopped(t, e.Client) // Run's state is set by hand: the window before the marker's event
 	ctx := etcdtest.Context(t)
 	const ip = "10.9.7.2"
-	l := mustRenew(t, ctx, m, ip, 3)
-	prev, err := e.Client.Get(ctx, testPrefix+ip)
-	if err != nil || len(prev.Kvs) != 1 {
-		t.Fatal(prev, err)
-	}
-	r, err := e.Client.Revoke(ctx, l.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	j := goneJob(addrs(ip)[0], prev.Kvs[0], r.Header.Revision)
-	m.mu.Lock()
-	m.leases[j.addr] = j.st // what revokedLocked keeps
-	m.mu.Unlock()
+	keepRevoked(t, ctx, e, m, ip) // what revokedLocked keeps
 	if removed, _, err := m.Remove(ctx, ip, false); err != nil || removed {
 		t.Fatalf("Remove = %v, %v", removed, err)
 	}

@@ -317,19 +317,7 @@ func TestRelistRestoresKeptLease(t *testing.T) {
 	m := newStopped(t, e.Client) // no Run: the test calls load, as a re-list does
 	ctx := etcdtest.Context(t)
 	const ip = "10.9.4.1"
-	l := mustRenew(t, ctx, m, ip, 3)
-	prev, err := e.Client.Get(ctx, testPrefix+ip)
-	if err != nil || len(prev.Kvs) != 1 {
-		t.Fatal(prev, err)
-	}
-	r, err := e.Client.Revoke(ctx, l.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	j := goneJob(addrs(ip)[0], prev.Kvs[0], r.Header.Revision)
-	m.mu.Lock()
-	m.leases[j.addr] = j.st // revoked early, its job ended
-	m.mu.Unlock()
+	j := keepRevoked(t, ctx, e, m, ip) // revoked early, its job ended
 	if _, err := m.load(ctx); err != nil {
 		t.Fatalf("load() = %v", err)
 	}
@@ -345,4 +333,24 @@ func TestRelistRestoresKeptLease(t *testing.T) {
 	if resp, err := e.Client.Get(ctx, testPrefix+ip); err != nil || len(resp.Kvs) != 1 {
 		t.Errorf("Get(%s) after the restore = %v, %v; want the key", ip, resp, err)
 	}
+}
+
+// keepRevoked renews ip's lease, revokes it in etcd and puts into m's state what Run
+// keeps for a lease revoked early (m's Run not running): the job of its restore.
+func keepRevoked(t *testing.T, ctx context.Context, e *etcdtest.Server, m *Manager, ip string) restoreJob {
+	t.Helper()
+	l := mustRenew(t, ctx, m, ip, 3)
+	prev, err := e.Client.Get(ctx, testPrefix+ip)
+	if err != nil || len(prev.Kvs) != 1 {
+		t.Fatal(prev, err)
+	}
+	r, err := e.Client.Revoke(ctx, l.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := goneJob(addrs(ip)[0], prev.Kvs[0], r.Header.Revision)
+	m.mu.Lock()
+	m.leases[j.addr] = j.st
+	m.mu.Unlock()
+	return j
 }

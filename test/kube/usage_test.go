@@ -1,8 +1,8 @@
 package kube
 
 import (
-	"bufio"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -90,30 +90,18 @@ func machineTicks() (busy, idle int64) {
 	return busy, idle
 }
 
-// scrape reads a Prometheus text endpoint into series → value.
+// scrape reads a Prometheus text endpoint into series → value (none when unreachable).
 func scrape(url string) map[string]float64 {
-	out := map[string]float64{}
 	resp, err := http.Get(url)
 	if err != nil {
-		return out
+		return map[string]float64{}
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[line[:i]] = v
-		}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return map[string]float64{}
 	}
-	return out
+	return parseMetrics(string(body))
 }
 
 // metricsDelta sums series with prefix in after, less before, by the rest of their
